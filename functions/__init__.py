@@ -1,0 +1,1 @@
+"""Lambda handlers: thin shells over the lightmetrics core (one folder per function)."""

@@ -1,0 +1,1 @@
+"""The ingest function: HTTP -> accept_batch."""

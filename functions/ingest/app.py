@@ -1,0 +1,61 @@
+"""Ingest Lambda (Function URL, payload 2.0; also API Gateway HTTP/REST events).
+
+Thin shell: parse the event, call :class:`lightmetrics.ingest_http.IngestService`, report.
+Configuration is read and validated once per cold start; an invalid configuration fails the
+cold start loudly rather than answering requests wrongly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+
+from lightmetrics.config import Settings
+from lightmetrics.errors import InvalidIdentityError
+from lightmetrics.ingest_http import HttpResponse, IngestService, parse_lambda_event
+from lightmetrics.request_counter import RequestCounter
+from lightmetrics.services import ingest_service
+
+logger = Logger(service="lightmetrics-ingest")
+metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="ingest")
+tracer = Tracer(service="lightmetrics-ingest")
+
+_service: IngestService | None = None
+_counter = RequestCounter()
+
+
+def service() -> IngestService:
+    global _service
+    if _service is None:
+        _service = ingest_service(Settings.from_env(), counter=_counter, metrics=metrics)
+    return _service
+
+
+def reset() -> None:
+    """Forget the cached service (tests change the environment between cases)."""
+    global _service
+    _service = None
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    svc = service()
+    try:
+        request = parse_lambda_event(event)
+    except InvalidIdentityError as exc:
+        return HttpResponse(400, {"status": "invalid", "duplicate": False, "reason": str(exc)}).to_lambda()
+    with _counter.operation("accept") as op:
+        response = svc.handle(request)
+    metrics.add_metric(name="S3RequestsPerAccept", unit=MetricUnit.Count, value=op.total)
+    if response.status >= 500:
+        metrics.add_metric(name="Ingest5xx", unit=MetricUnit.Count, value=1)
+    logger.info(
+        "ingest answered",
+        extra={"status": response.status, "result": response.body.get("status"), "s3_requests": op.total},
+    )
+    return response.to_lambda()

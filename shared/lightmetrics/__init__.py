@@ -1,0 +1,1 @@
+"""Lightmetrics ingest: the shared core (Lambda layer)."""

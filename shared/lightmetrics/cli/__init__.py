@@ -1,0 +1,1 @@
+"""lmctl: the operator CLI."""

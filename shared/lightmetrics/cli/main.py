@@ -1,0 +1,246 @@
+"""lmctl — the operator CLI. Every command has ``--json``; exit codes are in :mod:`.output`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from lightmetrics.cli.options import config_options, identity_options, json_option
+from lightmetrics.cli.output import (
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    fail,
+    kv_table,
+)
+from lightmetrics.config import Settings
+from lightmetrics.errors import FrameError, InvalidIdentityError, LightmetricsError
+from lightmetrics.identity import BatchIdentity
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="lightmetrics-ingest")
+def cli() -> None:
+    """Operate the Lightmetrics acceptance plane (AWS or the embedded local runtime).
+
+    Configuration comes from LM_* variables or the matching flags (--bucket = LM_BUCKET).
+    AWS_ENDPOINT_URL points every AWS call at the local runtime.
+    Exit codes: 0 ok, 1 violations/failed, 2 invalid input, 3 identity conflict,
+    4 unavailable (retry), 5 lease held by another run.
+    """
+
+
+def _identity(agent_id: str, boot_id: str, seq_start: str, seq_end: str, as_json: bool) -> BatchIdentity:
+    try:
+        return BatchIdentity.create(agent_id, boot_id, seq_start, seq_end)
+    except InvalidIdentityError as exc:
+        fail(f"invalid identity: {exc}", EXIT_USAGE, as_json=as_json)
+
+
+# --------------------------------------------------------------------------------------- frame
+@cli.group()
+def frame() -> None:
+    """Encode and inspect Lightmetrics frame v1 files."""
+
+
+@frame.command("encode")
+@identity_options
+@click.option("--samples", "samples_path", required=True, type=click.Path(dir_okay=False), help="Samples JSONL.")
+@click.option("--zstd", is_flag=True, help="Compress the samples block with zstd (frame flag).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the frame.")
+@json_option
+def frame_encode(agent_id, boot_id, seq_start, seq_end, samples_path, zstd, output, as_json) -> None:  # type: ignore[no-untyped-def]
+    """Encode samples (JSONL: metric, labels, ts_unix_ns, value) into a frame file."""
+    from lightmetrics.frame import encode_frame, load_samples_jsonl
+
+    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
+    try:
+        lines = Path(samples_path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read samples file: {exc}", EXIT_USAGE, as_json=as_json)
+    try:
+        data = encode_frame(ident, load_samples_jsonl(lines), compress=zstd)
+    except FrameError as exc:
+        fail(f"{samples_path}: {exc}", EXIT_USAGE, as_json=as_json)
+    Path(output).write_bytes(data)
+    info = {"output": output, "frame_bytes": len(data), "frame_sha256": hashlib.sha256(data).hexdigest()}
+    if as_json:
+        emit_json(info)
+    else:
+        console.print(kv_table("frame written", info.items()))
+
+
+@frame.command("inspect")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--samples", "show_samples", is_flag=True, help="Also list the samples.")
+@json_option
+def frame_inspect(path: str, show_samples: bool, as_json: bool) -> None:
+    """Validate a frame file and summarize it (exit 2 if invalid)."""
+    from lightmetrics.frame import decode_frame, summarize_frame
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc}", EXIT_USAGE, as_json=as_json)
+    try:
+        decoded = decode_frame(data)
+    except FrameError as exc:
+        fail(f"{path} is not a valid frame: {exc}", EXIT_USAGE, as_json=as_json)
+    summary = summarize_frame(decoded, data)
+    if show_samples:
+        summary["samples"] = [s.to_json() for s in decoded.samples]
+    if as_json:
+        emit_json(summary)
+        return
+    console.print(kv_table(f"frame {path}", ((k, v) for k, v in summary.items() if k != "samples")))
+    for s in summary.get("samples", []):
+        console.print(json.dumps(s, sort_keys=True))
+
+
+# -------------------------------------------------------------------------------------- accept
+@cli.command("accept")
+@identity_options
+@click.option("--frame", "frame_path", required=True, type=click.Path(dir_okay=False), help="Frame file.")
+@config_options
+@json_option
+def accept_cmd(agent_id, boot_id, seq_start, seq_end, frame_path, settings: Settings, as_json) -> None:  # type: ignore[no-untyped-def]
+    """Run the accept algorithm for one frame directly against S3 (no HTTP, no token).
+
+    Exit 0 accepted or duplicate, 2 invalid, 3 identity conflict, 4 unavailable.
+    """
+    from lightmetrics.accept import accept_batch
+    from lightmetrics.request_counter import RequestCounter
+    from lightmetrics.services import accept_context
+
+    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
+    try:
+        data = Path(frame_path).read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {frame_path}: {exc}", EXIT_USAGE, as_json=as_json)
+    counter = RequestCounter()
+    ctx = accept_context(settings, counter=counter)
+    with counter.operation("accept") as op:
+        result = accept_batch(ctx, ident, data)
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        rows = list(result.to_json().items()) + [("s3_requests", op.total)]
+        style = "green" if result.exit_code == 0 else "red"
+        console.print(kv_table(f"[{style}]{result.status.value}[/]", rows))
+    sys.exit(result.exit_code)
+
+
+# ---------------------------------------------------------------------------------------- show
+@cli.command("show")
+@identity_options
+@config_options
+@json_option
+def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json) -> None:  # type: ignore[no-untyped-def]
+    """Show one identity: its acceptance record, blob state, frame summary and conflicts.
+
+    Exit 0 if accepted, 1 if no acceptance record exists, 4 if S3 is unavailable.
+    """
+    from lightmetrics.inspect import describe_identity
+    from lightmetrics.services import accept_context
+
+    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
+    ctx = accept_context(settings)
+    try:
+        info = describe_identity(ctx.store, ctx.codec, ident)
+    except LightmetricsError as exc:
+        fail(f"S3 unavailable: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    code = EXIT_OK if info["accepted"] else EXIT_VIOLATIONS
+    if as_json:
+        emit_json(info)
+    else:
+        manifest = info.get("manifest") or {}
+        rows: list[tuple[str, Any]] = [("identity", str(ident)), ("manifest_key", info["manifest_key"])]
+        rows += [("accepted", info["accepted"])] + [(f"manifest.{k}", v) for k, v in manifest.items()]
+        rows += [(f"blob.{k}", v) for k, v in (info.get("blob") or {}).items()]
+        rows += [(f"frame.{k}", v) for k, v in (info.get("frame") or {}).items()]
+        rows += [("conflicts", len(info["conflicts"]))]
+        console.print(kv_table("identity", rows))
+    sys.exit(code)
+
+
+# --------------------------------------------------------------------------------- agent-token
+@cli.command("agent-token")
+@click.option("--agent-id", required=True, help="The agent the token is for.")
+@click.option("--key-id", default=None, help="Mint with this active key instead of the current one.")
+@config_options
+@json_option
+def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_json: bool) -> None:
+    """Print an ingest token for an agent, minted with the current key of the token secret."""
+    from lightmetrics.auth import mint_token
+    from lightmetrics.identity import validate_id
+    from lightmetrics.services import token_keys
+
+    try:
+        validate_id(agent_id, "agent_id")
+    except InvalidIdentityError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    try:
+        keys = token_keys(settings).get()
+    except LightmetricsError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except Exception as exc:  # Secrets Manager unreachable or secret missing
+        fail(f"cannot read secret {settings.auth_secret_id}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    try:
+        token = mint_token(keys, agent_id, key_id)
+    except LightmetricsError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    if as_json:
+        emit_json({"agent_id": agent_id, "key_id": key_id or keys.current, "token": token})
+    else:
+        click.echo(token)
+
+
+# -------------------------------------------------------------------------------------- invoke
+@cli.command("invoke")
+@click.argument("function")
+@click.option("--event", "event_path", required=True, type=click.Path(dir_okay=False), help="Event JSON file.")
+@json_option
+def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
+    """Run one Lambda handler in-process with a sample event (see events/)."""
+    from lightmetrics.local.function_host import LambdaContext
+    from lightmetrics.resources import SPEC
+
+    try:
+        spec = SPEC.function(function)
+    except (KeyError, ValueError):
+        fail(f"unknown function {function!r}; known: {', '.join(f.name for f in SPEC.functions)}", as_json=as_json)
+    try:
+        event = json.loads(Path(event_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
+    import importlib
+
+    handler = getattr(importlib.import_module(spec.module), spec.attr)
+    try:
+        result = handler(event, LambdaContext(function))
+    except LightmetricsError as exc:
+        fail(f"{function} failed: {exc}", EXIT_VIOLATIONS, as_json=as_json)
+    emit_json(result) if as_json else console.print_json(json.dumps(result, default=str))
+
+
+# --------------------------------------------------------------------------------- local, demo
+from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402  (registers after cli exists)
+
+cli.add_command(local)
+cli.add_command(demo_cmd)
+
+
+def main() -> None:
+    cli(prog_name="lmctl")
+
+
+if __name__ == "__main__":
+    main()

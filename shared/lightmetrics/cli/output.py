@@ -1,0 +1,60 @@
+"""How lmctl speaks: human tables by default, one JSON document with ``--json``.
+
+Exit codes (brief §14), the same for every command:
+
+=====  =====================================================
+0      ok
+1      violations found, or an execution failed
+2      invalid input or usage (also invalid configuration)
+3      identity conflict
+4      unavailable: retry later
+5      a lease is held by another run
+=====  =====================================================
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_LEASE_HELD = 0, 1, 2, 3, 4, 5
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for key, value in rows:
+        table.add_row(key, "" if value is None else str(value))
+    return table
+
+
+def grid(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for h in headers:
+        table.add_column(h, justify="right" if h[:1].isdigit() or h.startswith("#") else "left")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    return table
+
+
+def fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> NoReturn:
+    """Report an error the user can act on and exit with ``code``."""
+    if as_json:
+        emit_json({"status": "error", "reason": message, "exit_code": code})
+    else:
+        err_console.print(f"[bold red]error:[/] {message}")
+    sys.exit(code)

@@ -1,0 +1,106 @@
+"""Typed configuration, read from the environment (Lambda) or flags (CLI) and validated at start.
+
+Names are fixed by the interface contract: every field ``x`` is read from ``LM_X`` and the CLI
+flag ``--x`` (underscores as dashes) mirrors it. Durations are whole seconds in ``LM_*_S``.
+
+Example:
+    >>> cfg = Settings.from_env({"LM_BUCKET": "my-bucket", "LM_TABLE": "t", "LM_COLLECTOR_ID": "c1"})
+    >>> cfg.bucket, cfg.max_frame_bytes
+    ('my-bucket', 6291456)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from lightmetrics.errors import ConfigError
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+ENV_PREFIX = "LM_"
+
+
+class Settings(BaseModel):
+    """Every configurable value of the system, with its ``LM_`` variable name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bucket: str = Field(description="LM_BUCKET: the acceptance authority's bucket")
+    prefix: str = Field("", description="LM_PREFIX: prefix namespace inside the bucket")
+    table: str = Field("lightmetrics-control", description="LM_TABLE: DynamoDB control table")
+    collector_id: str = Field("collector-1", description="LM_COLLECTOR_ID: recorded in manifests")
+    ingest_url: str | None = Field(None, description="LM_INGEST_URL: ingest endpoint for clients")
+    auth_secret_id: str = Field(
+        "lightmetrics/ingest-tokens", description="LM_AUTH_SECRET_ID: Secrets Manager id of the token keys"
+    )
+    retry_horizon_s: int = Field(7 * 86400, ge=60, description="LM_RETRY_HORIZON_S: longest agent retry")
+    settle_s: int = Field(900, ge=0, description="LM_SETTLE_S: settle window after an hour ends")
+    gc_grace_s: int = Field(900, ge=0, description="LM_GC_GRACE_S: GC delete-marker grace")
+    retention_s: int = Field(90 * 86400, ge=3600, description="LM_RETENTION_S: raw data retention")
+    rollup_retention_s: int = Field(400 * 86400, ge=3600, description="LM_ROLLUP_RETENTION_S")
+    max_frame_bytes: int = Field(6 * 1024 * 1024, ge=64, le=64 * 1024 * 1024, description="LM_MAX_FRAME_BYTES")
+    ingest_acceptance: Literal["s3_manifest"] = Field(
+        "s3_manifest", description="LM_INGEST_ACCEPTANCE: only strict active-active is supported"
+    )
+    s3_max_attempts: int = Field(5, ge=1, le=20, description="LM_S3_MAX_ATTEMPTS: per conditional create")
+    s3_timeout_s: int = Field(5, ge=1, le=120, description="LM_S3_TIMEOUT_S: connect/read timeout")
+    secret_cache_s: int = Field(300, ge=0, description="LM_SECRET_CACHE_S: token key cache lifetime")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, v: str) -> str:
+        if not _BUCKET_RE.match(v) or ".." in v:
+            raise ValueError("must be a valid S3 bucket name (3-63 chars, lowercase, digits, '.', '-')")
+        return v
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if v and (not v.endswith("/") or v.startswith("/") or "//" in v):
+            raise ValueError("must be empty or end with '/' (e.g. 'prod/'), without a leading '/'")
+        return v
+
+    @field_validator("collector_id")
+    @classmethod
+    def _collector(cls, v: str) -> str:
+        if not 1 <= len(v) <= 128 or any(ord(c) < 0x20 for c in v):
+            raise ValueError("must be 1-128 printable characters")
+        return v
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
+        """Build settings from ``LM_*`` variables; ``overrides`` (CLI flags) win when not None."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            var = cls.env_name(name)
+            if var in env and env[var] != "":
+                values[name] = env[var]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        var = Settings.env_name(field) if field in Settings.model_fields else field
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "is required"
+        elif err["type"] == "extra_forbidden":
+            msg = "is not a known setting"
+        lines.append(f"  {var} (--{field.replace('_', '-')}): {msg}")
+    return "\n".join(lines)

@@ -1,0 +1,408 @@
+"""``lmctl demo``: the whole acceptance plane on one machine, under the faults it is built for.
+
+What runs: the embedded runtime (moto as S3/DynamoDB/Secrets Manager), three collectors as
+separate OS processes each serving the real ingest handler over HTTP, and simulated agents
+(threads) that send batches concurrently. On purpose:
+
+* agents resend some batches to a second collector (must answer ``duplicate``);
+* one agent submits different content for an identity already accepted (must answer 409 with
+  its quarantine manifest);
+* one collector stalls right after a raw-blob PUT has landed (fault injected at its S3 client)
+  and is then killed with SIGKILL — a real crash between step 4 and step 5; its agents fail
+  over and the batch is accepted elsewhere.
+
+Then the ledger check: every batch an agent saw acknowledged has exactly one acceptance record
+with the same hash and an existing blob. Any violation makes the demo exit 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightmetrics.auth import TokenKeys, mint_token
+from lightmetrics.frame import Sample, encode_frame
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.keys import KeyCodec
+from lightmetrics.manifests import AcceptedBatchManifest
+from lightmetrics.store import S3ObjectStore, s3_client_config
+
+BUCKET, TABLE, SECRET = "lightmetrics-demo", "lightmetrics-demo-control", "lightmetrics/ingest-tokens"
+
+
+@dataclass(frozen=True)
+class DemoScale:
+    agents: int
+    batches_per_agent: int
+    samples_per_batch: int = 20
+    resend_every: int = 7  # every Nth batch is also sent to a second collector
+    collectors: int = 3
+    kill_after_blob_puts: int = 40  # the victim stalls after this many blob PUTs, then is killed
+
+    @property
+    def batches(self) -> int:
+        return self.agents * self.batches_per_agent
+
+
+SCALES = {"small": DemoScale(agents=10, batches_per_agent=100), "full": DemoScale(agents=10, batches_per_agent=300)}
+
+
+@dataclass
+class Ack:
+    identity: BatchIdentity
+    sha256: str
+    duplicate: bool
+
+
+@dataclass
+class DemoReport:
+    scale: DemoScale
+    answers: Counter[str] = field(default_factory=Counter)
+    failovers: int = 0
+    acks: list[Ack] = field(default_factory=list)
+    conflict: dict[str, Any] = field(default_factory=dict)
+    killed: dict[str, Any] = field(default_factory=dict)
+    s3_requests: int = 0
+    seconds: float = 0.0
+    verified: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def accepted(self) -> int:
+        return self.answers["accepted"]
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.violations
+            and self.verified == len({a.identity for a in self.acks})
+            and self.conflict.get("ok", False)
+            and self.killed.get("killed", False)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "collectors": self.scale.collectors,
+            "agents": self.scale.agents,
+            "batches": self.scale.batches,
+            "answers": dict(self.answers),
+            "accepted": self.accepted,
+            "duplicates": self.answers["duplicate"],
+            "identity_conflicts": self.answers["identity_conflict"],
+            "unavailable_503": self.answers["unavailable"],
+            "failovers": self.failovers,
+            "acknowledged_identities": len({a.identity for a in self.acks}),
+            "verified": self.verified,
+            "violations": self.violations,
+            "conflict": self.conflict,
+            "killed_collector": self.killed,
+            "s3_requests": self.s3_requests,
+            "s3_requests_per_accepted_batch": round(self.s3_requests / self.accepted, 3) if self.accepted else None,
+            "seconds": round(self.seconds, 1),
+        }
+
+    def print(self, console: Any) -> None:
+        from lightmetrics.cli.output import grid
+
+        d = self.to_json()
+        rows = [
+            ("collectors (processes)", d["collectors"]),
+            ("agents", d["agents"]),
+            ("batches", d["batches"]),
+            ("accepted", d["accepted"]),
+            ("duplicates", d["duplicates"]),
+            ("identity conflicts", d["identity_conflicts"]),
+            ("503 unavailable", d["unavailable_503"]),
+            ("failovers (collector unreachable)", d["failovers"]),
+            ("collector killed mid-accept", "yes" if self.killed.get("killed") else "NO"),
+            ("S3 requests (ingest)", d["s3_requests"]),
+            ("S3 requests per accepted batch", d["s3_requests_per_accepted_batch"]),
+            ("acknowledged identities verified", f"{d['verified']}/{d['acknowledged_identities']}"),
+            ("violations", len(self.violations)),
+            ("seconds", d["seconds"]),
+        ]
+        console.print(grid("lightmetrics demo", ["what", "#"], rows))
+        for v in self.violations[:20]:
+            console.print(f"[red]violation:[/] {v}")
+        console.print("[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0) -> list[Sample]:
+    rng = random.Random(agent * 1_000_003 + batch)
+    return [
+        Sample(
+            metric=("cpu.usage" if i % 2 == 0 else "mem.rss"),
+            labels={"host": f"host-{agent:02d}", "core": str(i % 4)},
+            ts_unix_ns=base_ns + (batch * n + i) * 1_000_000_000,
+            value=round(rng.uniform(0, 100), 3) + variant,
+        )
+        for i in range(n)
+    ]
+
+
+class _Collectors:
+    """The collector processes; ``urls[i]`` is None once collector i was killed."""
+
+    def __init__(self, scale: DemoScale, env: dict[str, str], workdir: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.urls: list[str | None] = []
+        self.marker = workdir / "victim-stalled"
+        self.victim = scale.collectors - 1
+        for i in range(scale.collectors):
+            port = _free_port()
+            cenv = dict(env, LM_COLLECTOR_ID=f"collector-{i + 1}")
+            if i == self.victim:
+                cenv["LM_FAULTS"] = json.dumps(
+                    [
+                        {
+                            "fault": "stall_after_landing",
+                            "operation": "PutObject",
+                            "key_contains": "raw-blobs/v1/",
+                            "after": scale.kill_after_blob_puts,
+                            "times": 1,
+                            "stall_s": 120,
+                            "marker_file": str(self.marker),
+                        }
+                    ]
+                )
+            cmd = [sys.executable, "-m", "lightmetrics.cli.main", "local", "collector", "--port", str(port)]
+            self.procs.append(subprocess.Popen(cmd, env=cenv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            self.urls.append(f"127.0.0.1:{port}")
+        self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for i, url in enumerate(self.urls):
+            host, port = str(url).split(":")
+            while True:
+                if self.procs[i].poll() is not None:
+                    err = self.procs[i].stderr.read().decode(errors="replace") if self.procs[i].stderr else ""
+                    raise RuntimeError(f"collector-{i + 1} exited at start: {err[-2000:]}")
+                try:
+                    socket.create_connection((host, int(port)), timeout=0.5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"collector-{i + 1} did not start listening") from None
+                    time.sleep(0.1)
+
+    def kill_victim_when_stalled(self, stop: threading.Event, report: DemoReport) -> None:
+        while not stop.is_set():
+            if self.marker.exists():
+                key = self.marker.read_text()
+                self.procs[self.victim].kill()  # SIGKILL: no cleanup, no response
+                self.procs[self.victim].wait()
+                self.urls[self.victim] = None
+                report.killed = {
+                    "killed": True,
+                    "collector": f"collector-{self.victim + 1}",
+                    "signal": "SIGKILL",
+                    "stalled_after": "raw blob PUT landed, before the acceptance record",
+                    "blob_key": key.split("/", 4)[-1] if key else "",
+                }
+                return
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _post(url: str, headers: dict[str, str], body: bytes, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("POST", "/", body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+class _Agent:
+    def __init__(self, n: int, token: str, scale: DemoScale, collectors: _Collectors, report: DemoReport) -> None:
+        self.n, self.scale, self.collectors, self.report = n, scale, collectors, report
+        self.agent_id, self.boot_id = f"demo-agent-{n:02d}", f"boot-{n:02d}-0001"
+        self.token = token
+        self.lock = threading.Lock()
+        self.rng = random.Random(n)
+
+    def identity(self, batch: int) -> BatchIdentity:
+        per = self.scale.samples_per_batch
+        return BatchIdentity.create(self.agent_id, self.boot_id, batch * per, batch * per + per - 1)
+
+    def frame(self, batch: int, base_ns: int, variant: float = 0.0) -> bytes:
+        samples = _samples(self.n, batch, self.scale.samples_per_batch, base_ns, variant)
+        return encode_frame(self.identity(batch), samples, compress=batch % 2 == 0)
+
+    def send(self, ident: BatchIdentity, body: bytes, start: int) -> dict[str, Any]:
+        """Deliver at least once: fail over across collectors; retry 503 with backoff."""
+        headers = {
+            "X-Lm-Agent-Id": ident.agent_id,
+            "X-Lm-Boot-Id": ident.boot_id,
+            "X-Lm-Seq-Start": str(ident.seq_start),
+            "X-Lm-Seq-End": str(ident.seq_end),
+            "Authorization": f"Bearer {self.token}",
+            "Content-Type": "application/vnd.lightmetrics.frame",
+        }
+        delay = 0.05
+        for attempt in range(60):
+            url = self.collectors.urls[(start + attempt) % len(self.collectors.urls)]
+            if url is None:
+                continue
+            try:
+                status, answer = _post(url, headers, body)
+            except (OSError, http.client.HTTPException):
+                with self.lock:
+                    self.report.failovers += 1
+                continue
+            with self.lock:
+                self.report.answers[answer.get("status", f"http-{status}")] += 1
+            if status == 503:
+                time.sleep(self.rng.uniform(0, delay))
+                delay = min(delay * 2, 1.0)
+                continue
+            return answer
+        raise RuntimeError(f"{ident}: no collector answered after 60 attempts")
+
+    def run(self, base_ns: int, tick: Any) -> None:
+        for batch in range(self.scale.batches_per_agent):
+            ident, body = self.identity(batch), self.frame(batch, base_ns)
+            first = (self.n + batch) % self.scale.collectors
+            answer = self.send(ident, body, first)
+            self._record(ident, body, answer)
+            if batch % self.scale.resend_every == 0:
+                # at-least-once delivery: the same bytes again, to another collector
+                self._record(ident, body, self.send(ident, body, first + 1))
+            tick()
+
+    def _record(self, ident: BatchIdentity, body: bytes, answer: dict[str, Any]) -> None:
+        if answer.get("status") in ("accepted", "duplicate"):
+            sha = hashlib.sha256(body).hexdigest()
+            if answer.get("frame_sha256") != sha:
+                self.report.violations.append(f"{ident}: answer hash {answer.get('frame_sha256')} != sent {sha}")
+            with self.lock:
+                self.report.acks.append(Ack(ident, sha, answer["status"] == "duplicate"))
+        else:
+            self.report.violations.append(f"{ident}: unexpected answer {answer}")
+
+
+def _verify(report: DemoReport, store: S3ObjectStore, codec: KeyCodec) -> None:
+    """The ledger check: one acceptance record per acknowledged identity, same hash, blob present."""
+    by_identity: dict[BatchIdentity, set[str]] = {}
+    for ack in report.acks:
+        by_identity.setdefault(ack.identity, set()).add(ack.sha256)
+    for ident, hashes in by_identity.items():
+        if len(hashes) != 1:
+            report.violations.append(f"{ident}: acknowledged with {len(hashes)} different hashes")
+            continue
+        raw = store.get(codec.accepted(ident))
+        if raw is None:
+            report.violations.append(f"{ident}: acknowledged but no acceptance record")
+            continue
+        manifest = AcceptedBatchManifest.from_bytes(raw)
+        if manifest.frame_sha256 not in hashes:
+            report.violations.append(f"{ident}: record hash {manifest.frame_sha256} differs from acknowledged")
+            continue
+        if store.head(manifest.raw_blob_key) is None:
+            report.violations.append(f"{ident}: blob {manifest.raw_blob_key} missing")
+            continue
+        report.verified += 1
+
+
+def _deliberate_conflict(agent: _Agent, base_ns: int, store: S3ObjectStore, report: DemoReport) -> None:
+    ident = agent.identity(0)
+    body = agent.frame(0, base_ns, variant=0.5)  # same identity, different content
+    answer = agent.send(ident, body, 0)
+    qkey = answer.get("quarantine_key")
+    evidence = store.get(qkey) if qkey else None
+    report.conflict = {
+        "identity": str(ident),
+        "status": answer.get("status"),
+        "quarantine_key": qkey,
+        "evidence_present": evidence is not None,
+        "resolution": answer.get("resolution"),
+        "ok": answer.get("status") == "identity_conflict" and evidence is not None,
+    }
+
+
+def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lightmetrics.local.environment import local_environment
+    from lightmetrics.local.provision import provision
+    from lightmetrics.local.server import LocalRuntime
+    from lightmetrics.resources import SPEC
+
+    report = DemoReport(scale)
+    started = time.monotonic()
+    runtime = LocalRuntime(port=port).start()
+    collectors: _Collectors | None = None
+    try:
+        made = provision(runtime.boto3_client, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
+        keys = TokenKeys.parse(made["secret_value"])
+        env = dict(os.environ)
+        env.pop("LM_FAULTS", None)
+        env.update(local_environment(runtime.endpoint_url, {"bucket": BUCKET, "table": TABLE, "auth_secret_id": SECRET}))
+        with tempfile.TemporaryDirectory(prefix="lm-demo-") as workdir:
+            collectors = _Collectors(scale, env, Path(workdir))
+            agents = [_Agent(i, mint_token(keys, f"demo-agent-{i:02d}"), scale, collectors, report) for i in range(scale.agents)]
+            base_ns = time.time_ns() - 3600 * 1_000_000_000
+            stop = threading.Event()
+            killer = threading.Thread(target=collectors.kill_victim_when_stalled, args=(stop, report), daemon=True)
+            killer.start()
+            counted_from = runtime.request_count("s3") if hasattr(runtime, "request_count") else 0
+            with Progress(
+                TextColumn("[bold]accepting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                disable=not show_progress, transient=False,
+            ) as progress:
+                task = progress.add_task("batches", total=scale.batches)
+                lock = threading.Lock()
+
+                def tick() -> None:
+                    with lock:
+                        progress.advance(task)
+
+                threads = [threading.Thread(target=a.run, args=(base_ns, tick)) for a in agents]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            if hasattr(runtime, "request_count"):
+                report.s3_requests = runtime.request_count("s3") - counted_from
+            store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
+            _deliberate_conflict(agents[0], base_ns, store, report)
+            stop.set()
+            _verify(report, store, KeyCodec())
+    finally:
+        if collectors is not None:
+            collectors.stop()
+        runtime.stop()
+    report.seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,43 @@
+"""Typed errors of the lightmetrics core.
+
+Every error a caller can cause maps to one exception class here, so handlers and the CLI
+can turn it into a precise HTTP status or exit code without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class LightmetricsError(Exception):
+    """Base class of every error raised by the lightmetrics core."""
+
+
+class InvalidIdentityError(LightmetricsError, ValueError):
+    """An agent id, boot id or sequence range is not allowed (HTTP 400, exit 2)."""
+
+
+class KeyLayoutError(LightmetricsError, ValueError):
+    """An object key does not belong to the documented layout."""
+
+
+class FrameError(LightmetricsError, ValueError):
+    """A byte string is not a valid Lightmetrics frame v1 (HTTP 400, exit 2)."""
+
+
+class ManifestError(LightmetricsError, ValueError):
+    """A stored manifest does not validate against its schema."""
+
+
+class ConfigError(LightmetricsError, ValueError):
+    """Configuration is missing or invalid; raised at start, before any work."""
+
+
+class AuthError(LightmetricsError):
+    """Authentication failed. ``status`` is the HTTP status to answer (401 or 403)."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StoreUnavailableError(LightmetricsError):
+    """The object store could not be reached or kept failing within the retry budget."""

@@ -1,0 +1,32 @@
+"""The environment a local Lambda handler (or collector process) runs with.
+
+One function builds it so ``lmctl local up``, the demo's collector processes and the tests
+configure handlers identically: AWS calls go to the embedded runtime, ``LM_*`` name its
+resources, and Powertools stays quiet (no X-Ray daemon, metrics not flushed to stdout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from lightmetrics.local.server import ACCOUNT_ID, REGION
+
+
+def local_environment(endpoint_url: str, settings: Mapping[str, object]) -> dict[str, str]:
+    """Variables to export for a process that talks to the local runtime at ``endpoint_url``."""
+    env = {
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "LM_LOCAL_ACCOUNT_ID": ACCOUNT_ID,
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": "Lightmetrics",
+        "POWERTOOLS_LOG_LEVEL": "WARNING",
+    }
+    for name, value in settings.items():
+        if value is not None:
+            env[f"LM_{name.upper()}"] = str(value)
+    return env

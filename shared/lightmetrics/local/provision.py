@@ -1,0 +1,185 @@
+"""Create the resources of a :class:`~lightmetrics.resources.ResourceSpec`, idempotently.
+
+The local counterpart of the CDK stack: it reads the same spec and converges an account (moto
+locally, though nothing here is moto-specific) to it. Running it twice changes nothing; an
+existing secret keeps its value unless one is passed.
+
+Example::
+
+    >>> rt = LocalRuntime(port=4566).start()                               # doctest: +SKIP
+    >>> out = provision(rt, SPEC, bucket="lightmetrics-local",            # doctest: +SKIP
+    ...                 table="lightmetrics-control", secret_name="lightmetrics/ingest-tokens")
+    >>> out["created"]                                                     # doctest: +SKIP
+    ['bucket', 'table', 'secret']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from botocore.exceptions import ClientError
+
+from lightmetrics.resources import ResourceSpec, make_token_secret, parse_token_secret
+
+__all__ = ["ProvisionError", "provision"]
+
+
+class ProvisionError(RuntimeError):
+    """An existing resource contradicts the spec (e.g. a table with another key schema)."""
+
+
+def _client_factory(session_or_clients: Any) -> Callable[[str], Any]:
+    """Accept a boto3 Session, a LocalRuntime (``boto3_client``) or a {service: client} map."""
+    if isinstance(session_or_clients, Mapping):
+        return lambda service: session_or_clients[service]
+    if hasattr(session_or_clients, "boto3_client"):
+        return cast(Callable[[str], Any], session_or_clients.boto3_client)
+    if hasattr(session_or_clients, "client"):
+        return cast(Callable[[str], Any], session_or_clients.client)
+    raise TypeError("provision() needs a boto3 Session, a LocalRuntime or a {service: client} mapping")
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def provision(
+    session_or_clients: Any,
+    spec: ResourceSpec,
+    *,
+    bucket: str,
+    table: str,
+    secret_name: str,
+    secret_value: str | None = None,
+    namespace: str = "",
+) -> dict[str, Any]:
+    """Converge bucket, control table, token secret, queues and bucket notifications to ``spec``.
+
+    ``namespace`` is the prefix namespace (``LM_PREFIX``) prepended to queue prefix filters.
+    Returns names, ARNs, the secret value, and ``created``: what did not exist before.
+    """
+    client = _client_factory(session_or_clients)
+    s3, ddb, sm = client("s3"), client("dynamodb"), client("secretsmanager")
+    created: list[str] = []
+
+    # --- bucket: HEAD first, because create_bucket's "already exists" answers differ by region.
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if _error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+            raise  # 403 means someone else's bucket: never paper over that
+        region = s3.meta.region_name
+        kwargs: dict[str, Any] = {"Bucket": bucket}
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        s3.create_bucket(**kwargs)
+        created.append("bucket")
+    if spec.bucket.versioned:
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    # --- control table
+    try:
+        desc = ddb.describe_table(TableName=table)["Table"]
+        if desc["KeySchema"] != spec.table.key_schema():
+            raise ProvisionError(
+                f"table {table!r} has key schema {desc['KeySchema']}, spec wants {spec.table.key_schema()}"
+            )
+    except ClientError as exc:
+        if _error_code(exc) != "ResourceNotFoundException":
+            raise
+        ddb.create_table(
+            TableName=table,
+            KeySchema=spec.table.key_schema(),
+            AttributeDefinitions=spec.table.attribute_definitions(),
+            BillingMode=spec.table.billing,
+            **(
+                {"ProvisionedThroughput": {"ReadCapacityUnits": 5, "WriteCapacityUnits": 5}}
+                if spec.table.billing == "PROVISIONED"
+                else {}
+            ),
+        )
+        ddb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+        desc = ddb.describe_table(TableName=table)["Table"]
+        created.append("table")
+    if spec.table.ttl_attribute:
+        ttl = ddb.describe_time_to_live(TableName=table)["TimeToLiveDescription"]
+        if ttl.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+            ddb.update_time_to_live(
+                TableName=table,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.table.ttl_attribute},
+            )
+
+    # --- token secret: keep an existing value (tokens already issued must stay valid).
+    if secret_value is not None:
+        parse_token_secret(secret_value)
+    try:
+        secret_arn = sm.describe_secret(SecretId=secret_name)["ARN"]
+        current = sm.get_secret_value(SecretId=secret_name)["SecretString"]
+        if secret_value is not None and secret_value != current:
+            sm.put_secret_value(SecretId=secret_name, SecretString=secret_value)
+            current = secret_value
+    except ClientError as exc:
+        if _error_code(exc) != "ResourceNotFoundException":
+            raise
+        current = secret_value if secret_value is not None else make_token_secret("k1")
+        secret_arn = sm.create_secret(Name=secret_name, SecretString=current)["ARN"]
+        created.append("secret")
+
+    # --- queues, DLQs, redrive, and the notifications that feed them
+    queues: dict[str, dict[str, str]] = {}
+    if spec.queues:
+        sqs = client("sqs")
+        bucket_arn = f"arn:aws:s3:::{bucket}"
+        for q in spec.queues:
+            # create_queue with no attributes is idempotent; attributes are then set, so a
+            # re-run converges a queue whose settings drifted instead of failing.
+            dlq_url = sqs.create_queue(QueueName=q.dlq_name)["QueueUrl"]
+            dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+                "QueueArn"
+            ]
+            url = sqs.create_queue(QueueName=q.name)["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+                "QueueArn"
+            ]
+            # The queue policy is what real S3 needs to deliver (moto does not check it).
+            policy = {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"Service": "s3.amazonaws.com"},
+                        "Action": "sqs:SendMessage",
+                        "Resource": arn,
+                        "Condition": {"ArnEquals": {"aws:SourceArn": bucket_arn}},
+                    }
+                ],
+            }
+            sqs.set_queue_attributes(
+                QueueUrl=url,
+                Attributes={
+                    "RedrivePolicy": q.redrive_policy(dlq_arn),
+                    "VisibilityTimeout": str(q.visibility_timeout_s),
+                    "Policy": json.dumps(policy),
+                },
+            )
+            queues[q.name] = {"url": url, "arn": arn, "dlq_url": dlq_url, "dlq_arn": dlq_arn}
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration=spec.notification_configuration(
+                {name: v["arn"] for name, v in queues.items()}, namespace=namespace
+            ),
+        )
+
+    return {
+        "bucket": bucket,
+        "bucket_arn": f"arn:aws:s3:::{bucket}",
+        "table": table,
+        "table_arn": desc["TableArn"],
+        "secret_name": secret_name,
+        "secret_arn": secret_arn,
+        "secret_value": current,
+        "queues": queues,
+        "created": created,
+    }

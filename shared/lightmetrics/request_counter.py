@@ -1,0 +1,80 @@
+"""Counts the requests a boto3 client sends, per logical operation.
+
+The cost contract is measured, not timed: attach a :class:`RequestCounter` to the S3 (and
+DynamoDB) clients, wrap each logical operation in :meth:`RequestCounter.operation`, and read the
+exact number of HTTP attempts it made. The hook sits on botocore's ``before-send`` event, so
+retries and requests answered by an injected fault count too.
+
+Example:
+    >>> counter = RequestCounter()
+    >>> counter.attach(s3_client)                                        # doctest: +SKIP
+    >>> with counter.operation("accept") as op:                          # doctest: +SKIP
+    ...     accept_batch(...)
+    >>> op.total, op.by_api                                              # doctest: +SKIP
+    (2, {'s3.PutObject': 2})
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class OperationCount:
+    """Requests made by one logical operation (one thread, one ``with`` block)."""
+
+    name: str
+    by_api: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_api.values())
+
+
+class RequestCounter:
+    """Thread-safe request counter for any number of boto3 clients."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.totals: Counter[str] = Counter()
+        self.operations: Counter[str] = Counter()
+        self.requests_by_operation: Counter[str] = Counter()
+
+    def attach(self, client: Any) -> Any:
+        client.meta.events.register("before-send", self._on_send)
+        return client
+
+    def _on_send(self, event_name: str = "", **_kwargs: Any) -> None:
+        # event_name looks like "before-send.s3.PutObject"
+        parts = event_name.split(".")
+        api = ".".join(parts[1:3]) if len(parts) >= 3 else event_name
+        op: OperationCount | None = getattr(self._local, "current", None)
+        with self._lock:
+            self.totals[api] += 1
+            if op is not None:
+                op.by_api[api] += 1
+                self.requests_by_operation[op.name] += 1
+
+    @contextmanager
+    def operation(self, name: str) -> Iterator[OperationCount]:
+        previous = getattr(self._local, "current", None)
+        op = OperationCount(name)
+        self._local.current = op
+        try:
+            yield op
+        finally:
+            self._local.current = previous
+            with self._lock:
+                self.operations[name] += 1
+
+    def per_operation(self, name: str) -> float:
+        """Mean requests per completed operation ``name``."""
+        with self._lock:
+            n = self.operations[name]
+            return self.requests_by_operation[name] / n if n else 0.0

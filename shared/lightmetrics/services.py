@@ -1,0 +1,69 @@
+"""Builds the core's collaborators from :class:`Settings`: one place that wires boto3.
+
+The Lambda handlers, ``lmctl`` and the local runtime all call these factories, so the same
+client configuration (one attempt per request, timeouts, request counting) is used everywhere.
+
+Example:
+    >>> settings = Settings.from_env()                                 # doctest: +SKIP
+    >>> ctx = accept_context(settings, counter=RequestCounter())       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+
+from lightmetrics.accept import AcceptContext, MetricsSink, NoMetrics
+from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
+from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.config import Settings
+from lightmetrics.ingest_http import IngestService
+from lightmetrics.keys import KeyCodec
+from lightmetrics.request_counter import RequestCounter
+from lightmetrics.retry import RetryPolicy
+from lightmetrics.store import S3ObjectStore, s3_client_config
+from lightmetrics.testing.faults import install_from_env
+
+
+def s3_client(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> Any:
+    session = session or boto3.session.Session()
+    client = session.client("s3", config=s3_client_config(settings.s3_timeout_s))
+    if counter is not None:
+        counter.attach(client)
+    install_from_env(client)  # chaos runs only: a no-op unless LM_FAULTS is set
+    return client
+
+
+def accept_context(
+    settings: Settings,
+    *,
+    session: Any = None,
+    client: Any = None,
+    counter: RequestCounter | None = None,
+    clock: Clock = DEFAULT_CLOCK,
+    metrics: MetricsSink | None = None,
+    policy: RetryPolicy | None = None,
+) -> AcceptContext:
+    client = client or s3_client(settings, session=session, counter=counter)
+    policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
+    return AcceptContext(
+        store=S3ObjectStore(client, settings.bucket, read_policy=policy),
+        codec=KeyCodec(settings.prefix),
+        collector_id=settings.collector_id,
+        max_frame_bytes=settings.max_frame_bytes,
+        clock=clock,
+        policy=policy,
+        metrics=metrics or NoMetrics(),
+    )
+
+
+def token_keys(settings: Settings, *, session: Any = None) -> CachedTokenKeys:
+    session = session or boto3.session.Session()
+    client = session.client("secretsmanager")
+    return CachedTokenKeys(secrets_manager_loader(settings.auth_secret_id, client), settings.secret_cache_s)
+
+
+def ingest_service(settings: Settings, **kwargs: Any) -> IngestService:
+    session = kwargs.pop("session", None)
+    return IngestService(accept_context(settings, session=session, **kwargs), token_keys(settings, session=session))

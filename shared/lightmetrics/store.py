@@ -1,0 +1,228 @@
+"""The object-store port and its S3 adapter.
+
+The accept algorithm and every background job talk to :class:`ObjectStore`; the only
+implementation that ships is :class:`S3ObjectStore` (boto3), used against AWS and against
+the embedded moto server alike. Error classification lives here, in one place.
+
+Example:
+    >>> store = S3ObjectStore(boto3.client("s3"), "my-bucket")       # doctest: +SKIP
+    >>> store.put_if_absent("k", b"{}")                               # doctest: +SKIP
+    (<ConditionalCreateOutcome.CREATED: 'created'>, '')
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    HTTPClientError,
+)
+
+from lightmetrics.cas import ConditionalCreateOutcome
+from lightmetrics.errors import LightmetricsError
+from lightmetrics.retry import RetryPolicy
+
+
+class TransientStoreError(LightmetricsError):
+    """A read failed in a way that may succeed on retry (timeout, 5xx, throttling, 409)."""
+
+
+class StoreAccessError(LightmetricsError):
+    """The store refused the request (403 and other non-retryable client errors)."""
+
+
+@dataclass(frozen=True)
+class ObjectHead:
+    key: str
+    size: int
+    last_modified_unix_s: float
+    etag: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    version_id: str | None = None
+
+
+class ObjectStore(Protocol):
+    """What the core needs from object storage: conditional create, GET, HEAD, LIST."""
+
+    bucket: str
+
+    def put_if_absent(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        checksum_sha256_b64: str | None = None,
+    ) -> tuple[ConditionalCreateOutcome, str]: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def head(self, key: str) -> ObjectHead | None: ...
+
+    def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
+
+
+_RETRYABLE_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "Throttling",
+    "ThrottlingException",
+    "OperationAborted",
+    "ConditionalRequestConflict",
+}
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def classify_put_error(exc: Exception) -> tuple[ConditionalCreateOutcome, str]:
+    """Map one failed conditional PUT to its outcome (see :mod:`lightmetrics.cas`)."""
+    if isinstance(exc, ClientError):
+        status, code = _status(exc), _code(exc)
+        if status == 412 or code == "PreconditionFailed":
+            return ConditionalCreateOutcome.EXISTS, code or "412"
+        if status == 409 or code == "ConditionalRequestConflict":
+            return ConditionalCreateOutcome.CONFLICT, code or "409"
+        if status >= 500 or status == 429 or code in _RETRYABLE_CODES:
+            return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
+        raise StoreAccessError(f"S3 refused the write: {status} {code}") from exc
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
+        return ConditionalCreateOutcome.UNKNOWN, type(exc).__name__
+    raise exc
+
+
+def _is_not_found(exc: ClientError) -> bool:
+    return _status(exc) == 404 or _code(exc) in ("NoSuchKey", "404", "NotFound")
+
+
+def _transient(exc: Exception) -> bool:
+    if isinstance(exc, ClientError):
+        status, code = _status(exc), _code(exc)
+        return status >= 500 or status in (409, 429) or code in _RETRYABLE_CODES
+    return isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError))
+
+
+def s3_client_config(timeout_s: int = 5, max_pool: int = 50) -> BotoConfig:
+    """botocore config for the core: our own retries only, so every attempt is classified.
+
+    botocore's retry layer would hide 409s and timeouts from the CAS rules; one attempt per
+    call keeps the request counts deterministic.
+    """
+    return BotoConfig(
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        max_pool_connections=max_pool,
+        # S3 verifies ChecksumSHA256 that we send; avoid botocore adding a second checksum.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
+class S3ObjectStore:
+    """:class:`ObjectStore` on a boto3 S3 client.
+
+    Reads retry transient failures with the given policy; conditional creates do not (the
+    CAS layer owns that loop, because each outcome means something different).
+    """
+
+    def __init__(
+        self, client: Any, bucket: str, *, read_policy: RetryPolicy | None = None, rng: random.Random | None = None
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.read_policy = read_policy or RetryPolicy()
+        self._rng = rng
+
+    def put_if_absent(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        checksum_sha256_b64: str | None = None,
+    ) -> tuple[ConditionalCreateOutcome, str]:
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": body,
+            "IfNoneMatch": "*",
+            "ContentType": content_type,
+        }
+        if metadata:
+            kwargs["Metadata"] = metadata
+        if checksum_sha256_b64:
+            kwargs["ChecksumSHA256"] = checksum_sha256_b64
+        try:
+            self.client.put_object(**kwargs)
+        except Exception as exc:  # classified below; anything unexpected re-raises
+            return classify_put_error(exc)
+        return ConditionalCreateOutcome.CREATED, ""
+
+    def _read(self, fn, key: str):  # type: ignore[no-untyped-def]
+        last: Exception | None = None
+        for _attempt in self.read_policy.attempts(self._rng):
+            try:
+                return fn()
+            except ClientError as exc:
+                if _is_not_found(exc):
+                    return None
+                if not _transient(exc):
+                    raise StoreAccessError(f"S3 refused reading {key}: {_status(exc)} {_code(exc)}") from exc
+                last = exc
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                last = exc
+        raise TransientStoreError(f"reading {key} failed after {self.read_policy.max_attempts} attempts: {last}")
+
+    def get(self, key: str) -> bytes | None:
+        def op() -> bytes:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+        return self._read(op, key)
+
+    def head(self, key: str) -> ObjectHead | None:
+        def op() -> ObjectHead:
+            r = self.client.head_object(Bucket=self.bucket, Key=key)
+            return ObjectHead(
+                key=key,
+                size=int(r.get("ContentLength", 0)),
+                last_modified_unix_s=r["LastModified"].timestamp(),
+                etag=str(r.get("ETag", "")).strip('"'),
+                metadata=dict(r.get("Metadata", {})),
+                version_id=r.get("VersionId"),
+            )
+
+        return self._read(op, key)
+
+    def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]:
+        """Keys under ``prefix`` in key order, at most ``limit`` (paginated)."""
+        keys: list[str] = []
+        token: str | None = None
+        while len(keys) < limit:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": min(1000, limit - len(keys))}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix)
+            keys.extend(obj["Key"] for obj in (page or {}).get("Contents", []))
+            token = (page or {}).get("NextContinuationToken")
+            if not token:
+                break
+        return keys

@@ -1,0 +1,1 @@
+"""Tools for tests, the demo and chaos runs: fault injection at the client."""

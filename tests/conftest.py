@@ -1,0 +1,120 @@
+"""Shared fixtures: one embedded runtime (moto server) per test session, a fresh bucket per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+
+from lightmetrics.accept import AcceptContext
+from lightmetrics.clock import FrozenClock
+from lightmetrics.config import Settings
+from lightmetrics.frame import Sample, encode_frame
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.keys import KeyCodec
+from lightmetrics.local.environment import local_environment
+from lightmetrics.local.server import LocalRuntime
+from lightmetrics.request_counter import RequestCounter
+from lightmetrics.retry import RetryPolicy
+from lightmetrics.store import S3ObjectStore, s3_client_config
+from lightmetrics.testing.faults import FaultInjector
+
+T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
+
+
+@pytest.fixture(scope="session")
+def runtime() -> Iterator[LocalRuntime]:
+    rt = LocalRuntime(port=0).start()
+    saved = dict(os.environ)
+    os.environ.update(local_environment(rt.endpoint_url, {}))
+    try:
+        yield rt
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        rt.stop()
+
+
+def make_bucket(runtime: LocalRuntime, versioned: bool = True) -> str:
+    name = f"lm-test-{uuid.uuid4().hex[:12]}"
+    s3 = runtime.boto3_client("s3")
+    s3.create_bucket(Bucket=name)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    return name
+
+
+@pytest.fixture
+def bucket(runtime: LocalRuntime) -> str:
+    return make_bucket(runtime)
+
+
+@pytest.fixture
+def settings(bucket: str) -> Settings:
+    return Settings.from_env({}, bucket=bucket, collector_id="collector-test")
+
+
+@pytest.fixture
+def counter() -> RequestCounter:
+    return RequestCounter()
+
+
+@pytest.fixture
+def s3(runtime: LocalRuntime, counter: RequestCounter):  # type: ignore[no-untyped-def]
+    client = boto3.session.Session().client("s3", endpoint_url=runtime.endpoint_url, config=s3_client_config())
+    counter.attach(client)
+    return client
+
+
+@pytest.fixture
+def faults(s3) -> FaultInjector:  # type: ignore[no-untyped-def]
+    return FaultInjector(s3)
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock(T0_NS)
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def add_metric(self, name: str, unit: object, value: float) -> None:
+        self.values[name] = self.values.get(name, 0) + value
+
+
+@pytest.fixture
+def metrics() -> RecordingMetrics:
+    return RecordingMetrics()
+
+
+FAST = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0, sleep=lambda _s: None)
+
+
+@pytest.fixture
+def ctx(s3, settings: Settings, clock: FrozenClock, metrics: RecordingMetrics) -> AcceptContext:  # type: ignore[no-untyped-def]
+    return AcceptContext(
+        store=S3ObjectStore(s3, settings.bucket, read_policy=FAST),
+        codec=KeyCodec(settings.prefix),
+        collector_id=settings.collector_id,
+        max_frame_bytes=settings.max_frame_bytes,
+        clock=clock,
+        policy=FAST,
+        metrics=metrics,
+    )
+
+
+def make_frame(identity: BatchIdentity, variant: float = 0.0, n: int = 3, compress: bool = False) -> bytes:
+    samples = [
+        Sample(metric="cpu", labels={"host": "h1", "core": str(i)}, ts_unix_ns=T0_NS + i, value=float(i) + variant)
+        for i in range(n)
+    ]
+    return encode_frame(identity, samples, compress=compress)
+
+
+def ident(n: int = 0, agent: str = "agent-a", boot: str = "boot-1") -> BatchIdentity:
+    return BatchIdentity.create(agent, boot, n * 10, n * 10 + 9)

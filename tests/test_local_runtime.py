@@ -1,0 +1,405 @@
+"""The embedded local runtime: moto server + function host, provisioning, the ingest endpoint."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote_plus
+
+import pytest
+from botocore.exceptions import ClientError
+from werkzeug.test import Client
+from werkzeug.wrappers import Response
+
+from lightmetrics.local import (
+    FunctionHost,
+    IngestHTTPServer,
+    LocalRuntime,
+    env_exports,
+    function_name_from,
+    provision,
+)
+from lightmetrics.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec, parse_token_secret
+
+BUCKET = "lightmetrics-local"
+TABLE = "lightmetrics-control"
+SECRET = "lightmetrics/ingest-tokens"
+ECHO_ARN = "arn:aws:lambda:us-east-1:123456789012:function:echo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def echo(event: Any, context: Any) -> dict[str, Any]:
+    return {
+        "event": event,
+        "function_name": context.function_name,
+        "remaining": context.get_remaining_time_in_millis() > 0,
+    }
+
+
+def boom(event: Any, context: Any) -> None:
+    raise ValueError("boom")
+
+
+def local_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("lm-local")}
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[LocalRuntime]:
+    before = local_threads()  # another suite's session runtime may be running too
+    rt = LocalRuntime(port=free_port(), functions={"echo": echo, "boom": boom})
+    rt.start()
+    yield rt
+    rt.stop()
+    assert local_threads() - before == set(), "runtime threads left behind"
+
+
+@pytest.fixture(scope="module")
+def provisioned(runtime: LocalRuntime) -> dict[str, Any]:
+    return provision(runtime, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
+
+
+# --------------------------------------------------------------------------- spec
+
+
+def test_spec_shapes() -> None:
+    assert SPEC.bucket.versioned and SPEC.bucket.logical_name == "AuthorityBucket"
+    assert SPEC.table.attribute_definitions() == [
+        {"AttributeName": "pk", "AttributeType": "S"},
+        {"AttributeName": "sk", "AttributeType": "S"},
+    ]
+    assert SPEC.queues == () and SPEC.notification_configuration({}) == {}
+    assert SPEC.function("ingest").handler_string == "functions.ingest.app.handler"
+    q = QueueSpec("idx", "accepted/v1/", "idx-dlq", max_receive_count=3)
+    cfg = ResourceSpec(queues=(q,)).notification_configuration({"idx": "arn:q"}, namespace="ns/")
+    assert cfg == {
+        "QueueConfigurations": [
+            {
+                "Id": "idx",
+                "QueueArn": "arn:q",
+                "Events": ["s3:ObjectCreated:*"],
+                "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "ns/accepted/v1/"}]}},
+            }
+        ]
+    }
+    for bad in (
+        '{"current": "k2", "keys": {"k1": "00"}}',
+        '{"current": "k1", "keys": {"k1": "xyz"}}',
+        "[]",
+        '{"current": "a", "keys": {"a": "00", "b": "00", "c": "00"}}',
+    ):
+        with pytest.raises(ValueError):
+            parse_token_secret(bad)
+
+
+def test_env_exports() -> None:
+    class RT:
+        endpoint_url = "http://127.0.0.1:4566"
+        region = "us-east-1"
+
+    lines = env_exports(RT(), {"LM_BUCKET": "b", "table": "t x", "LM_PREFIX": None})
+    assert lines == [
+        "export AWS_ENDPOINT_URL=http://127.0.0.1:4566",
+        "export AWS_DEFAULT_REGION=us-east-1",
+        "export AWS_ACCESS_KEY_ID=testing",
+        "export AWS_SECRET_ACCESS_KEY=testing",
+        "export LM_BUCKET=b",
+        "export LM_TABLE='t x'",
+    ]
+    with pytest.raises(ValueError):
+        env_exports(RT(), {"bad;name": 1})
+
+
+# --------------------------------------------------------------------------- provisioning
+
+
+def test_bucket_is_versioned(runtime: LocalRuntime, provisioned: dict[str, Any]) -> None:
+    s3 = runtime.boto3_client("s3")
+    s3.head_bucket(Bucket=BUCKET)
+    assert s3.get_bucket_versioning(Bucket=BUCKET)["Status"] == "Enabled"
+
+
+def test_table_keys_and_ttl(runtime: LocalRuntime, provisioned: dict[str, Any]) -> None:
+    ddb = runtime.boto3_client("dynamodb")
+    table = ddb.describe_table(TableName=TABLE)["Table"]
+    assert table["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    ttl = ddb.describe_time_to_live(TableName=TABLE)["TimeToLiveDescription"]
+    assert ttl == {"TimeToLiveStatus": "ENABLED", "AttributeName": "expires_at"}
+
+
+def test_secret_shape(runtime: LocalRuntime, provisioned: dict[str, Any]) -> None:
+    value = runtime.boto3_client("secretsmanager").get_secret_value(SecretId=SECRET)["SecretString"]
+    assert value == provisioned["secret_value"]
+    doc = json.loads(value)
+    assert doc["current"] == "k1" and list(doc["keys"]) == ["k1"]
+    assert len(bytes.fromhex(doc["keys"]["k1"])) == 32
+
+
+def test_provision_is_idempotent(runtime: LocalRuntime, provisioned: dict[str, Any]) -> None:
+    assert provisioned["created"] == ["bucket", "table", "secret"]
+    again = provision(runtime, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
+    assert again["created"] == []
+    assert again["secret_value"] == provisioned["secret_value"]  # issued tokens stay valid
+
+
+def test_provision_queues_and_notifications(runtime: LocalRuntime) -> None:
+    spec = ResourceSpec(
+        queues=(QueueSpec("lm-test-index", "accepted/", "lm-test-index-dlq", max_receive_count=3),)
+    )
+    clients = {s: runtime.boto3_client(s) for s in ("s3", "dynamodb", "secretsmanager", "sqs")}
+    out = provision(
+        clients, spec, bucket="lm-test-queues", table="lm-test-queues", secret_name="lm-test-queues"
+    )
+    q = out["queues"]["lm-test-index"]
+    sqs, s3 = clients["sqs"], clients["s3"]
+    attrs = sqs.get_queue_attributes(QueueUrl=q["url"], AttributeNames=["All"])["Attributes"]
+    assert json.loads(attrs["RedrivePolicy"]) == {"deadLetterTargetArn": q["dlq_arn"], "maxReceiveCount": 3}
+    assert attrs["VisibilityTimeout"] == "60"
+    s3.put_object(Bucket="lm-test-queues", Key="other/x", Body=b"1")
+    s3.put_object(Bucket="lm-test-queues", Key="accepted/a b", Body=b"1")
+    keys: list[str] = []
+    deadline = time.monotonic() + 10
+    while not keys and time.monotonic() < deadline:
+        for m in sqs.receive_message(QueueUrl=q["url"], MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        ):
+            keys += [r["s3"]["object"]["key"] for r in json.loads(m["Body"]).get("Records", [])]
+    # Prefix-filtered and URL-encoded (moto's s3:TestEvent has no Records). moto encodes with
+    # quote_plus, "/" included ("accepted%2Fa+b"); AWS keeps "/": consumers must unquote_plus.
+    assert [unquote_plus(k) for k in keys] == ["accepted/a b"]
+
+
+# --------------------------------------------------------------------------- through the server
+
+
+def test_conditional_create_412(runtime: LocalRuntime, provisioned: dict[str, Any]) -> None:
+    s3 = runtime.boto3_client("s3")
+    s3.put_object(Bucket=BUCKET, Key="accepted/v1/once", Body=b"first", IfNoneMatch="*")
+    with pytest.raises(ClientError) as err:
+        s3.put_object(Bucket=BUCKET, Key="accepted/v1/once", Body=b"second", IfNoneMatch="*")
+    assert err.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert s3.get_object(Bucket=BUCKET, Key="accepted/v1/once")["Body"].read() == b"first"
+
+
+def test_invoke_runs_in_process_handler(runtime: LocalRuntime) -> None:
+    lam = runtime.boto3_client("lambda")
+    for name in ("echo", ECHO_ARN, f"{ECHO_ARN}:$LATEST"):
+        resp = lam.invoke(FunctionName=name, Payload=json.dumps({"a": [1, "x"]}).encode())
+        assert resp["StatusCode"] == 200 and "FunctionError" not in resp
+        assert json.loads(resp["Payload"].read()) == {
+            "event": {"a": [1, "x"]},
+            "function_name": "echo",
+            "remaining": True,
+        }
+
+
+def test_invoke_exception_is_unhandled_function_error(runtime: LocalRuntime) -> None:
+    resp = runtime.boto3_client("lambda").invoke(FunctionName="boom", Payload=b"{}")
+    assert resp["StatusCode"] == 200 and resp["FunctionError"] == "Unhandled"
+    body = json.loads(resp["Payload"].read())
+    assert body["errorType"] == "ValueError" and body["errorMessage"] == "boom"
+    assert isinstance(body["stackTrace"], list) and "raise ValueError" in body["stackTrace"][-1]
+
+
+def test_other_paths_reach_moto(runtime: LocalRuntime) -> None:
+    lam = runtime.boto3_client("lambda")
+    assert lam.list_functions()["Functions"] == []  # answered by moto's Lambda
+    with pytest.raises(ClientError) as err:
+        lam.invoke(FunctionName="not-hosted", Payload=b"{}")
+    assert err.value.response["Error"]["Code"] == "ResourceNotFoundException"
+    with urllib.request.urlopen(f"{runtime.endpoint_url}/moto-api/config", timeout=5) as resp:
+        assert "lambda" in json.loads(resp.read())
+
+
+def test_function_host_resolves_spec_modules_lazily(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lm_lazy_handler.py").write_text("def handler(event, context):\n    return {'lazy': event}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    downstream = Response("moto", status=418)
+    specs = (FunctionSpec("lazy", "lm_lazy_handler"), FunctionSpec("broken", "lm_no_such_module"))
+    client = Client(FunctionHost(downstream, specs=specs))
+    ok = client.post("/2015-03-31/functions/lazy/invocations", data=b'{"n": 1}')
+    assert ok.status_code == 200 and ok.get_json() == {"lazy": {"n": 1}}
+    broken = client.post("/2015-03-31/functions/broken/invocations", data=b"")
+    assert broken.headers["X-Amz-Function-Error"] == "Unhandled"
+    assert broken.get_json()["errorType"] == "Runtime.ImportModuleError"
+    assert client.post("/2015-03-31/functions/other/invocations").status_code == 418
+    assert client.get("/2015-03-31/functions/lazy/invocations").status_code == 418
+    assert function_name_from("arn%3Aaws%3Alambda%3Aus-east-1%3A123456789012%3Afunction%3Alazy") == "lazy"
+
+
+def test_step_functions_runs_asl_with_lambda_task(runtime: LocalRuntime) -> None:
+    sfn = runtime.boto3_client("stepfunctions")
+    definition = {
+        "StartAt": "Prepare",
+        "States": {
+            "Prepare": {"Type": "Pass", "Result": {"step": 1}, "Next": "Echo"},
+            "Echo": {"Type": "Task", "Resource": ECHO_ARN, "End": True},
+        },
+    }
+    machine = sfn.create_state_machine(
+        name="lm-test-echo", definition=json.dumps(definition), roleArn="arn:aws:iam::123456789012:role/sfn"
+    )["stateMachineArn"]
+    execution = sfn.start_execution(stateMachineArn=machine, input="{}")["executionArn"]
+    deadline = time.monotonic() + 20
+    while (desc := sfn.describe_execution(executionArn=execution))["status"] == "RUNNING":
+        assert time.monotonic() < deadline, "execution did not finish"
+        time.sleep(0.05)
+    assert desc["status"] == "SUCCEEDED", desc
+    assert json.loads(desc["output"]) == {"event": {"step": 1}, "function_name": "echo", "remaining": True}
+    types = [e["type"] for e in sfn.get_execution_history(executionArn=execution)["events"]]
+    assert "LambdaFunctionScheduled" in types and "LambdaFunctionSucceeded" in types
+
+
+def test_stop_frees_port_and_threads(runtime: LocalRuntime) -> None:
+    before = local_threads()
+    port = free_port()
+    second = LocalRuntime(port=port).start()
+    second.boto3_client("s3").list_buckets()  # leaves an idle keep-alive connection open
+    second.stop()
+    assert local_threads() - before == set()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    LocalRuntime(port=port).start().stop()  # the same port can be served again at once
+    assert local_threads() - before == set()
+    # The module runtime's process settings were restored on the way out.
+    assert runtime.boto3_client("lambda").invoke(FunctionName="echo", Payload=b"{}")["StatusCode"] == 200
+
+
+# --------------------------------------------------------------------------- ingest endpoint
+
+LIMIT = 1024
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def __call__(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        self.events.append(event)
+        body = {"status": "accepted", "function": context.function_name}
+        return {
+            "statusCode": 200,
+            "headers": {"Content-Type": "application/json", "X-Lm": "1"},
+            "body": json.dumps(body),
+        }
+
+
+@pytest.fixture
+def ingest() -> Iterator[tuple[IngestHTTPServer, Recorder]]:
+    recorder = Recorder()
+    server = IngestHTTPServer(recorder, port=free_port(), max_body_bytes=LIMIT, request_timeout_s=5).start()
+    yield server, recorder
+    server.stop()
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 3.0) -> tuple[bytes, float]:
+    """Send ``data`` (and no more), read the response until the server closes; (response, seconds)."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):  # socket.timeout here would mean the server waited for the body
+            chunks.append(chunk)
+    return b"".join(chunks), time.monotonic() - start
+
+
+def test_ingest_post_becomes_function_url_event(ingest: tuple[IngestHTTPServer, Recorder]) -> None:
+    server, recorder = ingest
+    frame = bytes(range(256))
+    req = urllib.request.Request(
+        f"{server.url}/v1/frames?a=1&a=2",
+        data=frame,
+        method="POST",
+        headers={
+            "X-Lm-Agent-Id": "agent-1",
+            "Authorization": "Bearer k1.abc",
+            "Content-Type": "application/octet-stream",
+        },
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200 and resp.headers["X-Lm"] == "1"
+        assert json.loads(resp.read()) == {"status": "accepted", "function": "ingest"}
+    (event,) = recorder.events
+    assert (
+        event["version"] == "2.0"
+        and event["rawPath"] == "/v1/frames"
+        and event["rawQueryString"] == "a=1&a=2"
+    )
+    assert event["queryStringParameters"] == {"a": "1,2"}
+    assert event["isBase64Encoded"] is True and base64.b64decode(event["body"]) == frame
+    assert (
+        event["headers"]["x-lm-agent-id"] == "agent-1"
+        and event["headers"]["authorization"] == "Bearer k1.abc"
+    )
+    assert all(k == k.lower() for k in event["headers"])
+    http = event["requestContext"]["http"]
+    assert http["method"] == "POST" and http["path"] == "/v1/frames" and http["sourceIp"] == "127.0.0.1"
+
+
+def test_ingest_refuses_oversized_body_without_reading_it(ingest: tuple[IngestHTTPServer, Recorder]) -> None:
+    server, recorder = ingest
+    # Declares 10 GB but sends 5 bytes: a server that tried to read the body would hang here.
+    head = b"POST /v1/frames HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\nhello"
+    response, seconds = raw_exchange(server.port, head)
+    status_line, _, rest = response.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert body["status"] == "invalid" and "exceeds the limit of 1024" in body["reason"]
+    assert seconds < 2.0 and recorder.events == []
+    # With Expect: 100-continue the client is refused before it is invited to send.
+    expect = b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2048\r\n\r\n"
+    response, _ = raw_exchange(server.port, expect)
+    assert response.startswith(b"HTTP/1.1 413 ") and b"100 Continue" not in response
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"", b"411"),
+        (b"Content-Length: 12abc\r\n", b"400"),
+        (b"Content-Length: -1\r\n", b"400"),
+        (b"Content-Length: 5\r\nContent-Length: 6\r\n", b"400"),
+        (b"Transfer-Encoding: chunked\r\n", b"411"),
+    ],
+)
+def test_ingest_refuses_bad_content_length(
+    ingest: tuple[IngestHTTPServer, Recorder], headers: bytes, status: bytes
+) -> None:
+    server, recorder = ingest
+    response, _ = raw_exchange(server.port, b"POST / HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    assert response.split(b" ", 2)[1] == status
+    assert json.loads(response.split(b"\r\n\r\n", 1)[1])["status"] == "invalid"
+    assert recorder.events == []
+
+
+def test_ingest_stop_frees_port() -> None:
+    before = local_threads()
+    server = IngestHTTPServer(Recorder(), port=0).start()
+    idle = socket.create_connection(
+        ("127.0.0.1", server.port), timeout=2
+    )  # an idle client must not block stop()
+    time.sleep(0.05)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 2.0
+    idle.close()
+    assert local_threads() - before == set()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
