@@ -26,7 +26,8 @@ from lightmetrics.local import (
     function_name_from,
     provision,
 )
-from lightmetrics.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec, parse_token_secret
+from lightmetrics.auth import TokenKeys
+from lightmetrics.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec
 
 BUCKET = "lightmetrics-local"
 TABLE = "lightmetrics-control"
@@ -101,7 +102,7 @@ def test_spec_shapes() -> None:
         '{"current": "a", "keys": {"a": "00", "b": "00", "c": "00"}}',
     ):
         with pytest.raises(ValueError):
-            parse_token_secret(bad)
+            TokenKeys.parse(bad)
 
 
 def test_env_exports() -> None:
@@ -403,3 +404,20 @@ def test_ingest_stop_frees_port() -> None:
     assert local_threads() - before == set()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
+
+
+def test_ingest_handler_results_and_failures() -> None:
+    def plain(event: dict[str, Any], context: Any) -> Any:
+        if event["rawPath"] == "/crash":
+            raise RuntimeError("bug")
+        return {"status": "accepted", "body_seen": "body" in event}  # no statusCode: 200 JSON
+
+    with IngestHTTPServer(plain, port=0) as server:
+        with urllib.request.urlopen(f"{server.url}/ok", timeout=5) as resp:  # GET: no body, no 411
+            assert resp.status == 200 and json.loads(resp.read()) == {
+                "status": "accepted",
+                "body_seen": False,
+            }
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(urllib.request.Request(f"{server.url}/crash", data=b"x"), timeout=5)
+        assert err.value.code == 502 and json.loads(err.value.read())["status"] == "unavailable"

@@ -28,10 +28,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from lightmetrics.errors import AuthError, ConfigError
+from lightmetrics.resources import SECRET
 
 _KEY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TOKEN_RE = re.compile(r"^(?P<kid>[A-Za-z0-9_-]{1,64})\.(?P<mac>[0-9a-f]{64})$")
-MAX_ACTIVE_KEYS = 2
+MAX_ACTIVE_KEYS = SECRET.max_active_keys
 
 
 class TokenKeys(BaseModel):

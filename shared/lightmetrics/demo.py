@@ -365,7 +365,7 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
     runtime = LocalRuntime(port=port).start()
     collectors: _Collectors | None = None
     try:
-        made = provision(runtime.boto3_client, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
+        made = provision(runtime, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
         keys = TokenKeys.parse(made["secret_value"])
         env = dict(os.environ)
         env.pop("LM_FAULTS", None)
@@ -377,7 +377,7 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
             stop = threading.Event()
             killer = threading.Thread(target=collectors.kill_victim_when_stalled, args=(stop, report), daemon=True)
             killer.start()
-            counted_from = runtime.request_count("s3") if hasattr(runtime, "request_count") else 0
+            counted_from = runtime.request_count("s3")
             with Progress(
                 TextColumn("[bold]accepting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 disable=not show_progress, transient=False,
@@ -394,8 +394,7 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
                     t.start()
                 for t in threads:
                     t.join()
-            if hasattr(runtime, "request_count"):
-                report.s3_requests = runtime.request_count("s3") - counted_from
+            report.s3_requests = runtime.request_count("s3") - counted_from
             store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
             _deliberate_conflict(agents[0], base_ns, store, report)
             stop.set()

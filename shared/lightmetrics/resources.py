@@ -17,8 +17,6 @@ Example::
 from __future__ import annotations
 
 import json
-import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -37,8 +35,6 @@ __all__ = [
     "ResourceSpec",
     "SecretSpec",
     "TableSpec",
-    "make_token_secret",
-    "parse_token_secret",
 ]
 
 #: The only S3 event the system subscribes to: every write is a create (system.md §10).
@@ -176,36 +172,3 @@ QUEUES: tuple[QueueSpec, ...] = ()
 FUNCTIONS: tuple[FunctionSpec, ...] = (FunctionSpec("ingest", "functions.ingest.app", "handler"),)
 
 SPEC = ResourceSpec(bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS)
-
-_KEY_ID = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_HEX = re.compile(r"^(?:[0-9a-f]{2})+$")
-
-
-def make_token_secret(key_id: str = "k1", secret_hex: str | None = None) -> str:
-    """A fresh ingest-token secret value with one key (32 random bytes unless given).
-
-    >>> parse_token_secret(make_token_secret("k1"))["current"]
-    'k1'
-    """
-    value = json.dumps({"current": key_id, "keys": {key_id: secret_hex or secrets.token_hex(32)}})
-    parse_token_secret(value)  # never hand out a value the readers would refuse
-    return value
-
-
-def parse_token_secret(value: str) -> dict[str, Any]:
-    """Parse and validate an ingest-token secret value; raises ValueError if malformed."""
-    try:
-        doc = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"token secret is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or set(doc) != {"current", "keys"}:
-        raise ValueError('token secret must be {"current": ..., "keys": {...}}')
-    keys = doc["keys"]
-    if not isinstance(keys, dict) or not 1 <= len(keys) <= SECRET.max_active_keys:
-        raise ValueError(f"token secret must hold 1..{SECRET.max_active_keys} keys")
-    for key_id, hex_secret in keys.items():
-        if not _KEY_ID.match(key_id) or not isinstance(hex_secret, str) or not _HEX.match(hex_secret):
-            raise ValueError(f"token secret key {key_id!r} is malformed (id [A-Za-z0-9_-], lowercase hex)")
-    if doc["current"] not in keys:
-        raise ValueError("token secret 'current' must name one of its keys")
-    return doc

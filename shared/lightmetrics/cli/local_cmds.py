@@ -57,7 +57,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, as_json: bool) -> 
     ingest = None
     try:
         made = provision(
-            runtime.boto3_client, SPEC, bucket=bucket, table=table, secret_name=settings.auth_secret_id, namespace=prefix
+            runtime, SPEC, bucket=bucket, table=table, secret_name=settings.auth_secret_id, namespace=prefix
         )
         values = {"bucket": bucket, "table": table, "prefix": prefix, "auth_secret_id": settings.auth_secret_id}
         os.environ.update(local_environment(runtime.endpoint_url, values))

@@ -26,7 +26,7 @@ from rich.table import Table
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_LEASE_HELD = 0, 1, 2, 3, 4, 5
 
 console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def emit_json(data: Any) -> None:

@@ -18,6 +18,7 @@ import importlib
 import json
 import logging
 import threading
+from collections import Counter
 import time
 import traceback
 import uuid
@@ -104,6 +105,13 @@ def invoke_handler(handler: Handler, event: Any, context: LambdaContext) -> tupl
         return json.dumps(body).encode(), True
 
 
+def _service_of(authorization: str) -> str:
+    """``s3`` from ``AWS4-HMAC-SHA256 Credential=AKID/20261125/us-east-1/s3/aws4_request, ...``."""
+    _, _, rest = authorization.partition("Credential=")
+    parts = rest.split(",", 1)[0].split("/")
+    return parts[3] if len(parts) >= 5 else "unsigned"
+
+
 class FunctionHost:
     """WSGI middleware: Lambda ``Invoke`` runs in-process handlers, everything else goes to ``app``.
 
@@ -125,6 +133,9 @@ class FunctionHost:
         self._specs = {s.name: s for s in specs}
         self._loaded: dict[str, Handler] = {}
         self._lock = threading.Lock()
+        #: Requests that reached moto, per AWS service (from the SigV4 credential scope). The
+        #: demo and benchmarks read S3 request totals here, across every client process.
+        self.request_counts: Counter[str] = Counter()
 
     def names(self) -> list[str]:
         """Function names this host serves."""
@@ -154,6 +165,9 @@ class FunctionHost:
             name = function_name_from(raw_name)
             if name in self.names():
                 return self._invoke(name, environ, start_response)
+        service = _service_of(environ.get("HTTP_AUTHORIZATION", ""))
+        with self._lock:
+            self.request_counts[service] += 1
         return cast(Iterable[bytes], self.app(environ, start_response))
 
     def _invoke(self, name: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:

@@ -21,7 +21,8 @@ from typing import Any, cast
 
 from botocore.exceptions import ClientError
 
-from lightmetrics.resources import ResourceSpec, make_token_secret, parse_token_secret
+from lightmetrics.auth import TokenKeys
+from lightmetrics.resources import ResourceSpec
 
 __all__ = ["ProvisionError", "provision"]
 
@@ -113,7 +114,7 @@ def provision(
 
     # --- token secret: keep an existing value (tokens already issued must stay valid).
     if secret_value is not None:
-        parse_token_secret(secret_value)
+        TokenKeys.parse(secret_value)  # never store a value the readers would refuse
     try:
         secret_arn = sm.describe_secret(SecretId=secret_name)["ARN"]
         current = sm.get_secret_value(SecretId=secret_name)["SecretString"]
@@ -123,7 +124,7 @@ def provision(
     except ClientError as exc:
         if _error_code(exc) != "ResourceNotFoundException":
             raise
-        current = secret_value if secret_value is not None else make_token_secret("k1")
+        current = secret_value if secret_value is not None else TokenKeys.generate("k1").model_dump_json()
         secret_arn = sm.create_secret(Name=secret_name, SecretString=current)["ARN"]
         created.append("secret")
 

@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl
 
 from werkzeug.serving import ThreadedWSGIServer
 
-from lightmetrics.local.function_host import FunctionHost, Handler, LambdaContext
+from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler, LambdaContext
 from lightmetrics.resources import SPEC, ResourceSpec
 
 __all__ = [
@@ -53,8 +53,6 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
-ACCOUNT_ID = "123456789012"
-REGION = "us-east-1"
 DEFAULT_PORT = 4566
 #: Lambda's synchronous request payload limit; the real limit is ``LM_MAX_FRAME_BYTES``.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
@@ -267,6 +265,10 @@ class LocalRuntime:
         from moto.moto_api._internal.models import moto_api_backend
 
         moto_api_backend.reset()
+
+    def request_count(self, service: str) -> int:
+        """Requests to ``service`` (e.g. ``"s3"``) that reached moto since start, from any process."""
+        return self.function_host.request_counts[service] if self.function_host else 0
 
     def boto3_client(self, service: str, **kwargs: Any) -> Any:
         """A boto3 client for this runtime (dummy credentials, us-east-1)."""

@@ -1,0 +1,131 @@
+"""lmctl end to end: real subprocesses against the session's moto server; exit codes per brief §14."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LMCTL = [shutil.which("lmctl") or os.path.join(os.path.dirname(sys.executable), "lmctl")]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def env(runtime, bucket):  # type: ignore[no-untyped-def]
+    e = dict(os.environ)
+    e.update(LM_BUCKET=bucket, LM_COLLECTOR_ID="cli")
+    return e
+
+
+@pytest.fixture
+def samples(tmp_path: Path) -> Path:
+    path = tmp_path / "samples.jsonl"
+    lines = [{"metric": "cpu", "labels": {"host": "a"}, "ts_unix_ns": 1_764_000_000_000_000_000 + i, "value": i}
+             for i in range(5)]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+IDENT = ["--agent-id", "agent-cli", "--boot-id", "boot-1", "--seq-start", "100", "--seq-end", "104"]
+
+
+def encode(tmp_path: Path, samples: Path, name: str = "f.lmframe", *extra: str) -> Path:
+    out = tmp_path / name
+    r = run("frame", "encode", *IDENT, "--samples", str(samples), "-o", str(out), "--json", *extra)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["frame_bytes"] == out.stat().st_size
+    return out
+
+
+def test_frame_encode_and_inspect(tmp_path, samples):  # type: ignore[no-untyped-def]
+    plain = encode(tmp_path, samples)
+    packed = encode(tmp_path, samples, "z.lmframe", "--zstd")
+    r = run("frame", "inspect", str(packed), "--json")
+    info = json.loads(r.stdout)
+    assert r.returncode == 0 and info["compressed"] is True and info["sample_count"] == 5
+    assert info["agent_id"] == "agent-cli" and info["seq_start"] == 100
+    human = run("frame", "inspect", str(plain))
+    assert human.returncode == 0 and "agent-cli" in human.stdout
+    bad = tmp_path / "bad.lmframe"
+    bad.write_bytes(plain.read_bytes()[:-1])
+    r = run("frame", "inspect", str(bad))
+    assert r.returncode == 2 and "not a valid frame" in r.stderr
+
+
+def test_frame_encode_rejects_bad_input_with_exit_2(tmp_path, samples):  # type: ignore[no-untyped-def]
+    r = run("frame", "encode", "--agent-id", "a/b", "--boot-id", "b", "--seq-start", "1", "--seq-end", "2",
+            "--samples", str(samples), "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and "must not contain '/'" in r.stderr
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"metric": "cpu", "ts_unix_ns": 1, "value": 1}\n{"metric": 3}\n')
+    r = run("frame", "encode", *IDENT, "--samples", str(broken), "-o", str(tmp_path / "x"))
+    assert r.returncode == 2 and "line 2" in r.stderr
+
+
+def test_accept_duplicate_conflict_and_show(tmp_path, samples, env):  # type: ignore[no-untyped-def]
+    frame = encode(tmp_path, samples)
+    first = run("accept", *IDENT, "--frame", str(frame), "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    body = json.loads(first.stdout)
+    assert (body["status"], body["duplicate"]) == ("accepted", False)
+    again = run("accept", *IDENT, "--frame", str(frame), "--json", env=env)
+    assert again.returncode == 0 and json.loads(again.stdout)["duplicate"] is True
+    other = encode(tmp_path, samples, "other.lmframe", "--zstd")  # same samples, other bytes
+    conflict = run("accept", *IDENT, "--frame", str(other), "--json", env=env)
+    assert conflict.returncode == 3 and json.loads(conflict.stdout)["status"] == "identity_conflict"
+
+    shown = run("show", *IDENT, "--json", env=env)
+    info = json.loads(shown.stdout)
+    assert shown.returncode == 0 and info["accepted"] is True
+    assert info["blob"]["present"] and info["blob"]["sha256_matches"]
+    assert info["frame"]["sample_count"] == 5 and len(info["conflicts"]) == 1
+    human = run("show", *IDENT, env=env)
+    assert human.returncode == 0 and "manifest.frame_sha256" in human.stdout
+    missing = run("show", "--agent-id", "nobody", "--boot-id", "b", "--seq-start", "1", "--seq-end", "1",
+                  "--json", env=env)
+    assert missing.returncode == 1 and json.loads(missing.stdout)["accepted"] is False
+
+
+def test_accept_refuses_invalid_frame_and_bad_config(tmp_path, samples, env):  # type: ignore[no-untyped-def]
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"junk")
+    r = run("accept", *IDENT, "--frame", str(junk), "--json", env=env)
+    assert r.returncode == 2 and json.loads(r.stdout)["status"] == "invalid"
+    r = run("accept", *IDENT, "--frame", str(junk), "--bucket", "Bad_Bucket", env=env)
+    assert r.returncode == 2 and "LM_BUCKET (--bucket)" in r.stderr
+
+
+def test_accept_when_s3_is_down_is_exit_4(tmp_path, samples, env):  # type: ignore[no-untyped-def]
+    frame = encode(tmp_path, samples)
+    down = dict(env, AWS_ENDPOINT_URL="http://127.0.0.1:9", LM_S3_MAX_ATTEMPTS="1", LM_S3_TIMEOUT_S="1")
+    r = run("accept", *IDENT, "--frame", str(frame), "--json", env=down)
+    assert r.returncode == 4 and json.loads(r.stdout)["status"] == "unavailable"
+
+
+def test_agent_token_matches_what_ingest_verifies(runtime, env):  # type: ignore[no-untyped-def]
+    from lightmetrics.auth import TokenKeys, verify_token
+
+    keys = TokenKeys.generate("k7")
+    runtime.boto3_client("secretsmanager").create_secret(Name=f"tok-{env['LM_BUCKET']}", SecretString=keys.model_dump_json())
+    e = dict(env, LM_AUTH_SECRET_ID=f"tok-{env['LM_BUCKET']}")
+    r = run("agent-token", "--agent-id", "agent-z", "--json", env=e)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["key_id"] == "k7"
+    verify_token(keys, out["token"], "agent-z")
+    assert run("agent-token", "--agent-id", "a/b", env=e).returncode == 2
+
+
+def test_invoke_runs_a_handler_with_a_sample_event(env):  # type: ignore[no-untyped-def]
+    r = run("invoke", "ingest", "--event", "events/ingest/missing-token.json", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["statusCode"] == 401
+    assert run("invoke", "nope", "--event", "events/ingest/missing-token.json", env=env).returncode == 2
