@@ -385,8 +385,8 @@ def test_decoder_reasons() -> None:
     assert "boot_id is not valid UTF-8" in _reason(raw_frame(block, 1, boot=b"\xff"))
     assert "control character (U+0000)" in _reason(raw_frame(block, 1, agent=b"a\x00"))
     assert "seq_start (5) must be <= seq_end (4)" in _reason(raw_frame(block, 1, seq=(5, 4)))
-    assert _reason(raw_frame(b"", 0)) == "sample_count 0 is outside 1-1000000"
-    assert _reason(raw_frame(block, 1_000_001)) == "sample_count 1000001 is outside 1-1000000"
+    assert _reason(raw_frame(b"", 0)) == f"sample_count 0 is outside 1-{MAX_SAMPLES}"
+    assert _reason(raw_frame(block, MAX_SAMPLES + 1)) == f"sample_count {MAX_SAMPLES + 1} is outside 1-{MAX_SAMPLES}"
     assert _reason(raw_frame(block, 2)) == "truncated in samples block (sample 1)"
     assert _reason(raw_frame(block + block, 1)).startswith("22 bytes left over in samples block")
     assert _reason(raw_frame(block, 1, payload_len=2**32 - 1)).startswith("truncated in payload (payload_length 4294967295")
@@ -406,7 +406,7 @@ def test_decoder_zstd_reasons() -> None:
     no_size = zstd(block, write_content_size=False)
     assert _reason(raw_frame(block, 1, compress=True, payload=no_size)) == "compressed payload does not declare its content size"
     huge = b"\x28\xb5\x2f\xfd\xc0\x50" + (2**40).to_bytes(8, "little") + b"\x00" * 8
-    assert "declares 1099511627776 bytes, over the 67108864 byte limit" in _reason(raw_frame(block, 1, compress=True, payload=huge))
+    assert f"declares 1099511627776 bytes, over the {MAX_DECODED_PAYLOAD_BYTES} byte limit" in _reason(raw_frame(block, 1, compress=True, payload=huge))
     assert _reason(raw_frame(block, 1, compress=True, payload=zstd(block) + b"x")) == "1 bytes after the zstd frame in the payload"
     assert "after the zstd frame" in _reason(raw_frame(block, 1, compress=True, payload=zstd(block) * 2))
     assert _reason(raw_frame(block, 1, compress=True, payload=zstd(block)[:-2])) in (
@@ -573,7 +573,7 @@ def _hostile_case(rng: random.Random) -> Case:
         if rng.random() < 0.5:
             size = rng.randint(MAX_DECODED_PAYLOAD_BYTES + 1, 2**63)
             payload = b"\x28\xb5\x2f\xfd\xc0\x50" + size.to_bytes(8, "little") + bytes(rng.randrange(256) for _ in range(12))
-            return raw_frame(block, n, flags=FLAG_ZSTD, payload=payload), "over the 67108864 byte limit"
+            return raw_frame(block, n, flags=FLAG_ZSTD, payload=payload), f"over the {MAX_DECODED_PAYLOAD_BYTES} byte limit"
         packed = bytearray(zstd(block, write_content_size=False))
         # Rebuild the header with an explicit 4-byte content size that is off by a few bytes.
         descriptor = packed[4]
