@@ -14,12 +14,12 @@ from lightmetrics.clock import FrozenClock
 from lightmetrics.config import Settings
 from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import KeyCodec
 from lightmetrics.local.environment import local_environment
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.retry import RetryPolicy
-from lightmetrics.store import S3ObjectStore, s3_client_config
+from lightmetrics.services import accept_context
+from lightmetrics.store import s3_client_config
 from lightmetrics.testing.faults import FaultInjector
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
@@ -97,15 +97,7 @@ FAST = RetryPolicy(max_attempts=4, base_delay_s=0.0, max_delay_s=0.0, sleep=lamb
 
 @pytest.fixture
 def ctx(s3, settings: Settings, clock: FrozenClock, metrics: RecordingMetrics) -> AcceptContext:  # type: ignore[no-untyped-def]
-    return AcceptContext(
-        store=S3ObjectStore(s3, settings.bucket, read_policy=FAST),
-        codec=KeyCodec(settings.prefix),
-        collector_id=settings.collector_id,
-        max_frame_bytes=settings.max_frame_bytes,
-        clock=clock,
-        policy=FAST,
-        metrics=metrics,
-    )
+    return accept_context(settings, client=s3, clock=clock, metrics=metrics, policy=FAST)
 
 
 def make_frame(identity: BatchIdentity, variant: float = 0.0, n: int = 3, compress: bool = False) -> bytes:

@@ -37,10 +37,10 @@ def canonical_json(value: object) -> bytes:
 
 
 class CanonicalModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
 
     def to_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json"))
+        return canonical_json(self.model_dump(mode="json", by_alias=True))
 
     @classmethod
     def from_bytes(cls: type[M], data: bytes) -> M:
@@ -52,14 +52,23 @@ class CanonicalModel(BaseModel):
             raise ManifestError(f"{cls.__name__}: {where}: {first['msg']}") from None
 
 
-class AcceptedBatchManifest(CanonicalModel):
-    """The acceptance record of one identity: ``accepted/v1/<identity>.json``."""
+class IdentityFields(CanonicalModel):
+    """The batch identity, as every identity-keyed manifest carries it."""
 
-    schema_: Literal["lightmetrics.accepted_batch.v1"] = Field(ACCEPTED_BATCH_SCHEMA, alias="schema")
     agent_id: str
     boot_id: str
     seq_start: int = _Seq
     seq_end: int = _Seq
+
+    @property
+    def identity(self) -> BatchIdentity:
+        return BatchIdentity.create(self.agent_id, self.boot_id, self.seq_start, self.seq_end)
+
+
+class AcceptedBatchManifest(IdentityFields):
+    """The acceptance record of one identity: ``accepted/v1/<identity>.json``."""
+
+    schema_: Literal["lightmetrics.accepted_batch.v1"] = Field(ACCEPTED_BATCH_SCHEMA, alias="schema")
     frame_sha256: str = _Sha
     frame_bytes: int = Field(ge=0)
     raw_blob_key: str
@@ -68,24 +77,11 @@ class AcceptedBatchManifest(CanonicalModel):
     wire_version: int = Field(ge=1)
     frame_version: int = Field(ge=1)
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
 
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", by_alias=True))
-
-    @property
-    def identity(self) -> BatchIdentity:
-        return BatchIdentity.create(self.agent_id, self.boot_id, self.seq_start, self.seq_end)
-
-
-class IdentityConflictManifest(CanonicalModel):
+class IdentityConflictManifest(IdentityFields):
     """Evidence of a different frame submitted for an accepted identity (quarantine/v1/)."""
 
     schema_: Literal["lightmetrics.identity_conflict.v1"] = Field(IDENTITY_CONFLICT_SCHEMA, alias="schema")
-    agent_id: str
-    boot_id: str
-    seq_start: int = _Seq
-    seq_end: int = _Seq
     accepted_manifest_key: str
     accepted_raw_blob_key: str
     accepted_frame_sha256: str = _Sha
@@ -95,12 +91,3 @@ class IdentityConflictManifest(CanonicalModel):
     observed_at_unix_ns: int = Field(ge=0)
     collector_id: str
     accepted_collector_id: str
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", by_alias=True))
-
-    @property
-    def identity(self) -> BatchIdentity:
-        return BatchIdentity.create(self.agent_id, self.boot_id, self.seq_start, self.seq_end)
