@@ -81,7 +81,12 @@ def test_spec_shapes() -> None:
         {"AttributeName": "pk", "AttributeType": "S"},
         {"AttributeName": "sk", "AttributeType": "S"},
     ]
-    assert SPEC.queues == () and SPEC.notification_configuration({}) == {}
+    assert [(q.name, q.prefix, q.dlq_name) for q in SPEC.queues] == [
+        ("index-accepted", "accepted/v1/", "index-accepted-dlq"),
+        ("index-raw-blobs", "raw-blobs/v1/", "index-raw-blobs-dlq"),
+        ("index-quarantine", "quarantine/v1/", "index-quarantine-dlq"),
+    ]
+    assert ResourceSpec().notification_configuration({}) == {}
     assert SPEC.function("ingest").handler_string == "functions.ingest.app.handler"
     q = QueueSpec("idx", "accepted/v1/", "idx-dlq", max_receive_count=3)
     cfg = ResourceSpec(queues=(q,)).notification_configuration({"idx": "arn:q"}, namespace="ns/")

@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -49,6 +50,15 @@ class Settings(BaseModel):
     )
     s3_max_attempts: int = Field(5, ge=1, le=20, description="LM_S3_MAX_ATTEMPTS: per conditional create")
     s3_timeout_s: int = Field(5, ge=1, le=120, description="LM_S3_TIMEOUT_S: connect/read timeout")
+    retry_budget_count: int = Field(5, ge=1, le=1000, description="LM_RETRY_BUDGET_COUNT: failures before a blocker")
+    retry_budget_age_s: int = Field(3600, ge=1, description="LM_RETRY_BUDGET_AGE_S: failing this long makes a blocker")
+    reconcile_lookback_s: int = Field(6 * 3600, ge=0, description="LM_RECONCILE_LOOKBACK_S: rescan after downtime")
+    queue_urls: dict[str, str] = Field(
+        default_factory=dict, description="LM_QUEUE_URLS: JSON {queue name: URL} of the index queues and DLQs"
+    )
+    queue_probe: Literal["cloudwatch", "count"] = Field(
+        "cloudwatch", description="LM_QUEUE_PROBE: how the reconciler sees queue age (count = local runtime)"
+    )
     secret_cache_s: int = Field(300, ge=0, description="LM_SECRET_CACHE_S: token key cache lifetime")
 
     @field_validator("bucket")
@@ -63,6 +73,16 @@ class Settings(BaseModel):
     def _prefix(cls, v: str) -> str:
         if v and (not v.endswith("/") or v.startswith("/") or "//" in v):
             raise ValueError("must be empty or end with '/' (e.g. 'prod/'), without a leading '/'")
+        return v
+
+    @field_validator("queue_urls", mode="before")
+    @classmethod
+    def _queue_urls(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                raise ValueError('must be a JSON object {"queue-name": "https://..."}') from None
         return v
 
     @field_validator("collector_id")

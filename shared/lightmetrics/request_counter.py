@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -41,7 +42,11 @@ class RequestCounter:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._local = threading.local()
+        # A context variable, not a thread-local: work fanned out to a pool with
+        # ``contextvars.copy_context().run`` is still counted against its operation.
+        self._current: contextvars.ContextVar[OperationCount | None] = contextvars.ContextVar(
+            f"lm-request-counter-{id(self)}", default=None
+        )
         self.totals: Counter[str] = Counter()
         self.operations: Counter[str] = Counter()
         self.requests_by_operation: Counter[str] = Counter()
@@ -54,7 +59,7 @@ class RequestCounter:
         # event_name looks like "before-send.s3.PutObject"
         parts = event_name.split(".")
         api = ".".join(parts[1:3]) if len(parts) >= 3 else event_name
-        op: OperationCount | None = getattr(self._local, "current", None)
+        op = self._current.get()
         with self._lock:
             self.totals[api] += 1
             if op is not None:
@@ -63,13 +68,12 @@ class RequestCounter:
 
     @contextmanager
     def operation(self, name: str) -> Iterator[OperationCount]:
-        previous = getattr(self._local, "current", None)
         op = OperationCount(name)
-        self._local.current = op
+        token = self._current.set(op)
         try:
             yield op
         finally:
-            self._local.current = previous
+            self._current.reset(token)
             with self._lock:
                 self.operations[name] += 1
 

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 __all__ = [
     "BUCKET",
+    "LAYOUT_PREFIXES",
+    "TRIGGER_KINDS",
     "FUNCTIONS",
     "OBJECT_CREATED_EVENT",
     "QUEUES",
@@ -43,13 +45,81 @@ OBJECT_CREATED_EVENT = "s3:ObjectCreated:*"
 AttributeType = Literal["S", "N", "B"]
 
 
+#: Every top-level prefix of the key layout (docs/protocol.md §3), relative to the namespace.
+#: ``lightmetrics.keys.PREFIXES`` is the codec's view of the same list; a test keeps them equal.
+LAYOUT_PREFIXES: tuple[str, ...] = (
+    "raw-blobs/v1/",
+    "raw-blobs-by-time/v1/",
+    "accepted/v1/",
+    "accepted-by-time/v1/",
+    "accepted-by-blob/v1/",
+    "quarantine/v1/",
+    "quarantine-by-blob/v1/",
+    "conflict-resolutions/v1/",
+    "manifests/v1/",
+    "rollup/v1/",
+    "index/v1/",
+    "retention/v1/",
+    "audit/v1/",
+)
+
+
 @dataclass(frozen=True)
 class BucketSpec:
-    """The authority bucket. Versioning is required by the GC handshake (system.md §7)."""
+    """The authority bucket. Versioning is required by the GC handshake (system.md §7).
+
+    The prefix tuples drive the bucket policy and the lifecycle rules of the CDK stack (all
+    relative to the prefix namespace):
+
+    * ``create_only_prefixes``: PutObject without ``If-None-Match`` and copies are denied;
+    * ``multipart_prefixes``: the only prefixes where multipart uploads may be started;
+    * ``no_delete_prefixes``: DeleteObject/DeleteObjectVersion denied to everyone;
+    * ``gc_delete_prefixes``: deletes denied to everyone but the GC role;
+    * ``noncurrent_expiry_prefixes``: derived data whose noncurrent versions a lifecycle
+      rule expires (never acceptance records, evidence, raw blobs or retention markers).
+    """
 
     logical_name: str = "AuthorityBucket"
     versioned: bool = True
     default_name: str = "lightmetrics-local"
+    create_only_prefixes: tuple[str, ...] = LAYOUT_PREFIXES
+    multipart_prefixes: tuple[str, ...] = ("raw-blobs/v1/",)
+    no_multipart_enforced_prefixes: tuple[str, ...] = ("accepted/v1/",)
+    no_delete_prefixes: tuple[str, ...] = (
+        "accepted/v1/",
+        "quarantine/v1/",
+        "conflict-resolutions/v1/",
+        "retention/v1/",
+    )
+    gc_delete_prefixes: tuple[str, ...] = ("raw-blobs/v1/",)
+    noncurrent_expiry_prefixes: tuple[str, ...] = (
+        "raw-blobs-by-time/v1/",
+        "accepted-by-time/v1/",
+        "accepted-by-blob/v1/",
+        "quarantine-by-blob/v1/",
+        "manifests/v1/",
+        "rollup/v1/",
+        "index/v1/",
+    )
+
+    def __post_init__(self) -> None:
+        layout = set(LAYOUT_PREFIXES)
+        for field_name in (
+            "create_only_prefixes",
+            "multipart_prefixes",
+            "no_multipart_enforced_prefixes",
+            "no_delete_prefixes",
+            "gc_delete_prefixes",
+            "noncurrent_expiry_prefixes",
+        ):
+            unknown = set(getattr(self, field_name)) - layout
+            if unknown:
+                raise ValueError(f"BucketSpec.{field_name}: {sorted(unknown)} are not layout prefixes")
+        if set(self.multipart_prefixes) & set(self.no_multipart_enforced_prefixes):
+            raise ValueError("a prefix cannot both allow and forbid multipart uploads")
+        keep = set(self.no_delete_prefixes) | set(self.gc_delete_prefixes)
+        if keep & set(self.noncurrent_expiry_prefixes):
+            raise ValueError("lifecycle must never expire versions under protected prefixes")
 
 
 @dataclass(frozen=True)
@@ -118,18 +188,101 @@ class QueueSpec:
         return json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(self.max_receive_count)})
 
 
+TRIGGER_KINDS = ("http", "queue", "schedule", "task")
+TableAccess = Literal["none", "read", "write"]
+
+
 @dataclass(frozen=True)
 class FunctionSpec:
-    """A Lambda function: ``module`` is importable from the repo root or the installed package."""
+    """A Lambda function: ``module`` is importable from the repo root or the installed package.
+
+    The remaining fields are declarative: the CDK stack derives the function's trigger, its
+    IAM policy (least privilege, nothing else) and its settings from them, and the infra tests
+    derive the exact expected IAM sets from the same fields.
+
+    * ``trigger``: ``"http"`` (Lambda Function URL), ``"queue:<queue name>"`` (SQS event source
+      with partial-batch responses), ``"schedule:<EventBridge expression>"`` (e.g.
+      ``"schedule:rate(5 minutes)"``) or ``"task"`` (invoked by Step Functions or an operator).
+    * S3 prefixes are layout prefixes relative to the namespace (``"accepted/v1/"``):
+      ``s3_read`` -> ``s3:GetObject`` (GET and HEAD); ``s3_write`` -> ``s3:PutObject`` (the bucket
+      policy only lets conditional creates through); ``s3_list`` -> ``s3:ListBucket`` limited by an
+      ``s3:prefix`` condition (also what turns a HEAD of a missing key into 404 instead of 403);
+      ``s3_delete`` -> ``s3:DeleteObject`` and ``s3:DeleteObjectVersion``.
+    * ``table``: control-table access (``read``: GetItem/Query; ``write``: also Put/Update/Delete).
+    * ``reads_secret``: ``secretsmanager:GetSecretValue`` on the token secret.
+    * ``sqs_consume`` / ``sqs_read_attributes``: queue or DLQ names of :data:`QUEUES` it receives
+      from and deletes on (beyond its own trigger) / whose attributes it reads.
+    * ``cloudwatch_read``: ``cloudwatch:GetMetricStatistics`` and ``GetMetricData`` (queue age, reconciler).
+    * ``gc_role``: run as the GC role, the only principal the bucket policy lets delete under
+      ``raw-blobs/v1/``. Deleting there requires it; nothing else may use it.
+    * ``reserved_concurrency_param``: name of a deploy-time stack parameter that sets the
+      function's reserved concurrency (an operator throttle); ``None`` for no reservation.
+    * ``metrics_service``: the Powertools ``service`` the handler's metrics carry (the alarm
+      dimension); defaults to ``name``.
+    """
 
     name: str
     module: str
     attr: str = "handler"
+    trigger: str = "task"
+    s3_read: tuple[str, ...] = ()
+    s3_write: tuple[str, ...] = ()
+    s3_list: tuple[str, ...] = ()
+    s3_delete: tuple[str, ...] = ()
+    table: TableAccess = "none"
+    reads_secret: bool = False
+    sqs_consume: tuple[str, ...] = ()
+    sqs_read_attributes: tuple[str, ...] = ()
+    cloudwatch_read: bool = False
+    gc_role: bool = False
+    reserved_concurrency_param: str | None = None
+    timeout_s: int = 30
+    memory_mb: int = 512
+    batch_size: int = 10
+    metrics_service: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        kind = self.trigger.partition(":")[0]
+        if kind not in TRIGGER_KINDS:
+            raise ValueError(f"function {self.name!r}: trigger {self.trigger!r} is not one of {TRIGGER_KINDS}")
+        if kind in ("queue", "schedule") and not self.trigger_arg:
+            raise ValueError(f"function {self.name!r}: trigger {self.trigger!r} needs ':<argument>'")
+        if kind in ("http", "task") and self.trigger_arg:
+            raise ValueError(f"function {self.name!r}: trigger {kind!r} takes no argument")
+        for field_name in ("s3_read", "s3_write", "s3_list", "s3_delete"):
+            unknown = set(getattr(self, field_name)) - set(LAYOUT_PREFIXES)
+            if unknown:
+                raise ValueError(f"function {self.name!r}: {field_name} {sorted(unknown)} are not layout prefixes")
+        if self.table not in ("none", "read", "write"):
+            raise ValueError(f"function {self.name!r}: table access must be none, read or write")
+        deletes = set(self.s3_delete)
+        if deletes & set(BucketSpec().no_delete_prefixes):
+            raise ValueError(f"function {self.name!r}: nothing may delete under {sorted(BucketSpec().no_delete_prefixes)}")
+        if deletes & set(BucketSpec().gc_delete_prefixes) and not self.gc_role:
+            raise ValueError(f"function {self.name!r}: only the GC role may delete raw blobs (set gc_role=True)")
+        if not 1 <= self.timeout_s <= 900 or not 128 <= self.memory_mb <= 10240:
+            raise ValueError(f"function {self.name!r}: timeout 1-900 s, memory 128-10240 MB")
 
     @property
     def handler_string(self) -> str:
         """The Lambda ``Handler`` setting (``module.attr``)."""
         return f"{self.module}.{self.attr}"
+
+    @property
+    def trigger_kind(self) -> str:
+        """``http``, ``queue``, ``schedule`` or ``task``."""
+        return self.trigger.partition(":")[0]
+
+    @property
+    def trigger_arg(self) -> str:
+        """The queue name or schedule expression of the trigger ("" for http/task)."""
+        return self.trigger.partition(":")[2]
+
+    @property
+    def service(self) -> str:
+        """The Powertools service name (the ``service`` metric dimension)."""
+        return self.metrics_service or self.name
 
 
 @dataclass(frozen=True)
@@ -141,6 +294,21 @@ class ResourceSpec:
     secret: SecretSpec = field(default_factory=SecretSpec)
     queues: tuple[QueueSpec, ...] = ()
     functions: tuple[FunctionSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [f.name for f in self.functions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate function names in {names}")
+        queue_names = {q.name for q in self.queues}
+        all_queues = queue_names | {q.dlq_name for q in self.queues}
+        if len(all_queues) != 2 * len(self.queues):
+            raise ValueError("queue and DLQ names must all be distinct")
+        for fn in self.functions:
+            if fn.trigger_kind == "queue" and fn.trigger_arg not in queue_names:
+                raise ValueError(f"function {fn.name!r} is triggered by unknown queue {fn.trigger_arg!r}")
+            unknown = (set(fn.sqs_consume) | set(fn.sqs_read_attributes)) - all_queues
+            if unknown:
+                raise ValueError(f"function {fn.name!r} names unknown queues {sorted(unknown)}")
 
     def function(self, name: str) -> FunctionSpec:
         """The function spec called ``name`` (KeyError if none)."""
@@ -167,8 +335,31 @@ class ResourceSpec:
 BUCKET = BucketSpec()
 TABLE = TableSpec()
 SECRET = SecretSpec()
-# Indexer queues come later; the provisioner and notification derivation already handle them.
-QUEUES: tuple[QueueSpec, ...] = ()
-FUNCTIONS: tuple[FunctionSpec, ...] = (FunctionSpec("ingest", "functions.ingest.app", "handler"),)
+#: The event path (brief §5): one queue per authoritative prefix, each with its DLQ.
+QUEUES: tuple[QueueSpec, ...] = (
+    QueueSpec("index-accepted", "accepted/v1/", "index-accepted-dlq", max_receive_count=5, visibility_timeout_s=120),
+    QueueSpec("index-raw-blobs", "raw-blobs/v1/", "index-raw-blobs-dlq", max_receive_count=5, visibility_timeout_s=120),
+    QueueSpec("index-quarantine", "quarantine/v1/", "index-quarantine-dlq", max_receive_count=5,
+              visibility_timeout_s=120),
+)
+FUNCTIONS: tuple[FunctionSpec, ...] = (
+    FunctionSpec(
+        "ingest",
+        "functions.ingest.app",
+        "handler",
+        trigger="http",
+        # Blob, acceptance record, conflict evidence: conditional creates only.
+        s3_write=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/"),
+        # GET of an existing record, HEAD of a pre-existing blob, HEAD of a resolution record.
+        s3_read=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        # So that a missing key is a 404, not a 403.
+        s3_list=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        reads_secret=True,
+        reserved_concurrency_param="IngestReservedConcurrency",
+        timeout_s=60,
+        memory_mb=1024,
+        description="Accepts metric batches: authenticate, validate, conditional creates in S3",
+    ),
+)
 
 SPEC = ResourceSpec(bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS)

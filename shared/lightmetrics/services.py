@@ -10,20 +10,27 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 
 from lightmetrics.accept import AcceptContext, MetricsSink, NoMetrics
 from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
+from lightmetrics.blockers import BlockerStore
+from lightmetrics.control_table import ControlTable
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.config import Settings
 from lightmetrics.ingest_http import IngestService
 from lightmetrics.keys import KeyCodec
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.retry import RetryPolicy
+from lightmetrics.retry_budget import RetryBudget
 from lightmetrics.store import S3ObjectStore, s3_client_config
 from lightmetrics.testing.faults import install_from_env
+from lightmetrics.work import WorkContext
+
+if TYPE_CHECKING:
+    from lightmetrics.reconcile import QueueProbe
 
 
 def s3_client(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> Any:
@@ -67,3 +74,52 @@ def token_keys(settings: Settings, *, session: Any = None) -> CachedTokenKeys:
 def ingest_service(settings: Settings, **kwargs: Any) -> IngestService:
     session = kwargs.pop("session", None)
     return IngestService(accept_context(settings, session=session, **kwargs), token_keys(settings, session=session))
+
+
+def control_table(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> ControlTable:
+    session = session or boto3.session.Session()
+    client = session.client("dynamodb")
+    if counter is not None:
+        counter.attach(client)
+    return ControlTable(client, settings.table)
+
+
+def work_context(
+    settings: Settings,
+    *,
+    session: Any = None,
+    client: Any = None,
+    counter: RequestCounter | None = None,
+    clock: Clock = DEFAULT_CLOCK,
+    metrics: MetricsSink | None = None,
+    policy: RetryPolicy | None = None,
+) -> WorkContext:
+    """Collaborators of background work (indexers, reconciler, walks, reaps)."""
+    client = client or s3_client(settings, session=session, counter=counter)
+    policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
+    table = control_table(settings, session=session, counter=counter)
+    return WorkContext(
+        store=S3ObjectStore(client, settings.bucket, read_policy=policy),
+        codec=KeyCodec(settings.prefix),
+        budget=RetryBudget(table, max_count=settings.retry_budget_count, max_age_s=settings.retry_budget_age_s,
+                           clock=clock),
+        blockers=BlockerStore(table, clock),
+        clock=clock,
+        metrics=metrics or NoMetrics(),
+        policy=policy,
+        extras={"table": table, "settings": settings, "session": session},
+    )
+
+
+def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
+    """The reconciler's view of the index queues (``LM_QUEUE_PROBE``)."""
+    from lightmetrics.reconcile import CloudWatchAgeProbe, SqsCountProbe
+
+    session = session or boto3.session.Session()
+    sqs = session.client("sqs")
+    queues = {n: u for n, u in settings.queue_urls.items() if not n.endswith("-dlq")}
+    dlqs = [u for n, u in settings.queue_urls.items() if n.endswith("-dlq")]
+    if settings.queue_probe == "count":
+        return SqsCountProbe(sqs, list(queues.values()), dlqs)
+    names = [u.rstrip("/").rsplit("/", 1)[-1] for u in queues.values()]
+    return CloudWatchAgeProbe(sqs, session.client("cloudwatch"), names, list(queues.values()), dlqs)

@@ -55,10 +55,12 @@ def provision(
     secret_name: str,
     secret_value: str | None = None,
     namespace: str = "",
+    queue_name_prefix: str = "",
 ) -> dict[str, Any]:
     """Converge bucket, control table, token secret, queues and bucket notifications to ``spec``.
 
-    ``namespace`` is the prefix namespace (``LM_PREFIX``) prepended to queue prefix filters.
+    ``namespace`` is the prefix namespace (``LM_PREFIX``) prepended to queue prefix filters;
+    ``queue_name_prefix`` is prepended to physical queue names (several systems in one moto).
     Returns names, ARNs, the secret value, and ``created``: what did not exist before.
     """
     client = _client_factory(session_or_clients)
@@ -136,11 +138,11 @@ def provision(
         for q in spec.queues:
             # create_queue with no attributes is idempotent; attributes are then set, so a
             # re-run converges a queue whose settings drifted instead of failing.
-            dlq_url = sqs.create_queue(QueueName=q.dlq_name)["QueueUrl"]
+            dlq_url = sqs.create_queue(QueueName=queue_name_prefix + q.dlq_name)["QueueUrl"]
             dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
                 "QueueArn"
             ]
-            url = sqs.create_queue(QueueName=q.name)["QueueUrl"]
+            url = sqs.create_queue(QueueName=queue_name_prefix + q.name)["QueueUrl"]
             arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
                 "QueueArn"
             ]
@@ -184,3 +186,12 @@ def provision(
         "queues": queues,
         "created": created,
     }
+
+
+def queue_urls_setting(made: dict[str, Any]) -> dict[str, str]:
+    """``LM_QUEUE_URLS`` for what :func:`provision` made: logical queue and DLQ names -> URLs."""
+    out: dict[str, str] = {}
+    for name, q in made.get("queues", {}).items():
+        out[name] = q["url"]
+        out[f"{name}-dlq"] = q["dlq_url"]
+    return out

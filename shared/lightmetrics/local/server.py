@@ -277,7 +277,8 @@ class LocalRuntime:
         params: dict[str, Any] = {"endpoint_url": self.endpoint_url, "region_name": self.region}
         params.update(_DUMMY_CREDENTIALS)
         params.update(kwargs)
-        return boto3.client(service, **params)
+        # A fresh session per client: boto3's default session is not safe to share across threads.
+        return boto3.session.Session().client(service, **params)
 
     def __enter__(self) -> Self:
         return self.start()

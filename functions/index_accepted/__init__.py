@@ -1,0 +1,1 @@
+"""The index_accepted function."""

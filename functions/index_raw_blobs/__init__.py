@@ -1,0 +1,1 @@
+"""The index_raw_blobs function."""

@@ -1,0 +1,1 @@
+"""The DLQ sweeper function."""

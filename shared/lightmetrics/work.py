@@ -1,0 +1,114 @@
+"""Running one unit of background work under the outcome contract.
+
+:func:`run_unit` is the only place that turns what a unit of work did into an
+:class:`~lightmetrics.outcome.Outcome`: exceptions that say "try later" are counted by the
+durable retry budget and promoted to a blocker when it is spent; permanent failures write a
+blocker first and only then report BLOCKED (if the blocker cannot be written, the unit is
+RETRY_LATER, so nothing is ever silently dropped).
+
+Example:
+    >>> result = run_unit(ctx, kind="index-accepted", object_key=key, source="event",
+    ...                   fn=lambda: index_accepted(ctx, key))                    # doctest: +SKIP
+    >>> result.outcome                                                             # doctest: +SKIP
+    <Outcome.DONE: 'DONE'>
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lightmetrics.accept import MetricsSink, NoMetrics
+from lightmetrics.blockers import BlockerStore
+from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.keys import KeyCodec
+from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
+from lightmetrics.retry import RetryPolicy
+from lightmetrics.retry_budget import RetryBudget
+from lightmetrics.store import ObjectStore, StoreAccessError, TransientStoreError
+
+log = logging.getLogger(__name__)
+
+#: Failures that say nothing about the work itself: try again later.
+TRANSIENT = (TransientWorkError, TransientStoreError, BotoCoreError, ClientError, OSError)
+
+
+@dataclass
+class WorkContext:
+    """What background work needs; built once per process (see ``services.work_context``)."""
+
+    store: ObjectStore
+    codec: KeyCodec
+    budget: RetryBudget
+    blockers: BlockerStore
+    clock: Clock = DEFAULT_CLOCK
+    metrics: MetricsSink = field(default_factory=NoMetrics)
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    #: extra collaborators by name (tombstone cache, SQS client, queue urls, ...)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def work_key(kind: str, object_key: str) -> str:
+    return f"{kind}:{object_key}"
+
+
+def run_unit(
+    ctx: WorkContext,
+    *,
+    kind: str,
+    object_key: str,
+    source: str,
+    fn: Callable[[], Outcome],
+    payload: dict[str, Any] | None = None,
+    previously_failed: bool = False,
+) -> WorkResult:
+    """Run ``fn`` and classify its end; see the module docstring."""
+    key = work_key(kind, object_key)
+    try:
+        outcome = fn()
+    except PermanentWorkError as exc:
+        if exc.alarm:
+            ctx.metrics.add_metric(name=exc.alarm, unit="Count", value=1)
+        log.error("%s blocked: %s", key, exc.reason)
+        return _block(ctx, key, kind, object_key, f"{exc.kind}: {exc.reason}", source, payload)
+    except StoreAccessError as exc:  # 403 and friends: a retry will not fix permissions
+        return _block(ctx, key, kind, object_key, f"access: {exc}", source, payload)
+    except TRANSIENT as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        try:
+            state = ctx.budget.record_failure(key, reason)
+        except Exception as budget_exc:  # the table is down too: just try later
+            log.warning("%s: retry budget not recorded (%s)", key, budget_exc)
+            return WorkResult(Outcome.RETRY_LATER, key, reason)
+        if state.exhausted:
+            detail = f"retry budget spent after {state.count} attempts: {reason}"
+            return _block(ctx, key, kind, object_key, detail, source, payload)
+        return WorkResult(Outcome.RETRY_LATER, key, reason)
+    if previously_failed:
+        try:
+            ctx.budget.clear(key)
+        except Exception as exc:  # harmless: the budget item expires by TTL
+            log.warning("%s: retry budget not cleared (%s)", key, exc)
+    return WorkResult(outcome, key)
+
+
+def _block(
+    ctx: WorkContext,
+    key: str,
+    kind: str,
+    object_key: str,
+    reason: str,
+    source: str,
+    payload: dict[str, Any] | None,
+) -> WorkResult:
+    try:
+        ctx.blockers.block(key, kind=kind, object_key=object_key, reason=reason, source=source, payload=payload)
+    except Exception as exc:  # not durable: do not report BLOCKED
+        log.warning("%s: blocker not written (%s); will retry", key, exc)
+        return WorkResult(Outcome.RETRY_LATER, key, f"blocker not written: {exc}")
+    ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
+    return WorkResult(Outcome.BLOCKED, key, reason)
