@@ -110,3 +110,52 @@ def make_frame(identity: BatchIdentity, variant: float = 0.0, n: int = 3, compre
 
 def ident(n: int = 0, agent: str = "agent-a", boot: str = "boot-1") -> BatchIdentity:
     return BatchIdentity.create(agent, boot, n * 10, n * 10 + 9)
+
+
+def consume_all(sqs, url: str) -> int:  # type: ignore[no-untyped-def]
+    """Receive and delete every message of a queue (PurgeQueue is limited to once a minute)."""
+    n = 0
+    while True:
+        msgs = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30).get("Messages", [])
+        if not msgs:
+            return n
+        sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                         for i, m in enumerate(msgs)])
+        n += len(msgs)
+
+
+# --------------------------------------------------------------------------- CDK (tests/test_infra.py)
+
+#: Context of the session's one synth: a non-empty namespace, so every ARN/filter check means something.
+INFRA_TEST_CONTEXT = {"prefix": "lm-test/"}
+
+
+@pytest.fixture(scope="session")
+def cdk_synth(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The CDK app synthesized ONCE per test session: ``.app``, ``.stack``, ``.template``
+    (``aws_cdk.assertions.Template``), ``.json`` (the template dict), ``.annotations``, ``.outdir``."""
+    import sys
+    import types
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)  # the infra/ package lives at the repo root
+    os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "18,20")
+    from aws_cdk.assertions import Annotations, Template
+
+    from infra.app import build_app
+
+    outdir = tmp_path_factory.mktemp("cdk-out")
+    app, stack = build_app(INFRA_TEST_CONTEXT, outdir=str(outdir))
+    template = Template.from_stack(stack)
+    return types.SimpleNamespace(
+        app=app,
+        stack=stack,
+        template=template,
+        json=template.to_json(),
+        annotations=Annotations.from_stack(stack),
+        outdir=outdir,
+        context=dict(INFRA_TEST_CONTEXT),
+    )

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import FAST, T0_NS, ident, make_frame
+from conftest import FAST, T0_NS, consume_all, ident, make_frame
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
 from lightmetrics.event_path import process_sqs_record
@@ -278,8 +278,7 @@ def test_dlq_messages_become_blockers_and_redrive_puts_them_back(wctx, actx, sys
 
     assert queue_depth(sqs, urls["index-accepted-dlq"]) == 0
     # drain the queue of the notifications the accept produced, then redrive
-    while sqs.receive_message(QueueUrl=urls["index-accepted"], MaxNumberOfMessages=10, VisibilityTimeout=0).get("Messages"):
-        sqs.purge_queue(QueueUrl=urls["index-accepted"])
+    consume_all(sqs, urls["index-accepted"])
     [out] = redrive(wctx, who="ops")
     assert out.action == "redrive" and out.status == "resumed"
     [m] = sqs.receive_message(QueueUrl=urls["index-accepted"], MaxNumberOfMessages=10)["Messages"]

@@ -51,15 +51,15 @@ class TombstoneCache:
         self._lock = threading.Lock()
 
     def is_tombstoned(self, scope: str, hour: UtcHour) -> bool:
+        # The HEAD happens under the lock: concurrent records of one hour share one lookup.
         with self._lock:
             if (scope, hour) in self._known:
                 checked = self._known[(scope, hour)]
                 if checked is None or self._now() - checked < self.ttl_s:
                     return checked is None
-        present = self.store.head(self.codec.retention_tombstone(scope, hour)) is not None
-        with self._lock:
+            present = self.store.head(self.codec.retention_tombstone(scope, hour)) is not None
             self._known[(scope, hour)] = None if present else self._now()
-        return present
+            return present
 
 
 def tombstones(ctx: WorkContext) -> TombstoneCache:

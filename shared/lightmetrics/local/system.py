@@ -118,6 +118,16 @@ class LocalSystem:
         self.scheduler = Scheduler(jobs).start()
         return self
 
+    def notifications(self, enabled: bool) -> None:
+        """Switch the bucket's S3 -> SQS notifications off (bulk-loading history) or back on."""
+        config: dict[str, Any] = {}
+        if enabled:
+            arns = {name: q["arn"] for name, q in self.made.get("queues", {}).items()}
+            config = self.spec.notification_configuration(arns, namespace=self.prefix)
+        self.runtime.boto3_client("s3").put_bucket_notification_configuration(
+            Bucket=self.bucket, NotificationConfiguration=config
+        )
+
     def queue_urls(self) -> list[str]:
         assert self.settings is not None
         return list(self.settings.queue_urls.values())

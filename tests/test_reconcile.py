@@ -1,0 +1,174 @@
+"""The steady-state reconciler: repairs, hour closing, concurrency, cost (brief §6, §12)."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import FAST, T0_NS, consume_all, ident, make_frame
+from lightmetrics.accept import accept_batch
+from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.request_counter import RequestCounter
+from lightmetrics.services import accept_context
+
+H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16
+
+
+def make_system(runtime, clock, **overrides):  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:10]
+    values = {"settle_s": 600, "reconcile_lookback_s": 7200, **overrides}
+    return LocalSystem(runtime, bucket=f"lm-rc-{tag}", table=f"lm-rc-{tag}", secret_name=f"lm-rc/{tag}",
+                       queue_name_prefix=f"rc{tag}-", clock=clock, overrides=values).provision()
+
+
+@pytest.fixture
+def system(runtime, clock):  # type: ignore[no-untyped-def]
+    s = make_system(runtime, clock)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def actx(system, runtime, clock):  # type: ignore[no-untyped-def]
+    return accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+
+
+def keys(runtime, bucket, prefix):  # type: ignore[no-untyped-def]
+    return [o["Key"] for o in runtime.boto3_client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+
+
+def purge(system, runtime):  # type: ignore[no-untyped-def]
+    """Consume the notifications our direct writes produced (as the pump would)."""
+    sqs = runtime.boto3_client("sqs")
+    for url in system.queue_urls():
+        consume_all(sqs, url)
+
+
+def test_lost_event_and_crash_between_derived_writes_are_repaired(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
+    ctx = system.work_context(policy=FAST)
+    a = accept_batch(actx, ident(1), make_frame(ident(1)))
+    b = accept_batch(actx, ident(2), make_frame(ident(2)))
+    for r in (a, b):
+        index_accepted(ctx, r.manifest_key)
+    index_raw_blob(ctx, b.blob_key)  # a's blob event was lost
+    s3 = runtime.boto3_client("s3")
+    crashed = ctx.codec.accepted_by_blob(b.frame_sha256, ident(2))
+    s3.delete_object(Bucket=system.bucket, Key=crashed)  # b's indexer died between its two writes
+    assert len(keys(runtime, system.bucket, "raw-blobs-by-time/")) == 1
+
+    report = system.reconciler(ctx).run()
+    assert report.entries == 2 and report.outcomes == {"DONE": 2}
+    assert len(keys(runtime, system.bucket, "raw-blobs-by-time/")) == 2
+    assert crashed in keys(runtime, system.bucket, "accepted-by-blob/")
+    again = system.reconciler(ctx).run()
+    assert again.outcomes == {"NOOP_RESOLVED": 2}  # idempotent
+
+
+def test_missing_blob_is_an_integrity_blocker_that_keeps_the_hour_open(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
+    ctx = system.work_context(policy=FAST)
+    r = accept_batch(actx, ident(3), make_frame(ident(3)))
+    index_accepted(ctx, r.manifest_key)
+    runtime.boto3_client("s3").delete_object(Bucket=system.bucket, Key=r.blob_key)
+    purge(system, runtime)
+    clock.advance(seconds=2 * 3600)
+    report = system.reconciler(ctx).run()
+    assert report.outcomes == {"BLOCKED": 1}
+    [b] = ctx.blockers.list()
+    assert b.kind == KIND_REPAIR and "integrity" in b.reason and r.blob_key in b.reason
+    assert report.checkpoint_after == str(H0) and "blocker" in report.not_closed_because
+
+
+def test_hours_close_only_after_settle_quiet_queues_and_no_blockers(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
+    ctx = system.work_context(policy=FAST)
+    rec = system.reconciler(ctx)
+    accept_batch(actx, ident(4), make_frame(ident(4)))
+    purge(system, runtime)
+    first = rec.run()  # at 16:00, from a lookback (2 h) back: hour 14 closes, 15 is settling
+    assert first.hours_scanned == [str(H0 + -2), str(H0 + -1), str(H0)]
+    assert first.closed == [str(H0 + -2)] and first.checkpoint_after == str(H0 + -1)
+    assert "settle" in first.not_closed_because
+    clock.advance(seconds=3600 + 60)  # 17:01 -- hour 15 closes; 16 is over but inside the settle window
+    report = rec.run()
+    assert report.closed == [str(H0 + -1)]
+    assert report.checkpoint_after == str(H0) and "settle" in report.not_closed_because
+    clock.advance(seconds=600)  # 17:11 -- settled, but a notification is still queued
+    accept_batch(actx, ident(5), make_frame(ident(5)))
+    report = rec.run()
+    assert report.checkpoint_after == str(H0) and "older messages" in report.not_closed_because
+    system.start()
+    assert system.drain(timeout_s=60)
+    report = rec.run()
+    assert report.checkpoint_after == str(H0.next())
+    assert report.lag_s == pytest.approx(11 * 60, abs=1)
+    assert rec.lag_s() == pytest.approx(report.lag_s, abs=1)
+
+
+def test_overlapping_runs_never_move_the_checkpoint_back(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
+    ctx = system.work_context(policy=FAST)
+    purge(system, runtime)
+    system.reconciler(ctx).run()  # checkpoint at H0-2 (lookback)
+    clock.advance(seconds=3 * 3600)  # 19:00
+    slow = system.reconciler(ctx)
+    fast = system.reconciler(ctx)
+    real_probe = slow.probe
+    ran_fast = []
+
+    class InterleavingProbe:
+        """While the slow run decides, a fast run advances the checkpoint."""
+
+        def quiet_since(self, hour_end_ns, now_ns):  # type: ignore[no-untyped-def]
+            if not ran_fast:
+                ran_fast.append(fast.run())
+            return real_probe.quiet_since(hour_end_ns, now_ns)
+
+        def dlqs_empty(self):  # type: ignore[no-untyped-def]
+            return real_probe.dlqs_empty()
+
+    slow.probe = InterleavingProbe()
+    report = slow.run()
+    assert ran_fast and ran_fast[0].checkpoint_after == str(H0 + 2)  # 18 is still settling
+    assert report.moved_by_other_run is True
+    assert slow.checkpoint().hour == H0 + 2 and report.checkpoint_after == str(H0 + 2)
+
+
+def _reconcile_cost(runtime, clock, depth: int) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    system = make_system(runtime, clock)
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    ctx = system.work_context(policy=FAST)
+    def old(n: int) -> None:  # history, two hours before the new entries, indexed by events
+        index_accepted(ctx, accept_batch(actx, ident(n, agent="old"), make_frame(ident(n, agent="old"))).manifest_key)
+
+    system.notifications(False)  # history is already indexed: its events were consumed long ago
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(old, range(depth)))
+    system.notifications(True)
+    clock.advance(seconds=2 * 3600 + 900)  # 18:15: hours up to 17 have settled
+    # Earlier runs reconciled and closed the history hours (test_hours_close_... shows how);
+    # record that state directly instead of paying for it again here.
+    assert system.reconciler(ctx)._save(H0 + 2, None, clock.now_ns())
+    for n in range(10):  # ten new entries in the open hour
+        r = accept_batch(actx, ident(n, agent="new"), make_frame(ident(n, agent="new")))
+        index_accepted(ctx, r.manifest_key)
+    purge(system, runtime)
+    counter = RequestCounter()
+    measured = system.reconciler(system.work_context(policy=FAST, counter=counter))
+    with counter.operation("reconcile") as op:
+        report = measured.run()
+    assert report.entries == 10 and report.hours_scanned == [str(H0 + 2)]
+    clock.advance(seconds=-(2 * 3600 + 900))
+    return dict(op.by_api)
+
+
+def test_reconcile_cost_depends_on_new_entries_not_history(runtime, clock):  # type: ignore[no-untyped-def]
+    at_100 = _reconcile_cost(runtime, clock, 100)
+    at_1000 = _reconcile_cost(runtime, clock, 1000)
+    assert at_100 == at_1000
+    # per new entry: GET record + 2 derived PUTs + HEAD blob + PUT raw-blobs-by-time;
+    # per run: one LIST of the open hour, the checkpoint read and write, the blocker query
+    assert at_100["s3.GetObject"] == 10 and at_100["s3.HeadObject"] == 10 + 2  # + 2 tombstone checks
+    assert at_100["s3.PutObject"] == 30 and at_100["s3.ListObjectsV2"] == 1
+    assert at_100["dynamodb.GetItem"] == 1 and at_100["dynamodb.PutItem"] == 1
