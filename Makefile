@@ -4,7 +4,22 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: demo demo-small test install clean
+# The shared Lambda layer, built without Docker for one architecture (docs/deploy.md).
+# infra/components/layer.py must name the same architecture; synth checks .layer/ARCH.
+LAYER_DIR      := .layer
+LAYER_ARCH     := arm64
+LAYER_PLATFORM := manylinux2014_aarch64
+LAYER_PYTHON   := 3.12
+LAYER_STAMP    := $(LAYER_DIR)/.deps-$(LAYER_ARCH)-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+# The CDK CLI (Node), installed locally from npm; never committed.
+CDK_CLI_DIR := .cdk-cli
+CDK_CLI     := $(CDK_CLI_DIR)/node_modules/.bin/cdk
+NODE_MAJOR  := $(shell node --version 2>/dev/null | sed 's/^v\([0-9]*\).*/\1/')
+CDK_ENV     := JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=$(NODE_MAJOR) \
+               CDK_DISABLE_CLI_TELEMETRY=true
+
+.PHONY: demo demo-small test install clean layer cdk-cli synth
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,9 +36,36 @@ demo: $(STAMP)
 demo-small: $(STAMP)
 	LM_DEMO_SCALE=small $(BIN)/lmctl demo
 
+# Third-party wheels for the Lambda platform: re-installed only when pyproject.toml changes.
+$(LAYER_STAMP): pyproject.toml | $(STAMP)
+	rm -rf $(LAYER_DIR)
+	mkdir -p $(LAYER_DIR)/python
+	$(BIN)/python infra/layer_requirements.py > $(LAYER_DIR)/requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile --platform $(LAYER_PLATFORM) --implementation cp \
+		--python-version $(LAYER_PYTHON) --only-binary=:all: --target $(LAYER_DIR)/python \
+		-r $(LAYER_DIR)/requirements.txt
+	rm -rf $(LAYER_DIR)/python/bin
+	find $(LAYER_DIR)/python -name __pycache__ -type d -prune -exec rm -rf {} +
+	echo $(LAYER_ARCH) > $(LAYER_DIR)/ARCH
+	touch $@
+
+# The lightmetrics package is copied fresh every time (synth refuses a stale copy).
+layer: $(LAYER_STAMP)
+	rm -rf $(LAYER_DIR)/python/lightmetrics
+	cp -R shared/lightmetrics $(LAYER_DIR)/python/lightmetrics
+	find $(LAYER_DIR)/python/lightmetrics -name __pycache__ -type d -prune -exec rm -rf {} +
+
+$(CDK_CLI):
+	npm install --no-save --no-audit --no-fund --loglevel=error --prefix $(CDK_CLI_DIR) aws-cdk@2
+
+cdk-cli: $(CDK_CLI)
+
+synth: $(STAMP) layer cdk-cli
+	$(CDK_ENV) $(CDK_CLI) synth --quiet
+
 # pytest exits 5 when it collected no tests: that is a failure here, like any non-zero code.
-test: $(STAMP)
+test: $(STAMP) layer cdk-cli
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(LAYER_DIR) $(CDK_CLI_DIR) cdk.out

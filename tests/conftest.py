@@ -146,7 +146,9 @@ def cdk_synth(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     from aws_cdk.assertions import Annotations, Template
 
     from infra.app import build_app
+    from infra.components.layer import refresh_shared_package
 
+    refresh_shared_package()  # as `make layer` would: the layer's lightmetrics copy follows shared/
     outdir = tmp_path_factory.mktemp("cdk-out")
     app, stack = build_app(INFRA_TEST_CONTEXT, outdir=str(outdir))
     template = Template.from_stack(stack)

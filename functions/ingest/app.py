@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Tracer
+
+from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.config import Settings
@@ -20,7 +22,7 @@ from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import ingest_service
 
 logger = Logger(service="lightmetrics-ingest")
-metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="ingest")
+metrics = SwitchableMetrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="ingest")
 tracer = Tracer(service="lightmetrics-ingest")
 
 _service: IngestService | None = None

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
+
+from lightmetrics.observability import SwitchableMetrics
 
 from lightmetrics.config import Settings
 from lightmetrics.reconcile import Reconciler
 
 logger = Logger(service="lightmetrics-reconcile")
-metrics = Metrics(namespace="Lightmetrics", service="reconcile")
+metrics = SwitchableMetrics(namespace="Lightmetrics", service="reconcile")
 _state: dict[str, Any] = {}
 
 

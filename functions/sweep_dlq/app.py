@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
+
+from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.blocker_actions import sweep_dlqs
 from lightmetrics.config import Settings
 
 logger = Logger(service="lightmetrics-sweep-dlq")
-metrics = Metrics(namespace="Lightmetrics", service="sweep-dlq")
+metrics = SwitchableMetrics(namespace="Lightmetrics", service="sweep-dlq")
 _state: dict[str, Any] = {}
 
 

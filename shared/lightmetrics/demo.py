@@ -31,12 +31,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote_plus
 from typing import Any
 
 from lightmetrics.auth import TokenKeys, mint_token
 from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import KeyCodec
+from lightmetrics.keys import KeyCodec, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
 from lightmetrics.store import S3ObjectStore, s3_client_config
 
@@ -79,6 +80,13 @@ class DemoReport:
     seconds: float = 0.0
     verified: int = 0
     violations: list[str] = field(default_factory=list)
+    index_s3_requests: int = 0
+    indexed_objects: int = 0
+    derived: dict[str, Any] = field(default_factory=dict)
+    dropped_event: dict[str, Any] = field(default_factory=dict)
+    poisoned: dict[str, Any] = field(default_factory=dict)
+    blockers: list[dict[str, Any]] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def accepted(self) -> int:
@@ -91,6 +99,9 @@ class DemoReport:
             and self.verified == len({a.identity for a in self.acks})
             and self.conflict.get("ok", False)
             and self.killed.get("killed", False)
+            and self.derived.get("complete", False)
+            and self.dropped_event.get("repaired", False)
+            and self.poisoned.get("listed", False)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -112,7 +123,16 @@ class DemoReport:
             "killed_collector": self.killed,
             "s3_requests": self.s3_requests,
             "s3_requests_per_accepted_batch": round(self.s3_requests / self.accepted, 3) if self.accepted else None,
+            "indexed_objects": self.indexed_objects,
+            "index_s3_requests": self.index_s3_requests,
+            "s3_requests_per_indexed_object": round(self.index_s3_requests / self.indexed_objects, 3)
+            if self.indexed_objects else None,
+            "derived": self.derived,
+            "dropped_event": self.dropped_event,
+            "poisoned": self.poisoned,
+            "open_blockers": self.blockers,
             "seconds": round(self.seconds, 1),
+            "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
         }
 
     def print(self, console: Any) -> None:
@@ -132,6 +152,11 @@ class DemoReport:
             ("S3 requests (ingest)", d["s3_requests"]),
             ("S3 requests per accepted batch", d["s3_requests_per_accepted_batch"]),
             ("acknowledged identities verified", f"{d['verified']}/{d['acknowledged_identities']}"),
+            ("objects indexed (event pump)", d["indexed_objects"]),
+            ("S3 requests per indexed object", d["s3_requests_per_indexed_object"]),
+            ("derived entries complete", "yes" if self.derived.get("complete") else "NO"),
+            ("dropped event repaired by reconciler", "yes" if self.dropped_event.get("repaired") else "NO"),
+            ("poisoned record in blockers list", "yes" if self.poisoned.get("listed") else "NO"),
             ("violations", len(self.violations)),
             ("seconds", d["seconds"]),
         ]
@@ -313,16 +338,26 @@ class _Agent:
             self.report.violations.append(f"{ident}: unexpected answer {answer}")
 
 
-def _verify(report: DemoReport, store: S3ObjectStore, codec: KeyCodec) -> None:
-    """The ledger check: one acceptance record per acknowledged identity, same hash, blob present."""
+def _verify(report: DemoReport, store: S3ObjectStore, codec: KeyCodec) -> dict[BatchIdentity, AcceptedBatchManifest]:
+    """The ledger check: one acceptance record per acknowledged identity, same hash, blob present.
+
+    Records are read one by one (GET, concurrently); blob presence comes from one listing of
+    ``raw-blobs/v1/`` instead of a HEAD per blob.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    manifests: dict[BatchIdentity, AcceptedBatchManifest] = {}
     by_identity: dict[BatchIdentity, set[str]] = {}
     for ack in report.acks:
         by_identity.setdefault(ack.identity, set()).add(ack.sha256)
+    blobs = set(store.list_keys(codec.prefix + "raw-blobs/v1/", limit=10**7))
+    with ThreadPoolExecutor(8) as pool:
+        records = dict(zip(by_identity, pool.map(lambda i: store.get(codec.accepted(i)), by_identity)))
     for ident, hashes in by_identity.items():
         if len(hashes) != 1:
             report.violations.append(f"{ident}: acknowledged with {len(hashes)} different hashes")
             continue
-        raw = store.get(codec.accepted(ident))
+        raw = records[ident]
         if raw is None:
             report.violations.append(f"{ident}: acknowledged but no acceptance record")
             continue
@@ -330,10 +365,12 @@ def _verify(report: DemoReport, store: S3ObjectStore, codec: KeyCodec) -> None:
         if manifest.frame_sha256 not in hashes:
             report.violations.append(f"{ident}: record hash {manifest.frame_sha256} differs from acknowledged")
             continue
-        if store.head(manifest.raw_blob_key) is None:
+        if manifest.raw_blob_key not in blobs:
             report.violations.append(f"{ident}: blob {manifest.raw_blob_key} missing")
             continue
+        manifests[ident] = manifest
         report.verified += 1
+    return manifests
 
 
 def _deliberate_conflict(agent: _Agent, base_ns: int, store: S3ObjectStore, report: DemoReport) -> None:
@@ -352,32 +389,72 @@ def _deliberate_conflict(agent: _Agent, base_ns: int, store: S3ObjectStore, repo
     }
 
 
+def _drop_first_raw_blob_event(dropped: list[str]) -> Any:
+    """The pump's chaos knob: lose the first raw-blob notification (a lost S3 event)."""
+
+    def drop(body: str) -> bool:
+        if dropped or "raw-blobs%2Fv1" not in body:
+            return False
+        dropped.append(unquote_plus(json.loads(body)["Records"][0]["s3"]["object"]["key"]))
+        return True
+
+    return drop
+
+
+def _check_derived(report: DemoReport, store: S3ObjectStore, codec: KeyCodec, manifests: dict[BatchIdentity, Any]) -> None:
+    """Every accepted batch has all its derived entries (three LISTs, not a request per batch)."""
+    by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=10**7))
+    by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=10**7))
+    blob_shas = {k.rsplit("sha256=", 1)[-1][:64] for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/",
+                                                                          limit=10**7)}
+    missing = Counter()
+    for ident, m in manifests.items():
+        if codec.accepted_by_time(UtcHour.of_unix_ns(m.accepted_at_unix_ns), ident) not in by_time:
+            missing["accepted-by-time"] += 1
+        if codec.accepted_by_blob(m.frame_sha256, ident) not in by_blob:
+            missing["accepted-by-blob"] += 1
+        if m.frame_sha256 not in blob_shas:
+            missing["raw-blobs-by-time"] += 1
+    report.derived = {"batches": len(manifests), "missing": dict(missing), "complete": not missing}
+    for kind, n in missing.items():
+        report.violations.append(f"{n} accepted batches lack their {kind} entry")
+
+
 def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lightmetrics.local.environment import local_environment
-    from lightmetrics.local.provision import provision
-    from lightmetrics.local.server import LocalRuntime
-    from lightmetrics.resources import SPEC
+    from lightmetrics.local.server import RemoteRuntime
+    from lightmetrics.local.system import LocalSystem
 
     report = DemoReport(scale)
     started = time.monotonic()
-    runtime = LocalRuntime(port=port).start()
+    runtime = RemoteRuntime.spawn(port=port)  # moto gets a process (and a core) of its own
+    system = LocalSystem(runtime, bucket=BUCKET, table=TABLE, secret_name=SECRET)
     collectors: _Collectors | None = None
     try:
-        made = provision(runtime, SPEC, bucket=BUCKET, table=TABLE, secret_name=SECRET)
-        keys = TokenKeys.parse(made["secret_value"])
+        system.provision()
+        keys = TokenKeys.parse(system.made["secret_value"])
         env = dict(os.environ)
         env.pop("LM_FAULTS", None)
-        env.update(local_environment(runtime.endpoint_url, {"bucket": BUCKET, "table": TABLE, "auth_secret_id": SECRET}))
+        env.update(system.environment())
+        codec = KeyCodec(system.prefix)
+        store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
         with tempfile.TemporaryDirectory(prefix="lm-demo-") as workdir:
+            # -- 1. accept: collectors (processes) and agents (threads), one collector killed
             collectors = _Collectors(scale, env, Path(workdir))
             agents = [_Agent(i, mint_token(keys, f"demo-agent-{i:02d}"), scale, collectors, report) for i in range(scale.agents)]
             base_ns = time.time_ns() - 3600 * 1_000_000_000
             stop = threading.Event()
             killer = threading.Thread(target=collectors.kill_victim_when_stalled, args=(stop, report), daemon=True)
             killer.start()
-            counted_from = runtime.request_count("s3")
+            # The indexers consume notifications while agents send, as Lambda would. One raw-blob
+            # event is lost on purpose; a poisoned record must end up as a blocker.
+            poison_key = codec.accepted(BatchIdentity.create("demo-poison", "boot-0", 0, 0))
+            store.client.put_object(Bucket=BUCKET, Key=poison_key, Body=b'{"schema": "not a manifest"}',
+                                    IfNoneMatch="*")
+            dropped: list[str] = []
+            system.start(drop=_drop_first_raw_blob_event(dropped))
+            mark = time.monotonic()
             with Progress(
                 TextColumn("[bold]accepting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 disable=not show_progress, transient=False,
@@ -394,12 +471,50 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
                     t.start()
                 for t in threads:
                     t.join()
-            report.s3_requests = runtime.request_count("s3") - counted_from
-            store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
+            report.s3_requests = runtime.request_count("s3", "ingest")
+            report.phases["accept"] = time.monotonic() - mark
             _deliberate_conflict(agents[0], base_ns, store, report)
             stop.set()
-            _verify(report, store, KeyCodec())
+            mark = time.monotonic()
+            manifests = _verify(report, store, codec)
+            report.phases["ledger check"] = time.monotonic() - mark
+            mark = time.monotonic()
+
+            # -- 2. index: wait until the pump has delivered everything that was queued
+            with Progress(TextColumn("[bold]indexing"), TimeElapsedColumn(), disable=not show_progress) as progress:
+                progress.add_task("drain", total=None)
+                drained = system.drain(timeout_s=300)
+            report.index_s3_requests = runtime.request_count("s3", "index")
+            report.indexed_objects = system.pump.delivered if system.pump else 0
+            system.stop()
+            if not drained:
+                report.violations.append("the index queues did not drain within 300 s")
+            report.phases["index drain"] = time.monotonic() - mark
+            mark = time.monotonic()
+
+            # -- 3. reconcile: the lost event's entry is repaired; the poison stays a blocker
+            ctx = system.work_context()
+            lost_sha = dropped[0].rsplit("/", 1)[-1].split(".")[0] if dropped else ""
+            present_before = any(k.endswith(f"sha256={lost_sha}.json") for k in
+                                 store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+            rec = system.reconciler(ctx).run()
+            present_after = any(k.endswith(f"sha256={lost_sha}.json") for k in
+                                store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+            report.dropped_event = {"blob_key": dropped[0] if dropped else None, "entry_before_reconcile": present_before,
+                                    "entry_after_reconcile": present_after,
+                                    "repaired": bool(dropped) and not present_before and present_after,
+                                    "reconcile": rec.to_json()}
+            if not report.dropped_event["repaired"]:
+                report.violations.append(f"the dropped event was not repaired: {report.dropped_event}")
+            open_blockers = ctx.blockers.list()
+            report.blockers = [b.to_json() for b in open_blockers]
+            report.poisoned = {"key": poison_key, "listed": any(b.object_key == poison_key for b in open_blockers)}
+            if not report.poisoned["listed"]:
+                report.violations.append("the poisoned record is not in `lmctl blockers list`")
+            _check_derived(report, store, codec, manifests)
+            report.phases["reconcile + checks"] = time.monotonic() - mark
     finally:
+        system.stop()
         if collectors is not None:
             collectors.stop()
         runtime.stop()

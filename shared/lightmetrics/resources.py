@@ -342,6 +342,7 @@ QUEUES: tuple[QueueSpec, ...] = (
     QueueSpec("index-quarantine", "quarantine/v1/", "index-quarantine-dlq", max_receive_count=5,
               visibility_timeout_s=120),
 )
+
 FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec(
         "ingest",
@@ -359,6 +360,62 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         timeout_s=60,
         memory_mb=1024,
         description="Accepts metric batches: authenticate, validate, conditional creates in S3",
+    ),
+    FunctionSpec(
+        "index-accepted",
+        "functions.index_accepted.app",
+        trigger="queue:index-accepted",
+        s3_read=("accepted/v1/", "retention/v1/"),  # the record; the hour's tombstone (HEAD)
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/"),
+        s3_list=("accepted/v1/", "retention/v1/"),
+        table="write",  # retry budgets and blockers
+        timeout_s=60,
+        description="Indexes acceptance records: accepted-by-time and accepted-by-blob",
+    ),
+    FunctionSpec(
+        "index-raw-blobs",
+        "functions.index_raw_blobs.app",
+        trigger="queue:index-raw-blobs",
+        s3_read=("raw-blobs/v1/", "retention/v1/"),  # HEAD for LastModified and identity metadata
+        s3_write=("raw-blobs-by-time/v1/",),
+        s3_list=("raw-blobs/v1/", "retention/v1/"),
+        table="write",
+        timeout_s=60,
+        description="Indexes raw blobs (orphans too): raw-blobs-by-time",
+    ),
+    FunctionSpec(
+        "index-quarantine",
+        "functions.index_quarantine.app",
+        trigger="queue:index-quarantine",
+        s3_read=("quarantine/v1/",),
+        s3_write=("quarantine-by-blob/v1/",),
+        s3_list=("quarantine/v1/",),
+        table="write",
+        timeout_s=60,
+        description="Indexes identity-conflict evidence: quarantine-by-blob",
+    ),
+    FunctionSpec(
+        "reconcile",
+        "functions.reconcile.app",
+        trigger="schedule:rate(5 minutes)",
+        s3_read=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/"),
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/"),
+        s3_list=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/"),
+        table="write",  # checkpoint, budgets, blockers
+        sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),
+        cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
+        timeout_s=900,
+        memory_mb=1024,
+        description="Steady-state reconciler: repairs derived state from a DynamoDB checkpoint",
+    ),
+    FunctionSpec(
+        "sweep-dlq",
+        "functions.sweep_dlq.app",
+        trigger="schedule:rate(5 minutes)",
+        table="write",
+        sqs_consume=tuple(q.dlq_name for q in QUEUES),
+        timeout_s=300,
+        description="Turns every dead-lettered index message into a blocker",
     ),
 )
 

@@ -33,9 +33,11 @@ if TYPE_CHECKING:
     from lightmetrics.reconcile import QueueProbe
 
 
-def s3_client(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> Any:
+def s3_client(
+    settings: Settings, *, session: Any = None, counter: RequestCounter | None = None, component: str = "core"
+) -> Any:
     session = session or boto3.session.Session()
-    client = session.client("s3", config=s3_client_config(settings.s3_timeout_s))
+    client = session.client("s3", config=s3_client_config(settings.s3_timeout_s, component=component))
     if counter is not None:
         counter.attach(client)
     install_from_env(client)  # chaos runs only: a no-op unless LM_FAULTS is set
@@ -52,7 +54,7 @@ def accept_context(
     metrics: MetricsSink | None = None,
     policy: RetryPolicy | None = None,
 ) -> AcceptContext:
-    client = client or s3_client(settings, session=session, counter=counter)
+    client = client or s3_client(settings, session=session, counter=counter, component="ingest")
     policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
     return AcceptContext(
         store=S3ObjectStore(client, settings.bucket, read_policy=policy),
@@ -93,9 +95,10 @@ def work_context(
     clock: Clock = DEFAULT_CLOCK,
     metrics: MetricsSink | None = None,
     policy: RetryPolicy | None = None,
+    component: str = "background",
 ) -> WorkContext:
     """Collaborators of background work (indexers, reconciler, walks, reaps)."""
-    client = client or s3_client(settings, session=session, counter=counter)
+    client = client or s3_client(settings, session=session, counter=counter, component=component)
     policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
     table = control_table(settings, session=session, counter=counter)
     return WorkContext(

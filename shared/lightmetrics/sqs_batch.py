@@ -18,7 +18,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger
+
+from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
@@ -42,7 +44,7 @@ def sqs_index_handler(
     the local runtime passes one so that several systems can share a process.
     """
     logger = Logger(service=f"lightmetrics-{queue}")
-    metrics = Metrics(namespace="Lightmetrics", service=queue)
+    metrics = SwitchableMetrics(namespace="Lightmetrics", service=queue)
     state: dict[str, Any] = {}
 
     def context():  # type: ignore[no-untyped-def]

@@ -117,13 +117,15 @@ def _transient(exc: Exception) -> bool:
     return isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError))
 
 
-def s3_client_config(timeout_s: int = 5, max_pool: int = 50) -> BotoConfig:
+def s3_client_config(timeout_s: int = 5, max_pool: int = 50, component: str = "core") -> BotoConfig:
     """botocore config for the core: our own retries only, so every attempt is classified.
 
     botocore's retry layer would hide 409s and timeouts from the CAS rules; one attempt per
-    call keeps the request counts deterministic.
+    call keeps the request counts deterministic. ``component`` tags the User-Agent
+    (``lm-component/<name>``) so request totals can be split by component server-side.
     """
     return BotoConfig(
+        user_agent_extra=f"lm-component/{component}",
         retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=timeout_s,
         read_timeout=timeout_s,

@@ -233,9 +233,10 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
 
 # --------------------------------------------------------------------------------- local, demo
 from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402  (registers after cli exists)
+from lightmetrics.cli.ops_cmds import blockers, reconcile_cmd, status_cmd  # noqa: E402
 
-cli.add_command(local)
-cli.add_command(demo_cmd)
+for command in (local, demo_cmd, blockers, status_cmd, reconcile_cmd):
+    cli.add_command(command)
 
 
 def main() -> None:

@@ -12,6 +12,15 @@ from collections.abc import Mapping
 from lightmetrics.local.server import ACCOUNT_ID, REGION
 
 
+#: Powertools settings for handlers running inside a local process (no X-Ray, no EMF on stdout)
+QUIET_POWERTOOLS = {
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_METRICS_NAMESPACE": "Lightmetrics",
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+}
+
+
 def local_environment(endpoint_url: str, settings: Mapping[str, object]) -> dict[str, str]:
     """Variables to export for a process that talks to the local runtime at ``endpoint_url``."""
     env = {
@@ -21,10 +30,7 @@ def local_environment(endpoint_url: str, settings: Mapping[str, object]) -> dict
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "LM_LOCAL_ACCOUNT_ID": ACCOUNT_ID,
-        "POWERTOOLS_TRACE_DISABLED": "true",
-        "POWERTOOLS_METRICS_DISABLED": "true",
-        "POWERTOOLS_METRICS_NAMESPACE": "Lightmetrics",
-        "POWERTOOLS_LOG_LEVEL": "WARNING",
+        **QUIET_POWERTOOLS,
     }
     for name, value in settings.items():
         if value is not None:

@@ -17,6 +17,7 @@ import base64
 import importlib
 import json
 import logging
+import re
 import threading
 from collections import Counter
 import time
@@ -38,6 +39,8 @@ Handler = Callable[[Any, "LambdaContext"], Any]
 ACCOUNT_ID = "123456789012"
 REGION = "us-east-1"
 _INVOKE_PREFIX = "/2015-03-31/functions/"
+#: GET here returns the request counts (per service, and per service:component) as JSON.
+COUNTS_PATH = "/_lightmetrics/request-counts"
 _INVOKE_SUFFIX = "/invocations"
 
 
@@ -105,6 +108,9 @@ def invoke_handler(handler: Handler, event: Any, context: LambdaContext) -> tupl
         return json.dumps(body).encode(), True
 
 
+_COMPONENT = re.compile(r"lm-component/([A-Za-z0-9_.-]+)")
+
+
 def _service_of(authorization: str) -> str:
     """``s3`` from ``AWS4-HMAC-SHA256 Credential=AKID/20261125/us-east-1/s3/aws4_request, ...``."""
     _, _, rest = authorization.partition("Credential=")
@@ -156,6 +162,11 @@ class FunctionHost:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path: str = environ.get("PATH_INFO", "")
+        if path == COUNTS_PATH and environ.get("REQUEST_METHOD") == "GET":
+            with self._lock:
+                body = json.dumps(dict(self.request_counts), sort_keys=True).encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
         if (
             environ.get("REQUEST_METHOD") == "POST"
             and path.startswith(_INVOKE_PREFIX)
@@ -166,8 +177,11 @@ class FunctionHost:
             if name in self.names():
                 return self._invoke(name, environ, start_response)
         service = _service_of(environ.get("HTTP_AUTHORIZATION", ""))
+        component = _COMPONENT.search(environ.get("HTTP_USER_AGENT", ""))
         with self._lock:
             self.request_counts[service] += 1
+            if component:
+                self.request_counts[f"{service}:{component.group(1)}"] += 1
         return cast(Iterable[bytes], self.app(environ, start_response))
 
     def _invoke(self, name: str, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:

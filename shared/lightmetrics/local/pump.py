@@ -74,12 +74,16 @@ class EventPump:
         batch_size: int = 10,
         retry_delay_s: int = 1,
         drop: Callable[[str], bool] | None = None,
+        pollers_per_queue: int = 4,
     ) -> None:
         self.sqs = sqs
         self.routes = list(routes)
         self.batch_size = batch_size
         self.retry_delay_s = retry_delay_s
         self.drop = drop
+        # Lambda's SQS event source polls with several concurrent pollers; so do we, which also
+        # keeps queues shallow (moto's ReceiveMessage scans every queued message).
+        self.pollers_per_queue = pollers_per_queue
         self.dropped: list[str] = []
         self.delivered = 0
         self._stop = threading.Event()
@@ -88,9 +92,11 @@ class EventPump:
 
     def start(self) -> "EventPump":
         for route in self.routes:
-            t = threading.Thread(target=self._loop, args=(route,), daemon=True, name=f"lm-pump-{route.queue_name}")
-            t.start()
-            self._threads.append(t)
+            for n in range(self.pollers_per_queue):
+                t = threading.Thread(target=self._loop, args=(route,), daemon=True,
+                                     name=f"lm-pump-{route.queue_name}-{n}")
+                t.start()
+                self._threads.append(t)
         return self
 
     def stop(self) -> None:

@@ -138,6 +138,26 @@ def _quiet_moto_handler() -> type:
     return _Handler
 
 
+def _cache_moto_module_list() -> None:
+    """Make moto's per-request backend lookup cheap.
+
+    moto's dispatcher lists its own package directory (``os.listdir`` + ``isdir`` over ~170
+    entries) on every request, while holding a global lock; measured here that serialises the
+    server at ~7 ms per request. The list cannot change while the process runs, so compute it once.
+    """
+    import moto.backends as moto_backends
+
+    if getattr(moto_backends.list_of_moto_modules, "_lm_cached", False):
+        return
+    modules = tuple(moto_backends.list_of_moto_modules())
+
+    def cached() -> tuple[str, ...]:
+        return modules
+
+    cached._lm_cached = True  # type: ignore[attr-defined]
+    moto_backends.list_of_moto_modules = cached  # type: ignore[assignment]
+
+
 class LocalRuntime:
     """moto's server with the local function host in front, in a background thread.
 
@@ -191,6 +211,7 @@ class LocalRuntime:
         from moto.moto_api._internal.models import moto_api_backend
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
+        _cache_moto_module_list()
         sock = _listen(self.host, self.port)
         try:
             self.port = sock.getsockname()[1]
@@ -266,9 +287,11 @@ class LocalRuntime:
 
         moto_api_backend.reset()
 
-    def request_count(self, service: str) -> int:
-        """Requests to ``service`` (e.g. ``"s3"``) that reached moto since start, from any process."""
-        return self.function_host.request_counts[service] if self.function_host else 0
+    def request_count(self, service: str, component: str | None = None) -> int:
+        """Requests to ``service`` (e.g. ``"s3"``) that reached moto since start, from any process;
+        with ``component``, only those whose User-Agent carries ``lm-component/<component>``."""
+        key = f"{service}:{component}" if component else service
+        return self.function_host.request_counts[key] if self.function_host else 0
 
     def boto3_client(self, service: str, **kwargs: Any) -> Any:
         """A boto3 client for this runtime (dummy credentials, us-east-1)."""
@@ -287,6 +310,88 @@ class LocalRuntime:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class RemoteRuntime:
+    """A local runtime served by another process (``python -m lightmetrics.local.server``).
+
+    Same client-side surface as :class:`LocalRuntime` (``endpoint_url``, ``boto3_client``,
+    ``request_count``); used by the demo so moto gets a core of its own.
+    """
+
+    account_id = ACCOUNT_ID
+    region = REGION
+
+    def __init__(self, endpoint_url: str, process: Any = None) -> None:
+        self.endpoint_url = endpoint_url.rstrip("/")
+        self.port = int(self.endpoint_url.rsplit(":", 1)[1])
+        self.process = process
+
+    @classmethod
+    def spawn(cls, port: int = 0, timeout_s: float = 30.0) -> "RemoteRuntime":
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(prefix="lm-runtime-", suffix=".port", delete=False) as fh:
+            port_file = fh.name
+        os.unlink(port_file)
+        proc = subprocess.Popen([sys.executable, "-m", "lightmetrics.local.server", str(port), port_file],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(port_file) or not open(port_file).read().strip():
+            if proc.poll() is not None:
+                raise RuntimeError(f"local runtime exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise TimeoutError("local runtime did not start")
+            time.sleep(0.05)
+        bound = int(open(port_file).read().strip())
+        os.unlink(port_file)
+        return cls(f"http://127.0.0.1:{bound}", proc)
+
+    def boto3_client(self, service: str, **kwargs: Any) -> Any:
+        import boto3
+
+        params: dict[str, Any] = {"endpoint_url": self.endpoint_url, "region_name": self.region}
+        params.update(_DUMMY_CREDENTIALS)
+        params.update(kwargs)
+        return boto3.session.Session().client(service, **params)
+
+    def request_count(self, service: str, component: str | None = None) -> int:
+        from lightmetrics.local.function_host import COUNTS_PATH
+
+        with urllib.request.urlopen(self.endpoint_url + COUNTS_PATH, timeout=10) as resp:
+            counts = json.loads(resp.read())
+        return int(counts.get(f"{service}:{component}" if component else service, 0))
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except Exception:
+                self.process.kill()
+
+
+def _serve_main(argv: list[str]) -> None:
+    """``python -m lightmetrics.local.server PORT [PORT_FILE]``: serve until SIGTERM/SIGINT."""
+    import signal
+
+    port = int(argv[0]) if argv else DEFAULT_PORT
+    runtime = LocalRuntime(port=port).start()
+    if len(argv) > 1:
+        with open(argv[1] + ".tmp", "w") as fh:
+            fh.write(str(runtime.port))
+        os.replace(argv[1] + ".tmp", argv[1])
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        runtime.stop()
 
 
 def env_exports(runtime: Any, config_values: Mapping[str, Any]) -> list[str]:
@@ -595,3 +700,9 @@ class IngestHTTPServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    _serve_main(_sys.argv[1:])

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ from lightmetrics.blocker_actions import sweep_dlqs
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.config import Settings
 from lightmetrics.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
-from lightmetrics.local.environment import local_environment
+from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime
@@ -100,17 +101,19 @@ class LocalSystem:
         for name, q in self.made.get("queues", {}).items():
             handler = sqs_index_handler(
                 kind=QUEUE_KIND[name], queue=name, settings_factory=lambda: settings,
-                work_context_factory=lambda s, **kw: self.work_context(**kw),
+                work_context_factory=lambda s, **kw: self.work_context(component="index", **kw),
             )
             routes.append(Route(name, q["url"], q["arn"], name, handler))
         return routes
 
     def start(self, *, reconcile_every_s: float | None = None, sweep_every_s: float | None = None,
               drop: Callable[[str], bool] | None = None) -> "LocalSystem":
+        for name, value in QUIET_POWERTOOLS.items():  # handlers run in this process
+            os.environ.setdefault(name, value)
         self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop).start()
         jobs: dict[str, tuple[float, Any]] = {}
         if reconcile_every_s:
-            reconciler = self.reconciler()
+            reconciler = self.reconciler(self.work_context(component="reconcile"))
             jobs["reconcile"] = (reconcile_every_s, lambda _e, _c: reconciler.run().to_json())
         if sweep_every_s:
             ctx = self.work_context()

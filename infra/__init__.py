@@ -1,0 +1,1 @@
+"""The lightmetrics CDK app (``cdk.json`` runs ``python -m infra.app``)."""

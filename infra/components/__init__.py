@@ -1,0 +1,1 @@
+"""The stack's constructs: storage, control table, layer, queues, functions, observability."""

@@ -1,0 +1,299 @@
+"""Lambda functions, generically from ``FunctionSpec``: trigger, settings and least-privilege IAM.
+
+Each function gets its own role (or the GC role, for ``gc_role`` functions) whose only policy is
+derived from the spec's declarative fields by :func:`policy_statements`; no managed policies.
+The code asset is the repository's ``functions/`` package (so ``functions.ingest.app.handler``
+resolves); the ``lightmetrics`` core and the dependencies come from the shared layer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import ArnFormat, Aws, CfnCondition, CfnOutput, CfnParameter, Duration, Fn, Stack
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from infra.components.layer import ARCHITECTURE, RUNTIME
+from infra.components.storage import Storage
+from infra.config import METRICS_NAMESPACE, ROOT, InfraConfig
+from lightmetrics.config import Settings
+from lightmetrics.resources import FunctionSpec, ResourceSpec
+
+FUNCTIONS_DIR = ROOT / "functions"
+_ASSET_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".pytest_cache", "tests")
+
+TABLE_ACTIONS = {
+    "none": (),
+    "read": ("dynamodb:GetItem", "dynamodb:Query"),
+    "write": ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+}
+SQS_CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes")
+CLOUDWATCH_READ_ACTIONS = ("cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics")
+S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
+
+
+def camel(name: str) -> str:
+    """``index_raw_blobs`` -> ``IndexRawBlobs`` (construct ids)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_"))
+
+
+def stage_function_code(src: Path = FUNCTIONS_DIR) -> Path:
+    """Copy ``functions/`` (without caches) into a private temp dir; the asset is that dir.
+
+    The asset hash is computed from content, so the temp path does not change it.
+    """
+    stage = Path(tempfile.mkdtemp(prefix="lm-function-code-"))
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    shutil.copytree(src, stage / "functions", ignore=_ASSET_IGNORE)
+    return stage
+
+
+def policy_statements(
+    spec: FunctionSpec,
+    *,
+    storage: Storage,
+    table_arn: str,
+    secret_arn: str,
+    queues: Mapping[str, sqs.IQueue],
+) -> list[iam.PolicyStatement]:
+    """Everything ``spec`` may do, and nothing else (logs and X-Ray are added with the function)."""
+    out: list[iam.PolicyStatement] = []
+    if spec.s3_read:
+        out.append(iam.PolicyStatement(actions=["s3:GetObject"], resources=storage.object_arns(spec.s3_read)))
+    if spec.s3_write:
+        out.append(iam.PolicyStatement(actions=["s3:PutObject"], resources=storage.object_arns(spec.s3_write)))
+    if spec.s3_delete:
+        out.append(iam.PolicyStatement(actions=list(S3_DELETE_ACTIONS), resources=storage.object_arns(spec.s3_delete)))
+    if spec.s3_list:
+        out.append(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[storage.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [storage.namespace + p + "*" for p in spec.s3_list]}},
+            )
+        )
+    if TABLE_ACTIONS[spec.table]:
+        out.append(iam.PolicyStatement(actions=list(TABLE_ACTIONS[spec.table]), resources=[table_arn]))
+    if spec.reads_secret:
+        out.append(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[secret_arn]))
+    if spec.sqs_consume:
+        out.append(
+            iam.PolicyStatement(
+                actions=list(SQS_CONSUME_ACTIONS), resources=[queues[n].queue_arn for n in spec.sqs_consume]
+            )
+        )
+    if spec.sqs_read_attributes:
+        out.append(
+            iam.PolicyStatement(
+                actions=["sqs:GetQueueAttributes"], resources=[queues[n].queue_arn for n in spec.sqs_read_attributes]
+            )
+        )
+    if spec.cloudwatch_read:
+        # CloudWatch metric reads have no resource-level permissions.
+        out.append(iam.PolicyStatement(actions=list(CLOUDWATCH_READ_ACTIONS), resources=["*"]))
+    return out
+
+
+def secret_policy_arn(stack: Stack, secret_name: str) -> str:
+    """The token secret's ARN for IAM: Secrets Manager appends ``-`` and six random characters."""
+    return stack.format_arn(
+        service="secretsmanager",
+        resource="secret",
+        resource_name=f"{secret_name}-??????",
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
+def lm_environment(stack: Stack, settings: Settings, wired: Mapping[str, Any]) -> dict[str, str]:
+    """``LM_<FIELD>`` for every Settings field: ``wired`` values (tokens) win, None is omitted."""
+    env: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if name in wired:
+            value = wired[name]
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            value = stack.to_json_string(value) if value else "{}"
+        env[Settings.env_name(name)] = str(value)
+    return env
+
+
+class BuiltFunction:
+    def __init__(self, spec: FunctionSpec, function: lambda_.Function, role: iam.IRole, log_group: logs.LogGroup):
+        self.spec = spec
+        self.function = function
+        self.role = role
+        self.log_group = log_group
+        self.url: lambda_.FunctionUrl | None = None
+        self.reserved_concurrency: CfnParameter | None = None
+
+
+class Functions(Construct):
+    """One Lambda per ``FunctionSpec`` with its trigger; ``self.built`` keeps them by name."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        spec: ResourceSpec,
+        config: InfraConfig,
+        storage: Storage,
+        table_arn: str,
+        table_name: str,
+        layer: lambda_.ILayerVersion,
+        queues: Mapping[str, sqs.IQueue],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.built: dict[str, BuiltFunction] = {}
+        code = lambda_.Code.from_asset(str(stage_function_code()))
+        secret_arn = secret_policy_arn(stack, config.secret_name)
+
+        queue_urls = {name: q.queue_url for name, q in queues.items()}
+        base_wired: dict[str, Any] = {
+            "bucket": storage.bucket.bucket_name,
+            "table": table_name,
+            "auth_secret_id": config.secret_name,
+            "queue_urls": queue_urls,
+        }
+        # Functions are built http-first so the others can be told the ingest URL.
+        ordered = sorted(spec.functions, key=lambda f: f.trigger_kind != "http")
+        ingest_url: str | None = None
+        for fn_spec in ordered:
+            cid = camel(fn_spec.name)
+            for q in (fn_spec.trigger_arg,) if fn_spec.trigger_kind == "queue" else ():
+                vis = spec.queue(q).visibility_timeout_s
+                if vis < fn_spec.timeout_s:
+                    raise ValueError(
+                        f"queue {q!r}: visibility timeout {vis} s is shorter than function "
+                        f"{fn_spec.name!r}'s timeout {fn_spec.timeout_s} s"
+                    )
+            role: iam.IRole
+            if fn_spec.gc_role:
+                role = storage.gc_role
+            else:
+                role = iam.Role(
+                    self,
+                    f"{cid}Role",
+                    assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                    description=f"Lightmetrics {fn_spec.name}: least privilege from the resource spec",
+                )
+            log_group = logs.LogGroup(
+                self,
+                f"{cid}Logs",
+                retention=_retention(config.log_retention_days),
+            )
+            wired = dict(base_wired)
+            wired["ingest_url"] = ingest_url if fn_spec.trigger_kind != "http" else None
+            env = lm_environment(stack, config.settings, wired)
+            env.update(
+                {
+                    "POWERTOOLS_SERVICE_NAME": fn_spec.service,
+                    "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+                    "POWERTOOLS_LOG_LEVEL": config.log_level,
+                }
+            )
+            function = lambda_.Function(
+                self,
+                cid,
+                description=fn_spec.description or f"Lightmetrics {fn_spec.name}",
+                code=code,
+                handler=fn_spec.handler_string,
+                runtime=RUNTIME,
+                architecture=ARCHITECTURE,
+                layers=[layer],
+                role=role,
+                log_group=log_group,
+                tracing=lambda_.Tracing.ACTIVE,
+                timeout=Duration.seconds(fn_spec.timeout_s),
+                memory_size=fn_spec.memory_mb,
+                environment=env,
+            )
+            log_group.grant_write(role)
+            for statement in policy_statements(
+                fn_spec, storage=storage, table_arn=table_arn, secret_arn=secret_arn, queues=queues
+            ):
+                role.add_to_principal_policy(statement)
+            built = BuiltFunction(fn_spec, function, role, log_group)
+
+            if fn_spec.reserved_concurrency_param:
+                built.reserved_concurrency = self._reserved_concurrency(stack, function, fn_spec, config)
+
+            kind = fn_spec.trigger_kind
+            if kind == "http":
+                # Agents are not AWS principals: ingest authenticates each request itself (HMAC
+                # bearer token, docs/protocol.md §7) before any S3 request, and reserved
+                # concurrency caps what unauthenticated traffic can cost. See docs/deploy.md.
+                built.url = function.add_function_url(
+                    auth_type=lambda_.FunctionUrlAuthType.NONE, invoke_mode=lambda_.InvokeMode.BUFFERED
+                )
+                ingest_url = built.url.url
+                CfnOutput(stack, f"{cid}Url", value=built.url.url, description=f"{fn_spec.name} Function URL")
+            elif kind == "queue":
+                function.add_event_source(
+                    sources.SqsEventSource(
+                        queues[fn_spec.trigger_arg],
+                        batch_size=fn_spec.batch_size,
+                        report_batch_item_failures=True,
+                    )
+                )
+            elif kind == "schedule":
+                events.Rule(
+                    self,
+                    f"{cid}Schedule",
+                    schedule=events.Schedule.expression(fn_spec.trigger_arg),
+                    targets=[targets.LambdaFunction(function)],
+                )
+            self.built[fn_spec.name] = built
+
+    @staticmethod
+    def _reserved_concurrency(
+        stack: Stack, function: lambda_.Function, fn_spec: FunctionSpec, config: InfraConfig
+    ) -> CfnParameter:
+        name = fn_spec.reserved_concurrency_param
+        assert name
+        param = CfnParameter(
+            stack,
+            name,
+            type="Number",
+            default=config.ingest_reserved_concurrency_default,
+            min_value=-1,
+            description=(
+                f"Reserved concurrency of {fn_spec.name}: the most concurrent executions (excess "
+                "requests are throttled, HTTP 429). 0 stops the function; -1 means no reservation."
+            ),
+        )
+        unset = CfnCondition(stack, f"{name}Unset", expression=Fn.condition_equals(param.value_as_string, "-1"))
+        cfn = function.node.default_child
+        assert isinstance(cfn, lambda_.CfnFunction)
+        cfn.add_property_override(
+            "ReservedConcurrentExecutions",
+            Fn.condition_if(unset.logical_id, Aws.NO_VALUE, param.value_as_number),
+        )
+        return param
+
+
+def _retention(days: int) -> logs.RetentionDays:
+    allowed = {
+        1: "ONE_DAY", 3: "THREE_DAYS", 5: "FIVE_DAYS", 7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH",
+        60: "TWO_MONTHS", 90: "THREE_MONTHS", 120: "FOUR_MONTHS", 150: "FIVE_MONTHS", 180: "SIX_MONTHS",
+        365: "ONE_YEAR", 400: "THIRTEEN_MONTHS", 545: "EIGHTEEN_MONTHS", 731: "TWO_YEARS",
+        1096: "THREE_YEARS", 1827: "FIVE_YEARS", 2192: "SIX_YEARS", 2557: "SEVEN_YEARS",
+        2922: "EIGHT_YEARS", 3288: "NINE_YEARS", 3653: "TEN_YEARS",
+    }  # fmt: skip
+    if days not in allowed:
+        raise ValueError(f"CDK context 'log_retention_days' must be one of {sorted(allowed)}")
+    return getattr(logs.RetentionDays, allowed[days])

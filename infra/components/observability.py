@@ -1,0 +1,275 @@
+"""Alarms (all routed to one SNS topic) and a dashboard. docs/runbook.md has one entry per alarm.
+
+Alarm kinds (the suffix of every alarm name, and the runbook heading):
+
+* ``5xxRate`` (HTTP functions): 5xx answers (Powertools metric ``Ingest5xx``) plus crashed
+  invocations (Lambda ``Errors``, which the Function URL turns into 502) per 100 invocations;
+* ``Throttles`` (every function): Lambda ``Throttles``, i.e. the reserved concurrency is exhausted;
+* ``InvariantViolation`` (every function): the Powertools metric the core emits when an
+  acceptance record vanished or is unreadable — should never happen;
+* ``Errors`` (non-HTTP functions): crashed invocations;
+* ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subs
+from constructs import Construct
+
+from infra.components.functions import BuiltFunction, camel
+from infra.components.queues import BuiltQueue
+from infra.config import METRICS_NAMESPACE, InfraConfig
+from lightmetrics.accept import AcceptStatus
+
+RUNBOOK = "docs/runbook.md"
+
+#: Powertools metric names the alarms read (emitted by functions/ingest/app.py and accept.py).
+INGEST_5XX_METRIC = "Ingest5xx"
+INVARIANT_METRIC = "InvariantViolation"
+#: emitted by lightmetrics.work.run_unit when a unit of background work becomes a blocker
+BLOCKERS_METRIC = "BlockersOpened"
+#: emitted by the reconciler after each run (seconds behind the first open hour)
+RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"
+#: emitted when an accepted batch's blob is missing or of the wrong size
+INTEGRITY_METRIC = "IntegrityViolation"
+ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
+INGEST_EXTRA_METRICS = ("ConflictEvidenceWriteFailed", "BlobRestoredAfterGc")
+
+
+def app_metric(name: str, service: str, statistic: str = "Sum", period: Duration | None = None) -> cw.Metric:
+    return cw.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=name,
+        dimensions_map={"service": service},
+        statistic=statistic,
+        period=period or Duration.minutes(5),
+    )
+
+
+class Observability(Construct):
+    """The alarm topic (created, or imported by ARN), the alarms and the dashboard."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: InfraConfig,
+        functions: list[BuiltFunction],
+        queues: list[BuiltQueue],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._prefix = config.stack_name
+        if config.alarm_topic_arn:
+            self.topic: sns.ITopic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
+        else:
+            topic = sns.Topic(self, "AlarmTopic", display_name="Lightmetrics alarms", enforce_ssl=True)
+            if config.alarm_email:
+                topic.add_subscription(subs.EmailSubscription(config.alarm_email))
+            self.topic = topic
+        self.alarms: list[cw.Alarm] = []
+
+        for built in functions:
+            fn, spec = built.function, built.spec
+            cid = camel(spec.name)
+            if spec.trigger_kind == "http":
+                inv = fn.metric_invocations(statistic="Sum", period=Duration.minutes(5))
+                errors = fn.metric_errors(statistic="Sum", period=Duration.minutes(5))
+                e5xx = app_metric(INGEST_5XX_METRIC, spec.service)
+                rate = cw.MathExpression(
+                    expression="IF(inv > 0, 100 * (FILL(e5xx, 0) + FILL(errors, 0)) / inv, 0)",
+                    using_metrics={"inv": inv, "e5xx": e5xx, "errors": errors},
+                    label=f"{spec.name} 5xx per 100 invocations",
+                    period=Duration.minutes(5),
+                )
+                self._alarm(
+                    f"{cid}5xxRate",
+                    rate,
+                    threshold=config.ingest_5xx_rate_percent,
+                    evaluation_periods=3,
+                    datapoints=2,
+                    comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                    what=f"{spec.name}: more than {config.ingest_5xx_rate_percent}% of requests answered 5xx",
+                    anchor="5xxrate",
+                )
+            else:
+                self._alarm(
+                    f"{cid}Errors",
+                    fn.metric_errors(statistic="Sum", period=Duration.minutes(5)),
+                    threshold=1,
+                    what=f"{spec.name}: invocations crashed",
+                    anchor="errors",
+                )
+            self._alarm(
+                f"{cid}Throttles",
+                fn.metric_throttles(statistic="Sum", period=Duration.minutes(5)),
+                threshold=1,
+                what=f"{spec.name}: invocations throttled (reserved concurrency exhausted)",
+                anchor="throttles",
+            )
+            self._alarm(
+                f"{cid}InvariantViolation",
+                app_metric(INVARIANT_METRIC, spec.service, period=Duration.minutes(1)),
+                threshold=1,
+                what=f"{spec.name}: a protocol invariant was violated (acceptance record vanished or unreadable)",
+                anchor="invariantviolation",
+            )
+
+            if spec.trigger_kind != "http":
+                self._alarm(
+                    f"{cid}BlockersOpened",
+                    app_metric(BLOCKERS_METRIC, spec.service, period=Duration.minutes(5)),
+                    threshold=1,
+                    what=f"{spec.name}: work stopped and became a blocker (see `lmctl blockers list`)",
+                    anchor="blockersopened",
+                )
+            if spec.name == "reconcile":
+                lag_limit = 2 * 3600 + config.settings.settle_s
+                self._alarm(
+                    f"{cid}ReconcilerLag",
+                    app_metric(RECONCILER_LAG_METRIC, spec.service, statistic="Maximum", period=Duration.minutes(15)),
+                    threshold=lag_limit,
+                    evaluation_periods=2,
+                    datapoints=2,
+                    comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                    what=f"reconciler checkpoint more than {lag_limit} s behind",
+                    anchor="reconcilerlag",
+                )
+                self._alarm(
+                    f"{cid}IntegrityViolation",
+                    app_metric(INTEGRITY_METRIC, spec.service, period=Duration.minutes(5)),
+                    threshold=1,
+                    what="an accepted batch's blob is missing or has the wrong size",
+                    anchor="integrityviolation",
+                )
+
+        for q in queues:
+            cid = camel(q.spec.name)
+            self._alarm(
+                f"{cid}DlqNotEmpty",
+                q.dlq.metric_approximate_number_of_messages_visible(statistic="Maximum", period=Duration.minutes(5)),
+                threshold=1,
+                what=f"{q.spec.dlq_name}: messages were dead-lettered",
+                anchor="dlqnotempty",
+            )
+            self._alarm(
+                f"{cid}OldestMessage",
+                q.queue.metric_approximate_age_of_oldest_message(statistic="Maximum", period=Duration.minutes(5)),
+                threshold=config.settings.settle_s,
+                evaluation_periods=3,
+                datapoints=3,
+                comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                what=f"{q.spec.name}: oldest message older than the settle window ({config.settings.settle_s} s)",
+                anchor="oldestmessage",
+            )
+
+        # Dashboard names are account-wide: the region keeps two regional stacks apart.
+        self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"{config.stack_name}-{Aws.REGION}")
+        self._dashboard(functions, queues)
+
+    def _alarm(
+        self,
+        name: str,
+        metric: cw.IMetric,
+        *,
+        threshold: float,
+        what: str,
+        anchor: str,
+        evaluation_periods: int = 1,
+        datapoints: int = 1,
+        comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+    ) -> cw.Alarm:
+        alarm = cw.Alarm(
+            self,
+            name,
+            alarm_name=f"{self._prefix}-{name}",
+            alarm_description=f"{what}. Runbook: {RUNBOOK}#{anchor}",
+            metric=metric,
+            threshold=threshold,
+            evaluation_periods=evaluation_periods,
+            datapoints_to_alarm=datapoints,
+            comparison_operator=comparison,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+        alarm.add_ok_action(cw_actions.SnsAction(self.topic))
+        self.alarms.append(alarm)
+        return alarm
+
+    def _dashboard(self, functions: list[BuiltFunction], queues: list[BuiltQueue]) -> None:
+        d = self.dashboard
+        d.add_widgets(
+            cw.TextWidget(
+                markdown=f"# Lightmetrics\nAlarms go to the SNS topic; what to do: `{RUNBOOK}`.", width=24, height=2
+            )
+        )
+        d.add_widgets(cw.AlarmStatusWidget(alarms=self.alarms, title="Alarms", width=24, height=4))
+        five = Duration.minutes(5)
+        for built in functions:
+            fn, spec = built.function, built.spec
+            row: list[cw.IWidget] = [
+                cw.GraphWidget(
+                    title=f"{spec.name}: invocations, errors, throttles",
+                    left=[
+                        fn.metric_invocations(statistic="Sum", period=five),
+                        fn.metric_errors(statistic="Sum", period=five),
+                        fn.metric_throttles(statistic="Sum", period=five),
+                    ],
+                    width=8,
+                ),
+                cw.GraphWidget(
+                    title=f"{spec.name}: duration",
+                    left=[fn.metric_duration(statistic="p50", period=five), fn.metric_duration(statistic="p99", period=five)],
+                    width=8,
+                ),
+                cw.GraphWidget(
+                    title=f"{spec.name}: concurrent executions",
+                    left=[fn.metric("ConcurrentExecutions", statistic="Maximum", period=five)],
+                    width=8,
+                ),
+            ]
+            d.add_widgets(*row)
+            if spec.trigger_kind == "http":
+                d.add_widgets(
+                    cw.GraphWidget(
+                        title=f"{spec.name}: answers",
+                        left=[app_metric(m, spec.service) for m in ACCEPT_METRICS],
+                        width=8,
+                        stacked=True,
+                    ),
+                    cw.GraphWidget(
+                        title=f"{spec.name}: 5xx, invariant violations, evidence failures, GC restores",
+                        left=[app_metric(m, spec.service) for m in (INGEST_5XX_METRIC, INVARIANT_METRIC, *INGEST_EXTRA_METRICS)],
+                        width=8,
+                    ),
+                    cw.GraphWidget(
+                        title=f"{spec.name}: S3 requests per accept (cost contract)",
+                        left=[
+                            app_metric("S3RequestsPerAccept", spec.service, "Average"),
+                            app_metric("S3RequestsPerAccept", spec.service, "Maximum"),
+                        ],
+                        width=8,
+                    ),
+                )
+        for q in queues:
+            d.add_widgets(
+                cw.GraphWidget(
+                    title=f"{q.spec.name}: visible / in flight / DLQ",
+                    left=[
+                        q.queue.metric_approximate_number_of_messages_visible(period=five),
+                        q.queue.metric_approximate_number_of_messages_not_visible(period=five),
+                        q.dlq.metric_approximate_number_of_messages_visible(period=five),
+                    ],
+                    width=12,
+                ),
+                cw.GraphWidget(
+                    title=f"{q.spec.name}: age of oldest message (s)",
+                    left=[q.queue.metric_approximate_age_of_oldest_message(period=five)],
+                    width=12,
+                ),
+            )
+

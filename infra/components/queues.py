@@ -1,0 +1,73 @@
+"""SQS queues with DLQs and the S3 notifications that feed them, one per ``QueueSpec`` of the spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import Duration
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_notifications as s3n
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from lightmetrics.resources import QueueSpec
+
+_EVENTS = {
+    "s3:ObjectCreated:*": s3.EventType.OBJECT_CREATED,
+    "s3:ObjectCreated:Put": s3.EventType.OBJECT_CREATED_PUT,
+    "s3:ObjectCreated:CompleteMultipartUpload": s3.EventType.OBJECT_CREATED_COMPLETE_MULTIPART_UPLOAD,
+}
+
+#: Dead letters wait this long for the sweeper (which turns each one into a blocker).
+DLQ_RETENTION = Duration.days(14)
+
+
+@dataclass(frozen=True)
+class BuiltQueue:
+    spec: QueueSpec
+    queue: sqs.Queue
+    dlq: sqs.Queue
+
+
+class IndexQueues(Construct):
+    """Builds every queue of ``specs``; ``self.by_name`` maps queue and DLQ names to queues."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        specs: tuple[QueueSpec, ...],
+        bucket: s3.Bucket,
+        namespace: str,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.built: list[BuiltQueue] = []
+        self.by_name: dict[str, sqs.Queue] = {}
+        for spec in specs:
+            dlq = sqs.Queue(
+                self,
+                f"{spec.name}-dlq",
+                encryption=sqs.QueueEncryption.SQS_MANAGED,
+                enforce_ssl=True,
+                retention_period=DLQ_RETENTION,
+            )
+            queue = sqs.Queue(
+                self,
+                spec.name,
+                encryption=sqs.QueueEncryption.SQS_MANAGED,
+                enforce_ssl=True,
+                visibility_timeout=Duration.seconds(spec.visibility_timeout_s),
+                dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=spec.max_receive_count),
+            )
+            for event in spec.events:
+                if event not in _EVENTS:
+                    raise ValueError(f"queue {spec.name!r}: unsupported S3 event {event!r}")
+                bucket.add_event_notification(
+                    _EVENTS[event],
+                    s3n.SqsDestination(queue),
+                    s3.NotificationKeyFilter(prefix=namespace + spec.prefix),
+                )
+            self.built.append(BuiltQueue(spec, queue, dlq))
+            self.by_name[spec.name] = queue
+            self.by_name[spec.dlq_name] = dlq

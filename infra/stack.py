@@ -1,0 +1,90 @@
+"""The main stack: everything is derived from ``lightmetrics.resources.SPEC``.
+
+Constructs: ``Storage`` (authority bucket, bucket policy, GC role, ops bucket), ``Control``
+(DynamoDB control table), ``Layer`` (shared Lambda layer), ``Queues`` (SQS + DLQ + S3
+notifications, one per QueueSpec), ``Functions`` (one Lambda per FunctionSpec, with its trigger
+and least-privilege role), ``Observability`` (SNS topic, alarms, dashboard).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from infra.components.control_table import ControlTable
+from infra.components.functions import Functions
+from infra.components.layer import LAYER_DIR, SharedLayer
+from infra.components.observability import Observability
+from infra.components.queues import IndexQueues
+from infra.components.storage import Storage
+from infra.config import InfraConfig
+from infra.nag import NagSuppressionRecord, apply_suppressions
+from lightmetrics.resources import SPEC, ResourceSpec
+
+
+class LightmetricsStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: InfraConfig,
+        spec: ResourceSpec = SPEC,
+        layer_dir: Path = LAYER_DIR,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(
+            scope,
+            construct_id,
+            description="Lightmetrics ingest: S3 acceptance authority, control table, functions, alarms",
+            **kwargs,  # type: ignore[arg-type]
+        )
+        self.config = config
+        self.spec = spec
+
+        self.storage = Storage(
+            self,
+            "Storage",
+            spec=spec.bucket,
+            namespace=config.prefix,
+            bucket_name=config.bucket_name,
+            noncurrent_version_days=config.noncurrent_version_days,
+            abort_multipart_days=config.abort_multipart_days,
+            ops_retention_days=config.ops_retention_days,
+        )
+        self.control = ControlTable(self, "Control", spec=spec.table, table_name=config.table_name)
+        self.layer = SharedLayer(self, "Layer", layer_dir=layer_dir)
+        self.queues = IndexQueues(
+            self, "Queues", specs=spec.queues, bucket=self.storage.bucket, namespace=config.prefix
+        )
+        self.functions = Functions(
+            self,
+            "Functions",
+            spec=spec,
+            config=config,
+            storage=self.storage,
+            table_arn=self.control.table.table_arn,
+            table_name=self.control.table.table_name,
+            layer=self.layer.layer,
+            queues=self.queues.by_name,
+        )
+        self.observability = Observability(
+            self,
+            "Observability",
+            config=config,
+            functions=list(self.functions.built.values()),
+            queues=self.queues.built,
+        )
+
+        CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name, description="LM_BUCKET")
+        CfnOutput(self, "Prefix", value=config.prefix or "(empty)", description="LM_PREFIX")
+        CfnOutput(self, "TableName", value=self.control.table.table_name, description="LM_TABLE")
+        CfnOutput(self, "SecretName", value=config.secret_name, description="LM_AUTH_SECRET_ID")
+        CfnOutput(self, "GcRoleArn", value=self.storage.gc_role.role_arn, description="the only raw-blob deleter")
+        CfnOutput(self, "OpsBucketName", value=self.storage.ops_bucket.bucket_name, description="inventory, access logs")
+        CfnOutput(self, "AlarmTopicArn", value=self.observability.topic.topic_arn)
+        CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
+
+        self.nag_suppressions: list[NagSuppressionRecord] = apply_suppressions(self)
