@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -63,6 +64,31 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
             body = json.loads(resp.read())
             conn.close()
             assert (resp.status, body["status"]) == (200, expected)
+
+        # The event pump indexes what ingest accepted; `local drain` and `status` use the exports.
+        shell = dict(env)
+        for line in info["exports"]:
+            name, _, value = line.removeprefix("export ").partition("=")
+            shell[name] = shlex.split(value)[0] if value else ""
+        drained = subprocess.run(LMCTL + ["local", "drain", "--timeout", "60", "--json"], capture_output=True,
+                                 text=True, env=shell, timeout=120)
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        assert set(json.loads(drained.stdout)["queues"]) == {
+            "index-accepted", "index-accepted-dlq", "index-raw-blobs", "index-raw-blobs-dlq",
+            "index-quarantine", "index-quarantine-dlq"}
+        shown = subprocess.run(LMCTL + ["status", "--json"], capture_output=True, text=True, env=shell, timeout=60)
+        status = json.loads(shown.stdout)
+        assert shown.returncode == 0 and status["ok"] is True and status["open_blockers"] == 0
+        listing = subprocess.run(LMCTL + ["show", "--agent-id", i.agent_id, "--boot-id", i.boot_id, "--seq-start",
+                                          str(i.seq_start), "--seq-end", str(i.seq_end), "--json"],
+                                 capture_output=True, text=True, env=shell, timeout=60)
+        assert json.loads(listing.stdout)["accepted"] is True
+        import boto3
+
+        s3 = boto3.session.Session().client("s3", endpoint_url=info["endpoint_url"], region_name="us-east-1",
+                                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        derived = s3.list_objects_v2(Bucket="lightmetrics-local", Prefix="accepted-by-time/").get("KeyCount")
+        assert derived == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

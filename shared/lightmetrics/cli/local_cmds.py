@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import json_option
+from lightmetrics.cli.options import config_options, json_option
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail
 
 
@@ -33,40 +33,42 @@ def local() -> None:
 @click.option("--bucket", default="lightmetrics-local", show_default=True, help="LM_BUCKET to provision.")
 @click.option("--table", default="lightmetrics-control", show_default=True, help="LM_TABLE to provision.")
 @click.option("--prefix", default="", help="LM_PREFIX namespace.")
+@click.option("--reconcile-every", default=60.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds between reconciler runs (EventBridge schedule stand-in).")
 @json_option
-def local_up(port: int, bucket: str, table: str, prefix: str, as_json: bool) -> None:
-    """Run moto + the function host + the ingest endpoint (port + 1) until Ctrl-C/SIGTERM.
+def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: float, as_json: bool) -> None:
+    """Run the whole system locally until Ctrl-C/SIGTERM.
 
-    Prints `export ...` lines that point the other lmctl commands and any boto3 client here.
+    moto as AWS (S3, SQS, DynamoDB, Secrets Manager, Step Functions) on --port, the ingest endpoint
+    on port + 1, the event pump feeding the indexers, and the reconciler and DLQ sweeper on a
+    schedule. Prints `export ...` lines that point lmctl and any boto3 client here.
     """
-    from lightmetrics.config import Settings
     from lightmetrics.errors import ConfigError
-    from lightmetrics.local.environment import local_environment
-    from lightmetrics.local.provision import provision
     from lightmetrics.local.server import IngestHTTPServer, LocalRuntime, env_exports
-    from lightmetrics.resources import SPEC
+    from lightmetrics.local.system import LocalSystem
 
-    try:
-        settings = Settings.from_env({}, bucket=bucket, table=table, prefix=prefix)
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE, as_json=as_json)
     try:
         runtime = LocalRuntime(port=port).start()
     except OSError as exc:
         fail(f"cannot listen on port {port}: {exc}", EXIT_USAGE, as_json=as_json)
     ingest = None
+    system = LocalSystem(runtime, bucket=bucket, table=table, prefix=prefix)
     try:
-        made = provision(
-            runtime, SPEC, bucket=bucket, table=table, secret_name=settings.auth_secret_id, namespace=prefix
-        )
-        values = {"bucket": bucket, "table": table, "prefix": prefix, "auth_secret_id": settings.auth_secret_id}
-        os.environ.update(local_environment(runtime.endpoint_url, values))
+        try:
+            system.provision()
+        except ConfigError as exc:
+            fail(str(exc), EXIT_USAGE, as_json=as_json)
+        os.environ.update(system.environment())
         from functions.ingest.app import handler
 
-        ingest = IngestHTTPServer(handler, port=runtime.ingest_port, max_body_bytes=settings.max_frame_bytes).start()
-        exports = env_exports(runtime, {f"LM_{k.upper()}": v for k, v in values.items()} | {"LM_INGEST_URL": ingest.url})
+        assert system.settings is not None
+        ingest = IngestHTTPServer(handler, port=runtime.ingest_port, max_body_bytes=system.settings.max_frame_bytes).start()
+        system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
+        values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
+        exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
         if as_json:
-            emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "exports": exports, **made})
+            emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "exports": exports,
+                       **system.made})
         else:
             console.print(f"[bold green]local runtime up[/]: AWS at {runtime.endpoint_url}, ingest at {ingest.url}")
             console.print("# configure a shell with:")
@@ -75,9 +77,40 @@ def local_up(port: int, bucket: str, table: str, prefix: str, as_json: bool) -> 
         sys.stdout.flush()
         _wait_for_signal()
     finally:
+        system.stop()
         if ingest is not None:
             ingest.stop()
         runtime.stop()
+
+
+@local.command("drain")
+@click.option("--timeout", "timeout_s", default=120.0, show_default=True, type=click.FloatRange(min=0))
+@config_options
+@json_option
+def local_drain(timeout_s: float, settings: Any, as_json: bool) -> None:
+    """Wait until every index queue and DLQ is empty and no Step Functions execution runs.
+
+    Exit 0 when drained, 1 on timeout. Reads LM_QUEUE_URLS (printed by `lmctl local up`).
+    """
+    import boto3
+
+    from lightmetrics.local.pump import drain, queue_depth
+
+    session = boto3.session.Session()
+    sqs, sfn = session.client("sqs"), session.client("stepfunctions")
+    urls = list(settings.queue_urls.values())
+    if not urls:
+        fail("LM_QUEUE_URLS is empty: run the exports printed by `lmctl local up`", EXIT_USAGE, as_json=as_json)
+    try:
+        ok = drain(sqs, urls, sfn=sfn, timeout_s=timeout_s)
+        depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
+    except Exception as exc:
+        fail(f"cannot reach the local runtime: {exc}", 4, as_json=as_json)
+    if as_json:
+        emit_json({"drained": ok, "queues": depths})
+    else:
+        console.print("drained" if ok else f"[red]not drained after {timeout_s:.0f} s[/]: {depths}")
+    sys.exit(EXIT_OK if ok else EXIT_VIOLATIONS)
 
 
 @local.command("collector", hidden=False)

@@ -1,0 +1,94 @@
+"""lmctl blockers / status / reconcile as an operator runs them (subprocesses, exit codes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from conftest import FAST, consume_all, ident, make_frame
+from lightmetrics.accept import accept_batch
+from lightmetrics.blocker_actions import sweep_dlqs
+from lightmetrics.event_path import process_sqs_record
+from lightmetrics.indexing import KIND_ACCEPTED
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.services import accept_context
+from test_cli import LMCTL
+from test_event_path import s3_record
+
+
+@pytest.fixture
+def system(runtime):  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:10]
+    return LocalSystem(runtime, bucket=f"lm-ops-{tag}", table=f"lm-ops-{tag}", secret_name=f"lm-ops/{tag}",
+                       queue_name_prefix=f"ops{tag}-").provision()
+
+
+def lmctl(system, *args: str) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator"}
+    r = subprocess.run(LMCTL + list(args) + ["--json"], capture_output=True, text=True, env=env, timeout=120)
+    try:
+        return r.returncode, json.loads(r.stdout)
+    except ValueError:
+        return r.returncode, {"stderr": r.stderr}
+
+
+def test_blocker_lifecycle_through_the_cli(system, runtime):  # type: ignore[no-untyped-def]
+    ctx = system.work_context(policy=FAST)
+    missing = [ctx.codec.accepted(ident(n)) for n in (1, 2, 3)]
+    for key in missing:  # events for records that are not there (yet): invariant blockers
+        process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
+                           queue="index-accepted")
+    code, listed = lmctl(system, "blockers", "list")
+    assert code == 1 and listed["open"] == 3
+    keys = sorted(b["work_key"] for b in listed["blockers"])
+    assert keys == sorted(f"{KIND_ACCEPTED}:{k}" for k in missing)
+
+    code, still = lmctl(system, "blockers", "retry", keys[0])
+    assert code == 1 and still["status"] == "open"  # the record is still missing
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), policy=FAST)
+    accept_batch(actx, ident(1), make_frame(ident(1)))
+    code, fixed = lmctl(system, "blockers", "retry", keys[0])
+    assert code == 0 and fixed["status"] == "resolved"
+
+    code, out = lmctl(system, "blockers", "skip", keys[1], "--reason", "identity retired by hand")
+    assert code == 0 and out["status"] == "skipped"
+    code, out = lmctl(system, "blockers", "resume", keys[2])
+    assert code == 0 and out["status"] == "resumed" and "re-enqueued" in out["detail"]
+    code, out = lmctl(system, "blockers", "resume", "index-accepted:nope")
+    assert code == 2 and "no blocker" in out["reason"]
+
+    code, listed = lmctl(system, "blockers", "list")
+    assert code == 0 and listed["open"] == 0
+    code, everything = lmctl(system, "blockers", "list", "--all")
+    audit = {b["work_key"]: b["audit"][-1] for b in everything["blockers"]}
+    assert audit[keys[1]]["who"] == "test-operator" and audit[keys[1]]["reason"] == "identity retired by hand"
+
+
+def test_skip_requires_a_reason(system):  # type: ignore[no-untyped-def]
+    env = {**os.environ, **system.environment()}
+    r = subprocess.run(LMCTL + ["blockers", "skip", "x:y"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "--reason" in r.stderr
+
+
+def test_status_redrive_and_reconcile(system, runtime):  # type: ignore[no-untyped-def]
+    sqs = runtime.boto3_client("sqs")
+    urls = system.settings.queue_urls
+    consume_all(sqs, urls["index-accepted"])  # the s3:TestEvent of provisioning
+    body = s3_record(system.bucket, system.work_context().codec.accepted(ident(4)))["body"]
+    sqs.send_message(QueueUrl=urls["index-accepted-dlq"], MessageBody=body)
+    code, status = lmctl(system, "status")
+    assert code == 1 and status["queues"]["index-accepted-dlq"] == 1 and status["ok"] is False
+    sweep_dlqs(system.work_context())  # what the scheduled sweeper does
+    code, out = lmctl(system, "blockers", "redrive")
+    assert code == 0 and [r["action"] for r in out["redriven"]] == ["redrive"]
+    code, status = lmctl(system, "status")
+    assert status["queues"]["index-accepted-dlq"] == 0 and status["open_blockers"] == 0
+    assert status["queues"]["index-accepted"] == 1  # back on its queue
+    code, report = lmctl(system, "reconcile")
+    assert code == 0 and report["entries"] == 0 and report["checkpoint_after"]
+    code, status = lmctl(system, "status")
+    assert status["reconciler"]["checkpoint"] == report["checkpoint_after"]
