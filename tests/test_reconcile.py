@@ -172,3 +172,18 @@ def test_reconcile_cost_depends_on_new_entries_not_history(runtime, clock):  # t
     assert at_100["s3.GetObject"] == 10 and at_100["s3.HeadObject"] == 10 + 2  # + 2 tombstone checks
     assert at_100["s3.PutObject"] == 30 and at_100["s3.ListObjectsV2"] == 1
     assert at_100["dynamodb.GetItem"] == 1 and at_100["dynamodb.PutItem"] == 1
+
+
+def test_after_downtime_it_rescans_the_lookback(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
+    """Lookback is 2 h in this system; downtime is more than max(2 x settle, 1 h) without a run."""
+    ctx = system.work_context(policy=FAST)
+    purge(system, runtime)
+    rec = system.reconciler(ctx)
+    clock.advance(seconds=20 * 60)  # 16:20: hours 14 and 15 close
+    assert rec.run().checkpoint_after == str(H0)
+    clock.advance(seconds=130 * 60)  # 18:30: hours 16 and 17 close
+    assert rec.run().checkpoint_after == str(H0 + 2)
+    clock.advance(seconds=75 * 60)  # 19:45, 75 minutes without a run: rescan from 17:45, before the checkpoint
+    assert rec.run().hours_scanned == [str(H0 + 1), str(H0 + 2), str(H0 + 3)]
+    clock.advance(seconds=5 * 60)  # 19:50, on schedule again: from the checkpoint only
+    assert rec.run().hours_scanned[0] == str(rec.checkpoint().hour) != str(H0 + 1)
