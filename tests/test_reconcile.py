@@ -166,6 +166,7 @@ def _reconcile_cost(runtime, clock, depth: int) -> dict[str, int]:  # type: igno
 def test_reconcile_cost_depends_on_new_entries_not_history(runtime, clock):  # type: ignore[no-untyped-def]
     at_100 = _reconcile_cost(runtime, clock, 100)
     at_1000 = _reconcile_cost(runtime, clock, 1000)
+    print(f"\nreconcile requests for 10 new entries: history 100 -> {at_100}; history 1000 -> {at_1000}")
     assert at_100 == at_1000
     # per new entry: GET record + 2 derived PUTs + HEAD blob + PUT raw-blobs-by-time;
     # per run: one LIST of the open hour, the checkpoint read and write, the blocker query
