@@ -138,6 +138,17 @@ def _quiet_moto_handler() -> type:
     return _Handler
 
 
+def runtime_client(endpoint_url: str, service: str, **kwargs: Any) -> Any:
+    """A boto3 client for a local runtime at ``endpoint_url`` (dummy credentials, us-east-1)."""
+    import boto3
+
+    params: dict[str, Any] = {"endpoint_url": endpoint_url, "region_name": REGION}
+    params.update(_DUMMY_CREDENTIALS)
+    params.update(kwargs)
+    # A fresh session per client: boto3's default session is not safe to share across threads.
+    return boto3.session.Session().client(service, **params)
+
+
 def _cache_moto_module_list() -> None:
     """Make moto's per-request backend lookup cheap.
 
@@ -295,13 +306,7 @@ class LocalRuntime:
 
     def boto3_client(self, service: str, **kwargs: Any) -> Any:
         """A boto3 client for this runtime (dummy credentials, us-east-1)."""
-        import boto3
-
-        params: dict[str, Any] = {"endpoint_url": self.endpoint_url, "region_name": self.region}
-        params.update(_DUMMY_CREDENTIALS)
-        params.update(kwargs)
-        # A fresh session per client: boto3's default session is not safe to share across threads.
-        return boto3.session.Session().client(service, **params)
+        return runtime_client(self.endpoint_url, service, **kwargs)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -351,12 +356,7 @@ class RemoteRuntime:
         return cls(f"http://127.0.0.1:{bound}", proc)
 
     def boto3_client(self, service: str, **kwargs: Any) -> Any:
-        import boto3
-
-        params: dict[str, Any] = {"endpoint_url": self.endpoint_url, "region_name": self.region}
-        params.update(_DUMMY_CREDENTIALS)
-        params.update(kwargs)
-        return boto3.session.Session().client(service, **params)
+        return runtime_client(self.endpoint_url, service, **kwargs)
 
     def request_count(self, service: str, component: str | None = None) -> int:
         from lightmetrics.local.function_host import COUNTS_PATH
