@@ -47,7 +47,7 @@ EVENT_OVERHEAD_BYTES = 64 * 1024
 GC_SKEW_MARGIN_S = 60
 
 # Settings that only make sense at run time or are wired from resources, never from context.
-_WIRED_SETTINGS = {"bucket", "table", "auth_secret_id", "ingest_url", "queue_urls"}
+_WIRED_SETTINGS = {"bucket", "table", "auth_secret_id", "ingest_url", "queue_urls", "state_machine_arns"}
 
 _STACK_DEFAULTS: dict[str, Any] = {
     "stack_name": "Lightmetrics",

@@ -66,6 +66,20 @@ def suppressions_for(stack: "LightmetricsStack") -> list[NagSuppressionRecord]:
                 tuple(sorted(applies_to)),
             )
         )
+    for built_sm in stack.state_machines.built.values():
+        policy = built_sm.role.node.try_find_child("DefaultPolicy")
+        assert policy is not None, f"{built_sm.spec.name}: role has no DefaultPolicy"
+        records.append(
+            NagSuppressionRecord(
+                "AwsSolutions-IAM5",
+                _path(policy.node.default_child),
+                "Added by CDK for the state machine's tracing and logging: xray:PutTraceSegments/"
+                "PutTelemetryRecords/GetSamplingRules/GetSamplingTargets and the CloudWatch Logs delivery "
+                "actions (logs:CreateLogDelivery, ...) support no resource-level permissions. Its only "
+                "other grant is lambda:InvokeFunction on exactly the functions its tasks name.",
+                ("Resource::*",),
+            )
+        )
     handler = stack.node.try_find_child(NOTIFICATIONS_HANDLER_ID)
     if handler is not None:
         role = handler.node.find_child("Role")

@@ -3,7 +3,9 @@
 Constructs: ``Storage`` (authority bucket, bucket policy, GC role, ops bucket), ``Control``
 (DynamoDB control table), ``Layer`` (shared Lambda layer), ``Queues`` (SQS + DLQ + S3
 notifications, one per QueueSpec), ``Functions`` (one Lambda per FunctionSpec, with its trigger
-and least-privilege role), ``Observability`` (SNS topic, alarms, dashboard).
+and least-privilege role), ``StateMachines`` (one Step Functions state machine per
+StateMachineSpec, from its ASL file, with its role, logs and schedule), ``Observability`` (SNS
+topic, alarms, dashboard).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from infra.components.control_table import ControlTable
 from infra.components.functions import Functions
 from infra.components.layer import LAYER_DIR, SharedLayer
 from infra.components.observability import Observability
+from infra.components.pipeline import Pipeline
 from infra.components.queues import IndexQueues
+from infra.components.statemachines import StateMachines, state_machine_arn
 from infra.components.storage import Storage
 from infra.config import InfraConfig
 from infra.nag import NagSuppressionRecord, apply_suppressions
@@ -69,6 +73,10 @@ class LightmetricsStack(Stack):
             table_name=self.control.table.table_name,
             layer=self.layer.layer,
             queues=self.queues.by_name,
+            state_machine_arns={sm.name: state_machine_arn(self, config, sm) for sm in spec.state_machines},
+        )
+        self.state_machines = StateMachines(
+            self, "StateMachines", specs=spec.state_machines, functions=self.functions.built, config=config
         )
         self.observability = Observability(
             self,
@@ -76,7 +84,11 @@ class LightmetricsStack(Stack):
             config=config,
             functions=list(self.functions.built.values()),
             queues=self.queues.built,
+            state_machines=list(self.state_machines.built.values()),
         )
+        self.pipeline = Pipeline(self, "Pipeline", config=config, bucket=self.storage.bucket, ops_bucket=self.storage.ops_bucket,
+                                 table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
+                                 alarm_topic=self.observability.topic)
 
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name, description="LM_BUCKET")
         CfnOutput(self, "Prefix", value=config.prefix or "(empty)", description="LM_PREFIX")
@@ -84,6 +96,9 @@ class LightmetricsStack(Stack):
         CfnOutput(self, "SecretName", value=config.secret_name, description="LM_AUTH_SECRET_ID")
         CfnOutput(self, "GcRoleArn", value=self.storage.gc_role.role_arn, description="the only raw-blob deleter")
         CfnOutput(self, "OpsBucketName", value=self.storage.ops_bucket.bucket_name, description="inventory, access logs")
+        for built in self.state_machines.built.values():
+            CfnOutput(self, f"{built.spec.logical_name}Arn", value=built.machine.state_machine_arn,
+                      description=f'LM_STATE_MACHINE_ARNS: {{"{built.spec.name}": "<this ARN>"}}')
         CfnOutput(self, "AlarmTopicArn", value=self.observability.topic.topic_arn)
         CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 

@@ -161,3 +161,17 @@ def cdk_synth(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
         outdir=outdir,
         context=dict(INFRA_TEST_CONTEXT),
     )
+
+
+# --------------------------------------------------------------------------- Spark (tests/test_pipeline*.py)
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """ONE local SparkSession per test run (local[2], Arrow on), with a 1 MB driver result limit so
+    no pipeline job can quietly collect a key set."""
+    from pipeline.session import get_spark
+
+    session = get_spark("lightmetrics-tests", conf={"spark.driver.maxResultSize": "1m"})
+    yield session
+    session.stop()

@@ -127,7 +127,13 @@ def expected_grants(fn: FunctionSpec, log_group: str, queue_ids: dict[str, str])
         want |= {g(f"sqs:{a}", q) for a in (*consume, "GetQueueUrl")}
     if fn.cloudwatch_read:
         want |= {g("cloudwatch:GetMetricData", "*"), g("cloudwatch:GetMetricStatistics", "*")}
+    want |= {g("states:StartExecution", sm_arn(SPEC.state_machine(n).logical_name)) for n in fn.sfn_start}
     return want
+
+
+def sm_arn(logical_name: str) -> str:
+    """A state machine's ARN as the template spells it (built from its physical name)."""
+    return f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:stateMachine:Lightmetrics-{logical_name}"
 
 
 def queue_ids(synth: Any) -> dict[str, str]:
@@ -160,6 +166,29 @@ def test_function_spec_validation() -> None:
     fn = FunctionSpec("x", "m", trigger="schedule:rate(5 minutes)", metrics_service="x-svc")
     assert (fn.trigger_kind, fn.trigger_arg, fn.service) == ("schedule", "rate(5 minutes)", "x-svc")
     assert FunctionSpec("legacy", "functions.legacy").trigger_kind == "task"  # old call shape still works
+
+
+def test_state_machine_spec_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightmetrics.resources import ResourceSpec, StateMachineSpec
+    from lightmetrics.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
+
+    task = FunctionSpec("t", "m")
+    with pytest.raises(ValueError, match=".asl.json"):
+        StateMachineSpec("x", "X", "x.json")
+    with pytest.raises(ValueError, match="unknown function"):
+        ResourceSpec(functions=(task,), state_machines=(StateMachineSpec("x", "X", "x.asl.json", (("T", "nope"),)),))
+    with pytest.raises(ValueError, match="trigger 'task'"):
+        ResourceSpec(functions=(FunctionSpec("h", "m", trigger="http"),),
+                     state_machines=(StateMachineSpec("x", "X", "x.asl.json", (("T", "h"),)),))
+    with pytest.raises(ValueError, match="unknown state machines"):
+        ResourceSpec(functions=(FunctionSpec("t", "m", sfn_start=("nope",)),))
+    # The file's placeholders must be exactly the spec's: a typo fails synth and local provisioning.
+    (tmp_path / "x.asl.json").write_text('{"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "${Typo}", "End": true}}}')
+    monkeypatch.setenv(DEFINITIONS_ENV, str(tmp_path))
+    with pytest.raises(DefinitionError, match="Typo"):
+        render_definition(StateMachineSpec("x", "X", "x.asl.json", (("T", "t"),)), lambda fn: fn)
+    text = render_definition(StateMachineSpec("x", "X", "x.asl.json", (("Typo", "t"),)), lambda fn: f"arn:{fn}")
+    assert json.loads(text)["States"]["A"]["Resource"] == "arn:t"
 
 
 def test_makefile_builds_the_layer_for_the_stacks_architecture() -> None:
@@ -535,7 +564,11 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         if fn.trigger_kind != "http":
             want.add(f"Lightmetrics-{c}BlockersOpened")
         if fn.name == "reconcile":
-            want |= {f"Lightmetrics-{c}ReconcilerLag", f"Lightmetrics-{c}IntegrityViolation"}
+            want.add(f"Lightmetrics-{c}ReconcilerLag")
+        if fn.name in ("reconcile", "walk-page"):  # the functions that run repair_accepted
+            want.add(f"Lightmetrics-{c}IntegrityViolation")
+    for sm in SPEC.state_machines:
+        want.add(f"Lightmetrics-{sm.logical_name}ExecutionsFailed")
     for q in SPEC.queues:
         want |= {f"Lightmetrics-{camel(q.name)}DlqNotEmpty", f"Lightmetrics-{camel(q.name)}OldestMessage"}
     assert set(alarms) == want
@@ -543,7 +576,7 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         p = alarm["Properties"]
         assert p["AlarmActions"] == [{"Ref": topic_id}] and p["OKActions"] == [{"Ref": topic_id}], name
         assert p["TreatMissingData"] == "notBreaching"
-        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|IntegrityViolation)$", r"\1", name)
+        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|IntegrityViolation|ExecutionsFailed)$", r"\1", name)
         assert f"Runbook: docs/runbook.md#{kind.lower()}" in p["AlarmDescription"]
 
     rate = alarms["Lightmetrics-Ingest5xxRate"]["Properties"]
@@ -578,7 +611,7 @@ def test_runbook_has_an_entry_per_alarm_kind() -> None:
     runbook = (ROOT / "docs" / "runbook.md").read_text()
     headings = {h.strip().lower() for h in re.findall(r"^## (.+)$", runbook, re.M)}
     assert {"5xxrate", "throttles", "invariantviolation", "errors", "dlqnotempty", "oldestmessage",
-            "blockersopened", "reconcilerlag", "integrityviolation"} <= headings
+            "blockersopened", "reconcilerlag", "integrityviolation", "executionsfailed"} <= headings
 
 
 # --------------------------------------------------------------------------- cdk-nag
@@ -668,6 +701,15 @@ def test_local_provisioning_matches_the_template(runtime: Any, cdk_synth: Any) -
     assert local_notes == sorted(cdk_notes)
     assert len(local_notes) == sum(len(q.events) for q in SPEC.queues)
 
+    # state machines: the same set, by name (<stack>-<logical name> in AWS, <prefix><logical name> here)
+    sfn = runtime.boto3_client("stepfunctions")
+    local_names = {sm["name"] for sm in made["state_machines"].values()}
+    cdk_names = {r["Properties"]["StateMachineName"] for r in resources(cdk_synth, "AWS::StepFunctions::StateMachine").values()}
+    assert {n.removeprefix("Lightmetrics-") for n in cdk_names} == local_names == {sm.logical_name for sm in SPEC.state_machines}
+    for sm in made["state_machines"].values():
+        desc = sfn.describe_state_machine(stateMachineArn=sm["arn"])
+        assert (desc["name"], desc["type"]) == (sm["name"], "STANDARD")
+
 
 # --------------------------------------------------------------------------- the real CLI
 
@@ -703,3 +745,124 @@ def test_cdk_cli_synth_without_aws_account_or_docker(tmp_path: Path) -> None:
     env_vars = next(r["Properties"]["Environment"]["Variables"] for r in template["Resources"].values()
                     if r["Type"] == "AWS::Lambda::Function" and r["Properties"].get("Handler") == "functions.ingest.app.handler")  # fmt: skip
     assert env_vars["LM_PREFIX"] == ""  # cdk.json's default namespace
+
+
+# --------------------------------------------------------------------------- state machines (issue 5)
+
+
+def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None:
+    sms = resources(cdk_synth, "AWS::StepFunctions::StateMachine")
+    assert len(sms) == len(SPEC.state_machines) >= 1
+    rules = resources(cdk_synth, "AWS::Events::Rule")
+    for spec in SPEC.state_machines:
+        built = cdk_synth.stack.state_machines.built[spec.name]
+        sm_id = logical_id(cdk_synth, built.machine)
+        p = sms[sm_id]["Properties"]
+        assert (p["StateMachineName"], p["StateMachineType"]) == (f"Lightmetrics-{spec.logical_name}", "STANDARD")
+        assert p["TracingConfiguration"] == {"Enabled": True}
+        assert p["LoggingConfiguration"]["Level"] == "ALL"
+        assert render(p["LoggingConfiguration"]["Destinations"]) == [
+            {"CloudWatchLogsLogGroup": {"LogGroupArn": f"<{logical_id(cdk_synth, built.log_group)}.Arn>"}}]
+        fn_ids = {fn: logical_id(cdk_synth, cdk_synth.stack.functions.built[fn].function) for fn in spec.function_names()}
+        # The placeholders are the spec's, each filled with its function's ARN by CloudFormation.
+        assert render(p["DefinitionSubstitutions"]) == {ph: f"<{fn_ids[fn]}.Arn>" for ph, fn in spec.substitutions}
+        assert set(re.findall(r"\$\{([A-Za-z0-9_]+)\}", p["DefinitionString"])) == {ph for ph, _ in spec.substitutions}
+        for fn in spec.function_names():
+            assert SPEC.function(fn).trigger_kind == "task"
+            assert not [m for m in resources(cdk_synth, "AWS::Lambda::EventSourceMapping").values()
+                        if render(m["Properties"]["FunctionName"]) == f"<{fn_ids[fn]}>"]
+
+        # Role: assumed by Step Functions; invokes exactly its task functions. Everything else is
+        # what CDK adds for tracing and log delivery, which has no resource-level permissions.
+        role = resources(cdk_synth, "AWS::IAM::Role")[logical_id(cdk_synth, built.role)]["Properties"]
+        (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+        assert trust["Principal"] == {"Service": "states.amazonaws.com"} and "ManagedPolicyArns" not in role
+        grants = role_grants(cdk_synth, logical_id(cdk_synth, built.role))
+        assert {(a, r) for a, r, _ in grants if a.startswith("lambda:")} == {
+            ("lambda:InvokeFunction", f"<{fn_ids[fn]}.Arn>") for fn in spec.function_names()}
+        others = {(a, r) for a, r, _ in grants if not a.startswith("lambda:")}
+        assert {r for _, r in others} == {"*"} and {a.split(":")[0] for a, _ in others} == {"xray", "logs"}
+
+        # The weekly schedule, with the spec's explicit input (nulls included).
+        (rule,) = [r["Properties"] for r in rules.values()
+                   if any(render(t["Arn"]) == f"<{sm_id}>" for t in r["Properties"]["Targets"])]
+        assert rule["ScheduleExpression"] == spec.schedule and rule["State"] == "ENABLED"
+        (target,) = rule["Targets"]
+        assert json.loads(target["Input"]) == json.loads(spec.schedule_input or "{}")
+        events_role_id = render(target["RoleArn"]).strip("<>").removesuffix(".Arn")
+        assert role_grants(cdk_synth, events_role_id) == {g("states:StartExecution", f"<{sm_id}>")}
+
+    walk = SPEC.state_machine("bootstrap-walk")
+    assert walk.schedule == "cron(0 3 ? * SUN *)"  # weekly, Sunday 03:00 UTC
+    assert json.loads(walk.schedule_input or "") == {"agent": None, "resume": False, "page_size": 1000, "parallelism": 4}
+    # Functions learn the state machines' ARNs (built from the names: no dependency cycle).
+    cont = cdk_synth.stack.functions.built["walk-continue"]
+    env = render(cdk_synth.json["Resources"][logical_id(cdk_synth, cont.function)]["Properties"]["Environment"]["Variables"])
+    assert json.loads(env["LM_STATE_MACHINE_ARNS"]) == {"bootstrap-walk": sm_arn("BootstrapWalk")}
+    assert "BootstrapWalkArn" in cdk_synth.json["Outputs"]
+
+
+def test_walk_functions_are_least_privilege(cdk_synth: Any) -> None:
+    """The walk's functions, spelled out (the generic exact-set test derives the same from the spec)."""
+    page = SPEC.function("walk-page")
+    assert set(page.s3_write) == {"accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/",
+                                  "quarantine-by-blob/v1/"}
+    assert set(page.s3_read) == {"accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"}
+    assert not page.s3_delete and not page.sfn_start
+    plan = SPEC.function("walk-plan")
+    assert (plan.s3_read, plan.s3_write, set(plan.s3_list)) == ((), (), {"accepted/v1/", "quarantine/v1/"})
+    for name in ("walk-begin", "walk-continue", "walk-end"):
+        fn = SPEC.function(name)
+        assert (fn.s3_read, fn.s3_write, fn.s3_list, fn.table) == ((), (), (), "write")
+    assert [fn.name for fn in SPEC.functions if fn.sfn_start] == ["walk-continue"]
+    built = cdk_synth.stack.functions.built["walk-continue"]
+    starts = {(a, r) for a, r, _ in role_grants(cdk_synth, logical_id(cdk_synth, built.role)) if a.startswith("states:")}
+    assert starts == {("states:StartExecution", sm_arn("BootstrapWalk"))}
+
+
+def _replace_strings(value: Any, mapping: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return mapping.get(value, value)
+    if isinstance(value, dict):
+        return {k: _replace_strings(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_strings(v, mapping) for v in value]
+    return value
+
+
+def test_deployed_definition_equals_what_the_local_runtime_loaded(runtime: Any, cdk_synth: Any) -> None:
+    """The template in cdk.out, after CloudFormation's substitution, is the definition moto runs."""
+    template = json.loads((Path(cdk_synth.outdir) / f"{cdk_synth.stack.stack_name}.template.json").read_text())
+    fn_by_id = {logical_id(cdk_synth, b.function): name for name, b in cdk_synth.stack.functions.built.items()}
+    tag = uuid.uuid4().hex[:8]
+    prefix = f"asl{tag}-"
+    made = provision(runtime, SPEC, bucket=f"lm-asl-{tag}", table=f"lm-asl-{tag}", secret_name=f"lm-asl/{tag}",
+                     namespace=NS, queue_name_prefix=prefix)  # fmt: skip
+    sfn = runtime.boto3_client("stepfunctions")
+    machines = {k: r for k, r in template["Resources"].items() if r["Type"] == "AWS::StepFunctions::StateMachine"}
+    assert len(machines) == len(SPEC.state_machines)
+    for r in machines.values():
+        p = r["Properties"]
+        spec = next(sm for sm in SPEC.state_machines if p["StateMachineName"] == f"Lightmetrics-{sm.logical_name}")
+        # The file itself is what CDK deploys (substitution happens in CloudFormation).
+        assert p["DefinitionString"] == (ROOT / "infra" / "statemachines" / spec.definition).read_text()
+        # CloudFormation's DefinitionSubstitutions, done here independently of lightmetrics.statemachines.
+        names = {ph: fn_by_id[v["Fn::GetAtt"][0]] for ph, v in p["DefinitionSubstitutions"].items()}
+        deployed = json.loads(re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: f"function:{names[m.group(1)]}",
+                                     p["DefinitionString"]))
+        loaded = json.loads(sfn.describe_state_machine(stateMachineArn=made["state_machines"][spec.name]["arn"])["definition"])
+        local_arns = {f"arn:aws:lambda:us-east-1:123456789012:function:{prefix}{fn}": f"function:{fn}"
+                      for fn in spec.function_names()}
+        assert _replace_strings(loaded, local_arns) == deployed
+        tasks = [s for s in _all_states(deployed) if s.get("Type") == "Task"]
+        assert tasks and {t["Resource"] for t in tasks} == {f"function:{fn}" for fn in spec.function_names()}
+
+
+def _all_states(definition: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for state in definition.get("States", {}).values():
+        out.append(state)
+        for key in ("ItemProcessor", "Iterator"):
+            if key in state:
+                out.extend(_all_states(state[key]))
+    return out

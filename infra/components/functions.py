@@ -2,6 +2,7 @@
 
 Each function gets its own role (or the GC role, for ``gc_role`` functions) whose only policy is
 derived from the spec's declarative fields by :func:`policy_statements`; no managed policies.
+Functions with trigger ``task`` get no event source: Step Functions (or an operator) invokes them.
 The code asset is the repository's ``functions/`` package (so ``functions.ingest.app.handler``
 resolves); the ``lightmetrics`` core and the dependencies come from the shared layer.
 """
@@ -67,6 +68,7 @@ def policy_statements(
     table_arn: str,
     secret_arn: str,
     queues: Mapping[str, sqs.IQueue],
+    state_machine_arns: Mapping[str, str] | None = None,
 ) -> list[iam.PolicyStatement]:
     """Everything ``spec`` may do, and nothing else (logs and X-Ray are added with the function)."""
     out: list[iam.PolicyStatement] = []
@@ -103,6 +105,9 @@ def policy_statements(
     if spec.cloudwatch_read:
         # CloudWatch metric reads have no resource-level permissions.
         out.append(iam.PolicyStatement(actions=list(CLOUDWATCH_READ_ACTIONS), resources=["*"]))
+    if spec.sfn_start:
+        arns = state_machine_arns or {}
+        out.append(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[n] for n in spec.sfn_start]))
     return out
 
 
@@ -155,8 +160,10 @@ class Functions(Construct):
         table_name: str,
         layer: lambda_.ILayerVersion,
         queues: Mapping[str, sqs.IQueue],
+        state_machine_arns: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        state_machine_arns = dict(state_machine_arns or {})
         stack = Stack.of(self)
         self.built: dict[str, BuiltFunction] = {}
         code = lambda_.Code.from_asset(str(stage_function_code()))
@@ -168,6 +175,8 @@ class Functions(Construct):
             "table": table_name,
             "auth_secret_id": config.secret_name,
             "queue_urls": queue_urls,
+            # ARNs built from the state machines' names: no reference, so no dependency cycle.
+            "state_machine_arns": state_machine_arns,
         }
         # Functions are built http-first so the others can be told the ingest URL.
         ordered = sorted(spec.functions, key=lambda f: f.trigger_kind != "http")
@@ -224,7 +233,8 @@ class Functions(Construct):
             )
             log_group.grant_write(role)
             for statement in policy_statements(
-                fn_spec, storage=storage, table_arn=table_arn, secret_arn=secret_arn, queues=queues
+                fn_spec, storage=storage, table_arn=table_arn, secret_arn=secret_arn, queues=queues,
+                state_machine_arns=state_machine_arns,
             ):
                 role.add_to_principal_policy(statement)
             built = BuiltFunction(fn_spec, function, role, log_group)

@@ -8,7 +8,8 @@ Alarm kinds (the suffix of every alarm name, and the runbook heading):
 * ``InvariantViolation`` (every function): the Powertools metric the core emits when an
   acceptance record vanished or is unreadable — should never happen;
 * ``Errors`` (non-HTTP functions): crashed invocations;
-* ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind.
+* ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind;
+* ``ExecutionsFailed`` (every state machine): executions that failed, timed out or were aborted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from constructs import Construct
 
 from infra.components.functions import BuiltFunction, camel
 from infra.components.queues import BuiltQueue
+from infra.components.statemachines import BuiltStateMachine
 from infra.config import METRICS_NAMESPACE, InfraConfig
 from lightmetrics.accept import AcceptStatus
 
@@ -37,6 +39,8 @@ RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"
 #: emitted when an accepted batch's blob is missing or of the wrong size
 INTEGRITY_METRIC = "IntegrityViolation"
 ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
+#: functions that run repair_accepted (a missing or wrong-size blob raises IntegrityViolation)
+INTEGRITY_FUNCTIONS = ("reconcile", "walk-page")
 INGEST_EXTRA_METRICS = ("ConflictEvidenceWriteFailed", "BlobRestoredAfterGc")
 
 
@@ -61,8 +65,10 @@ class Observability(Construct):
         config: InfraConfig,
         functions: list[BuiltFunction],
         queues: list[BuiltQueue],
+        state_machines: list[BuiltStateMachine] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        state_machines = state_machines or []
         self._prefix = config.stack_name
         if config.alarm_topic_arn:
             self.topic: sns.ITopic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
@@ -139,6 +145,7 @@ class Observability(Construct):
                     what=f"reconciler checkpoint more than {lag_limit} s behind",
                     anchor="reconcilerlag",
                 )
+            if spec.name in INTEGRITY_FUNCTIONS:
                 self._alarm(
                     f"{cid}IntegrityViolation",
                     app_metric(INTEGRITY_METRIC, spec.service, period=Duration.minutes(5)),
@@ -146,6 +153,27 @@ class Observability(Construct):
                     what="an accepted batch's blob is missing or has the wrong size",
                     anchor="integrityviolation",
                 )
+
+        for sm in state_machines:
+            m = sm.machine
+            five_min = Duration.minutes(5)
+            failed = cw.MathExpression(
+                expression="FILL(failed, 0) + FILL(timedout, 0) + FILL(aborted, 0)",
+                using_metrics={
+                    "failed": m.metric_failed(statistic="Sum", period=five_min),
+                    "timedout": m.metric_timed_out(statistic="Sum", period=five_min),
+                    "aborted": m.metric_aborted(statistic="Sum", period=five_min),
+                },
+                label=f"{sm.spec.name}: executions failed, timed out or aborted",
+                period=five_min,
+            )
+            self._alarm(
+                f"{sm.spec.logical_name}ExecutionsFailed",
+                failed,
+                threshold=1,
+                what=f"{sm.spec.name}: an execution failed, timed out or was aborted",
+                anchor="executionsfailed",
+            )
 
         for q in queues:
             cid = camel(q.spec.name)
@@ -170,6 +198,18 @@ class Observability(Construct):
         # Dashboard names are account-wide: the region keeps two regional stacks apart.
         self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"{config.stack_name}-{Aws.REGION}")
         self._dashboard(functions, queues)
+        for sm in state_machines:
+            five = Duration.minutes(5)
+            m = sm.machine
+            self.dashboard.add_widgets(
+                cw.GraphWidget(
+                    title=f"{sm.spec.name}: executions",
+                    left=[m.metric_started(statistic="Sum", period=five), m.metric_succeeded(statistic="Sum", period=five),
+                          m.metric_failed(statistic="Sum", period=five), m.metric_aborted(statistic="Sum", period=five),
+                          m.metric_timed_out(statistic="Sum", period=five)],
+                    width=24,
+                )
+            )
 
     def _alarm(
         self,

@@ -56,6 +56,10 @@ class Settings(BaseModel):
     queue_urls: dict[str, str] = Field(
         default_factory=dict, description="LM_QUEUE_URLS: JSON {queue name: URL} of the index queues and DLQs"
     )
+    state_machine_arns: dict[str, str] = Field(
+        default_factory=dict,
+        description="LM_STATE_MACHINE_ARNS: JSON {state machine name: ARN}, e.g. bootstrap-walk (lmctl walk)",
+    )
     queue_probe: Literal["cloudwatch", "count"] = Field(
         "cloudwatch", description="LM_QUEUE_PROBE: how the reconciler sees queue age (count = local runtime)"
     )
@@ -83,6 +87,16 @@ class Settings(BaseModel):
                 v = json.loads(v)
             except ValueError:
                 raise ValueError('must be a JSON object {"queue-name": "https://..."}') from None
+        return v
+
+    @field_validator("state_machine_arns", mode="before")
+    @classmethod
+    def _state_machine_arns(cls, v: object) -> object:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except ValueError:
+                raise ValueError('must be a JSON object {"bootstrap-walk": "arn:aws:states:..."}') from None
         return v
 
     @field_validator("collector_id")

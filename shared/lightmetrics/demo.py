@@ -12,7 +12,11 @@ separate OS processes each serving the real ingest handler over HTTP, and simula
   over and the batch is accepted elsewhere.
 
 Then the ledger check: every batch an agent saw acknowledged has exactly one acceptance record
-with the same hash and an existing blob. Any violation makes the demo exit 1.
+with the same hash and an existing blob. Then the derived state: the indexers drain the event
+queues, the reconciler repairs a lost event and the poisoned record is a blocker. Last, the walk:
+a sample of derived entries is deleted behind the system's back, a bootstrap walk runs through
+the Step Functions interpreter (its Lambda tasks in the runtime's process, continuing across
+executions), and ``lmctl verify`` must pass. Any violation makes the demo exit 1.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class DemoReport:
     poisoned: dict[str, Any] = field(default_factory=dict)
     blockers: list[dict[str, Any]] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
+    walk: dict[str, Any] = field(default_factory=dict)
+    verify: dict[str, Any] = field(default_factory=dict)
 
     @property
     def accepted(self) -> int:
@@ -102,6 +108,8 @@ class DemoReport:
             and self.derived.get("complete", False)
             and self.dropped_event.get("repaired", False)
             and self.poisoned.get("listed", False)
+            and self.walk.get("ok", False)
+            and self.verify.get("ok", False)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -131,6 +139,8 @@ class DemoReport:
             "dropped_event": self.dropped_event,
             "poisoned": self.poisoned,
             "open_blockers": self.blockers,
+            "walk": self.walk,
+            "verify": self.verify,
             "seconds": round(self.seconds, 1),
             "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
         }
@@ -157,6 +167,15 @@ class DemoReport:
             ("derived entries complete", "yes" if self.derived.get("complete") else "NO"),
             ("dropped event repaired by reconciler", "yes" if self.dropped_event.get("repaired") else "NO"),
             ("poisoned record in blockers list", "yes" if self.poisoned.get("listed") else "NO"),
+            ("derived entries deleted / restored by the walk",
+             f"{self.walk.get('deleted', 0)} / {self.walk.get('restored', 0)}"),
+            ("walk (Step Functions): executions, keys, repairs",
+             f"{len(self.walk.get('executions', []))}, {self.walk.get('keys', 0)}, {self.walk.get('repairs', 0)}"),
+            ("walk keys/s; S3 requests per walked key",
+             f"{self.walk.get('keys_per_s')}; {self.walk.get('s3_requests_per_key')}"),
+            ("lmctl verify (strict)", ("clean" if self.verify.get("ok") else
+                                       f"{len(self.verify.get('violations', []))} violations")
+             + f", {len(self.verify.get('acknowledged', []))} acknowledged"),
             ("violations", len(self.violations)),
             ("seconds", d["seconds"]),
         ]
@@ -420,6 +439,88 @@ def _check_derived(report: DemoReport, store: S3ObjectStore, codec: KeyCodec, ma
         report.violations.append(f"{n} accepted batches lack their {kind} entry")
 
 
+#: how many entries of each accepted-* index the walk phase deletes
+WALK_SAMPLE = 20
+
+
+def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectStore, codec: KeyCodec,
+                poison_key: str, show_progress: bool) -> None:
+    """Delete a sample of derived entries, walk through Step Functions, then ``lmctl verify``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lightmetrics.blocker_actions import skip
+    from lightmetrics.verify import verify
+
+    rng = random.Random(5)
+    deleted: list[str] = []
+    for prefix in ("accepted-by-time/v1/", "accepted-by-blob/v1/"):
+        keys = sorted(store.list_keys(codec.prefix + prefix, limit=10**7))
+        for key in rng.sample(keys, min(WALK_SAMPLE, len(keys))):
+            store.client.delete_object(Bucket=BUCKET, Key=key)  # versioned: a delete marker
+            deleted.append(key)
+    ctx = system.work_context()
+    # The poisoned record is a blocker; the operator skips it (audited, with a reason), so the
+    # walk counts it as skipped instead of blocking on it again, and verify acknowledges it.
+    for b in ctx.blockers.list():
+        if b.object_key == poison_key:
+            skip(ctx, b.work_key, who="demo", reason="deliberately poisoned by the demo; kept as evidence")
+
+    control = system.walk_control(ctx)
+    requests_before = runtime.request_count("s3", "walk")
+    t0 = time.monotonic()
+    started = control.start(page_size=50, parallelism=4, max_rounds=3)
+    with Progress(TextColumn("[bold]walking"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
+                  TimeElapsedColumn(), disable=not show_progress) as progress:
+        task = progress.add_task("walk", total=None)
+
+        def update(summary: dict[str, Any]) -> None:
+            progress.update(task, total=summary.get("partitions_found") if summary.get("enumeration_complete") else None,
+                            completed=summary.get("partitions_done") or 0)
+
+        result = control.follow(started, on_progress=update, poll_s=0.2, timeout_s=300)
+    seconds = time.monotonic() - t0
+    s3_requests = runtime.request_count("s3", "walk") - requests_before
+    histories = [control.history(arn) for arn in result.executions]
+    present = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=10**7)) | set(
+        store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=10**7))
+    summary = result.summary
+    report.walk = {
+        "status": result.status,
+        "detail": result.detail,
+        "epoch": started.epoch,
+        "executions": result.executions,
+        "history_events_per_execution": [len(h) for h in histories],
+        "lambda_tasks_scheduled": sum(1 for h in histories for e in h if e["type"] == "LambdaFunctionScheduled"),
+        "deleted": len(deleted),
+        "restored": sum(1 for k in deleted if k in present),
+        "keys": summary.get("keys", 0),
+        "pages": summary.get("pages", 0),
+        "partitions": summary.get("partitions_done", 0),
+        "repairs": summary.get("repairs", 0),
+        "outcomes": summary.get("outcomes", {}),
+        "watermark_withheld": summary.get("watermark_withheld"),
+        "seconds": round(seconds, 2),
+        "keys_per_s": round(summary.get("keys", 0) / seconds, 1) if seconds else None,
+        "s3_requests": s3_requests,
+        "s3_requests_per_key": round(s3_requests / summary["keys"], 2) if summary.get("keys") else None,
+    }
+    report.walk["ok"] = (result.status == "finished" and report.walk["restored"] == len(deleted)
+                         and len(result.executions) >= 2)
+    if not report.walk["ok"]:
+        report.violations.append(f"the walk did not restore every deleted entry: {report.walk}")
+    checked = verify(system.work_context(), strict=True)
+    report.verify = {
+        "ok": checked.ok,
+        "counts": checked.counts,
+        "violations": [v.to_json() for v in checked.violations[:20]],
+        "violation_counts": checked.violation_counts(),
+        "warnings": len(checked.warnings),
+        "acknowledged": [a.to_json() for a in checked.acknowledged],
+    }
+    for v in checked.violations[:20]:
+        report.violations.append(f"verify: {v.kind}: {v.detail}: {', '.join(v.keys)}")
+
+
 def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -428,7 +529,10 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
 
     report = DemoReport(scale)
     started = time.monotonic()
-    runtime = RemoteRuntime.spawn(port=port)  # moto gets a process (and a core) of its own
+    # moto gets a process (and a core) of its own; the state machines' Lambda tasks (the walk)
+    # run in that process too, configured by these LM_* variables.
+    hosted = {"LM_BUCKET": BUCKET, "LM_TABLE": TABLE, "LM_AUTH_SECRET_ID": SECRET, "LM_PREFIX": ""}
+    runtime = RemoteRuntime.spawn(port=port, env=hosted)
     system = LocalSystem(runtime, bucket=BUCKET, table=TABLE, secret_name=SECRET)
     collectors: _Collectors | None = None
     try:
@@ -511,8 +615,18 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
             report.poisoned = {"key": poison_key, "listed": any(b.object_key == poison_key for b in open_blockers)}
             if not report.poisoned["listed"]:
                 report.violations.append("the poisoned record is not in `lmctl blockers list`")
+            report.phases["reconcile"] = time.monotonic() - mark
+            mark = time.monotonic()
+
+            # -- 4. walk: derived entries vanish; a bootstrap walk repairs them; verify passes
+            _walk_phase(report, system, runtime, store, codec, poison_key, show_progress)
+            report.phases["walk + verify"] = time.monotonic() - mark
+            mark = time.monotonic()
             _check_derived(report, store, codec, manifests)
-            report.phases["reconcile + checks"] = time.monotonic() - mark
+            report.phases["derived check"] = time.monotonic() - mark
+            from pipeline.demo_phase import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
+
+            run_pipeline_phase(system, runtime, report, show_progress)
     finally:
         system.stop()
         if collectors is not None:

@@ -30,12 +30,14 @@ __all__ = [
     "QUEUES",
     "SECRET",
     "SPEC",
+    "STATE_MACHINES",
     "TABLE",
     "BucketSpec",
     "FunctionSpec",
     "QueueSpec",
     "ResourceSpec",
     "SecretSpec",
+    "StateMachineSpec",
     "TableSpec",
 ]
 
@@ -213,6 +215,9 @@ class FunctionSpec:
     * ``sqs_consume`` / ``sqs_read_attributes``: queue or DLQ names of :data:`QUEUES` it receives
       from and deletes on (beyond its own trigger) / whose attributes it reads.
     * ``cloudwatch_read``: ``cloudwatch:GetMetricStatistics`` and ``GetMetricData`` (queue age, reconciler).
+    * ``sfn_start``: names of :data:`STATE_MACHINES` it may start executions of
+      (``states:StartExecution`` on exactly those state machines; the walk continues a long walk
+      in a new execution this way).
     * ``gc_role``: run as the GC role, the only principal the bucket policy lets delete under
       ``raw-blobs/v1/``. Deleting there requires it; nothing else may use it.
     * ``reserved_concurrency_param``: name of a deploy-time stack parameter that sets the
@@ -234,6 +239,7 @@ class FunctionSpec:
     sqs_consume: tuple[str, ...] = ()
     sqs_read_attributes: tuple[str, ...] = ()
     cloudwatch_read: bool = False
+    sfn_start: tuple[str, ...] = ()
     gc_role: bool = False
     reserved_concurrency_param: str | None = None
     timeout_s: int = 30
@@ -286,6 +292,50 @@ class FunctionSpec:
 
 
 @dataclass(frozen=True)
+class StateMachineSpec:
+    """A Step Functions state machine whose ASL lives in ``infra/statemachines/<definition>``.
+
+    * ``name``: the logical name used by the CLI and in ``LM_STATE_MACHINE_ARNS`` (``bootstrap-walk``);
+    * ``logical_name``: the CDK construct id and the suffix of the physical name
+      (``<stack>-<logical_name>`` in AWS, ``<name prefix><logical_name>`` locally);
+    * ``substitutions``: ``(placeholder, function name)`` pairs: every ``${placeholder}`` in the
+      definition is the ARN of that :class:`FunctionSpec`. CDK fills them with definition
+      substitutions, the local runtime with the local function ARNs — one map, one loader
+      (:mod:`lightmetrics.statemachines`);
+    * ``schedule`` / ``schedule_input``: an EventBridge schedule expression and the execution
+      input it sends (JSON text, every field explicit), or None for manual starts only.
+    """
+
+    name: str
+    logical_name: str
+    definition: str
+    substitutions: tuple[tuple[str, str], ...] = ()
+    schedule: str | None = None
+    schedule_input: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.definition.endswith(".asl.json") or "/" in self.definition:
+            raise ValueError(f"state machine {self.name!r}: definition must be a file name ending in .asl.json")
+        placeholders = [p for p, _ in self.substitutions]
+        if len(set(placeholders)) != len(placeholders):
+            raise ValueError(f"state machine {self.name!r}: duplicate placeholders")
+        for p in placeholders:
+            if not p.isidentifier():
+                raise ValueError(f"state machine {self.name!r}: placeholder {p!r} is not an identifier")
+        if self.schedule_input is not None:
+            json.loads(self.schedule_input)  # must be valid JSON
+
+    def substitution_map(self) -> dict[str, str]:
+        """placeholder -> function name."""
+        return dict(self.substitutions)
+
+    def function_names(self) -> tuple[str, ...]:
+        """The functions its tasks invoke (each once, in placeholder order)."""
+        return tuple(dict.fromkeys(fn for _, fn in self.substitutions))
+
+
+@dataclass(frozen=True)
 class ResourceSpec:
     """Everything the stack (or the local runtime) provisions."""
 
@@ -294,6 +344,7 @@ class ResourceSpec:
     secret: SecretSpec = field(default_factory=SecretSpec)
     queues: tuple[QueueSpec, ...] = ()
     functions: tuple[FunctionSpec, ...] = ()
+    state_machines: tuple[StateMachineSpec, ...] = ()
 
     def __post_init__(self) -> None:
         names = [f.name for f in self.functions]
@@ -309,6 +360,20 @@ class ResourceSpec:
             unknown = (set(fn.sqs_consume) | set(fn.sqs_read_attributes)) - all_queues
             if unknown:
                 raise ValueError(f"function {fn.name!r} names unknown queues {sorted(unknown)}")
+        sm_names = [sm.name for sm in self.state_machines]
+        if len(set(sm_names)) != len(sm_names):
+            raise ValueError(f"duplicate state machine names in {sm_names}")
+        by_name = {fn.name: fn for fn in self.functions}
+        for sm in self.state_machines:
+            for _, fn_name in sm.substitutions:
+                if fn_name not in by_name:
+                    raise ValueError(f"state machine {sm.name!r} invokes unknown function {fn_name!r}")
+                if by_name[fn_name].trigger_kind != "task":
+                    raise ValueError(f"state machine {sm.name!r}: function {fn_name!r} must have trigger 'task'")
+        for fn in self.functions:
+            unknown = set(fn.sfn_start) - set(sm_names)
+            if unknown:
+                raise ValueError(f"function {fn.name!r} may start unknown state machines {sorted(unknown)}")
 
     def function(self, name: str) -> FunctionSpec:
         """The function spec called ``name`` (KeyError if none)."""
@@ -316,6 +381,13 @@ class ResourceSpec:
             if fn.name == name:
                 return fn
         raise KeyError(f"no function {name!r} in the resource spec")
+
+    def state_machine(self, name: str) -> StateMachineSpec:
+        """The state machine spec called ``name`` (KeyError if none)."""
+        for sm in self.state_machines:
+            if sm.name == name:
+                return sm
+        raise KeyError(f"no state machine {name!r} in the resource spec")
 
     def queue(self, name: str) -> QueueSpec:
         """The queue spec called ``name`` (KeyError if none)."""
@@ -417,6 +489,82 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         timeout_s=300,
         description="Turns every dead-lettered index message into a blocker",
     ),
+    # The bootstrap walk's Step Functions tasks (docs/walks.md): thin shells over lightmetrics.walk.
+    FunctionSpec(
+        "walk-begin",
+        "functions.walk_begin.app",
+        trigger="task",
+        table="write",  # the walk lease and checkpoint
+        timeout_s=60,
+        description="Bootstrap walk: take the lease; start a new epoch, resume one, or continue an execution",
+    ),
+    FunctionSpec(
+        "walk-plan",
+        "functions.walk_plan.app",
+        trigger="task",
+        # Partitions (agent, then boot) by ListObjectsV2 with a Delimiter. Stray keys outside the
+        # layout become blockers without being read.
+        s3_list=("accepted/v1/", "quarantine/v1/"),
+        table="write",  # lease, checkpoint, blockers
+        timeout_s=120,
+        description="Bootstrap walk: finished partitions out, the next ones in; routes the loop",
+    ),
+    FunctionSpec(
+        "walk-page",
+        "functions.walk_page.app",
+        trigger="task",
+        # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD) ...
+        s3_read=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"),
+        # ... and every derived entry they hang off (conditional creates only).
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/"),
+        # One page of a partition; and a missing blob or tombstone must be a 404, not a 403.
+        s3_list=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"),
+        table="write",  # lease, checkpoint, retry budgets, blockers
+        timeout_s=300,
+        memory_mb=1024,
+        description="Bootstrap walk: one page of one partition, every key repaired, then the checkpoint",
+    ),
+    FunctionSpec(
+        "walk-continue",
+        "functions.walk_continue.app",
+        trigger="task",
+        table="write",  # records the next execution in the checkpoint
+        sfn_start=("bootstrap-walk",),  # the same state machine, under the same lease and epoch
+        timeout_s=60,
+        description="Bootstrap walk: continue in a new execution (stays under the history limit)",
+    ),
+    FunctionSpec(
+        "walk-end",
+        "functions.walk_end.app",
+        trigger="task",
+        table="write",  # checkpoint, lease release, completeness watermarks
+        timeout_s=60,
+        description="Bootstrap walk: finish (watermark) or record a failure; release the lease",
+    ),
 )
 
-SPEC = ResourceSpec(bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS)
+#: Step Functions state machines; their ASL is in infra/statemachines/ (docs/walks.md).
+STATE_MACHINES: tuple[StateMachineSpec, ...] = (
+    StateMachineSpec(
+        "bootstrap-walk",
+        "BootstrapWalk",
+        "bootstrap_walk.asl.json",
+        substitutions=(
+            ("WalkBeginFunctionArn", "walk-begin"),
+            ("WalkPlanFunctionArn", "walk-plan"),
+            ("WalkPageFunctionArn", "walk-page"),
+            ("WalkContinueFunctionArn", "walk-continue"),
+            ("WalkEndFunctionArn", "walk-end"),
+        ),
+        # Weekly, Sunday 03:00 UTC: a full walk (the only kind that moves the watermark).
+        schedule="cron(0 3 ? * SUN *)",
+        schedule_input=json.dumps(
+            {"agent": None, "resume": False, "page_size": 1000, "parallelism": 4}, sort_keys=True
+        ),
+        description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
+    ),
+)
+
+SPEC = ResourceSpec(
+    bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS, state_machines=STATE_MACHINES
+)

@@ -38,6 +38,18 @@ class StoreAccessError(LightmetricsError):
 
 
 @dataclass(frozen=True)
+class ListPage:
+    """One ``ListObjectsV2`` response: keys (with sizes) in key order, common prefixes, and
+    whether more follow (``next_token`` continues a listing with a delimiter)."""
+
+    keys: list[str]
+    sizes: list[int]
+    prefixes: list[str]
+    truncated: bool
+    next_token: str | None = None
+
+
+@dataclass(frozen=True)
 class ObjectHead:
     key: str
     size: int
@@ -213,6 +225,33 @@ class S3ObjectStore:
             )
 
         return self._read(op, key)
+
+    def list_page(
+        self,
+        prefix: str,
+        *,
+        max_keys: int = 1000,
+        start_after: str | None = None,
+        delimiter: str | None = None,
+        continuation_token: str | None = None,
+    ) -> ListPage:
+        """One page of ``ListObjectsV2`` (transient failures retried like every read)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if continuation_token:
+            kwargs["ContinuationToken"] = continuation_token
+        page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix) or {}
+        contents = page.get("Contents", [])
+        return ListPage(
+            keys=[o["Key"] for o in contents],
+            sizes=[int(o.get("Size", 0)) for o in contents],
+            prefixes=[p["Prefix"] for p in page.get("CommonPrefixes", [])],
+            truncated=bool(page.get("IsTruncated")),
+            next_token=page.get("NextContinuationToken"),
+        )
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]:
         """Keys under ``prefix`` in key order, at most ``limit`` (paginated)."""

@@ -234,8 +234,11 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
 # --------------------------------------------------------------------------------- local, demo
 from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402  (registers after cli exists)
 from lightmetrics.cli.ops_cmds import blockers, reconcile_cmd, status_cmd  # noqa: E402
+from lightmetrics.cli.walk_cmds import verify_cmd, walk  # noqa: E402
 
-for command in (local, demo_cmd, blockers, status_cmd, reconcile_cmd):
+from lightmetrics.cli.pipeline_cmds import bench, inventory, pipeline, query_cmd  # noqa: E402
+
+for command in (local, demo_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, inventory, pipeline, query_cmd, bench):
     cli.add_command(command)
 
 

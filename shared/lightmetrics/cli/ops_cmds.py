@@ -124,7 +124,8 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 @config_options
 @json_option
 def status_cmd(settings: Settings, as_json: bool) -> None:
-    """Queue and DLQ depths, reconciler checkpoint and lag, open blockers (exit 1 if anything is stuck)."""
+    """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks
+    (exit 1 if anything is stuck)."""
     from lightmetrics.local.pump import queue_depth
     from lightmetrics.reconcile import Reconciler
     from lightmetrics.services import queue_probe
@@ -138,6 +139,9 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
         rec = Reconciler(ctx, settings, queue_probe(settings))
         cp = rec.checkpoint()
         open_blockers = len(ctx.blockers.list())
+        from lightmetrics.walk import read_watermarks
+
+        watermarks = read_watermarks(ctx.extras["table"])
     except Exception as exc:
         fail(f"cannot read status: {exc}", 4, as_json=as_json)
     lag = rec.lag_s()
@@ -146,6 +150,7 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
                        "last_run": _ts(cp.last_run_ns) if cp else None},
         "open_blockers": open_blockers,
+        "watermarks": {index: _ts(w) if w else None for index, w in watermarks.items()},
     }
     dlq_messages = sum(v for k, v in depths.items() if k.endswith("-dlq"))
     stuck = open_blockers > 0 or dlq_messages > 0
@@ -154,6 +159,8 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     else:
         console.print(grid("queues", ["queue", "#messages"], depths.items()))
         console.print(kv_table("reconciler", info["reconciler"].items()))
+        console.print(kv_table("completeness watermarks (W)", ((k, v or "(no clean full walk yet)")
+                                                                for k, v in info["watermarks"].items())))
         console.print(f"open blockers: {open_blockers}")
     sys.exit(EXIT_VIOLATIONS if stuck else EXIT_OK)
 

@@ -138,6 +138,7 @@ class FunctionHost:
         self._explicit = dict(functions) if functions is not None else None
         self._specs = {s.name: s for s in specs}
         self._loaded: dict[str, Handler] = {}
+        self._registered: dict[str, Handler] = {}
         self._lock = threading.Lock()
         #: Requests that reached moto, per AWS service (from the SigV4 credential scope). The
         #: demo and benchmarks read S3 request totals here, across every client process.
@@ -145,10 +146,19 @@ class FunctionHost:
 
     def names(self) -> list[str]:
         """Function names this host serves."""
-        return sorted(self._explicit if self._explicit is not None else self._specs)
+        base = self._explicit if self._explicit is not None else self._specs
+        return sorted(set(base) | set(self._registered))
+
+    def register(self, name: str, handler: Handler) -> None:
+        """Serve ``name`` with ``handler`` (e.g. a system's walk tasks bound to its own settings)."""
+        with self._lock:
+            self._registered[name] = handler
 
     def resolve(self, name: str) -> Handler | None:
         """The handler for ``name`` (importing it on first use), or None if not hosted here."""
+        with self._lock:
+            if name in self._registered:
+                return self._registered[name]
         if self._explicit is not None:
             return self._explicit.get(name)
         spec = self._specs.get(name)

@@ -22,9 +22,10 @@ from typing import Any, cast
 from botocore.exceptions import ClientError
 
 from lightmetrics.auth import TokenKeys
+from lightmetrics.local.function_host import ACCOUNT_ID
 from lightmetrics.resources import ResourceSpec
 
-__all__ = ["ProvisionError", "provision"]
+__all__ = ["ProvisionError", "provision", "queue_urls_setting", "state_machine_arns_setting"]
 
 
 class ProvisionError(RuntimeError):
@@ -56,12 +57,17 @@ def provision(
     secret_value: str | None = None,
     namespace: str = "",
     queue_name_prefix: str = "",
+    function_arn: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
-    """Converge bucket, control table, token secret, queues and bucket notifications to ``spec``.
+    """Converge bucket, control table, token secret, queues, bucket notifications and state
+    machines to ``spec``.
 
     ``namespace`` is the prefix namespace (``LM_PREFIX``) prepended to queue prefix filters;
-    ``queue_name_prefix`` is prepended to physical queue names (several systems in one moto).
-    Returns names, ARNs, the secret value, and ``created``: what did not exist before.
+    ``queue_name_prefix`` is prepended to physical queue, state machine and function names
+    (several systems in one moto). ``function_arn`` maps a function of the spec to the ARN its
+    state machine tasks invoke (default: the local function host's ARN of
+    ``queue_name_prefix + name``). Returns names, ARNs, the secret value, and ``created``: what
+    did not exist before.
     """
     client = _client_factory(session_or_clients)
     s3, ddb, sm = client("s3"), client("dynamodb"), client("secretsmanager")
@@ -175,6 +181,31 @@ def provision(
             ),
         )
 
+    # --- state machines: the same ASL files and substitution map as the CDK stack
+    state_machines: dict[str, dict[str, str]] = {}
+    if spec.state_machines:
+        from lightmetrics.statemachines import lambda_arn, render_definition
+
+        sfn = client("stepfunctions")
+        region = sfn.meta.region_name or "us-east-1"
+        resolve = function_arn or (lambda fn: lambda_arn(queue_name_prefix + fn, region=region))
+        existing: dict[str, str] = {}
+        for page in sfn.get_paginator("list_state_machines").paginate():
+            existing.update({m["name"]: m["stateMachineArn"] for m in page["stateMachines"]})
+        for sm in spec.state_machines:
+            name = queue_name_prefix + sm.logical_name
+            definition = render_definition(sm, resolve)
+            role = f"arn:aws:iam::{ACCOUNT_ID}:role/{name}-role"  # moto does not check it
+            if name in existing:
+                arn = existing[name]
+                sfn.update_state_machine(stateMachineArn=arn, definition=definition, roleArn=role)
+            else:
+                arn = sfn.create_state_machine(name=name, definition=definition, roleArn=role, type="STANDARD")[
+                    "stateMachineArn"
+                ]
+                created.append(f"state-machine:{sm.name}")
+            state_machines[sm.name] = {"arn": arn, "name": name, "definition": definition}
+
     return {
         "bucket": bucket,
         "bucket_arn": f"arn:aws:s3:::{bucket}",
@@ -184,8 +215,14 @@ def provision(
         "secret_arn": secret_arn,
         "secret_value": current,
         "queues": queues,
+        "state_machines": state_machines,
         "created": created,
     }
+
+
+def state_machine_arns_setting(made: dict[str, Any]) -> dict[str, str]:
+    """``LM_STATE_MACHINE_ARNS`` for what :func:`provision` made: logical name -> ARN."""
+    return {name: sm["arn"] for name, sm in made.get("state_machines", {}).items()}
 
 
 def queue_urls_setting(made: dict[str, Any]) -> dict[str, str]:

@@ -141,12 +141,30 @@ def _quiet_moto_handler() -> type:
 def runtime_client(endpoint_url: str, service: str, **kwargs: Any) -> Any:
     """A boto3 client for a local runtime at ``endpoint_url`` (dummy credentials, us-east-1)."""
     import boto3
+    import botocore.session
 
     params: dict[str, Any] = {"endpoint_url": endpoint_url, "region_name": REGION}
     params.update(_DUMMY_CREDENTIALS)
     params.update(kwargs)
     # A fresh session per client: boto3's default session is not safe to share across threads.
-    return boto3.session.Session().client(service, **params)
+    # The sessions share one botocore data loader, so service models and endpoint data are parsed
+    # once per process rather than once per client (about 250 ms each).
+    core = botocore.session.Session()
+    core.register_component("data_loader", _shared_loader())
+    return boto3.session.Session(botocore_session=core).client(service, **params)
+
+
+_LOADER: list[Any] = []
+_LOADER_LOCK = threading.Lock()
+
+
+def _shared_loader() -> Any:
+    import botocore.loaders
+
+    with _LOADER_LOCK:
+        if not _LOADER:
+            _LOADER.append(botocore.loaders.create_loader())
+        return _LOADER[0]
 
 
 def _cache_moto_module_list() -> None:
@@ -167,6 +185,32 @@ def _cache_moto_module_list() -> None:
 
     cached._lm_cached = True  # type: ignore[attr-defined]
     moto_backends.list_of_moto_modules = cached  # type: ignore[assignment]
+
+
+def _cache_moto_lambda_clients() -> None:
+    """Reuse one boto3 Lambda client per (region, port) in moto's Step Functions interpreter.
+
+    moto builds a fresh boto3 client for every Lambda task it runs (about 8 ms of CPU each, a
+    large share of a task's local cost); every such client points at this process's function
+    host, and botocore clients are thread-safe, so one per (region, ``MOTO_PORT``) serves all.
+    """
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
+
+    if getattr(lambda_eval_utils.boto_client_for, "_lm_cached", False):
+        return
+    original = lambda_eval_utils.boto_client_for
+    cache: dict[tuple[str, str, str | None], Any] = {}
+    lock = threading.Lock()
+
+    def cached(region: str, service: str, state_credentials: Any = None) -> Any:
+        key = (region, service, os.environ.get("MOTO_PORT"))
+        with lock:
+            if key not in cache:
+                cache[key] = original(region=region, service=service, state_credentials=state_credentials)
+            return cache[key]
+
+    cached._lm_cached = True  # type: ignore[attr-defined]
+    lambda_eval_utils.boto_client_for = cached  # type: ignore[assignment]
 
 
 class LocalRuntime:
@@ -223,6 +267,10 @@ class LocalRuntime:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
         _cache_moto_module_list()
+        _cache_moto_lambda_clients()
+        # moto logs every failed state (a refused walk start, a task error) at ERROR with a
+        # multi-kilobyte repr of the state; the execution history already records each failure.
+        logging.getLogger("moto.stepfunctions.parser.asl.component.eval_component").setLevel(logging.CRITICAL)
         sock = _listen(self.host, self.port)
         try:
             self.port = sock.getsockname()[1]
@@ -333,7 +381,10 @@ class RemoteRuntime:
         self.process = process
 
     @classmethod
-    def spawn(cls, port: int = 0, timeout_s: float = 30.0) -> "RemoteRuntime":
+    def spawn(cls, port: int = 0, timeout_s: float = 30.0, env: Mapping[str, str] | None = None) -> "RemoteRuntime":
+        """Start the server process. ``env`` (``LM_*``) configures the functions it hosts: the
+        state machines' Lambda tasks run there, resolved from the resource spec, and call back
+        into that same server (the child sets its own ``AWS_ENDPOINT_URL``)."""
         import subprocess
         import sys
         import tempfile
@@ -341,8 +392,9 @@ class RemoteRuntime:
         with tempfile.NamedTemporaryFile(prefix="lm-runtime-", suffix=".port", delete=False) as fh:
             port_file = fh.name
         os.unlink(port_file)
+        child_env = {**os.environ, **(env or {})}
         proc = subprocess.Popen([sys.executable, "-m", "lightmetrics.local.server", str(port), port_file],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env)
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(port_file) or not open(port_file).read().strip():
             if proc.poll() is not None:
@@ -378,8 +430,17 @@ def _serve_main(argv: list[str]) -> None:
     """``python -m lightmetrics.local.server PORT [PORT_FILE]``: serve until SIGTERM/SIGINT."""
     import signal
 
+    from lightmetrics.local.environment import QUIET_POWERTOOLS
+
     port = int(argv[0]) if argv else DEFAULT_PORT
     runtime = LocalRuntime(port=port).start()
+    # Functions hosted here (Step Functions Lambda tasks) talk to this server, whatever the
+    # parent's environment pointed at.
+    os.environ.update({"AWS_ENDPOINT_URL": runtime.endpoint_url, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION})
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    for name, value in QUIET_POWERTOOLS.items():
+        os.environ.setdefault(name, value)
     if len(argv) > 1:
         with open(argv[1] + ".tmp", "w") as fh:
             fh.write(str(runtime.port))

@@ -1,10 +1,14 @@
 """The whole system on the embedded runtime: resources, configuration, event pump, schedules.
 
 ``lmctl local up``, ``lmctl demo`` and the tests all assemble the system here, from the one
-resource spec: provision the bucket, control table, token secret, index queues with their DLQs
-and the bucket notifications; build the settings every component reads; run the indexers behind
-an :class:`~lightmetrics.local.pump.EventPump` and the reconciler and DLQ sweeper on a
-:class:`~lightmetrics.local.pump.Scheduler`.
+resource spec: provision the bucket, control table, token secret, index queues with their DLQs,
+the bucket notifications and the state machines (the same ASL files as the CDK stack); build the
+settings every component reads; run the indexers behind an
+:class:`~lightmetrics.local.pump.EventPump` and the reconciler and DLQ sweeper on a
+:class:`~lightmetrics.local.pump.Scheduler`. The state machines' Lambda tasks (the walk) run in
+the runtime's function host: in-process, bound to this system's settings and clock, when the
+runtime is a :class:`LocalRuntime`; resolved from the spec and ``LM_*`` in the server process
+when it is a :class:`~lightmetrics.local.server.RemoteRuntime` (the demo).
 
 Example:
     >>> system = LocalSystem(runtime, bucket="b-1", table="t-1").provision()      # doctest: +SKIP
@@ -15,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +28,7 @@ from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.config import Settings
 from lightmetrics.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
-from lightmetrics.local.provision import provision, queue_urls_setting
+from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.reconcile import Reconciler, SqsCountProbe
@@ -65,9 +70,60 @@ class LocalSystem:
                               queue_name_prefix=self.queue_name_prefix)
         self.settings = Settings.from_env(
             {}, bucket=self.bucket, table=self.table, prefix=self.prefix, auth_secret_id=self.secret_name,
-            queue_urls=queue_urls_setting(self.made), queue_probe="count", **self.overrides,
+            queue_urls=queue_urls_setting(self.made), state_machine_arns=state_machine_arns_setting(self.made),
+            queue_probe="count", **self.overrides,
         )
+        self.register_task_functions()
         return self
+
+    # -- state machine tasks ----------------------------------------------------------------------
+    def function_name(self, name: str) -> str:
+        """The local (physical) name of a spec function: what the state machines invoke."""
+        return self.queue_name_prefix + name
+
+    def register_task_functions(self, *, counter: Any = None,
+                                wrap: Callable[[str, Any], Any] | None = None) -> list[str]:
+        """Host the walk tasks in this process, bound to this system (no-op for a remote runtime).
+
+        ``counter`` (a RequestCounter) counts their S3/DynamoDB requests; ``wrap(step, handler)``
+        lets tests put a fault in front of a task. Registering again replaces the handlers.
+        """
+        from lightmetrics.walk import TASK_STEPS, walk_task_handler
+
+        host = getattr(self.runtime, "function_host", None)
+        if host is None or self.settings is None:
+            return []
+        settings = self.settings
+        shared: list[WorkContext] = []  # one context (and its clients) for the five tasks
+        lock = threading.Lock()
+
+        def context(s: Any, **kw: Any) -> WorkContext:
+            with lock:
+                if not shared:
+                    shared.append(self.work_context(component="walk", counter=counter, **kw))
+                return shared[0]
+
+        names = []
+        for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):
+            step = TASK_STEPS[fn]
+            handler = walk_task_handler(
+                step, settings_factory=lambda: settings, work_context_factory=context,
+                sfn_factory=lambda: self.runtime.boto3_client("stepfunctions"),
+            )
+            host.register(self.function_name(fn), wrap(step, handler) if wrap else handler)
+            names.append(self.function_name(fn))
+        return names
+
+    def state_machine_arn(self, name: str = "bootstrap-walk") -> str:
+        assert self.settings is not None
+        return self.settings.state_machine_arns[name]
+
+    def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.walk.WalkControl` for this system's bootstrap walk."""
+        from lightmetrics.walk import WalkControl
+
+        return WalkControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+                           self.state_machine_arn(), **kwargs)
 
     # -- configuration for other processes --------------------------------------------------------
     def setting_values(self) -> dict[str, Any]:
@@ -76,6 +132,7 @@ class LocalSystem:
 
         return {"bucket": self.bucket, "table": self.table, "prefix": self.prefix,
                 "auth_secret_id": self.secret_name, "queue_urls": json.dumps(self.settings.queue_urls),
+                "state_machine_arns": json.dumps(self.settings.state_machine_arns),
                 "queue_probe": "count", **{k: v for k, v in self.overrides.items()}}
 
     def environment(self) -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""The walk_end function."""

@@ -1,0 +1,232 @@
+"""The data pipeline in AWS (issue 7): an EMR Serverless application, the jobs' role, the Step
+Functions state machine that starts the jobs, their schedules, and alarms on failed runs.
+
+It is a *nested stack* of the main stack (the brief's "optional Spark stack"): the main template
+keeps exactly the resources the resource spec describes, and the pipeline's resources live in
+their own template, wired to the main stack's bucket, ops bucket, control table and alarm topic.
+
+* ``Application`` — ``AWS::EMRServerless::Application``, Spark, release ``emr-spark-8.0.0``
+  (Apache Spark 4.0), auto-start on submission, auto-stop when idle, a maximum capacity.
+* ``JobRole`` — assumed by ``emr-serverless.amazonaws.com`` (scoped to this account). Exactly
+  what the jobs do: GET/HEAD under the layout prefixes they read, PUT (conditional creates — the
+  bucket policy enforces it) under ``rollup/v1/``, ``index/v1/``, ``manifests/v1/`` and
+  ``audit/v1/`` only, LIST with an ``s3:prefix`` condition (a HEAD of a missing key must be a
+  404, not a 403), the inventory reports and job artifacts in the ops bucket, job logs under
+  ``emr/logs/``, and on the control table GetItem/PutItem/UpdateItem limited by
+  ``dynamodb:LeadingKeys`` to ``lease#rollup`` and ``checkpoint#reconcile``. No delete anywhere.
+* ``Machine`` — from ``infra/statemachines/pipeline.asl.json`` with ``${Placeholders}`` filled by
+  CloudFormation's DefinitionSubstitutions (the pattern of the other state machines); its task
+  is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and daily audit
+  schedules start it. moto cannot run this task: locally ``lmctl pipeline audit|rollup`` is the
+  entry point (docs/pipeline.md).
+* Alarms: ``PipelineExecutionsFailed`` (the state machine's ``ExecutionsFailed``: a failed job run
+  fails its execution) and ``PipelineJobRunsFailed`` (an EventBridge rule on EMR Serverless
+  "Job Run State Change" to FAILED for this application; its ``TriggeredRules`` metric), both to
+  the main stack's alarm topic.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aws_cdk import ArnFormat, Duration, NestedStack, Stack
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_emrserverless as emrs
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_stepfunctions as sfn
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+
+from infra.config import InfraConfig
+
+ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
+RELEASE_LABEL = "emr-spark-8.0.0"
+ARTIFACTS_PREFIX = "emr/"  # in the ops bucket: emr_main.py, the dependency archive, logs/
+INVENTORY_ID = "daily-parquet"  # storage.INVENTORY_ID
+INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
+
+#: layout prefixes the jobs read (GET/HEAD) and write (conditional create)
+READ_PREFIXES = ("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs/v1/",
+                 "raw-blobs-by-time/v1/", "quarantine/v1/", "quarantine-by-blob/v1/", "manifests/v1/", "rollup/v1/",
+                 "index/v1/", "retention/v1/", "audit/v1/")
+WRITE_PREFIXES = ("rollup/v1/", "index/v1/", "manifests/v1/", "audit/v1/")
+#: control-table partitions the jobs touch (docs/control-table.md)
+TABLE_KEYS = ("lease#rollup", "checkpoint#reconcile")
+PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParameters", "LogUri", "InventoryLocation")
+
+
+def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horizon_s: int, archive_uri: str) -> str:
+    """``--conf`` flags of every job: the packed virtualenv as Python, and the LM_* settings."""
+    env = {"LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table, "LM_RETRY_HORIZON_S": str(retry_horizon_s)}
+    confs = [
+        f"spark.archives={archive_uri}#environment",
+        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON=./environment/bin/python",
+        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON=./environment/bin/python",
+        "spark.executorEnv.PYSPARK_PYTHON=./environment/bin/python",
+        "spark.sql.execution.arrow.pyspark.enabled=true",
+    ]
+    for k, v in env.items():
+        confs.append(f"spark.emr-serverless.driverEnv.{k}={v}")
+        confs.append(f"spark.executorEnv.{k}={v}")
+    return " ".join(f"--conf {c}" for c in confs)
+
+
+class Pipeline(NestedStack):
+    def __init__(self, scope: Construct, construct_id: str, *, config: InfraConfig, bucket: s3.IBucket,
+                 ops_bucket: s3.IBucket, table_arn: str, table_name: str, alarm_topic: sns.ITopic) -> None:
+        super().__init__(scope, construct_id, description="Lightmetrics data pipeline: EMR Serverless jobs, "
+                         "their role, the state machine that starts them, alarms")
+        ns = config.prefix
+        stack = Stack.of(self)
+
+        self.application = emrs.CfnApplication(
+            self, "Application",
+            name=f"{config.stack_name}-pipeline",
+            release_label=RELEASE_LABEL,
+            type="SPARK",
+            architecture="X86_64",
+            auto_start_configuration=emrs.CfnApplication.AutoStartConfigurationProperty(enabled=True),
+            auto_stop_configuration=emrs.CfnApplication.AutoStopConfigurationProperty(enabled=True,
+                                                                                      idle_timeout_minutes=15),
+            maximum_capacity=emrs.CfnApplication.MaximumAllowedResourcesProperty(cpu="16 vCPU", memory="64 GB",
+                                                                                 disk="200 GB"),
+        )
+
+        # -- the jobs' role: exactly what audit and rollup do -------------------------------------------
+        self.job_role = iam.Role(
+            self, "JobRole",
+            assumed_by=iam.ServicePrincipal("emr-serverless.amazonaws.com", conditions={
+                "StringEquals": {"aws:SourceAccount": stack.account}}),
+            description="Lightmetrics pipeline jobs (EMR Serverless): read the layout, create rollups and audits",
+        )
+        obj = lambda b, prefixes: [f"{b.bucket_arn}/{p}*" for p in prefixes]  # noqa: E731
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadLayout", actions=["s3:GetObject"], resources=obj(bucket, [ns + p for p in READ_PREFIXES])))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="CreateRollupsAndAudits", actions=["s3:PutObject"],
+            resources=obj(bucket, [ns + p for p in WRITE_PREFIXES])))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ListLayout", actions=["s3:ListBucket"], resources=[bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [ns + p + "*" for p in READ_PREFIXES]}}))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadInventoryAndArtifacts", actions=["s3:GetObject"],
+            resources=obj(ops_bucket, [f"{INVENTORY_PREFIX}/*", ARTIFACTS_PREFIX])))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ListInventory", actions=["s3:ListBucket"], resources=[ops_bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{INVENTORY_PREFIX}/*"]}}))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="WriteJobLogs", actions=["s3:PutObject"], resources=obj(ops_bucket, [f"{ARTIFACTS_PREFIX}logs/"])))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="LeaseAndCheckpoint", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+            resources=[table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(TABLE_KEYS)}}))
+
+        # -- the state machine that starts the jobs ---------------------------------------------------------
+        artifacts = f"s3://{ops_bucket.bucket_name}/{ARTIFACTS_PREFIX}"
+        substitutions = {
+            "ApplicationId": self.application.attr_application_id,
+            "JobRoleArn": self.job_role.role_arn,
+            "EntryPoint": f"{artifacts}emr_main.py",
+            "SparkSubmitParameters": spark_submit_parameters(
+                bucket=bucket.bucket_name, prefix=ns, table=table_name,
+                retry_horizon_s=config.settings.retry_horizon_s, archive_uri=f"{artifacts}pipeline_venv.tar.gz"),
+            "LogUri": f"{artifacts}logs/",
+            "InventoryLocation": f"s3://{ops_bucket.bucket_name}/{INVENTORY_PREFIX}/{bucket.bucket_name}/{INVENTORY_ID}/",
+        }
+        text = ASL_FILE.read_text()
+        self.definition = text
+        self.substitutions = substitutions
+        app_arn = stack.format_arn(service="emr-serverless", resource="/applications",
+                                   resource_name=self.application.attr_application_id,
+                                   arn_format=ArnFormat.SLASH_RESOURCE_NAME)
+        self.machine_role = iam.Role(
+            self, "MachineRole", assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
+            description="Lightmetrics pipeline state machine: starts and watches the EMR Serverless job runs")
+        self.machine_role.add_to_policy(iam.PolicyStatement(
+            sid="StartJobRuns", actions=["emr-serverless:StartJobRun"], resources=[app_arn]))
+        self.machine_role.add_to_policy(iam.PolicyStatement(
+            sid="WatchJobRuns", actions=["emr-serverless:GetJobRun", "emr-serverless:CancelJobRun"],
+            resources=[f"{app_arn}/jobruns/*"]))
+        self.machine_role.add_to_policy(iam.PolicyStatement(
+            sid="PassJobRole", actions=["iam:PassRole"], resources=[self.job_role.role_arn],
+            conditions={"StringEquals": {"iam:PassedToService": "emr-serverless.amazonaws.com"}}))
+        self.machine_role.add_to_policy(iam.PolicyStatement(
+            sid="SyncIntegrationRule", actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resources=[stack.format_arn(service="events", resource="rule",
+                                        resource_name="StepFunctionsGetEventsForEMRServerlessJobRule")]))
+        self.log_group = logs.LogGroup(self, "MachineLogs", retention=logs.RetentionDays.ONE_MONTH)
+        self.machine = sfn.StateMachine(
+            self, "Machine",
+            state_machine_name=f"{config.stack_name}-Pipeline",
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            definition_body=sfn.DefinitionBody.from_string(text),
+            definition_substitutions=substitutions,
+            role=self.machine_role,
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
+        )
+        self.schedules = {}
+        for name, expression, job in (("Rollup", "cron(20 * * * ? *)", "rollup"), ("Audit", "cron(30 6 * * ? *)", "audit")):
+            rule = events.Rule(self, f"{name}Schedule", description=f"pipeline {job}: {expression}",
+                               schedule=events.Schedule.expression(expression),
+                               targets=[targets.SfnStateMachine(self.machine, input=events.RuleTargetInput.from_object(
+                                   {"job": job}))])
+            self.schedules[job] = rule
+
+        # -- alarms on failed runs ----------------------------------------------------------------------------
+        self.failed_rule = events.Rule(
+            self, "JobRunFailed", description="EMR Serverless job run of the pipeline application FAILED",
+            event_pattern=events.EventPattern(
+                source=["aws.emr-serverless"], detail_type=["EMR Serverless Job Run State Change"],
+                detail={"state": ["FAILED"], "applicationId": [self.application.attr_application_id]}),
+        )  # no target needed: the alarm reads the rule's TriggeredRules metric
+        self.alarms = {
+            "PipelineExecutionsFailed": cw.Alarm(
+                self, "ExecutionsFailed", alarm_name=f"{config.stack_name}-PipelineExecutionsFailed",
+                alarm_description="A pipeline state machine execution failed (docs/pipeline.md, Alarms)",
+                metric=self.machine.metric_failed(period=Duration.minutes(5), statistic="Sum"),
+                threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING),
+            "PipelineJobRunsFailed": cw.Alarm(
+                self, "JobRunsFailed", alarm_name=f"{config.stack_name}-PipelineJobRunsFailed",
+                alarm_description="An EMR Serverless job run of the pipeline failed (docs/pipeline.md, Alarms)",
+                metric=cw.Metric(namespace="AWS/Events", metric_name="TriggeredRules",
+                                 dimensions_map={"RuleName": self.failed_rule.rule_name},
+                                 statistic="Sum", period=Duration.minutes(5)),
+                threshold=1, evaluation_periods=1, comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING),
+        }
+        for alarm in self.alarms.values():
+            alarm.add_alarm_action(cw_actions.SnsAction(alarm_topic))
+
+        NagSuppressions.add_resource_suppressions(self.job_role, [NagPackSuppression(
+            id="AwsSolutions-IAM5",
+            reason="Object actions are granted per key-layout prefix (docs/protocol.md §3): keys are content- or "
+                   "identity-addressed, so `<prefix>*` is the narrowest grant; the bucket policy still forces "
+                   "conditional creates there, and the role has no delete at all.")], apply_to_children=True)
+        NagSuppressions.add_resource_suppressions(self.machine_role, [NagPackSuppression(
+            id="AwsSolutions-IAM5",
+            reason="Job runs get their ids at start time, so GetJobRun/CancelJobRun are granted on this application's "
+                   "jobruns/*; CDK adds xray and log-delivery actions that support no resource-level permissions.")],
+            apply_to_children=True)
+
+
+def asl_placeholders() -> set[str]:
+    import re
+
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", ASL_FILE.read_text()))
+
+
+def asl_document() -> dict:  # type: ignore[type-arg]
+    return json.loads(ASL_FILE.read_text())
+
+
+__all__ = ["ASL_FILE", "PLACEHOLDERS", "Pipeline", "READ_PREFIXES", "RELEASE_LABEL", "TABLE_KEYS", "WRITE_PREFIXES",
+           "asl_document", "asl_placeholders", "spark_submit_parameters"]

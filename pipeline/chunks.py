@@ -1,0 +1,406 @@
+"""Rollup objects: the chunk (``.lmrollup.zst``), its index entry (``.lmindex.zst``) and the
+hour's rollup manifest (``manifests/v1/.../generation=N.json``), plus the quantile sketch.
+
+Pure functions, no Spark, no I/O: the rollup job, ``lmctl query`` and the tests share them. The
+normative description (byte layout, field meanings, reader rules) is ``docs/pipeline.md``.
+
+Sketch: DDSketch (the ``ddsketch`` library, Datadog's maintained implementation) with a
+logarithmic mapping at 1 % relative accuracy and unbounded dense stores. It is *mergeable
+exactly* (merging adds bins, so a 1 h sketch merged from twelve 5 m sketches has the same bins as
+one built from the samples) and *deterministic* (no randomness), so a rerun writes byte-identical
+chunks. KLL (Apache DataSketches) was considered: its compaction is randomized, so two runs
+over the same samples would serialize differently.
+
+Example:
+    >>> agg = aggregate_window([1.0, 2.0, 3.0], [10, 20, 30], ["m", "m", "m"], [0, 1, 2], 0)
+    >>> (agg.count, agg.sum, agg.last)
+    (3, 6.0, 3.0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zstandard
+
+from lightmetrics.keys import ROLLUP_WINDOWS, UtcHour
+from lightmetrics.manifests import canonical_json
+
+CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
+INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
+MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v1"
+CHUNK_MAGIC = b"LMRC"
+CHUNK_VERSION = 1
+SKETCH_VERSION = 1
+SKETCH_RELATIVE_ACCURACY = 0.01
+ZSTD_LEVEL = 3
+
+WINDOW_NS: dict[str, int] = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
+assert tuple(WINDOW_NS) == ROLLUP_WINDOWS
+
+_HEADER = struct.Struct(">4sBI")  # magic, version, header length
+_U32 = struct.Struct(">I")
+_ROW = struct.Struct(">qQQddddqI")  # window_start, count, nan_count, sum, min, max, last, last_ts, sketch_len
+_SKETCH_HEAD = struct.Struct(">Bdd")  # version, relative accuracy, zero count
+_BIN = struct.Struct(">id")  # bin key, count
+
+
+class ChunkFormatError(ValueError):
+    """Bytes that are not a valid rollup object."""
+
+
+# ---------------------------------------------------------------------------------- sketches
+
+
+def new_sketch() -> Any:
+    from ddsketch import DDSketch
+
+    return DDSketch(SKETCH_RELATIVE_ACCURACY)
+
+
+def sketch_of(values: Iterable[float]) -> Any:
+    """A DDSketch of the finite values (NaN and ±inf are not quantile-able and are left out)."""
+    sk = new_sketch()
+    add = sk.add
+    for v in values:
+        if math.isfinite(v):
+            add(v)
+    return sk
+
+
+def merge_sketches(sketches: Iterable[Any]) -> Any:
+    out = new_sketch()
+    for sk in sketches:
+        out.merge(sk)
+    return out
+
+
+def _store_bytes(store: Any) -> bytes:
+    """``u32 n | n × (i32 key, f64 count)``: the non-empty bins in increasing key order."""
+    if not store.count:
+        return _U32.pack(0)
+    bins = [(k, store.bins[k - store.offset]) for k in range(store.min_key, store.max_key + 1)]
+    bins = [(k, c) for k, c in bins if c]
+    return _U32.pack(len(bins)) + b"".join(_BIN.pack(k, c) for k, c in bins)
+
+
+def serialize_sketch(sk: Any) -> bytes:
+    """``u8 version | f64 relative_accuracy | f64 zero_count | store(+) | store(-)`` (docs/pipeline.md)."""
+    return (_SKETCH_HEAD.pack(SKETCH_VERSION, sk._mapping.relative_accuracy, float(sk._zero_count))
+            + _store_bytes(sk._store) + _store_bytes(sk._negative_store))
+
+
+def _read_store(data: bytes, pos: int, store: Any) -> int:
+    if pos + _U32.size > len(data):
+        raise ChunkFormatError("truncated sketch store")
+    (n,) = _U32.unpack_from(data, pos)
+    pos += _U32.size
+    if pos + _BIN.size * n > len(data):
+        raise ChunkFormatError("truncated sketch bins")
+    prev = None
+    for _ in range(n):
+        key, count = _BIN.unpack_from(data, pos)
+        pos += _BIN.size
+        if (prev is not None and key <= prev) or not count > 0:
+            raise ChunkFormatError("sketch bins must have increasing keys and positive counts")
+        store.add(key, count)
+        prev = key
+    return pos
+
+
+def deserialize_sketch(data: bytes) -> Any:
+    from ddsketch.ddsketch import BaseDDSketch
+    from ddsketch.mapping import LogarithmicMapping
+    from ddsketch.store import DenseStore
+
+    if len(data) < _SKETCH_HEAD.size:
+        raise ChunkFormatError("truncated sketch")
+    version, accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
+    if version != SKETCH_VERSION:
+        raise ChunkFormatError(f"unsupported sketch version {version}")
+    pos_store, neg_store = DenseStore(), DenseStore()
+    pos = _read_store(data, _SKETCH_HEAD.size, pos_store)
+    pos = _read_store(data, pos, neg_store)
+    if pos != len(data):
+        raise ChunkFormatError("bytes after the sketch")
+    return BaseDDSketch(LogarithmicMapping(accuracy), pos_store, neg_store, zero)
+
+
+def quantile(sk: Any, q: float) -> float | None:
+    return None if sk.count == 0 else float(sk.get_quantile_value(q))
+
+
+# ------------------------------------------------------------------------------- aggregation
+
+
+@dataclass(frozen=True)
+class WindowAgg:
+    """The aggregates of one series in one sample-time window.
+
+    ``count`` counts every sample; ``nan_count`` those whose value is NaN. ``sum``/``min``/``max``
+    are over the non-NaN values (``min``/``max`` are NaN when there are none; ±inf take part).
+    ``last`` is the value of the latest sample by ``(ts_unix_ns, manifest-id, sample index)``, so
+    it is deterministic when timestamps tie. ``sketch`` covers the finite values.
+    """
+
+    window_start_ns: int
+    count: int
+    nan_count: int
+    sum: float
+    min: float
+    max: float
+    last: float
+    last_ts_ns: int
+    sketch: bytes
+
+    def to_json(self) -> dict[str, Any]:
+        sk = deserialize_sketch(self.sketch)
+        return {"window_start_ns": self.window_start_ns, "count": self.count, "nan_count": self.nan_count,
+                "sum": self.sum, "min": self.min, "max": self.max, "last": self.last, "last_ts_ns": self.last_ts_ns,
+                "p50": quantile(sk, 0.5), "p90": quantile(sk, 0.9), "p99": quantile(sk, 0.99)}
+
+
+def exact_sum(values: Sequence[float]) -> float:
+    """The rollup's ``sum``: correctly rounded (``math.fsum``) and so independent of the order in
+    which samples arrive; with an infinity present, IEEE addition (inf, -inf or NaN)."""
+    if all(math.isfinite(v) for v in values):
+        return float(math.fsum(values))
+    return float(sum(values))
+
+
+def _last_key(ts: int, manifest_id: str, ordinal: int) -> tuple[int, str, int]:
+    return (ts, manifest_id, ordinal)
+
+
+def aggregate_window(values: Sequence[float], ts: Sequence[int], manifest_ids: Sequence[str],
+                     ordinals: Sequence[int], window_start_ns: int, sketch: Any = None) -> WindowAgg:
+    """Aggregate one window's samples (the reference definition; ``sketch`` may be prebuilt)."""
+    finite_or_inf = [v for v in values if not math.isnan(v)]
+    best = max(range(len(values)), key=lambda i: _last_key(ts[i], manifest_ids[i], ordinals[i]))
+    sk = sketch if sketch is not None else sketch_of(values)
+    return WindowAgg(
+        window_start_ns=window_start_ns,
+        count=len(values),
+        nan_count=len(values) - len(finite_or_inf),
+        sum=exact_sum(finite_or_inf),
+        min=min(finite_or_inf) if finite_or_inf else math.nan,
+        max=max(finite_or_inf) if finite_or_inf else math.nan,
+        last=float(values[best]),
+        last_ts_ns=int(ts[best]),
+        sketch=serialize_sketch(sk),
+    )
+
+
+def merge_aggs(aggs: Sequence[WindowAgg]) -> WindowAgg:
+    """Merge aggregates of the same window from several chunks (several acceptance hours)."""
+    if len(aggs) == 1:
+        return aggs[0]
+    non_nan_min = [a.min for a in aggs if not math.isnan(a.min)]
+    non_nan_max = [a.max for a in aggs if not math.isnan(a.max)]
+    latest = max(aggs, key=lambda a: (a.last_ts_ns, a.last if not math.isnan(a.last) else -math.inf))
+    return WindowAgg(
+        window_start_ns=aggs[0].window_start_ns,
+        count=sum(a.count for a in aggs),
+        nan_count=sum(a.nan_count for a in aggs),
+        sum=float(sum(a.sum for a in aggs)),
+        min=min(non_nan_min) if non_nan_min else math.nan,
+        max=max(non_nan_max) if non_nan_max else math.nan,
+        last=latest.last,
+        last_ts_ns=latest.last_ts_ns,
+        sketch=serialize_sketch(merge_sketches(deserialize_sketch(a.sketch) for a in aggs)),
+    )
+
+
+def window_start(ts_ns: int, window: str) -> int:
+    w = WINDOW_NS[window]
+    return (ts_ns // w) * w
+
+
+# ------------------------------------------------------------------------------------ series
+
+
+def series_key(metric: str, labels: Iterable[tuple[str, str]]) -> str:
+    """The canonical text of a series: ``["<metric>",[["k","v"],...]]`` with labels sorted by key."""
+    return canonical_json([metric, [list(p) for p in sorted(labels)]]).decode("utf-8")
+
+
+def parse_series(key: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    metric, labels = json.loads(key)
+    return metric, tuple((k, v) for k, v in labels)
+
+
+def chunk_id(hour: UtcHour, window: str, series: str, generation: int, manifest_ids: Iterable[str]) -> str:
+    """sha256 over (hour, window, series, generation, sorted manifest-ids) — system.md §14.
+
+    The hashed bytes are the canonical JSON of
+    ``{"generation": g, "hour": "YYYY-MM-DDTHH", "manifest_ids": [sorted], "series": s, "window": w}``.
+    """
+    doc = {"hour": str(hour), "window": window, "series": series, "generation": generation,
+           "manifest_ids": sorted(manifest_ids)}
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def inputs_digest(manifest_ids: Iterable[str]) -> str:
+    """sha256 of the hour's sorted input manifest-ids joined by ``\\n`` (the generation's inputs)."""
+    return hashlib.sha256("\n".join(sorted(manifest_ids)).encode("utf-8")).hexdigest()
+
+
+# ------------------------------------------------------------------------------------ chunks
+
+
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True, write_checksum=False,
+                                    write_dict_id=False).compress(data)
+
+
+def _unzstd(data: bytes, what: str) -> bytes:
+    try:
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=256 * 1024 * 1024)
+    except zstandard.ZstdError as exc:
+        raise ChunkFormatError(f"{what}: not a zstd frame: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One decoded chunk: its header fields and its rows (sorted by window start)."""
+
+    header: dict[str, Any]
+    rows: tuple[WindowAgg, ...]
+
+    @property
+    def metric(self) -> str:
+        return str(self.header["metric"])
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {k: v for k, v in self.header["labels"]}
+
+    @property
+    def window(self) -> str:
+        return str(self.header["window"])
+
+
+def chunk_header(*, hour: UtcHour, window: str, series: str, generation: int, chunk_id_: str,
+                 manifest_ids: Sequence[str], ts_min: int, ts_max: int, samples: int, rows: int) -> dict[str, Any]:
+    metric, labels = parse_series(series)
+    return {
+        "schema": CHUNK_SCHEMA,
+        "hour": str(hour),
+        "window": window,
+        "window_ns": WINDOW_NS[window],
+        "metric": metric,
+        "labels": [list(p) for p in labels],
+        "series": series,
+        "generation": generation,
+        "chunk_id": chunk_id_,
+        "manifest_ids": sorted(manifest_ids),
+        "sample_ts_min_ns": ts_min,
+        "sample_ts_max_ns": ts_max,
+        "samples": samples,
+        "rows": rows,
+        "sketch": {"kind": "ddsketch", "mapping": "logarithmic", "relative_accuracy": SKETCH_RELATIVE_ACCURACY},
+    }
+
+
+def encode_chunk(header: dict[str, Any], rows: Sequence[WindowAgg]) -> bytes:
+    """``zstd( "LMRC" | u8 1 | u32 len | header JSON | u32 rows | row* )`` — see docs/pipeline.md."""
+    head = canonical_json(header)
+    parts = [_HEADER.pack(CHUNK_MAGIC, CHUNK_VERSION, len(head)), head, _U32.pack(len(rows))]
+    for r in sorted(rows, key=lambda r: r.window_start_ns):
+        parts.append(_ROW.pack(r.window_start_ns, r.count, r.nan_count, r.sum, r.min, r.max, r.last, r.last_ts_ns,
+                               len(r.sketch)))
+        parts.append(r.sketch)
+    return _zstd(b"".join(parts))
+
+
+def decode_chunk(data: bytes) -> Chunk:
+    body = _unzstd(data, "chunk")
+    if len(body) < _HEADER.size:
+        raise ChunkFormatError("chunk too short")
+    magic, version, head_len = _HEADER.unpack_from(body, 0)
+    if magic != CHUNK_MAGIC:
+        raise ChunkFormatError("bad chunk magic")
+    if version != CHUNK_VERSION:
+        raise ChunkFormatError(f"unsupported chunk version {version}")
+    pos = _HEADER.size
+    try:
+        header = json.loads(body[pos:pos + head_len])
+    except ValueError:
+        raise ChunkFormatError("chunk header is not JSON") from None
+    if header.get("schema") != CHUNK_SCHEMA:
+        raise ChunkFormatError("chunk header schema")
+    pos += head_len
+    (n,) = _U32.unpack_from(body, pos)
+    pos += _U32.size
+    rows = []
+    for _ in range(n):
+        if pos + _ROW.size > len(body):
+            raise ChunkFormatError("truncated chunk row")
+        ws, count, nan_count, s, lo, hi, last, last_ts, sk_len = _ROW.unpack_from(body, pos)
+        pos += _ROW.size
+        sketch = body[pos:pos + sk_len]
+        if len(sketch) != sk_len:
+            raise ChunkFormatError("truncated chunk sketch")
+        pos += sk_len
+        rows.append(WindowAgg(ws, count, nan_count, s, lo, hi, last, last_ts, bytes(sketch)))
+    if pos != len(body):
+        raise ChunkFormatError("bytes after the last chunk row")
+    return Chunk(header, tuple(rows))
+
+
+def encode_index_entry(entry: dict[str, Any]) -> bytes:
+    return _zstd(canonical_json({"schema": INDEX_SCHEMA, **entry}))
+
+
+def decode_index_entry(data: bytes) -> dict[str, Any]:
+    doc = json.loads(_unzstd(data, "index entry"))
+    if doc.get("schema") != INDEX_SCHEMA:
+        raise ChunkFormatError("index entry schema")
+    return doc
+
+
+# ------------------------------------------------------------------------------ the manifest
+
+
+def manifest_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int, input_sha256: str,
+                   skipped: Sequence[dict[str, str]], chunks: Sequence[dict[str, Any]]) -> bytes:
+    """The hour's commit point. Its content is a pure function of the inputs: no wall-clock, no
+    owner, so a rerun of the same generation produces the same bytes."""
+    ordered = sorted(chunks, key=lambda c: (c["metric"], json.dumps(c["labels"]), c["window"]))
+    doc = {
+        "schema": MANIFEST_SCHEMA,
+        "hour": str(hour),
+        "generation": generation,
+        "supersedes": supersedes,
+        "inputs": {"count": input_count, "sha256": input_sha256},
+        "skipped": sorted(skipped, key=lambda s: s["manifest_id"]),
+        "chunks": ordered,
+        "totals": {"chunks": len(ordered), "series": len({c["series"] for c in ordered}),
+                   "samples": sum(c["samples"] for c in ordered if c["window"] == "1h")},
+    }
+    return canonical_json(doc)
+
+
+def parse_manifest(data: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise ChunkFormatError("rollup manifest is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA:
+        raise ChunkFormatError("not a rollup manifest")
+    return doc
+
+
+__all__ = [
+    "CHUNK_SCHEMA", "INDEX_SCHEMA", "MANIFEST_SCHEMA", "SKETCH_RELATIVE_ACCURACY", "WINDOW_NS",
+    "Chunk", "ChunkFormatError", "WindowAgg", "aggregate_window", "chunk_header", "chunk_id", "decode_chunk",
+    "decode_index_entry", "deserialize_sketch", "encode_chunk", "encode_index_entry", "inputs_digest",
+    "manifest_bytes", "merge_aggs", "merge_sketches", "new_sketch", "parse_manifest", "parse_series", "quantile",
+    "serialize_sketch", "series_key", "sketch_of", "window_start",
+]

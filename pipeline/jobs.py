@@ -1,0 +1,102 @@
+"""Job entry points: the same functions run under ``lmctl`` locally and under spark-submit on EMR
+Serverless (``pipeline/emr_main.py`` is the ``entryPoint`` file; see docs/pipeline.md).
+
+Example (EMR Serverless ``entryPointArguments``)::
+
+    ["audit", "--inventory", "s3://<ops-bucket>/inventory/<bucket>/daily-parquet/"]
+    ["rollup", "--lookback-hours", "24"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.config import Settings
+from lightmetrics.keys import UtcHour, hours_between
+
+from pipeline.s3io import S3Access
+
+
+def _spark(master: str | None) -> Any:
+    from pipeline.session import get_spark
+
+    return get_spark("lightmetrics-pipeline", master=master)
+
+
+def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_ns: int | None = None,
+              access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]") -> Any:
+    from pipeline.audit import run_audit
+    from pipeline.inventory import inventory_dataframe, open_report
+
+    access = access or S3Access.from_settings(settings, component="pipeline-audit")
+    spark = spark or _spark(master)
+    report = open_report(inventory_location, access)
+    if report.source_bucket != access.bucket:
+        from pipeline.inventory import InventoryError
+
+        raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
+    df = inventory_dataframe(spark, report, access)
+    now_s = (now_ns if now_ns is not None else time.time_ns()) // 1_000_000_000
+    return run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=settings.retry_horizon_s,
+                     inventory_info=report.to_json())
+
+
+def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
+    """The reconciler's checkpoint: the first hour not yet closed (hours before it are closed)."""
+    from lightmetrics.reconcile import CHECKPOINT_PK, CHECKPOINT_SK
+
+    item = table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+    return UtcHour(int(item["hour_start_s"])) if item else None
+
+
+def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hours: int = 24, allow_open: bool = False,
+               recompute: bool = False, owner: str | None = None, access: S3Access | None = None, spark: Any = None,
+               clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]") -> Any:
+    from lightmetrics.services import control_table
+
+    from pipeline.rollup import RollupJob
+
+    access = access or S3Access.from_settings(settings, component="pipeline-rollup")
+    table = table or control_table(settings)
+    first_open = closed_boundary(settings, table)
+    if hours is None:
+        now_hour = UtcHour.of_unix_ns(clock.now_ns())
+        end = now_hour if allow_open else (first_open + (-1) if first_open else None)
+        if end is None:
+            hours = []
+        else:
+            hours = hours_between(end + (-(lookback_hours - 1)), end)
+    spark = spark or _spark(master)
+    job = RollupJob(spark, access, table=table, clock=clock, owner=owner)
+    return job.run(hours, first_open=first_open, allow_open=allow_open, recompute=recompute)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit entry point (EMR Serverless): configuration from LM_* in the job's environment."""
+    parser = argparse.ArgumentParser(prog="lightmetrics-pipeline")
+    sub = parser.add_subparsers(dest="job", required=True)
+    a = sub.add_parser("audit")
+    a.add_argument("--inventory", required=True)
+    a.add_argument("--run-id", required=True)
+    r = sub.add_parser("rollup")
+    r.add_argument("--hour", action="append", default=[])
+    r.add_argument("--lookback-hours", type=int, default=24)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    if args.job == "audit":
+        report = audit_job(settings, args.inventory, run_id=args.run_id, master=None)
+        print(json.dumps(report.to_json(), sort_keys=True))
+        return 1 if report.violations else 0
+    report = rollup_job(settings, [UtcHour.parse(h) for h in args.hour] or None, lookback_hours=args.lookback_hours,
+                        master=None)
+    print(json.dumps(report.to_json(), sort_keys=True))
+    return 1 if report.skipped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Reading rollups back (``lmctl query``) and plotting them.
+
+A query names a metric, optional label filters, a sample-time range ``[from, to)`` and a window.
+Rollup hours are *acceptance* hours, and a batch is accepted after its samples were taken (at
+most the agents' retry horizon later, plus clock skew), so the reader looks at acceptance hours
+from ``hour(from) - 1`` to ``hour(to) + accept_lag``. For each hour it takes the **highest
+committed generation** — the largest ``generation=N`` listed under ``manifests/v1/<hour>/``
+(a manifest is written after all its chunks, so a listed one is complete; lower generations are
+superseded and ignored) — selects the chunks of that manifest whose metric, window, labels and
+sample-time range match, GETs and decodes them, and merges the rows of the same series and
+window start across hours (counts and sums add, min/max combine, ``last`` is the latest sample,
+sketches merge exactly).
+
+No Spark: a query reads a few manifests and chunks with a thread pool.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from lightmetrics.keys import UtcHour, hours_between
+
+from pipeline import chunks as C
+from pipeline.rollup import read_committed
+from pipeline.s3io import S3Access, Tally, store, task_tally
+
+STATS = ("mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99")
+_NS = 1_000_000_000
+
+
+def parse_time(text: str, now_ns: int) -> int:
+    """``2025-11-24T16:00:00Z`` (or without seconds/zone, UTC), unix seconds, ``now``, ``-90m``/``-2h``/``-1d``."""
+    t = text.strip()
+    if t == "now":
+        return now_ns
+    m = re.fullmatch(r"-(\d+)([smhd])", t)
+    if m:
+        return now_ns - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] * _NS
+    if re.fullmatch(r"\d{9,11}", t):
+        return int(t) * _NS
+    for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H"):
+        try:
+            return int(datetime.strptime(t, fmt).replace(tzinfo=timezone.utc).timestamp()) * _NS
+        except ValueError:
+            continue
+    raise ValueError(f"cannot read time {text!r} (use 2025-11-24T16:00:00Z, unix seconds, now, or -2h)")
+
+
+def iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / _NS, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Series:
+    labels: dict[str, str]
+    points: list[C.WindowAgg]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"labels": self.labels, "points": [{"t": iso(p.window_start_ns), **_json_safe(p.to_json())}
+                                                  for p in self.points]}
+
+
+def _json_safe(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+@dataclass
+class QueryResult:
+    metric: str
+    window: str
+    start_ns: int
+    end_ns: int
+    label_filter: dict[str, str]
+    series: list[Series] = field(default_factory=list)
+    generations: dict[str, int] = field(default_factory=dict)
+    chunks_read: int = 0
+    requests: Tally = field(default_factory=Tally)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "window": self.window, "from": iso(self.start_ns), "to": iso(self.end_ns),
+                "labels": self.label_filter, "generations": self.generations, "chunks_read": self.chunks_read,
+                "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
+
+
+def stat_value(p: C.WindowAgg, stat: str) -> float | None:
+    if stat == "mean":
+        n = p.count - p.nan_count
+        return p.sum / n if n else None
+    if stat in ("count", "sum", "min", "max", "last"):
+        return float(getattr(p, stat))
+    sk = C.deserialize_sketch(p.sketch)
+    return C.quantile(sk, {"p50": 0.5, "p90": 0.9, "p99": 0.99}[stat])
+
+
+def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, window: str = "5m",
+              labels: dict[str, str] | None = None, accept_lag_hours: int = 24, workers: int = 16) -> QueryResult:
+    if window not in C.WINDOW_NS:
+        raise ValueError(f"window must be one of {', '.join(C.WINDOW_NS)}")
+    if end_ns <= start_ns:
+        raise ValueError("--to must be after --from")
+    labels = dict(labels or {})
+    result = QueryResult(metric, window, start_ns, end_ns, labels)
+    hours = hours_between(UtcHour.of_unix_ns(start_ns) + (-1), UtcHour.of_unix_ns(end_ns - 1) + accept_lag_hours)
+    with task_tally() as tally, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-query") as pool:
+        manifests = list(pool.map(lambda h: read_committed(access, h), hours))
+        wanted: list[tuple[UtcHour, dict[str, Any]]] = []
+        for hour, doc in zip(hours, manifests):
+            if doc is None:
+                continue
+            result.generations[str(hour)] = int(doc["generation"])
+            for c in doc["chunks"]:
+                if c["metric"] != metric or c["window"] != window:
+                    continue
+                chunk_labels = {k: v for k, v in c["labels"]}
+                if any(chunk_labels.get(k) != v for k, v in labels.items()):
+                    continue
+                if c["sample_ts_max_ns"] < start_ns - C.WINDOW_NS[window] or c["sample_ts_min_ns"] >= end_ns:
+                    continue
+                wanted.append((hour, c))
+        st = store(access)
+        codec = access.codec
+        bodies = list(pool.map(lambda hc: st.get(codec.rollup_chunk(window, hc[0], metric, hc[1]["chunk_id"])), wanted))
+    result.requests.add(tally)
+    result.chunks_read = len(wanted)
+    merged: dict[str, dict[int, list[C.WindowAgg]]] = {}
+    label_of: dict[str, dict[str, str]] = {}
+    for (hour, c), body in zip(wanted, bodies):
+        if body is None:
+            raise RuntimeError(f"chunk {c['chunk_id']} of committed generation in {hour} is missing")
+        chunk = C.decode_chunk(body)
+        label_of[c["series"]] = chunk.labels
+        rows = merged.setdefault(c["series"], {})
+        for r in chunk.rows:
+            if start_ns <= r.window_start_ns < end_ns:
+                rows.setdefault(r.window_start_ns, []).append(r)
+    for key in sorted(merged, key=lambda k: sorted(label_of[k].items())):
+        points = [C.merge_aggs(v) for _, v in sorted(merged[key].items())]
+        result.series.append(Series(label_of[key], points))
+    return result
+
+
+def plot(result: QueryResult, path: str, stat: str = "mean") -> str:
+    """Draw one line per series (the chosen statistic per window) into a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=100)
+    for s in result.series:
+        xs, ys = [], []
+        for p in s.points:
+            v = stat_value(p, stat)
+            if v is not None and math.isfinite(v):
+                xs.append(datetime.fromtimestamp(p.window_start_ns / _NS, tz=timezone.utc))
+                ys.append(v)
+        label = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) or "(no labels)"
+        ax.plot(xs, ys, marker=".", linewidth=1.2, label=label)
+    filt = ",".join(f"{k}={v}" for k, v in sorted(result.label_filter.items()))
+    ax.set_title(f"{result.metric}{'{' + filt + '}' if filt else ''} — {stat} per {result.window}")
+    ax.set_xlabel("sample time (UTC)")
+    ax.set_ylabel(stat)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=timezone.utc))
+    ax.grid(True, alpha=0.3)
+    if result.series and len(result.series) <= 12:
+        ax.legend(fontsize=7, loc="best")
+    elif not result.series:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+__all__ = ["STATS", "QueryResult", "Series", "iso", "parse_time", "plot", "run_query", "stat_value"]

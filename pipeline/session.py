@@ -1,0 +1,87 @@
+"""The one SparkSession factory of the pipeline.
+
+Locally (tests, the CLI, the demo) the session is ``local[2]`` with few shuffle partitions and
+Arrow on; the Python workers run this interpreter (``PYSPARK_PYTHON``), so they import
+``lightmetrics`` and ``pipeline`` from the same environment. On EMR Serverless the master and
+the Python executable come from the job's ``sparkSubmitParameters`` (docs/pipeline.md): the
+factory then only adds the SQL settings (``master=None`` keeps whatever spark-submit set).
+
+Example:
+    >>> spark = get_spark()                       # doctest: +SKIP
+    >>> spark.conf.get("spark.sql.execution.arrow.pyspark.enabled")   # doctest: +SKIP
+    'true'
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+#: Settings every session gets (local and EMR).
+BASE_CONF: dict[str, str] = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+#: Additional settings for the local session (2 cores, small data).
+LOCAL_CONF: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.adaptive.coalescePartitions.enabled": "true",
+}
+
+LOCAL_MASTER = "local[2]"
+
+
+def get_spark(
+    app_name: str = "lightmetrics-pipeline",
+    *,
+    master: str | None = LOCAL_MASTER,
+    conf: Mapping[str, Any] | None = None,
+) -> Any:
+    """Return the process's SparkSession, creating it on first use.
+
+    ``master=None`` is for spark-submit (EMR Serverless): it leaves the master to the launcher.
+    ``conf`` adds settings (e.g. ``spark.driver.maxResultSize``); they take effect only when this
+    call creates the session — a running session is returned as it is.
+    """
+    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if master is not None:
+        # The workers must run this interpreter: it has pyarrow, pandas and our packages.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+        for key, value in LOCAL_CONF.items():
+            builder = builder.config(key, value)
+    for key, value in {**BASE_CONF, **{k: str(v) for k, v in (conf or {}).items()}}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def stop_spark() -> None:
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+__all__ = ["BASE_CONF", "LOCAL_CONF", "LOCAL_MASTER", "get_spark", "stop_spark"]

@@ -1,0 +1,261 @@
+"""The data pipeline's commands: ``inventory snapshot``, ``pipeline audit|rollup``, ``query``,
+``bench pipeline``. Locally the CLI is the jobs' entry point (moto cannot run the EMR Serverless
+task of the Step Functions state machine); in AWS the same functions run under spark-submit
+(``pipeline/jobs.py``, docs/pipeline.md).
+
+Exit codes as everywhere: 0 ok; 1 violations found (audit: integrity or derived entries without
+a source; rollup: inputs that could not be read, or a recomputed generation that differs);
+2 invalid input; 4 S3/DynamoDB unavailable; 5 the rollup lease is held by another run, or
+another owner committed the generation first.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.output import (
+    EXIT_LEASE_HELD,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    fail,
+    grid,
+    kv_table,
+)
+from lightmetrics.config import Settings
+
+
+def _access(settings: Settings, component: str) -> Any:
+    from pipeline.s3io import S3Access
+
+    return S3Access.from_settings(settings, component=component)
+
+
+def _now_ns(as_of: str | None, as_json: bool) -> int:
+    import time
+
+    from pipeline.query import parse_time
+
+    now = time.time_ns()
+    if not as_of:
+        return now
+    try:
+        return parse_time(as_of, now)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+
+
+# ------------------------------------------------------------------------------- inventory
+@click.group()
+def inventory() -> None:
+    """S3 Inventory reports (manifest.json + Parquet or CSV.gz data files, AWS's format)."""
+
+
+@inventory.command("snapshot")
+@click.option("--destination", default=None,
+              help="s3://BUCKET/PREFIX or a local directory (default: s3://<LM_BUCKET>/inventory).")
+@click.option("--format", "file_format", type=click.Choice(["parquet", "csv"]), default="parquet", show_default=True)
+@click.option("--rows-per-file", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@config_options
+@json_option
+def inventory_snapshot(destination: str | None, file_format: str, rows_per_file: int, settings: Settings,
+                       as_json: bool) -> None:
+    """List the authority namespace (every version, like the stack's daily inventory) and write an
+    inventory report of it, so local audits read the real format."""
+    from pipeline.inventory import Destination, InventoryError, snapshot
+
+    dest = Destination.parse(destination or f"s3://{settings.bucket}/inventory")
+    try:
+        written = snapshot(_access(settings, "inventory"), dest, file_format="Parquet" if file_format == "parquet" else "CSV",
+                           rows_per_file=rows_per_file)
+    except InventoryError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except Exception as exc:  # S3 unreachable
+        fail(f"inventory snapshot failed: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    if as_json:
+        emit_json(written.to_json())
+    else:
+        console.print(kv_table("inventory report written", written.to_json().items()))
+
+
+# -------------------------------------------------------------------------------- pipeline
+@click.group()
+def pipeline() -> None:
+    """The Spark jobs: inventory audit and hourly rollups (local[2] here, EMR Serverless in AWS)."""
+
+
+@pipeline.command("audit")
+@click.option("--inventory", "inventory_location", default=None,
+              help="manifest.json or a prefix/directory above it (s3://... or local); default: the latest "
+                   "report under s3://<LM_BUCKET>/inventory/.")
+@click.option("--run-id", default=None, help="Run id (default: UTC time + random suffix).")
+@click.option("--as-of", default=None, help="Judge ages (retry horizon) as of this time (default: now).")
+@config_options
+@json_option
+def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: str | None, settings: Settings,
+                   as_json: bool) -> None:
+    """Audit the bucket from an inventory report; confirmed findings go to audit/v1/run=<id>/.
+
+    Exit 1 if integrity violations or derived entries without a source were confirmed.
+    """
+    import secrets
+    from datetime import datetime, timezone
+
+    from pipeline.jobs import audit_job
+    from pipeline.inventory import InventoryError
+
+    now_ns = _now_ns(as_of, as_json)
+    run_id = run_id or datetime.fromtimestamp(now_ns / 1e9, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ") + \
+        "-" + secrets.token_hex(3)
+    try:
+        report = audit_job(settings, inventory_location or f"s3://{settings.bucket}/inventory/", run_id=run_id,
+                           now_ns=now_ns, access=_access(settings, "pipeline-audit"))
+    except InventoryError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    code = EXIT_VIOLATIONS if report.violations else EXIT_OK
+    if as_json:
+        emit_json({**report.to_json(), "summary_key": report.summary_key, "exit_code": code})
+    else:
+        rows = [(c, report.candidates.get(c, 0), report.confirmed.get(c, 0), len(report.files.get(c, [])))
+                for c in report.candidates]
+        console.print(grid(f"audit run {report.run_id} ({report.rows_scanned} inventory rows, {report.seconds:.1f} s)",
+                           ["finding", "#candidates", "#confirmed", "#files"], rows))
+        console.print(f"summary: s3://{settings.bucket}/{report.summary_key}")
+    sys.exit(code)
+
+
+@pipeline.command("rollup")
+@click.option("--hour", "hours", multiple=True, help="Acceptance hour YYYY-MM-DDTHH (repeatable). Default: the "
+              "closed hours of the last --lookback-hours.")
+@click.option("--lookback-hours", type=click.IntRange(1, 24 * 31), default=24, show_default=True,
+              help="Closed hours before the reconciler checkpoint to (re)check for new or late batches.")
+@click.option("--allow-open-hour", is_flag=True,
+              help="Also roll up hours the reconciler has not closed (the demo only: a later run supersedes "
+                   "the generation when more batches arrive).")
+@click.option("--recompute", is_flag=True, help="Recompute up-to-date hours; every write must answer 412.")
+@click.option("--owner", default=None, help="Owner id for the lease (default: random).")
+@config_options
+@json_option
+def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour: bool, recompute: bool,
+                    owner: str | None, settings: Settings, as_json: bool) -> None:
+    """Roll closed acceptance hours up into rollup/v1/ chunks, index/v1/ entries and a committed
+    manifests/v1/ generation (exit 5 if another run holds the lease or committed first)."""
+    from lightmetrics.keys import UtcHour
+    from pipeline.jobs import rollup_job
+    from pipeline.lease import LeaseHeld, LeaseLost
+    from pipeline.rollup import GenerationTaken, NondeterministicRollup
+
+    try:
+        wanted = [UtcHour.parse(h) for h in hours]
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    try:
+        report = rollup_job(settings, wanted or None, lookback_hours=lookback_hours, allow_open=allow_open_hour,
+                            recompute=recompute, owner=owner, access=_access(settings, "pipeline-rollup"))
+    except (LeaseHeld, LeaseLost, GenerationTaken) as exc:
+        fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
+    except NondeterministicRollup as exc:
+        fail(str(exc), EXIT_VIOLATIONS, as_json=as_json)
+    code = EXIT_VIOLATIONS if report.skipped else EXIT_OK
+    if as_json:
+        emit_json({**report.to_json(), "exit_code": code})
+    else:
+        rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.chunks, h.samples, len(h.skipped),
+                 ", ".join(f"{k} {v}" for k, v in sorted(h.writes.items()))) for h in report.hours]
+        console.print(grid(f"rollup ({report.seconds:.1f} s, owner {report.owner})",
+                           ["hour", "status", "generation", "#inputs", "#series", "#chunks", "#samples", "#skipped",
+                            "writes"], rows))
+        for h in report.hours:
+            for s in h.skipped[:10]:
+                console.print(f"[red]skipped[/] {h.hour} {s['manifest_id']}: {s['reason']}")
+    sys.exit(code)
+
+
+# ----------------------------------------------------------------------------------- query
+@click.command("query")
+@click.option("--metric", required=True, help="Metric name.")
+@click.option("--label", "labels", multiple=True, help="k=v label filter (repeatable).")
+@click.option("--from", "start", required=True, help="Start (inclusive): 2025-11-24T16:00:00Z, unix s, now, -2h.")
+@click.option("--to", "end", required=True, help="End (exclusive), same forms.")
+@click.option("--window", type=click.Choice(["1m", "5m", "1h"]), default="5m", show_default=True)
+@click.option("--stat", type=click.Choice(["mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99"]),
+              default="mean", show_default=True, help="What the table and the plot show.")
+@click.option("--accept-lag-hours", type=click.IntRange(0, 24 * 31), default=24, show_default=True,
+              help="How long after their samples batches may have been accepted (rollup hours are acceptance hours).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG chart here.")
+@config_options
+@json_option
+def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window: str, stat: str,
+              accept_lag_hours: int, plot_path: str | None, settings: Settings, as_json: bool) -> None:
+    """Read a metric back from the committed rollups (the highest generation of each hour)."""
+    import time
+
+    from pipeline.query import iso, parse_time, plot, run_query, stat_value
+
+    now = time.time_ns()
+    try:
+        start_ns, end_ns = parse_time(start, now), parse_time(end, now)
+        label_filter = dict(_label(lbl) for lbl in labels)
+        result = run_query(_access(settings, "query"), metric, start_ns=start_ns, end_ns=end_ns, window=window,
+                           labels=label_filter, accept_lag_hours=accept_lag_hours)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except Exception as exc:
+        fail(f"query failed: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    if plot_path:
+        plot(result, plot_path, stat)
+    if as_json:
+        emit_json({**result.to_json(), "plot": plot_path})
+        return
+    rows = []
+    for s in result.series:
+        name = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+        for p in s.points:
+            v = stat_value(p, stat)
+            rows.append((name, iso(p.window_start_ns), p.count, "" if v is None else f"{v:.4g}"))
+    console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, {result.chunks_read} chunks)",
+                       ["series", "window start", "#samples", stat], rows))
+    if plot_path:
+        console.print(f"plot: {plot_path}")
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--label must look like key=value, got {text!r}")
+    return key, value
+
+
+# ----------------------------------------------------------------------------------- bench
+@click.group()
+def bench() -> None:
+    """Benchmarks (not tests): they print measured throughput."""
+
+
+@bench.command("pipeline")
+@click.option("--inventory-keys", type=click.IntRange(min=1000), default=1_000_000, show_default=True)
+@click.option("--batches", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--samples-per-batch", type=click.IntRange(1, 200_000), default=500, show_default=True)
+@json_option
+def bench_pipeline(inventory_keys: int, batches: int, samples_per_batch: int, as_json: bool) -> None:
+    """Audit rows/s on a generated inventory, rollup samples/s, and the vectorized decoder against
+    a per-row UDF baseline — on an embedded local runtime started for the run."""
+    from pipeline.bench import run_bench
+
+    result = run_bench(inventory_keys=inventory_keys, batches=batches, samples_per_batch=samples_per_batch,
+                       progress=None if as_json else console.print)
+    if as_json:
+        emit_json(result)
+    else:
+        console.print(kv_table("pipeline benchmark", result.items()))
+
+
+#: registered by lightmetrics.cli.main
+PIPELINE_COMMANDS = (inventory, pipeline, query_cmd, bench)

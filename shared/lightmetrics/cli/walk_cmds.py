@@ -1,0 +1,262 @@
+"""``lmctl walk start|status`` (bootstrap walks on Step Functions) and ``lmctl verify`` (the oracle).
+
+The walk runs in Step Functions (``LM_STATE_MACHINE_ARNS`` names the ``bootstrap-walk`` state
+machine; the stack output ``BootstrapWalkArn``); these commands start an execution, watch the
+checkpoint it keeps in the control table and read the completeness watermarks. See docs/walks.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.output import (
+    EXIT_LEASE_HELD,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    fail,
+    grid,
+    kv_table,
+)
+from lightmetrics.config import Settings
+
+STATE_MACHINE = "bootstrap-walk"
+_SUMMARY_FIELDS = ("scope", "epoch", "status", "started_at_ns", "updated_at_ns", "executions", "resumes", "execution",
+                   "partitions_found", "partitions_done", "enumeration_complete", "in_progress", "keys",
+                   "keys_accepted", "keys_quarantine", "pages", "repairs", "outcomes", "keys_per_s", "eta_s",
+                   "watermark_ns", "watermark_withheld", "error")
+
+
+def _ts(ns: Any) -> str | None:
+    if not ns:
+        return None
+    return datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _duration(seconds: Any) -> str | None:
+    if seconds is None:
+        return None
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
+    from lightmetrics.services import work_context
+
+    try:
+        return work_context(settings, component="cli")
+    except Exception as exc:
+        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+
+
+def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
+    import boto3
+
+    from lightmetrics.walk import WalkControl
+
+    arn = settings.state_machine_arns.get(STATE_MACHINE)
+    if not arn:
+        fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
+             '{"bootstrap-walk": "<stack output BootstrapWalkArn>"}', EXIT_USAGE, as_json=as_json)
+    return WalkControl(_ctx(settings, as_json), boto3.session.Session().client("stepfunctions"), arn)
+
+
+@click.group()
+def walk() -> None:
+    """Bootstrap walks: complete, resumable reconciliation of accepted/v1/ and quarantine/v1/."""
+
+
+def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    outcomes = summary.get("outcomes") or {}
+    return [
+        ("scope", summary.get("scope")),
+        ("epoch", summary.get("epoch")),
+        ("status", summary.get("status")),
+        ("started", _ts(summary.get("started_at_ns"))),
+        ("executions", summary.get("executions")),
+        ("resumes", summary.get("resumes")),
+        ("partitions", f"{summary.get('partitions_done', 0)}/{summary.get('partitions_found', 0)}"
+                       + ("" if summary.get("enumeration_complete") else " (still enumerating)")),
+        ("in progress", ", ".join(summary.get("in_progress") or []) or "-"),
+        ("keys walked", summary.get("keys")),
+        ("pages", summary.get("pages")),
+        ("repairs (DONE)", summary.get("repairs")),
+        ("already complete (NOOP_RESOLVED)", outcomes.get("NOOP_RESOLVED")),
+        ("blocked", outcomes.get("BLOCKED")),
+        ("skipped (operator)", outcomes.get("SKIPPED")),
+        ("retry later (seen)", outcomes.get("RETRY_LATER")),
+        ("keys/s", summary.get("keys_per_s")),
+        ("ETA (estimate)", _duration(summary.get("eta_s"))),
+        ("watermark set", _ts(summary.get("watermark_ns")) or summary.get("watermark_withheld")),
+        ("error", summary.get("error")),
+    ]
+
+
+def _follow(control: Any, started: Any, as_json: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if as_json:
+        return control.follow(started, poll_s=0.25)
+    with Progress(TextColumn("[bold]walk epoch {task.fields[epoch]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("partitions · {task.fields[keys]} keys · {task.fields[repairs]} repairs · "
+                             "{task.fields[rate]} keys/s · ETA {task.fields[eta]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as progress:
+        task = progress.add_task("walk", total=None, epoch=started.epoch, keys=0, repairs=0, rate="-", eta="-")
+
+        def update(summary: dict[str, Any]) -> None:
+            found = summary.get("partitions_found") or 0
+            progress.update(task, total=found if summary.get("enumeration_complete") else None,
+                            completed=summary.get("partitions_done") or 0, keys=summary.get("keys", 0),
+                            repairs=summary.get("repairs", 0), rate=summary.get("keys_per_s") or "-",
+                            eta=_duration(summary.get("eta_s")) or "-")
+
+        return control.follow(started, on_progress=update, poll_s=0.25)
+
+
+@walk.command("start")
+@click.option("--agent", default=None, help="Walk only this agent's partitions (never moves the watermark).")
+@click.option("--resume", is_flag=True, help="Continue the last crashed, failed or stopped walk of this scope "
+                                            "within its epoch (otherwise a new epoch starts from the beginning).")
+@click.option("--wait", is_flag=True, help="Follow the walk with a progress bar; exit 1 if it failed.")
+@click.option("--page-size", type=int, default=None, help="Keys per page (1-1000, default 1000).")
+@click.option("--parallelism", type=int, default=None, help="Partitions walked at once (1-10, default 4).")
+@click.option("--max-rounds", type=int, default=None,
+              help="Rounds of pages per execution before it continues in a new one (capped by the history bound).")
+@click.option("--lease-seconds", type=int, default=None, help="Walk lease duration, renewed every page (default 900).")
+@config_options
+@json_option
+def walk_start(agent: str | None, resume: bool, wait: bool, page_size: int | None, parallelism: int | None,
+               max_rounds: int | None, lease_seconds: int | None, settings: Settings, as_json: bool) -> None:
+    """Start a bootstrap walk execution (exit 5 if another walk holds the lease)."""
+    from lightmetrics.walk import InvalidWalkInput, LeaseHeld, NothingToResume
+
+    control = _control(settings, as_json)
+    try:
+        started = control.start(agent=agent, resume=resume, page_size=page_size, parallelism=parallelism,
+                                max_rounds=max_rounds, lease_seconds=lease_seconds)
+    except LeaseHeld as exc:
+        fail(f"not started: {exc}", EXIT_LEASE_HELD, as_json=as_json)
+    except (InvalidWalkInput, NothingToResume) as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except (ClientError, BotoCoreError, TimeoutError) as exc:
+        fail(f"cannot start the walk: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    info: dict[str, Any] = {"execution_arn": started.execution_arn, "epoch": started.epoch, "scope": started.scope,
+                            "resumed": resume}
+    if not wait:
+        if as_json:
+            emit_json({**info, "status": "running"})
+        else:
+            console.print(kv_table("walk started", info.items()))
+            console.print("follow with: lmctl walk status")
+        sys.exit(EXIT_OK)
+    result = _follow(control, started, as_json)
+    info.update(status=result.status, executions=result.executions, detail=result.detail, summary=result.summary)
+    if as_json:
+        emit_json(info)
+    else:
+        style = "green" if result.status == "finished" else "red"
+        console.print(kv_table(f"[{style}]walk {result.status}[/]", _summary_rows(result.summary)))
+        if result.detail:
+            console.print(f"[red]{result.detail}[/]")
+    sys.exit(EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS)
+
+
+@walk.command("status")
+@click.option("--agent", default=None, help="Status of the walk scoped to this agent.")
+@click.option("--follow", is_flag=True, help="Follow a running walk with a progress bar (exit 1 if it fails).")
+@config_options
+@json_option
+def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bool) -> None:
+    """The walk lease, the checkpoint (partitions, keys, repairs, keys/s, ETA) and the watermarks."""
+    from lightmetrics.walk import Started, read_watermarks
+
+    control = _control(settings, as_json)
+    try:
+        lease = control.lease()
+        cp = control.checkpoint(agent)
+        watermarks = read_watermarks(control.table)
+    except (ClientError, BotoCoreError) as exc:
+        fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    now = control.ctx.clock.now_ns()
+    live = bool(lease and int(lease.get("expires_at_ns", 0)) > now)
+    lease_info = {
+        "held": live,
+        "epoch": (lease or {}).get("epoch"),
+        "scope": (lease or {}).get("scope"),
+        "execution": (lease or {}).get("execution"),
+        "expires": _ts((lease or {}).get("expires_at_ns")) if live else None,
+    }
+    summary = {k: cp.get(k) for k in _SUMMARY_FIELDS} if cp else None
+    if follow and live and summary and lease and lease.get("checkpoint_pk") == cp.get("pk"):  # type: ignore[union-attr]
+        started = Started(str(lease["execution"]), int(lease["epoch"]), str(lease["checkpoint_pk"]),
+                          str(lease.get("scope", "all")))
+        result = _follow(control, started, as_json)
+        summary = result.summary
+        code = EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS
+    else:
+        code = EXIT_OK
+    info = {"lease": lease_info, "walk": summary,
+            "watermarks": {k: {"w_ns": v, "w": _ts(v)} for k, v in watermarks.items()}}
+    if as_json:
+        emit_json(info)
+    else:
+        console.print(kv_table("walk lease", lease_info.items()))
+        if summary:
+            console.print(kv_table("walk", _summary_rows(summary)))
+        else:
+            console.print("no walk has run for this scope")
+        console.print(grid("completeness watermarks", ["index", "W"],
+                           [(k, _ts(v) or "(none yet)") for k, v in watermarks.items()]))
+    sys.exit(code)
+
+
+@click.command("verify")
+@click.option("--strict", is_flag=True, help="Require every derived entry, not only those before the watermark "
+                                             "(for a quiet system, e.g. right after a walk).")
+@click.option("--max-listed", type=int, default=20, show_default=True, help="Violations printed per kind.")
+@config_options
+@json_option
+def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool) -> None:
+    """Check every bucket-wide invariant; print each violation with its keys (exit 1 on any)."""
+    from lightmetrics.errors import LightmetricsError
+    from lightmetrics.verify import verify
+
+    ctx = _ctx(settings, as_json)
+    try:
+        report = verify(ctx, strict=strict)
+    except (LightmetricsError, ClientError, BotoCoreError) as exc:
+        fail(f"cannot verify: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    if as_json:
+        emit_json(report.to_json())
+        sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)
+    console.print(grid("objects per prefix", ["prefix", "#objects"], sorted(report.counts.items())))
+    console.print(kv_table("checked", list(report.checked.items()) + [(f"pending ({k}, after W)", v)
+                                                                      for k, v in sorted(report.pending.items())]))
+    console.print(grid("completeness watermarks", ["index", "W"],
+                       [(k, _ts(v) or "(none yet)") for k, v in report.watermarks.items()]))
+    shown: dict[str, int] = {}
+    for v in report.violations:
+        shown[v.kind] = shown.get(v.kind, 0) + 1
+        if shown[v.kind] <= max_listed:
+            console.print(f"[red]violation[/] {v.kind}: {v.detail}")
+            for key in v.keys:
+                console.print(f"    {key}")
+    for kind, n in shown.items():
+        if n > max_listed:
+            console.print(f"[red]... and {n - max_listed} more {kind} violations (--json lists all)[/]")
+    for w in report.warnings[:max_listed]:
+        console.print(f"[yellow]warning[/] {w.kind}: {w.detail}: {', '.join(w.keys)}")
+    for a in report.acknowledged:
+        console.print(f"[dim]acknowledged (blocker skipped)[/] {a.kind}: {a.detail}: {', '.join(a.keys)}")
+    label = "[bold green]no violations[/]" if report.ok else f"[bold red]{len(report.violations)} violations[/]"
+    console.print(f"{label}, {len(report.warnings)} warnings, {len(report.acknowledged)} acknowledged")
+    sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)

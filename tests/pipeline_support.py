@@ -1,0 +1,87 @@
+"""Helpers shared by tests/test_pipeline*.py: a provisioned local system per test, accepted and
+indexed batches with varied samples, and an independent (plain Python) rollup reference."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from conftest import FAST, T0_NS
+from lightmetrics.accept import accept_batch
+from lightmetrics.frame import Sample, decode_frame, encode_frame
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.indexing import index_accepted, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.services import accept_context
+from pipeline.s3io import S3Access
+
+H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
+WINDOWS = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
+
+
+def make_system(runtime: Any, clock: Any, **overrides: Any) -> LocalSystem:
+    tag = uuid.uuid4().hex[:10]
+    return LocalSystem(runtime, bucket=f"lm-pl-{tag}", table=f"lm-pl-{tag}", secret_name=f"lm-pl/{tag}",
+                       queue_name_prefix=f"pl{tag}-", clock=clock, overrides=overrides).provision()
+
+
+def access_for(system: LocalSystem, runtime: Any, component: str = "pipeline-test") -> S3Access:
+    return S3Access.from_settings(system.settings, endpoint_url=runtime.endpoint_url, component=component)
+
+
+def varied_samples(seed: int, n: int = 40) -> list[Sample]:
+    """Three metrics, a few label sets, sample times over ~70 minutes before T0 (two sample-time
+    hours), negative values, zeros, a NaN and a repeated timestamp."""
+    rng = random.Random(seed)
+    out = []
+    base = T0_NS - 70 * 60 * 10**9
+    for i in range(n):
+        metric = ("cpu.usage", "mem.rss", "disk/io")[i % 3]
+        labels = {"host": f"h{rng.randint(1, 3)}"}
+        if metric == "cpu.usage":
+            labels["core"] = str(rng.randint(0, 1))
+        ts = base + rng.randint(0, 70 * 60) * 10**9
+        if i % 17 == 5:
+            value = math.nan
+        elif i % 11 == 3:
+            value = 0.0
+        else:
+            value = round(rng.uniform(-50, 150), 3)
+        out.append(Sample(metric, labels, ts, value))
+    out.append(Sample("cpu.usage", {"host": "h1", "core": "0"}, base, 7.0))  # ties with ...
+    out.append(Sample("cpu.usage", {"host": "h1", "core": "0"}, base, 9.0))  # ... itself: 'last' by ordinal
+    return out
+
+
+def accept_indexed(system: LocalSystem, runtime: Any, clock: Any, identity: BatchIdentity, samples: list[Sample],
+                   *, compress: bool = True) -> Any:
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    ctx = system.work_context(policy=FAST)
+    result = accept_batch(actx, identity, encode_frame(identity, samples, compress=compress))
+    assert result.status.value == "accepted", result
+    index_accepted(ctx, result.manifest_key)
+    index_raw_blob(ctx, result.blob_key)
+    return result
+
+
+def reference_rollup(frames: dict[str, bytes]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """(series labels+metric text, window, window start) -> the aggregates, computed the plain way."""
+    groups: dict[tuple[str, tuple[tuple[str, str], ...], str, int], list[tuple[int, str, int, float]]] = defaultdict(list)
+    for mid, data in frames.items():
+        for ordinal, s in enumerate(decode_frame(data).samples):
+            for window, w in WINDOWS.items():
+                groups[(s.metric, s.labels, window, (s.ts_unix_ns // w) * w)].append((s.ts_unix_ns, mid, ordinal, s.value))
+    out = {}
+    for (metric, labels, window, start), items in groups.items():
+        non_nan = [v for *_, v in items if not math.isnan(v)]
+        latest = max(items, key=lambda t: (t[0], t[1], t[2]))
+        out[(metric, labels, window, start)] = {
+            "count": len(items), "nan_count": len(items) - len(non_nan), "sum": math.fsum(non_nan),
+            "min": min(non_nan) if non_nan else math.nan, "max": max(non_nan) if non_nan else math.nan,
+            "last": latest[3], "last_ts_ns": latest[0], "values": [v for v in non_nan if math.isfinite(v)],
+        }
+    return out

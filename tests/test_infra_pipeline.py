@@ -1,0 +1,124 @@
+"""The pipeline's CDK resources (issue 7), from the session's one synth (``cdk_synth``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+NS = "lm-test/"  # conftest.INFRA_TEST_CONTEXT["prefix"]
+
+
+def _template(cdk_synth: Any) -> dict[str, Any]:
+    from aws_cdk.assertions import Template
+
+    return Template.from_stack(cdk_synth.stack.pipeline).to_json()
+
+
+def _of(template: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {k: r for k, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def _flat(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def test_pipeline_is_a_nested_stack_with_an_emr_serverless_application(cdk_synth: Any) -> None:
+    main = cdk_synth.json
+    assert len(_of(main, "AWS::CloudFormation::Stack")) == 1
+    t = _template(cdk_synth)
+    (app,) = _of(t, "AWS::EMRServerless::Application").values()
+    p = app["Properties"]
+    assert (p["Type"], p["ReleaseLabel"]) == ("SPARK", "emr-spark-8.0.0")  # Apache Spark 4.0
+    assert p["AutoStopConfiguration"]["Enabled"] and p["MaximumCapacity"]["Cpu"]
+
+
+def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
+    t = _template(cdk_synth)
+    role_id = cdk_synth.stack.pipeline.get_logical_id(cdk_synth.stack.pipeline.job_role.node.default_child)
+    role = t["Resources"][role_id]["Properties"]
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "emr-serverless.amazonaws.com"} and "ManagedPolicyArns" not in role
+    policies = [r["Properties"] for r in _of(t, "AWS::IAM::Policy").values()
+                if any(x.get("Ref") == role_id for x in r["Properties"]["Roles"])]
+    statements = [s for p in policies for s in p["PolicyDocument"]["Statement"]]
+    actions = sorted({a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])})
+    assert actions == ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "s3:GetObject", "s3:ListBucket",
+                       "s3:PutObject"]
+    assert not any("Delete" in a or a.endswith("*") for a in actions)
+    by_sid = {s["Sid"]: s for s in statements}
+    put = _flat(by_sid["CreateRollupsAndAudits"]["Resource"])
+    for prefix in ("rollup/v1/", "index/v1/", "manifests/v1/", "audit/v1/"):
+        assert f"/{NS}{prefix}*" in put
+    for forbidden in ("accepted/v1/", "raw-blobs/v1/", "quarantine/v1/", "retention/v1/", "accepted-by-time/v1/"):
+        assert f"/{NS}{forbidden}" not in put  # the jobs never create there
+    listing = by_sid["ListLayout"]["Condition"]["StringLike"]["s3:prefix"]
+    assert all(p.startswith(NS) and p.endswith("/*") for p in listing) and f"{NS}accepted-by-time/v1/*" in listing
+    keys = by_sid["LeaseAndCheckpoint"]["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"]
+    assert sorted(keys) == ["checkpoint#reconcile", "lease#rollup"]
+
+
+def test_state_machine_starts_the_jobs_from_its_asl_file(cdk_synth: Any) -> None:
+    from infra.components.pipeline import ASL_FILE, PLACEHOLDERS
+
+    t = _template(cdk_synth)
+    (sm,) = _of(t, "AWS::StepFunctions::StateMachine").values()
+    p = sm["Properties"]
+    assert p["DefinitionString"] == ASL_FILE.read_text()  # the file, substituted by CloudFormation
+    assert set(re.findall(r"\$\{([A-Za-z0-9_]+)\}", p["DefinitionString"])) == set(PLACEHOLDERS) == set(
+        p["DefinitionSubstitutions"])
+    asl = json.loads(ASL_FILE.read_text())
+    tasks = [s for s in asl["States"].values() if s["Type"] == "Task"]
+    assert {s["Resource"] for s in tasks} == {"arn:aws:states:::emr-serverless:startJobRun.sync"}
+    assert p["TracingConfiguration"] == {"Enabled": True} and p["LoggingConfiguration"]["Level"] == "ALL"
+    submit = _flat(p["DefinitionSubstitutions"]["SparkSubmitParameters"])
+    assert "spark.archives=" in submit and "PYSPARK_PYTHON=./environment/bin/python" in submit
+    assert "spark.executorEnv.LM_BUCKET=" in submit and f"LM_PREFIX={NS}" in submit
+    # Its role: start runs of this application, watch them, pass exactly the job role.
+    role_id = cdk_synth.stack.pipeline.get_logical_id(cdk_synth.stack.pipeline.machine_role.node.default_child)
+    statements = [s for r in _of(t, "AWS::IAM::Policy").values() if any(x.get("Ref") == role_id for x in r["Properties"]["Roles"])
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    by_sid = {s.get("Sid"): s for s in statements}
+    assert by_sid["StartJobRuns"]["Action"] == "emr-serverless:StartJobRun"
+    assert by_sid["PassJobRole"]["Condition"] == {"StringEquals": {"iam:PassedToService": "emr-serverless.amazonaws.com"}}
+    rules = [r["Properties"] for r in _of(t, "AWS::Events::Rule").values() if "ScheduleExpression" in r["Properties"]]
+    inputs = sorted(json.loads(r["Targets"][0]["Input"])["job"] for r in rules)
+    assert inputs == ["audit", "rollup"]
+
+
+def test_alarms_on_failed_job_runs(cdk_synth: Any) -> None:
+    t = _template(cdk_synth)
+    alarms = {a["Properties"]["AlarmName"]: a["Properties"] for a in _of(t, "AWS::CloudWatch::Alarm").values()}
+    names = {n.split("-", 1)[1] for n in alarms}
+    assert names == {"PipelineExecutionsFailed", "PipelineJobRunsFailed"}
+    for a in alarms.values():
+        assert a["AlarmActions"] and a["Threshold"] == 1 and a["TreatMissingData"] == "notBreaching"
+    (failed,) = [r["Properties"] for r in _of(t, "AWS::Events::Rule").values() if "EventPattern" in r["Properties"]]
+    assert failed["EventPattern"]["detail"]["state"] == ["FAILED"]
+    assert failed["EventPattern"]["detail-type"] == ["EMR Serverless Job Run State Change"]
+
+
+def test_inventory_configuration_feeds_the_audit(cdk_synth: Any) -> None:
+    from pipeline.inventory import CONFIG_ID, DEST_PREFIX, FIELDS
+
+    (bucket,) = [r["Properties"] for r in _of(cdk_synth.json, "AWS::S3::Bucket").values()
+                 if r["Properties"].get("InventoryConfigurations")]
+    (inv,) = bucket["InventoryConfigurations"]
+    assert (inv["Id"], inv["Destination"]["Format"], inv["ScheduleFrequency"]) == (CONFIG_ID, "Parquet", "Daily")
+    assert inv["Destination"]["Prefix"] == DEST_PREFIX and inv["IncludedObjectVersions"] == "All"
+    # the optional fields the stack asks for are the reader's columns (CSV names)
+    assert set(inv["OptionalFields"]) <= {csv for _, csv, _ in FIELDS}
+
+
+def test_nag_findings_of_the_pipeline_are_all_suppressed_with_reasons(cdk_synth: Any) -> None:
+    from aws_cdk.assertions import Match
+
+    # A nested stack's findings are reported with the parent's messages, under its path.
+    for finder in (cdk_synth.annotations.find_error, cdk_synth.annotations.find_warning):
+        found = [m for m in finder("*", Match.string_like_regexp("AwsSolutions-.*")) if "/Pipeline/" in m.id]
+        assert found == [], [f"{m.id}: {str(m.entry.data)[:160]}" for m in found]
+    paths = {"/" + c.node.path for c in cdk_synth.stack.pipeline.node.find_all()}
+    assert any(p.endswith("/Pipeline/JobRole") for p in paths)
+    t = _template(cdk_synth)
+    reasons = [s for r in t["Resources"].values() for s in r.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])]
+    assert reasons and all(len(s["reason"]) >= 40 for s in reasons)

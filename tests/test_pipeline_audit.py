@@ -1,0 +1,208 @@
+"""The inventory audit (issue 7): the report format, exactly the planted defects, and a million keys
+under a 1 MB driver result limit."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import time
+
+from click.testing import CliRunner
+
+from conftest import FAST, T0_NS, ident, make_frame
+from lightmetrics.accept import accept_batch
+from lightmetrics.clock import FrozenClock
+from lightmetrics.derived import AcceptedByTimeEntry
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.services import accept_context
+from pipeline import inventory as inv
+from pipeline.audit import read_findings, run_audit
+from pipeline.synthetic import generate_inventory
+from pipeline_support import access_for, make_system
+
+HORIZON_S = 7 * 86400
+
+
+def _audit(spark, access, location, *, run_id, now_s):  # type: ignore[no-untyped-def]
+    report = inv.open_report(location, access)
+    df = inv.inventory_dataframe(spark, report, access)
+    return run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=HORIZON_S,
+                     inventory_info=report.to_json())
+
+
+def test_snapshot_writes_the_documented_report_format(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]
+    system = make_system(runtime, clock)
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    for n in range(3):
+        accept_batch(actx, ident(n), make_frame(ident(n)))
+    s3 = runtime.boto3_client("s3")
+    s3.delete_object(Bucket=system.bucket, Key=accept_batch(actx, ident(0), make_frame(ident(0))).blob_key)
+    access = access_for(system, runtime)
+    parquet = inv.snapshot(access, inv.Destination.parse(f"s3://{system.bucket}/inventory"))
+    csv_report = inv.snapshot(access, inv.Destination.parse(str(tmp_path)), file_format="CSV", now_ms=1_764_000_060_000)
+
+    # The layout and manifest fields AWS documents.
+    bucket, key = parquet.manifest_location[5:].split("/", 1)
+    assert key.startswith(f"inventory/{system.bucket}/daily-parquet/") and key.endswith("Z/manifest.json")
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    manifest = json.loads(body)
+    assert {"sourceBucket", "destinationBucket", "version", "creationTimestamp", "fileFormat", "fileSchema",
+            "files"} <= set(manifest)
+    assert (manifest["version"], manifest["fileFormat"]) == ("2016-11-30", "Parquet")
+    assert manifest["fileSchema"].startswith("message s3.inventory {") and "last_modified_date" in manifest["fileSchema"]
+    checksum = s3.get_object(Bucket=bucket, Key=key.replace("manifest.json", "manifest.checksum"))["Body"].read()
+    assert checksum.decode() == hashlib.md5(body).hexdigest()
+    (f,) = manifest["files"]
+    data = s3.get_object(Bucket=bucket, Key=f["key"])["Body"].read()
+    assert "/data/" in f["key"] and hashlib.md5(data).hexdigest() == f["MD5checksum"] and f["size"] == len(data)
+    csv_manifest = json.loads(open(csv_report.manifest_location).read())
+    assert csv_manifest["fileFormat"] == "CSV" and csv_manifest["fileSchema"].startswith("Bucket, Key, VersionId")
+    csv_file = tmp_path / system.bucket / "daily-parquet" / "data" / csv_manifest["files"][0]["key"].rsplit("/", 1)[1]
+    first = gzip.decompress(csv_file.read_bytes()).decode().splitlines()[0]
+    assert first.startswith(f'"{system.bucket}","') and first.count('","') == 10  # quoted, no header
+
+    # Both formats read back to the same rows (versions and the delete marker included).
+    a = inv.inventory_dataframe(spark, inv.open_report(f"s3://{system.bucket}/inventory/", access), access)
+    b = inv.inventory_dataframe(spark, inv.open_report(str(tmp_path), access), access)
+    rows = sorted((r["key"], r["version_id"], r["is_latest"], r["is_delete_marker"], r["size"]) for r in a.collect())
+    assert rows == sorted((r["key"], r["version_id"], r["is_latest"], r["is_delete_marker"], r["size"]) for r in b.collect())
+    assert sum(1 for r in rows if r[3]) == 1 and len(rows) == parquet.rows == csv_report.rows
+
+
+def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark):  # type: ignore[no-untyped-def]
+    system = make_system(runtime, clock)
+    s3 = runtime.boto3_client("s3")
+    B = system.bucket
+    ctx = system.work_context(policy=FAST)
+    actx = accept_context(system.settings, client=s3, clock=clock, policy=FAST)
+    codec = ctx.codec
+    H = UtcHour.of_unix_ns(T0_NS)
+    ok = {}
+    for n in range(8):
+        r = accept_batch(actx, ident(n), make_frame(ident(n)))
+        index_accepted(ctx, r.manifest_key)
+        index_raw_blob(ctx, r.blob_key)
+        ok[n] = r
+    shas = {n: r.frame_sha256 for n, r in ok.items()}
+
+    def delete(key: str) -> None:
+        s3.delete_object(Bucket=B, Key=key)  # versioned: a delete marker, as GC or a crash would leave
+
+    def rbt_key(n: int) -> str:  # the raw-blobs-by-time entry of batch n (hour of the blob's LastModified)
+        (k,) = [k for k in (o["Key"] for o in s3.list_objects_v2(Bucket=B, Prefix="raw-blobs-by-time/")["Contents"])
+                if k.endswith(f"sha256={shas[n]}.json")]
+        return k
+
+    # -- expected states that are NOT findings ----------------------------------------------------------
+    old_clock = FrozenClock(T0_NS - 3 * 3600 * 10**9)  # a batch of an hour retention has tombstoned and reaped
+    old = accept_batch(accept_context(system.settings, client=s3, clock=old_clock, policy=FAST), ident(50), make_frame(ident(50)))
+    index_accepted(ctx, old.manifest_key)
+    index_raw_blob(ctx, old.blob_key)
+    s3.put_object(Bucket=B, Key=codec.retention_tombstone("raw", UtcHour.of_unix_ns(old_clock.now_ns())), Body=b"{}",
+                  IfNoneMatch="*")
+    delete(old.blob_key)
+    conflict = accept_batch(actx, ident(5), make_frame(ident(5), variant=0.5))  # evidence blob: kept
+    assert conflict.status.value == "identity_conflict"
+    index_quarantine(ctx, conflict.quarantine_key)
+    index_raw_blob(ctx, conflict.blob_key)
+    delete(codec.accepted_by_time(H, ident(6)))  # missing when inventoried, repaired before the audit reads it
+
+    # -- planted defects -----------------------------------------------------------------------------------
+    delete(codec.accepted_by_time(H, ident(1)))  # repair: accepted-by-time
+    delete(codec.accepted_by_blob(shas[2], ident(2)))  # repair: accepted-by-blob
+    delete(rbt_key(3))  # repair: raw-blobs-by-time
+    delete(ok[4].blob_key)  # integrity: the blob of an accepted batch is gone, hour not tombstoned
+    delete(rbt_key(4))
+    ghost = BatchIdentity.create("ghost", "boot-0", 0, 9)
+    ghost_entry = codec.accepted_by_time(H, ghost)  # derived entries without a source
+    s3.put_object(Bucket=B, Key=ghost_entry, IfNoneMatch="*", Body=AcceptedByTimeEntry(
+        manifest_key=codec.accepted(ghost), frame_sha256="a" * 64, raw_blob_key=codec.raw_blob("a" * 64), frame_bytes=1,
+        accepted_at_unix_ns=T0_NS).to_bytes())
+    ghost_qb = codec.quarantine_by_blob("b" * 64, ghost)
+    s3.put_object(Bucket=B, Key=ghost_qb, Body=b"{}", IfNoneMatch="*")
+    orphan_ident = ident(60)
+    orphan_frame = make_frame(orphan_ident)
+    orphan_sha = hashlib.sha256(orphan_frame).hexdigest()
+    orphan_key = codec.raw_blob(orphan_sha)  # a collector died between blob and manifest
+    s3.put_object(Bucket=B, Key=orphan_key, Body=orphan_frame, IfNoneMatch="*",
+                  Metadata={"lm-agent-hex": orphan_ident.agent_hex, "lm-boot-hex": orphan_ident.boot_hex,
+                            "lm-seq-start": "600", "lm-seq-end": "609"})
+    index_raw_blob(ctx, orphan_key)
+    overlap = BatchIdentity.create("agent-a", "boot-1", 5, 8)  # overlaps ident(0) = 0-9 (only)
+    r = accept_batch(actx, overlap, make_frame(overlap))
+    index_accepted(ctx, r.manifest_key)
+    index_raw_blob(ctx, r.blob_key)
+
+    access = access_for(system, runtime, "pipeline-audit")
+    inv.snapshot(access, inv.Destination.parse(f"s3://{B}/inventory"))
+    index_accepted(ctx, ok[6].manifest_key)  # ... the repair of 6 lands after the inventory was taken
+
+    now_s = int(time.time()) + HORIZON_S + 3600  # every blob is past the retry horizon
+    report = _audit(spark, access, f"s3://{B}/inventory/", run_id="planted", now_s=now_s)
+    print("PHASES", report.phases)
+    assert report.candidates["repair"] == 4  # 1, 2, 3 and 6 (6 is not confirmed: inventory lag)
+
+    def findings(category: str) -> list[dict]:  # type: ignore[type-arg]
+        return read_findings(access, "planted", category)
+
+    repair = {f["manifest_key"]: f["missing"] for f in findings("repair")}
+    assert repair == {ok[1].manifest_key: "accepted-by-time", ok[2].manifest_key: "accepted-by-blob",
+                      ok[3].manifest_key: "raw-blobs-by-time"}
+    assert [(f["manifest_key"], f["blob_key"]) for f in findings("integrity")] == [(ok[4].manifest_key, ok[4].blob_key)]
+    assert {(f["entry_key"], f["source_key"]) for f in findings("derived-without-source")} == {
+        (ghost_entry, codec.accepted(ghost)), (ghost_qb, codec.quarantine(ghost, "b" * 64))}
+    (orphan,) = findings("orphan-blob-candidates")
+    assert (orphan["blob_key"], orphan["agent_hex"], orphan["seq_start"]) == (orphan_key, orphan_ident.agent_hex, "600")
+    (ov,) = findings("overlapping-ranges")
+    assert (ov["first_key"], ov["second_key"]) == (ok[0].manifest_key, r.manifest_key)
+    assert report.confirmed == {"repair": 3, "integrity": 1, "derived-without-source": 2, "orphan-blob-candidates": 1,
+                                "overlapping-ranges": 1}
+    summary = json.loads(s3.get_object(Bucket=B, Key=report.summary_key)["Body"].read())
+    assert summary["confirmed"] == report.confirmed and summary["run_id"] == "planted"
+    assert summary["s3_requests"]["PutObject 200"] == 5  # five finding files ...
+    assert report.requests.counts["PutObject 200"] == 5 + 1  # ... then the summary, last
+
+
+def test_a_million_keys_without_collecting_key_sets(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]
+    assert spark.sparkContext.getConf().get("spark.driver.maxResultSize") == "1m"
+    system = make_system(runtime, clock)
+    now_s = T0_NS // 10**9
+    gen = generate_inventory(tmp_path, bucket=system.bucket, identities=200_000, now_s=now_s, orphan_derived=3)
+    assert gen.rows >= 1_000_000
+    s3 = runtime.boto3_client("s3")
+    for key in gen.planted["derived-without-source"]:  # only the planted objects exist live
+        s3.put_object(Bucket=system.bucket, Key=key, Body=b"{}", IfNoneMatch="*")
+    access = access_for(system, runtime, "pipeline-audit")
+    report = _audit(spark, access, str(tmp_path), run_id="million", now_s=now_s)
+    assert report.rows_scanned == gen.rows
+    assert report.candidates == {"repair": 0, "integrity": 0, "derived-without-source": 3, "orphan-blob-candidates": 0,
+                                 "overlapping-ranges": 0}
+    assert report.confirmed["derived-without-source"] == 3
+    assert sorted(f["entry_key"] for f in read_findings(access, "million", "derived-without-source")) == sorted(
+        gen.planted["derived-without-source"])
+
+
+def test_cli_snapshot_and_audit(runtime, clock, spark, monkeypatch):  # type: ignore[no-untyped-def]
+    from lightmetrics.cli.main import cli
+
+    system = make_system(runtime, clock)
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    ctx = system.work_context(policy=FAST)
+    r = accept_batch(actx, ident(1), make_frame(ident(1)))
+    index_accepted(ctx, r.manifest_key)  # its raw-blobs-by-time entry is missing: one repair finding
+    for name, value in system.environment().items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    snap = runner.invoke(cli, ["inventory", "snapshot", "--json"])
+    assert snap.exit_code == 0, snap.output
+    out = runner.invoke(cli, ["pipeline", "audit", "--run-id", "cli-run", "--json"])
+    assert out.exit_code == 0, out.output  # a repair item is work, not a violation
+    doc = json.loads(out.output[out.output.index("{"):])
+    assert doc["confirmed"]["repair"] == 1 and doc["summary_key"] == "audit/v1/run=cli-run/summary.json"
+    runtime.boto3_client("s3").delete_object(Bucket=system.bucket, Key=r.blob_key)
+    assert runner.invoke(cli, ["inventory", "snapshot", "--destination", f"s3://{system.bucket}/inv2"]).exit_code == 0
+    bad = runner.invoke(cli, ["pipeline", "audit", "--inventory", f"s3://{system.bucket}/inv2/"])
+    assert bad.exit_code == 1 and "integrity" in bad.output  # an integrity violation was confirmed

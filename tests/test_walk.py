@@ -1,0 +1,516 @@
+"""Bootstrap walks on moto's real Step Functions interpreter (issue 5; docs/walks.md).
+
+Every walk here is an execution of ``infra/statemachines/bootstrap_walk.asl.json`` whose Lambda
+tasks run the real handlers in the session runtime's function host, bound to a per-test
+:class:`LocalSystem` (its own bucket, table, queues, state machine and function names).
+Notifications are off: the tests write acceptance records directly, so derived state is exactly
+what the test planted or what the walk repaired.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FAST, T0_NS, ident, make_frame
+from lightmetrics.accept import accept_batch
+from lightmetrics.blocker_actions import skip
+from lightmetrics.clock import SystemClock
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.request_counter import RequestCounter
+from lightmetrics.services import accept_context
+from lightmetrics.verify import verify
+from lightmetrics.walk import (
+    HISTORY_LIMIT,
+    INDEXES,
+    LEASE_PK,
+    LeaseHeld,
+    NothingToResume,
+    history_bound,
+    read_watermarks,
+)
+
+SETTLE_S = 600
+W_EXPECTED = T0_NS - SETTLE_S * 1_000_000_000
+
+
+def make_system(runtime: Any, clock: Any, **overrides: Any) -> LocalSystem:
+    tag = uuid.uuid4().hex[:10]
+    system = LocalSystem(runtime, bucket=f"lm-wk-{tag}", table=f"lm-wk-{tag}", secret_name=f"lm-wk/{tag}",
+                         queue_name_prefix=f"wk{tag}-", clock=clock,
+                         overrides={"settle_s": SETTLE_S, **overrides}).provision()
+    system.notifications(False)  # records written here get no events: derived state is planted
+    return system
+
+
+@pytest.fixture
+def system(runtime, clock):  # type: ignore[no-untyped-def]
+    s = make_system(runtime, clock)
+    yield s
+    s.stop()
+
+
+def accept_all(system: LocalSystem, runtime: Any, clock: Any, idents: list[BatchIdentity]) -> list[Any]:
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda i: accept_batch(actx, i, make_frame(i)), idents))
+
+
+def run_walk(system: LocalSystem, **kwargs: Any) -> Any:
+    control = system.walk_control()
+    started = control.start(**kwargs)
+    result = control.follow(started, poll_s=0.05, timeout_s=180)
+    result.started = started  # type: ignore[attr-defined]
+    return result
+
+
+def keys_under(runtime: Any, bucket: str, prefix: str) -> set[str]:
+    out: set[str] = set()
+    for page in runtime.boto3_client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        out |= {o["Key"] for o in page.get("Contents", [])}
+    return out
+
+
+def history(system: LocalSystem, arn: str) -> list[dict[str, Any]]:
+    return system.walk_control().history(arn)
+
+
+# --------------------------------------------------------------------------- a full walk repairs
+
+
+def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(system, runtime, clock):  # type: ignore[no-untyped-def]
+    idents = [ident(n, agent=f"agent-{a}", boot=f"boot-{b}") for a in range(3) for b in range(2) for n in range(5)]
+    results = accept_all(system, runtime, clock, idents)
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    conflict = accept_batch(actx, idents[0], make_frame(idents[0], variant=0.5))  # evidence in quarantine/v1/
+    assert conflict.status.value == "identity_conflict"
+    ctx = system.work_context(policy=FAST)
+    for r in results:  # the event path did its work ...
+        index_accepted(ctx, r.manifest_key)
+        index_raw_blob(ctx, r.blob_key)
+    index_quarantine(ctx, conflict.quarantine_key)
+    assert verify(ctx, strict=True).ok
+
+    # ... and then entries went missing: lost events, a crash between two derived writes.
+    s3 = runtime.boto3_client("s3")
+    planted = set()
+    for prefix, n in (("accepted-by-time/v1/", 7), ("accepted-by-blob/v1/", 5), ("raw-blobs-by-time/v1/", 4),
+                      ("quarantine-by-blob/v1/", 1)):
+        for key in sorted(keys_under(runtime, system.bucket, prefix))[:n]:
+            s3.delete_object(Bucket=system.bucket, Key=key)
+            planted.add(key)
+    before = verify(ctx, strict=True)
+    assert not before.ok and set(before.violation_counts()) == {"missing-derived"}
+    assert len(before.violations) == 7 + 5 + 4 + 1
+
+    result = run_walk(system, page_size=4, parallelism=3)
+    assert result.status == "finished", result.detail
+    s = result.summary
+    assert (s["keys_accepted"], s["keys_quarantine"]) == (30, 1)
+    assert s["partitions_found"] == 3 * 2 + 1 and s["partitions_done"] == 7 and s["enumeration_complete"]
+    assert s["outcomes"]["BLOCKED"] == s["outcomes"]["RETRY_LATER"] == s["outcomes"]["SKIPPED"] == 0
+    # DONE once per record (or quarantine manifest) that had an entry deleted; NOOP for the rest.
+    by_sha = {r.frame_sha256: r.manifest_key for r in results}
+    sources = set()
+    for key in planted:
+        parsed = ctx.codec.parse(key)
+        sources.add(ctx.codec.accepted(parsed.identity) if parsed.identity and "quarantine" not in key
+                    else conflict.quarantine_key if "quarantine" in key else by_sha[parsed.sha256])
+    assert s["repairs"] == len(sources) and s["outcomes"]["NOOP_RESOLVED"] == 31 - len(sources)
+    for prefix in ("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/"):
+        assert {k for k in planted if k.startswith(prefix)} <= keys_under(runtime, system.bucket, prefix)
+
+    after = verify(ctx, strict=True)
+    assert after.ok, after.to_json()["violations"]
+    assert after.counts["accepted/v1/"] == 30 and after.counts["quarantine/v1/"] == 1
+    assert after.counts["accepted-by-time/v1/"] == after.counts["accepted-by-blob/v1/"] == 30
+    # A clean full walk sets W = walk start - settle window, for every index.
+    assert read_watermarks(ctx.extras["table"]) == {i: W_EXPECTED for i in INDEXES}
+    assert s["watermark_ns"] == W_EXPECTED
+
+    # The watermark is monotonic: an earlier W never lowers it; W is what verify requires.
+    from lightmetrics.walk import set_watermark
+
+    assert set_watermark(ctx.extras["table"], "accepted-by-time", W_EXPECTED - 1, epoch=99, now_ns=T0_NS) is False
+    assert read_watermarks(ctx.extras["table"])["accepted-by-time"] == W_EXPECTED
+    old = next(r for r in results)
+    s3.delete_object(Bucket=system.bucket, Key=ctx.codec.accepted_by_blob(old.frame_sha256, idents[0]))
+    relaxed = verify(ctx)  # accepted at T0, after W: only pending, not a violation
+    assert relaxed.ok and relaxed.pending["accepted-by-blob"] == 1
+    clock.advance(seconds=SETTLE_S + 1)
+    second = run_walk(system, page_size=1000)
+    assert second.status == "finished" and second.summary["repairs"] == 1
+    assert read_watermarks(ctx.extras["table"])["accepted-by-time"] == T0_NS + 1_000_000_000  # moved forward
+
+
+def test_verify_overlaps_are_warnings_and_a_reaped_hour_is_fine(system, runtime, clock):  # type: ignore[no-untyped-def]
+    from lightmetrics.keys import UtcHour
+
+    a, b = BatchIdentity.create("agent-v", "boot-v", 0, 9), BatchIdentity.create("agent-v", "boot-v", 5, 14)
+    c = ident(1, agent="agent-w")
+    results = accept_all(system, runtime, clock, [a, b, c])
+    ctx = system.work_context(policy=FAST)
+    for r in results:
+        index_accepted(ctx, r.manifest_key)
+        index_raw_blob(ctx, r.blob_key)
+    report = verify(ctx, strict=True)
+    assert report.ok and [w.kind for w in report.warnings] == ["overlap"]
+    assert set(report.warnings[0].keys) == {results[0].manifest_key, results[1].manifest_key}
+    assert report.counts["accepted/v1/"] == 3 and report.counts["raw-blobs/v1/"] == 3
+
+    s3 = runtime.boto3_client("s3")
+    s3.delete_object(Bucket=system.bucket, Key=results[2].blob_key)
+    missing = verify(ctx, strict=True)
+    assert {(v.kind, v.keys[0]) for v in missing.violations} == {
+        ("blob-missing", results[2].manifest_key),  # the record's blob is gone ...
+        ("orphan-derived", next(k for k in keys_under(runtime, system.bucket, "raw-blobs-by-time/v1/")
+                                if results[2].frame_sha256 in k)),  # ... and its index entry dangles
+    }
+    # Retention tombstoned the hour: "manifest present, blob gone, hour tombstoned" is the reaped state.
+    tombstone = ctx.codec.retention_tombstone("raw", UtcHour.of_unix_ns(T0_NS))
+    s3.put_object(Bucket=system.bucket, Key=tombstone, Body=b"{}", IfNoneMatch="*")
+    reaped = verify(ctx, strict=True)
+    assert reaped.ok and reaped.checked["reaped (blob gone, hour tombstoned)"] == 1
+
+
+# --------------------------------------------------------------------------- kill, stop, resume
+
+
+class Gate:
+    """Wraps the page task: after ``after`` pages, new pages wait until released."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.calls, self.lock = after, 0, threading.Lock()
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.active = True
+
+    def wrap(self, step: str, handler: Any) -> Any:
+        if step != "page":
+            return handler
+
+        def gated(event: Any, context: Any) -> Any:
+            with self.lock:
+                self.calls += 1
+                hold = self.active and self.calls > self.after
+            if hold:
+                self.entered.set()
+                self.release.wait(60)
+            return handler(event, context)
+
+        return gated
+
+
+def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock):  # type: ignore[no-untyped-def]
+    accept_all(system, runtime, clock, [ident(n, agent=f"a{a}") for a in range(4) for n in range(6)])
+    gate = Gate(after=5)
+    system.register_task_functions(wrap=gate.wrap)
+    control = system.walk_control()
+    started = control.start(page_size=2, parallelism=2, lease_seconds=60)
+    assert gate.entered.wait(60), "the walk never reached the gate"
+    deadline = time.monotonic() + 30
+    while control.checkpoint()["pages"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the page beside the held one is finishing
+    cp = control.checkpoint()
+    assert cp["status"] == "running" and cp["pages"] == 5 and cp["epoch"] == started.epoch
+    sfn = runtime.boto3_client("stepfunctions")
+    stopped = cp["execution"]
+    sfn.stop_execution(executionArn=stopped, error="Test", cause="killed between pages")
+    # (AWS reports ABORTED at once; moto only once the in-flight task returns: docs/walks.md)
+
+    # Stopped, the lease is still live until it expires: a new start and a resume are refused.
+    with pytest.raises(LeaseHeld):
+        control.start(page_size=2)
+    with pytest.raises(LeaseHeld):
+        control.start(resume=True)
+    clock.advance(seconds=61)
+    gate.active = False
+    resumed = control.start(resume=True, page_size=2, parallelism=2)
+    assert resumed.epoch == started.epoch  # same epoch: the cursor is reused
+    # The page that was in flight when the execution stopped finishes now, under the old owner:
+    # its repairs are harmless, its checkpoint write is refused (it lost the lease).
+    gate.release.set()
+    result = control.follow(resumed, poll_s=0.05, timeout_s=120)
+    assert result.status == "finished", result.detail
+    deadline = time.monotonic() + 30
+    while sfn.describe_execution(executionArn=stopped)["status"] == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # AWS: ABORTED at stop. moto ends it once the held task returns: FAILED with that task's
+    # LeaseLost (the stale page's checkpoint write was refused), and runs no further state.
+    d = sfn.describe_execution(executionArn=stopped)
+    assert d["status"] in ("ABORTED", "FAILED") and d.get("error") in (None, "", "LeaseLost"), d
+    assert "Abort" not in {e.get("stateEnteredEventDetails", {}).get("name") for e in history(system, stopped)}
+    s = result.summary
+    assert s["epoch"] == started.epoch and s["resumes"] == 1
+    assert s["keys"] == 24 and s["pages"] == 4 * 3  # each page counted exactly once
+    assert s["outcomes"]["DONE"] + s["outcomes"]["NOOP_RESOLVED"] == 24
+    assert verify(system.work_context(), strict=True).ok
+
+    # A finished walk cannot be resumed; any other start is a new epoch from the beginning.
+    with pytest.raises(NothingToResume):
+        control.start(resume=True)
+    again = run_walk(system, page_size=100)
+    assert again.summary["epoch"] == started.epoch + 1 and again.summary["keys"] == 24
+    assert again.summary["outcomes"]["NOOP_RESOLVED"] == 24
+
+
+def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime, clock):  # type: ignore[no-untyped-def]
+    accept_all(system, runtime, clock, [ident(n, agent=f"a{a}") for a in range(2) for n in range(4)])
+    crashes = {"left": 1}
+
+    def wrap(step: str, handler: Any) -> Any:
+        def crashing(event: Any, context: Any) -> Any:
+            if step == "page" and event["item"]["after"] and crashes["left"]:
+                crashes["left"] -= 1
+                raise RuntimeError("the page task crashed")  # not retryable: the walk fails
+            return handler(event, context)
+
+        return crashing
+
+    system.register_task_functions(wrap=wrap)
+    control = system.walk_control()
+    first = control.start(page_size=2, parallelism=1)
+    failed = control.follow(first, poll_s=0.05, timeout_s=60)
+    assert failed.status == "failed" and "RuntimeError" in failed.summary["error"]
+    (execution,) = failed.executions
+    d = runtime.boto3_client("stepfunctions").describe_execution(executionArn=execution)
+    assert (d["status"], d["error"]) == ("FAILED", "WalkFailed")
+    lease = system.work_context().extras["table"].get(LEASE_PK, "lease")
+    assert lease["expires_at_ns"] == 0  # released by the Abort task: resumable without waiting
+    resumed = control.start(resume=True)
+    result = control.follow(resumed, poll_s=0.05, timeout_s=60)
+    assert result.status == "finished" and result.summary["epoch"] == first.epoch
+    assert result.summary["keys"] == 8 and result.summary["pages"] == 4
+
+
+def test_retry_later_holds_the_cursor_until_the_budget_makes_blockers(system, runtime, clock):  # type: ignore[no-untyped-def]
+    """The page task itself (no interpreter): RETRY_LATER keys fail the page and keep its cursor;
+    the retries count against the keys' budgets, which turn them into blockers; then it moves."""
+    from lightmetrics.testing.faults import FaultInjector, FaultRule
+    from lightmetrics.walk import PART_PREFIX, WalkRetryLater, Walker
+
+    accept_all(system, runtime, clock, [ident(n, agent="a0") for n in range(2)])
+    ctx = system.work_context(policy=FAST)
+    FaultInjector(ctx.store.client).add(FaultRule(fault="503", operation="PutObject",
+                                                  key_contains="accepted-by-time/v1/", times=-1))
+    walker = Walker(ctx, system.settings)
+    walk = walker.begin({"input": {"page_size": 10}, "execution_arn": "manual", "state_machine_arn": "-"})["walk"]
+    plan = walker.plan({"walk": walk})
+    (item,) = plan["work"]
+    table = ctx.extras["table"]
+    budget = system.settings.retry_budget_count
+    for attempt in range(budget - 1):
+        with pytest.raises(WalkRetryLater):
+            walker.page({"walk": plan["walk"], "item": item, "retry_count": attempt})
+        part = table.get(walk["checkpoint_pk"], PART_PREFIX + item["partition"])
+        assert part["after"] == "" and part["pages"] == 0  # the cursor stays before them
+    done = walker.page({"walk": plan["walk"], "item": item, "retry_count": budget - 1})
+    assert done["done"] and done["outcomes"] == {"BLOCKED": 2}
+    assert {b.kind for b in ctx.blockers.list()} == {"repair-accepted"} and len(ctx.blockers.list()) == 2
+    final = walker.plan({"walk": plan["walk"]})
+    assert final["next"] == "finish"
+    summary = walker.end({"walk": final["walk"], "outcome": "finished"})
+    assert summary["outcomes"]["RETRY_LATER"] == 2 * (budget - 1) and summary["outcomes"]["BLOCKED"] == 2
+    assert summary["watermark_ns"] is None and "RETRY_LATER" in summary["watermark_withheld"]
+
+
+# --------------------------------------------------------------------------- the lease
+
+
+def test_two_starts_at_once_one_is_refused(system, runtime, clock):  # type: ignore[no-untyped-def]
+    accept_all(system, runtime, clock, [ident(n, agent=f"a{a}") for a in range(2) for n in range(3)])
+    gate = Gate(after=0)
+    system.register_task_functions(wrap=gate.wrap)
+    control = system.walk_control()
+    barrier = threading.Barrier(2)
+
+    def start() -> Any:
+        barrier.wait()
+        try:
+            return control.start(page_size=1)
+        except LeaseHeld as exc:
+            return exc
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda _: start(), range(2)))
+    started = [o for o in outcomes if not isinstance(o, LeaseHeld)]
+    refused = [o for o in outcomes if isinstance(o, LeaseHeld)]
+    assert len(started) == 1 and len(refused) == 1, outcomes
+    # While it runs, the CLI refuses with exit code 5.
+    env = {**system.environment(), "LM_OPERATOR": "test"}
+    r = CliRunner().invoke(_cli(), ["walk", "start", "--json"], env=env)
+    assert r.exit_code == 5, r.stdout
+    assert json.loads(r.stdout)["exit_code"] == 5
+    gate.active = False
+    gate.release.set()
+    result = control.follow(started[0], poll_s=0.05, timeout_s=60)
+    assert result.status == "finished" and result.summary["keys"] == 6
+    # The refused execution failed with LeaseHeld and changed nothing.
+    sfn = runtime.boto3_client("stepfunctions")
+    arns = [e["executionArn"] for e in sfn.list_executions(stateMachineArn=system.state_machine_arn())["executions"]]
+    errors = Counter(sfn.describe_execution(executionArn=a).get("error") for a in arns)
+    # (the CLI's clock is real, the tasks' frozen: its pre-check passed and Begin refused it)
+    assert errors == Counter({None: 1, "LeaseHeld": 2})
+
+
+def _cli() -> Any:
+    from lightmetrics.cli.main import cli
+
+    return cli
+
+
+# --------------------------------------------------------------------------- out-of-order acceptance
+
+
+def test_out_of_order_acceptance_is_never_skipped(system, runtime, clock):  # type: ignore[no-untyped-def]
+    boot = [BatchIdentity.create("agent-o", "boot-o", s, s + 9) for s in (100, 300)]
+    accept_all(system, runtime, clock, boot)
+    first = run_walk(system, page_size=1)
+    assert first.status == "finished" and first.summary["keys"] == 2
+    # A lower sequence accepted after a higher one in the same boot (an agent retrying an old
+    # batch late): its key sorts before the partition's last cursor position.
+    late = BatchIdentity.create("agent-o", "boot-o", 200, 209)
+    (r,) = accept_all(system, runtime, clock, [late])
+    ctx = system.work_context()
+    assert not verify(ctx, strict=True).ok
+    with pytest.raises(NothingToResume):  # a cursor is never reused across walks
+        system.walk_control().start(resume=True)
+    second = run_walk(system, page_size=1)
+    assert second.summary["epoch"] == first.summary["epoch"] + 1
+    assert second.summary["keys"] == 3 and second.summary["repairs"] == 1  # from the beginning
+    hour = UtcHour.of_unix_ns(T0_NS)
+    assert ctx.codec.accepted_by_time(hour, late) in keys_under(runtime, system.bucket, "accepted-by-time/v1/")
+    assert verify(ctx, strict=True).ok
+
+
+# --------------------------------------------------------------------------- poison
+
+
+def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(system, runtime, clock):  # type: ignore[no-untyped-def]
+    accept_all(system, runtime, clock, [ident(n, agent=f"a{a}") for a in range(2) for n in range(4)])
+    ctx = system.work_context()
+    s3 = runtime.boto3_client("s3")
+    poison = ctx.codec.accepted(BatchIdentity.create("poison", "boot-p", 0, 0))
+    s3.put_object(Bucket=system.bucket, Key=poison, Body=b'{"schema": "not a manifest"}', IfNoneMatch="*")
+    stray = ctx.codec.accepted_root() + "stray.json"  # where an agent partition should be
+    s3.put_object(Bucket=system.bucket, Key=stray, Body=b"{}", IfNoneMatch="*")
+
+    result = run_walk(system, page_size=3, parallelism=2)
+    assert result.status == "finished", result.detail
+    s = result.summary
+    assert s["outcomes"]["BLOCKED"] == 2 and s["outcomes"]["DONE"] == 8
+    assert "BLOCKED: 2" in s["watermark_withheld"] and s["watermark_ns"] is None
+    assert read_watermarks(ctx.extras["table"]) == {i: None for i in INDEXES}
+    blockers = {b.object_key: b for b in ctx.blockers.list()}
+    assert set(blockers) == {poison, stray}
+    assert blockers[poison].kind == "repair-accepted" and blockers[poison].source == "walk"
+    assert "invalid-manifest" in blockers[poison].reason and "layout" in blockers[stray].reason
+
+    report = verify(ctx, strict=True)
+    assert {v.kind for v in report.violations} == {"invalid-manifest"}
+    assert {v.keys[0] for v in report.violations} == {poison, stray}
+    # The operator skips them (audited): verify acknowledges them, the next walk skips them and,
+    # having skipped items, still withholds the watermark.
+    for b in blockers.values():
+        skip(ctx, b.work_key, who="test", reason="planted by the test")
+    report = verify(ctx, strict=True)
+    assert report.ok and {a.keys[0] for a in report.acknowledged} == {poison, stray}
+    again = run_walk(system, page_size=3, parallelism=2)
+    assert again.summary["outcomes"]["SKIPPED"] == 2 and again.summary["outcomes"]["BLOCKED"] == 0
+    assert again.summary["watermark_ns"] is None and "SKIPPED: 2" in again.summary["watermark_withheld"]
+    assert not ctx.blockers.list()  # skipped stays skipped: the walk did not reopen them
+
+
+# --------------------------------------------------------------------------- many pages, history
+
+
+def test_page_size_one_over_500_keys_spans_executions_of_one_epoch(system, runtime, clock):  # type: ignore[no-untyped-def]
+    idents = [ident(n, agent=f"agent-{a:02d}") for a in range(10) for n in range(50)]
+    accept_all(system, runtime, clock, idents)
+    counter = RequestCounter()
+    invocations: Counter[str] = Counter()
+
+    def count(step: str, handler: Any) -> Any:
+        def counted(event: Any, context: Any) -> Any:
+            invocations[step] += 1
+            return handler(event, context)
+
+        return counted
+
+    system.register_task_functions(counter=counter, wrap=count)
+    parallelism, rounds = 10, 30
+    t0 = time.monotonic()
+    result = run_walk(system, page_size=1, parallelism=parallelism, max_rounds=rounds)
+    seconds = time.monotonic() - t0
+    assert result.status == "finished", result.detail
+    s = result.summary
+    assert s["keys"] == 500 and s["pages"] == 500 and s["repairs"] == 500
+    assert len(result.executions) >= 2 and s["executions"] == len(result.executions)
+    assert s["epoch"] == result.started.epoch  # one epoch across every execution
+
+    scheduled = tasks = 0
+    for arn in result.executions:
+        events = history(system, arn)
+        types = Counter(e["type"] for e in events)
+        # Documented bound (docs/walks.md): far below the 25,000-event limit.
+        assert len(events) <= history_bound(parallelism, rounds) < HISTORY_LIMIT, (arn, len(events))
+        scheduled += types["LambdaFunctionScheduled"]
+        tasks += types["TaskStateEntered"]
+        print(f"\nexecution {arn.rsplit(':', 1)[-1]}: {len(events)} history events "
+              f"(bound {history_bound(parallelism, rounds)}), {types['MapIterationStarted']} pages")
+    assert scheduled == tasks == sum(invocations.values())  # one LambdaFunctionScheduled per task
+    assert invocations["page"] == 500 and invocations["begin"] == len(result.executions)
+
+    s3_requests = sum(n for api, n in counter.totals.items() if api.startswith("s3."))
+    ddb_requests = sum(n for api, n in counter.totals.items() if api.startswith("dynamodb."))
+    print(f"walk of 500 keys, page size 1: {seconds:.1f} s, {500 / seconds:.1f} keys/s, "
+          f"{s3_requests / 500:.2f} S3 and {ddb_requests / 500:.2f} DynamoDB requests per key")
+    # 5 per repair (GET, 2 conditional PUTs, HEAD, PUT) + the page's LIST + enumeration.
+    assert s3_requests / 500 <= 6.2
+
+
+# --------------------------------------------------------------------------- agent scope, CLI
+
+
+def test_agent_scoped_walk_never_moves_the_watermark_and_the_cli(runtime):  # type: ignore[no-untyped-def]
+    system = make_system(runtime, SystemClock())  # the CLI and the tasks share the real clock
+    try:
+        accept_all(system, runtime, SystemClock(), [ident(n, agent=f"a{a}") for a in range(2) for n in range(3)])
+        env = {**system.environment(), "LM_OPERATOR": "test"}
+        cli, runner = _cli(), CliRunner()
+        r = runner.invoke(cli, ["verify", "--strict", "--json"], env=env)
+        assert r.exit_code == 1 and json.loads(r.stdout)["violation_counts"] == {"missing-derived": 18}
+
+        r = runner.invoke(cli, ["walk", "start", "--agent", "a0", "--wait", "--json", "--page-size", "2"], env=env)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["status"] == "finished" and out["scope"] == f"agent={b'a0'.hex()}"
+        assert out["summary"]["keys"] == 3 and out["summary"]["watermark_ns"] is None
+        assert "agent-scoped" in out["summary"]["watermark_withheld"]
+        r = runner.invoke(cli, ["status", "--json"], env=env)
+        assert json.loads(r.stdout)["watermarks"] == {i: None for i in INDEXES}
+
+        r = runner.invoke(cli, ["walk", "start", "--wait", "--json"], env=env)
+        assert r.exit_code == 0 and json.loads(r.stdout)["summary"]["keys"] == 6, r.output
+        r = runner.invoke(cli, ["status", "--json"], env=env)
+        assert all(json.loads(r.stdout)["watermarks"].values())
+        r = runner.invoke(cli, ["walk", "status", "--json"], env=env)
+        st = json.loads(r.stdout)
+        assert r.exit_code == 0 and st["walk"]["status"] == "finished" and st["lease"]["held"] is False
+        assert all(v["w_ns"] for v in st["watermarks"].values())
+        r = runner.invoke(cli, ["verify", "--strict"], env=env)
+        assert r.exit_code == 0 and "no violations" in r.output
+        r = runner.invoke(cli, ["walk", "start", "--page-size", "5000"], env=env)
+        assert r.exit_code == 2 and "page_size" in r.output
+    finally:
+        system.stop()
