@@ -6,6 +6,8 @@ the configured prefix namespace.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -44,70 +46,34 @@ def protocol_statements(spec: BucketSpec, bucket_arn: str, namespace: str, gc_ro
     * no deletes of acceptance records, evidence, resolutions, retention markers; raw blobs
       only by the GC role.
     """
-    anyone = [iam.AnyPrincipal()]
     create_only = list(spec.create_only_prefixes)
     multipart = [p for p in create_only if p in spec.multipart_prefixes]
     single_part = [p for p in create_only if p not in spec.multipart_prefixes]
-    deletes = ["s3:DeleteObject", "s3:DeleteObjectVersion"]
-    statements = [
-        iam.PolicyStatement(
-            sid="DenyPutWithoutIfNoneMatch",
+    put, deletes = ["s3:PutObject"], ["s3:DeleteObject", "s3:DeleteObjectVersion"]
+
+    def deny(sid: str, actions: list[str], prefixes: Any, conditions: dict[str, Any] | None = None) -> iam.PolicyStatement:
+        return iam.PolicyStatement(
+            sid=sid,
             effect=iam.Effect.DENY,
-            principals=anyone,
-            actions=["s3:PutObject"],
-            resources=objects(bucket_arn, namespace, single_part),
-            conditions={"Null": {"s3:if-none-match": "true"}},
-        ),
-    ]
+            principals=[iam.AnyPrincipal()],
+            actions=actions,
+            resources=objects(bucket_arn, namespace, prefixes),
+            conditions=conditions,
+        )
+
+    statements = [deny("DenyPutWithoutIfNoneMatch", put, single_part, {"Null": {"s3:if-none-match": "true"}})]
     if multipart:
-        statements.append(
-            iam.PolicyStatement(
-                sid="DenyPutWithoutIfNoneMatchMultipartExempt",
-                effect=iam.Effect.DENY,
-                principals=anyone,
-                actions=["s3:PutObject"],
-                resources=objects(bucket_arn, namespace, multipart),
-                conditions={
-                    "Null": {"s3:if-none-match": "true"},
-                    "Bool": {"s3:ObjectCreationOperation": "true"},
-                },
-            )
-        )
+        # Only CompleteMultipartUpload carries If-None-Match: part uploads are exempt.
+        statements.append(deny("DenyPutWithoutIfNoneMatchMultipartExempt", put, multipart,
+                               {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}))
     if spec.no_multipart_enforced_prefixes:
-        statements.append(
-            iam.PolicyStatement(
-                sid="DenyMultipartUnderAccepted",
-                effect=iam.Effect.DENY,
-                principals=anyone,
-                actions=["s3:PutObject"],
-                resources=objects(bucket_arn, namespace, spec.no_multipart_enforced_prefixes),
-                conditions={"Bool": {"s3:ObjectCreationOperation": "false"}},
-            )
-        )
+        statements.append(deny("DenyMultipartUnderAccepted", put, spec.no_multipart_enforced_prefixes,
+                               {"Bool": {"s3:ObjectCreationOperation": "false"}}))
     statements += [
-        iam.PolicyStatement(
-            sid="DenyCopyIntoLayout",
-            effect=iam.Effect.DENY,
-            principals=anyone,
-            actions=["s3:PutObject"],
-            resources=objects(bucket_arn, namespace, create_only),
-            conditions={"Null": {"s3:x-amz-copy-source": "false"}},
-        ),
-        iam.PolicyStatement(
-            sid="DenyDeletePermanentRecords",
-            effect=iam.Effect.DENY,
-            principals=anyone,
-            actions=deletes,
-            resources=objects(bucket_arn, namespace, spec.no_delete_prefixes),
-        ),
-        iam.PolicyStatement(
-            sid="DenyRawBlobDeleteExceptGcRole",
-            effect=iam.Effect.DENY,
-            principals=anyone,
-            actions=deletes,
-            resources=objects(bucket_arn, namespace, spec.gc_delete_prefixes),
-            conditions={"ArnNotEquals": {"aws:PrincipalArn": gc_role_arn}},
-        ),
+        deny("DenyCopyIntoLayout", put, create_only, {"Null": {"s3:x-amz-copy-source": "false"}}),
+        deny("DenyDeletePermanentRecords", deletes, spec.no_delete_prefixes),
+        deny("DenyRawBlobDeleteExceptGcRole", deletes, spec.gc_delete_prefixes,
+             {"ArnNotEquals": {"aws:PrincipalArn": gc_role_arn}}),
     ]
     return statements
 

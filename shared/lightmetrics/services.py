@@ -44,6 +44,16 @@ def s3_client(
     return client
 
 
+def _store(
+    settings: Settings, session: Any, client: Any, counter: RequestCounter | None, policy: RetryPolicy | None,
+    component: str,
+) -> tuple[S3ObjectStore, RetryPolicy]:
+    """The S3 store and retry policy every context shares (one attempt per call, our retries)."""
+    client = client or s3_client(settings, session=session, counter=counter, component=component)
+    policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
+    return S3ObjectStore(client, settings.bucket, read_policy=policy), policy
+
+
 def accept_context(
     settings: Settings,
     *,
@@ -54,10 +64,9 @@ def accept_context(
     metrics: MetricsSink | None = None,
     policy: RetryPolicy | None = None,
 ) -> AcceptContext:
-    client = client or s3_client(settings, session=session, counter=counter, component="ingest")
-    policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
+    store, policy = _store(settings, session, client, counter, policy, "ingest")
     return AcceptContext(
-        store=S3ObjectStore(client, settings.bucket, read_policy=policy),
+        store=store,
         codec=KeyCodec(settings.prefix),
         collector_id=settings.collector_id,
         max_frame_bytes=settings.max_frame_bytes,
@@ -98,11 +107,10 @@ def work_context(
     component: str = "background",
 ) -> WorkContext:
     """Collaborators of background work (indexers, reconciler, walks, reaps)."""
-    client = client or s3_client(settings, session=session, counter=counter, component=component)
-    policy = policy or RetryPolicy(max_attempts=settings.s3_max_attempts)
+    store, policy = _store(settings, session, client, counter, policy, component)
     table = control_table(settings, session=session, counter=counter)
     return WorkContext(
-        store=S3ObjectStore(client, settings.bucket, read_policy=policy),
+        store=store,
         codec=KeyCodec(settings.prefix),
         budget=RetryBudget(table, max_count=settings.retry_budget_count, max_age_s=settings.retry_budget_age_s,
                            clock=clock),
