@@ -436,7 +436,7 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     from pipeline import s3io
 
     codec = access.codec
-    keys, _ = s3io.list_all(access, codec.prefix + f"manifests/v1/{hour.partition}/")
+    keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour))
     best: tuple[int, str] | None = None
     for key, _size in keys:
         try:

@@ -266,6 +266,10 @@ class KeyCodec:
             raise KeyLayoutError("generation must be in [0, 10^10)")
         return f"{self.prefix}manifests/v1/{hour.partition}/generation={generation:010d}.json"
 
+    def rollup_manifest_hour(self, hour: UtcHour) -> str:
+        """Prefix of every generation manifest of one hour."""
+        return f"{self.prefix}manifests/v1/{hour.partition}/"
+
     def rollup_chunk(self, window: str, hour: UtcHour, metric: str, chunk_id: str) -> str:
         if window not in ROLLUP_WINDOWS:
             raise KeyLayoutError(f"window must be one of {ROLLUP_WINDOWS}")
