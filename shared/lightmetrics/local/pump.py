@@ -10,7 +10,9 @@ real SQS behaviour. The only liberty taken: a failed message is made visible aga
 ``Scheduled Event``.
 
 ``drop`` is a chaos knob: a predicate on the message body; a matching message is deleted
-without being delivered — exactly what a lost S3 event looks like downstream.
+without being delivered — exactly what a lost S3 event looks like downstream. ``duplicate`` is
+another: a matching message is delivered twice (a second handler call with the same record), as
+SQS's at-least-once delivery may do.
 
 Example:
     >>> pump = EventPump(sqs, {"index-accepted": (url, arn, handler)}).start()   # doctest: +SKIP
@@ -74,6 +76,7 @@ class EventPump:
         batch_size: int = 10,
         retry_delay_s: int = 1,
         drop: Callable[[str], bool] | None = None,
+        duplicate: Callable[[str], bool] | None = None,
         pollers_per_queue: int = 4,
     ) -> None:
         self.sqs = sqs
@@ -81,6 +84,8 @@ class EventPump:
         self.batch_size = batch_size
         self.retry_delay_s = retry_delay_s
         self.drop = drop
+        self.duplicate = duplicate
+        self.duplicated = 0
         # Lambda's SQS event source polls with several concurrent pollers; so do we, which also
         # keeps queues shallow (moto's ReceiveMessage scans every queued message).
         self.pollers_per_queue = pollers_per_queue
@@ -134,6 +139,15 @@ class EventPump:
             messages = keep
             if not messages:
                 return 1
+        if self.duplicate is not None:
+            again = [m for m in messages if self.duplicate(m["Body"])]
+            if again:
+                try:  # the first delivery; its outcome is not acknowledged, as if the ack was lost
+                    route.handler(lambda_sqs_event(again, route.arn), LambdaContext(route.function_name))
+                except Exception as exc:
+                    LOG.warning("%s failed on a duplicated delivery: %s", route.function_name, exc)
+                with self._lock:
+                    self.duplicated += len(again)
         failed: set[str] = {m["MessageId"] for m in messages}
         try:
             response = route.handler(lambda_sqs_event(messages, route.arn), LambdaContext(route.function_name))

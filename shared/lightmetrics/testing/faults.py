@@ -44,13 +44,18 @@ FAULTS = (*_ERRORS, "timeout", "timeout_after_landing", "stall_after_landing", "
 
 @dataclass
 class FaultRule:
-    """Inject ``fault`` into matching requests: skip the first ``after`` matches, then fire ``times``."""
+    """Inject ``fault`` into matching requests: skip the first ``after`` matches, then fire ``times``.
+
+    ``every`` > 1 fires only on every Nth match after that (a steady fault rate for soaks,
+    deterministic unlike a probability).
+    """
 
     fault: str
     operation: str | None = None  # botocore operation name, e.g. "PutObject"
     key_contains: str | None = None  # substring of the decoded request URL
     times: int = 1  # -1 = forever
     after: int = 0
+    every: int = 1
     stall_s: float = 30.0
     marker_file: str | None = None
     seen: int = field(default=0, compare=False)
@@ -59,6 +64,8 @@ class FaultRule:
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
             raise ValueError(f"unknown fault {self.fault!r}; one of {FAULTS}")
+        if self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
 
 
 class _Raw:
@@ -111,6 +118,8 @@ class FaultInjector:
                     continue
                 rule.seen += 1
                 if rule.seen <= rule.after or (rule.times >= 0 and rule.fired >= rule.times):
+                    continue
+                if (rule.seen - rule.after) % rule.every:
                     continue
                 rule.fired += 1
                 self.log.append((operation, rule.fault, url))
