@@ -111,6 +111,8 @@ def expected_grants(fn: FunctionSpec, log_group: str, queue_ids: dict[str, str])
     want |= {g(a, obj(p)) for p in fn.s3_delete for a in ("s3:DeleteObject", "s3:DeleteObjectVersion")}
     if fn.s3_list:
         want.add(g("s3:ListBucket", BUCKET, {"StringLike": {"s3:prefix": [NS + p + "*" for p in fn.s3_list]}}))
+    if fn.gc_role:  # GC's crash recovery lists one blob key's versions
+        want.add(g("s3:ListBucketVersions", BUCKET, {"StringLike": {"s3:prefix": [NS + "raw-blobs/v1/*"]}}))
     table_actions = {
         "none": [],
         "read": ["GetItem", "Query"],
@@ -441,7 +443,8 @@ def test_function_code_asset_is_the_functions_package_and_small(cdk_synth: Any) 
 def test_ingest_function_url_and_reserved_concurrency(cdk_synth: Any) -> None:
     ingest = cdk_synth.stack.functions.built["ingest"]
     fn_id = logical_id(cdk_synth, ingest.function)
-    (url,) = resources(cdk_synth, "AWS::Lambda::Url").values()
+    (url,) = [u for u in resources(cdk_synth, "AWS::Lambda::Url").values()
+              if render(u["Properties"]["TargetFunctionArn"]) == f"<{fn_id}.Arn>"]
     assert render(url["Properties"]) == {"AuthType": "NONE", "InvokeMode": "BUFFERED", "TargetFunctionArn": f"<{fn_id}.Arn>"}
     perms = [render(p["Properties"]) for p in resources(cdk_synth, "AWS::Lambda::Permission").values()
              if render(p["Properties"]["FunctionName"]) == f"<{fn_id}.Arn>"]
@@ -500,6 +503,8 @@ def test_ingest_iam_is_exactly_the_brief(cdk_synth: Any) -> None:
         g("s3:GetObject", f"{BUCKET}/{NS}conflict-resolutions/v1/*"),
         g("s3:ListBucket", BUCKET, {"StringLike": {"s3:prefix": [NS + p for p in prefixes]}}),
         g("secretsmanager:GetSecretValue", SECRET_ARN),
+        g("dynamodb:GetItem", TABLE),  # the denylist cache (one Query per LM_DENYLIST_TTL_S)
+        g("dynamodb:Query", TABLE),
         g("xray:PutTraceSegments", "*"),
         g("xray:PutTelemetryRecords", "*"),
         g("logs:CreateLogStream", log_group),
@@ -567,6 +572,10 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
             want.add(f"Lightmetrics-{c}ReconcilerLag")
         if fn.name in ("reconcile", "walk-page"):  # the functions that run repair_accepted
             want.add(f"Lightmetrics-{c}IntegrityViolation")
+        if fn.name in ("index-quarantine", "walk-page"):  # the functions that run index_quarantine
+            want.add(f"Lightmetrics-{c}NewConflicts")
+        if fn.gc_role:  # the blob deleter: a restore is a race the GC handshake caught
+            want.add(f"Lightmetrics-{c}GcRestored")
     for sm in SPEC.state_machines:
         want.add(f"Lightmetrics-{sm.logical_name}ExecutionsFailed")
     for q in SPEC.queues:
@@ -576,7 +585,7 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         p = alarm["Properties"]
         assert p["AlarmActions"] == [{"Ref": topic_id}] and p["OKActions"] == [{"Ref": topic_id}], name
         assert p["TreatMissingData"] == "notBreaching"
-        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|IntegrityViolation|ExecutionsFailed)$", r"\1", name)
+        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|IntegrityViolation|ExecutionsFailed|NewConflicts|GcRestored)$", r"\1", name)
         assert f"Runbook: docs/runbook.md#{kind.lower()}" in p["AlarmDescription"]
 
     rate = alarms["Lightmetrics-Ingest5xxRate"]["Properties"]
@@ -611,7 +620,8 @@ def test_runbook_has_an_entry_per_alarm_kind() -> None:
     runbook = (ROOT / "docs" / "runbook.md").read_text()
     headings = {h.strip().lower() for h in re.findall(r"^## (.+)$", runbook, re.M)}
     assert {"5xxrate", "throttles", "invariantviolation", "errors", "dlqnotempty", "oldestmessage",
-            "blockersopened", "reconcilerlag", "integrityviolation", "executionsfailed"} <= headings
+            "blockersopened", "reconcilerlag", "integrityviolation", "executionsfailed", "newconflicts",
+            "gcrestored"} <= headings
 
 
 # --------------------------------------------------------------------------- cdk-nag
@@ -784,8 +794,8 @@ def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None
         assert {r for _, r in others} == {"*"} and {a.split(":")[0] for a, _ in others} == {"xray", "logs"}
 
         # The weekly schedule, with the spec's explicit input (nulls included).
-        (rule,) = [r["Properties"] for r in rules.values()
-                   if any(render(t["Arn"]) == f"<{sm_id}>" for t in r["Properties"]["Targets"])]
+        (rule,) = [r["Properties"] for r in rules.values() if r["Properties"]["State"] == "ENABLED"
+                   and any(render(t["Arn"]) == f"<{sm_id}>" for t in r["Properties"]["Targets"])]
         assert rule["ScheduleExpression"] == spec.schedule and rule["State"] == "ENABLED"
         (target,) = rule["Targets"]
         assert json.loads(target["Input"]) == json.loads(spec.schedule_input or "{}")
@@ -798,7 +808,7 @@ def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None
     # Functions learn the state machines' ARNs (built from the names: no dependency cycle).
     cont = cdk_synth.stack.functions.built["walk-continue"]
     env = render(cdk_synth.json["Resources"][logical_id(cdk_synth, cont.function)]["Properties"]["Environment"]["Variables"])
-    assert json.loads(env["LM_STATE_MACHINE_ARNS"]) == {"bootstrap-walk": sm_arn("BootstrapWalk")}
+    assert json.loads(env["LM_STATE_MACHINE_ARNS"]) == {sm.name: sm_arn(sm.logical_name) for sm in SPEC.state_machines}
     assert "BootstrapWalkArn" in cdk_synth.json["Outputs"]
 
 

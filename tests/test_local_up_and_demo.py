@@ -21,8 +21,9 @@ def _free_port_pair() -> int:
             a.bind(("127.0.0.1", 0))
             port = a.getsockname()[1]
         try:
-            with socket.socket() as b:
-                b.bind(("127.0.0.1", port + 1))
+            for offset in (1, 2):  # ingest on port + 1, admin on port + 2
+                with socket.socket() as b:
+                    b.bind(("127.0.0.1", port + offset))
             return port
         except OSError:
             continue
@@ -50,6 +51,11 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
                 assert time.monotonic() < deadline
         assert info["endpoint_url"] == f"http://127.0.0.1:{port}"
         assert info["ingest_url"] == f"http://127.0.0.1:{port + 1}"
+        assert info["admin_url"] == f"http://127.0.0.1:{port + 2}"
+        conn = http.client.HTTPConnection("127.0.0.1", port + 2, timeout=30)
+        conn.request("GET", "/conflicts")  # unsigned: refused like an AWS_IAM Function URL
+        assert conn.getresponse().status == 403
+        conn.close()
         assert f"export AWS_ENDPOINT_URL=http://127.0.0.1:{port}" in info["exports"]
         assert "export LM_BUCKET=lightmetrics-local" in info["exports"]
 
@@ -114,3 +120,7 @@ def test_demo_small_scale_end_to_end():  # type: ignore[no-untyped-def]
     assert report["conflict"]["ok"] is True and report["identity_conflicts"] == 1
     assert report["unavailable_503"] == 0
     assert 2.0 <= report["s3_requests_per_accepted_batch"] < 3.0
+    # issue 6: orphans collected and an expired hour reaped through the reap state machine
+    reaps = report["reaps"]
+    assert reaps["ok"] is True and reaps["orphans"] >= 1 and reaps["orphans_purged"] is True
+    assert reaps["retention"]["hours_reaped"] == [reaps["expired_hour"]] and reaps["verify_ok"] is True

@@ -188,3 +188,65 @@ def test_after_downtime_it_rescans_the_lookback(system, actx, runtime, clock):  
     assert rec.run().hours_scanned == [str(H0 + 1), str(H0 + 2), str(H0 + 3)]
     clock.advance(seconds=5 * 60)  # 19:50, on schedule again: from the checkpoint only
     assert rec.run().hours_scanned[0] == str(rec.checkpoint().hour) != str(H0 + 1)
+
+
+def test_an_entry_verified_once_is_not_repaired_again_until_a_failure_or_downtime(runtime, clock):  # type: ignore[no-untyped-def]
+    """"Verified once" (docs/protocol.md §12 R3): S3's own LastModified decides what is new."""
+    import time
+
+    from lightmetrics.testing.faults import FaultInjector, FaultRule
+
+    system = make_system(runtime, clock, reconcile_margin_s=0)
+    actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+    ctx = system.work_context(policy=FAST)
+    system.notifications(False)  # the test indexes by hand
+
+    def accept_and_index(agent: str, n: int) -> str:
+        r = accept_batch(actx, ident(n, agent=agent), make_frame(ident(n, agent=agent)))
+        index_accepted(ctx, r.manifest_key)
+        return r.manifest_key
+
+    old = [accept_and_index("old", n) for n in range(5)]
+    time.sleep(1.1)  # LastModified has whole seconds: the next entries are strictly newer
+    new = [accept_and_index("new", n) for n in range(3)]
+
+    def run(**kw):  # type: ignore[no-untyped-def]
+        counter = RequestCounter()
+        c = system.work_context(policy=FAST, counter=counter)
+        for rule in kw.get("faults", []):
+            FaultInjector(c.store.client).add(rule)
+        with counter.operation("reconcile") as op:
+            report = system.reconciler(c).run()
+        return report, dict(op.by_api)
+
+    first, cost1 = run()
+    assert first.entries == 8 and first.verified_earlier == 0 and cost1["s3.GetObject"] == 8
+    second, cost2 = run()
+    checked = second.entries - second.verified_earlier
+    assert second.verified_earlier >= 5 and 1 <= checked <= 3  # the old ones are never read again
+    assert cost2.get("s3.GetObject", 0) == checked and cost2["s3.ListObjectsV2"] == len(second.hours_scanned)
+
+    # A new batch whose accepted-by-blob write was lost is still repaired ...
+    time.sleep(1.1)
+    late = accept_and_index("late", 0)
+    by_blob_prefix = ctx.codec.prefix + "accepted-by-blob/v1/"
+    lost = [k for k in keys(runtime, system.bucket, by_blob_prefix) if "agent=" + "late".encode().hex() in k]
+    assert len(lost) == 1
+    runtime.boto3_client("s3").delete_object(Bucket=system.bucket, Key=lost[0])
+    # ... but not while S3 refuses the write: then nothing is marked verified ...
+    before = system.reconciler(ctx).checkpoint().verified_before_ns
+    failing, _ = run(faults=[FaultRule(fault="503", operation="PutObject", times=-1,
+                                       key_contains="accepted-by-blob/v1/" + lost[0].split("accepted-by-blob/v1/")[1])])
+    assert failing.outcomes["RETRY_LATER"] == 1
+    assert system.reconciler(ctx).checkpoint().verified_before_ns == before
+    assert lost[0] not in keys(runtime, system.bucket, by_blob_prefix)
+    # ... and the next run repairs it, skipping what was verified before.
+    repaired, cost4 = run()
+    assert repaired.outcomes["DONE"] == 1 and lost[0] in keys(runtime, system.bucket, by_blob_prefix)
+    assert repaired.verified_earlier >= 5 and late in [ctx.codec.accepted(ident(0, agent="late"))]
+    # Downtime: the first run after it checks everything again.
+    clock.advance(seconds=2 * 3600)
+    after_downtime, _ = run()
+    assert after_downtime.verified_earlier == 0 and after_downtime.entries >= 9
+    assert set(old) | set(new)  # (the records themselves are untouched throughout)
+    system.stop()

@@ -70,3 +70,20 @@ def test_scheduled_samples(sample_system, runtime):  # type: ignore[no-untyped-d
     assert {"checkpoint_after", "entries", "lag_s", "outcomes"} <= set(report)
     swept = invoke(sample_system, "sweep-dlq", "sweep_dlq/scheduled.json")
     assert set(swept["blockers_made"]) == {"index-accepted-dlq", "index-raw-blobs-dlq", "index-quarantine-dlq"}
+
+
+def test_state_machine_inputs_are_valid_inputs_of_their_machines():  # type: ignore[no-untyped-def]
+    from lightmetrics.reap import ReapParams
+    from lightmetrics.walk import WalkParams
+
+    parse = {"bootstrap-walk": WalkParams.parse, "reap": ReapParams.parse}
+    names = sorted(os.listdir(os.path.join(EVENTS, "statemachines")))
+    assert names == ["bootstrap-walk-scheduled.json", "reap-gc-dry-run.json", "reap-scheduled-when-enabled.json",
+                     "reap-scheduled.json"]
+    for name in names:
+        with open(os.path.join(EVENTS, "statemachines", name)) as fh:
+            event = json.load(fh)
+        machine = "reap" if name.startswith("reap") else "bootstrap-walk"
+        parse[machine](event)  # raises on anything the machine's begin task would refuse
+        if machine == "reap":
+            assert "dry_run" in event  # every reap input states it explicitly (brief §14)

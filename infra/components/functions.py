@@ -86,6 +86,15 @@ def policy_statements(
                 conditions={"StringLike": {"s3:prefix": [storage.namespace + p + "*" for p in spec.s3_list]}},
             )
         )
+    if spec.gc_role:
+        # GC's crash recovery lists the versions of one blob key (which delete markers it placed).
+        out.append(
+            iam.PolicyStatement(
+                actions=["s3:ListBucketVersions"],
+                resources=[storage.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [storage.namespace + p + "*" for p in storage.spec.gc_delete_prefixes]}},
+            )
+        )
     if TABLE_ACTIONS[spec.table]:
         out.append(iam.PolicyStatement(actions=list(TABLE_ACTIONS[spec.table]), resources=[table_arn]))
     if spec.reads_secret:
@@ -243,7 +252,14 @@ class Functions(Construct):
                 built.reserved_concurrency = self._reserved_concurrency(stack, function, fn_spec, config)
 
             kind = fn_spec.trigger_kind
-            if kind == "http":
+            if kind == "http" and fn_spec.url_auth == "iam":
+                # Operators (admin): AWS checks the SigV4 signature before invoking; callers need
+                # lambda:InvokeFunctionUrl on this function, granted to operator roles outside the stack.
+                built.url = function.add_function_url(
+                    auth_type=lambda_.FunctionUrlAuthType.AWS_IAM, invoke_mode=lambda_.InvokeMode.BUFFERED
+                )
+                CfnOutput(stack, f"{cid}Url", value=built.url.url, description=f"{fn_spec.name} Function URL (IAM)")
+            elif kind == "http":
                 # Agents are not AWS principals: ingest authenticates each request itself (HMAC
                 # bearer token, docs/protocol.md §7) before any S3 request, and reserved
                 # concurrency caps what unauthenticated traffic can cost. See docs/deploy.md.

@@ -9,7 +9,9 @@ Alarm kinds (the suffix of every alarm name, and the runbook heading):
   acceptance record vanished or is unreadable — should never happen;
 * ``Errors`` (non-HTTP functions): crashed invocations;
 * ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind;
-* ``ExecutionsFailed`` (every state machine): executions that failed, timed out or were aborted.
+* ``ExecutionsFailed`` (every state machine): executions that failed, timed out or were aborted;
+* ``NewConflicts`` (``index-quarantine``, ``walk-page``): an identity conflict was registered;
+* ``GcRestored`` (GC-role functions, ``reap-gc``): GC restored a blob it had marked (a race caught).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
 #: functions that run repair_accepted (a missing or wrong-size blob raises IntegrityViolation)
 INTEGRITY_FUNCTIONS = ("reconcile", "walk-page")
 INGEST_EXTRA_METRICS = ("ConflictEvidenceWriteFailed", "BlobRestoredAfterGc")
+#: emitted by lightmetrics.indexing.index_quarantine when a conflict's registry item is first created
+CONFLICTS_METRIC = "ConflictsRegistered"
+#: emitted by lightmetrics.gc when a settle restores a marked blob (each one is a race the handshake caught)
+GC_RESTORED_METRIC = "GcRestored"
+#: the functions that run index_quarantine: the event path, and the walk (a conflict whose event was lost)
+CONFLICT_FUNCTIONS = ("index-quarantine", "walk-page")
 
 
 def app_metric(name: str, service: str, statistic: str = "Sum", period: Duration | None = None) -> cw.Metric:
@@ -144,6 +152,23 @@ class Observability(Construct):
                     comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
                     what=f"reconciler checkpoint more than {lag_limit} s behind",
                     anchor="reconcilerlag",
+                )
+            if spec.name in CONFLICT_FUNCTIONS:
+                self._alarm(
+                    f"{cid}NewConflicts",
+                    app_metric(CONFLICTS_METRIC, spec.service, period=Duration.minutes(5)),
+                    threshold=1,
+                    what="a new identity conflict was registered (see `lmctl conflicts list --status unresolved`)",
+                    anchor="newconflicts",
+                )
+            if spec.gc_role:
+                self._alarm(
+                    f"{cid}GcRestored",
+                    app_metric(GC_RESTORED_METRIC, spec.service, period=Duration.minutes(5)),
+                    threshold=1,
+                    what="GC removed a delete marker because the blob became referenced during the grace "
+                         "(the accept-vs-GC race, caught by the handshake)",
+                    anchor="gcrestored",
                 )
             if spec.name in INTEGRITY_FUNCTIONS:
                 self._alarm(

@@ -56,6 +56,7 @@ class BuiltStateMachine:
         self.role = role
         self.log_group = log_group
         self.rule = rule
+        self.disabled_rule: events.Rule | None = None
         #: the raw ASL text (placeholders intact) and placeholder -> ARN token
         self.definition = definition
         self.substitutions = substitutions
@@ -102,19 +103,24 @@ class StateMachines(Construct):
                 tracing_enabled=True,
                 logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
             )
-            rule = None
-            if spec.schedule:
-                rule = events.Rule(
-                    self,
-                    f"{cid}Schedule",
-                    description=f"{spec.name}: {spec.schedule}",
-                    schedule=events.Schedule.expression(spec.schedule),
-                    targets=[targets.SfnStateMachine(machine)],
-                )
-                # The spec's input verbatim: every field explicit, nulls included (from_object would
-                # drop a null, and the console input documented in docs/walks.md has them).
-                cfn_rule = rule.node.default_child
-                assert isinstance(cfn_rule, events.CfnRule)
-                cfn_rule.add_property_override("Targets.0.Input", json.dumps(json.loads(spec.schedule_input or "{}"),
-                                                                             sort_keys=True))
+            # The spec's input verbatim: every field explicit, nulls included (from_object would
+            # drop a null, and the console inputs documented in docs/walks.md and docs/reaps.md have them).
+            rule = self._schedule(f"{cid}Schedule", f"{spec.name}: {spec.schedule}", spec.schedule,
+                                  spec.schedule_input, machine) if spec.schedule else None
+            # Deployed disabled (retention deletes data by policy): an operator enables it.
+            disabled_rule = self._schedule(
+                f"{cid}DisabledSchedule", f"{spec.name}: {spec.disabled_schedule} (disabled until a policy is set)",
+                spec.disabled_schedule, spec.disabled_schedule_input, machine, enabled=False,
+            ) if spec.disabled_schedule else None
             self.built[spec.name] = BuiltStateMachine(spec, machine, role, log_group, rule, text, subs)
+            self.built[spec.name].disabled_rule = disabled_rule
+
+    def _schedule(self, construct_id: str, description: str, expression: str, input_json: str | None,
+                  machine: sfn.StateMachine, *, enabled: bool = True) -> events.Rule:
+        rule = events.Rule(self, construct_id, description=description, enabled=enabled,
+                           schedule=events.Schedule.expression(expression),
+                           targets=[targets.SfnStateMachine(machine)])
+        cfn_rule = rule.node.default_child
+        assert isinstance(cfn_rule, events.CfnRule)
+        cfn_rule.add_property_override("Targets.0.Input", json.dumps(json.loads(input_json or "{}"), sort_keys=True))
+        return rule

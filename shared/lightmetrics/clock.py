@@ -63,3 +63,15 @@ def utc_datetime(unix_ns: int) -> datetime:
 
 
 DEFAULT_CLOCK: Clock = SystemClock()
+
+#: Demo and test runs only: shift a hosted process's clock by this many seconds (``lmctl demo``
+#: makes its fresh orphans look older than the retry horizon to the reap tasks this way).
+CLOCK_OFFSET_ENV = "LM_CLOCK_OFFSET_S"
+
+
+def clock_from_env(env: dict[str, str] | None = None) -> Clock:
+    """:data:`DEFAULT_CLOCK`, or an :class:`OffsetClock` when ``LM_CLOCK_OFFSET_S`` is set."""
+    import os
+
+    raw = (os.environ if env is None else env).get(CLOCK_OFFSET_ENV, "")
+    return OffsetClock(int(float(raw) * 1_000_000_000)) if raw else DEFAULT_CLOCK

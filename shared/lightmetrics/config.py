@@ -53,6 +53,9 @@ class Settings(BaseModel):
     retry_budget_count: int = Field(5, ge=1, le=1000, description="LM_RETRY_BUDGET_COUNT: failures before a blocker")
     retry_budget_age_s: int = Field(3600, ge=1, description="LM_RETRY_BUDGET_AGE_S: failing this long makes a blocker")
     reconcile_lookback_s: int = Field(6 * 3600, ge=0, description="LM_RECONCILE_LOOKBACK_S: rescan after downtime")
+    reconcile_margin_s: int = Field(120, ge=0, le=3600, description=(
+        "LM_RECONCILE_MARGIN_S: an entry whose PUT began this long before the newest entry a run saw is "
+        "verified once and not again (longer than any PUT in flight)"))
     queue_urls: dict[str, str] = Field(
         default_factory=dict, description="LM_QUEUE_URLS: JSON {queue name: URL} of the index queues and DLQs"
     )
@@ -64,6 +67,10 @@ class Settings(BaseModel):
         "cloudwatch", description="LM_QUEUE_PROBE: how the reconciler sees queue age (count = local runtime)"
     )
     secret_cache_s: int = Field(300, ge=0, description="LM_SECRET_CACHE_S: token key cache lifetime")
+    denylist_ttl_s: int = Field(
+        60, ge=1, le=3600,
+        description="LM_DENYLIST_TTL_S: ingest re-reads the identity denylist at most this often (its staleness bound)",
+    )
 
     @field_validator("bucket")
     @classmethod

@@ -22,13 +22,9 @@ executions), and ``lmctl verify`` must pass. Any violation makes the demo exit 1
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,7 +37,9 @@ from typing import Any
 from lightmetrics.auth import TokenKeys, mint_token
 from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import KeyCodec, UtcHour
+from lightmetrics.keys import KeyCodec
+from lightmetrics.ledger import check_acknowledged, missing_derived
+from lightmetrics.local.collectors import CollectorFleet
 from lightmetrics.manifests import AcceptedBatchManifest
 from lightmetrics.store import S3ObjectStore, s3_client_config
 
@@ -93,6 +91,7 @@ class DemoReport:
     phases: dict[str, float] = field(default_factory=dict)
     walk: dict[str, Any] = field(default_factory=dict)
     verify: dict[str, Any] = field(default_factory=dict)
+    reaps: dict[str, Any] = field(default_factory=dict)  # issue 6: lightmetrics.demo_reaps
 
     @property
     def accepted(self) -> int:
@@ -110,6 +109,7 @@ class DemoReport:
             and self.poisoned.get("listed", False)
             and self.walk.get("ok", False)
             and self.verify.get("ok", False)
+            and self.reaps.get("ok", False)
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -141,12 +141,15 @@ class DemoReport:
             "open_blockers": self.blockers,
             "walk": self.walk,
             "verify": self.verify,
+            "reaps": self.reaps,
             "seconds": round(self.seconds, 1),
             "phase_seconds": {k: round(v, 1) for k, v in self.phases.items()},
         }
 
     def print(self, console: Any) -> None:
         from lightmetrics.cli.output import grid
+        from lightmetrics.demo_conflicts import summary_row
+        from lightmetrics.demo_reaps import summary_rows as reap_rows
 
         d = self.to_json()
         rows = [
@@ -176,6 +179,8 @@ class DemoReport:
             ("lmctl verify (strict)", ("clean" if self.verify.get("ok") else
                                        f"{len(self.verify.get('violations', []))} violations")
              + f", {len(self.verify.get('acknowledged', []))} acknowledged"),
+            summary_row(self),
+            *reap_rows(self),
             ("violations", len(self.violations)),
             ("seconds", d["seconds"]),
         ]
@@ -183,12 +188,6 @@ class DemoReport:
         for v in self.violations[:20]:
             console.print(f"[red]violation:[/] {v}")
         console.print("[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0) -> list[Sample]:
@@ -204,98 +203,56 @@ def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0)
     ]
 
 
-class _Collectors:
-    """The collector processes; ``urls[i]`` is None once collector i was killed."""
-
-    def __init__(self, scale: DemoScale, env: dict[str, str], workdir: Path) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.urls: list[str | None] = []
-        self.marker = workdir / "victim-stalled"
-        self.victim = scale.collectors - 1
-        for i in range(scale.collectors):
-            port = _free_port()
-            cenv = dict(env, LM_COLLECTOR_ID=f"collector-{i + 1}")
-            if i == self.victim:
-                cenv["LM_FAULTS"] = json.dumps(
-                    [
-                        {
-                            "fault": "stall_after_landing",
-                            "operation": "PutObject",
-                            "key_contains": "raw-blobs/v1/",
-                            "after": scale.kill_after_blob_puts,
-                            "times": 1,
-                            "stall_s": 120,
-                            "marker_file": str(self.marker),
-                        }
-                    ]
-                )
-            cmd = [sys.executable, "-m", "lightmetrics.cli.main", "local", "collector", "--port", str(port)]
-            self.procs.append(subprocess.Popen(cmd, env=cenv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-            self.urls.append(f"127.0.0.1:{port}")
-        self._wait_ready()
-
-    def _wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        for i, url in enumerate(self.urls):
-            host, port = str(url).split(":")
-            while True:
-                if self.procs[i].poll() is not None:
-                    err = self.procs[i].stderr.read().decode(errors="replace") if self.procs[i].stderr else ""
-                    raise RuntimeError(f"collector-{i + 1} exited at start: {err[-2000:]}")
-                try:
-                    socket.create_connection((host, int(port)), timeout=0.5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"collector-{i + 1} did not start listening") from None
-                    time.sleep(0.1)
-
-    def kill_victim_when_stalled(self, stop: threading.Event, report: DemoReport) -> None:
-        while not stop.is_set():
-            if self.marker.exists():
-                key = self.marker.read_text()
-                self.procs[self.victim].kill()  # SIGKILL: no cleanup, no response
-                self.procs[self.victim].wait()
-                self.urls[self.victim] = None
-                report.killed = {
-                    "killed": True,
-                    "collector": f"collector-{self.victim + 1}",
-                    "signal": "SIGKILL",
-                    "stalled_after": "raw blob PUT landed, before the acceptance record",
-                    "blob_key": key.split("/", 4)[-1] if key else "",
-                }
-                return
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+def _victim_faults(scale: DemoScale, marker: Path) -> dict[str, str]:
+    """The victim collector stalls right after a raw-blob PUT landed (then it is killed)."""
+    rule = {"fault": "stall_after_landing", "operation": "PutObject", "key_contains": "raw-blobs/v1/",
+            "after": scale.kill_after_blob_puts, "times": 1, "stall_s": 120, "marker_file": str(marker)}
+    return {"LM_FAULTS": json.dumps([rule])}
 
 
-def _post(url: str, headers: dict[str, str], body: bytes, timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
-    host, port = url.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        conn.request("POST", "/", body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, json.loads(resp.read() or b"{}")
-    finally:
-        conn.close()
+def _kill_victim_when_stalled(fleet: CollectorFleet, victim: int, marker: Path, stop: threading.Event,
+                              report: DemoReport) -> None:
+    while not stop.is_set():
+        if marker.exists():
+            key = marker.read_text()
+            fleet.kill(victim)  # SIGKILL: no cleanup, no response
+            report.killed = {
+                "killed": True,
+                "collector": f"collector-{victim + 1}",
+                "signal": "SIGKILL",
+                "stalled_after": "raw blob PUT landed, before the acceptance record",
+                "blob_key": key.split("/", 4)[-1] if key else "",
+            }
+            return
+        time.sleep(0.02)
 
 
 class _Agent:
-    def __init__(self, n: int, token: str, scale: DemoScale, collectors: _Collectors, report: DemoReport) -> None:
-        self.n, self.scale, self.collectors, self.report = n, scale, collectors, report
+    """A simulated agent: encodes its batches, spools them and drains the spool with the agent
+    client (:class:`lightmetrics.client.AgentClient`), which fails over across the collectors,
+    backs off on 503 and parks conflicts. ``client`` stays usable after the accept phase (its
+    parked batches, ``retry_parked()``)."""
+
+    def __init__(self, n: int, token: str, scale: DemoScale, endpoints: list[str], report: DemoReport,
+                 spool_root: Path) -> None:
+        from lightmetrics.client import AgentClient, BackoffPolicy
+
+        self.n, self.scale, self.report = n, scale, report
         self.agent_id, self.boot_id = f"demo-agent-{n:02d}", f"boot-{n:02d}-0001"
-        self.token = token
         self.lock = threading.Lock()
-        self.rng = random.Random(n)
+        self.alerts: list[Any] = []
+        self.client = AgentClient(
+            agent_id=self.agent_id,
+            token=token,
+            endpoints=endpoints,
+            spool=spool_root / self.agent_id,
+            # demo pace: short waits, and many attempts so a collector killed mid-run is ridden out
+            backoff=BackoffPolicy(base_s=0.05, max_s=1.0, max_attempts=60, honor_retry_after=False),
+            parked_retry_s=3600.0,
+            request_timeout_s=30.0,
+            on_alert=self.alerts.append,
+            rng=random.Random(n),
+        )
 
     def identity(self, batch: int) -> BatchIdentity:
         per = self.scale.samples_per_batch
@@ -306,34 +263,17 @@ class _Agent:
         return encode_frame(self.identity(batch), samples, compress=batch % 2 == 0)
 
     def send(self, ident: BatchIdentity, body: bytes, start: int) -> dict[str, Any]:
-        """Deliver at least once: fail over across collectors; retry 503 with backoff."""
-        headers = {
-            "X-Lm-Agent-Id": ident.agent_id,
-            "X-Lm-Boot-Id": ident.boot_id,
-            "X-Lm-Seq-Start": str(ident.seq_start),
-            "X-Lm-Seq-End": str(ident.seq_end),
-            "Authorization": f"Bearer {self.token}",
-            "Content-Type": "application/vnd.lightmetrics.frame",
-        }
-        delay = 0.05
-        for attempt in range(60):
-            url = self.collectors.urls[(start + attempt) % len(self.collectors.urls)]
-            if url is None:
-                continue
-            try:
-                status, answer = _post(url, headers, body)
-            except (OSError, http.client.HTTPException):
-                with self.lock:
-                    self.report.failovers += 1
-                continue
-            with self.lock:
-                self.report.answers[answer.get("status", f"http-{status}")] += 1
-            if status == 503:
-                time.sleep(self.rng.uniform(0, delay))
-                delay = min(delay * 2, 1.0)
-                continue
-            return answer
-        raise RuntimeError(f"{ident}: no collector answered after 60 attempts")
+        """Spool ``body`` and drain the spool, starting at collector ``start``; the batch's last answer."""
+        self.client.endpoint_index = start % len(self.client.endpoints)
+        self.client.enqueue(ident, body)
+        drained = self.client.drain(timeout_s=300)
+        with self.lock:
+            self.report.answers.update(drained.answers)
+            self.report.failovers += drained.failovers
+        mine = [o for o in drained.outcomes if o.identity == ident]
+        if not mine or mine[-1].action == "unavailable":
+            raise RuntimeError(f"{ident}: no collector answered ({drained.to_json()})")
+        return mine[-1].body
 
     def run(self, base_ns: int, tick: Any) -> None:
         for batch in range(self.scale.batches_per_agent):
@@ -358,38 +298,14 @@ class _Agent:
 
 
 def _verify(report: DemoReport, store: S3ObjectStore, codec: KeyCodec) -> dict[BatchIdentity, AcceptedBatchManifest]:
-    """The ledger check: one acceptance record per acknowledged identity, same hash, blob present.
-
-    Records are read one by one (GET, concurrently); blob presence comes from one listing of
-    ``raw-blobs/v1/`` instead of a HEAD per blob.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    manifests: dict[BatchIdentity, AcceptedBatchManifest] = {}
-    by_identity: dict[BatchIdentity, set[str]] = {}
+    """The ledger check (:func:`lightmetrics.ledger.check_acknowledged`) over the demo's acks."""
+    acked: dict[BatchIdentity, set[str]] = {}
     for ack in report.acks:
-        by_identity.setdefault(ack.identity, set()).add(ack.sha256)
-    blobs = set(store.list_keys(codec.prefix + "raw-blobs/v1/", limit=10**7))
-    with ThreadPoolExecutor(8) as pool:
-        records = dict(zip(by_identity, pool.map(lambda i: store.get(codec.accepted(i)), by_identity)))
-    for ident, hashes in by_identity.items():
-        if len(hashes) != 1:
-            report.violations.append(f"{ident}: acknowledged with {len(hashes)} different hashes")
-            continue
-        raw = records[ident]
-        if raw is None:
-            report.violations.append(f"{ident}: acknowledged but no acceptance record")
-            continue
-        manifest = AcceptedBatchManifest.from_bytes(raw)
-        if manifest.frame_sha256 not in hashes:
-            report.violations.append(f"{ident}: record hash {manifest.frame_sha256} differs from acknowledged")
-            continue
-        if manifest.raw_blob_key not in blobs:
-            report.violations.append(f"{ident}: blob {manifest.raw_blob_key} missing")
-            continue
-        manifests[ident] = manifest
-        report.verified += 1
-    return manifests
+        acked.setdefault(ack.identity, set()).add(ack.sha256)
+    check = check_acknowledged(store, codec, acked)
+    report.violations += check.violations
+    report.verified += check.verified
+    return check.manifests
 
 
 def _deliberate_conflict(agent: _Agent, base_ns: int, store: S3ObjectStore, report: DemoReport) -> None:
@@ -398,13 +314,20 @@ def _deliberate_conflict(agent: _Agent, base_ns: int, store: S3ObjectStore, repo
     answer = agent.send(ident, body, 0)
     qkey = answer.get("quarantine_key")
     evidence = store.get(qkey) if qkey else None
+    # The agent client parks it: kept with a sidecar, outside the normal order, and alerts.
+    parked = [p for p in agent.client.parked() if p.identity == ident]
+    alerted = [a for a in agent.alerts if a.kind == "parked" and a.identity == ident]
     report.conflict = {
         "identity": str(ident),
         "status": answer.get("status"),
         "quarantine_key": qkey,
         "evidence_present": evidence is not None,
         "resolution": answer.get("resolution"),
-        "ok": answer.get("status") == "identity_conflict" and evidence is not None,
+        "parked": [p.to_json() for p in parked],
+        "parked_bytes_identical": bool(parked) and parked[0].read_bytes() == body,
+        "alerts": len(alerted),
+        "ok": answer.get("status") == "identity_conflict" and evidence is not None
+        and len(parked) == 1 and parked[0].read_bytes() == body and len(alerted) == 1,
     }
 
 
@@ -422,18 +345,7 @@ def _drop_first_raw_blob_event(dropped: list[str]) -> Any:
 
 def _check_derived(report: DemoReport, store: S3ObjectStore, codec: KeyCodec, manifests: dict[BatchIdentity, Any]) -> None:
     """Every accepted batch has all its derived entries (three LISTs, not a request per batch)."""
-    by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=10**7))
-    by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=10**7))
-    blob_shas = {k.rsplit("sha256=", 1)[-1][:64] for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/",
-                                                                          limit=10**7)}
-    missing = Counter()
-    for ident, m in manifests.items():
-        if codec.accepted_by_time(UtcHour.of_unix_ns(m.accepted_at_unix_ns), ident) not in by_time:
-            missing["accepted-by-time"] += 1
-        if codec.accepted_by_blob(m.frame_sha256, ident) not in by_blob:
-            missing["accepted-by-blob"] += 1
-        if m.frame_sha256 not in blob_shas:
-            missing["raw-blobs-by-time"] += 1
+    missing = missing_derived(store, codec, manifests)
     report.derived = {"batches": len(manifests), "missing": dict(missing), "complete": not missing}
     for kind, n in missing.items():
         report.violations.append(f"{n} accepted batches lack their {kind} entry")
@@ -532,9 +444,12 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
     # moto gets a process (and a core) of its own; the state machines' Lambda tasks (the walk)
     # run in that process too, configured by these LM_* variables.
     hosted = {"LM_BUCKET": BUCKET, "LM_TABLE": TABLE, "LM_AUTH_SECRET_ID": SECRET, "LM_PREFIX": ""}
+    from lightmetrics.demo_reaps import HOSTED_ENV as REAP_ENV  # issue 6: reap tasks' horizon, grace, clock
+
+    hosted.update(REAP_ENV)
     runtime = RemoteRuntime.spawn(port=port, env=hosted)
     system = LocalSystem(runtime, bucket=BUCKET, table=TABLE, secret_name=SECRET)
-    collectors: _Collectors | None = None
+    collectors: CollectorFleet | None = None
     try:
         system.provision()
         keys = TokenKeys.parse(system.made["secret_value"])
@@ -545,11 +460,14 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
         store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
         with tempfile.TemporaryDirectory(prefix="lm-demo-") as workdir:
             # -- 1. accept: collectors (processes) and agents (threads), one collector killed
-            collectors = _Collectors(scale, env, Path(workdir))
-            agents = [_Agent(i, mint_token(keys, f"demo-agent-{i:02d}"), scale, collectors, report) for i in range(scale.agents)]
+            marker, victim = Path(workdir) / "victim-stalled", scale.collectors - 1
+            collectors = CollectorFleet(scale.collectors, env, {victim: _victim_faults(scale, marker)})
+            agents = [_Agent(i, mint_token(keys, f"demo-agent-{i:02d}"), scale, collectors.endpoints(), report,
+                             Path(workdir) / "spools") for i in range(scale.agents)]
             base_ns = time.time_ns() - 3600 * 1_000_000_000
             stop = threading.Event()
-            killer = threading.Thread(target=collectors.kill_victim_when_stalled, args=(stop, report), daemon=True)
+            killer = threading.Thread(target=_kill_victim_when_stalled, args=(collectors, victim, marker, stop, report),
+                                      daemon=True)
             killer.start()
             # The indexers consume notifications while agents send, as Lambda would. One raw-blob
             # event is lost on purpose; a poisoned record must end up as a blocker.
@@ -595,6 +513,11 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
                 report.violations.append("the index queues did not drain within 300 s")
             report.phases["index drain"] = time.monotonic() - mark
             mark = time.monotonic()
+            from lightmetrics.demo_conflicts import run_conflict_phase  # issue 8: list, resolve, agent drops
+
+            run_conflict_phase(report, system, agents[0].client)
+            report.phases["conflict resolution"] = time.monotonic() - mark
+            mark = time.monotonic()
 
             # -- 3. reconcile: the lost event's entry is repaired; the poison stays a blocker
             ctx = system.work_context()
@@ -627,6 +550,11 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
             from pipeline.demo_phase import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
 
             run_pipeline_phase(system, runtime, report, show_progress)
+            mark = time.monotonic()
+            from lightmetrics.demo_reaps import run_reap_phase  # issue 6: orphans + expired hour, both reaps
+
+            run_reap_phase(report, system, runtime, show_progress)
+            report.phases["reaps + verify"] = time.monotonic() - mark
     finally:
         system.stop()
         if collectors is not None:

@@ -6,7 +6,7 @@ deterministic content, so 412 means "already done" and any number of replays is 
 
 Cost (brief §12, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 2
 sequential round trips (the two PUTs run concurrently); one raw blob is 1 HEAD + 1 PUT; one
-quarantine manifest is 1 GET + 1 PUT.
+quarantine manifest is 1 GET + 1 PUT + 1 conditional PutItem (the conflict registry).
 
 Example:
     >>> index_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")     # doctest: +SKIP
@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.conflicts import ConflictEntry, register
 from lightmetrics.derived import AcceptedByBlobEntry, AcceptedByTimeEntry, QuarantineByBlobEntry, RawBlobsByTimeEntry
 from lightmetrics.errors import KeyLayoutError, ManifestError
 from lightmetrics.identity import hex_to_id
@@ -36,6 +37,8 @@ KIND_ACCEPTED = "index-accepted"
 KIND_RAW_BLOB = "index-raw-blob"
 KIND_QUARANTINE = "index-quarantine"
 KIND_REPAIR = "repair-accepted"
+#: emitted once per conflict when its registry item is created (the NewConflicts alarm)
+CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
 
 
 class TombstoneCache:
@@ -178,7 +181,12 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
     entry = QuarantineByBlobEntry(quarantine_key=quarantine_key, submitted_frame_sha256=q.submitted_frame_sha256,
                                   accepted_frame_sha256=q.accepted_frame_sha256)
     created = _create(ctx, ctx.codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity), entry.to_bytes())
-    return Outcome.DONE if created else Outcome.NOOP_RESOLVED
+    # The conflict registry (lightmetrics.conflicts): a conditional create, so replays and the walk
+    # only ever fill a missing item and never overwrite an operator's resolution.
+    registered = register(ctx.blockers.table, ConflictEntry.from_evidence(quarantine_key, q))
+    if registered:
+        ctx.metrics.add_metric(name=CONFLICTS_REGISTERED_METRIC, unit="Count", value=1)
+    return Outcome.DONE if created or registered else Outcome.NOOP_RESOLVED
 
 
 def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:

@@ -6,7 +6,7 @@ The Lambda handler and the local runtime's HTTP endpoint both parse their reques
 
 Status codes: 200 accepted/duplicate, 409 identity_conflict, 503 unavailable (with
 ``Retry-After``), 400 invalid identity or frame, 401 bad or missing token, 403 token for
-another agent, 405 not POST, 413 body over ``LM_MAX_FRAME_BYTES``.
+another agent or an agent/boot on the denylist (:class:`DenylistCache`), 405 not POST, 413 body over ``LM_MAX_FRAME_BYTES``.
 
 Example:
     >>> service.handle(HttpRequest("POST", {"x-lm-agent-id": "a", ...}, body))   # doctest: +SKIP
@@ -25,6 +25,7 @@ from typing import Any
 
 from lightmetrics.accept import AcceptContext, AcceptResult, AcceptStatus, accept_batch
 from lightmetrics.auth import CachedTokenKeys, bearer_token, verify_token
+from lightmetrics.denylist import DenylistCache
 from lightmetrics.errors import AuthError, ConfigError, InvalidIdentityError
 from lightmetrics.identity import BatchIdentity
 
@@ -90,9 +91,10 @@ def parse_lambda_event(event: Mapping[str, Any]) -> HttpRequest:
 class IngestService:
     """Authenticate, validate and accept one HTTP submission."""
 
-    def __init__(self, ctx: AcceptContext, token_keys: CachedTokenKeys) -> None:
+    def __init__(self, ctx: AcceptContext, token_keys: CachedTokenKeys, denylist: DenylistCache | None = None) -> None:
         self.ctx = ctx
         self.token_keys = token_keys
+        self.denylist = denylist
 
     def handle(self, request: HttpRequest) -> HttpResponse:
         return response_for(self._handle(request))
@@ -131,4 +133,9 @@ class IngestService:
         except Exception as exc:  # Secrets Manager unreachable: the agent retries
             log.error("token keys could not be loaded: %s", exc)
             return AcceptResult(status=AcceptStatus.UNAVAILABLE, reason="token keys unavailable", retry_after_s=5)
+        # Step 1, continued: a denied agent/boot, from the cached denylist (never a per-request read).
+        entry = self.denylist.denied(identity) if self.denylist is not None else None
+        if entry is not None:
+            return _error(AcceptStatus.DENIED, f"identity {identity.agent_id}/{identity.boot_id} is denied by an "
+                          f"operator (denylist entry {entry}); see `lmctl conflicts list --agent {identity.agent_id}`")
         return accept_batch(self.ctx, identity, request.body)

@@ -2,9 +2,19 @@
 
 Events get lost; the reconciler is what makes derived state converge anyway (brief §6). Each run
 lists the ``accepted-by-time`` hours from its checkpoint (the first hour not yet closed) up to
-the current hour and repairs every entry with :func:`lightmetrics.indexing.repair_accepted` —
-the same code the walk uses. Its cost is proportional to the entries of open hours, never to
-history.
+the current hour and repairs every entry it has not verified before with
+:func:`lightmetrics.indexing.repair_accepted` — the same code the walk uses.
+
+Verified once. A repair that ends DONE or NOOP_RESOLVED leaves every derived entry of that batch
+in place, so checking it again on every run until its hour closes (about a dozen runs) buys
+nothing. The checkpoint keeps ``verified_before_ns``: entries whose ``LastModified`` (S3's clock,
+read from the listing, so no clock skew between us and S3) is older were verified by an earlier
+run. A run that saw entries sets it to the newest ``LastModified`` it listed minus
+``LM_RECONCILE_MARGIN_S`` (longer than any PUT in flight: a PUT that began earlier but was not
+yet visible to the listing is still checked next time) — but only if no entry ended RETRY_LATER
+or BLOCKED, so such entries (and a blocker an operator resumes) are checked again. After
+downtime it starts over from 0. The listing is the only per-entry cost of a steady-state run:
+one LIST per 1,000 entries of the open hours, plus the repairs of new entries.
 
 Closing an hour. Keys inside an hour are not time-ordered, so the checkpoint moves past hour H
 only when no more entries can appear in it: H ended more than ``LM_SETTLE_S`` ago, no index
@@ -106,6 +116,7 @@ class Checkpoint:
     hour: UtcHour
     version: int
     last_run_ns: int
+    verified_before_ns: int = 0
 
 
 @dataclass
@@ -114,6 +125,7 @@ class ReconcileReport:
     checkpoint_after: str
     hours_scanned: list[str] = field(default_factory=list)
     entries: int = 0
+    verified_earlier: int = 0  # entries listed but not repaired again (see "Verified once")
     outcomes: Counter[str] = field(default_factory=Counter)
     closed: list[str] = field(default_factory=list)
     not_closed_because: str = ""
@@ -126,6 +138,7 @@ class ReconcileReport:
             "checkpoint_after": self.checkpoint_after,
             "hours_scanned": self.hours_scanned,
             "entries": self.entries,
+            "verified_earlier": self.verified_earlier,
             "outcomes": dict(self.outcomes),
             "closed": self.closed,
             "not_closed_because": self.not_closed_because,
@@ -144,11 +157,13 @@ class Reconciler:
         item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         if item is None:
             return None
-        return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)))
+        return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
+                          int(item.get("verified_before_ns", 0)))
 
-    def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int) -> bool:
+    def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0) -> bool:
         values = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "hour_start_s": new_hour.start_unix_s,
-                  "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns}
+                  "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
+                  "verified_before_ns": verified_before_ns}
         try:
             if expected is None:
                 self.table.put(values, condition="attribute_not_exists(pk)")
@@ -170,6 +185,7 @@ class Reconciler:
         current = UtcHour.of_unix_ns(now)
         cp = self.checkpoint()
         lookback_start = UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS)
+        since = 0
         if cp is None:
             start = lookback_start
         else:
@@ -177,13 +193,20 @@ class Reconciler:
             downtime = now - cp.last_run_ns > max(2 * self.settings.settle_s, 3600) * _NS
             if downtime and lookback_start < start:
                 start = lookback_start  # events may have been lost while nobody watched
+            if not downtime:
+                since = cp.verified_before_ns
         first_open = cp.hour if cp else start
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="")
         hour, retry_hours = start, set()
-        scanned = 0
+        scanned, newest = 0, 0
         while hour <= current and scanned < max_hours:
-            retry_hours |= self._scan_hour(hour, report)
+            retry, hour_newest = self._scan_hour(hour, report, since)
+            retry_hours |= retry
+            newest = max(newest, hour_newest)
             hour, scanned = hour.next(), scanned + 1
+        verified_before = since
+        if newest and not report.outcomes[Outcome.RETRY_LATER.value] and not report.outcomes[Outcome.BLOCKED.value]:
+            verified_before = max(since, newest - self.settings.reconcile_margin_s * _NS)
 
         # Close hours in order while every condition holds.
         new_open = first_open
@@ -196,7 +219,7 @@ class Reconciler:
             new_open = new_open.next()
         if not report.not_closed_because:
             report.not_closed_because = f"{current}: the current hour is never closed"
-        if not self._save(new_open, cp, now):
+        if not self._save(new_open, cp, now, verified_before):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
             new_open = other.hour if other else new_open
@@ -218,18 +241,24 @@ class Reconciler:
             return "an indexing blocker is open"
         return ""
 
-    def _scan_hour(self, hour: UtcHour, report: ReconcileReport) -> set[UtcHour]:
+    def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int) -> tuple[set[UtcHour], int]:
+        """Repair the hour's entries not verified before ``since_ns``; (hours left at RETRY_LATER,
+        the newest LastModified listed)."""
         report.hours_scanned.append(str(hour))
         retry: set[UtcHour] = set()
-        keys = self.ctx.store.list_keys(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
+        entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
         manifest_keys = []
-        for key in keys:
+        for key, modified_ns in entries:
+            if modified_ns < since_ns:
+                report.verified_earlier += 1
+                continue
             manifest_key = self._manifest_key(key)
             if manifest_key is None:
                 report.outcomes["skipped-bad-entry"] += 1
             else:
                 manifest_keys.append(manifest_key)
-        report.entries += len(keys)
+        report.entries += len(entries)
+        newest = max((m for _, m in entries), default=0)
 
         def repair(k: str) -> Outcome:
             return run_unit(self.ctx, kind=KIND_REPAIR, object_key=k, source="reconcile",
@@ -240,7 +269,7 @@ class Reconciler:
             report.outcomes[outcome.value] += 1
             if outcome is Outcome.RETRY_LATER:
                 retry.add(hour)
-        return retry
+        return retry, newest
 
     def _manifest_key(self, entry_key: str) -> str | None:
         try:

@@ -224,6 +224,9 @@ class FunctionSpec:
       function's reserved concurrency (an operator throttle); ``None`` for no reservation.
     * ``metrics_service``: the Powertools ``service`` the handler's metrics carry (the alarm
       dimension); defaults to ``name``.
+    * ``url_auth``: the Function URL's auth type for ``http`` functions: ``"none"`` (ingest: agents
+      are not AWS principals and carry HMAC tokens) or ``"iam"`` (admin: SigV4-signed operators;
+      the local runtime checks the signature too, :mod:`lightmetrics.local.sigv4`).
     """
 
     name: str
@@ -246,10 +249,13 @@ class FunctionSpec:
     memory_mb: int = 512
     batch_size: int = 10
     metrics_service: str | None = None
+    url_auth: Literal["none", "iam"] = "none"
     description: str = ""
 
     def __post_init__(self) -> None:
         kind = self.trigger.partition(":")[0]
+        if self.url_auth not in ("none", "iam") or (self.url_auth == "iam" and kind != "http"):
+            raise ValueError(f"function {self.name!r}: url_auth is 'none' or 'iam', and 'iam' needs trigger 'http'")
         if kind not in TRIGGER_KINDS:
             raise ValueError(f"function {self.name!r}: trigger {self.trigger!r} is not one of {TRIGGER_KINDS}")
         if kind in ("queue", "schedule") and not self.trigger_arg:
@@ -303,7 +309,8 @@ class StateMachineSpec:
       substitutions, the local runtime with the local function ARNs — one map, one loader
       (:mod:`lightmetrics.statemachines`);
     * ``schedule`` / ``schedule_input``: an EventBridge schedule expression and the execution
-      input it sends (JSON text, every field explicit), or None for manual starts only.
+      input it sends (JSON text, every field explicit), or None for manual starts only;
+      ``disabled_schedule`` / ``disabled_schedule_input``: one more, deployed disabled.
     """
 
     name: str
@@ -312,6 +319,9 @@ class StateMachineSpec:
     substitutions: tuple[tuple[str, str], ...] = ()
     schedule: str | None = None
     schedule_input: str | None = None
+    #: a second schedule deployed disabled (an operator enables it deliberately), e.g. retention
+    disabled_schedule: str | None = None
+    disabled_schedule_input: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -323,8 +333,9 @@ class StateMachineSpec:
         for p in placeholders:
             if not p.isidentifier():
                 raise ValueError(f"state machine {self.name!r}: placeholder {p!r} is not an identifier")
-        if self.schedule_input is not None:
-            json.loads(self.schedule_input)  # must be valid JSON
+        for text in (self.schedule_input, self.disabled_schedule_input):
+            if text is not None:
+                json.loads(text)  # must be valid JSON
 
     def substitution_map(self) -> dict[str, str]:
         """placeholder -> function name."""
@@ -428,10 +439,26 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # So that a missing key is a 404, not a 403.
         s3_list=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
         reads_secret=True,
+        table="read",  # the identity denylist: one Query per LM_DENYLIST_TTL_S into a cache, never per request
         reserved_concurrency_param="IngestReservedConcurrency",
         timeout_s=60,
         memory_mb=1024,
         description="Accepts metric batches: authenticate, validate, conditional creates in S3",
+    ),
+    FunctionSpec(
+        "admin",
+        "functions.admin.app",
+        "handler",
+        trigger="http",
+        url_auth="iam",  # operators sign with SigV4; nothing else can reach it
+        # Evidence (GET) and resolution records (GET; conditional create, write-once).
+        s3_read=("quarantine/v1/", "conflict-resolutions/v1/"),
+        s3_write=("conflict-resolutions/v1/",),
+        s3_list=("quarantine/v1/", "conflict-resolutions/v1/"),
+        table="write",  # conflict registry, denylist, blockers, status reads
+        sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),  # status: queue depths
+        timeout_s=30,
+        description="Admin API (IAM auth): identity conflicts, resolutions, denylist, blockers, status",
     ),
     FunctionSpec(
         "index-accepted",
@@ -541,6 +568,63 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         timeout_s=60,
         description="Bootstrap walk: finish (watermark) or record a failure; release the lease",
     ),
+    # The reap's Step Functions tasks (docs/reaps.md): thin shells over lightmetrics.reap.
+    FunctionSpec(
+        "reap-begin",
+        "functions.reap_begin.app",
+        trigger="task",
+        # Retention without --hour lists accepted-by-time's hours and HEADs their reaped markers.
+        s3_read=("retention/v1/",),
+        s3_list=("accepted-by-time/v1/", "manifests/v1/", "retention/v1/"),
+        table="write",  # the reap lease and checkpoint
+        timeout_s=60,
+        description="Reap: validate the input (dry_run explicit), take the lease, write the checkpoint",
+    ),
+    FunctionSpec(
+        "reap-gc",
+        "functions.reap_gc.app",
+        trigger="task",
+        # The proof reads only authoritative keys: the blob (HEAD), its acceptance record (GET), the
+        # conflict evidence and resolution (HEAD), the hour's tombstone (HEAD); candidates come from
+        # raw-blobs/ or raw-blobs-by-time/ listings or the Spark audit's orphan-blob-candidates
+        # (audit/v1/), retention's from the hour's accepted-by-time.
+        s3_read=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/", "conflict-resolutions/v1/", "retention/v1/",
+                 "accepted-by-time/v1/", "audit/v1/"),
+        s3_list=("raw-blobs/v1/", "raw-blobs-by-time/v1/", "accepted/v1/", "quarantine/v1/",
+                 "conflict-resolutions/v1/", "retention/v1/", "accepted-by-time/v1/", "audit/v1/"),
+        # The one blob deleter (delete markers, then exactly the captured versions) and the blob's
+        # raw-blobs-by-time hint, which goes with it.
+        s3_delete=("raw-blobs/v1/", "raw-blobs-by-time/v1/"),
+        gc_role=True,
+        table="write",  # lease, checkpoint (intents and marks)
+        timeout_s=600,
+        memory_mb=1024,
+        description="Reap (GC role, the only raw-blob deleter): prove and mark a page of blobs, or settle marks",
+    ),
+    FunctionSpec(
+        "reap-retention",
+        "functions.reap_retention.app",
+        trigger="task",
+        s3_read=("accepted-by-time/v1/", "retention/v1/"),
+        # Tombstones and reaped markers: conditional creates, never deleted.
+        s3_write=("retention/v1/",),
+        s3_list=("accepted-by-time/v1/", "accepted-by-blob/v1/", "retention/v1/", "rollup/v1/", "index/v1/",
+                 "manifests/v1/"),
+        # Derived prefixes only: the retention role can delete no blob and no acceptance record.
+        # Rollup retention (scope rollup): chunks, chunk indexes, then generation manifests.
+        s3_delete=("accepted-by-time/v1/", "accepted-by-blob/v1/", "rollup/v1/", "index/v1/", "manifests/v1/"),
+        table="write",  # lease, checkpoint, retention records; reads the completeness watermark
+        timeout_s=600,
+        description="Reap (retention role): tombstone an expired hour, delete its derived entries, mark it reaped",
+    ),
+    FunctionSpec(
+        "reap-end",
+        "functions.reap_end.app",
+        trigger="task",
+        table="write",  # checkpoint, lease release
+        timeout_s=60,
+        description="Reap: the final report (examined, marked, purged, restored, kept and why); release the lease",
+    ),
 )
 
 #: Step Functions state machines; their ASL is in infra/statemachines/ (docs/walks.md).
@@ -562,6 +646,26 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
             {"agent": None, "resume": False, "page_size": 1000, "parallelism": 4}, sort_keys=True
         ),
         description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
+    ),
+    StateMachineSpec(
+        "reap",
+        "Reap",
+        "reap.asl.json",
+        substitutions=(
+            ("ReapBeginFunctionArn", "reap-begin"),
+            ("ReapGcFunctionArn", "reap-gc"),
+            ("ReapRetentionFunctionArn", "reap-retention"),
+            ("ReapEndFunctionArn", "reap-end"),
+        ),
+        # Daily GC at 04:00 UTC. It deletes (dry_run false, stated explicitly): every deletion is
+        # proven from authoritative reads and goes through the delete-marker handshake.
+        schedule="cron(0 4 * * ? *)",
+        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "scan"}, sort_keys=True),
+        # Retention deletes data by policy: its schedule is deployed DISABLED until an operator
+        # sets LM_RETENTION_S deliberately and enables the rule (docs/reaps.md).
+        disabled_schedule="cron(0 5 * * ? *)",
+        disabled_schedule_input=json.dumps({"mode": "retention", "dry_run": False, "hour": None}, sort_keys=True),
+        description="Reap: GC of orphan raw blobs (mode gc) and retention of expired hours (mode retention)",
     ),
 )
 

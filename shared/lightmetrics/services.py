@@ -18,6 +18,7 @@ from lightmetrics.accept import AcceptContext, MetricsSink, NoMetrics
 from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
 from lightmetrics.blockers import BlockerStore
 from lightmetrics.control_table import ControlTable
+from lightmetrics.denylist import DenylistCache
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.config import Settings
 from lightmetrics.ingest_http import IngestService
@@ -27,6 +28,7 @@ from lightmetrics.retry import RetryPolicy
 from lightmetrics.retry_budget import RetryBudget
 from lightmetrics.store import S3ObjectStore, s3_client_config
 from lightmetrics.testing.faults import install_from_env
+from lightmetrics.testing.latency import install_from_env as install_latency_from_env
 from lightmetrics.work import WorkContext
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ def s3_client(
     if counter is not None:
         counter.attach(client)
     install_from_env(client)  # chaos runs only: a no-op unless LM_FAULTS is set
+    install_latency_from_env(client)  # benchmarks only: a no-op unless LM_INJECT_LATENCY_MS/_MAX_INFLIGHT is set
     return client
 
 
@@ -84,7 +87,9 @@ def token_keys(settings: Settings, *, session: Any = None) -> CachedTokenKeys:
 
 def ingest_service(settings: Settings, **kwargs: Any) -> IngestService:
     session = kwargs.pop("session", None)
-    return IngestService(accept_context(settings, session=session, **kwargs), token_keys(settings, session=session))
+    denylist = DenylistCache(control_table(settings, session=session), settings.denylist_ttl_s)
+    return IngestService(accept_context(settings, session=session, **kwargs), token_keys(settings, session=session),
+                         denylist)
 
 
 def control_table(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> ControlTable:

@@ -80,6 +80,10 @@ class ObjectStore(Protocol):
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
 
+    def list_modified(self, prefix: str, *, limit: int = 1000) -> list[tuple[str, int]]: ...
+
+
+_NS = 1_000_000_000
 
 _RETRYABLE_CODES = {
     "SlowDown",
@@ -255,15 +259,24 @@ class S3ObjectStore:
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]:
         """Keys under ``prefix`` in key order, at most ``limit`` (paginated)."""
-        keys: list[str] = []
+        return [key for key, _ in self.list_modified(prefix, limit=limit)]
+
+    def list_modified(self, prefix: str, *, limit: int = 1000) -> list[tuple[str, int]]:
+        """``(key, LastModified in Unix ns)`` under ``prefix`` in key order, at most ``limit``.
+
+        LastModified is S3's clock (whole seconds): when the object's PUT began.
+        """
+        entries: list[tuple[str, int]] = []
         token: str | None = None
-        while len(keys) < limit:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": min(1000, limit - len(keys))}
+        while len(entries) < limit:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
+                                      "MaxKeys": min(1000, limit - len(entries))}
             if token:
                 kwargs["ContinuationToken"] = token
             page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix)
-            keys.extend(obj["Key"] for obj in (page or {}).get("Contents", []))
+            entries.extend((obj["Key"], int(obj["LastModified"].timestamp()) * _NS)
+                           for obj in (page or {}).get("Contents", []))
             token = (page or {}).get("NextContinuationToken")
             if not token:
                 break
-        return keys
+        return entries

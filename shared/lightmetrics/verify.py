@@ -16,6 +16,9 @@ checks, reporting each violation with the keys involved:
   completeness watermark W without its derived entry. Newer ones lacking an entry are only
   counted as ``pending`` (the event path or the next walk writes them); ``strict`` requires every
   entry regardless of W (for a quiet system right after a walk, as in the demo and tests);
+* ``reaped-without-tombstone`` / ``reaped-not-empty``: a retention ``reaped`` marker without its
+  tombstone, or a reaped hour that still has ``accepted-by-time`` entries (a writer re-created
+  derived state under a tombstone);
 * ``overlap`` (warning): sequence ranges overlapping within one boot — legal for the protocol,
   but those samples would be counted twice.
 
@@ -142,6 +145,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         accepted, blobs = listed["accepted/v1/"], listed["raw-blobs/v1/"]
         quarantine = listed["quarantine/v1/"]
         tombstoned: set[UtcHour] = set()
+        reaped: set[UtcHour] = set()
         for key in listed["retention/v1/"]:
             try:
                 parsed = codec.parse(key)
@@ -150,6 +154,16 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                 continue
             if parsed.kind is KeyKind.RETENTION_TOMBSTONE and parsed.scope == "raw" and parsed.hour is not None:
                 tombstoned.add(parsed.hour)
+            elif parsed.kind is KeyKind.RETENTION_REAPED and parsed.scope == "raw" and parsed.hour is not None:
+                reaped.add(parsed.hour)
+        # Retention (docs/protocol.md §10): a reaped marker is written only after its tombstone and
+        # after the hour's accepted-by-time entries are gone; writers never re-create them.
+        for hour in sorted(reaped - tombstoned):
+            note("reaped-without-tombstone", [codec.retention_reaped("raw", hour)], f"{hour} has no tombstone")
+        for hour in sorted(reaped):
+            left = [k for k in listed["accepted-by-time/v1/"] if k.startswith(codec.accepted_by_time_hour(hour))]
+            if left:
+                note("reaped-not-empty", left[:10], f"{hour} is reaped but {len(left)} accepted-by-time entries remain")
 
         # -- acceptance records: valid, blob present with its size (or the hour reaped) ----------------
         def read_manifest(key: str) -> AcceptedBatchManifest | Finding:
@@ -208,7 +222,15 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
             if q.accepted_manifest_key not in accepted:
                 note("quarantine-incomplete", [key, q.accepted_manifest_key], "its acceptance record is missing")
             if q.submitted_raw_blob_key not in blobs:
-                note("quarantine-incomplete", [key, q.submitted_raw_blob_key], "the submitted blob (evidence) is missing")
+                accepted_m = manifests.get(q.accepted_manifest_key)
+                if codec.conflict_resolution(q.identity, q.submitted_frame_sha256) in listed["conflict-resolutions/v1/"]:
+                    # GC collects conflict evidence after its resolution plus the evidence window.
+                    report.checked["conflict evidence collected after resolution"] += 1
+                elif accepted_m is not None and UtcHour.of_unix_ns(accepted_m.accepted_at_unix_ns) in tombstoned:
+                    report.checked["conflict evidence collected with its reaped hour"] += 1
+                else:
+                    note("quarantine-incomplete", [key, q.submitted_raw_blob_key],
+                         "the submitted blob (evidence) is missing")
 
         # -- derived entries point at existing sources --------------------------------------------------
         present: dict[str, set[str]] = {p: set(listed[p]) for p in _DERIVED_OF}

@@ -60,7 +60,7 @@ from lightmetrics.control_table import ConditionFailed, ControlTable, to_item
 from lightmetrics.identity import id_to_hex, validate_id
 from lightmetrics.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
 from lightmetrics.outcome import Outcome
-from lightmetrics.work import TRANSIENT, WorkContext, run_unit
+from lightmetrics.work import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
 _POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-walk")
@@ -882,6 +882,9 @@ class WalkControl:
                 return Followed("failed", summary, executions, str(cp.get("error", "")))
             d = self.sfn.describe_execution(executionArn=current)
             if d["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
+                # The end task may have recorded the error after the read above: read it again.
+                found, parts = read_walk(self.table, started.checkpoint_pk)
+                summary = summarize(found, parts, self.ctx.clock.now_ns()) if found else summary
                 return Followed("failed", summary, executions,
                                 f"execution {current} {d['status']} {d.get('error', '')}".strip())
             if d["status"] == "SUCCEEDED" and cp.get("status") == "running":
@@ -911,46 +914,24 @@ def walk_task_handler(
 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The Lambda handler of one walk task. Configuration comes from ``LM_*`` unless factories are
     given (the local runtime passes them so several systems can share a process)."""
-    from aws_lambda_powertools import Logger
+    from lightmetrics.task_handler import task_handler
 
-    from lightmetrics.observability import SwitchableMetrics
+    def build(metrics: Any) -> Walker:
+        import boto3
 
-    if step not in STEPS:
-        raise ValueError(f"unknown walk step {step!r}; one of {sorted(STEPS)}")
-    logger = Logger(service=f"lightmetrics-walk-{step}")
-    metrics = SwitchableMetrics(namespace="Lightmetrics", service=f"walk-{step}")
-    state: dict[str, Any] = {}
+        from lightmetrics.config import Settings
+        from lightmetrics.services import work_context
 
-    def walker() -> Walker:
-        if "walker" not in state:
-            import boto3
+        settings = settings_factory() if settings_factory else Settings.from_env()
+        if work_context_factory:
+            ctx = work_context_factory(settings, metrics=metrics)
+        else:
+            ctx = work_context(settings, metrics=metrics, component="walk")
+        sfn = (sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")) \
+            if step == "continue" else None
+        return Walker(ctx, settings, sfn_client=sfn)
 
-            from lightmetrics.config import Settings
-            from lightmetrics.services import work_context
-
-            settings = settings_factory() if settings_factory else Settings.from_env()
-            if work_context_factory:
-                ctx = work_context_factory(settings, metrics=metrics)
-            else:
-                ctx = work_context(settings, metrics=metrics, component="walk")
-            sfn = (sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")) \
-                if step == "continue" else None
-            state["walker"] = Walker(ctx, settings, sfn_client=sfn)
-        return state["walker"]
-
-    @metrics.log_metrics
-    @logger.inject_lambda_context
-    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-        w = walker()
-        try:
-            return getattr(w, STEPS[step])(event)
-        except WalkError:
-            raise
-        except TRANSIENT as exc:
-            raise WalkTransient(f"{type(exc).__name__}: {exc}") from exc
-
-    handler.reset = state.clear  # type: ignore[attr-defined]
-    return handler
+    return task_handler("walk", step, STEPS, build=build, passthrough=(WalkError,), transient=WalkTransient)
 
 
 __all__ = [

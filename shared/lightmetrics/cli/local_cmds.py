@@ -40,7 +40,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     """Run the whole system locally until Ctrl-C/SIGTERM.
 
     moto as AWS (S3, SQS, DynamoDB, Secrets Manager, Step Functions) on --port, the ingest endpoint
-    on port + 1, the event pump feeding the indexers, and the reconciler and DLQ sweeper on a
+    on port + 1, the admin API on port + 2 (SigV4-signed requests only), the event pump feeding the indexers, and the reconciler and DLQ sweeper on a
     schedule. Prints `export ...` lines that point lmctl and any boto3 client here.
     """
     from lightmetrics.errors import ConfigError
@@ -51,7 +51,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         runtime = LocalRuntime(port=port).start()
     except OSError as exc:
         fail(f"cannot listen on port {port}: {exc}", EXIT_USAGE, as_json=as_json)
-    ingest = None
+    ingest = admin = None
     system = LocalSystem(runtime, bucket=bucket, table=table, prefix=prefix)
     try:
         try:
@@ -63,14 +63,19 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
 
         assert system.settings is not None
         ingest = IngestHTTPServer(handler, port=runtime.ingest_port, max_body_bytes=system.settings.max_frame_bytes).start()
+        from functions.admin.app import handler as admin_handler
+        from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
+
+        admin = admin_server(admin_handler, port=runtime.port + ADMIN_PORT_OFFSET).start()  # SigV4, like AWS_IAM
         system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
         values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
         exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
         if as_json:
-            emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "exports": exports,
-                       **system.made})
+            emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "admin_url": admin.url,
+                       "exports": exports, **system.made})
         else:
-            console.print(f"[bold green]local runtime up[/]: AWS at {runtime.endpoint_url}, ingest at {ingest.url}")
+            console.print(f"[bold green]local runtime up[/]: AWS at {runtime.endpoint_url}, ingest at {ingest.url}, "
+                          f"admin (SigV4, service lambda) at {admin.url}")
             console.print("# configure a shell with:")
             click.echo("\n".join(exports))
             console.print("# Ctrl-C stops it (state is in memory and is lost).")
@@ -80,6 +85,8 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         system.stop()
         if ingest is not None:
             ingest.stop()
+        if admin is not None:
+            admin.stop()
         runtime.stop()
 
 

@@ -126,34 +126,17 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 def status_cmd(settings: Settings, as_json: bool) -> None:
     """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks
     (exit 1 if anything is stuck)."""
-    from lightmetrics.local.pump import queue_depth
-    from lightmetrics.reconcile import Reconciler
-    from lightmetrics.services import queue_probe
-
-    ctx = _ctx(settings, as_json)
     import boto3
 
-    sqs = boto3.session.Session().client("sqs")
-    try:
-        depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
-        rec = Reconciler(ctx, settings, queue_probe(settings))
-        cp = rec.checkpoint()
-        open_blockers = len(ctx.blockers.list())
-        from lightmetrics.walk import read_watermarks
+    from lightmetrics.status import system_status
 
-        watermarks = read_watermarks(ctx.extras["table"])
+    ctx = _ctx(settings, as_json)
+    try:
+        info = system_status(ctx, settings, boto3.session.Session().client("sqs"))
     except Exception as exc:
         fail(f"cannot read status: {exc}", 4, as_json=as_json)
-    lag = rec.lag_s()
-    info = {
-        "queues": depths,
-        "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
-                       "last_run": _ts(cp.last_run_ns) if cp else None},
-        "open_blockers": open_blockers,
-        "watermarks": {index: _ts(w) if w else None for index, w in watermarks.items()},
-    }
-    dlq_messages = sum(v for k, v in depths.items() if k.endswith("-dlq"))
-    stuck = open_blockers > 0 or dlq_messages > 0
+    stuck = not info.pop("ok")
+    depths, open_blockers = info["queues"], info["open_blockers"]
     if as_json:
         emit_json({**info, "ok": not stuck})
     else:
@@ -162,6 +145,7 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
         console.print(kv_table("completeness watermarks (W)", ((k, v or "(no clean full walk yet)")
                                                                 for k, v in info["watermarks"].items())))
         console.print(f"open blockers: {open_blockers}")
+        console.print(f"unresolved identity conflicts: {info['unresolved_conflicts']}  (lmctl conflicts list)")
     sys.exit(EXIT_VIOLATIONS if stuck else EXIT_OK)
 
 

@@ -103,8 +103,16 @@ class LocalSystem:
                     shared.append(self.work_context(component="walk", counter=counter, **kw))
                 return shared[0]
 
+        from lightmetrics.reap import TASK_STEPS as REAP_STEPS, reap_task_handler
+
         names = []
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):
+            if fn in REAP_STEPS:
+                step = REAP_STEPS[fn]
+                handler = reap_task_handler(step, settings_factory=lambda: settings, work_context_factory=context)
+                host.register(self.function_name(fn), wrap(step, handler) if wrap else handler)
+                names.append(self.function_name(fn))
+                continue
             step = TASK_STEPS[fn]
             handler = walk_task_handler(
                 step, settings_factory=lambda: settings, work_context_factory=context,
@@ -117,6 +125,13 @@ class LocalSystem:
     def state_machine_arn(self, name: str = "bootstrap-walk") -> str:
         assert self.settings is not None
         return self.settings.state_machine_arns[name]
+
+    def reap_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.reap.ReapControl` for this system's reap state machine."""
+        from lightmetrics.reap import ReapControl
+
+        return ReapControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+                           self.state_machine_arn("reap"), **kwargs)
 
     def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
         """A :class:`~lightmetrics.walk.WalkControl` for this system's bootstrap walk."""
@@ -164,10 +179,11 @@ class LocalSystem:
         return routes
 
     def start(self, *, reconcile_every_s: float | None = None, sweep_every_s: float | None = None,
-              drop: Callable[[str], bool] | None = None) -> "LocalSystem":
+              drop: Callable[[str], bool] | None = None,
+              duplicate: Callable[[str], bool] | None = None) -> "LocalSystem":
         for name, value in QUIET_POWERTOOLS.items():  # handlers run in this process
             os.environ.setdefault(name, value)
-        self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop).start()
+        self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop, duplicate=duplicate).start()
         jobs: dict[str, tuple[float, Any]] = {}
         if reconcile_every_s:
             reconciler = self.reconciler(self.work_context(component="reconcile"))

@@ -1,0 +1,1 @@
+"""The reap_retention function."""

@@ -1,0 +1,153 @@
+"""The admin HTTP API (``functions/admin``, a Function URL with IAM auth): conflicts, blockers, status.
+
+Routes (JSON in and out; the same core as ``lmctl conflicts`` / ``blockers list`` / ``status``):
+
+=======================================  ==========================================================
+``GET  /conflicts``                      ``?agent=A&status=all|unresolved|resolved&limit=N&next_token=T``
+``GET  /conflicts/{id}``                 evidence, resolution record, index state
+``POST /conflicts/{id}/resolve``         ``{"resolution": "accept_existing"|"deny_identity",
+                                         "reason": "...", "whole_agent": false}``
+``GET  /denylist``                       every denylist entry
+``GET  /blockers``                       ``?all=true`` for resumed/resolved/skipped too
+``GET  /status``                         :func:`lightmetrics.status.system_status`
+=======================================  ==========================================================
+
+Errors: 400 bad id/resolution/body, 404 unknown conflict, 409 already resolved (the body carries
+the existing record), 503 S3 did not confirm a write (retry). The caller recorded as ``resolved_by``
+is the IAM principal that signed the request (``requestContext.authorizer.iam.userArn``).
+
+Example:
+    >>> app = build_resolver(lambda: AdminCore(ctx, settings, sqs))        # doctest: +SKIP
+    >>> app.resolve(function_url_event, context)                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
+
+from lightmetrics.config import Settings
+from lightmetrics.conflicts import (
+    ConflictAlreadyResolved,
+    ConflictError,
+    ConflictNotFound,
+    ConflictRegistry,
+    ConflictStoreUnavailable,
+    InvalidConflictId,
+    InvalidResolution,
+)
+from lightmetrics.denylist import DenylistStore
+from lightmetrics.store import StoreAccessError, TransientStoreError
+from lightmetrics.work import WorkContext
+
+
+@dataclass
+class AdminCore:
+    """What the routes need; built once per process by the handler."""
+
+    ctx: WorkContext
+    settings: Settings
+    sqs: Any = None
+
+    @property
+    def registry(self) -> ConflictRegistry:
+        c = self.ctx
+        return ConflictRegistry(c.store, c.codec, c.blockers.table, clock=c.clock, policy=c.policy)
+
+
+def _json(status: int, body: dict[str, Any]) -> Response:
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
+                    body=json.dumps(body, sort_keys=True, default=str))
+
+
+def caller_of(event: dict[str, Any]) -> str:
+    """The IAM principal that signed the request (Function URL IAM auth puts it in the event)."""
+    iam = ((event.get("requestContext") or {}).get("authorizer") or {}).get("iam") or {}
+    return str(iam.get("userArn") or iam.get("callerId") or iam.get("accessKey") or "unknown-iam-principal")
+
+
+def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
+    """The admin routes on Powertools' Function URL resolver; ``core`` is called per request."""
+    app = LambdaFunctionUrlResolver()
+
+    def query() -> dict[str, str]:
+        return dict(app.current_event.query_string_parameters or {})
+
+    @app.get("/conflicts")
+    def list_conflicts() -> Response:
+        q = query()
+        try:
+            limit = int(q.get("limit", "50"))
+        except ValueError:
+            raise InvalidResolution("limit must be an integer") from None
+        page = core().registry.list(agent=q.get("agent") or None, status=q.get("status", "all"), limit=limit,
+                                    next_token=q.get("next_token") or None)
+        return _json(200, page.to_json())
+
+    @app.get("/conflicts/<conflict_id>")
+    def show_conflict(conflict_id: str) -> Response:
+        return _json(200, core().registry.show(conflict_id).to_json())
+
+    @app.post("/conflicts/<conflict_id>/resolve")
+    def resolve_conflict(conflict_id: str) -> Response:
+        try:
+            body = json.loads(app.current_event.decoded_body or "{}")
+        except ValueError:
+            raise InvalidResolution("body must be JSON") from None
+        if not isinstance(body, dict):
+            raise InvalidResolution("body must be a JSON object")
+        record = core().registry.resolve(
+            conflict_id, str(body.get("resolution", "")), reason=str(body.get("reason", "")),
+            who=caller_of(app.current_event.raw_event), whole_agent=bool(body.get("whole_agent", False)),
+        )
+        return _json(200, {"status": "resolved", "record": record.model_dump(mode="json", by_alias=True)})
+
+    @app.get("/denylist")
+    def denylist() -> Response:
+        return _json(200, {"denylist": [e.to_json() for e in DenylistStore(core().ctx.blockers.table).list()]})
+
+    @app.get("/blockers")
+    def blockers() -> Response:
+        show_all = query().get("all", "").lower() in ("1", "true", "yes")
+        items = core().ctx.blockers.list(status=None if show_all else "open")
+        return _json(200, {"blockers": [b.to_json() for b in items], "open": sum(b.status == "open" for b in items)})
+
+    @app.get("/status")
+    def status() -> Response:
+        from lightmetrics.status import system_status
+
+        c = core()
+        return _json(200, system_status(c.ctx, c.settings, c.sqs))
+
+    @app.exception_handler(ConflictAlreadyResolved)
+    def already(exc: ConflictAlreadyResolved) -> Response:
+        return _json(409, {"status": "already_resolved", "reason": str(exc),
+                           "record": exc.record.model_dump(mode="json", by_alias=True)})
+
+    @app.exception_handler(ConflictNotFound)
+    def not_found(exc: ConflictNotFound) -> Response:
+        return _json(404, {"status": "not_found", "reason": str(exc.args[0] if exc.args else exc)})
+
+    @app.exception_handler(InvalidConflictId)
+    @app.exception_handler(InvalidResolution)
+    def invalid(exc: Exception) -> Response:
+        return _json(400, {"status": "invalid", "reason": str(exc)})
+
+    @app.exception_handler(ConflictStoreUnavailable)
+    @app.exception_handler(TransientStoreError)
+    @app.exception_handler(StoreAccessError)
+    def unavailable(exc: Exception) -> Response:
+        return _json(503, {"status": "unavailable", "reason": str(exc), "retry_after_s": 2})
+
+    @app.exception_handler(ConflictError)
+    def other(exc: ConflictError) -> Response:
+        return _json(500, {"status": "error", "reason": str(exc)})
+
+    return app
+
+
+__all__ = ["AdminCore", "build_resolver", "caller_of"]

@@ -1,0 +1,50 @@
+"""Synthetic batches for the benchmarks, and fast seeding of accepted history.
+
+Example:
+    >>> frames = batch_frames("bench-agent", "boot-1", 3)
+    >>> [i.seq_start for i, _ in frames]
+    [0, 10, 20]
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lightmetrics.accept import AcceptStatus, accept_batch
+from lightmetrics.frame import Sample, encode_frame
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.retry import RetryPolicy
+from lightmetrics.services import accept_context
+
+
+def batch_frames(agent: str, boot: str, n: int, *, start: int = 0, samples: int = 3,
+                 variant: float = 0.0) -> list[tuple[BatchIdentity, bytes]]:
+    """``n`` consecutive identities of one agent/boot (10 sequence numbers each) with their frames."""
+    out = []
+    for k in range(start, start + n):
+        ident = BatchIdentity.create(agent, boot, k * 10, k * 10 + 9)
+        now = time.time_ns()
+        frame = encode_frame(ident, [Sample("cpu", {"core": str(c)}, now + c, float(c) + k + variant)
+                                     for c in range(samples)])
+        out.append((ident, frame))
+    return out
+
+
+def seed_history(settings: Any, raw_s3: Any, batches: list[tuple[BatchIdentity, bytes]], *,
+                 threads: int = 16) -> dict[str, float]:
+    """Accept ``batches`` through the real accept algorithm on a client with no injected latency.
+
+    History is real acceptance records and blobs (2 conditional PUTs per batch), only faster:
+    the latency injector is not on this client and the batches go in parallel.
+    """
+    ctx = accept_context(settings, client=raw_s3, policy=RetryPolicy(max_attempts=6, base_delay_s=0.01))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        statuses = set(pool.map(lambda b: accept_batch(ctx, b[0], b[1]).status, batches))
+    seconds = time.perf_counter() - t0
+    if not statuses <= {AcceptStatus.ACCEPTED, AcceptStatus.DUPLICATE}:
+        raise RuntimeError(f"seeding history failed: {statuses}")
+    return {"batches": len(batches), "seconds": round(seconds, 3),
+            "batches_per_s": round(len(batches) / seconds, 1) if seconds else 0.0}

@@ -1,0 +1,191 @@
+"""``lmctl bench accept|indexing|walk|cost-table``: benchmarks under injected S3 latency.
+
+They add to the ``bench`` group of :mod:`lightmetrics.cli.pipeline_cmds` (``bench pipeline``).
+Each starts an embedded runtime in this process, puts ``--latency-ms`` / ``--max-inflight`` in
+front of every S3 client (:mod:`lightmetrics.testing.latency`), repeats ``--repeat`` times and
+prints median (min-max) and the ratio to the baseline measured in the same run; it writes
+``<out>/<target>.json`` and ``<out>/<target>.png``. Exit 1 if a request count is off contract
+(accept not exactly 2 requests; a cost that grows with history). docs/performance.md.
+
+Example::
+
+    lmctl bench accept --repeat 3 --out bench-out
+    lmctl bench cost-table --depths 10,1000,10000 --json
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid
+from lightmetrics.cli.options import json_option
+from lightmetrics.cli.pipeline_cmds import bench
+
+
+def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed((
+        click.option("--repeat", type=click.IntRange(1, 50), default=3, show_default=True,
+                     help="Repeated runs; figures are the median and spread over them."),
+        click.option("--quick", is_flag=True, help="Small sizes (a smoke run of a few seconds)."),
+        click.option("--latency-ms", type=click.FloatRange(0, 5000), default=20.0, show_default=True,
+                     help="Injected delay per S3 request (the round-trip time)."),
+        click.option("--max-inflight", type=click.IntRange(1, 1024), default=8, show_default=True,
+                     help="Cap on S3 requests in flight in this process."),
+        click.option("--out", "out_dir", default="bench-out", show_default=True, type=click.Path(file_okay=False),
+                     help="Directory for <target>.json and <target>.png."),
+    )):
+        fn = opt(fn)
+    return json_option(fn)
+
+
+def _fmt(s: dict[str, Any], digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _run(target: str, latency_ms: float, max_inflight: int, body: Callable[[Any], dict[str, Any]],
+         bars: Callable[[dict[str, Any]], list[Any]], ylabel: str, out_dir: str,
+         baseline_label: str = "baseline") -> dict[str, Any]:
+    from lightmetrics.bench.harness import BenchEnv, write_report
+
+    with BenchEnv(latency_ms=latency_ms, max_inflight=max_inflight) as env:
+        report = body(env)
+    report["files"] = write_report(target, report, out_dir, bars(report), ylabel, baseline_label)
+    return report
+
+
+@bench.command("accept")
+@click.option("--callers", default="1,8,32", show_default=True, help="Comma-separated caller counts.")
+@click.option("--batches-per-caller", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@_common
+def bench_accept(callers: str, batches_per_caller: int, repeat: int, quick: bool, latency_ms: float,
+                 max_inflight: int, out_dir: str, as_json: bool) -> None:
+    """Batches/s and p50/p99 latency at 1, 8, 32 callers vs the local conditional-PUT ceiling / 2."""
+    from lightmetrics.bench.accept_bench import accept_bars, run_accept
+
+    try:
+        counts = tuple(int(c) for c in callers.split(",") if c.strip())
+    except ValueError:
+        fail("--callers must be comma-separated integers", EXIT_USAGE, as_json=as_json)
+    if not counts or min(counts) < 1:
+        fail("--callers must be positive integers", EXIT_USAGE, as_json=as_json)
+    per = 2 if quick else batches_per_caller
+    report = _run("accept", latency_ms, max_inflight,
+                  lambda env: run_accept(env, callers=counts, batches_per_caller=per, repeat=repeat),
+                  accept_bars, "accepted batches / s", out_dir, "local ceiling (conditional PUTs/s / 2)")
+    code = EXIT_OK if report["counts"]["requests_per_accept"] == [2] else EXIT_VIOLATIONS
+    if as_json:
+        emit_json({**report, "exit_code": code})
+    else:
+        rows = [(r["callers"], _fmt(r["batches_per_s"]), _fmt(r["p50_ms"]), _fmt(r["p99_ms"]),
+                 _fmt(r["p50_over_rtt"], 2), _fmt(r["p50_over_effective_rtt"], 2),
+                 _fmt(r["ceiling_batches_per_s"]), _fmt(r["ratio_to_ceiling"], 2)) for r in report["rows"]]
+        console.print(grid(f"accept, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                           ["#callers", "batches/s", "p50 ms", "p99 ms", "p50/RTT", "p50/eff. RTT",
+                            "ceiling batches/s", "ratio to ceiling"], rows))
+        console.print(f"requests per accept: {report['counts']['requests_per_accept']}; files: {report['files']}")
+    sys.exit(code)
+
+
+@bench.command("indexing")
+@click.option("--batches", type=click.IntRange(10, 100_000), default=200, show_default=True)
+@_common
+def bench_indexing(batches: int, repeat: int, quick: bool, latency_ms: float, max_inflight: int, out_dir: str,
+                   as_json: bool) -> None:
+    """Manifests indexed/s and sequential round trips per SQS batch vs a sequential processor."""
+    from lightmetrics.bench.indexing_bench import indexing_bars, run_indexing
+
+    report = _run("indexing", latency_ms, max_inflight,
+                  lambda env: run_indexing(env, batches=30 if quick else batches, repeat=repeat),
+                  indexing_bars, "value (see labels)", out_dir, "sequential processor")
+    if as_json:
+        emit_json(report)
+        return
+    f = report["figures"]
+    console.print(grid(f"indexing, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                       ["figure", "indexer", "sequential baseline", "ratio"],
+                       [("objects/s", _fmt(f["objects_per_s"]), _fmt(f["baseline_objects_per_s"]),
+                         _fmt(f["speedup"], 2)),
+                        ("round trips / SQS batch of 10", _fmt(f["round_trips_per_sqs_batch"]),
+                         _fmt(f["baseline_round_trips_per_sqs_batch"]), ""),
+                        ("requests / record", _fmt(f["requests_per_record"], 2), "", "")]))
+    console.print(f"effective RTT {_fmt(f['effective_rtt_ms'])} ms; files: {report['files']}")
+
+
+@bench.command("walk")
+@click.option("--batches", type=click.IntRange(10, 1_000_000), default=400, show_default=True)
+@click.option("--agents", type=click.IntRange(1, 1000), default=4, show_default=True)
+@click.option("--page-size", type=click.IntRange(1, 1000), default=100, show_default=True)
+@_common
+def bench_walk(batches: int, agents: int, page_size: int, repeat: int, quick: bool, latency_ms: float,
+               max_inflight: int, out_dir: str, as_json: bool) -> None:
+    """Keys/s of the bootstrap walk vs a sequential walker (one LIST page, one repair at a time)."""
+    from lightmetrics.bench.walk_bench import run_walk, walk_bars
+
+    report = _run("walk", latency_ms, max_inflight,
+                  lambda env: run_walk(env, batches=40 if quick else batches, agents=agents, page_size=page_size,
+                                       repeat=repeat),
+                  walk_bars, "keys / s", out_dir, "sequential walker")
+    if as_json:
+        emit_json(report)
+        return
+    f = report["figures"]
+    console.print(grid(f"walk, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                       ["figure", "bootstrap walk", "sequential walker", "ratio"],
+                       [("keys/s", _fmt(f["walk_keys_per_s"]), _fmt(f["sequential_keys_per_s"]),
+                         _fmt(f["speedup"], 2))]))
+    console.print(f"files: {report['files']}")
+
+
+@bench.command("cost-table")
+@click.option("--depths", default="10,1000,10000", show_default=True, help="History depths (accepted batches).")
+@_common
+def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, max_inflight: int, out_dir: str,
+                     as_json: bool) -> None:
+    """The brief §12 cost table from the request counter at several history depths (exit 1 if a
+    count differs between depths). Counts are exact: --repeat and the latency do not change them."""
+    from lightmetrics.bench.cost_table import measure_operation_costs, rows
+
+    try:
+        wanted = tuple(sorted({int(d) for d in depths.split(",") if d.strip()}))
+    except ValueError:
+        fail("--depths must be comma-separated integers", EXIT_USAGE, as_json=as_json)
+    if quick:
+        wanted = (10, 100)
+    if not wanted or min(wanted) < 1:
+        fail("--depths must be positive", EXIT_USAGE, as_json=as_json)
+
+    def body(env: Any) -> dict[str, Any]:
+        costs = measure_operation_costs(env.system(), env.raw_s3(), wanted)
+        return {"target": "cost-table", "environment": env.describe(), **costs}
+
+    def bars(report: dict[str, Any]) -> list[Any]:
+        deepest = str(report["depths"][-1])
+        first = str(report["depths"][0])
+        return [(op.split(".", 1)[1], _point(d[deepest]["total"]), _point(d[first]["total"]))
+                for op, d in report["operations"].items()]
+
+    report = _run("cost-table", latency_ms, max_inflight, body, bars, "requests per operation", out_dir,
+                  f"at depth {wanted[0]:,} (blue: at {wanted[-1]:,})")
+    code = EXIT_OK if all(report["flat"].values()) else EXIT_VIOLATIONS
+    if as_json:
+        emit_json({**report, "exit_code": code})
+    else:
+        console.print(grid("requests per operation by history depth (brief §12)",
+                           ["operation", "target", *[f"{d:,}" for d in report["depths"]],
+                            f"by API at {report['depths'][-1]:,}", "flat"], rows(report)))
+        for s in report["seeding"]:
+            console.print(f"seeded to depth {s['depth']:,}: {s['batches']:,} batches in {s['seconds']} s "
+                          f"({s['batches_per_s']}/s)")
+    sys.exit(code)
+
+
+def _point(v: float) -> dict[str, float]:
+    return {"median": v, "min": v, "max": v}
+
+
+#: registered by importing this module (lightmetrics.cli.main)
+BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_cost_table)

@@ -1,0 +1,184 @@
+"""``lmctl conflicts list|show|resolve`` and ``lmctl denylist``: identity conflicts, on the admin API's core.
+
+Exit codes (brief §14): 0 ok; 1 ``list`` found unresolved conflicts (so scripts can gate on it);
+2 invalid input, unknown conflict, or a conflict that is already resolved (resolutions are
+write-once: nothing is overwritten); 4 AWS unavailable (retry).
+
+Example::
+
+    $ lmctl conflicts list --status unresolved
+    $ lmctl conflicts resolve 64656d6f...61.626f6f74...31.000...-000....<sha256> --accept-existing \\
+          --reason "agent replayed a stale spool after a disk restore"
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from lightmetrics.cli.ops_cmds import _ts, _who
+from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.output import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
+from lightmetrics.config import Settings
+
+
+def _registry(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
+    from lightmetrics.conflicts import ConflictRegistry
+    from lightmetrics.services import work_context
+
+    try:
+        ctx = work_context(settings, component="admin")
+    except Exception as exc:
+        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    return ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
+
+
+def _run(fn: Any, as_json: bool) -> Any:
+    """Map the core's typed errors onto exit codes."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from lightmetrics.conflicts import (
+        ConflictAlreadyResolved,
+        ConflictNotFound,
+        ConflictStoreUnavailable,
+        InvalidConflictId,
+        InvalidResolution,
+    )
+    from lightmetrics.store import StoreAccessError, TransientStoreError
+
+    try:
+        return fn()
+    except ConflictAlreadyResolved as exc:
+        if as_json:
+            emit_json({"status": "already_resolved", "reason": str(exc), "exit_code": EXIT_USAGE,
+                       "record": exc.record.model_dump(mode="json", by_alias=True)})
+            sys.exit(EXIT_USAGE)
+        fail(str(exc), EXIT_USAGE)
+    except ConflictNotFound as exc:
+        fail(f"{exc.args[0]}; see `lmctl conflicts list`", EXIT_USAGE, as_json=as_json)
+    except (InvalidConflictId, InvalidResolution) as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except (ConflictStoreUnavailable, TransientStoreError, StoreAccessError, BotoCoreError, ClientError) as exc:
+        fail(f"unavailable: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+
+
+def _short(sha: str) -> str:
+    return sha[:12] + "…"
+
+
+@click.group()
+def conflicts() -> None:
+    """Identity conflicts: the same identity submitted with different content (list, show, resolve)."""
+
+
+@conflicts.command("list")
+@click.option("--agent", default=None, help="Only this agent id.")
+@click.option("--status", "status", type=click.Choice(["all", "unresolved", "resolved"]), default="all",
+              show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--next-token", default=None, help="Continue after a previous page (printed with --json).")
+@config_options
+@json_option
+def conflicts_list(agent: str | None, status: str, limit: int, next_token: str | None, settings: Settings,
+                   as_json: bool) -> None:
+    """Conflicts, newest first (exit 1 if any listed conflict is unresolved)."""
+    registry = _registry(settings, as_json)
+    page = _run(lambda: registry.list(agent=agent, status=status, limit=limit, next_token=next_token), as_json)
+    unresolved = sum(1 for e in page.items if e.resolution == "unresolved")
+    if as_json:
+        emit_json({**page.to_json(), "unresolved": unresolved})
+    else:
+        rows = [(e.conflict_id, f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
+                 _short(e.accepted_frame_sha256), _short(e.submitted_frame_sha256), _ts(e.first_seen_unix_ns),
+                 ", ".join(e.collectors), e.resolution) for e in page.items]
+        table = grid(f"identity conflicts ({unresolved} unresolved)",
+                     ["id", "agent/boot", "seq", "accepted sha256", "submitted sha256", "first seen",
+                      "collectors", "resolution"], rows)
+        table.columns[0].overflow = "fold"  # operators copy the id: never cut it short
+        console.print(table)
+        if page.next_token:
+            console.print(f"more: --next-token {page.next_token}")
+        if unresolved:
+            console.print("inspect: lmctl conflicts show ID; decide: lmctl conflicts resolve ID "
+                          "--accept-existing | --deny-identity --reason TEXT")
+    sys.exit(EXIT_VIOLATIONS if unresolved else EXIT_OK)
+
+
+@conflicts.command("show")
+@click.argument("conflict_id")
+@config_options
+@json_option
+def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
+    """One conflict from its evidence in S3: both hashes, both blobs, the accepted record, the decision."""
+    registry = _registry(settings, as_json)
+    detail = _run(lambda: registry.show(conflict_id), as_json)
+    if as_json:
+        emit_json(detail.to_json())
+        return
+    e = detail.entry
+    rows: list[tuple[str, Any]] = [
+        ("id", e.conflict_id), ("agent / boot", f"{e.agent_id} / {e.boot_id}"),
+        ("sequence range", f"{e.seq_start}-{e.seq_end}"), ("first seen", _ts(e.first_seen_unix_ns)),
+        ("accepted manifest", e.accepted_manifest_key), ("accepted sha256", e.accepted_frame_sha256),
+        ("accepted blob", e.accepted_raw_blob_key), ("accepted by collector", e.accepted_collector_id),
+        ("submitted sha256", e.submitted_frame_sha256), ("submitted blob", e.submitted_raw_blob_key),
+        ("submitted bytes", e.submitted_frame_bytes), ("observed by collector", e.observed_by_collector_id),
+        ("evidence", e.quarantine_key), ("resolution", e.resolution),
+    ]
+    if detail.record is not None:
+        r = detail.record
+        rows += [("resolved by", r.resolved_by), ("resolved at", _ts(r.resolved_at_unix_ns)), ("reason", r.reason),
+                 ("denylist entries", ", ".join(r.denylist_entries) or "-"), ("resolution record", detail.resolution_key)]
+    if detail.repaired_index:
+        rows.append(("registry", "index item was missing or stale; repaired from S3"))
+    console.print(kv_table("identity conflict", rows))
+
+
+@conflicts.command("resolve")
+@click.argument("conflict_id")
+@click.option("--accept-existing", "decision", flag_value="accept_existing",
+              help="The accepted record stands; the agent drops its parked batch on its next retry.")
+@click.option("--deny-identity", "decision", flag_value="deny_identity",
+              help="Deny the agent/boot: ingest refuses it (403) within LM_DENYLIST_TTL_S.")
+@click.option("--whole-agent", is_flag=True, help="With --deny-identity: deny every boot of the agent.")
+@click.option("--reason", required=True, help="Why (kept in the write-once resolution record).")
+@config_options
+@json_option
+def conflicts_resolve(conflict_id: str, decision: str | None, whole_agent: bool, reason: str, settings: Settings,
+                      as_json: bool) -> None:
+    """Record the operator's decision once (exit 2 if the conflict was already resolved)."""
+    if decision is None:
+        fail("choose --accept-existing or --deny-identity", EXIT_USAGE, as_json=as_json)
+    registry = _registry(settings, as_json)
+    record = _run(lambda: registry.resolve(conflict_id, decision, reason=reason, who=_who(),
+                                           whole_agent=whole_agent), as_json)
+    if as_json:
+        emit_json({"status": "resolved", "record": record.model_dump(mode="json", by_alias=True)})
+    else:
+        console.print(kv_table(f"[green]resolved: {record.resolution}[/]", [
+            ("id", record.conflict_id), ("resolved by", record.resolved_by),
+            ("resolved at", _ts(record.resolved_at_unix_ns)), ("reason", record.reason),
+            ("denylist entries", ", ".join(record.denylist_entries) or "-"),
+        ]))
+
+
+@click.command("denylist")
+@config_options
+@json_option
+def denylist_cmd(settings: Settings, as_json: bool) -> None:
+    """Identities an operator denied (ingest answers them 403)."""
+    from lightmetrics.denylist import DenylistStore
+    from lightmetrics.services import control_table
+
+    entries = _run(lambda: DenylistStore(control_table(settings)).list(), as_json)
+    if as_json:
+        emit_json({"denylist": [e.to_json() for e in entries]})
+    else:
+        console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
+                           [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, _ts(e.at_unix_ns), e.reason,
+                             e.conflict_id or "") for e in entries]))
+
+
+__all__ = ["conflicts", "denylist_cmd"]

@@ -1,0 +1,80 @@
+"""``lmctl cost``: dollars per million accepted batches and per month at a rate (docs/cost.md).
+
+Example::
+
+    lmctl cost --batches-per-second 100 --frame-bytes 4096
+    lmctl cost --batches-per-second 100 --frame-bytes 4096 --retention-days 30 --prices my-prices.json --json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from lightmetrics.cli.output import EXIT_USAGE, console, emit_json, fail, grid, kv_table
+from lightmetrics.cli.options import json_option
+
+
+@click.command("cost")
+@click.option("--batches-per-second", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Accepted batches per second (sustained).")
+@click.option("--frame-bytes", type=click.IntRange(min=1), required=True, help="Mean frame size in bytes.")
+@click.option("--retention-days", type=click.FloatRange(min=1), default=None,
+              help="Raw data retention (default: the model's assumption, LM_RETENTION_S's default).")
+@click.option("--system-age-days", type=click.FloatRange(min=0), default=None,
+              help="How long the system has accepted batches (the weekly walk lists all of them).")
+@click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
+              help="JSON object overriding the dated price table (keys of lightmetrics.pricing.PRICES, 'as_of').")
+@click.option("--assume", "assume", multiple=True, help="Override an assumption: NAME=VALUE (repeatable).")
+@json_option
+def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float | None, system_age_days: float | None,
+             prices_path: str | None, assume: tuple[str, ...], as_json: bool) -> None:
+    """Estimate this system's AWS bill from measured request counts, next to a DynamoDB
+    conditional put per batch plus the S3 blob (the design a team would otherwise build)."""
+    from lightmetrics.cost_model import Assumptions, estimate
+    from lightmetrics.pricing import PRICE_TABLE, PriceTable
+
+    prices = PRICE_TABLE
+    if prices_path:
+        try:
+            prices = PriceTable.from_mapping(json.loads(Path(prices_path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            fail(f"cannot use price file {prices_path}: {exc}", EXIT_USAGE, as_json=as_json)
+    overrides: dict[str, object] = {}
+    fields = {f.name: f for f in dataclasses.fields(Assumptions)}
+    for item in assume:
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields:
+            fail(f"--assume {item!r}: expected NAME=VALUE with NAME one of {sorted(fields)}", EXIT_USAGE, as_json=as_json)
+        kind = type(fields[name].default)
+        try:
+            overrides[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+        except ValueError:
+            fail(f"--assume {item!r}: {name} must be a {kind.__name__}", EXIT_USAGE, as_json=as_json)
+    if retention_days is not None:
+        overrides["retention_days"] = retention_days
+    if system_age_days is not None:
+        overrides["system_age_days"] = system_age_days
+    est = estimate(batches_per_second, frame_bytes, assumptions=Assumptions(**overrides), prices=prices)  # type: ignore[arg-type]
+    if as_json:
+        emit_json(est)
+        return
+    for name, design in est["designs"].items():
+        rows = [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}", f"{line['usd_per_million_batches']:.2f}",
+                 f"{line['usd_per_month']:.2f}") for line in design["lines"]]
+        rows += [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}", "", f"{line['usd_per_month']:.2f}")
+                 for line in design["fixed"]]
+        rows.append(("TOTAL", "", f"{design['per_million_batches_usd']:.2f}", f"{design['per_month_usd']:.2f}"))
+        console.print(grid(f"{name}: {batches_per_second:g} batches/s, {frame_bytes} B frames",
+                           ["item", "per batch", "USD / 1M batches", "USD / month"], rows))
+    ours, alt = est["designs"]["lightmetrics"], est["designs"]["dynamodb-dedupe"]
+    console.print(kv_table("summary", [
+        ("lightmetrics by part (USD / 1M batches)",
+         ", ".join(f"{g} {v:.2f}" for g, v in ours["per_million_batches_by_group_usd"].items())),
+        ("dynamodb-dedupe (USD / 1M batches)", f"{alt['per_million_batches_usd']:.2f}"),
+        ("ratio per month", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
+        ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']} (lightmetrics.pricing)"),
+    ]))

@@ -1,0 +1,172 @@
+"""``lmctl reap gc|retention|status``: reaps on Step Functions (docs/reaps.md).
+
+``LM_STATE_MACHINE_ARNS`` names the ``reap`` state machine (stack output ``ReapArn``). A start is
+a dry run unless ``--execute`` is given: the input always states ``dry_run`` explicitly. Exit 5
+when another reap holds the lease, 1 when the execution failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.output import (
+    EXIT_LEASE_HELD,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    fail,
+    kv_table,
+)
+from lightmetrics.config import Settings
+
+STATE_MACHINE = "reap"
+
+
+def _ts(ns: Any) -> str | None:
+    if not ns:
+        return None
+    return datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
+    import boto3
+
+    from lightmetrics.reap import ReapControl
+    from lightmetrics.services import work_context
+
+    arn = settings.state_machine_arns.get(STATE_MACHINE)
+    if not arn:
+        fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
+             '{"reap": "<stack output ReapArn>", ...}', EXIT_USAGE, as_json=as_json)
+    try:
+        ctx = work_context(settings, component="cli")
+    except Exception as exc:
+        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    return ReapControl(ctx, boto3.session.Session().client("stepfunctions"), arn)
+
+
+def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
+    kept = report.get("kept") or {}
+    rows = [
+        ("mode", report.get("mode")), ("dry run", report.get("dry_run")), ("epoch", report.get("epoch")),
+        ("status", report.get("status")), ("phase", report.get("phase")), ("started", _ts(report.get("started_at_ns"))),
+        ("examined", report.get("examined")), ("deletable (proven)", report.get("deletable")),
+        ("marked", report.get("marked")), ("purged", report.get("purged")), ("restored", report.get("restored")),
+        ("kept", ", ".join(f"{k}: {v}" for k, v in sorted(kept.items())) or "-"),
+    ]
+    if report.get("mode") == "retention":
+        rows += [("hours", ", ".join(report.get("hours") or []) or "-"),
+                 ("hours reaped", ", ".join(report.get("hours_reaped") or []) or "-"),
+                 ("hours skipped", ", ".join(f"{h} ({why})" for h, why in (report.get("hours_skipped") or {}).items())
+                  or "-")]
+    if report.get("error"):
+        rows.append(("error", report.get("error")))
+    return rows
+
+
+@click.group()
+def reap() -> None:
+    """Reaps: GC of orphan raw blobs, retention of expired hours (Step Functions)."""
+
+
+def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str | None, audit_run: str | None,
+           tombstone_wait_s: int | None, settings: Settings, as_json: bool, *, scope: str | None = None) -> None:
+    from lightmetrics.reap import InvalidReapInput, LeaseHeld
+
+    control = _control(settings, as_json)
+    inp: dict[str, Any] = {"mode": mode, "dry_run": not execute, "hour": hour}
+    if source:
+        inp["source"] = source
+    if audit_run:
+        inp["audit_run"] = audit_run
+    if scope:
+        inp["scope"] = scope
+    if tombstone_wait_s is not None:
+        inp["tombstone_wait_s"] = tombstone_wait_s
+    try:
+        arn = control.start(**inp)
+    except LeaseHeld as exc:
+        fail(f"not started: {exc}", EXIT_LEASE_HELD, as_json=as_json)
+    except InvalidReapInput as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    except (ClientError, BotoCoreError, TimeoutError) as exc:
+        fail(f"cannot start the reap: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    info: dict[str, Any] = {"execution_arn": arn, "mode": mode, "dry_run": not execute}
+    if not wait:
+        if as_json:
+            emit_json({**info, "status": "running"})
+        else:
+            console.print(kv_table("reap started", info.items()))
+            console.print("follow with: lmctl reap status")
+        sys.exit(EXIT_OK)
+    result = control.follow(arn)
+    info.update(status=result.status, detail=result.detail, report=result.report)
+    if as_json:
+        emit_json(info)
+    else:
+        style = "green" if result.status == "finished" else "red"
+        console.print(kv_table(f"[{style}]reap {result.status}[/]", report_rows(result.report)))
+        if result.detail:
+            console.print(f"[red]{result.detail}[/]")
+    sys.exit(EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS)
+
+
+def _mode_command(mode: str, doc: str):  # type: ignore[no-untyped-def]
+    @reap.command(mode, help=doc)
+    @click.option("--hour", default=None, help="Only this UTC hour, YYYY-MM-DDTHH (retention: the hour to reap; "
+                                               "gc with --source by-time: the raw-blobs-by-time hour).")
+    @click.option("--dry-run/--execute", "dry_run", default=True,
+                  help="--dry-run (the default) proves and counts but deletes nothing; --execute deletes.")
+    @click.option("--wait", is_flag=True, help="Follow the execution; print the final report; exit 1 if it failed.")
+    @click.option("--source", type=click.Choice(["scan", "by-time", "audit"]), default=None,
+                  help="gc candidates: a scan of raw-blobs/v1/ (default), raw-blobs-by-time hours past the horizon, "
+                       "or a Spark audit's orphan-blob-candidates (with --audit-run).")
+    @click.option("--audit-run", default=None, help="gc --source audit: the audit run id (lmctl pipeline audit).")
+    @click.option("--scope", type=click.Choice(["raw", "rollup"]), default=None,
+                  help="retention: raw batches by LM_RETENTION_S (default) or rollups by LM_ROLLUP_RETENTION_S.")
+    @click.option("--tombstone-wait-s", type=int, default=None,
+                  help="retention: seconds between the tombstone and the first delete (default 120, longer than "
+                       "the writers' tombstone cache).")
+    @config_options
+    @json_option
+    def command(hour: str | None, dry_run: bool, wait: bool, source: str | None, audit_run: str | None,
+                scope: str | None, tombstone_wait_s: int | None, settings: Settings, as_json: bool) -> None:
+        _start(mode, hour, not dry_run, wait, source, audit_run, tombstone_wait_s, settings, as_json, scope=scope)
+
+    return command
+
+
+_mode_command("gc", "Collect orphan raw blobs: proof from authoritative reads, delete markers, purge after the "
+                    "grace (exit 5 if another reap holds the lease).")
+_mode_command("retention", "Reap hours older than LM_RETENTION_S (or --hour): tombstone, blobs, derived entries, "
+                           "reaped marker. Acceptance records stay (exit 5 if another reap holds the lease).")
+
+
+@reap.command("status")
+@config_options
+@json_option
+def reap_status(settings: Settings, as_json: bool) -> None:
+    """The reap lease and the last reap's report (counts and reasons)."""
+    control = _control(settings, as_json)
+    try:
+        lease = control.lease_live()
+        report = control.checkpoint()
+    except (ClientError, BotoCoreError) as exc:
+        fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    lease_info = {"held": bool(lease), "epoch": (lease or {}).get("epoch"), "mode": (lease or {}).get("scope"),
+                  "execution": (lease or {}).get("execution"), "expires": _ts((lease or {}).get("expires_at_ns"))}
+    if as_json:
+        emit_json({"lease": lease_info, "reap": report})
+    else:
+        console.print(kv_table("reap lease", lease_info.items()))
+        console.print(kv_table("last reap", report_rows(report)) if report else "no reap has run")
+    sys.exit(EXIT_OK)

@@ -1,0 +1,586 @@
+"""The agent client: send spooled batches to ingest, at least once, never losing or re-encoding one.
+
+What each answer does (brief §4 agent contract, ``docs/agent-client.md``):
+
+==========================================  ==============================================
+answer                                      client
+==========================================  ==============================================
+200 ``accepted`` / ``duplicate`` (same      delete the batch from the spool
+hash as the spooled bytes)
+409 ``identity_conflict``                   park it (kept, sidecar), alert, continue with
+                                            later batches; retried every
+                                            ``parked_retry_s``; dropped once the answer
+                                            says ``resolution: accept_existing``
+400 / 405 / 411 / 413 / other 4xx           park it as ``invalid``, alert, continue
+401 / 403                                   raise :class:`AuthRejected`; nothing deleted
+503 / 429 / 408 / 5xx / refused / reset /   next endpoint; jittered exponential backoff
+timeout                                     (a full round of refused endpoints first)
+==========================================  ==============================================
+
+Example:
+    >>> client = AgentClient(agent_id="agent-a", token=token, spool="/var/spool/lm",   # doctest: +SKIP
+    ...                      endpoints=["http://10.0.0.1:4567", "http://10.0.0.2:4567"],
+    ...                      on_alert=lambda alert: print(alert.message))
+    >>> client.enqueue(identity, frame_bytes)                                           # doctest: +SKIP
+    >>> report = client.drain(timeout_s=60)                                             # doctest: +SKIP
+    >>> report.accepted, report.pending, [p.kind for p in client.parked()]              # doctest: +SKIP
+    (1, 0, [])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightmetrics.client.backoff import BackoffPolicy
+from lightmetrics.client.errors import AuthRejected, ClientConfigError, SpoolError
+from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch
+from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, Transport, TransportError
+from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.frame import validate_frame
+from lightmetrics.errors import InvalidIdentityError
+from lightmetrics.identity import BatchIdentity, validate_id
+
+log = logging.getLogger(__name__)
+
+#: Answers after which the same bytes may succeed later, at this or another endpoint.
+RETRYABLE_HTTP = frozenset({408, 429}) | frozenset(range(500, 600))
+ACCEPT_EXISTING = "accept_existing"
+CONTENT_TYPE = "application/vnd.lightmetrics.frame"
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A local alert: ``kind`` is ``parked`` (a batch left the normal order) or ``dropped``
+    (a parked conflict was resolved ``accept_existing`` and its batch deleted)."""
+
+    kind: str
+    identity: BatchIdentity
+    parked_kind: str
+    http_status: int | None
+    status: str | None
+    resolution: str | None
+    reason: str | None
+    frame_sha256: str
+    path: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        what = {"parked": "parked", "dropped": "dropped (resolved accept_existing)"}.get(self.kind, self.kind)
+        return (f"lightmetrics agent: batch {self.identity} {what}: {self.parked_kind} "
+                f"(HTTP {self.http_status}, {self.status}): {self.reason or ''}").rstrip(": ")
+
+
+def log_alert(alert: Alert) -> None:
+    """The default alert sink: a WARNING on this module's logger."""
+    log.warning("%s", alert.message)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What happened to one batch in a pass. ``action``: ``accepted``, ``duplicate``, ``parked``,
+    ``dropped``, ``kept_parked`` (a parked retry that changed nothing) or ``unavailable``
+    (attempts exhausted; still spooled)."""
+
+    identity: BatchIdentity
+    action: str
+    frame_sha256: str
+    http_status: int | None = None
+    status: str | None = None
+    endpoint: str | None = None
+    attempts: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"identity": str(self.identity), "manifest_id": self.identity.manifest_id, "action": self.action,
+                "frame_sha256": self.frame_sha256, "http_status": self.http_status, "status": self.status,
+                "endpoint": self.endpoint, "attempts": self.attempts}
+
+
+@dataclass
+class DrainReport:
+    """Counts of one or more passes (``merge`` adds them); ``pending``/``parked*`` are the
+    spool's state at the end of the last pass."""
+
+    outcomes: list[BatchOutcome] = field(default_factory=list)
+    answers: Counter[str] = field(default_factory=Counter)
+    attempts: int = 0
+    failovers: int = 0
+    network_errors: int = 0
+    timeouts: int = 0
+    backoffs: list[float] = field(default_factory=list)
+    passes: int = 0
+    pending: int = 0
+    parked: int = 0
+    parked_conflicts: int = 0
+    exhausted: bool = False
+    timed_out: bool = False
+
+    def count(self, action: str) -> int:
+        return sum(1 for o in self.outcomes if o.action == action)
+
+    @property
+    def accepted(self) -> int:
+        return self.count("accepted")
+
+    @property
+    def duplicates(self) -> int:
+        return self.count("duplicate")
+
+    @property
+    def newly_parked(self) -> int:
+        return self.count("parked")
+
+    @property
+    def dropped(self) -> int:
+        return self.count("dropped")
+
+    @property
+    def parked_invalid(self) -> int:
+        return self.parked - self.parked_conflicts
+
+    def merge(self, other: "DrainReport") -> None:
+        self.outcomes += other.outcomes
+        self.answers.update(other.answers)
+        self.attempts += other.attempts
+        self.failovers += other.failovers
+        self.network_errors += other.network_errors
+        self.timeouts += other.timeouts
+        self.backoffs += other.backoffs
+        self.passes += other.passes
+        self.pending, self.parked, self.parked_conflicts = other.pending, other.parked, other.parked_conflicts
+        self.exhausted = other.exhausted
+        self.timed_out = self.timed_out or other.timed_out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "parked_now": self.newly_parked,
+            "dropped": self.dropped,
+            "pending": self.pending,
+            "parked": self.parked,
+            "parked_conflicts": self.parked_conflicts,
+            "parked_invalid": self.parked_invalid,
+            "answers": dict(self.answers),
+            "attempts": self.attempts,
+            "failovers": self.failovers,
+            "network_errors": self.network_errors,
+            "timeouts": self.timeouts,
+            "backoffs": len(self.backoffs),
+            "backoff_s": round(sum(self.backoffs), 3),
+            "passes": self.passes,
+            "exhausted": self.exhausted,
+            "timed_out": self.timed_out,
+        }
+
+
+@dataclass
+class _Delivery:
+    """The end of one batch's attempts in a pass."""
+
+    kind: str  # ok | conflict | rejected | unexpected | exhausted
+    answer: HttpAnswer | None
+    endpoint: str | None
+    attempts: int
+    first_attempt_unix_ns: int
+    last_attempt_unix_ns: int
+    error: str | None = None
+
+
+def _header_problem(identity: BatchIdentity) -> str | None:
+    """Why ``identity`` cannot travel in the ``X-Lm-*`` headers, or None.
+
+    HTTP header values are ISO-8859-1 on the wire and §14 does not say how a non-ASCII id is
+    carried there, so the client sends ASCII ids only rather than guess an encoding that ingest
+    might decode differently (a 400, or worse, another identity).
+    """
+    for value in (identity.agent_id, identity.boot_id):
+        if not value.isascii():
+            return f"{identity}: agent/boot id {value!r} is not ASCII; it cannot be sent in an X-Lm-* header"
+    return None
+
+
+class AgentClient:
+    """Sends one agent's spooled batches to ingest. Use from one thread at a time (methods take
+    a lock, so a second thread waits rather than interleaves).
+
+    ``endpoints`` are tried starting at :attr:`endpoint_index`; the client stays on an endpoint
+    while it answers and moves to the next one on any retryable failure. ``sleep``, ``clock``,
+    ``monotonic``, ``rng`` and ``transport`` are injectable for tests. ``parked_retry_s`` is the
+    slow cadence of parked conflicts (by the wall clock, persisted in the sidecars, so it holds
+    across restarts).
+
+    Example:
+        >>> client = AgentClient(agent_id="a", token="k1." + "0" * 64, spool=tmp,     # doctest: +SKIP
+        ...                      endpoints=["127.0.0.1:4567"], sleep=sleeps.append,
+        ...                      rng=random.Random(7))
+        >>> client.enqueue(ident, frame).path.name                                     # doctest: +SKIP
+        'agent=61.boot=62.00000000000000000000-00000000000000000009.lmframe'
+        >>> client.run_once().accepted                                                 # doctest: +SKIP
+        1
+    """
+
+    def __init__(
+        self,
+        *,
+        agent_id: str,
+        token: str,
+        endpoints: Sequence[str],
+        spool: Spool | str | os.PathLike[str],
+        backoff: BackoffPolicy = BackoffPolicy(),
+        parked_retry_s: float = 300.0,
+        request_timeout_s: float = 10.0,
+        on_alert: Callable[[Alert], None] | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        transport: Transport | None = None,
+        validate_frames: bool = True,
+    ) -> None:
+        try:
+            self.agent_id = validate_id(agent_id, "agent_id")
+        except InvalidIdentityError as exc:
+            raise ClientConfigError(str(exc)) from None
+        if not token or not token.isascii() or any(c.isspace() for c in token):
+            raise ClientConfigError("token must be a non-empty ASCII string without whitespace")
+        self._token = token
+        if not endpoints:
+            raise ClientConfigError("at least one endpoint is required")
+        try:
+            self.endpoints = [Endpoint.parse(u) for u in endpoints]
+        except ValueError as exc:
+            raise ClientConfigError(str(exc)) from None
+        self.spool = spool if isinstance(spool, Spool) else Spool(spool)
+        self.backoff = backoff
+        self.parked_retry_s = parked_retry_s
+        self.on_alert = on_alert or log_alert
+        self.clock = clock
+        self.sleep = sleep
+        self.monotonic = monotonic
+        self.rng = rng or random.Random()
+        self.transport: Transport = transport or HttpTransport(request_timeout_s)
+        self.validate_frames = validate_frames
+        #: Index of the endpoint tried first by the next request.
+        self.endpoint_index = 0
+        self._lock = threading.RLock()
+        self._deadline: float | None = None  # drain's timeout, on the monotonic clock
+        self.spool.clean()
+
+    # ------------------------------------------------------------------ spool
+    def enqueue(self, identity: BatchIdentity, frame_bytes: bytes) -> SpooledBatch:
+        """Durably spool one encoded frame (validated against ``identity`` first); idempotent for
+        the same bytes, :class:`SpoolConflictError` for different bytes under a held identity."""
+        if identity.agent_id != self.agent_id:
+            raise SpoolError(f"{identity}: this client sends for agent {self.agent_id!r} only")
+        problem = _header_problem(identity)
+        if problem:
+            raise SpoolError(problem)
+        if self.validate_frames:
+            validate_frame(frame_bytes, identity)  # FrameError: never spool what ingest must refuse
+        return self.spool.put(identity, frame_bytes)
+
+    def pending(self) -> list[SpooledBatch]:
+        """This agent's pending batches, in send order."""
+        return [b for b in self.spool.pending() if b.identity.agent_id == self.agent_id]
+
+    def parked(self) -> list[ParkedBatch]:
+        """This agent's parked batches (conflicts and invalid ones), with their sidecars."""
+        return [p for p in self.spool.parked() if p.identity.agent_id == self.agent_id]
+
+    # ------------------------------------------------------------------ sending
+    def _headers(self, identity: BatchIdentity) -> dict[str, str]:
+        return {
+            "X-Lm-Agent-Id": identity.agent_id,
+            "X-Lm-Boot-Id": identity.boot_id,
+            "X-Lm-Seq-Start": str(identity.seq_start),
+            "X-Lm-Seq-End": str(identity.seq_end),
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": CONTENT_TYPE,
+        }
+
+    def _advance(self) -> None:
+        self.endpoint_index = (self.endpoint_index + 1) % len(self.endpoints)
+
+    def _pause(self, retry: int, report: DrainReport, retry_after_s: float | None = None) -> bool:
+        """Sleep before the next attempt; False (no sleep) if that would pass drain's deadline."""
+        delay = self.backoff.delay(retry, self.rng, retry_after_s)
+        if self._deadline is not None and self.monotonic() + delay > self._deadline:
+            return False
+        report.backoffs.append(delay)
+        self.sleep(delay)
+        return True
+
+    def _deliver(self, identity: BatchIdentity, data: bytes, report: DrainReport) -> _Delivery:
+        """Attempts of one batch: failover on refusals, backoff on retryable answers."""
+        headers = self._headers(identity)
+        first = self.clock.now_ns()
+        retries = 0
+        refused_in_round = 0
+        last_error: str | None = None
+        attempts = 0
+        while attempts < self.backoff.max_attempts:
+            endpoint = self.endpoints[self.endpoint_index % len(self.endpoints)]
+            attempts += 1
+            report.attempts += 1
+            try:
+                answer = self.transport.post(endpoint, headers, data)
+            except TransportError as exc:
+                last_error = str(exc)
+                report.network_errors += 1
+                report.timeouts += exc.kind == "timeout"
+                log.info("%s: %s", identity, exc)
+                if len(self.endpoints) > 1:
+                    report.failovers += 1
+                self._advance()
+                refused_in_round += 1
+                if refused_in_round < len(self.endpoints):
+                    continue  # another endpoint may be up: no wait
+                refused_in_round = 0
+                if attempts < self.backoff.max_attempts:
+                    if not self._pause(retries, report):
+                        break
+                    retries += 1
+                continue
+            refused_in_round = 0
+            report.answers[answer.status_word] += 1
+            now = self.clock.now_ns()
+            done = _Delivery("", answer, endpoint.url, attempts, first, now)
+            if answer.status == 200:
+                done.kind = "ok" if self._confirms(answer, data) else "unexpected"
+                return done
+            if answer.status in (401, 403):
+                raise AuthRejected(answer.status, str(answer.body.get("reason") or answer.status_word),
+                                   identity=identity, endpoint=endpoint.url, body=answer.body)
+            if answer.status == 409 and answer.body.get("status") == "identity_conflict":
+                done.kind = "conflict"
+                return done
+            if answer.status in RETRYABLE_HTTP or answer.status < 400:
+                last_error = f"{endpoint.url} answered {answer.status} {answer.status_word}"
+                self._advance()
+                if attempts < self.backoff.max_attempts:
+                    if not self._pause(retries, report, answer.retry_after_s):
+                        break
+                    retries += 1
+                continue
+            done.kind = "rejected"
+            return done
+        now = self.clock.now_ns()
+        return _Delivery("exhausted", None, None, attempts, first, now, error=last_error)
+
+    @staticmethod
+    def _confirms(answer: HttpAnswer, data: bytes) -> bool:
+        """A 200 deletes a batch only if it names these exact bytes as accepted or duplicate."""
+        return (answer.body.get("status") in ("accepted", "duplicate")
+                and answer.body.get("frame_sha256") == hashlib.sha256(data).hexdigest())
+
+    def _record(self, delivery: _Delivery, kind: str, previous: ParkedBatch | None = None) -> dict[str, Any]:
+        answer = delivery.answer
+        body = answer.body if answer else {}
+        return {
+            "kind": kind,
+            "http_status": answer.status if answer else (previous.http_status if previous else None),
+            "status": body.get("status") if answer else (previous.status if previous else None),
+            "reason": (body.get("reason") if answer else delivery.error) or (previous.reason if previous else None),
+            "resolution": body.get("resolution") if answer else (previous.resolution if previous else None),
+            "response": body if answer else (previous.response if previous else {}),
+            "endpoint": delivery.endpoint or (previous.endpoint if previous else None),
+            "attempts": (previous.attempts if previous else 0) + delivery.attempts,
+            "first_attempt_unix_ns": (previous.first_attempt_unix_ns if previous else None)
+            or delivery.first_attempt_unix_ns,
+            "last_attempt_unix_ns": delivery.last_attempt_unix_ns,
+            "parked_at_unix_ns": previous.parked_at_unix_ns if previous else delivery.last_attempt_unix_ns,
+        }
+
+    @staticmethod
+    def _parked_kind(delivery: _Delivery) -> str:
+        return {"conflict": "identity_conflict", "unexpected": "unexpected_answer"}.get(delivery.kind, "invalid")
+
+    def _alert(self, kind: str, parked: ParkedBatch) -> None:
+        try:
+            self.on_alert(Alert(kind, parked.identity, parked.kind, parked.http_status, parked.status,
+                                parked.resolution, parked.reason, parked.frame_sha256, str(parked.path),
+                                parked.response))
+        except Exception:  # an alert sink must not stop delivery
+            log.exception("alert callback failed")
+
+    def _outcome(self, identity: BatchIdentity, action: str, sha: str, d: _Delivery) -> BatchOutcome:
+        a = d.answer
+        return BatchOutcome(identity, action, sha, a.status if a else None, a.status_word if a else None,
+                            d.endpoint, d.attempts, a.body if a else {})
+
+    def _send_pending(self, batch: SpooledBatch, report: DrainReport) -> BatchOutcome | None:
+        try:
+            data = batch.read_bytes()
+        except FileNotFoundError:
+            return None  # removed meanwhile (another sender)
+        sha = hashlib.sha256(data).hexdigest()
+        problem = _header_problem(batch.identity)
+        if problem:  # spooled by another writer: keep it, out of the way, and say why
+            now = self.clock.now_ns()
+            d = _Delivery("rejected", None, None, 0, now, now, error=problem)
+            parked = self.spool.park(batch, self._record(d, "invalid"))
+            self._alert("parked", parked)
+            return self._outcome(batch.identity, "parked", sha, d)
+        d = self._deliver(batch.identity, data, report)
+        if d.kind == "ok":
+            self.spool.delete(batch)
+            return self._outcome(batch.identity, str(d.answer.body["status"]) if d.answer else "accepted", sha, d)
+        if d.kind == "exhausted":
+            return self._outcome(batch.identity, "unavailable", sha, d)
+        parked = self.spool.park(batch, self._record(d, self._parked_kind(d)))
+        if d.kind == "conflict" and parked.resolution == ACCEPT_EXISTING:
+            # Resent after an operator already kept the accepted version: nothing to keep.
+            self.spool.drop_parked(parked)
+            self._alert("dropped", parked)
+            return self._outcome(batch.identity, "dropped", sha, d)
+        self._alert("parked", parked)
+        return self._outcome(batch.identity, "parked", sha, d)
+
+    def _retry_one(self, parked: ParkedBatch, report: DrainReport) -> BatchOutcome:
+        data = parked.read_bytes()
+        d = self._deliver(parked.identity, data, report)
+        if d.kind == "ok":
+            self.spool.drop_parked(parked)
+            return self._outcome(parked.identity, str(d.answer.body["status"]) if d.answer else "accepted",
+                                 parked.frame_sha256, d)
+        if d.kind == "exhausted":
+            self.spool.update_parked(parked, self._record(d, parked.kind, parked))
+            return self._outcome(parked.identity, "unavailable", parked.frame_sha256, d)
+        updated = self.spool.update_parked(parked, self._record(d, self._parked_kind(d), parked))
+        if d.kind == "conflict" and updated.resolution == ACCEPT_EXISTING:
+            self.spool.drop_parked(updated)
+            self._alert("dropped", updated)
+            return self._outcome(parked.identity, "dropped", parked.frame_sha256, d)
+        return self._outcome(parked.identity, "kept_parked", parked.frame_sha256, d)
+
+    def _due(self, parked: ParkedBatch) -> bool:
+        last = parked.last_attempt_unix_ns or 0
+        return self.clock.now_ns() - last >= self.parked_retry_s * 1e9
+
+    def _finish(self, report: DrainReport) -> DrainReport:
+        parked = self.parked()
+        report.pending = len(self.pending())
+        report.parked = len(parked)
+        report.parked_conflicts = sum(1 for p in parked if p.kind == "identity_conflict")
+        return report
+
+    def retry_parked(self, *, only_due: bool = False, include_invalid: bool = False) -> DrainReport:
+        """Send parked batches again now (all parked conflicts; ``include_invalid`` also the
+        ``invalid``/``unexpected_answer`` ones, e.g. after the size limit was raised).
+
+        A conflict whose answer says ``resolution: accept_existing`` is dropped (alert
+        ``dropped``); otherwise its sidecar records the latest answer and it stays parked.
+
+        Example:
+            >>> report = client.retry_parked()                     # doctest: +SKIP
+            >>> report.dropped, [p.resolution for p in client.parked()]   # doctest: +SKIP
+            (1, [])
+        """
+        with self._lock:
+            report = DrainReport(passes=1)
+            for parked in self.parked():
+                if parked.kind != "identity_conflict" and not include_invalid:
+                    continue
+                if only_due and not self._due(parked):
+                    continue
+                report.outcomes.append(self._retry_one(parked, report))
+            return self._finish(report)
+
+    def run_once(self) -> DrainReport:
+        """One pass: parked conflicts that are due (``parked_retry_s``), then every pending batch
+        in order. A batch that exhausts ``backoff.max_attempts`` stays spooled and ends the pass
+        (``report.exhausted``): the endpoints are down, later batches would fare no better.
+        Raises :class:`AuthRejected` on 401/403 (nothing deleted)."""
+        with self._lock:
+            report = self.retry_parked(only_due=True)
+            for batch in self.pending():
+                outcome = self._send_pending(batch, report)
+                if outcome is None:
+                    continue
+                report.outcomes.append(outcome)
+                if outcome.action == "unavailable":
+                    report.exhausted = True
+                    break
+            return self._finish(report)
+
+    def drain(
+        self,
+        *,
+        until_empty: bool = True,
+        timeout_s: float | None = None,
+        poll_s: float = 1.0,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[DrainReport], None] | None = None,
+    ) -> DrainReport:
+        """Pass after pass until nothing is pending (``until_empty``), or until ``stop`` is set or
+        ``timeout_s`` passes (then ``report.timed_out`` if batches are still pending). With
+        ``until_empty=False`` it keeps watching the spool (``lmctl agent run --follow``), polling
+        every ``poll_s``. Parked batches do not keep it running.
+
+        Example:
+            >>> report = client.drain(timeout_s=300)               # doctest: +SKIP
+            >>> report.pending, report.parked_conflicts              # doctest: +SKIP
+            (0, 1)
+        """
+        total = DrainReport()
+        deadline = None if timeout_s is None else self.monotonic() + timeout_s
+        self._deadline = deadline
+        try:
+            self._drain(total, deadline, until_empty, poll_s, stop, on_progress)
+        finally:
+            self._deadline = None
+        return total
+
+    def _drain(self, total: DrainReport, deadline: float | None, until_empty: bool, poll_s: float,
+               stop: threading.Event | None, on_progress: Callable[[DrainReport], None] | None) -> None:
+        outage = 0
+        while True:
+            if stop is not None and stop.is_set():
+                break
+            one = self.run_once()
+            total.merge(one)
+            if on_progress is not None:
+                on_progress(total)
+            if until_empty and one.pending == 0:
+                break
+            remaining = None if deadline is None else deadline - self.monotonic()
+            if remaining is not None and remaining <= 0:
+                total.timed_out = one.pending > 0
+                break
+            if one.exhausted:
+                # An outage: keep backing off between passes (each pass already retried).
+                wait = self.backoff.delay(self.backoff.max_attempts + outage, self.rng)
+                outage += 1
+            elif one.outcomes:
+                outage = 0
+                continue
+            else:
+                outage = 0
+                wait = poll_s
+            wait = wait if remaining is None else min(wait, remaining)
+            if one.exhausted:
+                total.backoffs.append(wait)
+            if stop is not None:
+                stop.wait(wait)
+            else:
+                self.sleep(wait)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "AgentClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

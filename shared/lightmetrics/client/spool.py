@@ -1,0 +1,316 @@
+"""The agent's durable local spool: one file per batch, the exact encoded frame bytes.
+
+Layout of a spool directory::
+
+    <spool>/agent=<agent-hex>.boot=<boot-hex>.<seq-start>-<seq-end>.lmframe   pending batches
+    <spool>/parked/<same name>                                                parked batches
+    <spool>/parked/<same name>.json                                           why it is parked
+    <spool>/.tmp-*                                                            writes in flight
+
+File names are :attr:`BatchIdentity.spool_name` — the same hex/20-digit encoding as the object
+keys (``docs/protocol.md`` §2), so names sort by boot, then sequence. The bytes are written once
+and never re-encoded: re-encoding a batch can change its bytes, and different bytes for an
+accepted identity are an identity conflict.
+
+Every write is crash-safe: temp file, ``fsync``, then an atomic link/rename and an ``fsync`` of
+the directory. A batch is *created* with ``link`` (fails if the name exists), so two writers of
+one identity cannot replace each other's bytes.
+
+Example:
+    >>> import tempfile
+    >>> from lightmetrics.frame import Sample, encode_frame
+    >>> spool = Spool(tempfile.mkdtemp())
+    >>> ident = BatchIdentity.create("agent-a", "boot-1", 0, 9)
+    >>> batch = spool.put(ident, encode_frame(ident, [Sample("up")]))
+    >>> batch.path.name
+    'agent=6167656e742d61.boot=626f6f742d31.00000000000000000000-00000000000000000009.lmframe'
+    >>> [b.identity == ident for b in spool.pending()]
+    [True]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightmetrics.client.errors import SpoolConflictError, SpoolError
+from lightmetrics.errors import InvalidIdentityError
+from lightmetrics.identity import BatchIdentity, hex_to_id
+
+PARKED_DIR = "parked"
+SIDECAR_SUFFIX = ".json"
+TEMP_PREFIX = ".tmp-"
+PARKED_SCHEMA = "lightmetrics.parked_batch.v1"
+_NAME_RE = re.compile(r"^agent=(?P<a>[0-9a-f]+)\.boot=(?P<b>[0-9a-f]+)\.(?P<s>\d{20})-(?P<e>\d{20})\.lmframe$")
+
+
+def identity_from_spool_name(name: str) -> BatchIdentity:
+    """Inverse of :attr:`BatchIdentity.spool_name`; raise SpoolError for any other name.
+
+    Example:
+        >>> str(identity_from_spool_name(BatchIdentity.create("a", "b", 1, 2).spool_name))
+        'a/b/1-2'
+    """
+    m = _NAME_RE.match(name)
+    if not m:
+        raise SpoolError(f"{name!r} is not a spool batch name")
+    try:
+        ident = BatchIdentity.create(hex_to_id(m["a"], "agent"), hex_to_id(m["b"], "boot"), m["s"], m["e"])
+    except InvalidIdentityError as exc:
+        raise SpoolError(f"{name!r}: {exc}") from None
+    if ident.spool_name != name:  # e.g. non-canonical hex: never two names for one identity
+        raise SpoolError(f"{name!r} is not the canonical name of {ident}")
+    return ident
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class SpooledBatch:
+    """A batch file in the spool (pending unless ``parked``)."""
+
+    identity: BatchIdentity
+    path: Path
+    parked: bool = False
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+
+@dataclass(frozen=True)
+class ParkedBatch:
+    """A parked batch and its sidecar: kept for inspection, outside the normal send order.
+
+    ``kind`` is ``identity_conflict`` (409; retried at a slow cadence until the answer says
+    ``resolution: accept_existing``), ``invalid`` (another 4xx: kept until an operator acts) or
+    ``unexpected_answer`` (a 200 whose body did not confirm these bytes).
+    """
+
+    identity: BatchIdentity
+    path: Path
+    sidecar_path: Path
+    kind: str
+    http_status: int | None
+    status: str | None
+    reason: str | None
+    resolution: str | None
+    frame_sha256: str
+    frame_bytes: int
+    attempts: int
+    first_attempt_unix_ns: int | None
+    last_attempt_unix_ns: int | None
+    parked_at_unix_ns: int | None
+    endpoint: str | None
+    response: dict[str, Any] = field(default_factory=dict)
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agent_id": self.identity.agent_id,
+            "boot_id": self.identity.boot_id,
+            "seq_start": self.identity.seq_start,
+            "seq_end": self.identity.seq_end,
+            "manifest_id": self.identity.manifest_id,
+            "path": str(self.path),
+            "kind": self.kind,
+            "http_status": self.http_status,
+            "status": self.status,
+            "reason": self.reason,
+            "resolution": self.resolution,
+            "frame_sha256": self.frame_sha256,
+            "frame_bytes": self.frame_bytes,
+            "attempts": self.attempts,
+            "first_attempt_unix_ns": self.first_attempt_unix_ns,
+            "last_attempt_unix_ns": self.last_attempt_unix_ns,
+            "parked_at_unix_ns": self.parked_at_unix_ns,
+            "endpoint": self.endpoint,
+            "response": self.response,
+        }
+
+
+class Spool:
+    """A spool directory (created if missing). Safe against crashes at any point; one sender
+    per spool at a time (a second sender is harmless to the protocol — it only causes
+    duplicates — but the counts it reports would be confusing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self.parked_dir = self.root / PARKED_DIR
+        self.fsync = fsync
+        try:
+            self.parked_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpoolError(f"cannot create spool {self.root}: {exc}") from None
+
+    # ------------------------------------------------------------------ writes
+    def _write_temp(self, directory: Path, data: bytes) -> Path:
+        tmp = directory / f"{TEMP_PREFIX}{uuid.uuid4().hex}"
+        with open(tmp, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+        return tmp
+
+    def _sync(self, *directories: Path) -> None:
+        if self.fsync:
+            for d in directories:
+                _fsync_dir(d)
+
+    def put(self, identity: BatchIdentity, data: bytes) -> SpooledBatch:
+        """Store ``data`` (the exact frame bytes) for ``identity``; durable when this returns.
+
+        Idempotent for the same bytes (also if the batch is parked); raises
+        :class:`SpoolConflictError` for different bytes under a held identity.
+        """
+        data = bytes(data)
+        name = identity.spool_name
+        parked = self.parked_dir / name
+        if parked.exists():
+            self._check_same(identity, parked, data)
+            return SpooledBatch(identity, parked, parked=True)
+        final = self.root / name
+        tmp = self._write_temp(self.root, data)
+        try:
+            try:
+                os.link(tmp, final)  # create-if-absent: never replaces held bytes
+            except FileExistsError:
+                self._check_same(identity, final, data)
+                return SpooledBatch(identity, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._sync(self.root)
+        return SpooledBatch(identity, final)
+
+    @staticmethod
+    def _check_same(identity: BatchIdentity, path: Path, data: bytes) -> None:
+        held = _sha256(path.read_bytes())
+        new = _sha256(data)
+        if held != new:
+            raise SpoolConflictError(identity, held, new)
+
+    def delete(self, batch: SpooledBatch) -> None:
+        """Remove a batch (after a 200, or a resolved conflict). Missing is fine."""
+        batch.path.unlink(missing_ok=True)
+        if not batch.parked:
+            self._sync(batch.path.parent)
+
+    def park(self, batch: SpooledBatch, record: Mapping[str, Any]) -> ParkedBatch:
+        """Move a pending batch to ``parked/`` with its sidecar (sidecar first, then the batch:
+        a crash in between leaves the batch pending, and it is parked again on its next send)."""
+        sidecar = self.parked_dir / (batch.identity.spool_name + SIDECAR_SUFFIX)
+        self._write_sidecar(sidecar, record)
+        target = self.parked_dir / batch.identity.spool_name
+        os.replace(batch.path, target)
+        self._sync(self.parked_dir, self.root)
+        return self._load_parked(target)
+
+    def update_parked(self, parked: ParkedBatch, record: Mapping[str, Any]) -> ParkedBatch:
+        self._write_sidecar(parked.sidecar_path, record)
+        self._sync(self.parked_dir)
+        return self._load_parked(parked.path)
+
+    def drop_parked(self, parked: ParkedBatch) -> None:
+        """Delete a parked batch and then its sidecar (an orphan sidecar is ignored and cleaned)."""
+        parked.path.unlink(missing_ok=True)
+        parked.sidecar_path.unlink(missing_ok=True)
+        self._sync(self.parked_dir)
+
+    def _write_sidecar(self, path: Path, record: Mapping[str, Any]) -> None:
+        body = json.dumps({"schema": PARKED_SCHEMA, **record}, sort_keys=True, indent=1).encode()
+        tmp = self._write_temp(self.parked_dir, body)
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------------ reads
+    def _batches(self, directory: Path, parked: bool) -> list[SpooledBatch]:
+        out = []
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError as exc:
+            raise SpoolError(f"cannot list {directory}: {exc}") from None
+        for name in names:
+            if _NAME_RE.match(name):
+                out.append(SpooledBatch(identity_from_spool_name(name), directory / name, parked=parked))
+        return out
+
+    def pending(self) -> list[SpooledBatch]:
+        """Pending batches in send order: by agent, boot, then sequence (the name order)."""
+        return self._batches(self.root, parked=False)
+
+    def parked(self) -> list[ParkedBatch]:
+        out = []
+        for b in self._batches(self.parked_dir, parked=True):
+            try:
+                out.append(self._load_parked(b.path))
+            except FileNotFoundError:
+                continue  # dropped meanwhile
+        return out
+
+    def _load_parked(self, path: Path) -> ParkedBatch:
+        ident = identity_from_spool_name(path.name)
+        sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+        try:
+            rec: dict[str, Any] = json.loads(sidecar.read_bytes())
+        except FileNotFoundError:
+            rec = {}
+        except ValueError:
+            rec = {"reason": "sidecar unreadable"}
+        data = path.read_bytes()
+        return ParkedBatch(
+            identity=ident,
+            path=path,
+            sidecar_path=sidecar,
+            kind=str(rec.get("kind") or "unknown"),
+            http_status=rec.get("http_status"),
+            status=rec.get("status"),
+            reason=rec.get("reason"),
+            resolution=rec.get("resolution"),
+            frame_sha256=_sha256(data),
+            frame_bytes=len(data),
+            attempts=int(rec.get("attempts") or 0),
+            first_attempt_unix_ns=rec.get("first_attempt_unix_ns"),
+            last_attempt_unix_ns=rec.get("last_attempt_unix_ns"),
+            parked_at_unix_ns=rec.get("parked_at_unix_ns"),
+            endpoint=rec.get("endpoint"),
+            response=rec.get("response") or {},
+        )
+
+    def clean(self, *, temp_older_than_s: float = 300.0) -> int:
+        """Remove abandoned temp files (a writer crashed before its rename) and orphan sidecars.
+
+        Temp files younger than ``temp_older_than_s`` may belong to a live writer and are kept.
+        Returns how many files were removed.
+        """
+        removed = 0
+        now = time.time()
+        for directory in (self.root, self.parked_dir):
+            for entry in os.scandir(directory):
+                if entry.name.startswith(TEMP_PREFIX) and now - entry.stat().st_mtime >= temp_older_than_s:
+                    Path(entry.path).unlink(missing_ok=True)
+                    removed += 1
+        for entry in os.scandir(self.parked_dir):
+            if entry.name.endswith(".lmframe" + SIDECAR_SUFFIX) and not (self.parked_dir / entry.name[:-5]).exists():
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        return removed

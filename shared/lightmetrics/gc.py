@@ -1,0 +1,285 @@
+"""The one raw-blob deleter: proof from authoritative reads, then the delete-marker handshake.
+
+Nothing else in the system deletes under ``raw-blobs/v1/`` (the bucket policy allows only the GC
+role; docs/protocol.md §15). GC of orphans and retention of expired hours both delete blobs here.
+
+**Proof** (:meth:`BlobCollector.prove`), strongly consistent reads only, never derived indexes:
+
+1. HEAD the blob: its identity (object metadata written by the accept), ``LastModified``, and the
+   current version id (captured now, purged later). Younger than ``LM_RETRY_HORIZON_S`` → keep.
+2. GET ``accepted/v1/<identity>.json``: a record with this blob's hash references it → keep,
+   unless the record's acceptance hour is tombstoned by retention (→ delete, "hour-tombstoned").
+3. HEAD ``quarantine/v1/identity-conflict/<identity>/<sha>.json``: conflict evidence → keep until
+   its resolution record exists and is older than the evidence window (``LM_RETRY_HORIZON_S``),
+   or until the accepted record's hour is tombstoned.
+4. Otherwise the blob is unreferenced → delete.
+
+**Handshake** (closes the race with an accept of the same identity that got 412 on the blob):
+:meth:`mark` only places a delete marker (``DeleteObject`` without a version id; reversible) after
+recording the captured version id; :meth:`settle`, no earlier than ``LM_GC_GRACE_S`` after the
+mark, repeats checks 2-3. Still deletable → purge exactly the captured version and the marker
+(a newer version, re-created by an accept meanwhile, survives). Referenced now → delete the marker
+(the blob is back; metric ``GcRestored``). The grace must exceed the longest accept (ingest
+timeout plus clock skew); with accept step 6 there is then no window (docs/protocol.md §15).
+
+Cost per candidate (brief §12): HEAD blob + GET manifest + HEAD quarantine, then the marker;
+before the purge GET manifest + HEAD quarantine again, then two version deletes (+ the blob's
+``raw-blobs-by-time`` entry). Tombstone checks are cached per hour (a tombstone is permanent).
+
+Example:
+    >>> gc = BlobCollector(ctx, settings)                            # doctest: +SKIP
+    >>> proof = gc.prove(ctx.codec.raw_blob(sha))                    # doctest: +SKIP
+    >>> marks = gc.mark([proof]); gc.settle(marks)                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lightmetrics import crashpoints
+from lightmetrics.accept import RESOLUTION_METADATA_KEY
+from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError
+from lightmetrics.identity import BatchIdentity, hex_to_id
+from lightmetrics.indexing import TombstoneCache
+from lightmetrics.keys import KeyKind, UtcHour
+from lightmetrics.manifests import AcceptedBatchManifest
+from lightmetrics.work import WorkContext
+
+log = logging.getLogger(__name__)
+_NS = 1_000_000_000
+
+# Reasons a blob is deleted (proof) or kept; the final reap report counts them.
+DELETE_UNREFERENCED = "unreferenced"
+DELETE_HOUR_TOMBSTONED = "hour-tombstoned"
+DELETE_CONFLICT_RESOLVED = "conflict-resolved"
+KEEP_GONE = "gone"
+KEEP_YOUNG = "younger-than-horizon"
+KEEP_REFERENCED = "referenced"
+KEEP_CONFLICT = "conflict-unresolved"
+KEEP_EVIDENCE_WINDOW = "conflict-evidence-window"
+KEEP_NO_IDENTITY = "identity-unknown"
+KEEP_NOT_TOMBSTONED = "hour-not-tombstoned"  # retention asked, but the proof is something else
+KEEP_MARK_NOT_PLACED = "mark-not-placed"  # a crash between intent and marker: left for the next run
+
+# Crash points of the handshake (lightmetrics.crashpoints; the reap harness kills at each).
+CP_PROVED = crashpoints.register("gc.proved", "candidates proven; nothing written")
+CP_MARKED_ONE = crashpoints.register("gc.marked-one", "one delete marker placed, the page's marks not yet recorded")
+CP_RECHECKED = crashpoints.register("gc.rechecked", "grace over, proof repeated; nothing deleted yet")
+CP_PURGED_VERSION = crashpoints.register("gc.purged-version", "pre-mark version purged, the marker still there")
+CP_SETTLED_ONE = crashpoints.register("gc.settled-one", "one mark purged or restored, not yet counted")
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What the authoritative reads said about one blob."""
+
+    key: str
+    sha: str
+    deletable: bool
+    reason: str
+    version_id: str | None = None
+    last_modified_unix_s: int = 0
+    identity: BatchIdentity | None = None
+
+
+def _identity_from_metadata(md: dict[str, str]) -> BatchIdentity | None:
+    try:
+        return BatchIdentity.create(hex_to_id(md["lm-agent-hex"], "agent"), hex_to_id(md["lm-boot-hex"], "boot"),
+                                    int(md["lm-seq-start"]), int(md["lm-seq-end"]))
+    except (KeyError, ValueError, InvalidIdentityError):
+        return None
+
+
+def _identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
+    return BatchIdentity.create(hex_to_id(m["agent_hex"], "agent"), hex_to_id(m["boot_hex"], "boot"),
+                                int(m["seq_start"]), int(m["seq_end"]))
+
+
+class BlobCollector:
+    """Proof, mark and settle for raw blobs; ``concurrency`` bounds parallel requests."""
+
+    def __init__(self, ctx: WorkContext, settings: Any, *, concurrency: int = 8,
+                 tombstones: TombstoneCache | None = None) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.codec = ctx.codec
+        self.s3 = ctx.store.client  # type: ignore[attr-defined]  # versioned deletes need the client
+        self.bucket = ctx.store.bucket
+        self.horizon_ns = int(settings.retry_horizon_s) * _NS
+        self.evidence_ns = int(settings.retry_horizon_s) * _NS
+        self.grace_ns = int(settings.gc_grace_s) * _NS
+        self.tombstones = tombstones or TombstoneCache(ctx.store, ctx.codec, ttl_s=0.0)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="lm-gc")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(self._pool.map(lambda i: contextvars.copy_context().run(fn, i), items))
+
+    # -- proof ---------------------------------------------------------------------------------------
+    def prove(self, key: str, *, now_ns: int | None = None) -> Proof:
+        """Steps 1-4 of the module docstring for the blob at ``key``."""
+        parsed = self.codec.parse(key)
+        if parsed.kind is not KeyKind.RAW_BLOB or parsed.sha256 is None:
+            raise KeyLayoutError(f"{key} is not a raw blob key")
+        sha = parsed.sha256
+        now = self.ctx.clock.now_ns() if now_ns is None else now_ns
+        head = self.ctx.store.head(key)
+        if head is None:
+            return Proof(key, sha, False, KEEP_GONE)
+        lm = int(head.last_modified_unix_s)
+        identity = _identity_from_metadata(head.metadata)
+        base = dict(key=key, sha=sha, version_id=head.version_id, last_modified_unix_s=lm, identity=identity)
+        if now - lm * _NS < self.horizon_ns:
+            return Proof(deletable=False, reason=KEEP_YOUNG, **base)  # type: ignore[arg-type]
+        if identity is None:
+            return Proof(deletable=False, reason=KEEP_NO_IDENTITY, **base)  # type: ignore[arg-type]
+        deletable, reason = self.references(identity, sha, now)
+        return Proof(deletable=deletable, reason=reason, **base)  # type: ignore[arg-type]
+
+    def references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str]:
+        """Checks 2-3: ``(deletable, reason)`` from the acceptance record and the conflict evidence."""
+        record = self._record(identity)
+        hour_tombstoned = record is not None and self.tombstones.is_tombstoned(
+            "raw", UtcHour.of_unix_ns(record.accepted_at_unix_ns))
+        if record is not None and record.frame_sha256 == sha:
+            return (True, DELETE_HOUR_TOMBSTONED) if hour_tombstoned else (False, KEEP_REFERENCED)
+        if self.ctx.store.head(self.codec.quarantine(identity, sha)) is None:
+            return True, DELETE_UNREFERENCED
+        if hour_tombstoned:
+            return True, DELETE_HOUR_TOMBSTONED  # evidence of a conflict in a reaped hour
+        resolution = self.ctx.store.head(self.codec.conflict_resolution(identity, sha))
+        if resolution is None or resolution.metadata.get(RESOLUTION_METADATA_KEY) not in ("accept_existing",
+                                                                                           "deny_identity"):
+            return False, KEEP_CONFLICT
+        if now_ns - int(resolution.last_modified_unix_s) * _NS < self.evidence_ns:
+            return False, KEEP_EVIDENCE_WINDOW
+        return True, DELETE_CONFLICT_RESOLVED
+
+    def _record(self, identity: BatchIdentity) -> AcceptedBatchManifest | None:
+        raw = self.ctx.store.get(self.codec.accepted(identity))
+        if raw is None:
+            return None
+        try:
+            return AcceptedBatchManifest.from_bytes(raw)
+        except ManifestError:
+            # An unreadable record is an invariant violation for verify; for GC it is a reference
+            # to nobody knows what: keep the blob (a sha that can never match keeps it).
+            return AcceptedBatchManifest.model_construct(frame_sha256="?", accepted_at_unix_ns=0)
+
+    def prove_all(self, keys: list[str], *, now_ns: int | None = None) -> list[Proof]:
+        proofs = self._map(lambda k: self.prove(k, now_ns=now_ns), keys)
+        crashpoints.point(CP_PROVED)
+        return proofs
+
+    # -- mark ----------------------------------------------------------------------------------------
+    @staticmethod
+    def intent(proof: Proof, now_ns: int) -> dict[str, Any]:
+        """What is recorded (durably, before the marker) about a blob about to be marked."""
+        assert proof.identity is not None and proof.deletable
+        i = proof.identity
+        return {"key": proof.key, "sha": proof.sha, "version_id": proof.version_id, "marker_version_id": None,
+                "marked_at_ns": now_ns, "lm_unix_s": proof.last_modified_unix_s, "reason": proof.reason,
+                "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+
+    def mark(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Place a delete marker on each intended blob; returns the intents with the marker ids."""
+
+        def one(m: dict[str, Any]) -> dict[str, Any]:
+            r = self.s3.delete_object(Bucket=self.bucket, Key=m["key"])
+            crashpoints.point(CP_MARKED_ONE)
+            return {**m, "marker_version_id": r.get("VersionId")}
+
+        return self._map(one, intents)
+
+    def recover(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """After a crash between the recorded intent and the recorded marks: find each marker
+        that was placed; place the ones that were not (the settle's re-check after the grace
+        covers the time since the proof, as for any mark)."""
+
+        def one(m: dict[str, Any]) -> dict[str, Any] | None:
+            if m.get("marker_version_id"):
+                return m
+            markers, exists = self.find_markers(m)
+            if markers:
+                return {**m, "marker_version_id": markers[-1]}
+            if not exists:
+                return None  # the captured version is gone already: nothing to mark
+            [marked] = self.mark([{**m, "marked_at_ns": self.ctx.clock.now_ns()}])
+            return marked
+
+        return [m for m in self._map(one, intents) if m is not None]
+
+    def find_markers(self, m: dict[str, Any]) -> tuple[list[str], bool]:
+        """Crash recovery: the delete markers newer than the captured version, and whether the
+        captured version still exists (one ListObjectVersions of the key)."""
+        r = self.s3.list_object_versions(Bucket=self.bucket, Prefix=m["key"])
+        versions = [v for v in r.get("Versions", []) if v["Key"] == m["key"]]
+        markers = [d for d in r.get("DeleteMarkers", []) if d["Key"] == m["key"]]
+        captured = [v for v in versions if v.get("VersionId") == m.get("version_id")]
+        if not captured:
+            return [], False
+        after = captured[0]["LastModified"]
+        return [d["VersionId"] for d in markers if d["LastModified"] >= after], True
+
+    # -- settle --------------------------------------------------------------------------------------
+    def due(self, m: dict[str, Any], now_ns: int) -> bool:
+        return now_ns >= int(m["marked_at_ns"]) + self.grace_ns
+
+    def settle(self, marks: list[dict[str, Any]], *, now_ns: int | None = None) -> list[str]:
+        """Purge or restore each due mark; returns ``"purged"``, ``"restored"`` or ``"kept:<reason>"``
+        per mark. Idempotent: settling the same marks again does no harm (a crash in the middle)."""
+        now = self.ctx.clock.now_ns() if now_ns is None else now_ns
+        not_due = [m["key"] for m in marks if not self.due(m, now)]
+        if not_due:
+            raise ValueError(f"{len(not_due)} marks are inside the grace period, e.g. {not_due[0]}")
+        return self._map(lambda m: self._settle_one(m, now), marks)
+
+    def _settle_one(self, m: dict[str, Any], now_ns: int) -> str:
+        identity = _identity_from_mark(m)
+        deletable, reason = self.references(identity, m["sha"], now_ns)
+        crashpoints.point(CP_RECHECKED)
+        markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
+        if markers is None:
+            markers, exists = self.find_markers(m)
+            if not markers:
+                # The marker was never placed (crash before DeleteObject answered): nothing to undo.
+                return f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged"
+        if not deletable:
+            for marker in markers:
+                self._delete_version(m["key"], marker)
+            self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
+            log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], reason)
+            return "restored"
+        if m.get("version_id"):
+            self._delete_version(m["key"], m["version_id"])
+        crashpoints.point(CP_PURGED_VERSION)
+        for marker in markers:
+            self._delete_version(m["key"], marker)
+        # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
+        entry = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
+        self.s3.delete_object(Bucket=self.bucket, Key=entry)
+        crashpoints.point(CP_SETTLED_ONE)
+        self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
+        return "purged"
+
+    def _delete_version(self, key: str, version_id: str) -> None:
+        try:
+            self.s3.delete_object(Bucket=self.bucket, Key=key, VersionId=version_id)
+        except ClientError as exc:  # already gone (a settle repeated after a crash)
+            if exc.response.get("Error", {}).get("Code") not in ("NoSuchVersion", "NoSuchKey", "404"):
+                raise
+
+
+__all__ = ["BlobCollector", "Proof", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
+           "KEEP_YOUNG", "KEEP_CONFLICT"]

@@ -1,0 +1,644 @@
+"""Reaps on Step Functions: GC of orphan raw blobs and retention of expired hours (docs/reaps.md).
+
+``infra/statemachines/reap.asl.json`` loops over Lambda tasks, each one method of :class:`Reaper`;
+every task returns ``{"reap": ..., "next": ...}`` and the state machine routes on ``next``:
+
+``begin``      (reap-begin) validate the input (``mode`` and an explicit ``dry_run``), take the
+               lease ``lease#reap`` with a new epoch (or ``resume`` the last one) — refused while
+               another reap holds it (:class:`LeaseHeld`, the CLI exits 5).
+``gc``         (reap-gc, the GC role) one page: mark (prove a page of candidates, record the
+               intent, place delete markers, record the marks and move the cursor) or settle
+               (after the grace: purge or restore recorded marks). Also the blobs of a
+               retention hour, with the proof "hour tombstoned".
+``retention``  (reap-retention, the retention role) one step of an hour (lightmetrics.retention):
+               commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
+               entries, verify empty, write the ``reaped`` marker.
+``wait``       a Wait state (``wait_s``): the GC grace, or the tombstone settle time.
+``end``        (reap-end) the final report (examined, marked, purged, restored, kept and why);
+               releases the lease.
+
+Checkpoints (docs/control-table.md): the summary ``checkpoint#reap``/``current`` holds the
+epoch, owner, phase, cursor and counters; each marked page has its own item
+``checkpoint#reap``/``marks#<page>`` (written *before* its delete markers, state ``intent``, then
+``marked``; deleted once settled). Every write is one transaction conditional on the summary's
+owner and epoch, which also renews the lease. A task that crashes is retried by Step Functions
+with the same input and finds its page's intent, so nothing is marked twice or forgotten.
+
+Example (what ``lmctl reap gc --execute --wait`` does)::
+
+    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightmetrics import crashpoints
+from lightmetrics.control_table import ConditionFailed, ControlTable
+from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
+from lightmetrics.keys import KeyLayoutError, UtcHour
+from lightmetrics.outcome import PermanentWorkError
+from lightmetrics.retention import HourRetention, WatermarkBehind, expired_hours
+from lightmetrics.walk import Op, _Cancelled, describe_lease, plain, transact
+from lightmetrics.work import WorkContext
+
+log = logging.getLogger(__name__)
+_NS = 1_000_000_000
+
+LEASE_PK, LEASE_SK = "lease#reap", "lease"
+CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
+MARKS_PREFIX = "marks#"
+MODES = ("gc", "retention")
+SOURCES = ("scan", "by-time", "audit")
+INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
+                "tombstone_wait_s", "verify_passes", "lease_seconds")
+COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
+
+CP_INTENT = crashpoints.register("reap.intent-recorded", "a page's intent recorded, no marker placed yet")
+CP_PAGE_DONE = crashpoints.register("reap.page-recorded", "a page's marks and cursor recorded")
+CP_SETTLE_RECORDED = crashpoints.register("reap.settle-recorded", "a settled page counted and its item deleted")
+CP_STEP_DONE = crashpoints.register("reap.retention-step", "a retention step's checkpoint written")
+
+
+class ReapError(Exception):
+    """Base of the errors a reap task raises on purpose (the class name is the ASL error name)."""
+
+
+class LeaseHeld(ReapError):
+    """Another reap holds ``lease#reap`` (the CLI exits 5)."""
+
+
+class InvalidReapInput(ReapError):
+    """The execution input is not a reap input (docs/reaps.md, "Console input")."""
+
+
+class LeaseLost(ReapError):
+    """This run no longer owns the reap: stop without touching anything."""
+
+
+class ReapTransient(ReapError):
+    """S3 or DynamoDB failed transiently; Step Functions retries the task."""
+
+
+@dataclass(frozen=True)
+class ReapParams:
+    """A validated execution input; ``dry_run`` is required (system.md §14)."""
+
+    mode: str
+    dry_run: bool
+    hour: UtcHour | None = None
+    scope: str = "raw"
+    source: str = "scan"
+    audit_run: str | None = None
+    resume: bool = False
+    page_size: int = 500
+    concurrency: int = 8
+    max_pending_pages: int = 20
+    tombstone_wait_s: int = 120
+    verify_passes: int = 3
+    lease_seconds: int = 900
+
+    @classmethod
+    def parse(cls, raw: Any) -> "ReapParams":
+        if not isinstance(raw, dict):
+            raise InvalidReapInput("the execution input must be a JSON object")
+        unknown = set(raw) - set(INPUT_FIELDS)
+        if unknown:
+            raise InvalidReapInput(f"unknown input fields {sorted(unknown)}; known: {list(INPUT_FIELDS)}")
+        if raw.get("mode") not in MODES:
+            raise InvalidReapInput(f"mode must be one of {list(MODES)}")
+        if not isinstance(raw.get("dry_run"), bool):
+            raise InvalidReapInput("dry_run must be stated explicitly: true or false")
+        hour = None
+        if raw.get("hour") not in (None, ""):
+            try:
+                hour = UtcHour.parse(str(raw["hour"]))
+            except ValueError as exc:
+                raise InvalidReapInput(str(exc)) from None
+        source = raw.get("source") or "scan"
+        if source not in SOURCES:
+            raise InvalidReapInput(f"source must be one of {list(SOURCES)}")
+        scope = raw.get("scope") or "raw"
+        if scope not in ("raw", "rollup") or (scope == "rollup" and raw["mode"] != "retention"):
+            raise InvalidReapInput("scope is 'raw' (default) or 'rollup' (retention only: LM_ROLLUP_RETENTION_S)")
+        audit_run = raw.get("audit_run") or None
+        if (source == "audit") != (audit_run is not None):
+            raise InvalidReapInput("source 'audit' needs audit_run (the audit's run id), and only it does")
+
+        def integer(name: str, default: int, low: int, high: int) -> int:
+            v = raw.get(name)
+            if v is None:
+                return default
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                raise InvalidReapInput(f"{name} must be an integer in [{low}, {high}]")
+            return v
+
+        return cls(mode=raw["mode"], dry_run=raw["dry_run"], hour=hour, scope=scope, source=source, audit_run=audit_run,
+                   resume=bool(raw.get("resume", False)),
+                   page_size=integer("page_size", 500, 1, 1000), concurrency=integer("concurrency", 8, 1, 64),
+                   max_pending_pages=integer("max_pending_pages", 20, 1, 1000),
+                   tombstone_wait_s=integer("tombstone_wait_s", 120, 0, 3600),
+                   verify_passes=integer("verify_passes", 3, 1, 10),
+                   lease_seconds=integer("lease_seconds", 900, 60, 86400))
+
+
+_OWNED = "#own = :own AND #ep = :ep"
+
+
+def _owned(reap: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    return {"#own": "owner", "#ep": "epoch"}, {":own": reap["owner"], ":ep": reap["epoch"]}
+
+
+def report_of(cp: dict[str, Any]) -> dict[str, Any]:
+    """The operator's report from a checkpoint summary."""
+    cp = plain(cp)
+    kept = {k.removeprefix("kept#"): int(v) for k, v in cp.items() if k.startswith("kept#")}
+    return {
+        "mode": cp.get("mode"), "dry_run": cp.get("dry_run"), "epoch": cp.get("epoch"), "status": cp.get("status"),
+        "phase": cp.get("phase"), **{c: int(cp.get(f"c_{c}", 0)) for c in COUNTERS}, "kept": kept,
+        "pages": int(cp.get("page", 0)), "hours": cp.get("hours", []),
+        "hours_reaped": [h for h, s in (cp.get("hour_status") or {}).items() if s == "reaped"],
+        "hours_skipped": {h: s for h, s in (cp.get("hour_status") or {}).items() if s != "reaped"},
+        "started_at_ns": cp.get("started_at_ns"), "finished_at_ns": cp.get("finished_at_ns"),
+        "execution": cp.get("execution"), "error": cp.get("error"),
+    }
+
+
+class Reaper:
+    """The reap's Lambda tasks over a :class:`WorkContext` (one method per task)."""
+
+    def __init__(self, ctx: WorkContext, settings: Any) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.table: ControlTable = ctx.extras["table"]
+        self.codec = ctx.codec
+
+    def now(self) -> int:
+        return self.ctx.clock.now_ns()
+
+    def lease(self) -> dict[str, Any] | None:
+        item = self.table.get(LEASE_PK, LEASE_SK)
+        return plain(item) if item else None
+
+    def summary(self, reap: dict[str, Any]) -> dict[str, Any]:
+        cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        if cp is None or cp.get("owner") != reap["owner"] or int(cp.get("epoch", -1)) != int(reap["epoch"]):
+            raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
+        return plain(cp)
+
+    def marks_items(self) -> list[dict[str, Any]]:
+        return [plain(i) for i in self.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+
+    def _commit(self, reap: dict[str, Any], *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
+                remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
+        """One transaction: the summary update (owned), the lease renewal, and ``ops``."""
+        names, values = _owned(reap)
+        now = self.now()
+        sets, adds = ["#u = :now"], []
+        names["#u"], values[":now"] = "updated_at_ns", now
+        for i, (k, v) in enumerate((set_ or {}).items()):
+            names[f"#s{i}"], values[f":s{i}"] = k, v
+            sets.append(f"#s{i} = :s{i}")
+        for i, (k, v) in enumerate((add or {}).items()):
+            if v:
+                names[f"#a{i}"], values[f":a{i}"] = k, v
+                adds.append(f"#a{i} :a{i}")
+        expr = "SET " + ", ".join(sets) + (" ADD " + ", ".join(adds) if adds else "")
+        if remove:
+            for i, k in enumerate(remove):
+                names[f"#r{i}"] = k
+            expr += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(remove)))
+        ln, lv = _owned(reap)
+        lease = lease or Op("Update", LEASE_PK, LEASE_SK, "SET #x = :x", {**ln, "#x": "expires_at_ns"},
+                   {**lv, ":x": now + int(reap["lease_seconds"]) * _NS}, _OWNED)
+        try:
+            transact(self.table, [Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, _OWNED), lease,
+                                  *(ops or [])])
+        except _Cancelled:
+            raise LeaseLost(f"reap epoch {reap['epoch']} lost the lease") from None
+
+    # -- begin -----------------------------------------------------------------------------------
+    def begin(self, event: dict[str, Any]) -> dict[str, Any]:
+        inp = event.get("input") or {}
+        params = ReapParams.parse(inp)
+        now = self.now()
+        lease = self.lease()
+        if lease and int(lease.get("expires_at_ns", 0)) > now:
+            raise LeaseHeld(describe_lease(lease, now).replace("walk lease", "reap lease"))
+        cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        cp = plain(cp) if cp else None
+        hours: list[str] = []
+        if not params.resume and params.mode == "retention":
+            rollup = params.scope == "rollup"
+            retention_s = int(self.settings.rollup_retention_s if rollup else self.settings.retention_s)
+            if params.hour is not None:
+                hours = [str(params.hour)]
+                if params.hour.end_ns > now - retention_s * _NS:
+                    raise InvalidReapInput(f"{params.hour} is not older than "
+                                           f"{'LM_ROLLUP_RETENTION_S' if rollup else 'LM_RETENTION_S'} ({retention_s} s)")
+            else:
+                hours = [str(h) for h in expired_hours(self.ctx, retention_s=retention_s, now_ns=now,
+                                                       scope=params.scope)]
+        if params.resume:
+            if cp is None or cp.get("status") == "finished":
+                raise InvalidReapInput("resume: no unfinished reap to resume")
+            epoch = int(cp["epoch"])
+        else:
+            epoch = int((lease or {}).get("epoch", 0)) + 1
+        owner = uuid.uuid4().hex
+        execution = event.get("execution_arn", "")
+        new_lease = {"pk": LEASE_PK, "sk": LEASE_SK, "owner": owner, "epoch": epoch, "scope": params.mode,
+                     "expires_at_ns": now + params.lease_seconds * _NS, "execution": execution, "taken_at_ns": now,
+                     "version": int((lease or {}).get("version", 0)) + 1}
+        try:
+            if lease is None:
+                self.table.put(new_lease, condition="attribute_not_exists(pk)")
+            else:
+                self.table.put(new_lease, condition="#v = :v", names={"#v": "version"},
+                               values_for_condition={":v": int(lease.get("version", 0))})
+        except ConditionFailed:
+            raise LeaseHeld(describe_lease(self.lease() or {}, now).replace("walk lease", "reap lease")) from None
+        reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
+                "lease_seconds": params.lease_seconds}
+        if params.resume:
+            assert cp is not None
+            self.table.update(CHECKPOINT_PK, CHECKPOINT_SK, "SET #own = :own, #st = :run, #x = :x REMOVE #err",
+                              names={"#own": "owner", "#st": "status", "#x": "execution", "#err": "error", "#ep": "epoch"},
+                              values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch},
+                              condition="#ep = :ep")
+            reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]))
+            return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
+        item = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner, "mode": params.mode,
+                "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
+                "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
+                "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
+                "hour": str(params.hour) if params.hour else None,
+                "page_size": params.page_size, "concurrency": params.concurrency,
+                "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
+                "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
+                "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
+                "wait_until_ns": 0, "listing_done": False}
+        self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
+        log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
+        return self._route(reap, item)
+
+    def _route(self, reap: dict[str, Any], cp: dict[str, Any]) -> dict[str, Any]:
+        """Which task runs next, from the checkpoint's phase."""
+        phase = cp["phase"]
+        if phase == "done":
+            return {"reap": reap, "next": "finish"}
+        task = self._task_of(phase)
+        wait_ns = int(cp.get("wait_until_ns", 0)) - self.now()
+        if wait_ns > 0:
+            return {"reap": reap, "next": "wait", "wait_s": max(1, -(-wait_ns // _NS)), "after": task}
+        return {"reap": reap, "next": task}
+
+    @staticmethod
+    def _task_of(phase: str) -> str:
+        if phase == "done":
+            return "finish"
+        return "gc" if phase in ("mark", "blobs", "settle") else "retention"
+
+    # -- the GC task: mark a page, or settle recorded marks ---------------------------------------
+    def gc(self, event: dict[str, Any]) -> dict[str, Any]:
+        reap = event["reap"]
+        cp = self.summary(reap)
+        if self._task_of(cp["phase"]) != "gc":
+            return self._route(reap, cp)  # a retried task whose step already committed: just route
+        collector = BlobCollector(self.ctx, self.settings, concurrency=int(cp["concurrency"]))
+        try:
+            if cp["phase"] == "settle":
+                return self._settle(reap, cp, collector)
+            if cp["phase"] in ("mark", "blobs"):
+                return self._mark_page(reap, cp, collector)
+            raise InvalidReapInput(f"reap-gc cannot run phase {cp['phase']!r}")
+        finally:
+            collector.close()
+
+    def _candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool]:
+        """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more)``."""
+        limit, after = int(cp["page_size"]), cp.get("after") or None
+        if cp["phase"] == "blobs":  # retention: the blobs of the hour's accepted manifests
+            hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]))
+            keys, more = hr.page(after or "", limit)
+            return hr.blob_keys(keys), (keys[-1] if keys else after or ""), more
+        if cp["source"] == "audit":  # the Spark audit's confirmed orphan candidates, one part file a page
+            run = self.codec.audit_run(cp["audit_run"])
+            if self.ctx.store.head(f"{run}summary.json") is None:
+                raise InvalidReapInput(f"audit run {cp['audit_run']} is not committed (no summary.json)")
+            listing = self.ctx.store.list_page(f"{run}orphan-blob-candidates/", max_keys=1,  # type: ignore[attr-defined]
+                                               start_after=after)
+            keys: list[str] = []
+            for part in listing.keys:
+                for line in (self.ctx.store.get(part) or b"").splitlines():
+                    if line.strip():
+                        keys.append(str(json.loads(line)["blob_key"]))
+            return keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated
+        if cp["source"] == "by-time":  # raw-blobs-by-time hours older than the retry horizon
+            root = self.codec.prefix + "raw-blobs-by-time/v1/"
+            prefix = self.codec.raw_blobs_by_time_hour(UtcHour.parse(cp["hour"])) if cp.get("hour") else root
+            listing = self.ctx.store.list_page(prefix, max_keys=limit, start_after=after)  # type: ignore[attr-defined]
+            horizon = UtcHour.of_unix_ns(self.now() - int(self.settings.retry_horizon_s) * _NS)
+            out, last = [], after or ""
+            for key in listing.keys:
+                try:
+                    parsed = self.codec.parse(key)
+                except KeyLayoutError:
+                    last = key
+                    continue
+                if parsed.hour is not None and parsed.hour >= horizon:
+                    return out, last, False  # keys are in hour order: the rest are too young
+                out.append(self.codec.raw_blob(parsed.sha256 or ""))
+                last = key
+            return out, last, listing.truncated
+        listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,  # type: ignore[attr-defined]
+                                           start_after=after)
+        return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated
+
+    def _mark_page(self, reap: dict[str, Any], cp: dict[str, Any], collector: BlobCollector) -> dict[str, Any]:
+        sk = self._marks_sk(reap, int(cp["page"]))
+        existing = self.table.get(CHECKPOINT_PK, sk)
+        if existing is not None and existing.get("epoch") == reap["epoch"] and existing.get("state") == "intent":
+            # A crash after the intent: some markers may be placed; find them, place the others.
+            item = plain(existing)
+            marks = collector.recover(item["marks"])
+            return self._record_page(reap, cp, marks, item["cursor"], bool(item["more"]), item.get("counts") or {})
+        keys, cursor, more = self._candidates(cp)
+        now = self.now()
+        proofs = collector.prove_all(keys, now_ns=now)
+        counts: dict[str, int] = {"c_examined": len(proofs)}
+        retention = cp["phase"] == "blobs"
+        deletable = []
+        for p in proofs:
+            ok = p.deletable and (not retention or p.reason == DELETE_HOUR_TOMBSTONED)
+            if ok:
+                deletable.append(p)
+            else:
+                reason = p.reason if not p.deletable else KEEP_NOT_TOMBSTONED
+                counts[f"kept#{reason}"] = counts.get(f"kept#{reason}", 0) + 1
+        counts["c_deletable"] = len(deletable)
+        intents = [collector.intent(p, now) for p in deletable]
+        if cp["dry_run"] or not intents:
+            return self._record_page(reap, cp, [], cursor, more, counts, write_marks=False)
+        # The intent is durable before the first marker: a crash in between is recoverable.
+        self._commit(reap, ops=[Op("Put", CHECKPOINT_PK, sk, item={
+            "epoch": reap["epoch"], "state": "intent", "marks": intents, "cursor": cursor, "more": more,
+            "counts": counts, "created_at_ns": now})])
+        crashpoints.point(CP_INTENT)
+        marks = collector.mark(intents)
+        return self._record_page(reap, cp, marks, cursor, more, counts)
+
+    def _record_page(self, reap: dict[str, Any], cp: dict[str, Any], marks: list[dict[str, Any]], cursor: str,
+                     more: bool, counts: dict[str, int], *, write_marks: bool = True) -> dict[str, Any]:
+        page = int(cp["page"])
+        ops = []
+        if write_marks and marks:
+            ops.append(Op("Put", CHECKPOINT_PK, self._marks_sk(reap, page), item={
+                "epoch": reap["epoch"], "state": "marked", "marks": marks, "marked_at_ns": self.now()}))
+        pending = len(self.marks_items()) + len(ops)
+        set_: dict[str, Any] = {"after": cursor, "page": page + 1}
+        if not more or pending >= int(cp["max_pending_pages"]):
+            set_["listing_done"] = not more
+            if cp["dry_run"]:
+                set_["phase"] = self._after_blobs(cp) if cp["phase"] == "blobs" else "done"
+            else:
+                set_["phase"] = "settle"
+                latest = max([int(m["marked_at_ns"]) for i in self.marks_items() for m in i["marks"]]
+                             + [int(m["marked_at_ns"]) for m in marks] + [0])
+                set_["wait_until_ns"] = latest + int(self.settings.gc_grace_s) * _NS if latest else 0
+        self._commit(reap, set_=set_, add={**counts, "c_marked": len(marks)}, ops=ops)
+        crashpoints.point(CP_PAGE_DONE)
+        return self._route(reap, {**cp, **set_})
+
+    @staticmethod
+    def _marks_sk(reap: dict[str, Any], page: int) -> str:
+        # The epoch keeps a new reap's pages apart from marks a crashed older epoch left to settle.
+        return f"{MARKS_PREFIX}{int(reap['epoch']):06d}#{page:08d}"
+
+    def _after_blobs(self, cp: dict[str, Any]) -> str:
+        return "derived" if cp["phase"] in ("blobs", "settle") and cp["mode"] == "retention" else "done"
+
+    def _settle(self, reap: dict[str, Any], cp: dict[str, Any], collector: BlobCollector) -> dict[str, Any]:
+        items = self.marks_items()
+        now = self.now()
+        if items:
+            item = items[0]
+            marks = item["marks"]
+            not_due = [int(m["marked_at_ns"]) for m in marks if not collector.due(m, now)]
+            if not_due:
+                wait = {"wait_until_ns": max(not_due) + int(self.settings.gc_grace_s) * _NS}
+                self._commit(reap, set_=wait)
+                return self._route(reap, {**cp, **wait})
+            results = collector.settle(marks, now_ns=now)
+            add = {"c_purged": results.count("purged"), "c_restored": results.count("restored")}
+            for r in results:
+                if r.startswith("kept:"):
+                    add[f"kept#{r[5:]}"] = add.get(f"kept#{r[5:]}", 0) + 1
+            self._commit(reap, add=add, ops=[Op("Delete", CHECKPOINT_PK, item["sk"])])
+            crashpoints.point(CP_SETTLE_RECORDED)
+            if len(items) > 1:
+                return {"reap": reap, "next": "gc"}
+        # Every recorded mark is settled: continue marking, or move on.
+        if cp["mode"] == "gc":
+            set_ = {"phase": "done" if cp.get("listing_done") else "mark", "wait_until_ns": 0}
+        else:
+            set_ = {"phase": "derived" if cp.get("listing_done") else "blobs", "wait_until_ns": 0}
+            if cp.get("listing_done"):
+                set_["after"] = ""
+        self._commit(reap, set_=set_)
+        return self._route(reap, {**cp, **set_})
+
+    # -- the retention task ------------------------------------------------------------------------
+    def retention(self, event: dict[str, Any]) -> dict[str, Any]:
+        reap = event["reap"]
+        cp = self.summary(reap)
+        if self._task_of(cp["phase"]) != "retention":
+            return self._route(reap, cp)  # a retried task whose step already committed: just route
+        index = int(cp["hour_index"])
+        if index >= len(cp["hours"]):
+            self._commit(reap, set_={"phase": "done"})
+            return {"reap": reap, "next": "finish"}
+        hour = cp["hours"][index]
+        scope = cp.get("scope") or "raw"
+        hr = HourRetention(self.ctx, UtcHour.parse(hour), scope)
+        phase, now = cp["phase"], self.now()
+        first = "blobs" if scope == "raw" else "chunks"  # what follows the tombstone (and a verify pass)
+        set_: dict[str, Any]
+        add: dict[str, int] = {}
+        if phase == "commit":
+            if cp["dry_run"]:
+                if scope == "raw":
+                    keys, _ = hr.page("", 1000)
+                else:
+                    keys = [k for p in hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
+                            for k in self.ctx.store.list_page(p, max_keys=1000).keys]  # type: ignore[attr-defined]
+                add = {"c_examined": len(keys), "c_deletable": len(keys)}
+                set_ = self._next_hour(cp, hour, "would-reap")
+            else:
+                retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
+                try:
+                    hr.commit(epoch=int(reap["epoch"]), retention_s=int(retention_s), now_ns=now)
+                except WatermarkBehind:
+                    set_ = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
+                else:
+                    set_ = {"phase": first, "after": "", "listing_done": False,
+                            "wait_until_ns": now + int(cp["tombstone_wait_s"]) * _NS}
+        elif phase in ("chunks", "manifests"):  # rollup scope: chunks and index first, manifests last
+            prefixes = hr.chunk_prefixes() if phase == "chunks" else [self.codec.rollup_manifest_hour(hr.hour)]
+            deleted, more = hr.delete_rollup_page(prefixes, int(cp["page_size"]))
+            add = {"c_examined": deleted, "c_purged": deleted}
+            set_ = {} if more else {"phase": "manifests" if phase == "chunks" else "verify"}
+        elif phase == "derived":
+            keys, more = hr.page(cp.get("after") or "", int(cp["page_size"]))
+            hr.delete_derived(keys)
+            set_ = {"after": keys[-1] if keys else cp.get("after") or ""}
+            if not more:
+                set_["phase"] = "by-time"
+        elif phase == "by-time":
+            _, more = hr.delete_by_time_page(int(cp["page_size"]))
+            set_ = {} if more else {"phase": "verify"}
+        elif phase == "verify":
+            if hr.is_empty() if scope == "raw" else hr.rollup_empty():
+                hr.mark_reaped(epoch=int(reap["epoch"]), passes=int(cp["passes"]), now_ns=now)
+                set_ = self._next_hour(cp, hour, "reaped")
+            elif int(cp["passes"]) < int(cp["verify_passes"]):
+                # Late writes: another pass over the hour (its blobs, then its derived entries).
+                set_ = {"phase": first, "after": "", "listing_done": False, "passes": int(cp["passes"]) + 1}
+            else:
+                set_ = self._next_hour(cp, hour, "skipped: entries kept appearing")
+        else:
+            raise InvalidReapInput(f"reap-retention cannot run phase {phase!r}")
+        self._commit(reap, set_=set_, add=add)
+        crashpoints.point(CP_STEP_DONE)
+        return self._route(reap, {**cp, **set_})
+
+    def _next_hour(self, cp: dict[str, Any], hour: str, status: str) -> dict[str, Any]:
+        statuses = dict(cp.get("hour_status") or {})
+        statuses[hour] = status
+        last = int(cp["hour_index"]) + 1 >= len(cp["hours"])
+        return {"hour_status": statuses, "hour_index": int(cp["hour_index"]) + 1, "passes": 1, "after": "",
+                "listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}
+
+    # -- end ---------------------------------------------------------------------------------------
+    def end(self, event: dict[str, Any]) -> dict[str, Any]:
+        reap, outcome = event["reap"], event.get("outcome", "failed")
+        try:
+            cp = self.summary(reap)
+        except LeaseLost:
+            return {"status": "lease-lost", "epoch": reap.get("epoch")}
+        now = self.now()
+        set_: dict[str, Any] = {"status": "finished" if outcome == "finished" else "failed", "finished_at_ns": now}
+        if outcome != "finished":
+            set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
+        names, values = _owned(reap)
+        release = Op("Update", LEASE_PK, LEASE_SK, "SET #x = :zero, #ra = :now",
+                     {**names, "#x": "expires_at_ns", "#ra": "released_at_ns"}, {**values, ":zero": 0, ":now": now},
+                     _OWNED)
+        self._commit(reap, set_=set_, lease=release)
+        report = report_of({**cp, **set_})
+        for name in ("purged", "restored", "marked"):
+            if report[name]:
+                self.ctx.metrics.add_metric(name=f"Reap{name.capitalize()}", unit="Count", value=report[name])
+        log.info("reap %s epoch %s %s: %s", reap["mode"], reap["epoch"], set_["status"], report)
+        return report
+
+
+# --- operator side: start, status, follow (lmctl reap, the demo) ---------------------------------------
+@dataclass
+class Followed:
+    status: str  # finished | failed
+    report: dict[str, Any]
+    execution_arn: str
+    detail: str = ""
+
+
+class ReapControl:
+    """Start and watch reaps through Step Functions (the CLI and the demo)."""
+
+    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
+        self.table: ControlTable = ctx.extras["table"]
+
+    def lease_live(self) -> dict[str, Any] | None:
+        item = self.table.get(LEASE_PK, LEASE_SK)
+        lease = plain(item) if item else None
+        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        return report_of(item) if item else None
+
+    def start(self, *, timeout_s: float = 60.0, **inp: Any) -> str:
+        """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease."""
+        live = self.lease_live()
+        if live:
+            raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()).replace("walk lease", "reap lease"))
+        inp = {k: v for k, v in inp.items() if v is not None}
+        ReapParams.parse(inp)
+        name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        arn = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
+                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lease = self.table.get(LEASE_PK, LEASE_SK)
+            if lease and lease.get("execution") == arn:
+                return arn
+            d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] != "RUNNING":
+                if d.get("error") == "LeaseHeld":
+                    raise LeaseHeld(f"refused: {d.get('cause', '')}")
+                raise InvalidReapInput(f"the reap did not start ({d['status']} {d.get('error', '')}): "
+                                       f"{d.get('cause', '')}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
+            self.sleep(0.1)
+
+    def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> Followed:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] != "RUNNING":
+                report = self.checkpoint() or {}
+                ok = d["status"] == "SUCCEEDED" and report.get("status") == "finished"
+                return Followed("finished" if ok else "failed", report, arn,
+                                "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
+            if deadline is not None and time.monotonic() > deadline:
+                return Followed("failed", self.checkpoint() or {}, arn, "timed out following the reap")
+            self.sleep(poll_s)
+
+
+# --- Lambda handlers (functions/reap_*/app.py are one line each) -------------------------------------
+STEPS = {"begin": "begin", "gc": "gc", "retention": "retention", "end": "end"}
+#: function name in the resource spec -> reap step (functions/reap_<step>/app.py)
+TASK_STEPS = {f"reap-{step}": step for step in STEPS}
+
+
+def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None = None,
+                      work_context_factory: Callable[..., WorkContext] | None = None
+                      ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """The Lambda handler of one reap task (configuration from ``LM_*`` unless factories are given)."""
+    from lightmetrics.task_handler import task_handler
+
+    def build(metrics: Any) -> Reaper:
+        from lightmetrics.clock import clock_from_env
+        from lightmetrics.config import Settings
+        from lightmetrics.services import work_context
+
+        settings = settings_factory() if settings_factory else Settings.from_env()
+        ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
+               else work_context(settings, metrics=metrics, component="reap", clock=clock_from_env()))
+        return Reaper(ctx, settings)
+
+    return task_handler("reap", step, STEPS, build=build,
+                        passthrough=(ReapError, crashpoints.InjectedCrash, PermanentWorkError), transient=ReapTransient)
+
+
+__all__ = ["CHECKPOINT_PK", "LEASE_PK", "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl",
+           "ReapParams", "ReapTransient", "Reaper", "TASK_STEPS", "reap_task_handler", "report_of"]

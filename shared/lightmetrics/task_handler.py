@@ -1,0 +1,53 @@
+"""The Lambda handler shape shared by every Step Functions task (the walk's and the reap's).
+
+A task handler builds its worker (a :class:`~lightmetrics.walk.Walker`, a
+:class:`~lightmetrics.reap.Reaper`) once per Lambda container, calls the worker's method for its
+step with the state machine's input, and maps errors for the ASL ``Retry``/``Catch`` clauses:
+the worker's own typed errors pass through under their class names, transient AWS errors become
+one ``<Machine>Transient`` error that the state machine retries with backoff.
+
+Example:
+    >>> handler = task_handler("walk", "plan", {"plan": "plan"}, build=lambda metrics: walker,   # doctest: +SKIP
+    ...                        passthrough=(WalkError,), transient=WalkTransient)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lightmetrics.work import TRANSIENT
+
+
+def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Callable[[Any], Any],
+                 passthrough: tuple[type[BaseException], ...], transient: type[Exception]
+                 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """``steps`` maps step names to worker methods; ``build(metrics)`` makes the worker (lazily)."""
+    from aws_lambda_powertools import Logger
+
+    from lightmetrics.observability import SwitchableMetrics
+
+    if step not in steps:
+        raise ValueError(f"unknown {machine} step {step!r}; one of {sorted(steps)}")
+    logger = Logger(service=f"lightmetrics-{machine}-{step}")
+    metrics = SwitchableMetrics(namespace="Lightmetrics", service=f"{machine}-{step}")
+    state: dict[str, Any] = {}
+
+    def worker() -> Any:
+        if "worker" not in state:
+            state["worker"] = build(metrics)
+        return state["worker"]
+
+    @metrics.log_metrics
+    @logger.inject_lambda_context
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        w = worker()
+        try:
+            return getattr(w, steps[step])(event)
+        except passthrough:
+            raise
+        except TRANSIENT as exc:
+            raise transient(f"{type(exc).__name__}: {exc}") from exc
+
+    handler.reset = state.clear  # type: ignore[attr-defined]
+    return handler

@@ -1,0 +1,167 @@
+"""A small world for reap tests: a versioned bucket, a control table, accepted batches in an old
+hour with their derived entries, orphans; and :func:`drive`, the reap state machine's loop in Python
+(the same task methods the ASL calls, with Step Functions' retry of a crashed task)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+
+from conftest import FAST, make_frame
+from lightmetrics import crashpoints
+from lightmetrics.accept import AcceptContext, accept_batch
+from lightmetrics.clock import FrozenClock
+from lightmetrics.config import Settings
+from lightmetrics.identity import BatchIdentity
+from lightmetrics.indexing import index_accepted, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.reap import Reaper
+from lightmetrics.services import accept_context, work_context
+from lightmetrics.testing.faults import FaultInjector, FaultRule
+from lightmetrics.walk import INDEXES, set_watermark
+from lightmetrics.work import WorkContext
+
+_NS = 1_000_000_000
+HORIZON_S = 60
+RETENTION_S = 86400
+#: The acceptance hour that retention expires: ten days before the test's wall clock.
+OLD_NS = (time.time_ns() // (3600 * _NS)) * 3600 * _NS - 10 * 86400 * _NS + 600 * _NS
+
+
+_SESSION: list[Any] = []
+
+
+def session() -> Any:
+    """One boto3 session for every world of a test process (sessions are slow to create)."""
+    if not _SESSION:
+        _SESSION.append(boto3.session.Session())
+    return _SESSION[0]
+
+
+def make_table(name: str) -> None:
+    ddb = session().client("dynamodb")
+    ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
+                                                {"AttributeName": "sk", "KeyType": "RANGE"}],
+                     AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                                           {"AttributeName": "sk", "AttributeType": "S"}],
+                     BillingMode="PAY_PER_REQUEST")
+
+
+@dataclass
+class World:
+    settings: Settings
+    clock: FrozenClock
+    ctx: WorkContext
+    old: AcceptContext
+    accepted: list[BatchIdentity] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+
+    @property
+    def s3(self) -> Any:
+        return self.ctx.store.client  # type: ignore[attr-defined]
+
+    def reaper(self) -> Reaper:
+        return Reaper(self.ctx, self.settings)
+
+    def accept(self, identity: BatchIdentity, *, index: bool = True, variant: float = 0.0) -> Any:
+        result = accept_batch(self.old, identity, make_frame(identity, variant))
+        if index and result.manifest_key:
+            index_accepted(self.ctx, result.manifest_key)
+            index_raw_blob(self.ctx, result.blob_key)
+        return result
+
+    def orphan(self, identity: BatchIdentity, variant: float = 0.5) -> str:
+        """The real accept stopped after step 4 (the manifest PUT never gets through)."""
+        ctx = accept_context(self.settings, session=session(), clock=self.old.clock, policy=FAST)
+        faults = FaultInjector(ctx.store.client)  # type: ignore[attr-defined]
+        faults.add(FaultRule(fault="down", operation="PutObject", key_contains="accepted/v1/", times=-1))
+        result = accept_batch(ctx, identity, make_frame(identity, variant))
+        assert result.status.value == "unavailable" and result.blob_key
+        index_raw_blob(self.ctx, result.blob_key)
+        self.orphans.append(result.blob_key)
+        return result.blob_key
+
+    def rollups(self, hour: UtcHour, n: int = 3) -> list[str]:
+        """Rollup objects of one hour as the pipeline lays them out (chunks, index, a generation
+        manifest); rollup retention only lists and deletes keys, so their bodies do not matter."""
+        import hashlib
+
+        codec, keys = self.ctx.codec, []
+        for i in range(n):
+            cid = hashlib.sha256(f"{hour}-{i}".encode()).hexdigest()
+            keys += [codec.rollup_chunk("1m", hour, f"cpu.{i}", cid), codec.rollup_index(hour, cid)]
+        keys.append(codec.rollup_manifest(hour, 1))
+        for key in keys:
+            self.ctx.store.put_if_absent(key, b"{}")
+        return keys
+
+    def cover_watermark(self) -> None:
+        table = self.ctx.extras["table"]
+        for index in INDEXES:
+            set_watermark(table, index, self.clock.now_ns() - 3600 * _NS, epoch=1, now_ns=self.clock.now_ns())
+
+    def blob_exists(self, key: str) -> bool:
+        return self.ctx.store.head(key) is not None
+
+    def versions(self, key: str) -> tuple[list[str], list[str]]:
+        r = self.s3.list_object_versions(Bucket=self.settings.bucket, Prefix=key)
+        return ([v["VersionId"] for v in r.get("Versions", []) if v["Key"] == key],
+                [d["VersionId"] for d in r.get("DeleteMarkers", []) if d["Key"] == key])
+
+
+def world_settings(bucket: str, *, grace_s: int = 0) -> Settings:
+    return Settings.from_env({}, bucket=bucket, table=bucket, collector_id="reap-test",
+                             retry_horizon_s=HORIZON_S, gc_grace_s=grace_s, retention_s=RETENTION_S,
+                             rollup_retention_s=RETENTION_S)
+
+
+def make_world(bucket: str, *, grace_s: int = 0) -> World:
+    make_table(bucket)
+    # Wall-clock now plus more than the horizon: every blob written by the test is old enough.
+    clock = FrozenClock(time.time_ns() + (HORIZON_S + 60) * _NS)
+    settings = world_settings(bucket, grace_s=grace_s)
+    ctx = work_context(settings, session=session(), clock=clock, policy=FAST, component="reap-test")
+    old = accept_context(settings, session=session(), clock=FrozenClock(OLD_NS), policy=FAST)
+    return World(settings, clock, ctx, old)
+
+
+def drive(reaper: Reaper, inp: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
+          before_task: Any = None) -> dict[str, Any]:
+    """The loop of infra/statemachines/reap.asl.json: route on ``next``; a Wait advances the clock;
+    a task that dies (an injected crash) is retried with the same input, as the ASL's Retry does.
+    ``before_task(next, event)`` sees every task invocation (the process-kill test records it)."""
+    out = reaper.begin({"input": inp, "execution_arn": f"inline-{uuid.uuid4().hex[:6]}"})
+    return drive_from(reaper, out, clock, attempts=attempts, before_task=before_task)
+
+
+def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
+               before_task: Any = None) -> dict[str, Any]:
+    for _ in range(10_000):
+        nxt = out["next"]
+        if nxt == "finish":
+            return reaper.end({"reap": out["reap"], "outcome": "finished"})
+        if nxt == "wait":
+            clock.advance(out["wait_s"])
+            nxt = out["after"]
+        event = {"reap": out["reap"]}
+        for attempt in range(attempts):
+            if before_task:
+                before_task(nxt, event)
+            try:
+                out = getattr(reaper, nxt)(event)
+                break
+            except crashpoints.InjectedCrash:
+                if attempt == attempts - 1:
+                    raise
+            except Exception as exc:  # the ASL's Catch -> Abort: record the failure, release the lease
+                reaper.end({"reap": event["reap"], "outcome": "failed", "error": {"Error": type(exc).__name__}})
+                raise
+    raise AssertionError("the reap did not finish")
+
+
+def hour_of(ns: int) -> UtcHour:
+    return UtcHour.of_unix_ns(ns)

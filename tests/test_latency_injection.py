@@ -1,0 +1,85 @@
+"""Latency and concurrency injection (issue 9 item 1): verified by counting, never by timing."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ident, make_frame
+from lightmetrics.accept import AcceptStatus, accept_batch
+from lightmetrics.config import Settings
+from lightmetrics.services import s3_client
+from lightmetrics.testing.faults import FaultRule
+from lightmetrics.testing.latency import LatencyInjector, install_from_env, settings_from_env
+
+
+def test_in_flight_requests_never_exceed_the_cap_and_reach_it(s3, bucket):  # type: ignore[no-untyped-def]
+    cap, callers = 3, 12
+    full = threading.Event()
+    holders: list[int] = []
+
+    def sleep(_s: float) -> None:
+        # Hold each slot until the cap is reached once, so reaching it is certain, not timing luck.
+        holders.append(inj.inflight)
+        if inj.inflight >= cap:
+            full.set()
+        assert full.wait(10)
+
+    inj = LatencyInjector(delay_s=0.02, max_inflight=cap, sleep=sleep)
+    inj.attach(s3)
+    inj.attach(s3)  # idempotent: one wrapper, one slot per request
+
+    def put(n: int) -> None:
+        s3.put_object(Bucket=bucket, Key=f"k/{n}", Body=b"x", IfNoneMatch="*")
+
+    with ThreadPoolExecutor(callers) as pool:
+        list(pool.map(put, range(callers)))
+    assert inj.requests == callers and inj.delays == callers
+    assert inj.peak_inflight == cap and max(holders) == cap and inj.inflight == 0
+    assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == callers
+
+
+def test_sequential_accept_pays_two_delays_one_at_a_time(s3, ctx, counter):  # type: ignore[no-untyped-def]
+    order: list[str] = []
+    inj = LatencyInjector(delay_s=0.02, max_inflight=8, sleep=lambda s: order.append(f"delay {s}"))
+    inj.attach(s3)
+    s3.meta.events.register("before-send", lambda event_name, **_: order.append(event_name.rsplit(".", 1)[-1]))
+    i = ident(1)
+    with counter.operation("accept") as op:
+        assert accept_batch(ctx, i, make_frame(i)).status is AcceptStatus.ACCEPTED
+    assert op.total == 2 and inj.requests == 2 and inj.delays == 2
+    # each round trip is announced, then delayed, before the next one starts: 2 sequential round trips
+    assert order == ["PutObject", "delay 0.02", "PutObject", "delay 0.02"]
+    assert inj.peak_inflight == 1
+
+
+def test_faults_answered_locally_get_no_latency_but_are_counted(s3, ctx, counter, faults):  # type: ignore[no-untyped-def]
+    inj = LatencyInjector(delay_s=0.0, max_inflight=2)
+    inj.attach(s3)
+    faults.add(FaultRule(fault="503", operation="PutObject", key_contains="raw-blobs/v1/", times=1))
+    i = ident(2)
+    with counter.operation("accept") as op:
+        assert accept_batch(ctx, i, make_frame(i)).status is AcceptStatus.ACCEPTED
+    assert op.total == 3  # the refused attempt, then blob and manifest
+    assert inj.requests == 2  # only what really went to S3
+
+
+def test_env_configures_one_injector_per_process(runtime, bucket, monkeypatch):  # type: ignore[no-untyped-def]
+    assert settings_from_env({}) is None
+    assert settings_from_env({"LM_INJECT_LATENCY_MS": "20", "LM_INJECT_MAX_INFLIGHT": "8"}) == (0.02, 8)
+    assert settings_from_env({"LM_INJECT_LATENCY_MS": "5"}) == (0.005, 8)
+    for bad in ({"LM_INJECT_LATENCY_MS": "fast"}, {"LM_INJECT_MAX_INFLIGHT": "0"}, {"LM_INJECT_LATENCY_MS": "-1"}):
+        with pytest.raises(ValueError):
+            settings_from_env(bad)
+    monkeypatch.setenv("LM_INJECT_LATENCY_MS", "0")
+    monkeypatch.setenv("LM_INJECT_MAX_INFLIGHT", "4")
+    settings = Settings.from_env({}, bucket=bucket)
+    a, b = s3_client(settings), s3_client(settings)
+    inj = install_from_env(a)  # the same process-wide injector services.s3_client attached
+    assert inj is not None and inj.max_inflight == 4 and install_from_env(b) is inj
+    before = inj.requests
+    a.head_bucket(Bucket=bucket)
+    b.head_bucket(Bucket=bucket)
+    assert inj.requests == before + 2

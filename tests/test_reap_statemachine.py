@@ -1,0 +1,127 @@
+"""The reap on moto's Step Functions interpreter: infra/statemachines/reap.asl.json with its Lambda
+tasks run by the runtime's function host (issue 6, items 1 and 5), and ``lmctl reap``.
+
+The system's clock runs a little ahead of the wall clock (an OffsetClock), so blobs written now are
+past the retry horizon, while the real Wait states (GC grace 1 s, tombstone wait 1 s) still elapse.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FAST, ident, make_frame
+from lightmetrics.accept import accept_batch
+from lightmetrics.clock import FrozenClock, OffsetClock
+from lightmetrics.indexing import index_accepted, index_raw_blob
+from lightmetrics.keys import UtcHour
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.reap import Reaper
+from lightmetrics.services import accept_context
+from lightmetrics.testing.faults import FaultInjector, FaultRule
+from lightmetrics.verify import verify
+from lightmetrics.walk import INDEXES, set_watermark
+from reap_support import OLD_NS
+
+_NS = 1_000_000_000
+
+
+def _cli():  # type: ignore[no-untyped-def]
+    from lightmetrics.cli.main import cli
+
+    return cli
+
+
+@pytest.fixture
+def system(runtime):  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:10]
+    s = LocalSystem(runtime, bucket=f"lm-rp-{tag}", table=f"lm-rp-{tag}", secret_name=f"lm-rp/{tag}",
+                    queue_name_prefix=f"rp{tag}-", clock=OffsetClock(120 * _NS),
+                    overrides={"retry_horizon_s": 60, "gc_grace_s": 1, "retention_s": 86400}).provision()
+    s.notifications(False)
+    yield s
+    s.stop()
+
+
+def plant(system: LocalSystem, runtime: Any) -> tuple[list[Any], str]:
+    """Two batches accepted in an old hour (indexed), one orphan (the accept stopped after step 4)."""
+    ctx = system.work_context()
+    old = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=FrozenClock(OLD_NS), policy=FAST)
+    results = []
+    for n in range(2):
+        r = accept_batch(old, ident(n), make_frame(ident(n)))
+        index_accepted(ctx, r.manifest_key)
+        index_raw_blob(ctx, r.blob_key)
+        results.append(r)
+    broken = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=FrozenClock(OLD_NS), policy=FAST)
+    FaultInjector(broken.store.client).add(FaultRule(fault="down", operation="PutObject",  # type: ignore[attr-defined]
+                                                     key_contains="accepted/v1/", times=-1))
+    orphan = accept_batch(broken, ident(7), make_frame(ident(7), 0.5))
+    index_raw_blob(ctx, orphan.blob_key)
+    now = system.clock.now_ns()
+    for index in INDEXES:  # as a clean full walk would (the demo runs a real one)
+        set_watermark(ctx.extras["table"], index, now - 3600 * _NS, epoch=1, now_ns=now)
+    return results, orphan.blob_key or ""
+
+
+def test_gc_then_retention_through_the_state_machine(system: LocalSystem, runtime: Any) -> None:
+    results, orphan = plant(system, runtime)
+    env = system.environment()
+    runner = CliRunner()
+    r = runner.invoke(_cli(), ["reap", "gc", "--wait", "--json"], env=env)  # a dry run unless --execute
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["dry_run"] is True and out["report"]["deletable"] == 1 and out["report"]["purged"] == 0
+    ctx = system.work_context()
+    assert ctx.store.head(orphan) is not None
+
+    r = runner.invoke(_cli(), ["reap", "gc", "--execute", "--wait", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)["report"]
+    assert (report["examined"], report["marked"], report["purged"], report["restored"]) == (3, 1, 1, 0)
+    assert report["kept"] == {"referenced": 2}
+    assert ctx.store.head(orphan) is None
+
+    hour = str(UtcHour.of_unix_ns(OLD_NS))
+    r = runner.invoke(_cli(), ["reap", "retention", "--hour", hour, "--execute", "--tombstone-wait-s", "1", "--wait",
+                               "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)["report"]
+    assert report["hours_reaped"] == [hour] and report["purged"] == 2
+    assert all(ctx.store.head(x.blob_key) is None and ctx.store.get(x.manifest_key) for x in results)
+    assert verify(ctx, strict=True).ok
+
+    r = runner.invoke(_cli(), ["reap", "status", "--json"], env=env)
+    assert r.exit_code == 0 and json.loads(r.stdout)["reap"]["status"] == "finished"
+
+
+def test_two_reaps_at_once_the_second_is_refused(system: LocalSystem, runtime: Any) -> None:
+    held = Reaper(system.work_context(), system.settings).begin(
+        {"input": {"mode": "gc", "dry_run": True}, "execution_arn": "held-by-another-run"})
+    env = system.environment()
+    r = CliRunner().invoke(_cli(), ["reap", "gc", "--execute", "--json"], env=env)
+    assert r.exit_code == 5, r.output
+    r = CliRunner().invoke(_cli(), ["reap", "status", "--json"], env=env)
+    assert json.loads(r.stdout)["lease"]["held"] is True
+    # The state machine refuses too (a console start does not go through the CLI's check).
+    sfn = runtime.boto3_client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=system.state_machine_arn("reap"),
+                              input=json.dumps({"mode": "gc", "dry_run": False}))["executionArn"]
+    control = system.reap_control()
+    followed = control.follow(arn, poll_s=0.05, timeout_s=60)
+    assert followed.status == "failed"
+    assert sfn.describe_execution(executionArn=arn).get("error") == "LeaseHeld"
+    assert held["reap"]["epoch"] == 1
+
+
+def test_console_input_without_dry_run_is_refused(system: LocalSystem, runtime: Any) -> None:
+    sfn = runtime.boto3_client("stepfunctions")
+    arn = sfn.start_execution(stateMachineArn=system.state_machine_arn("reap"),
+                              input=json.dumps({"mode": "gc"}))["executionArn"]
+    followed = system.reap_control().follow(arn, poll_s=0.05, timeout_s=60)
+    assert followed.status == "failed"
+    assert sfn.describe_execution(executionArn=arn).get("error") == "ReapNotStarted"
