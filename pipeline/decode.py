@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightmetrics.errors import FrameError, ManifestError
-from lightmetrics.frame import _decompress, decode_frame
+from lightmetrics.frame import decode_frame, samples_block
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.manifests import AcceptedBatchManifest
 
@@ -40,7 +40,6 @@ def identity_of(manifest_id: str) -> BatchIdentity:
 
 
 _U16 = struct.Struct(">H")
-_COUNT_LEN = struct.Struct(">II")
 
 
 def _series_of_raw(raw: bytes) -> str:
@@ -73,18 +72,7 @@ def frame_columns(data: bytes, cache: dict[bytes, str] | None = None) -> tuple[l
     import numpy as np
 
     cache = {} if cache is None else cache
-    if data[:4] != b"LMF1":
-        raise FrameError("bad magic")
-    (flags,) = _U16.unpack_from(data, 6)
-    a = data[8]
-    b = data[9 + a]
-    pos = 10 + a + b + 16
-    count, plen = _COUNT_LEN.unpack_from(data, pos)
-    pos += 8
-    payload = data[pos:pos + plen]
-    if len(payload) != plen or pos + plen + 4 != len(data):
-        raise FrameError("layout")
-    block = _decompress(payload) if flags & 1 else payload
+    count, block = samples_block(data)  # the core checks the header, the checksum and the payload
     u16 = _U16.unpack_from
     offsets = np.empty(count, dtype=np.int64)
     series: list[str] = []

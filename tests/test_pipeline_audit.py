@@ -206,3 +206,38 @@ def test_cli_snapshot_and_audit(runtime, clock, spark, monkeypatch):  # type: ig
     assert runner.invoke(cli, ["inventory", "snapshot", "--destination", f"s3://{system.bucket}/inv2"]).exit_code == 0
     bad = runner.invoke(cli, ["pipeline", "audit", "--inventory", f"s3://{system.bucket}/inv2/"])
     assert bad.exit_code == 1 and "integrity" in bad.output  # an integrity violation was confirmed
+
+
+def test_audit_key_patterns_agree_with_the_key_codec() -> None:
+    """The audit's key regexes (Spark evaluates them in the JVM) are a second spelling of the
+    codec's layout: every key the codec builds matches its kind's pattern, no other kind's, and
+    the groups give back the codec's fields."""
+    import re
+
+    from lightmetrics.identity import BatchIdentity, id_to_hex
+    from lightmetrics.keys import KeyCodec, UtcHour
+    from pipeline.audit import KINDS
+
+    codec = KeyCodec()
+    ident = BatchIdentity.create("agent-é", "boot/ish".replace("/", "-"), 7, 10**19)
+    sha, hour = "ab" + "cd" * 31, UtcHour.parse("2026-11-25T13")
+    built = {
+        "accepted": codec.accepted(ident),
+        "by_time": codec.accepted_by_time(hour, ident),
+        "by_blob": codec.accepted_by_blob(sha, ident),
+        "blob": codec.raw_blob(sha),
+        "blob_by_time": codec.raw_blobs_by_time(hour, sha),
+        "quarantine": codec.quarantine(ident, sha),
+        "quarantine_by_blob": codec.quarantine_by_blob(sha, ident),
+        "tombstone": codec.retention_tombstone("raw", hour),
+    }
+    assert set(built) == set(KINDS)
+    expect = {"agent": id_to_hex(ident.agent_id), "boot": id_to_hex(ident.boot_id), "s": f"{7:020d}",
+              "e": f"{10**19:020d}", "sha": sha, "date": "2026-11-25", "hh": "13"}
+    for kind, key in built.items():
+        prefix, pattern, groups = KINDS[kind]
+        assert key.startswith(prefix)
+        m = re.fullmatch(pattern, key)
+        assert m, (kind, key)
+        assert {f: m.group(g) for f, g in groups.items()} == {f: expect[f] for f in groups}
+        assert not [k for k, (_, other, _) in KINDS.items() if k != kind and re.fullmatch(other, key)]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import tempfile
 import threading
@@ -39,7 +38,7 @@ from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec
 from lightmetrics.ledger import check_acknowledged, missing_derived
-from lightmetrics.local.collectors import CollectorFleet
+from lightmetrics.local.collectors import CollectorFleet, collector_environment
 from lightmetrics.manifests import AcceptedBatchManifest
 from lightmetrics.store import S3ObjectStore, s3_client_config
 
@@ -453,9 +452,7 @@ def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> 
     try:
         system.provision()
         keys = TokenKeys.parse(system.made["secret_value"])
-        env = dict(os.environ)
-        env.pop("LM_FAULTS", None)
-        env.update(system.environment())
+        env = collector_environment(system)
         codec = KeyCodec(system.prefix)
         store = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), BUCKET)
         with tempfile.TemporaryDirectory(prefix="lm-demo-") as workdir:

@@ -508,6 +508,28 @@ def decode_frame(data: bytes, *, max_frame_bytes: int | None = None) -> Frame:
         ...
         lightmetrics.errors.FrameError: bad magic
     """
+    identity, flags, count, block, wire_version, frame_version = _checked_header(data, max_frame_bytes)
+    return Frame(identity, flags, _decode_samples(block, count), wire_version, frame_version)
+
+
+def samples_block(data: bytes) -> tuple[int, bytes]:
+    """``(sample_count, samples block)`` of a frame, header and payload fully checked (checksum,
+    versions, lengths, identity, decompression bounds) but the samples not decoded: for readers
+    that scan the block's records themselves (the rollup's vectorized decoder).
+
+    Example:
+        >>> samples_block(b"nope")
+        Traceback (most recent call last):
+        ...
+        lightmetrics.errors.FrameError: bad magic
+    """
+    _, _, count, block, _, _ = _checked_header(data, None)
+    return count, block
+
+
+def _checked_header(data: bytes, max_frame_bytes: int | None
+                    ) -> tuple[BatchIdentity, int, int, bytes, int, int]:
+    """Everything of :func:`decode_frame` but the samples: (identity, flags, count, block, wire, frame)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FrameError(f"frame must be bytes, not {type(data).__name__}")
     data = bytes(data)
@@ -555,7 +577,7 @@ def decode_frame(data: bytes, *, max_frame_bytes: int | None = None) -> Frame:
         raise FrameError(f"payload is {payload_len} bytes, over the {MAX_DECODED_PAYLOAD_BYTES} byte limit")
     else:
         block = payload
-    return Frame(identity, flags, _decode_samples(block, count), wire_version, frame_version)
+    return identity, flags, count, block, wire_version, frame_version
 
 
 def _header_id(reader: _Reader, length: int, what: str) -> str:

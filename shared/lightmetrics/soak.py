@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import tempfile
 import threading
@@ -253,7 +252,7 @@ def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> So
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lightmetrics.ledger import check_acknowledged, missing_derived
-    from lightmetrics.local.collectors import CollectorFleet
+    from lightmetrics.local.collectors import CollectorFleet, collector_environment
     from lightmetrics.local.server import RemoteRuntime
     from lightmetrics.local.system import LocalSystem
     from lightmetrics.reap import LeaseHeld as ReapLeaseHeld
@@ -276,9 +275,7 @@ def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> So
     try:
         system.provision()
         keys = TokenKeys.parse(system.made["secret_value"])
-        env = dict(os.environ)
-        env.pop("LM_FAULTS", None)
-        env.update(system.environment())
+        env = collector_environment(system)
         fleet = CollectorFleet(plan.collectors, env,
                                {i: {"LM_FAULTS": json.dumps(collector_faults(plan, i))} for i in range(plan.collectors)})
         codec = KeyCodec(system.prefix)

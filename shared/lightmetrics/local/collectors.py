@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -26,6 +27,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def collector_environment(system: object) -> dict[str, str]:
+    """This process's environment pointed at ``system`` (a LocalSystem), minus any ``LM_FAULTS``:
+    collectors get faults only when a caller adds them per collector."""
+    env = dict(os.environ)
+    env.pop("LM_FAULTS", None)
+    env.update(system.environment())  # type: ignore[attr-defined]
+    return env
 
 
 class CollectorStartError(RuntimeError):
