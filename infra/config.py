@@ -43,9 +43,6 @@ METRICS_NAMESPACE = "Lightmetrics"
 LAMBDA_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 64 * 1024
 
-#: Seconds added to the longest ingest timeout when checking the GC grace (clock skew margin).
-GC_SKEW_MARGIN_S = 60
-
 # Settings that only make sense at run time or are wired from resources, never from context.
 _WIRED_SETTINGS = {"bucket", "table", "auth_secret_id", "ingest_url", "queue_urls", "state_machine_arns"}
 
@@ -165,10 +162,4 @@ class InfraConfig:
                 f"CDK context 'max_frame_bytes' = {self.settings.max_frame_bytes}: a Function URL "
                 f"delivers the body base64-encoded in a 6 MB event, so frames above {limit} bytes "
                 "could never arrive; lower it (the Lambda default is 4194304)"
-            )
-        longest_http = max((f.timeout_s for f in SPEC.functions if f.trigger_kind == "http"), default=0)
-        if self.settings.gc_grace_s <= longest_http + GC_SKEW_MARGIN_S:
-            raise InfraConfigError(
-                f"CDK context 'gc_grace_s' = {self.settings.gc_grace_s} must exceed the longest ingest "
-                f"timeout ({longest_http} s) plus {GC_SKEW_MARGIN_S} s of skew (GC handshake, system.md §7)"
             )

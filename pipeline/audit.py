@@ -45,6 +45,7 @@ from typing import Any
 
 from lightmetrics.errors import ManifestError
 from lightmetrics.identity import BatchIdentity, hex_to_id
+from lightmetrics.indexing import parse_record
 from lightmetrics.keys import UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, canonical_json
 
@@ -222,7 +223,7 @@ class _Live:
         if raw is None:
             return None
         try:
-            return AcceptedBatchManifest.from_bytes(raw)
+            return parse_record(self.codec, key, raw)  # the core's one record validation
         except ManifestError as exc:
             return f"invalid: {exc}"
 
@@ -333,6 +334,8 @@ def _check_orphan(access: S3Access, horizon_before_s: int) -> Any:
         except Exception:
             return [{**base, "reason": "no identity metadata (GC reads the frame header)"}]
         m = live.manifest(live.codec.accepted(ident))
+        if isinstance(m, str):
+            return []  # a record this reader cannot read may name the blob: never a candidate (G2a)
         if isinstance(m, AcceptedBatchManifest) and m.frame_sha256 == row["sha"]:
             if live.tombstoned(UtcHour.of_unix_ns(m.accepted_at_unix_ns)):
                 return [{**base, "reason": "its acceptance hour is tombstoned (retention)"}]

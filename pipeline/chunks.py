@@ -30,7 +30,8 @@ from typing import Any
 import zstandard
 
 from lightmetrics.keys import ROLLUP_WINDOWS, UtcHour
-from lightmetrics.manifests import canonical_json
+from lightmetrics.errors import ManifestError, UnsupportedVersionError
+from lightmetrics.manifests import canonical_json, check_schema
 
 CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
@@ -333,8 +334,7 @@ def decode_chunk(data: bytes) -> Chunk:
         header = json.loads(body[pos:pos + head_len])
     except ValueError:
         raise ChunkFormatError("chunk header is not JSON") from None
-    if header.get("schema") != CHUNK_SCHEMA:
-        raise ChunkFormatError("chunk header schema")
+    _schema(header.get("schema"), CHUNK_SCHEMA, "rollup chunk header")
     pos += head_len
     (n,) = _U32.unpack_from(body, pos)
     pos += _U32.size
@@ -360,8 +360,7 @@ def encode_index_entry(entry: dict[str, Any]) -> bytes:
 
 def decode_index_entry(data: bytes) -> dict[str, Any]:
     doc = json.loads(_unzstd(data, "index entry"))
-    if doc.get("schema") != INDEX_SCHEMA:
-        raise ChunkFormatError("index entry schema")
+    _schema(doc.get("schema") if isinstance(doc, dict) else None, INDEX_SCHEMA, "rollup index entry")
     return doc
 
 
@@ -392,9 +391,19 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
         doc = json.loads(data)
     except ValueError:
         raise ChunkFormatError("rollup manifest is not JSON") from None
-    if not isinstance(doc, dict) or doc.get("schema") != MANIFEST_SCHEMA:
-        raise ChunkFormatError("not a rollup manifest")
+    _schema(doc.get("schema") if isinstance(doc, dict) else None, MANIFEST_SCHEMA, "rollup manifest")
     return doc
+
+
+def _schema(stored: object, known: str, what: str) -> None:
+    """A newer schema version is refused with the core's UnsupportedVersionError (protocol §17);
+    any other mismatch is a ChunkFormatError."""
+    try:
+        check_schema(stored, known, what)
+    except UnsupportedVersionError:
+        raise
+    except ManifestError as exc:
+        raise ChunkFormatError(str(exc)) from None
 
 
 __all__ = [

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from lightmetrics.errors import FrameError, ManifestError
+from lightmetrics.errors import FrameError, ManifestError, UnsupportedVersionError
 from lightmetrics.frame import decode_frame, samples_block
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.manifests import AcceptedBatchManifest
@@ -160,6 +160,8 @@ def fetch_frame(access: S3Access, manifest_id: str) -> tuple[bytes | None, str |
         return None, "acceptance record missing"
     try:
         m = AcceptedBatchManifest.from_bytes(raw)
+    except UnsupportedVersionError:
+        raise  # a newer writer's record: the job fails until its bundle is upgraded (protocol §17 E3)
     except ManifestError as exc:
         return None, f"invalid acceptance record: {exc}"
     if m.identity != ident:

@@ -45,11 +45,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
-from pipeline.s3io import S3Access, client, put_if_absent
+from pipeline.s3io import S3Access, client, put_if_absent, s3_errors
 
 VERSION = "2016-11-30"
 CONFIG_ID = "daily-parquet"  # infra/components/storage.py INVENTORY_ID
 DEST_PREFIX = "inventory"  # infra/components/storage.py INVENTORY_PREFIX
+#: What names a report's bucket in errors (the audit's --inventory; default under LM_BUCKET)
+INVENTORY_SETTING = "--inventory"
 
 #: (parquet column, CSV field name, kind) in the order the stack's configuration produces them.
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -100,24 +102,28 @@ def arrow_schema() -> Any:
 
 
 def listing_rows(s3: Any, bucket: str, prefix: str = "") -> Iterator[dict[str, Any]]:
-    """Inventory rows of every object version and delete marker under ``prefix`` (ListObjectVersions)."""
+    """Inventory rows of every object version and delete marker under ``prefix`` (ListObjectVersions).
+    A bucket that does not exist (or refuses us) raises: it is not an inventory without rows."""
     paginator = s3.get_paginator("list_object_versions")
-    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-        for v in page.get("Versions", []):
-            etag = str(v.get("ETag", "")).strip('"')
-            algos = v.get("ChecksumAlgorithm") or []
-            yield {
-                "bucket": bucket, "key": v["Key"], "version_id": v.get("VersionId"), "is_latest": bool(v.get("IsLatest")),
-                "is_delete_marker": False, "size": int(v.get("Size", 0)), "last_modified_date": v["LastModified"],
-                "e_tag": etag, "storage_class": v.get("StorageClass", "STANDARD"), "is_multipart_uploaded": "-" in etag,
-                "checksum_algorithm": algos[0] if algos else None,
-            }
-        for m in page.get("DeleteMarkers", []):
-            yield {
-                "bucket": bucket, "key": m["Key"], "version_id": m.get("VersionId"), "is_latest": bool(m.get("IsLatest")),
-                "is_delete_marker": True, "size": None, "last_modified_date": m["LastModified"], "e_tag": None,
-                "storage_class": None, "is_multipart_uploaded": None, "checksum_algorithm": None,
-            }
+    with s3_errors(bucket):
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for v in page.get("Versions", []):
+                etag = str(v.get("ETag", "")).strip('"')
+                algos = v.get("ChecksumAlgorithm") or []
+                yield {
+                    "bucket": bucket, "key": v["Key"], "version_id": v.get("VersionId"),
+                    "is_latest": bool(v.get("IsLatest")), "is_delete_marker": False, "size": int(v.get("Size", 0)),
+                    "last_modified_date": v["LastModified"], "e_tag": etag,
+                    "storage_class": v.get("StorageClass", "STANDARD"), "is_multipart_uploaded": "-" in etag,
+                    "checksum_algorithm": algos[0] if algos else None,
+                }
+            for m in page.get("DeleteMarkers", []):
+                yield {
+                    "bucket": bucket, "key": m["Key"], "version_id": m.get("VersionId"),
+                    "is_latest": bool(m.get("IsLatest")), "is_delete_marker": True, "size": None,
+                    "last_modified_date": m["LastModified"], "e_tag": None, "storage_class": None,
+                    "is_multipart_uploaded": None, "checksum_algorithm": None,
+                }
 
 
 # ----------------------------------------------------------------------------------- writing
@@ -358,10 +364,11 @@ def open_report(location: str, access: S3Access | None = None) -> InventoryRepor
         bucket, _, key = location[5:].partition("/")
         acc = access.with_bucket(bucket)
         s3 = client(acc)
-        if not key.endswith("manifest.json"):
-            key = _find_latest_s3(s3, bucket, key.rstrip("/") + "/" if key else "")
-        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        checksum = _get_or_none(s3, bucket, key.rsplit("/", 1)[0] + "/manifest.checksum")
+        with s3_errors(bucket, INVENTORY_SETTING):
+            if not key.endswith("manifest.json"):
+                key = _find_latest_s3(s3, bucket, key.rstrip("/") + "/" if key else "")
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            checksum = _get_or_none(s3, bucket, key.rsplit("/", 1)[0] + "/manifest.checksum")
         if checksum is not None and checksum.decode().strip() != hashlib.md5(body).hexdigest():
             raise InventoryError(f"s3://{bucket}/{key}: manifest.checksum does not match")
 
@@ -390,10 +397,15 @@ def open_report(location: str, access: S3Access | None = None) -> InventoryRepor
 
 
 def _get_or_none(s3: Any, bucket: str, key: str) -> bytes | None:
+    """The object, or None if there is no such key (any other error raises)."""
+    from botocore.exceptions import ClientError
+
     try:
         return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except Exception:
-        return None
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
 
 
 def _find_latest_s3(s3: Any, bucket: str, prefix: str, depth: int = 0) -> str:

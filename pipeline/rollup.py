@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 import uuid
 from collections import Counter
@@ -32,6 +33,7 @@ from typing import Any
 
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.keys import KeyKind, UtcHour
+from lightmetrics.walk import lease_rule_broken
 
 from pipeline import chunks as C
 from pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
@@ -264,11 +266,24 @@ def rollup_dataframe(entries: Any, access: S3Access, generations: dict[int, int]
     return samples, chunks
 
 
+def commit_step_s(access: S3Access) -> int:
+    """The longest the rollup's commit runs after its fence (the lease renewal right before it): the
+    manifest's conditional create, then a GET of what exists, each ``max_attempts`` attempts of a
+    connect and a read timeout and a backoff pause (docs/protocol.md §13 L1)."""
+    one_call = access.max_attempts * (2 * access.timeout_s + access.policy.max_delay_s)
+    return math.ceil(2 * one_call)
+
+
 class RollupJob:
     """One owner's rollup run. ``run`` = lease, plan, execute, release; tests drive the steps."""
 
     def __init__(self, spark: Any, access: S3Access, *, table: Any = None, clock: Clock = DEFAULT_CLOCK,
                  owner: str | None = None, lease_s: int = 900, workers: int = 16) -> None:
+        broken = table is not None and lease_rule_broken(
+            lease_s, commit_step_s(access), "the rollup's fenced commit: the manifest's create and a GET, with "
+            "the S3 timeouts and attempts of its access", "lease_s")
+        if broken:
+            raise ValueError(broken)
         self.spark, self.access, self.table, self.clock = spark, access, table, clock
         self.owner = owner or f"rollup-{uuid.uuid4().hex[:12]}"
         self.lease = Lease(table, "rollup", self.owner, clock, lease_s) if table is not None else None

@@ -31,7 +31,7 @@ from typing import Any
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
 from lightmetrics.keys import KeyCodec
 from lightmetrics.retry import RetryPolicy
-from lightmetrics.store import S3ObjectStore, s3_client_config
+from lightmetrics.store import S3ObjectStore, bucket_refusal, s3_client_config
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,21 @@ def store(access: S3Access) -> S3ObjectStore:
     return S3ObjectStore(client(access), access.bucket, read_policy=access.policy)
 
 
+@contextmanager
+def s3_errors(bucket: str, setting: str = "LM_BUCKET") -> Iterator[None]:
+    """Calls of a raw client (not through :func:`store`) inside the block: a missing bucket or
+    denied access raises :class:`~lightmetrics.store.StoreAccessError` naming it and ``setting``."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
+    except ClientError as exc:
+        refused = bucket_refusal(exc, bucket, setting)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
 def put_if_absent(access: S3Access, key: str, body: bytes, content_type: str = "application/json") -> str:
     """Conditionally create ``key``: ``"created"`` or ``"exists"``; anything else raises."""
     result = create_object(store(access), key, body, policy=access.policy, content_type=content_type)
@@ -229,4 +244,4 @@ def pandas_frame(columns: dict[str, Any]) -> Any:
 
 
 __all__ = ["S3Access", "Tally", "client", "counter_accumulator", "list_all", "pandas_frame", "put_if_absent", "row_mapper",
-           "store", "task_tally"]
+           "s3_errors", "store", "task_tally"]

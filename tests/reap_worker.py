@@ -13,17 +13,18 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from lightmetrics import crashpoints  # noqa: E402
 from lightmetrics.clock import FrozenClock  # noqa: E402
+from lightmetrics.local.hosting import install_from_env  # noqa: E402
 from lightmetrics.reap import Reaper  # noqa: E402
 from reap_support import drive, world_settings  # noqa: E402
 from lightmetrics.services import work_context  # noqa: E402
+from lightmetrics.testing.crashes import killed_at_from_env  # noqa: E402
 from conftest import FAST  # noqa: E402
 
 
 def main() -> None:
     bucket, clock_ns, inp, event_file = sys.argv[1:5]
-    crashpoints.install_from_env()
+    install_from_env()  # a test process is a local host: the world's zero grace is allowed
     settings = world_settings(bucket)
     clock = FrozenClock(int(clock_ns))
     ctx = work_context(settings, clock=clock, policy=FAST, component="reap-worker")
@@ -32,7 +33,8 @@ def main() -> None:
         with open(event_file, "w", encoding="utf-8") as f:
             json.dump({"next": nxt, "event": event, "clock_ns": clock.now_ns()}, f)
 
-    drive(Reaper(ctx, settings), json.loads(inp), clock, before_task=record)
+    with killed_at_from_env():
+        drive(Reaper(ctx, settings), json.loads(inp), clock, before_task=record)
 
 
 if __name__ == "__main__":

@@ -363,7 +363,8 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
                       env=env)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["record"]["resolved_by"] == "operator-1"
-    r = runner.invoke(cli, ["conflicts", "resolve", cid, "--deny-identity", "--reason", "again", "--json"], env=env)
+    r = runner.invoke(cli, ["conflicts", "resolve", cid, "--deny-identity", "--reason", "again", "--yes", "--json"],
+                      env=env)
     assert r.exit_code == 2 and json.loads(r.stdout)["status"] == "already_resolved"
     r = runner.invoke(cli, ["conflicts", "list", "--status", "unresolved", "--json"], env=env)
     assert r.exit_code == 0 and json.loads(r.stdout)["count"] == 0

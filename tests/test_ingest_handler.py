@@ -71,10 +71,15 @@ def test_refused_requests_write_nothing(ingest_env, runtime):  # type: ignore[no
     assert runtime.boto3_client("s3").list_objects_v2(Bucket=ingest_env).get("KeyCount") == 0
 
 
-def test_s3_failing_is_503_with_retry_after(ingest_env, monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("LM_FAULTS", json.dumps([{"fault": "503", "operation": "PutObject", "times": -1}]))
+def test_s3_failing_is_503_with_retry_after(ingest_env):  # type: ignore[no-untyped-def]
+    from lightmetrics.hosting import hosted
+    from lightmetrics.local.hosting import host_from_env
+
     app.reset()
-    status, body, headers = invoke("accepted.json")
+    # The local runtime injects LM_FAULTS into the clients of the functions it hosts (the function
+    # itself never reads it).
+    with hosted(host_from_env({"LM_FAULTS": json.dumps([{"fault": "503", "operation": "PutObject", "times": -1}])})):
+        status, body, headers = invoke("accepted.json")
     assert (status, body["status"], headers["retry-after"]) == (503, "unavailable", "2")
     assert body["retry_after_s"] == 2
 

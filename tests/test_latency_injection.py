@@ -10,6 +10,8 @@ import pytest
 from conftest import ident, make_frame
 from lightmetrics.accept import AcceptStatus, accept_batch
 from lightmetrics.config import Settings
+from lightmetrics.hosting import hosted
+from lightmetrics.local.hosting import host_from_env
 from lightmetrics.services import s3_client
 from lightmetrics.testing.faults import FaultRule
 from lightmetrics.testing.latency import LatencyInjector, install_from_env, settings_from_env
@@ -66,19 +68,19 @@ def test_faults_answered_locally_get_no_latency_but_are_counted(s3, ctx, counter
     assert inj.requests == 2  # only what really went to S3
 
 
-def test_env_configures_one_injector_per_process(runtime, bucket, monkeypatch):  # type: ignore[no-untyped-def]
+def test_env_configures_one_injector_per_process(runtime, bucket):  # type: ignore[no-untyped-def]
     assert settings_from_env({}) is None
     assert settings_from_env({"LM_INJECT_LATENCY_MS": "20", "LM_INJECT_MAX_INFLIGHT": "8"}) == (0.02, 8)
     assert settings_from_env({"LM_INJECT_LATENCY_MS": "5"}) == (0.005, 8)
     for bad in ({"LM_INJECT_LATENCY_MS": "fast"}, {"LM_INJECT_MAX_INFLIGHT": "0"}, {"LM_INJECT_LATENCY_MS": "-1"}):
         with pytest.raises(ValueError):
             settings_from_env(bad)
-    monkeypatch.setenv("LM_INJECT_LATENCY_MS", "0")
-    monkeypatch.setenv("LM_INJECT_MAX_INFLIGHT", "4")
+    env = {"LM_INJECT_LATENCY_MS": "0", "LM_INJECT_MAX_INFLIGHT": "4"}
     settings = Settings.from_env({}, bucket=bucket)
-    a, b = s3_client(settings), s3_client(settings)
-    inj = install_from_env(a)  # the same process-wide injector services.s3_client attached
-    assert inj is not None and inj.max_inflight == 4 and install_from_env(b) is inj
+    with hosted(host_from_env(env)):  # a local host built from these variables (as a collector's is)
+        a, b = s3_client(settings), s3_client(settings)
+    inj = install_from_env(a, env)  # the same process-wide injector services.s3_client attached
+    assert inj is not None and inj.max_inflight == 4 and install_from_env(b, env) is inj
     before = inj.requests
     a.head_bucket(Bucket=bucket)
     b.head_bucket(Bucket=bucket)

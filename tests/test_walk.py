@@ -35,9 +35,11 @@ from lightmetrics.walk import (
     HISTORY_LIMIT,
     INDEXES,
     LEASE_PK,
+    TASK_STEPS,
     LeaseHeld,
     NothingToResume,
     history_bound,
+    min_lease_s,
     read_watermarks,
 )
 
@@ -216,7 +218,8 @@ def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock)
     gate = Gate(after=5)
     system.register_task_functions(wrap=gate.wrap)
     control = system.walk_control()
-    started = control.start(page_size=2, parallelism=2, lease_seconds=60)
+    shortest_lease = min_lease_s(TASK_STEPS)  # rule L1: the longest walk task plus the margin
+    started = control.start(page_size=2, parallelism=2, lease_seconds=shortest_lease)
     assert gate.entered.wait(60), "the walk never reached the gate"
     deadline = time.monotonic() + 30
     while control.checkpoint()["pages"] < 5 and time.monotonic() < deadline:
@@ -233,7 +236,7 @@ def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock)
         control.start(page_size=2)
     with pytest.raises(LeaseHeld):
         control.start(resume=True)
-    clock.advance(seconds=61)
+    clock.advance(seconds=shortest_lease + 1)
     gate.active = False
     resumed = control.start(resume=True, page_size=2, parallelism=2)
     assert resumed.epoch == started.epoch  # same epoch: the cursor is reused

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from lightmetrics.cas import ConditionalCreateOutcome, CreateResult, create_object
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.errors import FrameError, ManifestError
+from lightmetrics.errors import FrameError, ManifestError, UnsupportedVersionError
 from lightmetrics.frame import FRAME_VERSION, WIRE_VERSION, validate_frame
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec
@@ -278,6 +278,12 @@ def _classify_existing(
         return True
     try:
         existing = AcceptedBatchManifest.from_bytes(stored)
+    except UnsupportedVersionError as exc:
+        # A newer collector wrote the record (a rolling deploy): this one cannot compare hashes, so
+        # it neither acknowledges nor conflicts; the agent retries and a newer collector answers.
+        log.error("acceptance record %s is newer than this collector: %s", result.manifest_key, exc)
+        _unavailable(result, f"the acceptance record was written by a newer version ({exc})")
+        return False
     except ManifestError as exc:
         ctx.metrics.add_metric(name="InvariantViolation", unit="Count", value=1)
         log.error("invariant violation: unreadable acceptance record %s: %s", result.manifest_key, exc)

@@ -7,14 +7,21 @@ Routes (JSON in and out; the same core as ``lmctl conflicts`` / ``blockers list`
 ``GET  /conflicts/{id}``                 evidence, resolution record, index state
 ``POST /conflicts/{id}/resolve``         ``{"resolution": "accept_existing"|"deny_identity",
                                          "reason": "...", "whole_agent": false}``
-``GET  /denylist``                       every denylist entry
+``GET  /denylist``                       every denylist entry, and every lifted denial (``lifted``)
+``POST /denylist/remove``                lift one denial: ``{"agent_id": "...", "boot_id": "..." |
+                                         "whole_agent": true, "reason": "..."}``
 ``GET  /blockers``                       ``?all=true`` for resumed/resolved/skipped too
 ``GET  /status``                         :func:`lightmetrics.status.system_status`
 =======================================  ==========================================================
 
-Errors: 400 bad id/resolution/body, 404 unknown conflict, 409 already resolved (the body carries
-the existing record), 503 S3 did not confirm a write (retry). The caller recorded as ``resolved_by``
-is the IAM principal that signed the request (``requestContext.authorizer.iam.userArn``).
+Bodies are strict (docs/protocol.md §14, A1): every field has exactly its JSON type — a boolean
+is ``true`` or ``false``, never ``"false"`` or ``1`` — and an unknown field is refused; a boolean
+query parameter is ``true`` or ``false``.
+
+Errors: 400 bad id/resolution/body, 404 unknown conflict or not denied, 409 already resolved (the
+body carries the existing record), 503 S3 did not confirm a write (retry). The caller recorded as
+``resolved_by``/``lifted_by`` is the IAM principal that signed the request
+(``requestContext.authorizer.iam.userArn``).
 
 Example:
     >>> app = build_resolver(lambda: AdminCore(ctx, settings, sqs))        # doctest: +SKIP
@@ -40,9 +47,54 @@ from lightmetrics.conflicts import (
     InvalidConflictId,
     InvalidResolution,
 )
-from lightmetrics.denylist import DenylistStore
+from lightmetrics.denylist import DenylistStore, InvalidLift, NotDenied
+from lightmetrics.errors import LightmetricsError
 from lightmetrics.store import StoreAccessError, TransientStoreError
 from lightmetrics.work import WorkContext
+
+
+class InvalidRequest(LightmetricsError, ValueError):
+    """A body or query parameter of the wrong shape or JSON type (HTTP 400)."""
+
+
+_JSON_TYPE = {bool: "a JSON boolean (true or false)", str: "a JSON string"}
+
+
+def json_fields(raw: str | None, fields: dict[str, tuple[type, bool]]) -> dict[str, Any]:
+    """The request body as a JSON object checked against ``fields`` (name -> (type, required)).
+
+    No coercion: ``"false"``, ``0`` or ``null`` are not booleans and ``7`` is not a string, and an
+    unknown field (a typo such as ``wholeagent``) is refused rather than ignored.
+    """
+    try:
+        body = json.loads(raw or "{}")
+    except ValueError:
+        raise InvalidRequest("body must be JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be a JSON object")
+    unknown = sorted(set(body) - set(fields))
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(fields))}")
+    for name, (kind, required) in fields.items():
+        if name not in body:
+            if required:
+                raise InvalidRequest(f"{name} is required")
+            continue
+        value = body[name]
+        exact = type(value) is bool if kind is bool else isinstance(value, kind) and not isinstance(value, bool)
+        if not exact:
+            raise InvalidRequest(f"{name} must be {_JSON_TYPE[kind]}, got {json.dumps(value)}")
+    return body
+
+
+def query_flag(query: dict[str, str], name: str) -> bool:
+    """A boolean query parameter: absent is false; otherwise exactly ``true`` or ``false``."""
+    value = query.get(name)
+    if value is None:
+        return False
+    if value not in ("true", "false"):
+        raise InvalidRequest(f"query parameter {name} must be true or false, got {value!r}")
+    return value == "true"
 
 
 @dataclass
@@ -94,25 +146,35 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
 
     @app.post("/conflicts/<conflict_id>/resolve")
     def resolve_conflict(conflict_id: str) -> Response:
-        try:
-            body = json.loads(app.current_event.decoded_body or "{}")
-        except ValueError:
-            raise InvalidResolution("body must be JSON") from None
-        if not isinstance(body, dict):
-            raise InvalidResolution("body must be a JSON object")
+        body = json_fields(app.current_event.decoded_body,
+                           {"resolution": (str, True), "reason": (str, True), "whole_agent": (bool, False)})
         record = core().registry.resolve(
-            conflict_id, str(body.get("resolution", "")), reason=str(body.get("reason", "")),
-            who=caller_of(app.current_event.raw_event), whole_agent=bool(body.get("whole_agent", False)),
+            conflict_id, body["resolution"], reason=body["reason"], who=caller_of(app.current_event.raw_event),
+            whole_agent=body.get("whole_agent", False),
         )
         return _json(200, {"status": "resolved", "record": record.model_dump(mode="json", by_alias=True)})
 
+    def denylist_store() -> DenylistStore:
+        c = core().ctx
+        return DenylistStore(c.blockers.table, c.clock)
+
     @app.get("/denylist")
     def denylist() -> Response:
-        return _json(200, {"denylist": [e.to_json() for e in DenylistStore(core().ctx.blockers.table).list()]})
+        store = denylist_store()
+        return _json(200, {"denylist": [e.to_json() for e in store.list()],
+                           "lifted": [lift.to_json() for lift in store.lifts()]})
+
+    @app.post("/denylist/remove")
+    def remove_denial() -> Response:
+        body = json_fields(app.current_event.decoded_body, {"agent_id": (str, True), "boot_id": (str, False),
+                                                            "whole_agent": (bool, False), "reason": (str, True)})
+        lift = denylist_store().remove(body["agent_id"], body.get("boot_id"), whole_agent=body.get("whole_agent", False),
+                                       who=caller_of(app.current_event.raw_event), reason=body["reason"])
+        return _json(200, {"status": "lifted", "lift": lift.to_json()})
 
     @app.get("/blockers")
     def blockers() -> Response:
-        show_all = query().get("all", "").lower() in ("1", "true", "yes")
+        show_all = query_flag(query(), "all")
         items = core().ctx.blockers.list(status=None if show_all else "open")
         return _json(200, {"blockers": [b.to_json() for b in items], "open": sum(b.status == "open" for b in items)})
 
@@ -132,8 +194,14 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
     def not_found(exc: ConflictNotFound) -> Response:
         return _json(404, {"status": "not_found", "reason": str(exc.args[0] if exc.args else exc)})
 
+    @app.exception_handler(NotDenied)
+    def not_denied(exc: NotDenied) -> Response:
+        return _json(404, {"status": "not_denied", "reason": str(exc)})
+
     @app.exception_handler(InvalidConflictId)
     @app.exception_handler(InvalidResolution)
+    @app.exception_handler(InvalidLift)
+    @app.exception_handler(InvalidRequest)
     def invalid(exc: Exception) -> Response:
         return _json(400, {"status": "invalid", "reason": str(exc)})
 
@@ -150,4 +218,4 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
     return app
 
 
-__all__ = ["AdminCore", "build_resolver", "caller_of"]
+__all__ = ["AdminCore", "InvalidRequest", "build_resolver", "caller_of", "json_fields", "query_flag"]

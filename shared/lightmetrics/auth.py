@@ -11,7 +11,7 @@ Example:
     >>> verify_token(keys, token, "agent-b")
     Traceback (most recent call last):
     ...
-    lightmetrics.errors.AuthError: token is not valid for agent 'agent-b'
+    lightmetrics.errors.AuthError: token is not valid for agent 'agent-b' (minted for another agent)
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def verify_token(keys: TokenKeys, token: str, agent_id: str) -> None:
         raise AuthError(f"token key {m['kid']!r} is not active (revoked or unknown)", 401)
     if not hmac.compare_digest(_mac(secret, agent_id), m["mac"]):
         # A well-formed token under an active key that does not match: minted for another agent.
-        raise AuthError(f"token is not valid for agent {agent_id!r}", 403)
+        raise AuthError(f"token is not valid for agent {agent_id!r} (minted for another agent)", 403)
 
 
 class CachedTokenKeys:

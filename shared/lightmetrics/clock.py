@@ -1,7 +1,8 @@
 """The one injectable clock of the system.
 
 Production code asks a :class:`Clock` for the time instead of calling ``time.time_ns()``,
-so tests and the demo can freeze or shift it.
+so tests and the demo can freeze or shift it (a local process's shifted clock comes from its
+host, :mod:`lightmetrics.hosting`; deployed code never reads one from the environment).
 
 Example:
     >>> clock = FrozenClock(1_760_000_000_000_000_000)
@@ -63,15 +64,3 @@ def utc_datetime(unix_ns: int) -> datetime:
 
 
 DEFAULT_CLOCK: Clock = SystemClock()
-
-#: Demo and test runs only: shift a hosted process's clock by this many seconds (``lmctl demo``
-#: makes its fresh orphans look older than the retry horizon to the reap tasks this way).
-CLOCK_OFFSET_ENV = "LM_CLOCK_OFFSET_S"
-
-
-def clock_from_env(env: dict[str, str] | None = None) -> Clock:
-    """:data:`DEFAULT_CLOCK`, or an :class:`OffsetClock` when ``LM_CLOCK_OFFSET_S`` is set."""
-    import os
-
-    raw = (os.environ if env is None else env).get(CLOCK_OFFSET_ENV, "")
-    return OffsetClock(int(float(raw) * 1_000_000_000)) if raw else DEFAULT_CLOCK

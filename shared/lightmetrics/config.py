@@ -3,6 +3,11 @@
 Names are fixed by the interface contract: every field ``x`` is read from ``LM_X`` and the CLI
 flag ``--x`` (underscores as dashes) mirrors it. Durations are whole seconds in ``LM_*_S``.
 
+The protocol's timing assumptions are configuration rules, refused at start (docs/protocol.md
+§18): H1 ``LM_GC_GRACE_S`` > the longest accept + ``LM_CLOCK_SKEW_S``; D1 a retention's
+``tombstone_wait_s`` > the writers' tombstone cache (:func:`check_tombstone_wait`). A local host
+(:mod:`lightmetrics.hosting`) may run shorter waits; configuration read anywhere else may not.
+
 Example:
     >>> cfg = Settings.from_env({"LM_BUCKET": "my-bucket", "LM_TABLE": "t", "LM_COLLECTOR_ID": "c1"})
     >>> cfg.bucket, cfg.max_frame_bytes
@@ -17,13 +22,53 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from lightmetrics.errors import ConfigError
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 ENV_PREFIX = "LM_"
+
+#: Default ``LM_CLOCK_SKEW_S``: how far two hosts' clocks may disagree (H1's allowance).
+DEFAULT_CLOCK_SKEW_S = 60
+#: How long a writer caches "this hour is not tombstoned" (``indexing.TombstoneCache``, rule D1).
+TOMBSTONE_CACHE_S = 60
+#: ``Settings.from_env`` validation context: enforce the timing rules (False only for a local host).
+_TIMING_RULES = "timing_rules"
+
+
+def longest_accept_s() -> int:
+    """The longest an accept can run: the ingest function's timeout (Lambda stops it there)."""
+    from lightmetrics.resources import SPEC
+
+    return SPEC.function("ingest").timeout_s
+
+
+def longest_reap_task_s() -> int:
+    """The longest a reap task can run (its Lambda timeout) plus the lease margin: after that no
+    invocation of it (nor a twin Step Functions started beside it) can still place a marker."""
+    from lightmetrics.reap import TASK_STEPS
+    from lightmetrics.walk import LEASE_MARGIN_S, longest_task_timeout_s
+
+    return longest_task_timeout_s(TASK_STEPS) + LEASE_MARGIN_S
+
+
+def check_tombstone_wait(seconds: int, *, enforced: bool | None = None) -> int:
+    """``seconds`` if it is a valid retention ``tombstone_wait_s`` (rule D1), else ConfigError.
+
+    The wait between a tombstone and the first delete must outlast every writer's cached
+    "not tombstoned" answer, or a writer could re-create an entry the reap already deleted.
+    ``enforced`` defaults to the host's choice (:mod:`lightmetrics.hosting`; always on AWS).
+    """
+    from lightmetrics.hosting import current
+
+    if (current().timing_rules if enforced is None else enforced) and seconds <= TOMBSTONE_CACHE_S:
+        raise ConfigError(
+            f"tombstone_wait_s = {seconds}: must be longer than the writers' tombstone cache "
+            f"({TOMBSTONE_CACHE_S} s), rule D1 (docs/protocol.md §9, §16)"
+        )
+    return seconds
 
 
 class Settings(BaseModel):
@@ -41,7 +86,10 @@ class Settings(BaseModel):
     )
     retry_horizon_s: int = Field(7 * 86400, ge=60, description="LM_RETRY_HORIZON_S: longest agent retry")
     settle_s: int = Field(900, ge=0, description="LM_SETTLE_S: settle window after an hour ends")
-    gc_grace_s: int = Field(900, ge=0, description="LM_GC_GRACE_S: GC delete-marker grace")
+    clock_skew_s: int = Field(DEFAULT_CLOCK_SKEW_S, ge=0, le=3600, description=(
+        "LM_CLOCK_SKEW_S: how far two hosts' clocks may disagree (the GC grace allows for it, rule H1)"))
+    gc_grace_s: int = Field(900, ge=0, description=(
+        "LM_GC_GRACE_S: GC delete-marker grace; longer than the ingest timeout plus LM_CLOCK_SKEW_S (rule H1)"))
     retention_s: int = Field(90 * 86400, ge=3600, description="LM_RETENTION_S: raw data retention")
     rollup_retention_s: int = Field(400 * 86400, ge=3600, description="LM_ROLLUP_RETENTION_S")
     max_frame_bytes: int = Field(6 * 1024 * 1024, ge=64, le=64 * 1024 * 1024, description="LM_MAX_FRAME_BYTES")
@@ -50,7 +98,8 @@ class Settings(BaseModel):
     )
     s3_max_attempts: int = Field(5, ge=1, le=20, description="LM_S3_MAX_ATTEMPTS: per conditional create")
     s3_timeout_s: int = Field(5, ge=1, le=120, description="LM_S3_TIMEOUT_S: connect/read timeout")
-    retry_budget_count: int = Field(5, ge=1, le=1000, description="LM_RETRY_BUDGET_COUNT: failures before a blocker")
+    # At least 3: two transient failures (an old one and a new one) never make a blocker by themselves.
+    retry_budget_count: int = Field(5, ge=3, le=1000, description="LM_RETRY_BUDGET_COUNT: failures before a blocker")
     retry_budget_age_s: int = Field(3600, ge=1, description="LM_RETRY_BUDGET_AGE_S: failing this long makes a blocker")
     reconcile_lookback_s: int = Field(6 * 3600, ge=0, description="LM_RECONCILE_LOOKBACK_S: rescan after downtime")
     reconcile_margin_s: int = Field(120, ge=0, le=3600, description=(
@@ -106,6 +155,27 @@ class Settings(BaseModel):
                 raise ValueError('must be a JSON object {"bootstrap-walk": "arn:aws:states:..."}') from None
         return v
 
+    @field_validator("gc_grace_s")
+    @classmethod
+    def _gc_grace(cls, v: int, info: ValidationInfo) -> int:
+        # H1: an accept whose blob PUT answered 412 before GC's mark creates its record within the
+        # longest accept; the re-check after the grace must see it, on any host's clock.
+        enforced = (info.context or {}).get(_TIMING_RULES, True)
+        skew = info.data.get("clock_skew_s")
+        if enforced and skew is not None and v <= longest_accept_s() + skew:
+            raise ValueError(
+                f"must be longer than the longest accept (the ingest function's timeout, {longest_accept_s()} s) "
+                f"plus LM_CLOCK_SKEW_S ({skew} s), got {v}: rule H1 (docs/protocol.md §15)"
+            )
+        # H2: every marker a page's invocations place (a retried task's twin included) has landed
+        # before the page is settled, so the settle's re-check and restore see all of them.
+        if enforced and v < longest_reap_task_s():
+            raise ValueError(
+                f"must be at least the longest reap task (its Lambda timeout plus the lease margin, "
+                f"{longest_reap_task_s()} s), got {v}: rule H2 (docs/protocol.md §15)"
+            )
+        return v
+
     @field_validator("collector_id")
     @classmethod
     def _collector(cls, v: str) -> str:
@@ -118,8 +188,15 @@ class Settings(BaseModel):
         return ENV_PREFIX + field.upper()
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> "Settings":
-        """Build settings from ``LM_*`` variables; ``overrides`` (CLI flags) win when not None."""
+    def from_env(cls, env: Mapping[str, str] | None = None, *, timing_rules: bool | None = None,
+                 **overrides: object) -> "Settings":
+        """Build settings from ``LM_*`` variables; ``overrides`` (CLI flags) win when not None.
+
+        ``timing_rules`` (H1) defaults to the host's choice (:mod:`lightmetrics.hosting`): always
+        enforced on AWS; the local runtime, which runs the demo's and tests' short waits, passes False.
+        """
+        from lightmetrics.hosting import current
+
         env = os.environ if env is None else env
         values: dict[str, object] = {}
         for name in cls.model_fields:
@@ -127,8 +204,9 @@ class Settings(BaseModel):
             if var in env and env[var] != "":
                 values[name] = env[var]
         values.update({k: v for k, v in overrides.items() if v is not None})
+        enforce = current().timing_rules if timing_rules is None else timing_rules
         try:
-            return cls(**values)
+            return cls.model_validate(values, context={_TIMING_RULES: enforce})
         except ValidationError as exc:
             raise ConfigError(_describe(exc)) from None
 

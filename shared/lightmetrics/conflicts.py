@@ -38,7 +38,7 @@ from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.control_table import ConditionFailed, ControlTable, from_item, to_item
-from lightmetrics.denylist import DenylistStore, entry_sk
+from lightmetrics.denylist import MAX_REASON, DenylistStore, entry_sk, operator_reason
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, LightmetricsError, ManifestError
 from lightmetrics.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
 from lightmetrics.keys import KeyCodec, KeyKind
@@ -51,7 +51,6 @@ RESOLUTION_SCHEMA = "lightmetrics.conflict_resolution.v1"
 UNRESOLVED, ACCEPT_EXISTING, DENY_IDENTITY = "unresolved", "accept_existing", "deny_identity"
 RESOLUTIONS = (ACCEPT_EXISTING, DENY_IDENTITY)
 STATUS_FILTERS = ("all", "unresolved", "resolved")
-MAX_REASON = 2000
 
 _ID_RE = re.compile(
     r"^(?P<agent>[0-9a-f]+)\.(?P<boot>[0-9a-f]+)\.(?P<start>\d{%d})-(?P<end>\d{%d})\.(?P<sha>[0-9a-f]{64})$"
@@ -350,11 +349,9 @@ class ConflictRegistry:
         """
         if resolution not in RESOLUTIONS:
             raise InvalidResolution(f"resolution must be one of {RESOLUTIONS}")
-        reason = (reason or "").strip()
-        if not reason:
-            raise InvalidResolution("a resolution needs a reason (kept in the audit trail)")
-        if len(reason) > MAX_REASON:
-            raise InvalidResolution(f"reason is longer than {MAX_REASON} characters")
+        reason = operator_reason(reason, InvalidResolution)
+        if not isinstance(whole_agent, bool):  # never a truthy string or number: the scope of a denial
+            raise InvalidResolution(f"whole_agent must be a boolean, got {whole_agent!r}")
         if whole_agent and resolution != DENY_IDENTITY:
             raise InvalidResolution("--whole-agent only applies to deny_identity")
         if not who.strip():
@@ -390,6 +387,8 @@ class ConflictRegistry:
     def _apply(self, entry: ConflictEntry, record: ConflictResolutionRecord) -> None:
         if record.resolution == DENY_IDENTITY:
             for sk in record.denylist_entries:
+                if self.denylist.lifted_since(sk, record.resolved_at_unix_ns):
+                    continue  # an operator lifted this denial after the decision: re-applying must not undo that
                 boot = None if sk.endswith("#*") else record.boot_id
                 self.denylist.add(record.agent_id, boot, who=record.resolved_by, reason=record.reason,
                                   conflict_id=record.conflict_id)

@@ -17,6 +17,8 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from lightmetrics.errors import ResourceAccessError
+
 _ser, _de = TypeSerializer(), TypeDeserializer()
 
 
@@ -36,6 +38,20 @@ def from_item(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def table_error(exc: ClientError, table: str) -> Exception | None:
+    """What a DynamoDB error means for the caller: a lost condition (:class:`ConditionFailed`), a
+    table that does not exist or refuses us (:class:`ResourceAccessError` — never "no item"), or
+    None (anything else: the caller's transient handling decides)."""
+    code = exc.response.get("Error", {}).get("Code", "")
+    if code == "ConditionalCheckFailedException":
+        return ConditionFailed(str(exc))
+    if code == "ResourceNotFoundException":
+        return ResourceAccessError("table", table, "LM_TABLE", "does not exist")
+    if code in ("AccessDeniedException", "AccessDenied"):
+        return ResourceAccessError("table", table, "LM_TABLE", f"refused access: {code}")
+    return None
+
+
 class ControlTable:
     """Thin typed access to the control table with an injectable boto3 client."""
 
@@ -43,30 +59,33 @@ class ControlTable:
         self.client = client
         self.name = table_name
 
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.client, operation)(TableName=self.name, **kwargs)
+        except ClientError as exc:
+            mapped = table_error(exc, self.name)
+            if mapped is None:
+                raise
+            raise mapped from (None if isinstance(mapped, ConditionFailed) else exc)
+
     def get(self, pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
-        r = self.client.get_item(TableName=self.name, Key=to_item({"pk": pk, "sk": sk}), ConsistentRead=consistent)
+        r = self._call("get_item", Key=to_item({"pk": pk, "sk": sk}), ConsistentRead=consistent)
         return from_item(r["Item"]) if "Item" in r else None
 
     def put(self, values: dict[str, Any], *, condition: str | None = None, names: dict[str, str] | None = None,
             values_for_condition: dict[str, Any] | None = None) -> None:
-        kwargs: dict[str, Any] = {"TableName": self.name, "Item": to_item(values)}
+        kwargs: dict[str, Any] = {"Item": to_item(values)}
         if condition:
             kwargs["ConditionExpression"] = condition
         if names:
             kwargs["ExpressionAttributeNames"] = names
         if values_for_condition:
             kwargs["ExpressionAttributeValues"] = to_item(values_for_condition)
-        try:
-            self.client.put_item(**kwargs)
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                raise ConditionFailed(str(exc)) from None
-            raise
+        self._call("put_item", **kwargs)
 
     def update(self, pk: str, sk: str, expression: str, *, names: dict[str, str] | None = None,
                values: dict[str, Any] | None = None, condition: str | None = None) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "TableName": self.name,
             "Key": to_item({"pk": pk, "sk": sk}),
             "UpdateExpression": expression,
             "ReturnValues": "ALL_NEW",
@@ -77,26 +96,20 @@ class ControlTable:
             kwargs["ExpressionAttributeValues"] = to_item(values)
         if condition:
             kwargs["ConditionExpression"] = condition
-        try:
-            return from_item(self.client.update_item(**kwargs)["Attributes"])
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                raise ConditionFailed(str(exc)) from None
-            raise
+        return from_item(self._call("update_item", **kwargs)["Attributes"])
 
     def delete(self, pk: str, sk: str) -> None:
-        self.client.delete_item(TableName=self.name, Key=to_item({"pk": pk, "sk": sk}))
+        self._call("delete_item", Key=to_item({"pk": pk, "sk": sk}))
 
     def query(self, pk: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         kwargs: dict[str, Any] = {
-            "TableName": self.name,
             "KeyConditionExpression": "pk = :pk",
             "ExpressionAttributeValues": to_item({":pk": pk}),
             "ConsistentRead": True,
         }
         while True:
-            r = self.client.query(**kwargs)
+            r = self._call("query", **kwargs)
             items.extend(from_item(i) for i in r.get("Items", []))
             if limit is not None and len(items) >= limit:
                 return items[:limit]

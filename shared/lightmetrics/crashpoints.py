@@ -7,8 +7,9 @@ accept-vs-GC interleaving registry). Because every point must be :func:`register
 description, the crash harness can assert that it exercised exactly :data:`REGISTRY` — a new
 step without a crash test fails that assertion.
 
-``LM_CRASH_AT=<point>`` (read by :func:`install_from_env`) makes the process exit at once
-(``os._exit(137)``, like a SIGKILL) when it reaches that point: a real process kill.
+A test process can also exit at once (``os._exit(137)``, like a SIGKILL) at a point named by
+``LM_CRASH_AT`` — :func:`lightmetrics.testing.crashes.killed_at_from_env`, test code: nothing a
+deployed function imports reads that variable.
 
 Example:
     >>> register("demo.step", "a step of the example")
@@ -19,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,8 +28,6 @@ from contextlib import contextmanager
 REGISTRY: dict[str, str] = {}
 _hook: Callable[[str], None] | None = None
 _lock = threading.Lock()
-
-CRASH_ENV = "LM_CRASH_AT"
 
 
 class InjectedCrash(Exception):
@@ -77,17 +75,3 @@ def crash_once_at(target: str) -> tuple[Callable[[str], None], set[str]]:
             raise InjectedCrash(name)
 
     return hook, seen
-
-
-def install_from_env() -> None:
-    """``LM_CRASH_AT=<point>``: exit the process (status 137) when that point is reached."""
-    global _hook
-    target = os.environ.get(CRASH_ENV)
-    if not target:
-        return
-
-    def kill(name: str) -> None:
-        if name == target:
-            os._exit(137)
-
-    _hook = kill

@@ -433,6 +433,19 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
 
 
 def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:
+    from lightmetrics.hosting import install
+    from lightmetrics.local.hosting import host_from_env
+
+    # This process drives a local runtime: it is a local host too (its reap inputs use the demo's
+    # short waits, which only a local host may, docs/protocol.md §18 S4). Put back on return.
+    previous_host = install(host_from_env({}))
+    try:
+        return _run_demo(scale, port=port, show_progress=show_progress)
+    finally:
+        install(previous_host)
+
+
+def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lightmetrics.local.server import RemoteRuntime

@@ -2,10 +2,18 @@
 
 Records live in the control table (``pk=denylist``, ``sk=<agent-hex>#<boot-hex>``, or
 ``<agent-hex>#*`` for every boot of an agent; docs/control-table.md). They are written by
-``lmctl conflicts resolve ID --deny-identity`` (and the admin API) and never read per request:
+``lmctl conflicts resolve ID --deny-identity`` (and the admin API), lifted by
+``lmctl denylist remove`` (and ``POST /denylist/remove``), and never read per request:
 ingest holds the whole partition in a :class:`DenylistCache` that one ``Query`` refreshes at most
 once per ``LM_DENYLIST_TTL_S`` seconds (default 60). That TTL is the documented staleness bound:
-a denial takes effect in every ingest process within ``LM_DENYLIST_TTL_S`` seconds.
+a denial takes effect in every ingest process within ``LM_DENYLIST_TTL_S`` seconds, and so
+does its lift.
+
+A lift is audited: :meth:`DenylistStore.remove` first creates a write-once **lift record**
+(``pk=denylist#lifted``, ``sk=<entry>#<denied-at-ns:20>``: which entry, who denied it and why,
+who lifted it, when and why), then deletes the entry on the condition that it is still the
+denial the record names. A lift cancels every deny decision of that entry made before it, so
+re-applying an older resolution (``resolve`` repairs side effects) does not deny again.
 
 If the table cannot be read, the cache keeps the last list it had (or none) and tries again
 after another TTL: the denylist is an investigation tool layered on top of token
@@ -26,14 +34,61 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.control_table import ConditionFailed, ControlTable
-from lightmetrics.identity import BatchIdentity, id_to_hex
+from lightmetrics.control_table import ConditionFailed, ControlTable, to_item
+from lightmetrics.errors import InvalidIdentityError, LightmetricsError
+from lightmetrics.identity import BatchIdentity, id_to_hex, validate_id
 
 log = logging.getLogger(__name__)
 
 DENYLIST_PK = "denylist"
+LIFTS_PK = "denylist#lifted"
 ALL_BOOTS = "*"
+#: Longest operator reason kept in an audit record (resolutions, denials, lifts).
+MAX_REASON = 2000
+
+
+class DenylistError(LightmetricsError):
+    """Base of the denylist's operator errors."""
+
+
+class InvalidLift(DenylistError, ValueError):
+    """Bad selection or missing reason (exit 2, HTTP 400)."""
+
+
+class NotDenied(DenylistError, KeyError):
+    """The selected agent/boot has no denylist entry (exit 2, HTTP 404)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "not denied"
+
+
+def operator_reason(reason: str | None, error: type[ValueError]) -> str:
+    """The stripped reason of an audited operator action; ``error`` if empty or too long."""
+    text = (reason or "").strip()
+    if not text:
+        raise error("a reason is required (kept in the audit trail)")
+    if len(text) > MAX_REASON:
+        raise error(f"reason is longer than {MAX_REASON} characters")
+    return text
+
+
+def lift_target(agent_id: str, boot_id: str | None, whole_agent: bool) -> str:
+    """The denylist entry a lift selects: one boot, or (``whole_agent``) the every-boot entry."""
+    if not isinstance(whole_agent, bool):
+        raise InvalidLift("whole_agent must be a boolean")
+    if (boot_id is None) == (not whole_agent):
+        raise InvalidLift("select the denial to lift: one boot (--boot B, \"boot_id\") or every boot of the agent "
+                          "(--whole-agent, \"whole_agent\": true), exactly one of them")
+    try:
+        validate_id(agent_id, "agent_id")
+        if boot_id is not None:
+            validate_id(boot_id, "boot_id")
+    except InvalidIdentityError as exc:
+        raise InvalidLift(str(exc)) from None
+    return entry_sk(agent_id, boot_id)
 
 
 def entry_sk(agent_id: str, boot_id: str | None) -> str:
@@ -64,9 +119,57 @@ class DenylistEntry:
         return {"entry": self.sk, "agent_id": self.agent_id, "boot_id": self.boot_id, "who": self.who,
                 "reason": self.reason, "at_unix_ns": self.at_unix_ns, "conflict_id": self.conflict_id}
 
+    @property
+    def label(self) -> str:
+        return f"{self.agent_id}/{self.boot_id if self.boot_id is not None else '(every boot)'}"
+
+
+@dataclass(frozen=True)
+class DenylistLift:
+    """The write-once audit record of one lifted denial (``pk=denylist#lifted``)."""
+
+    entry: str
+    agent_id: str
+    boot_id: str | None  # None = the every-boot entry
+    denied_by: str
+    denied_reason: str
+    denied_at_unix_ns: int
+    conflict_id: str | None
+    lifted_by: str
+    reason: str
+    lifted_at_unix_ns: int
+
+    @property
+    def sk(self) -> str:
+        return f"{self.entry}#{self.denied_at_unix_ns:020d}"
+
+    @classmethod
+    def of(cls, entry: DenylistEntry, *, who: str, reason: str, at_unix_ns: int) -> "DenylistLift":
+        return cls(entry=entry.sk, agent_id=entry.agent_id, boot_id=entry.boot_id, denied_by=entry.who,
+                   denied_reason=entry.reason, denied_at_unix_ns=entry.at_unix_ns, conflict_id=entry.conflict_id,
+                   lifted_by=who, reason=reason, lifted_at_unix_ns=at_unix_ns)
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> "DenylistLift":
+        boot = item.get("boot_id")
+        return cls(entry=item["entry"], agent_id=item["agent_id"], boot_id=None if boot in (None, ALL_BOOTS) else boot,
+                   denied_by=item.get("denied_by", ""), denied_reason=item.get("denied_reason", ""),
+                   denied_at_unix_ns=int(item["denied_at_unix_ns"]), conflict_id=item.get("conflict_id"),
+                   lifted_by=item["lifted_by"], reason=item["reason"], lifted_at_unix_ns=int(item["lifted_at_unix_ns"]))
+
+    def to_item(self) -> dict[str, Any]:
+        return {"pk": LIFTS_PK, "sk": self.sk, **self.to_json(),
+                "boot_id": ALL_BOOTS if self.boot_id is None else self.boot_id}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry": self.entry, "agent_id": self.agent_id, "boot_id": self.boot_id, "denied_by": self.denied_by,
+                "denied_reason": self.denied_reason, "denied_at_unix_ns": self.denied_at_unix_ns,
+                "conflict_id": self.conflict_id, "lifted_by": self.lifted_by, "reason": self.reason,
+                "lifted_at_unix_ns": self.lifted_at_unix_ns}
+
 
 class DenylistStore:
-    """Writes and lists denylist records (operators, the admin API)."""
+    """Writes, lifts and lists denylist records (operators, the admin API)."""
 
     def __init__(self, table: ControlTable, clock: Clock = DEFAULT_CLOCK) -> None:
         self.table, self.clock = table, clock
@@ -77,7 +180,8 @@ class DenylistStore:
         audit fields are kept if the entry already exists."""
         sk = entry_sk(agent_id, boot_id)
         values = {"pk": DENYLIST_PK, "sk": sk, "agent_id": agent_id, "boot_id": ALL_BOOTS if boot_id is None else boot_id,
-                  "who": who, "reason": reason[:2000], "at_unix_ns": self.clock.now_ns(), "conflict_id": conflict_id}
+                  "who": who, "reason": reason[:MAX_REASON], "at_unix_ns": self.clock.now_ns(),
+                  "conflict_id": conflict_id}
         try:
             self.table.put(values, condition="attribute_not_exists(pk)")
         except ConditionFailed:
@@ -88,6 +192,50 @@ class DenylistStore:
 
     def list(self) -> list[DenylistEntry]:
         return [DenylistEntry.from_item(i) for i in self.table.query(DENYLIST_PK)]
+
+    def lifts(self) -> list[DenylistLift]:
+        """Every lift record, by entry then denial time."""
+        return [DenylistLift.from_item(i) for i in self.table.query(LIFTS_PK)]
+
+    def lifted_since(self, sk: str, at_unix_ns: int) -> bool:
+        """True if entry ``sk`` was lifted at or after ``at_unix_ns`` (a decision of that time is void)."""
+        return any(lift.entry == sk and lift.lifted_at_unix_ns >= at_unix_ns for lift in self.lifts())
+
+    def remove(self, agent_id: str, boot_id: str | None, *, whole_agent: bool = False, who: str,
+               reason: str) -> DenylistLift:
+        """Lift one denial: the lift record first (write-once), then the entry.
+
+        Raises :class:`InvalidLift` (selection, reason) or :class:`NotDenied`. Safe to repeat after a
+        crash between the two writes: the existing lift record of the same denial is reused and the
+        delete completed. The delete is conditional on the entry still being that denial, so a
+        denial re-created meanwhile (a new decision) stays.
+        """
+        sk = lift_target(agent_id, boot_id, whole_agent)
+        reason = operator_reason(reason, InvalidLift)
+        if not who.strip():
+            raise InvalidLift("who must not be empty")
+        item = self.table.get(DENYLIST_PK, sk)
+        if item is None:
+            denied = [e.label for e in self.list() if e.agent_id == agent_id]
+            raise NotDenied(f"{agent_id}/{boot_id if boot_id is not None else '(every boot)'} is not denied "
+                            f"(no denylist entry {sk}); denied for this agent: {', '.join(denied) or 'nothing'}")
+        entry = DenylistEntry.from_item(item)
+        lift = DenylistLift.of(entry, who=who.strip(), reason=reason, at_unix_ns=self.clock.now_ns())
+        try:
+            self.table.put(lift.to_item(), condition="attribute_not_exists(pk)")
+        except ConditionFailed:  # recorded by an earlier attempt (or a concurrent operator): finish it
+            existing = self.table.get(LIFTS_PK, lift.sk)
+            if existing is not None:
+                lift = DenylistLift.from_item(existing)
+        try:
+            self.table.client.delete_item(
+                TableName=self.table.name, Key=to_item({"pk": DENYLIST_PK, "sk": sk}),
+                ConditionExpression="at_unix_ns = :at", ExpressionAttributeValues=to_item({":at": entry.at_unix_ns}))
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            log.info("denylist entry %s changed since it was read; the newer denial stays", sk)
+        return lift
 
 
 class DenylistCache:
@@ -124,4 +272,7 @@ class DenylistCache:
         return None
 
 
-__all__ = ["ALL_BOOTS", "DENYLIST_PK", "DenylistCache", "DenylistEntry", "DenylistStore", "entry_sk"]
+__all__ = [
+    "ALL_BOOTS", "DENYLIST_PK", "LIFTS_PK", "MAX_REASON", "DenylistCache", "DenylistEntry", "DenylistError",
+    "DenylistLift", "DenylistStore", "InvalidLift", "NotDenied", "entry_sk", "lift_target", "operator_reason",
+]

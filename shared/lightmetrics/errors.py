@@ -27,6 +27,11 @@ class ManifestError(LightmetricsError, ValueError):
     """A stored manifest does not validate against its schema."""
 
 
+class UnsupportedVersionError(ManifestError):
+    """A stored object was written by a newer version (its schema or marker version is higher than
+    this reader knows). Never read as "absent": callers keep what it may reference and block."""
+
+
 class ConfigError(LightmetricsError, ValueError):
     """Configuration is missing or invalid; raised at start, before any work."""
 
@@ -41,3 +46,16 @@ class AuthError(LightmetricsError):
 
 class StoreUnavailableError(LightmetricsError):
     """The object store could not be reached or kept failing within the retry budget."""
+
+
+class ResourceAccessError(LightmetricsError):
+    """A configured bucket, table or queue does not exist, or refuses us (access denied).
+
+    A configuration error (exit 2), never read as "empty": a listing of a missing bucket is not a
+    bucket without keys. ``resource`` names it (``"bucket lm-prod"``), ``setting`` the variable
+    that configures it (``LM_BUCKET``).
+    """
+
+    def __init__(self, kind: str, name: str, setting: str, problem: str) -> None:
+        self.resource, self.setting = f"{kind} {name}", setting
+        super().__init__(f"{kind} {name} ({setting}) {problem}")

@@ -9,6 +9,8 @@ role; docs/protocol.md §15). GC of orphans and retention of expired hours both 
    current version id (captured now, purged later). Younger than ``LM_RETRY_HORIZON_S`` → keep.
 2. GET ``accepted/v1/<identity>.json``: a record with this blob's hash references it → keep,
    unless the record's acceptance hour is tombstoned by retention (→ delete, "hour-tombstoned").
+   A record this version cannot read (corrupt, or written by a newer version) may name this blob:
+   keep it, and open the record's blocker (G2a).
 3. HEAD ``quarantine/v1/identity-conflict/<identity>/<sha>.json``: conflict evidence → keep until
    its resolution record exists and is older than the evidence window (``LM_RETRY_HORIZON_S``),
    or until the accepted record's hour is tombstoned.
@@ -45,12 +47,13 @@ from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints
 from lightmetrics.accept import RESOLUTION_METADATA_KEY
-from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError
+from lightmetrics.blockers import BlockerNotFound
+from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.identity import BatchIdentity, hex_to_id
-from lightmetrics.indexing import TombstoneCache
+from lightmetrics.indexing import KIND_REPAIR, TombstoneCache, parse_record
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
-from lightmetrics.work import WorkContext
+from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
@@ -65,6 +68,10 @@ KEEP_REFERENCED = "referenced"
 KEEP_CONFLICT = "conflict-unresolved"
 KEEP_EVIDENCE_WINDOW = "conflict-evidence-window"
 KEEP_NO_IDENTITY = "identity-unknown"
+KEEP_RECORD_UNREADABLE = "record-unreadable"  # the record may name this blob: keep it, block the record
+KEEP_BLOCKED = "blocked"  # not a raw blob key: a blocker, and the reap goes on
+#: blocker kind of a GC candidate that is not a raw blob key
+KIND_GC_CANDIDATE = "reap-gc"
 KEEP_NOT_TOMBSTONED = "hour-not-tombstoned"  # retention asked, but the proof is something else
 KEEP_MARK_NOT_PLACED = "mark-not-placed"  # a crash between intent and marker: left for the next run
 
@@ -89,6 +96,9 @@ class Proof:
     identity: BatchIdentity | None = None
 
 
+_UNREADABLE = object()  # BlobCollector._record: a record exists but this reader cannot trust it
+
+
 def _identity_from_metadata(md: dict[str, str]) -> BatchIdentity | None:
     try:
         return BatchIdentity.create(hex_to_id(md["lm-agent-hex"], "agent"), hex_to_id(md["lm-boot-hex"], "boot"),
@@ -106,8 +116,11 @@ class BlobCollector:
     """Proof, mark and settle for raw blobs; ``concurrency`` bounds parallel requests."""
 
     def __init__(self, ctx: WorkContext, settings: Any, *, concurrency: int = 8,
-                 tombstones: TombstoneCache | None = None) -> None:
+                 tombstones: TombstoneCache | None = None, fence: Callable[[], None] | None = None) -> None:
         self.ctx, self.settings = ctx, settings
+        # Called right before every delete; raises if the reap lost its lease (docs/protocol.md
+        # §13 L2). None: nothing to fence (a collector driven directly, as in the race tests).
+        self.fence = fence or (lambda: None)
         self.codec = ctx.codec
         self.s3 = ctx.store.client  # type: ignore[attr-defined]  # versioned deletes need the client
         self.bucket = ctx.store.bucket
@@ -150,6 +163,8 @@ class BlobCollector:
     def references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str]:
         """Checks 2-3: ``(deletable, reason)`` from the acceptance record and the conflict evidence."""
         record = self._record(identity)
+        if record is _UNREADABLE:
+            return False, KEEP_RECORD_UNREADABLE
         hour_tombstoned = record is not None and self.tombstones.is_tombstoned(
             "raw", UtcHour.of_unix_ns(record.accepted_at_unix_ns))
         if record is not None and record.frame_sha256 == sha:
@@ -166,19 +181,58 @@ class BlobCollector:
             return False, KEEP_EVIDENCE_WINDOW
         return True, DELETE_CONFLICT_RESOLVED
 
-    def _record(self, identity: BatchIdentity) -> AcceptedBatchManifest | None:
-        raw = self.ctx.store.get(self.codec.accepted(identity))
+    def _record(self, identity: BatchIdentity) -> Any:
+        """The acceptance record, ``None`` if there is none, or ``_UNREADABLE``: a record that does
+        not parse or validate (its content must match its key), or that a newer writer wrote (G2a) — it may name this blob, so it is never read
+        as "absent"; its blocker is opened here (the walk and the reconciler open the same one)."""
+        key = self.codec.accepted(identity)
+        raw = self.ctx.store.get(key)
         if raw is None:
             return None
         try:
-            return AcceptedBatchManifest.from_bytes(raw)
-        except ManifestError:
-            # An unreadable record is an invariant violation for verify; for GC it is a reference
-            # to nobody knows what: keep the blob (a sha that can never match keeps it).
-            return AcceptedBatchManifest.model_construct(frame_sha256="?", accepted_at_unix_ns=0)
+            return parse_record(self.codec, key, raw)  # the same validation as every reader's
+        except ManifestError as exc:
+            self._block_record(key, exc)
+            return _UNREADABLE
+
+    def _block_record(self, key: str, exc: ManifestError) -> None:
+        kind = "unsupported-version" if isinstance(exc, UnsupportedVersionError) else "invalid-manifest"
+        if self._block_once(work_key(KIND_REPAIR, key), KIND_REPAIR, key,
+                            f"{kind}: {key}: {exc}; GC keeps every blob it may name") and kind == "invalid-manifest":
+            self.ctx.metrics.add_metric(name="InvariantViolation", unit="Count", value=1)
+        log.error("gc keeps the blobs of %s: %s", key, exc)
+
+    def _block_once(self, wk: str, kind: str, object_key: str, reason: str) -> bool:
+        """Open the blocker ``wk`` unless it exists (open, resolved or skipped: an operator's
+        decision stands); True if this call opened it. A failure is logged: what it is about is
+        kept either way, and the next run tries again."""
+        try:
+            self.ctx.blockers.get(wk)
+            return False
+        except BlockerNotFound:
+            pass
+        except Exception as err:  # noqa: BLE001
+            log.warning("gc: could not read the blocker %s (%s); kept", wk, err)
+            return False
+        try:
+            self.ctx.blockers.block(wk, kind=kind, object_key=object_key, source="gc", reason=reason)
+        except Exception as err:  # noqa: BLE001
+            log.warning("gc: blocker %s not written (%s); kept", wk, err)
+            return False
+        self.ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
+        return True
+
+    def _prove_or_block(self, key: str, now_ns: int | None) -> Proof:
+        """One bad candidate never stops a reap: a key that is not a raw blob key (a stray object
+        under ``raw-blobs/v1/``, a malformed audit line) is kept as a ``reap-gc`` blocker."""
+        try:
+            return self.prove(key, now_ns=now_ns)
+        except KeyLayoutError as exc:
+            self._block_once(work_key(KIND_GC_CANDIDATE, key), KIND_GC_CANDIDATE, key, f"layout: {exc}")
+            return Proof(key, "", False, KEEP_BLOCKED)
 
     def prove_all(self, keys: list[str], *, now_ns: int | None = None) -> list[Proof]:
-        proofs = self._map(lambda k: self.prove(k, now_ns=now_ns), keys)
+        proofs = self._map(lambda k: self._prove_or_block(k, now_ns), keys)
         crashpoints.point(CP_PROVED)
         return proofs
 
@@ -196,7 +250,7 @@ class BlobCollector:
         """Place a delete marker on each intended blob; returns the intents with the marker ids."""
 
         def one(m: dict[str, Any]) -> dict[str, Any]:
-            r = self.s3.delete_object(Bucket=self.bucket, Key=m["key"])
+            r = self._delete(m["key"])
             crashpoints.point(CP_MARKED_ONE)
             return {**m, "marker_version_id": r.get("VersionId")}
 
@@ -212,7 +266,7 @@ class BlobCollector:
                 return m
             markers, exists = self.find_markers(m)
             if markers:
-                return {**m, "marker_version_id": markers[-1]}
+                return {**m, "marker_version_id": markers[0]}  # a restore finds the others again
             if not exists:
                 return None  # the captured version is gone already: nothing to mark
             [marked] = self.mark([{**m, "marked_at_ns": self.ctx.clock.now_ns()}])
@@ -256,7 +310,10 @@ class BlobCollector:
                 # The marker was never placed (crash before DeleteObject answered): nothing to undo.
                 return f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged"
         if not deletable:
-            for marker in markers:
+            # Every marker above the captured version goes, recorded or not: a retried invocation's
+            # twin may have placed one more (rule L3), and any one of them hides the blob.
+            found, _ = self.find_markers(m)
+            for marker in dict.fromkeys([*markers, *found]):
                 self._delete_version(m["key"], marker)
             self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
             log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], reason)
@@ -268,18 +325,23 @@ class BlobCollector:
             self._delete_version(m["key"], marker)
         # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
         entry = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
-        self.s3.delete_object(Bucket=self.bucket, Key=entry)
+        self._delete(entry)
         crashpoints.point(CP_SETTLED_ONE)
         self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
         return "purged"
 
+    def _delete(self, key: str, **version: str) -> dict[str, Any]:
+        """The one place GC sends a ``DeleteObject``: only right after the fence."""
+        self.fence()
+        return dict(self.s3.delete_object(Bucket=self.bucket, Key=key, **version))
+
     def _delete_version(self, key: str, version_id: str) -> None:
         try:
-            self.s3.delete_object(Bucket=self.bucket, Key=key, VersionId=version_id)
+            self._delete(key, VersionId=version_id)
         except ClientError as exc:  # already gone (a settle repeated after a crash)
             if exc.response.get("Error", {}).get("Code") not in ("NoSuchVersion", "NoSuchKey", "404"):
                 raise
 
 
 __all__ = ["BlobCollector", "Proof", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
-           "KEEP_YOUNG", "KEEP_CONFLICT"]
+           "KEEP_YOUNG", "KEEP_CONFLICT", "KEEP_RECORD_UNREADABLE"]

@@ -15,17 +15,19 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.config import TOMBSTONE_CACHE_S
 from lightmetrics.conflicts import ConflictEntry, register
 from lightmetrics.derived import AcceptedByBlobEntry, AcceptedByTimeEntry, QuarantineByBlobEntry, RawBlobsByTimeEntry
-from lightmetrics.errors import KeyLayoutError, ManifestError
+from lightmetrics.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.identity import hex_to_id
-from lightmetrics.keys import KeyKind, UtcHour
+from lightmetrics.keys import KeyCodec, KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.store import ObjectHead
@@ -37,6 +39,8 @@ KIND_ACCEPTED = "index-accepted"
 KIND_RAW_BLOB = "index-raw-blob"
 KIND_QUARANTINE = "index-quarantine"
 KIND_REPAIR = "repair-accepted"
+#: an ``accepted-by-time`` entry the reconciler cannot map to a record (its key is outside the layout)
+KIND_TIME_ENTRY = "accepted-by-time-entry"
 #: emitted once per conflict when its registry item is created (the NewConflicts alarm)
 CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
 
@@ -48,7 +52,7 @@ class TombstoneCache:
     answer is re-checked after ``ttl_s`` (the reaper waits longer than that before deleting).
     """
 
-    def __init__(self, ctx_store, codec, ttl_s: float = 60.0, now=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, ctx_store, codec, ttl_s: float = TOMBSTONE_CACHE_S, now=time.monotonic) -> None:  # type: ignore[no-untyped-def]
         self.store, self.codec, self.ttl_s, self._now = ctx_store, codec, ttl_s, now
         self._known: dict[tuple[str, UtcHour], float | None] = {}
         self._lock = threading.Lock()
@@ -90,9 +94,21 @@ def _parse(ctx: WorkContext, key: str, kind: KeyKind):  # type: ignore[no-untype
     return parsed
 
 
+def parse_record(codec: KeyCodec, manifest_key: str, raw: bytes) -> AcceptedBatchManifest:
+    """The one validation of a stored acceptance record, for every reader (the walk, the
+    reconciler, retention, verify, GC, the audit): it parses (§17 reader rules) and its content
+    matches its key — identity of the key, blob key of its hash. ``ManifestError`` otherwise
+    (``UnsupportedVersionError`` for a newer writer's record)."""
+    manifest = AcceptedBatchManifest.from_bytes(raw)
+    parsed = codec.parse(manifest_key)
+    if manifest.identity != parsed.identity or manifest.raw_blob_key != codec.raw_blob(manifest.frame_sha256):
+        raise ManifestError(f"{manifest_key}: content does not match its key")
+    return manifest
+
+
 def load_manifest(ctx: WorkContext, manifest_key: str) -> AcceptedBatchManifest:
     """GET and validate an acceptance record; its absence is an invariant violation."""
-    parsed = _parse(ctx, manifest_key, KeyKind.ACCEPTED)
+    _parse(ctx, manifest_key, KeyKind.ACCEPTED)
     raw = ctx.store.get(manifest_key)
     if raw is None:
         raise PermanentWorkError(
@@ -100,13 +116,12 @@ def load_manifest(ctx: WorkContext, manifest_key: str) -> AcceptedBatchManifest:
             kind="invariant", alarm="InvariantViolation",
         )
     try:
-        manifest = AcceptedBatchManifest.from_bytes(raw)
+        return parse_record(ctx.codec, manifest_key, raw)
+    except UnsupportedVersionError as exc:  # a newer writer's record: upgrade this reader (protocol §17)
+        raise PermanentWorkError(f"{manifest_key}: {exc}", kind="unsupported-version") from None
     except ManifestError as exc:
-        raise PermanentWorkError(f"{manifest_key}: {exc}", kind="invalid-manifest", alarm="InvariantViolation") from None
-    if manifest.identity != parsed.identity or manifest.raw_blob_key != ctx.codec.raw_blob(manifest.frame_sha256):
-        raise PermanentWorkError(f"{manifest_key}: content does not match its key", kind="invalid-manifest",
-                                 alarm="InvariantViolation")
-    return manifest
+        reason = str(exc) if str(exc).startswith(manifest_key) else f"{manifest_key}: {exc}"
+        raise PermanentWorkError(reason, kind="invalid-manifest", alarm="InvariantViolation") from None
 
 
 def write_accepted_entries(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest) -> Outcome:
@@ -174,6 +189,8 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
                                  alarm="InvariantViolation")
     try:
         q = IdentityConflictManifest.from_bytes(raw)
+    except UnsupportedVersionError as exc:
+        raise PermanentWorkError(f"{quarantine_key}: {exc}", kind="unsupported-version") from None
     except ManifestError as exc:
         raise PermanentWorkError(f"{quarantine_key}: {exc}", kind="invalid-manifest") from None
     if q.identity != parsed.identity or q.submitted_frame_sha256 != parsed.sha256:
@@ -192,13 +209,14 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
 def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
     """Everything that hangs off one acceptance record (reconciler and walk).
 
-    Record valid; both accepted-* entries; blob present with the recorded size (a missing blob
-    is an integrity blocker unless its hour is tombstoned — the expected reaped state); and the
-    blob's ``raw-blobs-by-time`` entry. Cost: GET + 2 PUTs + HEAD + PUT.
+    Record valid; both accepted-* entries; blob present with the recorded size and, where S3
+    returns one, the recorded SHA-256 (a missing or different blob is an integrity blocker unless
+    its hour is tombstoned — the expected reaped state); and the blob's ``raw-blobs-by-time``
+    entry. Cost: GET + 2 PUTs + HEAD + PUT.
     """
     m = load_manifest(ctx, manifest_key)
     outcome = write_accepted_entries(ctx, manifest_key, m)
-    head = ctx.store.head(m.raw_blob_key)
+    head = ctx.store.head(m.raw_blob_key, checksum=True)
     hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
     if head is None:
         if tombstones(ctx).is_tombstoned("raw", hour):
@@ -208,8 +226,37 @@ def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
     if head.size != m.frame_bytes:
         raise PermanentWorkError(f"{manifest_key}: blob is {head.size} bytes, record says {m.frame_bytes}",
                                  kind="integrity", alarm="IntegrityViolation")
+    # D3: where S3 holds the blob's SHA-256 (the accept uploads it), it must be the record's hash;
+    # without one, the size is all a HEAD can tell.
+    expected = base64.b64encode(bytes.fromhex(m.frame_sha256)).decode()
+    if head.checksum_sha256_b64 is not None and head.checksum_sha256_b64 != expected:
+        raise PermanentWorkError(
+            f"{manifest_key}: blob {m.raw_blob_key} has checksum SHA-256 {head.checksum_sha256_b64}, "
+            f"record says {expected} (frame_sha256 {m.frame_sha256})", kind="integrity", alarm="IntegrityViolation")
     blob_outcome = write_raw_blob_entry(ctx, head, m.frame_sha256)
     return Outcome.DONE if Outcome.DONE in (outcome, blob_outcome) else Outcome.NOOP_RESOLVED
+
+
+def manifest_key_of_time_entry(ctx: WorkContext, entry_key: str) -> str:
+    """The acceptance record an ``accepted-by-time`` entry names; a key outside the layout is a
+    ``PermanentWorkError`` (kind ``layout``)."""
+    parsed = _parse(ctx, entry_key, KeyKind.ACCEPTED_BY_TIME)
+    if parsed.identity is None:
+        raise PermanentWorkError(f"{entry_key} names no identity", kind="layout")
+    return ctx.codec.accepted(parsed.identity)
+
+
+def repair_time_entry(ctx: WorkContext, entry_key: str) -> Outcome:
+    """One ``accepted-by-time`` entry: the repair of the record it names. An entry whose key is
+    outside the layout (no record to repair, so the hour's derived state cannot be vouched for)
+    is a blocker — until it is gone (an operator removed it): then NOOP_RESOLVED."""
+    try:
+        manifest_key = manifest_key_of_time_entry(ctx, entry_key)
+    except PermanentWorkError:
+        if ctx.store.head(entry_key) is None:
+            return Outcome.NOOP_RESOLVED
+        raise
+    return repair_accepted(ctx, manifest_key)
 
 
 #: kind -> function(ctx, object_key): how ``lmctl blockers retry`` re-runs a unit of work.
@@ -218,6 +265,7 @@ RUNNERS = {
     KIND_RAW_BLOB: index_raw_blob,
     KIND_QUARANTINE: index_quarantine,
     KIND_REPAIR: repair_accepted,
+    KIND_TIME_ENTRY: repair_time_entry,
 }
 
 #: which index kind each authoritative prefix feeds

@@ -6,7 +6,10 @@ The Lambda handler and the local runtime's HTTP endpoint both parse their reques
 
 Status codes: 200 accepted/duplicate, 409 identity_conflict, 503 unavailable (with
 ``Retry-After``), 400 invalid identity or frame, 401 bad or missing token, 403 token for
-another agent or an agent/boot on the denylist (:class:`DenylistCache`), 405 not POST, 413 body over ``LM_MAX_FRAME_BYTES``.
+another agent (status ``unauthorized``: the token is rejected) or an agent/boot on the denylist
+(status ``denied``, :class:`DenylistCache`: only that identity is refused), 405 not POST, 413 body
+over ``LM_MAX_FRAME_BYTES``. The ``status`` word, not the HTTP code, tells an agent whether to stop
+(its token) or to park one identity (docs/protocol.md §6).
 
 Example:
     >>> service.handle(HttpRequest("POST", {"x-lm-agent-id": "a", ...}, body))   # doctest: +SKIP
@@ -124,9 +127,8 @@ class IngestService:
             return _error(AcceptStatus.INVALID, f"invalid identity headers: {exc}")
         try:
             verify_token(self.token_keys.get(), token, identity.agent_id)
-        except AuthError as exc:
-            status = AcceptStatus.DENIED if exc.status == 403 else AcceptStatus.UNAUTHORIZED
-            return _error(status, str(exc), exc.status)
+        except AuthError as exc:  # 401, or 403 for a token minted for another agent: either way the token
+            return _error(AcceptStatus.UNAUTHORIZED, str(exc), exc.status)
         except ConfigError as exc:
             log.error("token keys unusable: %s", exc)
             return AcceptResult(status=AcceptStatus.UNAVAILABLE, reason="token keys unavailable", retry_after_s=5)

@@ -1,8 +1,11 @@
 """Manifest schemas (pydantic v2) and their canonical JSON form.
 
 Manifests are written once by conditional create and read by everyone, so their bytes are
-canonical: sorted keys, no whitespace, UTF-8. Readers validate strictly; a stored object that
-fails validation raises :class:`ManifestError`.
+canonical: sorted keys, no whitespace, UTF-8. Writers are strict (a model refuses an unknown
+field). Readers follow the evolution rules of docs/protocol.md §17: within a schema version they
+ignore fields they do not know (a newer writer may have added them); a schema or marker version
+newer than the reader's raises :class:`UnsupportedVersionError`, never "absent"; anything else
+that fails validation raises :class:`ManifestError`.
 
 Example:
     >>> m = AcceptedBatchManifest(agent_id="a", boot_id="b", seq_start=1, seq_end=2,
@@ -15,11 +18,12 @@ Example:
 from __future__ import annotations
 
 import json
-from typing import Literal, TypeVar
+import re
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lightmetrics.errors import ManifestError
+from lightmetrics.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.identity import BatchIdentity
 
 ACCEPTED_BATCH_SCHEMA = "lightmetrics.accepted_batch.v1"
@@ -36,6 +40,30 @@ def canonical_json(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+#: ``lightmetrics.<object>.v<N>``: every stored object names its schema and that schema's version.
+_SCHEMA = re.compile(r"^(lightmetrics\.[a-z_]+)\.v([1-9][0-9]{0,8})$")
+
+
+def check_schema(stored: object, known: str, what: str) -> None:
+    """Refuse a document of another schema; a newer version of ``known`` is
+    :class:`UnsupportedVersionError` (docs/protocol.md §17 E2), never "absent" or "invalid"."""
+    if stored == known:
+        return
+    have, want = _SCHEMA.match(stored) if isinstance(stored, str) else None, _SCHEMA.match(known)
+    assert want is not None, known
+    if have and have.group(1) == want.group(1) and int(have.group(2)) > int(want.group(2)):
+        raise UnsupportedVersionError(f"{what}: schema {stored} was written by a newer version of lightmetrics; "
+                                      f"this reader knows {known}: upgrade the reader (docs/protocol.md §17)")
+    raise ManifestError(f"{what}: schema: expected {known}, found {stored!r}")
+
+
+def check_version(stored: object, known: int, what: str) -> None:
+    """A marker's ``version`` field (Thanos-style): newer than ``known`` is refused the same way."""
+    if isinstance(stored, int) and not isinstance(stored, bool) and stored > known:
+        raise UnsupportedVersionError(f"{what}: version {stored} was written by a newer version of lightmetrics; "
+                                      f"this reader knows version {known}: upgrade the reader (docs/protocol.md §17)")
+
+
 class CanonicalModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, populate_by_name=True)
 
@@ -44,12 +72,33 @@ class CanonicalModel(BaseModel):
 
     @classmethod
     def from_bytes(cls: type[M], data: bytes) -> M:
+        """Read a stored object: version checks first, unknown fields ignored, the rest strict."""
+        name = cls.__name__
         try:
-            return cls.model_validate_json(data, strict=True)
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{name}: not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{name}: document: not a JSON object")
+        fields = cls.model_fields
+        if "schema_" in fields:
+            check_schema(doc.get("schema"), str(fields["schema_"].default), name)
+        if "version" in fields:
+            check_version(doc.get("version"), int(fields["version"].default), name)
+        known = {f.alias or n for n, f in fields.items()}
+        try:
+            return cls.model_validate({k: v for k, v in doc.items() if k in known}, strict=True)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "document"
-            raise ManifestError(f"{cls.__name__}: {where}: {first['msg']}") from None
+            raise ManifestError(f"{name}: {where}: {first['msg']}") from None
+
+    @classmethod
+    def unknown_fields(cls, data: bytes) -> list[str]:
+        """Fields of a stored object this reader ignores (newer-writer additions); for reports."""
+        doc: Any = json.loads(data)
+        known = {f.alias or n for n, f in cls.model_fields.items()}
+        return sorted(k for k in doc if k not in known) if isinstance(doc, dict) else []
 
 
 class IdentityFields(CanonicalModel):

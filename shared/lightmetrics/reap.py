@@ -18,11 +18,17 @@ every task returns ``{"reap": ..., "next": ...}`` and the state machine routes o
                releases the lease.
 
 Checkpoints (docs/control-table.md): the summary ``checkpoint#reap``/``current`` holds the
-epoch, owner, phase, cursor and counters; each marked page has its own item
-``checkpoint#reap``/``marks#<page>`` (written *before* its delete markers, state ``intent``, then
-``marked``; deleted once settled). Every write is one transaction conditional on the summary's
-owner and epoch, which also renews the lease. A task that crashes is retried by Step Functions
-with the same input and finds its page's intent, so nothing is marked twice or forgotten.
+epoch, owner, phase, cursor and counters; each marked page has its own items
+``checkpoint#reap``/``marks#<epoch>#<page>#<part>`` (written *before* its delete markers, state
+``intent``, then ``marked``; deleted once settled), as many parts as keep each item under
+DynamoDB's item size limit. Every write is one transaction conditional on the summary's owner and
+epoch, which also renews the lease. A task that crashes is retried by Step Functions with the same
+input and finds its page's intent, so nothing is marked twice or forgotten.
+
+Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
+margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
+renewal of the lease, :class:`~lightmetrics.walk.Fence`), so a task that lost the lease deletes
+nothing; and an intent another owner recorded is settled only once that owner cannot be running.
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
 
@@ -38,16 +44,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints
 from lightmetrics.control_table import ConditionFailed, ControlTable
 from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
 from lightmetrics.keys import KeyLayoutError, UtcHour
 from lightmetrics.outcome import PermanentWorkError
-from lightmetrics.retention import HourRetention, WatermarkBehind, expired_hours
-from lightmetrics.walk import Op, _Cancelled, describe_lease, plain, transact
-from lightmetrics.work import WorkContext
+from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
+from lightmetrics.walk import (LEASE_MARGIN_S, Fence, Op, _Cancelled, describe_lease, lease_renewal,
+                               longest_task_timeout_s, plain, task_lease_rule_broken, transact)
+from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
@@ -60,6 +70,11 @@ SOURCES = ("scan", "by-time", "audit")
 INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
                 "tombstone_wait_s", "verify_passes", "lease_seconds")
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
+#: Budget of one ``marks#`` item, under DynamoDB's 400 KB item limit (names + values, rule G-I6):
+#: a page's marks are split over as many items as this needs.
+MARKS_ITEM_MAX_BYTES = 300_000
+#: The report lists at most this many blocked work keys (the blockers list has them all).
+REPORT_BLOCKED_MAX = 100
 
 CP_INTENT = crashpoints.register("reap.intent-recorded", "a page's intent recorded, no marker placed yet")
 CP_PAGE_DONE = crashpoints.register("reap.page-recorded", "a page's marks and cursor recorded")
@@ -140,13 +155,28 @@ class ReapParams:
                 raise InvalidReapInput(f"{name} must be an integer in [{low}, {high}]")
             return v
 
+        lease_seconds = integer("lease_seconds", 900, 60, 86400)
+        broken = task_lease_rule_broken(lease_seconds, TASK_STEPS)
+        if broken:
+            raise InvalidReapInput(broken)
         return cls(mode=raw["mode"], dry_run=raw["dry_run"], hour=hour, scope=scope, source=source, audit_run=audit_run,
                    resume=bool(raw.get("resume", False)),
                    page_size=integer("page_size", 500, 1, 1000), concurrency=integer("concurrency", 8, 1, 64),
                    max_pending_pages=integer("max_pending_pages", 20, 1, 1000),
-                   tombstone_wait_s=integer("tombstone_wait_s", 120, 0, 3600),
+                   tombstone_wait_s=tombstone_wait(integer("tombstone_wait_s", 120, 0, 3600)),
                    verify_passes=integer("verify_passes", 3, 1, 10),
-                   lease_seconds=integer("lease_seconds", 900, 60, 86400))
+                   lease_seconds=lease_seconds)
+
+
+def tombstone_wait(seconds: int) -> int:
+    """Rule D1 (docs/protocol.md §16): the wait must outlast the writers' tombstone cache."""
+    from lightmetrics.config import check_tombstone_wait
+    from lightmetrics.errors import ConfigError
+
+    try:
+        return check_tombstone_wait(seconds)
+    except ConfigError as exc:
+        raise InvalidReapInput(str(exc)) from None
 
 
 _OWNED = "#own = :own AND #ep = :ep"
@@ -167,8 +197,48 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
         "hours_reaped": [h for h, s in (cp.get("hour_status") or {}).items() if s == "reaped"],
         "hours_skipped": {h: s for h, s in (cp.get("hour_status") or {}).items() if s != "reaped"},
         "started_at_ns": cp.get("started_at_ns"), "finished_at_ns": cp.get("finished_at_ns"),
-        "execution": cp.get("execution"), "error": cp.get("error"),
+        "execution": cp.get("execution"), "error": cp.get("error"), "blocked": list(cp.get("blocked") or []),
     }
+
+
+def dynamodb_item_bytes(item: dict[str, Any]) -> int:
+    """An upper bound of an item's size as DynamoDB counts it against its 400 KB limit: attribute
+    names plus values; a number at its 21-byte maximum; a list or map 3 bytes plus 1 per element."""
+
+    def size(v: Any) -> int:
+        if isinstance(v, str):
+            return len(v.encode())
+        if isinstance(v, (bytes, bytearray)):
+            return len(v)
+        if v is None or isinstance(v, bool):
+            return 1
+        if isinstance(v, (int, float, Decimal)):
+            return 21
+        if isinstance(v, (list, tuple, set)):
+            return 3 + sum(1 + size(x) for x in v)
+        if isinstance(v, dict):
+            return 3 + sum(1 + len(str(k).encode()) + size(x) for k, x in v.items())
+        raise TypeError(f"no DynamoDB size for {type(v).__name__}")
+
+    return sum(len(k.encode()) + size(v) for k, v in item.items())
+
+
+def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: int) -> list[list[dict[str, Any]]]:
+    """``marks`` in consecutive parts, each an item (``fields`` plus its part of the marks) of at most
+    ``budget`` bytes (:func:`dynamodb_item_bytes`); at least one part."""
+    base = dynamodb_item_bytes({**fields, "pk": CHECKPOINT_PK, "sk": MARKS_PREFIX + "0" * 24, "marks": []})
+    parts: list[list[dict[str, Any]]] = [[]]
+    used = base
+    for m in marks:
+        one = dynamodb_item_bytes({"m": m})  # 1 + the mark's map: its bytes as a list element
+        if base + one > budget:
+            raise ValueError(f"one mark of {one} bytes does not fit a marks item of {budget} bytes: {m.get('key')}")
+        if used + one > budget and parts[-1]:
+            parts.append([])
+            used = base
+        parts[-1].append(m)
+        used += one
+    return parts
 
 
 class Reaper:
@@ -192,9 +262,6 @@ class Reaper:
             raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
         return plain(cp)
 
-    def marks_items(self) -> list[dict[str, Any]]:
-        return [plain(i) for i in self.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
-
     def _commit(self, reap: dict[str, Any], *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
                 remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
         """One transaction: the summary update (owned), the lease renewal, and ``ops``."""
@@ -214,9 +281,7 @@ class Reaper:
             for i, k in enumerate(remove):
                 names[f"#r{i}"] = k
             expr += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(remove)))
-        ln, lv = _owned(reap)
-        lease = lease or Op("Update", LEASE_PK, LEASE_SK, "SET #x = :x", {**ln, "#x": "expires_at_ns"},
-                   {**lv, ":x": now + int(reap["lease_seconds"]) * _NS}, _OWNED)
+        lease = lease or lease_renewal(LEASE_PK, reap, now)
         try:
             transact(self.table, [Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, _OWNED), lease,
                                   *(ops or [])])
@@ -260,22 +325,27 @@ class Reaper:
             if lease is None:
                 self.table.put(new_lease, condition="attribute_not_exists(pk)")
             else:
-                self.table.put(new_lease, condition="#v = :v", names={"#v": "version"},
-                               values_for_condition={":v": int(lease.get("version", 0))})
+                # Expired at the write, not only at the read: a renewal in between keeps it held.
+                self.table.put(new_lease, condition="#v = :v AND #x <= :now",
+                               names={"#v": "version", "#x": "expires_at_ns"},
+                               values_for_condition={":v": int(lease.get("version", 0)), ":now": now})
         except ConditionFailed:
             raise LeaseHeld(describe_lease(self.lease() or {}, now).replace("walk lease", "reap lease")) from None
         reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
                 "lease_seconds": params.lease_seconds}
         if params.resume:
             assert cp is not None
-            self.table.update(CHECKPOINT_PK, CHECKPOINT_SK, "SET #own = :own, #st = :run, #x = :x REMOVE #err",
-                              names={"#own": "owner", "#st": "status", "#x": "execution", "#err": "error", "#ep": "epoch"},
-                              values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch},
+            self.table.update(CHECKPOINT_PK, CHECKPOINT_SK,
+                              "SET #own = :own, #st = :run, #x = :x, #os = :now REMOVE #err",
+                              names={"#own": "owner", "#st": "status", "#x": "execution", "#err": "error", "#ep": "epoch",
+                                     "#os": "owned_since_ns"},
+                              values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
             reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]))
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
         item = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner, "mode": params.mode,
                 "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
+                "owned_since_ns": now,
                 "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
                 "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
                 "hour": str(params.hour) if params.hour else None,
@@ -305,13 +375,39 @@ class Reaper:
             return "finish"
         return "gc" if phase in ("mark", "blobs", "settle") else "retention"
 
+    # -- fencing (docs/protocol.md §13, L2 and L3) --------------------------------------------------
+    def fence(self, reap: dict[str, Any]) -> Fence:
+        """This task's fence: called right before every S3 delete and commit of the task."""
+        return Fence(self.table, LEASE_PK, reap, self.ctx.clock, LeaseLost)
+
+    def _writer_may_run_until(self, item: dict[str, Any], reap: dict[str, Any], cp: dict[str, Any]) -> int:
+        """Rule L3: until when an invocation that recorded this intent may still be placing its
+        delete markers. Any invocation — a Step Functions retry of the same task may run beside the
+        one it replaces (a timeout whose request is in flight, a service error while the function
+        runs) — started before it wrote the intent and runs at most the longest reap task; an intent
+        of another owner is also bounded by the time this run took the lease. Recovering waits until
+        then, so every marker that will ever land has landed and is found. Recorded marks need no
+        wait here: the grace is at least as long (rule H2, checked at start)."""
+        if item.get("state") != "intent":
+            return 0
+        longest = (longest_task_timeout_s(TASK_STEPS) + LEASE_MARGIN_S) * _NS
+        until = int(item.get("created_at_ns") or 0) + longest
+        if item.get("owner") != reap["owner"]:
+            until = max(until, int(cp.get("owned_since_ns", 0)) + longest)
+        return until
+
+    def _wait(self, reap: dict[str, Any], cp: dict[str, Any], until_ns: int) -> dict[str, Any]:
+        wait = {"wait_until_ns": until_ns}
+        self._commit(reap, set_=wait)
+        return self._route(reap, {**cp, **wait})
+
     # -- the GC task: mark a page, or settle recorded marks ---------------------------------------
     def gc(self, event: dict[str, Any]) -> dict[str, Any]:
         reap = event["reap"]
         cp = self.summary(reap)
         if self._task_of(cp["phase"]) != "gc":
             return self._route(reap, cp)  # a retried task whose step already committed: just route
-        collector = BlobCollector(self.ctx, self.settings, concurrency=int(cp["concurrency"]))
+        collector = BlobCollector(self.ctx, self.settings, concurrency=int(cp["concurrency"]), fence=self.fence(reap))
         try:
             if cp["phase"] == "settle":
                 return self._settle(reap, cp, collector)
@@ -321,25 +417,17 @@ class Reaper:
         finally:
             collector.close()
 
-    def _candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool]:
-        """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more)``."""
+    def _candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool, dict[str, int]]:
+        """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more, counts)``."""
         limit, after = int(cp["page_size"]), cp.get("after") or None
         if cp["phase"] == "blobs":  # retention: the blobs of the hour's accepted manifests
             hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]))
             keys, more = hr.page(after or "", limit)
-            return hr.blob_keys(keys), (keys[-1] if keys else after or ""), more
-        if cp["source"] == "audit":  # the Spark audit's confirmed orphan candidates, one part file a page
-            run = self.codec.audit_run(cp["audit_run"])
-            if self.ctx.store.head(f"{run}summary.json") is None:
-                raise InvalidReapInput(f"audit run {cp['audit_run']} is not committed (no summary.json)")
-            listing = self.ctx.store.list_page(f"{run}orphan-blob-candidates/", max_keys=1,  # type: ignore[attr-defined]
-                                               start_after=after)
-            keys: list[str] = []
-            for part in listing.keys:
-                for line in (self.ctx.store.get(part) or b"").splitlines():
-                    if line.strip():
-                        keys.append(str(json.loads(line)["blob_key"]))
-            return keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated
+            page = hr.records(keys)  # an unreadable record blocks its entry, not the page
+            counts = {"kept#blocked": len(page.blocked)} if page.blocked else {}
+            return page.blob_keys, (keys[-1] if keys else after or ""), more, counts
+        if cp["source"] == "audit":
+            return (*self._audit_candidates(cp), {})
         if cp["source"] == "by-time":  # raw-blobs-by-time hours older than the retry horizon
             root = self.codec.prefix + "raw-blobs-by-time/v1/"
             prefix = self.codec.raw_blobs_by_time_hour(UtcHour.parse(cp["hour"])) if cp.get("hour") else root
@@ -350,29 +438,105 @@ class Reaper:
                 try:
                     parsed = self.codec.parse(key)
                 except KeyLayoutError:
+                    out.append(key)  # not ours: GC opens its blocker and goes on (rule D4)
                     last = key
                     continue
                 if parsed.hour is not None and parsed.hour >= horizon:
-                    return out, last, False  # keys are in hour order: the rest are too young
+                    return out, last, False, {}  # keys are in hour order: the rest are too young
                 out.append(self.codec.raw_blob(parsed.sha256 or ""))
                 last = key
-            return out, last, listing.truncated
+            return out, last, listing.truncated, {}
         listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,  # type: ignore[attr-defined]
                                            start_after=after)
-        return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated
+        return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated, {}
+
+    def _audit_candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool]:
+        """The Spark audit's confirmed orphan candidates, ``page_size`` lines a page whatever the
+        size of its part files. The cursor is ``<part key>#<byte offset>`` inside a part, or the
+        last finished part's key; a page reads its lines with one ranged GET from the offset."""
+        run = self.codec.audit_run(cp["audit_run"])
+        if self.ctx.store.head(f"{run}summary.json") is None:
+            raise InvalidReapInput(f"audit run {cp['audit_run']} is not committed (no summary.json)")
+        parts_prefix = f"{run}orphan-blob-candidates/"
+        after = cp.get("after") or ""
+        part, _, offset = after.rpartition("#")
+        if not (part.startswith(parts_prefix) and offset.isdigit()):
+            listing = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=after or None)  # type: ignore[attr-defined]
+            if not listing.keys:
+                return [], after, False
+            part, offset = listing.keys[0], "0"
+        keys, end, finished = self._audit_lines(part, int(offset), int(cp["page_size"]))
+        if not finished:
+            return keys, f"{part}#{end}", True
+        following = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=part)  # type: ignore[attr-defined]
+        return keys, part, bool(following.keys)
+
+    def _audit_lines(self, part: str, offset: int, limit: int) -> tuple[list[str], int, bool]:
+        """Up to ``limit`` blob keys of the part file from byte ``offset``: ``(keys, offset after
+        them, whether the file ended)``; reads only as far as it needs."""
+        try:
+            body = self.ctx.store.client.get_object(Bucket=self.ctx.store.bucket, Key=part,  # type: ignore[attr-defined]
+                                                    Range=f"bytes={offset}-")["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # the offset is the file's end
+                return [], offset, True
+            raise
+        keys: list[str] = []
+        try:
+            for line in body.iter_lines(keepends=True):
+                if len(keys) >= limit:
+                    return keys, offset, False
+                start, offset = offset, offset + len(line)
+                if line.strip():
+                    try:
+                        keys.append(str(json.loads(line)["blob_key"]))
+                    except (ValueError, KeyError, TypeError):
+                        keys.append(f"{part}#{start}")  # not a blob key: GC blocks it and goes on
+        finally:
+            body.close()
+        return keys, offset, True
+
+    # -- marks items: one page's intents or marks, split under the item size limit ------------------
+    def marks_items(self) -> list[dict[str, Any]]:
+        return [plain(i) for i in self.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+
+    @staticmethod
+    def _page_prefix(reap: dict[str, Any], page: int) -> str:
+        # The epoch keeps a new reap's pages apart from marks a crashed older epoch left to settle.
+        return f"{MARKS_PREFIX}{int(reap['epoch']):06d}#{page:08d}#"
+
+    @staticmethod
+    def _page_of(sk: str) -> str:
+        return sk[:sk.rfind("#") + 1]
+
+    def _page_ops(self, reap: dict[str, Any], page: int, marks: list[dict[str, Any]], fields: dict[str, Any],
+                  replaces: list[str]) -> list[Op]:
+        """Puts of one page's items (``fields`` plus a part of ``marks`` each, rule G-I6), and deletes
+        of the items in ``replaces`` that they do not overwrite."""
+        prefix = self._page_prefix(reap, page)
+        parts = split_marks(marks, fields, budget=MARKS_ITEM_MAX_BYTES)
+        sks = [f"{prefix}{i:03d}" for i in range(len(parts))]
+        return ([Op("Put", CHECKPOINT_PK, sk, item={**fields, "marks": part}) for sk, part in zip(sks, parts)]
+                + [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces if sk not in sks])
 
     def _mark_page(self, reap: dict[str, Any], cp: dict[str, Any], collector: BlobCollector) -> dict[str, Any]:
-        sk = self._marks_sk(reap, int(cp["page"]))
-        existing = self.table.get(CHECKPOINT_PK, sk)
-        if existing is not None and existing.get("epoch") == reap["epoch"] and existing.get("state") == "intent":
-            # A crash after the intent: some markers may be placed; find them, place the others.
-            item = plain(existing)
-            marks = collector.recover(item["marks"])
-            return self._record_page(reap, cp, marks, item["cursor"], bool(item["more"]), item.get("counts") or {})
-        keys, cursor, more = self._candidates(cp)
+        page = int(cp["page"])
+        prefix = self._page_prefix(reap, page)
+        intent = [i for i in self.marks_items() if str(i["sk"]).startswith(prefix) and i.get("state") == "intent"]
+        if intent:
+            # A crash after the intent: some markers may be placed; find them, place the others —
+            # once the run that recorded the intent cannot be placing them any more (rule L3).
+            until = max(self._writer_may_run_until(i, reap, cp) for i in intent)
+            if until > self.now():
+                return self._wait(reap, cp, until)
+            first = intent[0]
+            marks = collector.recover([m for i in intent for m in i["marks"]])
+            return self._record_page(reap, cp, marks, first["cursor"], bool(first["more"]), first.get("counts") or {},
+                                     replaces=[i["sk"] for i in intent])
+        keys, cursor, more, counts = self._candidates(cp)
         now = self.now()
         proofs = collector.prove_all(keys, now_ns=now)
-        counts: dict[str, int] = {"c_examined": len(proofs)}
+        counts["c_examined"] = len(proofs)
         retention = cp["phase"] == "blobs"
         deletable = []
         for p in proofs:
@@ -387,21 +551,28 @@ class Reaper:
         if cp["dry_run"] or not intents:
             return self._record_page(reap, cp, [], cursor, more, counts, write_marks=False)
         # The intent is durable before the first marker: a crash in between is recoverable.
-        self._commit(reap, ops=[Op("Put", CHECKPOINT_PK, sk, item={
-            "epoch": reap["epoch"], "state": "intent", "marks": intents, "cursor": cursor, "more": more,
-            "counts": counts, "created_at_ns": now})])
+        ops = self._page_ops(reap, page, intents, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "intent",
+                                                   "cursor": cursor, "more": more, "counts": counts,
+                                                   "created_at_ns": now}, [])
+        self._commit(reap, ops=ops)
         crashpoints.point(CP_INTENT)
         marks = collector.mark(intents)
-        return self._record_page(reap, cp, marks, cursor, more, counts)
+        return self._record_page(reap, cp, marks, cursor, more, counts, replaces=[op.sk for op in ops])
 
     def _record_page(self, reap: dict[str, Any], cp: dict[str, Any], marks: list[dict[str, Any]], cursor: str,
-                     more: bool, counts: dict[str, int], *, write_marks: bool = True) -> dict[str, Any]:
+                     more: bool, counts: dict[str, int], *, write_marks: bool = True,
+                     replaces: list[str] | None = None) -> dict[str, Any]:
+        """The page's marks (replacing its intent items) and the cursor, in one transaction."""
         page = int(cp["page"])
-        ops = []
+        replaces = replaces or []
         if write_marks and marks:
-            ops.append(Op("Put", CHECKPOINT_PK, self._marks_sk(reap, page), item={
-                "epoch": reap["epoch"], "state": "marked", "marks": marks, "marked_at_ns": self.now()}))
-        pending = len(self.marks_items()) + len(ops)
+            ops = self._page_ops(reap, page, marks, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "marked",
+                                                     "marked_at_ns": self.now()}, replaces)
+        else:  # nothing marked (a dry run, or every captured version was gone): no items left
+            ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
+        items = self.marks_items()
+        pages = {self._page_of(str(i["sk"])) for i in items if str(i["sk"]) not in replaces}
+        pending = len(pages | ({self._page_prefix(reap, page)} if write_marks and marks else set()))
         set_: dict[str, Any] = {"after": cursor, "page": page + 1}
         if not more or pending >= int(cp["max_pending_pages"]):
             set_["listing_done"] = not more
@@ -409,17 +580,12 @@ class Reaper:
                 set_["phase"] = self._after_blobs(cp) if cp["phase"] == "blobs" else "done"
             else:
                 set_["phase"] = "settle"
-                latest = max([int(m["marked_at_ns"]) for i in self.marks_items() for m in i["marks"]]
+                latest = max([int(m["marked_at_ns"]) for i in items if str(i["sk"]) not in replaces for m in i["marks"]]
                              + [int(m["marked_at_ns"]) for m in marks] + [0])
                 set_["wait_until_ns"] = latest + int(self.settings.gc_grace_s) * _NS if latest else 0
         self._commit(reap, set_=set_, add={**counts, "c_marked": len(marks)}, ops=ops)
         crashpoints.point(CP_PAGE_DONE)
         return self._route(reap, {**cp, **set_})
-
-    @staticmethod
-    def _marks_sk(reap: dict[str, Any], page: int) -> str:
-        # The epoch keeps a new reap's pages apart from marks a crashed older epoch left to settle.
-        return f"{MARKS_PREFIX}{int(reap['epoch']):06d}#{page:08d}"
 
     def _after_blobs(self, cp: dict[str, Any]) -> str:
         return "derived" if cp["phase"] in ("blobs", "settle") and cp["mode"] == "retention" else "done"
@@ -429,12 +595,13 @@ class Reaper:
         now = self.now()
         if items:
             item = items[0]
+            until = self._writer_may_run_until(item, reap, cp)
+            if until > now:  # its markers may still be on their way: settle once they cannot be
+                return self._wait(reap, cp, until)
             marks = item["marks"]
             not_due = [int(m["marked_at_ns"]) for m in marks if not collector.due(m, now)]
             if not_due:
-                wait = {"wait_until_ns": max(not_due) + int(self.settings.gc_grace_s) * _NS}
-                self._commit(reap, set_=wait)
-                return self._route(reap, {**cp, **wait})
+                return self._wait(reap, cp, max(not_due) + int(self.settings.gc_grace_s) * _NS)
             results = collector.settle(marks, now_ns=now)
             add = {"c_purged": results.count("purged"), "c_restored": results.count("restored")}
             for r in results:
@@ -466,7 +633,8 @@ class Reaper:
             return {"reap": reap, "next": "finish"}
         hour = cp["hours"][index]
         scope = cp.get("scope") or "raw"
-        hr = HourRetention(self.ctx, UtcHour.parse(hour), scope)
+        fence = self.fence(reap)
+        hr = HourRetention(self.ctx, UtcHour.parse(hour), scope, fence=fence)
         phase, now = cp["phase"], self.now()
         first = "blobs" if scope == "raw" else "chunks"  # what follows the tombstone (and a verify pass)
         set_: dict[str, Any]
@@ -483,6 +651,7 @@ class Reaper:
             else:
                 retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
                 try:
+                    fence()
                     hr.commit(epoch=int(reap["epoch"]), retention_s=int(retention_s), now_ns=now)
                 except WatermarkBehind:
                     set_ = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
@@ -499,19 +668,27 @@ class Reaper:
             hr.delete_derived(keys)
             set_ = {"after": keys[-1] if keys else cp.get("after") or ""}
             if not more:
-                set_["phase"] = "by-time"
-        elif phase == "by-time":
-            _, more = hr.delete_by_time_page(int(cp["page_size"]))
-            set_ = {} if more else {"phase": "verify"}
+                set_ = {"phase": "by-time", "after": ""}
+        elif phase == "by-time":  # entries kept for an open blocker stay: hence the cursor
+            _, last, more = hr.delete_by_time_page(cp.get("after") or "", int(cp["page_size"]))
+            set_ = {"after": last} if more else {"phase": "verify", "after": ""}
         elif phase == "verify":
-            if hr.is_empty() if scope == "raw" else hr.rollup_empty():
+            late, blocked = hr.leftovers() if scope == "raw" else ([] if hr.rollup_empty() else ["?"], [])
+            if not late and not blocked:
+                fence()
                 hr.mark_reaped(epoch=int(reap["epoch"]), passes=int(cp["passes"]), now_ns=now)
                 set_ = self._next_hour(cp, hour, "reaped")
-            elif int(cp["passes"]) < int(cp["verify_passes"]):
+            elif late and int(cp["passes"]) < int(cp["verify_passes"]):
                 # Late writes: another pass over the hour (its blobs, then its derived entries).
                 set_ = {"phase": first, "after": "", "listing_done": False, "passes": int(cp["passes"]) + 1}
-            else:
+            elif late:
                 set_ = self._next_hour(cp, hour, "skipped: entries kept appearing")
+            else:  # tombstoned, not reaped: a later run finishes it once the blockers are resumed or skipped
+                set_ = self._next_hour(cp, hour, f"blocked: {len(blocked)} entries have an open {KIND_RETENTION} "
+                                                 "blocker (lmctl blockers list)")
+                known = list(cp.get("blocked") or [])
+                set_["blocked"] = (known + [work_key(KIND_RETENTION, k) for k in blocked
+                                            if work_key(KIND_RETENTION, k) not in known])[:REPORT_BLOCKED_MAX]
         else:
             raise InvalidReapInput(f"reap-retention cannot run phase {phase!r}")
         self._commit(reap, set_=set_, add=add)
@@ -627,13 +804,12 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
     from lightmetrics.task_handler import task_handler
 
     def build(metrics: Any) -> Reaper:
-        from lightmetrics.clock import clock_from_env
         from lightmetrics.config import Settings
         from lightmetrics.services import work_context
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
-               else work_context(settings, metrics=metrics, component="reap", clock=clock_from_env()))
+               else work_context(settings, metrics=metrics, component="reap"))  # the host's clock
         return Reaper(ctx, settings)
 
     return task_handler("reap", step, STEPS, build=build,

@@ -3,7 +3,14 @@
 Events get lost; the reconciler is what makes derived state converge anyway (brief §6). Each run
 lists the ``accepted-by-time`` hours from its checkpoint (the first hour not yet closed) up to
 the current hour and repairs every entry it has not verified before with
-:func:`lightmetrics.indexing.repair_accepted` — the same code the walk uses.
+:func:`lightmetrics.indexing.repair_accepted` — the same code the walk uses. An entry whose key
+does not parse is a blocker (kind ``accepted-by-time-entry``), never skipped.
+
+Cap and catch-up. One run scans at most ``max_hours`` hours. If it stops short of the current
+hour the checkpoint keeps ``scan_from`` and the next run continues there, so a checkpoint far
+behind (or a lookback rescan longer than the cap, or an hour a blocker holds open) never keeps
+later hours from being repaired; a run that reaches the present starts the next one over at the
+checkpoint. Only hours this run scanned are closed.
 
 Verified once. A repair that ends DONE or NOOP_RESOLVED leaves every derived entry of that batch
 in place, so checking it again on every run until its hour closes (about a dozen runs) buys
@@ -12,15 +19,20 @@ read from the listing, so no clock skew between us and S3) is older were verifie
 run. A run that saw entries sets it to the newest ``LastModified`` it listed minus
 ``LM_RECONCILE_MARGIN_S`` (longer than any PUT in flight: a PUT that began earlier but was not
 yet visible to the listing is still checked next time) — but only if no entry ended RETRY_LATER
-or BLOCKED, so such entries (and a blocker an operator resumes) are checked again. After
-downtime it starts over from 0. The listing is the only per-entry cost of a steady-state run:
-one LIST per 1,000 entries of the open hours, plus the repairs of new entries.
+or BLOCKED, so such entries (and a blocker an operator resumes) are checked again, and only if
+the run scanned every hour from the checkpoint to now; it speaks for hours up to
+``verified_through`` only, so it never vouches for entries no run has listed. After downtime it
+starts over from 0. The listing is the only per-entry cost of a steady-state run: one LIST per
+1,000 entries of the open hours, plus the repairs of new entries.
+
+Failed entries. The checkpoint lists the entries whose unit ended RETRY_LATER or BLOCKED; when
+one succeeds in a later run (another process), its retry budget is cleared (protocol §11 O1a).
 
 Closing an hour. Keys inside an hour are not time-ordered, so the checkpoint moves past hour H
-only when no more entries can appear in it: H ended more than ``LM_SETTLE_S`` ago, no index
-queue holds a message older than H's end (in AWS: CloudWatch ApproximateAgeOfOldestMessage;
-locally: visible + in-flight messages = 0), every DLQ is empty, no indexing blocker is open,
-and this run left nothing in H at RETRY_LATER. The checkpoint is advanced by a conditional
+only when this run scanned H and no more entries can appear in it: H ended more than
+``LM_SETTLE_S`` ago, no index queue holds a message older than H's end (in AWS: CloudWatch
+ApproximateAgeOfOldestMessage; locally: visible + in-flight messages = 0), every DLQ is empty, no
+indexing blocker is open, and this run left nothing in H at RETRY_LATER. The checkpoint is advanced by a conditional
 write on its version, so overlapping runs can neither move it back nor skip an hour.
 
 What it cannot do: find an accepted manifest whose ``accepted-by-time`` entry is missing (that
@@ -34,7 +46,6 @@ Example:
 from __future__ import annotations
 
 import contextvars
-import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -43,17 +54,23 @@ from typing import Any, Protocol
 
 from lightmetrics.config import Settings
 from lightmetrics.control_table import ConditionFailed
-from lightmetrics.indexing import KIND_REPAIR, repair_accepted
-from lightmetrics.keys import KeyKind, UtcHour
-from lightmetrics.outcome import Outcome
+from lightmetrics.indexing import (
+    KIND_REPAIR,
+    KIND_TIME_ENTRY,
+    manifest_key_of_time_entry,
+    repair_accepted,
+    repair_time_entry,
+)
+from lightmetrics.keys import UtcHour
+from lightmetrics.outcome import Outcome, PermanentWorkError
 from lightmetrics.work import WorkContext, run_unit
 
-log = logging.getLogger(__name__)
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lm-reconcile")
 
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reconcile", "current"
 #: blocker kinds that keep hours open: derived state may still be missing behind them
-INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", "repair-accepted", "dlq")
+INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", KIND_REPAIR, KIND_TIME_ENTRY,
+                  "dlq")
 _NS = 1_000_000_000
 
 
@@ -74,10 +91,9 @@ class SqsCountProbe:
         self.sqs, self.queue_urls, self.dlq_urls = sqs, queue_urls, dlq_urls
 
     def _depth(self, url: str) -> int:
-        attrs = self.sqs.get_queue_attributes(
-            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-        )["Attributes"]
-        return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+        from lightmetrics.queues import queue_depth
+
+        return queue_depth(self.sqs, url)
 
     def quiet_since(self, hour_end_ns: int, now_ns: int) -> bool:
         return all(self._depth(u) == 0 for u in self.queue_urls)
@@ -111,12 +127,25 @@ class CloudWatchAgeProbe(SqsCountProbe):
         return True
 
 
+#: entry keys of failed units the checkpoint remembers (an item stays far below DynamoDB's 400 KB)
+FAILED_ENTRIES_MAX = 500
+
+
 @dataclass
 class Checkpoint:
-    hour: UtcHour
+    hour: UtcHour  # the first hour not yet closed
     version: int
     last_run_ns: int
     verified_before_ns: int = 0
+    #: the last hour ``verified_before_ns`` speaks for; entries of later hours are always checked
+    verified_through: UtcHour | None = None
+    #: where the next run continues a scan that stopped at its cap (catch-up or rescan)
+    scan_from: UtcHour | None = None
+    #: ``accepted-by-time`` keys whose unit ended RETRY_LATER or BLOCKED and has not run since:
+    #: when one succeeds its retry budget is cleared
+    failed_entries: tuple[str, ...] = ()
+    #: more failed units than ``FAILED_ENTRIES_MAX``: every unit counts as failed before
+    failed_overflow: bool = False
 
 
 @dataclass
@@ -129,6 +158,7 @@ class ReconcileReport:
     outcomes: Counter[str] = field(default_factory=Counter)
     closed: list[str] = field(default_factory=list)
     not_closed_because: str = ""
+    continues_from: str = ""  # the hour the next run's scan starts at, when this run stopped at its cap
     lag_s: float = 0.0
     moved_by_other_run: bool = False
 
@@ -142,9 +172,19 @@ class ReconcileReport:
             "outcomes": dict(self.outcomes),
             "closed": self.closed,
             "not_closed_because": self.not_closed_because,
+            "continues_from": self.continues_from,
             "lag_s": round(self.lag_s, 1),
             "moved_by_other_run": self.moved_by_other_run,
         }
+
+
+@dataclass
+class _HourScan:
+    """What one scanned hour left behind."""
+
+    retry_later: bool = False
+    newest_ns: int = 0
+    failed_entries: set[str] = field(default_factory=set)
 
 
 class Reconciler:
@@ -157,13 +197,24 @@ class Reconciler:
         item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         if item is None:
             return None
-        return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
-                          int(item.get("verified_before_ns", 0)))
 
-    def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0) -> bool:
+        def hour_or_none(name: str) -> UtcHour | None:
+            return UtcHour(int(item[name])) if item.get(name) is not None else None
+
+        return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
+                          int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
+                          hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
+                          bool(item.get("failed_overflow", False)))
+
+    def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
+              verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
+              failed_entries: tuple[str, ...] = (), failed_overflow: bool = False) -> bool:
         values = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "hour_start_s": new_hour.start_unix_s,
                   "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
-                  "verified_before_ns": verified_before_ns}
+                  "verified_before_ns": verified_before_ns,
+                  "verified_through_s": verified_through.start_unix_s if verified_through else None,
+                  "scan_from_s": scan_from.start_unix_s if scan_from else None,
+                  "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None}
         try:
             if expected is None:
                 self.table.put(values, condition="attribute_not_exists(pk)")
@@ -181,36 +232,56 @@ class Reconciler:
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, *, max_hours: int = 72) -> ReconcileReport:
+        """Scan at most ``max_hours`` hours, then close what this run scanned (protocol §12 R1, R5)."""
+        if max_hours < 1:
+            raise ValueError(f"max_hours must be at least 1, got {max_hours}")
         now = self.ctx.clock.now_ns()
         current = UtcHour.of_unix_ns(now)
         cp = self.checkpoint()
         lookback_start = UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS)
-        since = 0
+        since, verified_through = 0, None
         if cp is None:
             start = lookback_start
         else:
-            start = cp.hour
+            start = cp.scan_from or cp.hour  # a scan that stopped at its cap continues (R5)
             downtime = now - cp.last_run_ns > max(2 * self.settings.settle_s, 3600) * _NS
-            if downtime and lookback_start < start:
-                start = lookback_start  # events may have been lost while nobody watched
-            if not downtime:
-                since = cp.verified_before_ns
+            if downtime:
+                start = min(lookback_start, cp.hour)  # events may have been lost while nobody watched
+            else:
+                since, verified_through = cp.verified_before_ns, cp.verified_through
         first_open = cp.hour if cp else start
+        end = min(current, start + (max_hours - 1))
+        failed_before = frozenset(cp.failed_entries) if cp else frozenset()
+        all_failed_before = bool(cp and cp.failed_overflow)
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="")
-        hour, retry_hours = start, set()
-        scanned, newest = 0, 0
-        while hour <= current and scanned < max_hours:
-            retry, hour_newest = self._scan_hour(hour, report, since)
-            retry_hours |= retry
-            newest = max(newest, hour_newest)
-            hour, scanned = hour.next(), scanned + 1
-        verified_before = since
-        if newest and not report.outcomes[Outcome.RETRY_LATER.value] and not report.outcomes[Outcome.BLOCKED.value]:
-            verified_before = max(since, newest - self.settings.reconcile_margin_s * _NS)
+        retry_hours: set[UtcHour] = set()
+        failed_now: set[str] = set()
+        newest = 0
+        hour = start
+        while hour <= end:
+            skip_before = since if verified_through is not None and hour <= verified_through else 0
+            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before)
+            if scan.retry_later:
+                retry_hours.add(hour)
+            failed_now |= scan.failed_entries
+            newest = max(newest, scan.newest_ns)
+            hour = hour.next()
+        # R4 only from a run that scanned every open hour up to now without a failure: a run that
+        # stopped at its cap, or began past the checkpoint, would otherwise vouch for entries of
+        # hours it never listed.
+        covered_all = end == current and start <= first_open
+        if covered_all and not failed_now:
+            verified_through = current
+            if newest:
+                since = max(since, newest - self.settings.reconcile_margin_s * _NS)
 
-        # Close hours in order while every condition holds.
+        # Close hours in order while every condition holds, and only hours this run scanned.
         new_open = first_open
         while new_open < current:
+            if not start <= new_open <= end:
+                report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {end}, "
+                                             f"at most {max_hours} hours per run)")
+                break
             reason = self._why_open(new_open, now, retry_hours)
             if reason:
                 report.not_closed_because = f"{new_open}: {reason}"
@@ -219,7 +290,11 @@ class Reconciler:
             new_open = new_open.next()
         if not report.not_closed_because:
             report.not_closed_because = f"{current}: the current hour is never closed"
-        if not self._save(new_open, cp, now, verified_before):
+        scan_from = None if end == current or end.next() == new_open else end.next()
+        report.continues_from = str(scan_from) if scan_from else ""
+        failed, overflow = self._failed_after(cp, failed_now, start, end, new_open, covered_all)
+        if not self._save(new_open, cp, now, since, verified_through=verified_through, scan_from=scan_from,
+                          failed_entries=failed, failed_overflow=overflow):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
             new_open = other.hour if other else new_open
@@ -227,6 +302,19 @@ class Reconciler:
         report.lag_s = max(0.0, (now - new_open.start_ns) / _NS)
         self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=report.lag_s)
         return report
+
+    def _failed_after(self, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
+                      new_open: UtcHour, covered_all: bool) -> tuple[tuple[str, ...], bool]:
+        """The failed entries the next run must know of: this run's, plus earlier ones of hours this
+        run did not scan that are still open (keys sort by hour, so prefixes bound them)."""
+        codec = self.ctx.codec
+        scanned_from, scanned_to = codec.accepted_by_time_hour(start), codec.accepted_by_time_hour(end.next())
+        still_open = codec.accepted_by_time_hour(new_open)
+        carried = {k for k in (cp.failed_entries if cp else ())
+                   if not scanned_from <= k < scanned_to and k >= still_open}
+        failed = sorted(failed_now | carried)
+        overflow = len(failed) > FAILED_ENTRIES_MAX or bool(cp and cp.failed_overflow and not covered_all)
+        return tuple(failed[:FAILED_ENTRIES_MAX]), overflow
 
     def _why_open(self, hour: UtcHour, now: int, retry_hours: set[UtcHour]) -> str:
         if now < hour.end_ns + self.settings.settle_s * _NS:
@@ -241,45 +329,39 @@ class Reconciler:
             return "an indexing blocker is open"
         return ""
 
-    def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int) -> tuple[set[UtcHour], int]:
-        """Repair the hour's entries not verified before ``since_ns``; (hours left at RETRY_LATER,
-        the newest LastModified listed)."""
+    def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int, failed_before: frozenset[str],
+                   all_failed_before: bool) -> _HourScan:
+        """Repair the hour's entries not verified before ``since_ns``. An entry whose key is outside
+        the layout is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
         report.hours_scanned.append(str(hour))
-        retry: set[UtcHour] = set()
         entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
-        manifest_keys = []
+        units = []
         for key, modified_ns in entries:
             if modified_ns < since_ns:
                 report.verified_earlier += 1
-                continue
-            manifest_key = self._manifest_key(key)
-            if manifest_key is None:
-                report.outcomes["skipped-bad-entry"] += 1
             else:
-                manifest_keys.append(manifest_key)
+                units.append(key)
         report.entries += len(entries)
-        newest = max((m for _, m in entries), default=0)
+        scan = _HourScan(newest_ns=max((m for _, m in entries), default=0))
 
-        def repair(k: str) -> Outcome:
-            return run_unit(self.ctx, kind=KIND_REPAIR, object_key=k, source="reconcile",
-                            fn=lambda: repair_accepted(self.ctx, k)).outcome
+        def run(entry_key: str) -> Outcome:
+            try:
+                kind, object_key = KIND_REPAIR, manifest_key_of_time_entry(self.ctx, entry_key)
+                repair = repair_accepted
+            except PermanentWorkError:
+                kind, object_key, repair = KIND_TIME_ENTRY, entry_key, repair_time_entry
+            return run_unit(self.ctx, kind=kind, object_key=object_key, source="reconcile",
+                            fn=lambda: repair(self.ctx, object_key),
+                            previously_failed=all_failed_before or entry_key in failed_before).outcome
 
-        futures = [_POOL.submit(contextvars.copy_context().run, repair, k) for k in manifest_keys]
-        for outcome in (f.result() for f in futures):
+        futures = [_POOL.submit(contextvars.copy_context().run, run, k) for k in units]
+        for key, outcome in zip(units, (f.result() for f in futures)):
             report.outcomes[outcome.value] += 1
             if outcome is Outcome.RETRY_LATER:
-                retry.add(hour)
-        return retry, newest
-
-    def _manifest_key(self, entry_key: str) -> str | None:
-        try:
-            parsed = self.ctx.codec.parse(entry_key)
-        except Exception:
-            log.warning("ignoring %s: not an accepted-by-time key", entry_key)
-            return None
-        if parsed.kind is not KeyKind.ACCEPTED_BY_TIME or parsed.identity is None:
-            return None
-        return self.ctx.codec.accepted(parsed.identity)
+                scan.retry_later = True
+            if outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
+                scan.failed_entries.add(key)
+        return scan
 
 
 __all__ = ["Reconciler", "ReconcileReport", "SqsCountProbe", "CloudWatchAgeProbe", "QueueProbe"]

@@ -605,11 +605,13 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "reap-retention",
         "functions.reap_retention.app",
         trigger="task",
-        s3_read=("accepted-by-time/v1/", "retention/v1/"),
+        # The hour's acceptance records are the authority for which accepted-by-blob entry to delete
+        # (read only; listing them keeps a vanished record a 404, not a 403: protocol §16 R-I5).
+        s3_read=("accepted/v1/", "accepted-by-time/v1/", "retention/v1/"),
         # Tombstones and reaped markers: conditional creates, never deleted.
         s3_write=("retention/v1/",),
-        s3_list=("accepted-by-time/v1/", "accepted-by-blob/v1/", "retention/v1/", "rollup/v1/", "index/v1/",
-                 "manifests/v1/"),
+        s3_list=("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "retention/v1/", "rollup/v1/",
+                 "index/v1/", "manifests/v1/"),
         # Derived prefixes only: the retention role can delete no blob and no acceptance record.
         # Rollup retention (scope rollup): chunks, chunk indexes, then generation manifests.
         s3_delete=("accepted-by-time/v1/", "accepted-by-blob/v1/", "rollup/v1/", "index/v1/", "manifests/v1/"),

@@ -9,13 +9,21 @@ runs these steps in this order; each is idempotent, so a crash anywhere resumes 
    ``retention#raw``/``<H>``. From here on no writer creates a derived entry in H
    (:class:`~lightmetrics.indexing.TombstoneCache`) and GC's proof "hour tombstoned" holds.
 2. The blobs of H's accepted manifests, through the one deleter (:mod:`lightmetrics.gc`):
-   :meth:`blob_keys` lists a page of ``accepted-by-time`` H and reads each record.
+   :meth:`records` reads the record behind each entry of a page of ``accepted-by-time`` H.
 3. :meth:`delete_derived` — the ``accepted-by-blob`` entries of those records (the blobs'
    ``raw-blobs-by-time`` entries went with the purge).
 4. :meth:`delete_by_time_page` — H's ``accepted-by-time`` entries, last: they are the enumeration.
-5. :meth:`is_empty` — H's ``accepted-by-time`` lists empty; a late write (a writer whose
+5. :meth:`leftovers` — H's ``accepted-by-time`` lists empty; a late write (a writer whose
    cached tombstone answer was stale) sends the reap back to step 2, a bounded number of passes.
 6. :meth:`mark_reaped` — the write-once ``reaped.json`` beside the tombstone, plus the record.
+
+An entry whose record is unreadable or vanished stops only itself: it becomes a blocker of kind
+``reap-retention`` (:func:`lightmetrics.work.run_unit`), keeps its entry, and H stays tombstoned
+but not reaped until an operator resumes (the next reap reads the record again) or skips it (its
+derived entries go). :func:`expired_hours` finds such an unfinished H again from its control-table
+record, however empty its prefixes list.
+
+Every delete is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2).
 
 Rollup retention (scope ``rollup``, ``LM_ROLLUP_RETENTION_S``) uses the same discipline on the
 rollup prefixes: tombstone ``retention/v1/rollup/<H>/`` (the rollup job never writes under it),
@@ -33,6 +41,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import Field
@@ -41,15 +51,19 @@ from lightmetrics import crashpoints
 from lightmetrics.cas import create_object
 from lightmetrics.control_table import ControlTable
 from lightmetrics.derived import AcceptedByTimeEntry
-from lightmetrics.errors import KeyLayoutError, ManifestError
+from lightmetrics.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
-from lightmetrics.manifests import CanonicalModel
-from lightmetrics.outcome import TransientWorkError
-from lightmetrics.work import WorkContext
+from lightmetrics.manifests import AcceptedBatchManifest, CanonicalModel
+from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.work import WorkContext, run_unit, work_key
 
 TOMBSTONE_SCHEMA = "lightmetrics.retention_tombstone.v1"
 REAPED_SCHEMA = "lightmetrics.retention_reaped.v1"
 RECORD_PK = "retention#raw"  # the rollup scope: retention#rollup
+#: The blocker kind of an ``accepted-by-time`` entry whose record retention cannot read.
+KIND_RETENTION = "reap-retention"
+#: At most this many leftover entries are listed when verifying an hour (blocked ones stay listed).
+LEFTOVERS_LIMIT = 10_000
 
 CP_TOMBSTONED = crashpoints.register("retention.tombstoned", "tombstone object written, control record not yet")
 CP_COMMITTED = crashpoints.register("retention.committed", "tombstone and control record written")
@@ -57,6 +71,8 @@ CP_DERIVED_ONE = crashpoints.register("retention.derived-one", "one accepted-by-
 CP_BY_TIME_ONE = crashpoints.register("retention.by-time-one", "one accepted-by-time entry deleted")
 CP_REAPED_MARKER = crashpoints.register("retention.reaped-marker", "reaped marker written, control record not yet")
 CP_ROLLUP_ONE = crashpoints.register("retention.rollup-object-one", "one rollup chunk, index or manifest deleted")
+CP_ENTRY_BLOCKED = crashpoints.register("retention.entry-blocked",
+                                        "an entry's reap-retention blocker written, its page not yet recorded")
 
 
 class RetentionTombstone(CanonicalModel):
@@ -87,39 +103,85 @@ class WatermarkBehind(Exception):
     """W does not cover the hour: ``accepted-by-time`` may still miss entries of it."""
 
 
+def unfinished_hours(table: ControlTable, scope: str = "raw") -> list[UtcHour]:
+    """Hours whose retention was committed (tombstoned) but not finished, from their control-table
+    records: a retention that failed part-way, or an hour left with an open blocker."""
+    out = []
+    for item in table.query(f"retention#{scope}"):
+        if item.get("status") != "reaped":
+            try:
+                out.append(UtcHour.parse(str(item["sk"])))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
 def expired_hours(ctx: WorkContext, *, retention_s: int, now_ns: int, limit: int = 24,
                   scope: str = "raw") -> list[UtcHour]:
-    """Hours of ``accepted-by-time`` (scope ``rollup``: of ``manifests/v1/``) that ended more than
-    ``retention_s`` ago and are not reaped yet."""
+    """The hours a retention run without ``hour`` takes on, oldest first, at most ``limit``: every
+    unfinished one (:func:`unfinished_hours` — never from a listing: real S3 does not list a prefix
+    whose keys are all deleted), then hours of ``accepted-by-time`` (scope ``rollup``: of
+    ``manifests/v1/``) that ended more than ``retention_s`` ago and are not reaped yet."""
+    unfinished = unfinished_hours(ctx.extras["table"], scope)
+    new: list[UtcHour] = []
     root = ctx.codec.prefix + ("accepted-by-time/v1/" if scope == "raw" else "manifests/v1/")
     cutoff = now_ns - retention_s * 1_000_000_000
-    out: list[UtcHour] = []
-    for date_prefix in ctx.store.list_page(root, delimiter="/").prefixes:  # type: ignore[attr-defined]
-        for hour_prefix in ctx.store.list_page(date_prefix, delimiter="/").prefixes:  # type: ignore[attr-defined]
-            rel = hour_prefix[len(root):].rstrip("/")
-            try:
-                date, hour = rel.split("/")
-                h = UtcHour.from_parts(date.removeprefix("date="), hour.removeprefix("hour="))
-            except (ValueError, KeyLayoutError):
-                continue
-            if h.end_ns > cutoff:
-                return out
-            if ctx.store.head(ctx.codec.retention_reaped(scope, h)) is None:
-                out.append(h)
-                if len(out) >= limit:
-                    return out
-    return out
+
+    def listed() -> None:
+        for date_prefix in ctx.store.list_page(root, delimiter="/").prefixes:  # type: ignore[attr-defined]
+            for hour_prefix in ctx.store.list_page(date_prefix, delimiter="/").prefixes:  # type: ignore[attr-defined]
+                rel = hour_prefix[len(root):].rstrip("/")
+                try:
+                    date, hour = rel.split("/")
+                    h = UtcHour.from_parts(date.removeprefix("date="), hour.removeprefix("hour="))
+                except (ValueError, KeyLayoutError):
+                    continue
+                if h.end_ns > cutoff:
+                    return
+                if h not in unfinished and ctx.store.head(ctx.codec.retention_reaped(scope, h)) is None:
+                    new.append(h)
+                    if len(new) >= limit:
+                        return
+
+    listed()
+    # Unfinished hours first, but never all of the slots while new hours wait: hours held by open
+    # blockers must not stop retention of every hour after them.
+    take = unfinished[:max(limit - len(new), limit - limit // 2)]
+    return sorted(take + new[:limit - len(take)])
+
+
+@dataclass
+class PageRecords:
+    """What the records behind a page of H's ``accepted-by-time`` entries say."""
+
+    #: entry key -> its readable acceptance record, accepted in H
+    records: dict[str, AcceptedBatchManifest] = field(default_factory=dict)
+    #: entry keys whose ``reap-retention`` blocker is open: kept, entry and everything it names
+    blocked: list[str] = field(default_factory=list)
+    #: entry keys whose blocker an operator skipped: their derived entries go, nothing else
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def blob_keys(self) -> list[str]:
+        return [m.raw_blob_key for m in self.records.values()]
 
 
 class HourRetention:
     """The steps of one hour's retention (module docstring); the reap orders and checkpoints them."""
 
-    def __init__(self, ctx: WorkContext, hour: UtcHour, scope: str = "raw") -> None:
+    def __init__(self, ctx: WorkContext, hour: UtcHour, scope: str = "raw", *,
+                 fence: Callable[[], None] | None = None) -> None:
         self.ctx, self.hour, self.scope = ctx, hour, scope
         self.record_pk = f"retention#{scope}"
         self.codec = ctx.codec
         self.table: ControlTable = ctx.extras["table"]
         self.s3 = ctx.store.client  # type: ignore[attr-defined]
+        self.fence = fence or (lambda: None)
+
+    def _delete(self, key: str) -> None:
+        """The one place retention sends a ``DeleteObject``: only right after the fence."""
+        self.fence()
+        self.s3.delete_object(Bucket=self.ctx.store.bucket, Key=key)
 
     @property
     def by_time_prefix(self) -> str:
@@ -160,49 +222,98 @@ class HourRetention:
             return None
         try:
             return AcceptedByTimeEntry.from_bytes(raw)
+        except UnsupportedVersionError:
+            raise  # a newer writer's entry is never read as absent (protocol §17 E3): upgrade the reap
         except ManifestError:
-            return None
+            return None  # unreadable: only skipped entries are read here, whose derived entry then stays
 
-    def blob_keys(self, by_time_keys: list[str]) -> list[str]:
-        """The raw blobs the records behind these entries name (the record is the authority)."""
+    def blocker_statuses(self) -> dict[str, str]:
+        """Entry key -> the status of its ``reap-retention`` blocker, for H (one Query)."""
+        prefix = self.by_time_prefix
+        return {b.object_key: b.status for b in self.ctx.blockers.list(status=None)
+                if b.kind == KIND_RETENTION and b.object_key.startswith(prefix)}
+
+    def records(self, by_time_keys: list[str]) -> PageRecords:
+        """The record behind each entry (the record is the authority), each read as one unit of
+        work (:func:`~lightmetrics.work.run_unit`): unreadable or vanished → a blocker, and the
+        entry is kept; a transient failure fails the page (the task is retried, the retry budget
+        counts it). Open blockers are not read again; skipped ones are reported as such."""
         from lightmetrics.indexing import load_manifest
 
-        out = []
+        statuses = self.blocker_statuses()
+        out = PageRecords()
         for key in by_time_keys:
-            parsed = self.codec.parse(key)
-            if parsed.kind is not KeyKind.ACCEPTED_BY_TIME or parsed.identity is None:
+            status = statuses.get(key)
+            if status == "open":
+                out.blocked.append(key)
                 continue
-            manifest = load_manifest(self.ctx, self.codec.accepted(parsed.identity))
-            if UtcHour.of_unix_ns(manifest.accepted_at_unix_ns) == self.hour:
-                out.append(manifest.raw_blob_key)
+            if status == "skipped":
+                out.skipped.append(key)
+                continue
+            found: dict[str, AcceptedBatchManifest] = {}
+
+            def load(key: str = key) -> Outcome:
+                try:
+                    parsed = self.codec.parse(key)
+                except KeyLayoutError as exc:
+                    raise PermanentWorkError(str(exc), kind="layout") from None
+                if parsed.kind is not KeyKind.ACCEPTED_BY_TIME or parsed.identity is None:
+                    raise PermanentWorkError(f"{key} is not an accepted-by-time entry", kind="layout")
+                found["record"] = load_manifest(self.ctx, self.codec.accepted(parsed.identity))
+                return Outcome.DONE
+
+            result = run_unit(self.ctx, kind=KIND_RETENTION, object_key=key, source="reap", fn=load,
+                              previously_failed=status == "resumed")
+            if result.outcome is Outcome.BLOCKED:
+                crashpoints.point(CP_ENTRY_BLOCKED)
+                out.blocked.append(key)
+            elif result.outcome is Outcome.RETRY_LATER:
+                raise TransientWorkError(f"{result.work_key}: {result.detail}")
+            else:
+                if status == "resumed":
+                    self.ctx.blockers.transition(work_key(KIND_RETENTION, key), "resolved", who="reap",
+                                                 action="retry", reason="the record reads again")
+                record = found["record"]
+                if UtcHour.of_unix_ns(record.accepted_at_unix_ns) == self.hour:  # else not H's to reap
+                    out.records[key] = record
         return out
 
-    def delete_derived(self, by_time_keys: list[str]) -> int:
-        """Step 3: the ``accepted-by-blob`` entry of each record of these entries."""
-        n = 0
-        for key in by_time_keys:
-            parsed = self.codec.parse(key)
+    def delete_derived(self, by_time_keys: list[str]) -> PageRecords:
+        """Step 3: the ``accepted-by-blob`` entry of each record of these entries (of a skipped
+        entry: the one its entry names, if it reads)."""
+        page = self.records(by_time_keys)
+        targets = [self.codec.accepted_by_blob(m.frame_sha256, m.identity) for m in page.records.values()]
+        for key in page.skipped:
             entry = self.entry(key)
-            if parsed.identity is None or entry is None:
-                continue
-            self.s3.delete_object(Bucket=self.ctx.store.bucket,
-                                  Key=self.codec.accepted_by_blob(entry.frame_sha256, parsed.identity))
+            identity = self.codec.parse(key).identity
+            if entry is not None and identity is not None:
+                targets.append(self.codec.accepted_by_blob(entry.frame_sha256, identity))
+        for target in targets:
+            self._delete(target)
             crashpoints.point(CP_DERIVED_ONE)
-            n += 1
-        return n
+        return page
 
-    def delete_by_time_page(self, limit: int) -> tuple[int, bool]:
-        """Step 4: delete one page of H's ``accepted-by-time`` entries; ``(deleted, more)``."""
-        keys, more = self.page("", limit)
+    def delete_by_time_page(self, after: str, limit: int) -> tuple[int, str, bool]:
+        """Step 4: delete one page of H's ``accepted-by-time`` entries after ``after``, except
+        those with an open blocker; ``(deleted, last key listed, more)``."""
+        keys, more = self.page(after, limit)
+        statuses = self.blocker_statuses()
+        deleted = 0
         for key in keys:
-            self.s3.delete_object(Bucket=self.ctx.store.bucket, Key=key)
+            if statuses.get(key) == "open":
+                continue
+            self._delete(key)
             crashpoints.point(CP_BY_TIME_ONE)
-        return len(keys), more
+            deleted += 1
+        return deleted, (keys[-1] if keys else after), more
 
-    def is_empty(self) -> bool:
-        """Step 5: H's ``accepted-by-time`` lists empty."""
-        keys, _ = self.page("", 1)
-        return not keys
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """Step 5: H's ``accepted-by-time`` entries still listed: ``(late, blocked)`` — late
+        writes, and entries kept for an open blocker. H is done when both are empty."""
+        keys = self.ctx.store.list_keys(self.by_time_prefix, limit=LEFTOVERS_LIMIT)
+        statuses = self.blocker_statuses()
+        blocked = [k for k in keys if statuses.get(k) == "open"]
+        return [k for k in keys if statuses.get(k) != "open"], blocked
 
     def mark_reaped(self, *, epoch: int, passes: int, now_ns: int) -> None:
         """Step 6: the write-once ``reaped`` marker, then the record."""
@@ -233,7 +344,7 @@ class HourRetention:
             keys = self.ctx.store.list_page(prefix, max_keys=limit).keys  # type: ignore[attr-defined]
             if keys:
                 for key in keys:
-                    self.s3.delete_object(Bucket=self.ctx.store.bucket, Key=key)
+                    self._delete(key)
                     crashpoints.point(CP_ROLLUP_ONE)
                 return len(keys), True
         return 0, False
@@ -243,5 +354,5 @@ class HourRetention:
         return all(not self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes)  # type: ignore[attr-defined]
 
 
-__all__ = ["HourRetention", "ReapedMarker", "RetentionTombstone", "WatermarkBehind", "expired_hours",
-           "REAPED_SCHEMA", "TOMBSTONE_SCHEMA"]
+__all__ = ["HourRetention", "KIND_RETENTION", "PageRecords", "ReapedMarker", "RetentionTombstone", "WatermarkBehind",
+           "expired_hours", "unfinished_hours", "REAPED_SCHEMA", "TOMBSTONE_SCHEMA"]

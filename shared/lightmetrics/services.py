@@ -2,6 +2,9 @@
 
 The Lambda handlers, ``lmctl`` and the local runtime all call these factories, so the same
 client configuration (one attempt per request, timeouts, request counting) is used everywhere.
+What differs between a deployed function and a local one comes from the process's host
+(:mod:`lightmetrics.hosting`): its clock, and hooks on every S3 client (the local runtime's fault
+and latency injection). Nothing here reads a test switch.
 
 Example:
     >>> settings = Settings.from_env()                                 # doctest: +SKIP
@@ -19,16 +22,15 @@ from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
 from lightmetrics.blockers import BlockerStore
 from lightmetrics.control_table import ControlTable
 from lightmetrics.denylist import DenylistCache
-from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.clock import Clock
 from lightmetrics.config import Settings
+from lightmetrics.hosting import current as current_host
 from lightmetrics.ingest_http import IngestService
 from lightmetrics.keys import KeyCodec
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.retry import RetryPolicy
 from lightmetrics.retry_budget import RetryBudget
 from lightmetrics.store import S3ObjectStore, s3_client_config
-from lightmetrics.testing.faults import install_from_env
-from lightmetrics.testing.latency import install_from_env as install_latency_from_env
 from lightmetrics.work import WorkContext
 
 if TYPE_CHECKING:
@@ -42,8 +44,8 @@ def s3_client(
     client = session.client("s3", config=s3_client_config(settings.s3_timeout_s, component=component))
     if counter is not None:
         counter.attach(client)
-    install_from_env(client)  # chaos runs only: a no-op unless LM_FAULTS is set
-    install_latency_from_env(client)  # benchmarks only: a no-op unless LM_INJECT_LATENCY_MS/_MAX_INFLIGHT is set
+    for hook in current_host().s3_client_hooks:  # none on AWS; the local runtime's injectors
+        hook(client)
     return client
 
 
@@ -63,17 +65,18 @@ def accept_context(
     session: Any = None,
     client: Any = None,
     counter: RequestCounter | None = None,
-    clock: Clock = DEFAULT_CLOCK,
+    clock: Clock | None = None,
     metrics: MetricsSink | None = None,
     policy: RetryPolicy | None = None,
 ) -> AcceptContext:
+    """Collaborators of the accept algorithm; ``clock`` defaults to the host's."""
     store, policy = _store(settings, session, client, counter, policy, "ingest")
     return AcceptContext(
         store=store,
         codec=KeyCodec(settings.prefix),
         collector_id=settings.collector_id,
         max_frame_bytes=settings.max_frame_bytes,
-        clock=clock,
+        clock=clock if clock is not None else current_host().clock,
         policy=policy,
         metrics=metrics or NoMetrics(),
     )
@@ -106,12 +109,14 @@ def work_context(
     session: Any = None,
     client: Any = None,
     counter: RequestCounter | None = None,
-    clock: Clock = DEFAULT_CLOCK,
+    clock: Clock | None = None,
     metrics: MetricsSink | None = None,
     policy: RetryPolicy | None = None,
     component: str = "background",
 ) -> WorkContext:
-    """Collaborators of background work (indexers, reconciler, walks, reaps)."""
+    """Collaborators of background work (indexers, reconciler, walks, reaps); ``clock`` defaults to
+    the host's."""
+    clock = clock if clock is not None else current_host().clock
     store, policy = _store(settings, session, client, counter, policy, component)
     table = control_table(settings, session=session, counter=counter)
     return WorkContext(

@@ -25,13 +25,17 @@ def _ts(ns: int | None) -> str | None:
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
-    """Read everything (GetQueueAttributes per queue, a few GetItems, two Queries); raise on failure."""
+    """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems, two Queries); raise on
+    failure — a missing bucket, table or queue is :class:`~lightmetrics.errors.ResourceAccessError`."""
     from lightmetrics.conflicts import CONFLICTS_PK, UNRESOLVED
-    from lightmetrics.local.pump import queue_depth
+    from lightmetrics.queues import queue_depth
     from lightmetrics.reconcile import Reconciler
     from lightmetrics.walk import read_watermarks
 
     table = ctx.blockers.table
+    # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
+    # is a prefix every caller of status (the admin function, operators) may list.
+    ctx.store.require_bucket(ctx.codec.prefix + "quarantine/v1/")  # type: ignore[attr-defined]
     depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
     rec = Reconciler(ctx, settings, probe=None)  # type: ignore[arg-type]  # checkpoint and lag need no probe
     cp = rec.checkpoint()

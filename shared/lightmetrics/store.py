@@ -25,7 +25,7 @@ from botocore.exceptions import (
 )
 
 from lightmetrics.cas import ConditionalCreateOutcome
-from lightmetrics.errors import LightmetricsError
+from lightmetrics.errors import LightmetricsError, ResourceAccessError
 from lightmetrics.retry import RetryPolicy
 
 
@@ -33,8 +33,12 @@ class TransientStoreError(LightmetricsError):
     """A read failed in a way that may succeed on retry (timeout, 5xx, throttling, 409)."""
 
 
-class StoreAccessError(LightmetricsError):
-    """The store refused the request (403 and other non-retryable client errors)."""
+class StoreAccessError(ResourceAccessError):
+    """S3 refused the request: the bucket does not exist, access is denied, or another
+    non-retryable client error. Never a missing key (that is ``None``)."""
+
+    def __init__(self, bucket: str, problem: str, setting: str = "LM_BUCKET") -> None:
+        super().__init__("bucket", bucket, setting, problem)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class ObjectHead:
     etag: str
     metadata: dict[str, str] = field(default_factory=dict)
     version_id: str | None = None
+    #: base64 SHA-256 of the whole object, as S3 stored it at upload; None when the HEAD did not ask
+    #: for it, the object was written without one, or S3 holds only a composite (multipart) checksum
+    checksum_sha256_b64: str | None = None
 
 
 class ObjectStore(Protocol):
@@ -76,7 +83,7 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
 
-    def head(self, key: str) -> ObjectHead | None: ...
+    def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None: ...
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
 
@@ -106,7 +113,22 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def classify_put_error(exc: Exception) -> tuple[ConditionalCreateOutcome, str]:
+def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> StoreAccessError | None:
+    """The error for an S3 answer that says the bucket itself is unusable — it does not exist
+    (``NoSuchBucket``) or refuses us (403) — or None. Any S3 client (a raw boto3 one too) maps
+    its errors here, so a missing bucket is never mistaken for an empty listing or a missing key.
+    ``setting`` names what configured the bucket."""
+    if not isinstance(exc, ClientError):
+        return None
+    status, code = _status(exc), _code(exc)
+    if code == "NoSuchBucket":
+        return StoreAccessError(bucket, "does not exist", setting)
+    if status == 403 or code in ("AccessDenied", "AllAccessDisabled"):
+        return StoreAccessError(bucket, f"refused access: {status} {code}".strip(), setting)
+    return None
+
+
+def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOutcome, str]:
     """Map one failed conditional PUT to its outcome (see :mod:`lightmetrics.cas`)."""
     if isinstance(exc, ClientError):
         status, code = _status(exc), _code(exc)
@@ -116,7 +138,7 @@ def classify_put_error(exc: Exception) -> tuple[ConditionalCreateOutcome, str]:
             return ConditionalCreateOutcome.CONFLICT, code or "409"
         if status >= 500 or status == 429 or code in _RETRYABLE_CODES:
             return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
-        raise StoreAccessError(f"S3 refused the write: {status} {code}") from exc
+        raise bucket_refusal(exc, bucket) or StoreAccessError(bucket, f"refused the write: {status} {code}") from exc
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
         return ConditionalCreateOutcome.UNKNOWN, type(exc).__name__
     raise exc
@@ -186,11 +208,14 @@ class S3ObjectStore:
         if metadata:
             kwargs["Metadata"] = metadata
         if checksum_sha256_b64:
+            # S3 keeps the given SHA-256 either way; naming the algorithm too makes moto keep it
+            # as S3 does, so the reconciler's checksum check (D3) runs locally as in AWS.
             kwargs["ChecksumSHA256"] = checksum_sha256_b64
+            kwargs["ChecksumAlgorithm"] = "SHA256"
         try:
             self.client.put_object(**kwargs)
         except Exception as exc:  # classified below; anything unexpected re-raises
-            return classify_put_error(exc)
+            return classify_put_error(exc, self.bucket)
         return ConditionalCreateOutcome.CREATED, ""
 
     def _read(self, fn, key: str):  # type: ignore[no-untyped-def]
@@ -199,10 +224,13 @@ class S3ObjectStore:
             try:
                 return fn()
             except ClientError as exc:
+                refused = bucket_refusal(exc, self.bucket)  # before the 404 test: NoSuchBucket is a 404 too
+                if refused is not None:
+                    raise refused from exc
                 if _is_not_found(exc):
                     return None
                 if not _transient(exc):
-                    raise StoreAccessError(f"S3 refused reading {key}: {_status(exc)} {_code(exc)}") from exc
+                    raise StoreAccessError(self.bucket, f"refused reading {key}: {_status(exc)} {_code(exc)}") from exc
                 last = exc
             except Exception as exc:
                 if not _transient(exc):
@@ -216,9 +244,18 @@ class S3ObjectStore:
 
         return self._read(op, key)
 
-    def head(self, key: str) -> ObjectHead | None:
+    def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None:
+        """HEAD ``key``; ``checksum=True`` also asks for its stored checksum (``ChecksumMode``:
+        the same one request)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if checksum:
+            kwargs["ChecksumMode"] = "ENABLED"
+
         def op() -> ObjectHead:
-            r = self.client.head_object(Bucket=self.bucket, Key=key)
+            r = self.client.head_object(**kwargs)
+            sha = r.get("ChecksumSHA256")
+            if sha and (r.get("ChecksumType") == "COMPOSITE" or "-" in sha):
+                sha = None  # a checksum of part checksums, not of the object's bytes
             return ObjectHead(
                 key=key,
                 size=int(r.get("ContentLength", 0)),
@@ -226,9 +263,20 @@ class S3ObjectStore:
                 etag=str(r.get("ETag", "")).strip('"'),
                 metadata=dict(r.get("Metadata", {})),
                 version_id=r.get("VersionId"),
+                checksum_sha256_b64=sha or None,
             )
 
         return self._read(op, key)
+
+    def require_bucket(self, prefix: str) -> None:
+        """Raise :class:`StoreAccessError` unless the bucket exists and lets us list ``prefix``.
+
+        One LIST of at most one key. A HEAD cannot tell (its 404 has no body, so a missing bucket
+        looks like a missing key), and HeadBucket needs ``s3:ListBucket`` without a prefix
+        condition, which the functions' roles do not have. Commands that would otherwise start
+        work on a bucket through HEADs alone check it here first.
+        """
+        self.list_page(prefix, max_keys=1)
 
     def list_page(
         self,

@@ -4,7 +4,9 @@ A task handler builds its worker (a :class:`~lightmetrics.walk.Walker`, a
 :class:`~lightmetrics.reap.Reaper`) once per Lambda container, calls the worker's method for its
 step with the state machine's input, and maps errors for the ASL ``Retry``/``Catch`` clauses:
 the worker's own typed errors pass through under their class names, transient AWS errors become
-one ``<Machine>Transient`` error that the state machine retries with backoff.
+one ``<Machine>Transient`` error that the state machine retries with backoff. A configured bucket
+or table that does not exist (``ResourceAccessError``) is not transient: it fails the task under
+its own name at once (docs/protocol.md §18 S1), and no retry hides it.
 
 Example:
     >>> handler = task_handler("walk", "plan", {"plan": "plan"}, build=lambda metrics: walker,   # doctest: +SKIP

@@ -5,6 +5,8 @@ checks, reporting each violation with the keys involved:
 
 * ``invalid-manifest``: an acceptance record that does not parse or does not match its key
   (validation is :func:`lightmetrics.indexing.load_manifest`, the same as every reader's);
+  ``unsupported-version``: one written by a newer version (docs/protocol.md §17). Either way GC
+  keeps every blob such a record may name, and the record's blocker says so;
 * ``blob-missing`` / ``blob-size``: an accepted batch's raw blob is gone or has another size —
   unless the batch's hour is tombstoned by retention: *manifest present, blob gone, hour
   tombstoned* is the expected reaped state (counted as ``reaped``, not a violation);
@@ -128,10 +130,9 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         if watermarks is None:
             watermarks = read_watermarks(table) if table is not None else {i: None for i in _DERIVED_OF.values()}
         report.watermarks = dict(watermarks)
-        try:
-            skipped = {b.object_key for b in ctx.blockers.list(status="skipped")}
-        except Exception:  # no control table: nothing can have been skipped by an operator
-            skipped = set()
+        # A context without a control table has no operator decisions; a configured table that
+        # cannot be read is an error (ResourceAccessError), never "nothing was skipped".
+        skipped = {b.object_key for b in ctx.blockers.list(status="skipped")} if table is not None else set()
 
         def note(kind: str, keys: list[str], detail: str, *, warning: bool = False) -> None:
             finding = Finding(kind, tuple(keys), detail)
@@ -170,7 +171,8 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
             try:
                 return load_manifest(ctx, key)
             except PermanentWorkError as exc:
-                return Finding("invalid-manifest", (key,), exc.reason)
+                kind = "unsupported-version" if exc.kind == "unsupported-version" else "invalid-manifest"
+                return Finding(kind, (key,), exc.reason)
 
         manifests: dict[str, AcceptedBatchManifest] = {}
         for key, result in zip(accepted, pool.map(lambda k: contextvars.copy_context().run(read_manifest, k), accepted)):

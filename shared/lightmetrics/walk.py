@@ -45,10 +45,11 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -77,7 +78,8 @@ OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 1000, 1000  # ListObjectsV2 returns at most 1000 keys
 DEFAULT_PARALLELISM, MAX_PARALLELISM = 4, 10  # the ASL's Map MaxConcurrency is 10
 DEFAULT_MAX_ROUNDS = 100
-DEFAULT_LEASE_S, MIN_LEASE_S, MAX_LEASE_S = 900, 60, 86400
+DEFAULT_LEASE_S, MAX_LEASE_S = 900, 86400
+MIN_LEASE_S = 60  # the input's range; rule L1 (min_lease_s of the walk's tasks) is checked on top
 INPUT_FIELDS = ("agent", "resume", "page_size", "parallelism", "max_rounds_per_execution", "lease_seconds")
 
 # --- the execution history bound (docs/walks.md, "History") ------------------------------------------
@@ -190,13 +192,17 @@ class WalkParams:
 
         parallelism = integer("parallelism", DEFAULT_PARALLELISM, 1, MAX_PARALLELISM)
         limit = max_rounds_for(parallelism)
+        lease_s = integer("lease_seconds", DEFAULT_LEASE_S, MIN_LEASE_S, MAX_LEASE_S)
+        broken = task_lease_rule_broken(lease_s, TASK_STEPS)
+        if broken:
+            raise InvalidWalkInput(broken)
         return cls(
             agent=agent,
             resume=resume,
             page_size=integer("page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE),
             parallelism=parallelism,
             max_rounds=min(integer("max_rounds_per_execution", DEFAULT_MAX_ROUNDS, 1, 10**6), limit),
-            lease_s=integer("lease_seconds", DEFAULT_LEASE_S, MIN_LEASE_S, MAX_LEASE_S),
+            lease_s=lease_s,
         )
 
     @property
@@ -225,6 +231,12 @@ class Op:
     values: dict[str, Any] = field(default_factory=dict)
     condition: str | None = None
     item: dict[str, Any] | None = None
+
+    def apply(self, table: ControlTable) -> None:
+        """This one operation on its own (``Update`` only); raises ``ConditionFailed``."""
+        assert self.kind == "Update"
+        table.update(self.pk, self.sk, self.expression, names=self.names or None, values=self.values or None,
+                     condition=self.condition)
 
     def api(self, table: str) -> dict[str, Any]:
         out: dict[str, Any] = {"TableName": table}
@@ -259,6 +271,96 @@ def transact(table: ControlTable, ops: list[Op]) -> None:
 
 _OWNED = "#own = :own AND #ep = :ep"
 PART_PREFIX = "part#"
+
+
+# --- leases of the walk and the reap: duration rule and fencing (docs/protocol.md §13, L1-L3) ---------
+#: What a lease must outlast beyond its longest task: clock skew between tasks and a request still
+#: in flight when its task ends (rule L1).
+LEASE_MARGIN_S = 60
+#: A task re-fences (renews its lease by a conditional write) before a destructive request once its
+#: last fence is this old on its clock; each destructive batch starts with a fence (rule L2).
+FENCE_INTERVAL_S = 10
+
+
+def longest_task_timeout_s(task_functions: Iterable[str]) -> int:
+    """The longest Lambda timeout of these task functions, from the resource spec (the one source)."""
+    from lightmetrics.resources import FUNCTIONS
+
+    names = set(task_functions)
+    return max(f.timeout_s for f in FUNCTIONS if f.name in names)
+
+
+def min_lease_s(task_functions: Iterable[str]) -> int:
+    """Rule L1 for a job of Lambda tasks: its longest task timeout plus :data:`LEASE_MARGIN_S`."""
+    return longest_task_timeout_s(task_functions) + LEASE_MARGIN_S
+
+
+def lease_rule_broken(lease_s: int, longest_s: int, holder: str, setting: str) -> str | None:
+    """Why ``lease_s`` breaks rule L1 — a lease outlasts the longest step that acts under one fence
+    (``longest_s``, described by ``holder``) plus :data:`LEASE_MARGIN_S` — or None if it does not."""
+    need = longest_s + LEASE_MARGIN_S
+    if lease_s >= need:
+        return None
+    return (f"{setting}={lease_s} breaks rule L1 (docs/protocol.md §13): a lease must outlast the longest step "
+            f"that holds it ({longest_s} s: {holder}) plus {LEASE_MARGIN_S} s; use at least {need}")
+
+
+def task_lease_rule_broken(lease_s: int, task_functions: Iterable[str], setting: str = "lease_seconds") -> str | None:
+    """Rule L1 for a job of Lambda tasks (the walk, the reap)."""
+    names = sorted(task_functions)
+    return lease_rule_broken(lease_s, longest_task_timeout_s(names),
+                             f"the Lambda timeout of {', '.join(names)} in lightmetrics.resources", setting)
+
+
+def lease_renewal(pk: str, run: dict[str, Any], now_ns: int, **extra: Any) -> Op:
+    """The lease's renewal by its owner: ``expires_at_ns = now + lease_seconds``, conditional on the
+    run's ``owner`` and ``epoch`` (``extra`` attributes are set with it)."""
+    names, values = {"#own": "owner", "#ep": "epoch", "#x": "expires_at_ns"}, {
+        ":own": run["owner"], ":ep": run["epoch"], ":x": now_ns + int(run["lease_seconds"]) * _NS, ":released": 0}
+    expr = "SET #x = :x"
+    for i, (k, v) in enumerate(extra.items()):
+        names[f"#e{i}"], values[f":e{i}"] = k, v
+        expr += f", #e{i} = :e{i}"
+    # A released lease (expiry 0: the execution ended) is never renewed again: an invocation still
+    # running after its execution ended stops at its next fence (rule L2).
+    return Op("Update", pk, "lease", expr, names, values, f"{_OWNED} AND #x > :released")
+
+
+class Fence:
+    """Rule L2: a task re-checks that it still owns its lease right before destructive requests.
+
+    :meth:`renew` fences unconditionally (the start of a destructive batch); calling the fence
+    (``fence()``, before each destructive request) renews only once the last renewal is
+    :data:`FENCE_INTERVAL_S` old. A renewal is one conditional write (:func:`lease_renewal`); if the
+    run lost the lease it raises ``lost(message)`` and the request is not sent. Thread-safe (the
+    GC's requests run in a pool). With rule L1 no other run can take the lease while this task
+    runs after a successful fence: the renewal lasts longer than the task can.
+    """
+
+    def __init__(self, table: ControlTable, pk: str, run: dict[str, Any], clock: Any,
+                 lost: Callable[[str], Exception], *, interval_s: int = FENCE_INTERVAL_S) -> None:
+        self.table, self.pk, self.run, self.clock, self.lost = table, pk, run, clock, lost
+        self.interval_ns = interval_s * _NS
+        self._last: int | None = None
+        self._lock = threading.Lock()
+
+    def renew(self) -> None:
+        with self._lock:
+            self._renew(self.clock.now_ns())
+
+    def __call__(self) -> None:
+        with self._lock:
+            now = self.clock.now_ns()
+            if self._last is None or now - self._last >= self.interval_ns:
+                self._renew(now)
+
+    def _renew(self, now: int) -> None:
+        try:
+            lease_renewal(self.pk, self.run, now).apply(self.table)
+        except ConditionFailed:
+            raise self.lost(f"epoch {self.run['epoch']} (owner {str(self.run['owner'])[:8]}) no longer owns "
+                            f"{self.pk}: stopped before a destructive request") from None
+        self._last = now
 
 
 def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
@@ -318,14 +420,7 @@ class Walker:
         return plain(item) if item else None
 
     def _renew(self, walk: dict[str, Any], now: int, **extra: Any) -> Op:
-        names, values = _owned(walk)
-        names["#x"] = "expires_at_ns"
-        values[":x"] = now + int(walk["lease_seconds"]) * _NS
-        expr = "SET #x = :x"
-        for i, (k, v) in enumerate(extra.items()):
-            names[f"#e{i}"], values[f":e{i}"] = k, v
-            expr += f", #e{i} = :e{i}"
-        return Op("Update", LEASE_PK, LEASE_SK, expr, names, values, _OWNED)
+        return lease_renewal(LEASE_PK, walk, now, **extra)
 
     def _roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
         """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""
@@ -384,7 +479,6 @@ class Walker:
             "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
             "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
             "lease_seconds": params.lease_s, "state_machine_arn": machine, "execution_arn": execution, "round": 0,
-            "renewed_at_ns": now,
         }
         if params.resume:
             assert cp is not None
@@ -431,7 +525,7 @@ class Walker:
             raise InvalidWalkInput(f"continuation must carry {list(required)}")
         walk = {k: cont[k] for k in required}
         now = self.now()
-        walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1, renewed_at_ns=now)
+        walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
         names, values = _owned(walk)
         try:
             transact(self.table, [
@@ -501,7 +595,6 @@ class Walker:
             transact(self.table, ops)
         except _Cancelled:
             raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
-        walk["renewed_at_ns"] = now
         for p in new:
             active[p] = {"partition": p, "after": ""}
         if not active:
@@ -593,6 +686,8 @@ class Walker:
         for i, (outcome, n) in enumerate(sorted(outcomes.items())):
             names[f"#oc{i}"], values[f":oc{i}"] = outcome, n
             adds.append(f"#o.#oc{i} :oc{i}")
+        # Rule L2: the page commits only right after a fence (which also renews the lease).
+        Fence(self.table, LEASE_PK, walk, self.ctx.clock, LeaseLost).renew()
         try:
             # Only after every key's repair finished: the cursor (compare-and-set) and the counters.
             self.table.update(pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),
@@ -603,14 +698,6 @@ class Walker:
                 raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
             # The cursor moved already: this page was walked twice (a retried task); nothing to count.
             return {"partition": partition, "keys": len(keys), "stale": True}
-        # A round normally renews the lease (Plan); a long round renews it from its pages.
-        if now - int(walk.get("renewed_at_ns", now)) > int(walk["lease_seconds"]) * _NS // 2:
-            rn, rv = _owned(walk)
-            try:
-                self.table.update(LEASE_PK, LEASE_SK, "SET #x = :x", names={**rn, "#x": "expires_at_ns"},
-                                  values={**rv, ":x": now + int(walk["lease_seconds"]) * _NS}, condition=_OWNED)
-            except ConditionFailed:
-                raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
         return {"partition": partition, "keys": len(keys), "done": done, "outcomes": dict(outcomes)}
 
     # -- continue ----------------------------------------------------------------------------------
@@ -937,6 +1024,7 @@ def walk_task_handler(
 __all__ = [
     "INDEXES", "LEASE_PK", "HISTORY_LIMIT", "HISTORY_BUDGET", "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost",
     "NothingToResume", "Started", "TASK_STEPS", "WalkControl", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
-    "checkpoint_pk", "history_bound", "max_rounds_for", "read_walk", "read_watermarks", "set_watermark", "summarize",
-    "walk_task_handler", "watermark_blocker",
+    "Fence", "FENCE_INTERVAL_S", "LEASE_MARGIN_S", "checkpoint_pk", "history_bound", "lease_renewal", "lease_rule_broken",
+    "longest_task_timeout_s", "max_rounds_for", "min_lease_s", "read_walk", "read_watermarks", "set_watermark",
+    "summarize", "task_lease_rule_broken", "walk_task_handler", "watermark_blocker",
 ]

@@ -4,7 +4,10 @@
 :class:`~lightmetrics.outcome.Outcome`: exceptions that say "try later" are counted by the
 durable retry budget and promoted to a blocker when it is spent; permanent failures write a
 blocker first and only then report BLOCKED (if the blocker cannot be written, the unit is
-RETRY_LATER, so nothing is ever silently dropped).
+RETRY_LATER, so nothing is ever silently dropped). A unit that succeeds clears its budget when
+``previously_failed`` says it failed before (each driver knows: SQS receive count, a retried walk
+page, the reconciler checkpoint's failed entries, an operator retry) or this process recorded a
+failure for it.
 
 Example:
     >>> result = run_unit(ctx, kind="index-accepted", object_key=key, source="event",
@@ -88,11 +91,12 @@ def run_unit(
             detail = f"retry budget spent after {state.count} attempts: {reason}"
             return _block(ctx, key, kind, object_key, detail, source, payload)
         return WorkResult(Outcome.RETRY_LATER, key, reason)
-    if previously_failed:
-        try:
-            ctx.budget.clear(key)
-        except Exception as exc:  # harmless: the budget item expires by TTL
-            log.warning("%s: retry budget not cleared (%s)", key, exc)
+    try:
+        # O1a: success clears the budget whenever a failure may have been recorded (the caller
+        # knows, or this process recorded one); the happy path sends no DynamoDB request.
+        ctx.budget.clear_after_success(key, previously_failed=previously_failed)
+    except Exception as exc:  # harmless: an item left behind counts as absent once expired
+        log.warning("%s: retry budget not cleared (%s)", key, exc)
     return WorkResult(outcome, key)
 
 

@@ -1,7 +1,8 @@
 """What every benchmark target shares: the runtime with latency injected, repeated figures, output.
 
 :class:`BenchEnv` owns one embedded runtime (moto in this process) and sets ``LM_INJECT_LATENCY_MS``
-/ ``LM_INJECT_MAX_INFLIGHT`` so every S3 client built through :mod:`lightmetrics.services` —
+/ ``LM_INJECT_MAX_INFLIGHT`` and makes this process a local host with them
+(:mod:`lightmetrics.local.hosting`), so every S3 client built through :mod:`lightmetrics.services` —
 collectors' accept contexts, indexers, the walk's Lambda tasks — pays the injected round trip.
 Seeding history uses :meth:`BenchEnv.raw_s3` (no injection): it is set-up, not the measurement.
 
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any, Self
 
 from lightmetrics.clock import SystemClock
+from lightmetrics.hosting import Host, install
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
+from lightmetrics.local.hosting import install_from_env
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.local.system import LocalSystem, RuntimeSession
 from lightmetrics.store import s3_client_config
@@ -78,6 +81,7 @@ class BenchEnv:
         self._own_runtime = runtime is None
         self.runtime = runtime or LocalRuntime(port=0)
         self._saved: dict[str, str | None] = {}
+        self._saved_host: Host | None = None
         self.systems: list[LocalSystem] = []
 
     def __enter__(self) -> Self:
@@ -88,11 +92,16 @@ class BenchEnv:
         for k, v in env.items():
             self._saved[k] = os.environ.get(k)
             os.environ[k] = v
+        # This process hosts functions too: its clients get the injector through the host; child
+        # processes (collectors) install the same host from the variables above.
+        self._saved_host = install_from_env()
         return self
 
     def __exit__(self, *_exc: Any) -> None:
         for s in self.systems:
             s.stop()
+        if self._saved_host is not None:
+            install(self._saved_host)
         for k, v in self._saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -2,13 +2,14 @@
 
 Exit codes of ``lmctl agent run`` (brief §14 numbering), first match wins:
 
-* 2 — usage, unreadable token file or spool, or ingest answered 401/403 (the client stopped;
-  nothing was deleted): fix the token or the denial;
+* 2 — usage, unreadable token file or spool, or ingest rejected the token (401, or 403
+  ``unauthorized``: the client stopped; nothing was deleted): fix the token;
 * 4 — batches are still pending when ``--timeout`` ran out (every endpoint unavailable): retry;
 * 3 — nothing is pending but identity conflicts are parked: an operator must resolve them
   (``lmctl conflicts``); the next run drops them once resolved ``accept_existing``;
-* 2 — nothing is pending but batches are parked as invalid (400/413 ...): inspect
-  ``lmctl agent parked``;
+* 2 — nothing is pending but batches are parked as denied (403 ``denied``; sent again once the
+  denial is lifted) or invalid (400/413 ...), or spool files were set aside as unreadable:
+  inspect ``lmctl agent parked``;
 * 0 — the spool is empty.
 """
 
@@ -51,7 +52,7 @@ def exit_code_for(report: Any) -> int:
         return EXIT_UNAVAILABLE
     if report.parked_conflicts:
         return EXIT_CONFLICT
-    if report.parked:
+    if report.parked or report.unreadable:
         return EXIT_USAGE
     return EXIT_OK
 
@@ -77,7 +78,8 @@ def _read_token(path: str, as_json: bool) -> str:
               help="Give up after this many seconds (default: 300 without --follow, none with it).")
 @click.option("--parked-retry-s", type=click.FloatRange(min=0), default=300.0, show_default=True,
               help="Cadence of retries of parked identity conflicts.")
-@click.option("--retry-parked", is_flag=True, help="Retry every parked conflict once now, whatever the cadence.")
+@click.option("--retry-parked", is_flag=True,
+              help="Retry every parked conflict and denial once now, whatever the cadence.")
 @click.option("--request-timeout-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="Per-request connect/read timeout.")
 @click.option("--backoff-base-s", type=click.FloatRange(min=0), default=0.5, show_default=True)
@@ -88,13 +90,16 @@ def agent_run(agent_id: str, token_file: str, spool_dir: str, endpoints: tuple[s
               backoff_base_s: float, backoff_max_s: float, as_json: bool) -> None:
     """Send the spool's batches to ingest until it is empty (or keep watching with --follow).
 
-    200 deletes a batch; 409 identity_conflict and other 4xx park it under SPOOL/parked/ (an
-    alert line on stderr) and later batches continue; 503/429/5xx/timeouts fail over to the next
-    endpoint with jittered exponential backoff; 401/403 stop the client.
+    200 deletes a batch; 409 identity_conflict, 403 denied (that boot only) and other 4xx park it
+    under SPOOL/parked/ (an alert line on stderr) and later batches continue; files that are not
+    valid batches are set aside under SPOOL/unreadable/; 503/429/5xx/timeouts fail over to the
+    next endpoint with jittered exponential backoff; a rejected token (401, 403 unauthorized)
+    stops the client.
 
-    Exit 0 spool empty; 2 usage, bad token file, or 401/403 (nothing deleted), or only invalid
-    batches parked; 3 identity conflicts parked (resolve with `lmctl conflicts`); 4 batches
-    still pending at --timeout (endpoints unavailable: retry).
+    Exit 0 spool empty; 2 usage, bad token file, or a rejected token (nothing deleted), or only
+    denied/invalid batches parked or unreadable files set aside; 3 identity conflicts parked
+    (resolve with `lmctl conflicts`); 4 batches still pending at --timeout (endpoints
+    unavailable: retry).
     """
     from lightmetrics.client import AgentClient, Alert, AuthRejected, BackoffPolicy, ClientError
 
@@ -135,26 +140,32 @@ def agent_run(agent_id: str, token_file: str, spool_dir: str, endpoints: tuple[s
                 report.merge(client.retry_parked())
             report.merge(client.drain(until_empty=not follow, timeout_s=timeout_s, stop=stop, on_progress=progress))
             parked = client.parked()
+            unreadable = client.spool.unreadable()
     except AuthRejected as exc:
         fail(f"client stopped: {exc}", EXIT_USAGE, as_json=as_json)
     except ClientError as exc:
         fail(f"spool error: {exc}", EXIT_USAGE, as_json=as_json)
     code = exit_code_for(report)
     summary = {**report.to_json(), "agent_id": agent_id, "spool": spool_dir, "endpoints": endpoint_list,
-               "parked_batches": [p.to_json() for p in parked], "exit_code": code}
+               "parked_batches": [p.to_json() for p in parked],
+               "unreadable_files": [u.to_json() for u in unreadable], "exit_code": code}
     if as_json:
         emit_json(summary)
     else:
-        console.print(kv_table("agent run", [(k, v) for k, v in summary.items() if k != "parked_batches"]))
-        _print_parked(parked)
+        console.print(kv_table("agent run", [(k, v) for k, v in summary.items()
+                                             if k not in ("parked_batches", "unreadable_files")]))
+        _print_parked(parked, unreadable)
     sys.exit(code)
 
 
-def _print_parked(parked: list[Any]) -> None:
+def _print_parked(parked: list[Any], unreadable: list[Any]) -> None:
     if parked:
         console.print(grid("parked batches", ["identity", "kind", "http", "resolution", "attempts", "frame_sha256"],
                            [(str(p.identity), p.kind, p.http_status, p.resolution, p.attempts, p.frame_sha256[:16])
                             for p in parked]))
+    if unreadable:
+        console.print(grid("unreadable files (set aside)", ["original name", "reason", "bytes", "path"],
+                           [(u.original_name, u.reason, u.frame_bytes, str(u.path)) for u in unreadable]))
 
 
 @agent.command("enqueue")
@@ -199,25 +210,29 @@ def agent_enqueue(agent_id: str, boot_id: str, seq_start: str, seq_end: str, fra
               help="Spool directory.")
 @json_option
 def agent_parked(spool_dir: str, as_json: bool) -> None:
-    """List a spool's parked batches with why they were parked (no network, no token).
+    """List a spool's parked batches and set-aside unreadable files, with why (no network, no token).
 
-    Exit 0 none parked; 3 identity conflicts parked; 2 only invalid batches parked.
+    Exit 0 none parked or set aside; 3 identity conflicts parked; 2 only denied or invalid batches
+    parked, or unreadable files set aside.
     """
     from lightmetrics.client import Spool, SpoolError
 
     try:
         spool = Spool(spool_dir)
         parked = spool.parked()
+        unreadable = spool.unreadable()
         pending = len(spool.pending())
     except SpoolError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     conflicts = sum(1 for p in parked if p.kind == "identity_conflict")
-    code = EXIT_CONFLICT if conflicts else (EXIT_USAGE if parked else EXIT_OK)
+    code = EXIT_CONFLICT if conflicts else (EXIT_USAGE if parked or unreadable else EXIT_OK)
     if as_json:
-        emit_json({"pending": pending, "parked": [p.to_json() for p in parked], "exit_code": code})
+        emit_json({"pending": pending, "parked": [p.to_json() for p in parked],
+                   "unreadable": [u.to_json() for u in unreadable], "exit_code": code})
     else:
-        console.print(f"{pending} pending, {len(parked)} parked ({conflicts} identity conflicts)")
-        _print_parked(parked)
+        console.print(f"{pending} pending, {len(parked)} parked ({conflicts} identity conflicts), "
+                      f"{len(unreadable)} unreadable files set aside")
+        _print_parked(parked, unreadable)
     sys.exit(code)
 
 

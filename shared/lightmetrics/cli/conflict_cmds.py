@@ -1,14 +1,20 @@
-"""``lmctl conflicts list|show|resolve`` and ``lmctl denylist``: identity conflicts, on the admin API's core.
+"""``lmctl conflicts list|show|resolve`` and ``lmctl denylist [list|remove]``: identity conflicts and
+denials, on the admin API's core.
 
 Exit codes (brief §14): 0 ok; 1 ``list`` found unresolved conflicts (so scripts can gate on it);
-2 invalid input, unknown conflict, or a conflict that is already resolved (resolutions are
-write-once: nothing is overwritten); 4 AWS unavailable (retry).
+2 invalid input, unknown conflict, a conflict that is already resolved (resolutions are
+write-once: nothing is overwritten), an identity that is not denied, or a denial or lift that was
+not confirmed; 4 AWS unavailable (retry).
+
+Decisions that change who may send (``--deny-identity``, ``denylist remove``) ask for confirmation
+on a terminal; scripts pass ``--yes`` (without a terminal and without ``--yes`` they exit 2).
 
 Example::
 
     $ lmctl conflicts list --status unresolved
     $ lmctl conflicts resolve 64656d6f...61.626f6f74...31.000...-000....<sha256> --accept-existing \\
           --reason "agent replayed a stale spool after a disk restore"
+    $ lmctl denylist remove --agent agent-a --boot boot-1 --reason "host re-imaged, not a clone" --yes
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 import click
 
 from lightmetrics.cli.ops_cmds import _ts, _who
-from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
 from lightmetrics.config import Settings
 
@@ -46,6 +52,7 @@ def _run(fn: Any, as_json: bool) -> Any:
         InvalidConflictId,
         InvalidResolution,
     )
+    from lightmetrics.denylist import InvalidLift, NotDenied
     from lightmetrics.store import StoreAccessError, TransientStoreError
 
     try:
@@ -58,10 +65,24 @@ def _run(fn: Any, as_json: bool) -> Any:
         fail(str(exc), EXIT_USAGE)
     except ConflictNotFound as exc:
         fail(f"{exc.args[0]}; see `lmctl conflicts list`", EXIT_USAGE, as_json=as_json)
-    except (InvalidConflictId, InvalidResolution) as exc:
+    except (InvalidConflictId, InvalidResolution, InvalidLift, NotDenied) as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except (ConflictStoreUnavailable, TransientStoreError, StoreAccessError, BotoCoreError, ClientError) as exc:
-        fail(f"unavailable: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "unavailable", as_json=as_json)  # a missing bucket or table: exit 2, naming it
+
+
+def confirm(action: str, yes: bool, as_json: bool) -> None:
+    """Ask before a change of who may send; ``--yes`` answers for scripts. No terminal, no ``--yes``: exit 2."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        fail(f"not confirmed: {action}; pass --yes to confirm (no terminal to ask on)", EXIT_USAGE, as_json=as_json)
+    if not click.confirm(f"{action}?", default=False, err=True):  # stderr: stdout stays one JSON document
+        fail("not confirmed; nothing was changed", EXIT_USAGE, as_json=as_json)
+
+
+def _scope(agent_id: str, boot_id: str | None) -> str:
+    return f"every boot of agent {agent_id!r}" if boot_id is None else f"agent {agent_id!r} boot {boot_id!r}"
 
 
 def _short(sha: str) -> str:
@@ -138,20 +159,31 @@ def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
 
 @conflicts.command("resolve")
 @click.argument("conflict_id")
-@click.option("--accept-existing", "decision", flag_value="accept_existing",
+@click.option("--accept-existing", is_flag=True,
               help="The accepted record stands; the agent drops its parked batch on its next retry.")
-@click.option("--deny-identity", "decision", flag_value="deny_identity",
-              help="Deny the agent/boot: ingest refuses it (403) within LM_DENYLIST_TTL_S.")
+@click.option("--deny-identity", is_flag=True,
+              help="Deny the agent/boot: ingest refuses it (403) within LM_DENYLIST_TTL_S (asks to confirm).")
 @click.option("--whole-agent", is_flag=True, help="With --deny-identity: deny every boot of the agent.")
 @click.option("--reason", required=True, help="Why (kept in the write-once resolution record).")
+@click.option("--yes", is_flag=True, help="Confirm --deny-identity without a prompt (scripts).")
 @config_options
 @json_option
-def conflicts_resolve(conflict_id: str, decision: str | None, whole_agent: bool, reason: str, settings: Settings,
-                      as_json: bool) -> None:
+def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bool, whole_agent: bool, reason: str,
+                      yes: bool, settings: Settings, as_json: bool) -> None:
     """Record the operator's decision once (exit 2 if the conflict was already resolved)."""
-    if decision is None:
+    if accept_existing and deny_identity:
+        fail("choose one decision: --accept-existing or --deny-identity, not both; nothing was changed",
+             EXIT_USAGE, as_json=as_json)
+    if not (accept_existing or deny_identity):
         fail("choose --accept-existing or --deny-identity", EXIT_USAGE, as_json=as_json)
+    decision = "deny_identity" if deny_identity else "accept_existing"
     registry = _registry(settings, as_json)
+    if deny_identity:
+        from lightmetrics.conflicts import parse_conflict_id
+
+        ident, _ = _run(lambda: parse_conflict_id(conflict_id, registry.codec), as_json)
+        confirm(f"Deny {_scope(ident.agent_id, None if whole_agent else ident.boot_id)} (ingest answers 403 "
+                f"within LM_DENYLIST_TTL_S)", yes, as_json)
     record = _run(lambda: registry.resolve(conflict_id, decision, reason=reason, who=_who(),
                                            whole_agent=whole_agent), as_json)
     if as_json:
@@ -164,21 +196,80 @@ def conflicts_resolve(conflict_id: str, decision: str | None, whole_agent: bool,
         ]))
 
 
-@click.command("denylist")
-@config_options
-@json_option
-def denylist_cmd(settings: Settings, as_json: bool) -> None:
-    """Identities an operator denied (ingest answers them 403)."""
+def _denylist_store(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     from lightmetrics.denylist import DenylistStore
     from lightmetrics.services import control_table
 
-    entries = _run(lambda: DenylistStore(control_table(settings)).list(), as_json)
+    try:
+        return DenylistStore(control_table(settings))
+    except Exception as exc:
+        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+
+
+def _list_denylist(settings: Settings, as_json: bool) -> None:
+    store = _denylist_store(settings, as_json)
+    entries, lifts = _run(lambda: (store.list(), store.lifts()), as_json)
     if as_json:
-        emit_json({"denylist": [e.to_json() for e in entries]})
+        emit_json({"denylist": [e.to_json() for e in entries], "lifted": [lift.to_json() for lift in lifts]})
+        return
+    console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
+                       [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, _ts(e.at_unix_ns), e.reason,
+                         e.conflict_id or "") for e in entries]))
+    if lifts:
+        console.print(grid("lifted denials", ["entry", "agent", "boot", "denied by", "lifted by", "lifted", "reason"],
+                           [(x.entry, x.agent_id, x.boot_id or "(every boot)", x.denied_by, x.lifted_by,
+                             _ts(x.lifted_at_unix_ns), x.reason) for x in lifts]))
+
+
+@click.group("denylist", invoke_without_command=True)
+@config_options
+@json_option
+@click.pass_context
+def denylist_cmd(ctx: click.Context, settings: Settings, as_json: bool) -> None:
+    """Identities an operator denied (ingest answers them 403), and lifted denials; `remove` lifts one."""
+    if ctx.invoked_subcommand is None:
+        _list_denylist(settings, as_json)
+
+
+@denylist_cmd.command("list")
+@config_options
+@json_option
+def denylist_list(settings: Settings, as_json: bool) -> None:
+    """The denylist entries and the audit records of lifted denials (same as plain `lmctl denylist`)."""
+    _list_denylist(settings, as_json)
+
+
+@denylist_cmd.command("remove")
+@click.option("--agent", "agent_id", required=True, help="The denied agent id.")
+@click.option("--boot", "boot_id", default=None, help="Lift the denial of this boot.")
+@click.option("--whole-agent", is_flag=True, help="Lift the denial of every boot of the agent (entry <agent-hex>#*).")
+@click.option("--reason", required=True, help="Why (kept in the write-once lift record).")
+@click.option("--yes", is_flag=True, help="Confirm without a prompt (scripts).")
+@config_options
+@json_option
+def denylist_remove(agent_id: str, boot_id: str | None, whole_agent: bool, reason: str, yes: bool,
+                    settings: Settings, as_json: bool) -> None:
+    """Lift one denial (audited: a write-once lift record, then the entry is deleted).
+
+    Ingest stops answering 403 within LM_DENYLIST_TTL_S. Exit 2 if the selection is ambiguous, the
+    reason empty, the agent/boot not denied, or the lift not confirmed.
+    """
+    from lightmetrics.denylist import InvalidLift, lift_target, operator_reason
+
+    _run(lambda: (lift_target(agent_id, boot_id, whole_agent), operator_reason(reason, InvalidLift)), as_json)
+    store = _denylist_store(settings, as_json)
+    confirm(f"Lift the denial of {_scope(agent_id, None if whole_agent else boot_id)} (ingest accepts it again "
+            f"within LM_DENYLIST_TTL_S)", yes, as_json)
+    lift = _run(lambda: store.remove(agent_id, boot_id, whole_agent=whole_agent, who=_who(), reason=reason), as_json)
+    if as_json:
+        emit_json({"status": "lifted", "lift": lift.to_json()})
     else:
-        console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
-                           [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, _ts(e.at_unix_ns), e.reason,
-                             e.conflict_id or "") for e in entries]))
+        console.print(kv_table("[green]denial lifted[/]", [
+            ("entry", lift.entry), ("agent / boot", f"{lift.agent_id} / {lift.boot_id or '(every boot)'}"),
+            ("denied by", lift.denied_by), ("denied at", _ts(lift.denied_at_unix_ns)),
+            ("denial reason", lift.denied_reason), ("conflict", lift.conflict_id or "-"),
+            ("lifted by", lift.lifted_by), ("lifted at", _ts(lift.lifted_at_unix_ns)), ("reason", lift.reason),
+        ]))
 
 
-__all__ = ["conflicts", "denylist_cmd"]
+__all__ = ["confirm", "conflicts", "denylist_cmd"]

@@ -130,11 +130,13 @@ def local_collector(port: int, ready_file: str | None) -> None:
     """
     from lightmetrics.config import Settings
     from lightmetrics.errors import ConfigError
+    from lightmetrics.local.hosting import install_from_env
     from lightmetrics.local.server import IngestHTTPServer
 
     try:
+        install_from_env()  # this process hosts the ingest function: LM_FAULTS etc. are read here
         settings = Settings.from_env()
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
     from functions.ingest.app import handler, service
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, identity_options, json_option
+from lightmetrics.cli.options import AS_JSON_META, config_options, identity_options, json_option
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -22,18 +22,30 @@ from lightmetrics.cli.output import (
     kv_table,
 )
 from lightmetrics.config import Settings
-from lightmetrics.errors import FrameError, InvalidIdentityError, LightmetricsError
+from lightmetrics.errors import FrameError, InvalidIdentityError, LightmetricsError, ResourceAccessError
 from lightmetrics.identity import BatchIdentity
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class Lmctl(click.Group):
+    """The top-level group: a configured bucket, table or queue that does not exist or refuses us
+    exits 2 naming it and its setting, whichever command met it (never a traceback, never "empty")."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ResourceAccessError as exc:
+            fail(str(exc), EXIT_USAGE, as_json=bool(ctx.meta.get(AS_JSON_META)))
+
+
+@click.group(cls=Lmctl, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="lightmetrics-ingest")
 def cli() -> None:
     """Operate the Lightmetrics acceptance plane (AWS or the embedded local runtime).
 
     Configuration comes from LM_* variables or the matching flags (--bucket = LM_BUCKET).
     AWS_ENDPOINT_URL points every AWS call at the local runtime.
-    Exit codes: 0 ok, 1 violations/failed, 2 invalid input, 3 identity conflict,
+    Exit codes: 0 ok, 1 violations/failed, 2 invalid input or configuration (also a configured
+    bucket, table or queue that does not exist or refuses access), 3 identity conflict,
     4 unavailable (retry), 5 lease held by another run.
     """
 

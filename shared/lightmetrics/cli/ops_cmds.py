@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
 from lightmetrics.config import Settings
 
@@ -134,7 +134,7 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     try:
         info = system_status(ctx, settings, boto3.session.Session().client("sqs"))
     except Exception as exc:
-        fail(f"cannot read status: {exc}", 4, as_json=as_json)
+        exit_for_error(exc, "cannot read status", as_json=as_json)
     stuck = not info.pop("ok")
     depths, open_blockers = info["queues"], info["open_blockers"]
     if as_json:
@@ -154,10 +154,16 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
 @json_option
 def reconcile_cmd(settings: Settings, as_json: bool) -> None:
     """Run one steady-state reconcile pass now (what the schedule runs)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from lightmetrics.errors import LightmetricsError
     from lightmetrics.reconcile import Reconciler
     from lightmetrics.services import queue_probe
 
-    report = Reconciler(_ctx(settings, as_json), settings, queue_probe(settings)).run().to_json()
+    try:
+        report = Reconciler(_ctx(settings, as_json), settings, queue_probe(settings)).run().to_json()
+    except (LightmetricsError, ClientError, BotoCoreError) as exc:
+        exit_for_error(exc, "cannot run the reconciler", as_json=as_json)
     if as_json:
         emit_json(report)
     else:

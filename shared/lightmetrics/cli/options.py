@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from lightmetrics.cli.output import EXIT_USAGE, fail
+from lightmetrics.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, fail
 from lightmetrics.config import Settings
-from lightmetrics.errors import ConfigError
+from lightmetrics.errors import ConfigError, ResourceAccessError
 
 _CONFIG_FIELDS = list(Settings.model_fields)
 
+#: ``ctx.meta`` key (shared by every context of one invocation): the command asked for ``--json``,
+#: so an error caught above the command (:class:`lightmetrics.cli.main.Lmctl`) answers in JSON too.
+AS_JSON_META = "lightmetrics.as_json"
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    ctx.meta[AS_JSON_META] = value
+    return value
+
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document for machines.")(fn)
+    return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                        help="Print one JSON document for machines.")(fn)
+
+
+def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn:
+    """Exit for an error met while ``doing`` something with AWS: 2 naming the resource and its
+    setting when a configured bucket, table or queue is missing or refuses us (retrying will not
+    help), else 4 (unavailable: retry)."""
+    if isinstance(exc, ResourceAccessError):
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    fail(f"{doing}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
 
 
 def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:

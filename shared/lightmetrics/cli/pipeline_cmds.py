@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -77,8 +77,8 @@ def inventory_snapshot(destination: str | None, file_format: str, rows_per_file:
                            rows_per_file=rows_per_file)
     except InventoryError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
-    except Exception as exc:  # S3 unreachable
-        fail(f"inventory snapshot failed: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    except Exception as exc:  # S3 unreachable (4), or the bucket missing / refusing us (2)
+        exit_for_error(exc, "inventory snapshot failed", as_json=as_json)
     if as_json:
         emit_json(written.to_json())
     else:
@@ -208,7 +208,7 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except Exception as exc:
-        fail(f"query failed: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "query failed", as_json=as_json)
     if plot_path:
         plot(result, plot_path, stat)
     if as_json:

@@ -83,6 +83,10 @@ def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str |
     from lightmetrics.reap import InvalidReapInput, LeaseHeld
 
     control = _control(settings, as_json)
+    # A reap proves from reads whose 404 means "gone"; against a bucket that is not there it must
+    # not start at all (exit 2 naming it).
+    codec = control.ctx.codec
+    control.ctx.store.require_bucket(codec.prefix + ("raw-blobs/v1/" if mode == "gc" else "accepted-by-time/v1/"))
     inp: dict[str, Any] = {"mode": mode, "dry_run": not execute, "hour": hour}
     if source:
         inp["source"] = source

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -141,6 +141,9 @@ def walk_start(agent: str | None, resume: bool, wait: bool, page_size: int | Non
 
     control = _control(settings, as_json)
     try:
+        # The walk lists accepted/v1/ in Step Functions; a bucket that is not there must stop the
+        # start here (exit 2), not become a walk that finds nothing and sets the watermark.
+        control.ctx.store.require_bucket(control.ctx.codec.accepted_root())
         started = control.start(agent=agent, resume=resume, page_size=page_size, parallelism=parallelism,
                                 max_rounds=max_rounds, lease_seconds=lease_seconds)
     except LeaseHeld as exc:
@@ -234,7 +237,7 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
     try:
         report = verify(ctx, strict=strict)
     except (LightmetricsError, ClientError, BotoCoreError) as exc:
-        fail(f"cannot verify: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot verify", as_json=as_json)
     if as_json:
         emit_json(report.to_json())
         sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)

@@ -1,10 +1,11 @@
 """``lightmetrics.client``: the agent side of ingest — a durable spool and a client that drains it.
 
 * :class:`Spool` — one file per batch holding the exact encoded frame bytes, named with the
-  identity's key encoding; ``parked/`` for batches outside the normal order.
+  identity's key encoding; ``parked/`` for batches outside the normal order, ``unreadable/``
+  for files the client cannot use.
 * :class:`AgentClient` — sends spooled batches in order with failover and jittered backoff;
-  deletes a batch only on a 200 that confirms its hash; parks conflicts and other refusals;
-  stops on 401/403 with :class:`AuthRejected`.
+  deletes a batch only on a 200 that confirms its hash; parks conflicts, denied boots and other
+  refusals; stops with :class:`AuthRejected` only when the token is rejected.
 
 Example:
     >>> from lightmetrics.client import AgentClient                                 # doctest: +SKIP
@@ -23,7 +24,7 @@ from lightmetrics.client.errors import (
     SpoolConflictError,
     SpoolError,
 )
-from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, identity_from_spool_name
+from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile, identity_from_spool_name
 from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, TransportError
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "SpoolError",
     "SpooledBatch",
     "TransportError",
+    "UnreadableFile",
     "identity_from_spool_name",
     "log_alert",
 ]

@@ -11,11 +11,20 @@ hash as the spooled bytes)
                                             later batches; retried every
                                             ``parked_retry_s``; dropped once the answer
                                             says ``resolution: accept_existing``
+403 ``denied`` (the identity is on the        park it as ``denied`` (and, without sending,
+denylist)                                   the rest of that boot's batches in the pass),
+                                            alert, continue with other boots; retried
+                                            every ``parked_retry_s``, one probe per boot
 400 / 405 / 411 / 413 / other 4xx           park it as ``invalid``, alert, continue
-401 / 403                                   raise :class:`AuthRejected`; nothing deleted
+401, or 403 that is not ``denied`` (a       raise :class:`AuthRejected`; nothing deleted
+token for another agent)
 503 / 429 / 408 / 5xx / refused / reset /   next endpoint; jittered exponential backoff
 timeout                                     (a full round of refused endpoints first)
 ==========================================  ==============================================
+
+A spool file the client cannot use (not a batch name, not a valid frame of its name's identity,
+unreadable) is set aside under ``unreadable/`` with its reason (alert ``unreadable``) and the
+rest keeps flowing.
 
 Example:
     >>> client = AgentClient(agent_id="agent-a", token=token, spool="/var/spool/lm",   # doctest: +SKIP
@@ -29,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -42,11 +52,11 @@ from typing import Any
 
 from lightmetrics.client.backoff import BackoffPolicy
 from lightmetrics.client.errors import AuthRejected, ClientConfigError, SpoolError
-from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch
+from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile
 from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, Transport, TransportError
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.frame import validate_frame
-from lightmetrics.errors import InvalidIdentityError
+from lightmetrics.errors import FrameError, InvalidIdentityError
 from lightmetrics.identity import BatchIdentity, validate_id
 
 log = logging.getLogger(__name__)
@@ -55,15 +65,19 @@ log = logging.getLogger(__name__)
 RETRYABLE_HTTP = frozenset({408, 429}) | frozenset(range(500, 600))
 ACCEPT_EXISTING = "accept_existing"
 CONTENT_TYPE = "application/vnd.lightmetrics.frame"
+DENIED = "denied"
+#: Parked kinds retried at the ``parked_retry_s`` cadence (a decision or a lifted denial may free them).
+RETRIED_KINDS = frozenset({"identity_conflict", DENIED})
 
 
 @dataclass(frozen=True)
 class Alert:
-    """A local alert: ``kind`` is ``parked`` (a batch left the normal order) or ``dropped``
-    (a parked conflict was resolved ``accept_existing`` and its batch deleted)."""
+    """A local alert: ``kind`` is ``parked`` (a batch left the normal order), ``dropped``
+    (a parked conflict was resolved ``accept_existing`` and its batch deleted) or ``unreadable``
+    (a spool file was set aside; ``identity`` is None when its name names none)."""
 
     kind: str
-    identity: BatchIdentity
+    identity: BatchIdentity | None
     parked_kind: str
     http_status: int | None
     status: str | None
@@ -75,6 +89,8 @@ class Alert:
 
     @property
     def message(self) -> str:
+        if self.kind == "unreadable":
+            return f"lightmetrics agent: spool file set aside as unreadable ({self.path}): {self.reason}"
         what = {"parked": "parked", "dropped": "dropped (resolved accept_existing)"}.get(self.kind, self.kind)
         return (f"lightmetrics agent: batch {self.identity} {what}: {self.parked_kind} "
                 f"(HTTP {self.http_status}, {self.status}): {self.reason or ''}").rstrip(": ")
@@ -122,6 +138,9 @@ class DrainReport:
     pending: int = 0
     parked: int = 0
     parked_conflicts: int = 0
+    parked_denied: int = 0
+    unreadable: int = 0
+    set_aside: int = 0
     exhausted: bool = False
     timed_out: bool = False
 
@@ -146,7 +165,7 @@ class DrainReport:
 
     @property
     def parked_invalid(self) -> int:
-        return self.parked - self.parked_conflicts
+        return self.parked - self.parked_conflicts - self.parked_denied
 
     def merge(self, other: "DrainReport") -> None:
         self.outcomes += other.outcomes
@@ -157,7 +176,9 @@ class DrainReport:
         self.timeouts += other.timeouts
         self.backoffs += other.backoffs
         self.passes += other.passes
+        self.set_aside += other.set_aside
         self.pending, self.parked, self.parked_conflicts = other.pending, other.parked, other.parked_conflicts
+        self.parked_denied, self.unreadable = other.parked_denied, other.unreadable
         self.exhausted = other.exhausted
         self.timed_out = self.timed_out or other.timed_out
 
@@ -170,7 +191,10 @@ class DrainReport:
             "pending": self.pending,
             "parked": self.parked,
             "parked_conflicts": self.parked_conflicts,
+            "parked_denied": self.parked_denied,
             "parked_invalid": self.parked_invalid,
+            "unreadable": self.unreadable,
+            "set_aside_now": self.set_aside,
             "answers": dict(self.answers),
             "attempts": self.attempts,
             "failovers": self.failovers,
@@ -188,7 +212,7 @@ class DrainReport:
 class _Delivery:
     """The end of one batch's attempts in a pass."""
 
-    kind: str  # ok | conflict | rejected | unexpected | exhausted
+    kind: str  # ok | conflict | denied | rejected | unexpected | exhausted
     answer: HttpAnswer | None
     endpoint: str | None
     attempts: int
@@ -359,7 +383,10 @@ class AgentClient:
             if answer.status == 200:
                 done.kind = "ok" if self._confirms(answer, data) else "unexpected"
                 return done
-            if answer.status in (401, 403):
+            if answer.status == 403 and answer.body.get("status") == DENIED:
+                done.kind = "denied"  # this identity is on the denylist; the token is fine
+                return done
+            if answer.status in (401, 403):  # the token is rejected: nothing this client sends can pass
                 raise AuthRejected(answer.status, str(answer.body.get("reason") or answer.status_word),
                                    identity=identity, endpoint=endpoint.url, body=answer.body)
             if answer.status == 409 and answer.body.get("status") == "identity_conflict":
@@ -404,7 +431,8 @@ class AgentClient:
 
     @staticmethod
     def _parked_kind(delivery: _Delivery) -> str:
-        return {"conflict": "identity_conflict", "unexpected": "unexpected_answer"}.get(delivery.kind, "invalid")
+        return {"conflict": "identity_conflict", "unexpected": "unexpected_answer",
+                "denied": DENIED}.get(delivery.kind, "invalid")
 
     def _alert(self, kind: str, parked: ParkedBatch) -> None:
         try:
@@ -414,16 +442,45 @@ class AgentClient:
         except Exception:  # an alert sink must not stop delivery
             log.exception("alert callback failed")
 
+    def _set_aside(self, path: Any, reason: str, report: DrainReport) -> UnreadableFile | None:
+        """Move an unusable spool file out of the way, say why, and go on with the rest."""
+        try:
+            aside = self.spool.set_aside(path, reason, at_unix_ns=self.clock.now_ns())
+        except FileNotFoundError:
+            return None  # removed meanwhile
+        report.set_aside += 1
+        log.warning("spool file %s set aside as %s: %s", path, aside.path, reason)
+        try:
+            self.on_alert(Alert("unreadable", None, "unreadable", None, None, None, reason, aside.frame_sha256,
+                                str(aside.path), {"original_name": aside.original_name}))
+        except Exception:  # an alert sink must not stop delivery
+            log.exception("alert callback failed")
+        return aside
+
+    def _set_aside_strays(self, report: DrainReport) -> None:
+        for path, reason in self.spool.strays():
+            self._set_aside(path, reason, report)
+
     def _outcome(self, identity: BatchIdentity, action: str, sha: str, d: _Delivery) -> BatchOutcome:
         a = d.answer
         return BatchOutcome(identity, action, sha, a.status if a else None, a.status_word if a else None,
                             d.endpoint, d.attempts, a.body if a else {})
 
-    def _send_pending(self, batch: SpooledBatch, report: DrainReport) -> BatchOutcome | None:
+    def _send_pending(self, batch: SpooledBatch, report: DrainReport,
+                      denied_boots: dict[tuple[str, str], _Delivery]) -> BatchOutcome | None:
         try:
             data = batch.read_bytes()
         except FileNotFoundError:
             return None  # removed meanwhile (another sender)
+        except OSError as exc:
+            self._set_aside(batch.path, f"cannot read {batch.path.name}: {exc}", report)
+            return None
+        if self.validate_frames:
+            try:
+                validate_frame(data, batch.identity)
+            except FrameError as exc:  # never send what ingest must refuse; keep it for inspection
+                self._set_aside(batch.path, f"not a valid frame of {batch.identity}: {exc}", report)
+                return None
         sha = hashlib.sha256(data).hexdigest()
         problem = _header_problem(batch.identity)
         if problem:  # spooled by another writer: keep it, out of the way, and say why
@@ -432,7 +489,13 @@ class AgentClient:
             parked = self.spool.park(batch, self._record(d, "invalid"))
             self._alert("parked", parked)
             return self._outcome(batch.identity, "parked", sha, d)
-        d = self._deliver(batch.identity, data, report)
+        boot = (batch.identity.agent_id, batch.identity.boot_id)
+        if boot in denied_boots:  # denied in this pass: the same denylist entry refuses this batch too
+            d = dataclasses.replace(denied_boots[boot], attempts=0)
+        else:
+            d = self._deliver(batch.identity, data, report)
+        if d.kind == "denied":
+            denied_boots.setdefault(boot, d)
         if d.kind == "ok":
             self.spool.delete(batch)
             return self._outcome(batch.identity, str(d.answer.body["status"]) if d.answer else "accepted", sha, d)
@@ -447,9 +510,15 @@ class AgentClient:
         self._alert("parked", parked)
         return self._outcome(batch.identity, "parked", sha, d)
 
-    def _retry_one(self, parked: ParkedBatch, report: DrainReport) -> BatchOutcome:
-        data = parked.read_bytes()
-        d = self._deliver(parked.identity, data, report)
+    def _retry_one(self, parked: ParkedBatch, report: DrainReport,
+                   denied_boots: dict[tuple[str, str], _Delivery]) -> BatchOutcome:
+        boot = (parked.identity.agent_id, parked.identity.boot_id)
+        if parked.kind == DENIED and boot in denied_boots:  # this boot's probe was denied again
+            d = dataclasses.replace(denied_boots[boot], attempts=0)
+        else:
+            d = self._deliver(parked.identity, parked.read_bytes(), report)
+        if d.kind == "denied":
+            denied_boots.setdefault(boot, d)
         if d.kind == "ok":
             self.spool.drop_parked(parked)
             return self._outcome(parked.identity, str(d.answer.body["status"]) if d.answer else "accepted",
@@ -473,14 +542,18 @@ class AgentClient:
         report.pending = len(self.pending())
         report.parked = len(parked)
         report.parked_conflicts = sum(1 for p in parked if p.kind == "identity_conflict")
+        report.parked_denied = sum(1 for p in parked if p.kind == DENIED)
+        report.unreadable = len(self.spool.unreadable())
         return report
 
     def retry_parked(self, *, only_due: bool = False, include_invalid: bool = False) -> DrainReport:
-        """Send parked batches again now (all parked conflicts; ``include_invalid`` also the
-        ``invalid``/``unexpected_answer`` ones, e.g. after the size limit was raised).
+        """Send parked batches again now (all parked conflicts and denials; ``include_invalid``
+        also the ``invalid``/``unexpected_answer`` ones, e.g. after the size limit was raised).
 
         A conflict whose answer says ``resolution: accept_existing`` is dropped (alert
-        ``dropped``); otherwise its sidecar records the latest answer and it stays parked.
+        ``dropped``); a denied batch that is accepted now (the denial was lifted) leaves the spool;
+        otherwise its sidecar records the latest answer and it stays parked. Denied batches are
+        probed one per boot: while the probe is denied, the boot's others are not sent.
 
         Example:
             >>> report = client.retry_parked()                     # doctest: +SKIP
@@ -488,24 +561,31 @@ class AgentClient:
             (1, [])
         """
         with self._lock:
-            report = DrainReport(passes=1)
-            for parked in self.parked():
-                if parked.kind != "identity_conflict" and not include_invalid:
-                    continue
-                if only_due and not self._due(parked):
-                    continue
-                report.outcomes.append(self._retry_one(parked, report))
-            return self._finish(report)
+            return self._finish(self._retry_parked(DrainReport(passes=1), {}, only_due, include_invalid))
+
+    def _retry_parked(self, report: DrainReport, denied_boots: dict[tuple[str, str], _Delivery], only_due: bool,
+                      include_invalid: bool) -> DrainReport:
+        for parked in self.parked():
+            if parked.kind not in RETRIED_KINDS and not include_invalid:
+                continue
+            if only_due and not self._due(parked):
+                continue
+            report.outcomes.append(self._retry_one(parked, report, denied_boots))
+        return report
 
     def run_once(self) -> DrainReport:
-        """One pass: parked conflicts that are due (``parked_retry_s``), then every pending batch
-        in order. A batch that exhausts ``backoff.max_attempts`` stays spooled and ends the pass
-        (``report.exhausted``): the endpoints are down, later batches would fare no better.
-        Raises :class:`AuthRejected` on 401/403 (nothing deleted)."""
+        """One pass: set aside files the client cannot use, parked conflicts and denials that are
+        due (``parked_retry_s``), then every pending batch in order. A batch that exhausts
+        ``backoff.max_attempts`` stays spooled and ends the pass (``report.exhausted``): the
+        endpoints are down, later batches would fare no better. Raises :class:`AuthRejected` when
+        the token is rejected (401, or 403 that is not ``denied``; nothing deleted)."""
         with self._lock:
-            report = self.retry_parked(only_due=True)
+            report = DrainReport(passes=1)
+            self._set_aside_strays(report)
+            denied_boots: dict[tuple[str, str], _Delivery] = {}  # boots denied in this pass
+            self._retry_parked(report, denied_boots, only_due=True, include_invalid=False)
             for batch in self.pending():
-                outcome = self._send_pending(batch, report)
+                outcome = self._send_pending(batch, report, denied_boots)
                 if outcome is None:
                     continue
                 report.outcomes.append(outcome)

@@ -52,8 +52,10 @@ class ClientStopped(ClientError):
 
 
 class AuthRejected(ClientStopped):
-    """Ingest answered 401 (bad, missing or revoked token) or 403 (token for another agent, or
-    the identity is denied). Retrying cannot help: an operator must fix the token or the denial.
+    """Ingest rejected the token: 401 (bad, missing or revoked token) or a 403 that is not
+    ``denied`` (status ``unauthorized``: a token minted for another agent). Retrying cannot help:
+    an operator must fix the token. (A 403 ``denied`` is not this: it refuses one identity on the
+    denylist, and the client parks that boot's batches and keeps delivering the rest.)
     """
 
     def __init__(
@@ -65,13 +67,12 @@ class AuthRejected(ClientStopped):
         endpoint: str,
         body: dict[str, Any] | None = None,
     ) -> None:
-        what = "token rejected" if http_status == 401 else "denied"
         hint = (
             "mint a token for this agent with `lmctl agent-token --agent-id ...`"
             if http_status == 401
-            else "the token is for another agent, or an operator denied this agent/boot"
+            else "the token was minted for another agent: give this agent its own (`lmctl agent-token`)"
         )
-        super().__init__(f"ingest at {endpoint} answered {http_status} ({what}): {reason}; {hint}")
+        super().__init__(f"ingest at {endpoint} answered {http_status} (token rejected): {reason}; {hint}")
         self.http_status = http_status
         self.reason = reason
         self.identity = identity

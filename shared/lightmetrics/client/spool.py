@@ -5,6 +5,8 @@ Layout of a spool directory::
     <spool>/agent=<agent-hex>.boot=<boot-hex>.<seq-start>-<seq-end>.lmframe   pending batches
     <spool>/parked/<same name>                                                parked batches
     <spool>/parked/<same name>.json                                           why it is parked
+    <spool>/unreadable/<uuid>                                                 a file set aside
+    <spool>/unreadable/<uuid>.json                                            why, and its name
     <spool>/.tmp-*                                                            writes in flight
 
 File names are :attr:`BatchIdentity.spool_name` — the same hex/20-digit encoding as the object
@@ -15,6 +17,12 @@ accepted identity are an identity conflict.
 Every write is crash-safe: temp file, ``fsync``, then an atomic link/rename and an ``fsync`` of
 the directory. A batch is *created* with ``link`` (fails if the name exists), so two writers of
 one identity cannot replace each other's bytes.
+
+A file the client cannot use — a name that is not a batch name, a batch name that is not
+canonical, bytes that are not a valid frame of the name's identity, a file it cannot read — is
+moved to ``unreadable/`` with a sidecar saying why (:meth:`Spool.set_aside`); the rest of the
+spool keeps flowing. Hidden files (names starting with ``.``) are not spool files and are left
+alone.
 
 Example:
     >>> import tempfile
@@ -46,9 +54,12 @@ from lightmetrics.errors import InvalidIdentityError
 from lightmetrics.identity import BatchIdentity, hex_to_id
 
 PARKED_DIR = "parked"
+UNREADABLE_DIR = "unreadable"
 SIDECAR_SUFFIX = ".json"
 TEMP_PREFIX = ".tmp-"
 PARKED_SCHEMA = "lightmetrics.parked_batch.v1"
+UNREADABLE_SCHEMA = "lightmetrics.unreadable_spool_file.v1"
+_ASIDE_RE = re.compile(r"^[0-9a-f]{32}$")
 _NAME_RE = re.compile(r"^agent=(?P<a>[0-9a-f]+)\.boot=(?P<b>[0-9a-f]+)\.(?P<s>\d{20})-(?P<e>\d{20})\.lmframe$")
 
 
@@ -148,6 +159,28 @@ class ParkedBatch:
         }
 
 
+@dataclass(frozen=True)
+class UnreadableFile:
+    """A spool file set aside because the client could not use it (kept byte for byte)."""
+
+    path: Path
+    sidecar_path: Path
+    original_name: str
+    original_dir: str  # "" (the spool) or "parked"
+    reason: str
+    set_aside_at_unix_ns: int | None
+    frame_sha256: str
+    frame_bytes: int
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "original_name": self.original_name, "original_dir": self.original_dir,
+                "kind": "unreadable", "reason": self.reason, "set_aside_at_unix_ns": self.set_aside_at_unix_ns,
+                "frame_sha256": self.frame_sha256, "frame_bytes": self.frame_bytes}
+
+
 class Spool:
     """A spool directory (created if missing). Safe against crashes at any point; one sender
     per spool at a time (a second sender is harmless to the protocol — it only causes
@@ -157,9 +190,11 @@ class Spool:
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
         self.root = Path(root)
         self.parked_dir = self.root / PARKED_DIR
+        self.unreadable_dir = self.root / UNREADABLE_DIR
         self.fsync = fsync
         try:
             self.parked_dir.mkdir(parents=True, exist_ok=True)
+            self.unreadable_dir.mkdir(exist_ok=True)
         except OSError as exc:
             raise SpoolError(f"cannot create spool {self.root}: {exc}") from None
 
@@ -237,10 +272,66 @@ class Spool:
         parked.sidecar_path.unlink(missing_ok=True)
         self._sync(self.parked_dir)
 
-    def _write_sidecar(self, path: Path, record: Mapping[str, Any]) -> None:
-        body = json.dumps({"schema": PARKED_SCHEMA, **record}, sort_keys=True, indent=1).encode()
-        tmp = self._write_temp(self.parked_dir, body)
+    def _write_sidecar(self, path: Path, record: Mapping[str, Any], schema: str = PARKED_SCHEMA) -> None:
+        body = json.dumps({"schema": schema, **record}, sort_keys=True, indent=1).encode()
+        tmp = self._write_temp(path.parent, body)
         os.replace(tmp, path)
+
+    def set_aside(self, path: Path, reason: str, *, at_unix_ns: int | None = None) -> UnreadableFile:
+        """Move a file the client cannot use to ``unreadable/`` with a sidecar saying why (sidecar
+        first: a crash in between leaves the file where it was, and it is set aside again)."""
+        target = self.unreadable_dir / uuid.uuid4().hex
+        sidecar = target.with_name(target.name + SIDECAR_SUFFIX)
+        self._write_sidecar(sidecar, {"original_name": path.name,
+                                      "original_dir": PARKED_DIR if path.parent == self.parked_dir else "",
+                                      "reason": reason, "set_aside_at_unix_ns": at_unix_ns}, UNREADABLE_SCHEMA)
+        os.replace(path, target)
+        self._sync(self.unreadable_dir, path.parent)
+        return self._load_unreadable(target)
+
+    def strays(self) -> list[tuple[Path, str]]:
+        """Files in the spool or ``parked/`` that are not batches (nor sidecars, temp or hidden
+        files), with why: what :meth:`set_aside` should move out of the way."""
+        out: list[tuple[Path, str]] = []
+        for directory in (self.root, self.parked_dir):
+            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+                name = entry.name
+                if name.startswith(".") or entry.is_dir(follow_symlinks=False):
+                    continue  # hidden and temp files, and parked/ and unreadable/ themselves
+                if directory == self.parked_dir and name.endswith(".lmframe" + SIDECAR_SUFFIX):
+                    name = name[: -len(SIDECAR_SUFFIX)]  # a sidecar: fine if it names a batch
+                if not _NAME_RE.match(name):
+                    out.append((Path(entry.path), f"{entry.name!r} is not a spool batch name "
+                                                  "(agent=<hex>.boot=<hex>.<seq-start>-<seq-end>.lmframe)"))
+                    continue
+                try:
+                    identity_from_spool_name(name)
+                except SpoolError as exc:
+                    out.append((Path(entry.path), str(exc)))
+        return out
+
+    def unreadable(self) -> list[UnreadableFile]:
+        """Files set aside, oldest first."""
+        out = []
+        for name in sorted(os.listdir(self.unreadable_dir)):
+            if _ASIDE_RE.match(name):
+                try:
+                    out.append(self._load_unreadable(self.unreadable_dir / name))
+                except FileNotFoundError:
+                    continue  # removed meanwhile
+        return sorted(out, key=lambda u: (u.set_aside_at_unix_ns or 0, u.path.name))
+
+    def _load_unreadable(self, path: Path) -> UnreadableFile:
+        sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+        try:
+            rec: dict[str, Any] = json.loads(sidecar.read_bytes())
+        except (FileNotFoundError, ValueError):
+            rec = {"reason": "sidecar missing or unreadable"}
+        data = path.read_bytes()
+        return UnreadableFile(path=path, sidecar_path=sidecar, original_name=str(rec.get("original_name") or path.name),
+                              original_dir=str(rec.get("original_dir") or ""), reason=str(rec.get("reason") or ""),
+                              set_aside_at_unix_ns=rec.get("set_aside_at_unix_ns"), frame_sha256=_sha256(data),
+                              frame_bytes=len(data))
 
     # ------------------------------------------------------------------ reads
     def _batches(self, directory: Path, parked: bool) -> list[SpooledBatch]:
@@ -251,7 +342,11 @@ class Spool:
             raise SpoolError(f"cannot list {directory}: {exc}") from None
         for name in names:
             if _NAME_RE.match(name):
-                out.append(SpooledBatch(identity_from_spool_name(name), directory / name, parked=parked))
+                try:
+                    ident = identity_from_spool_name(name)
+                except SpoolError:
+                    continue  # not canonical: a stray, for set_aside, never a reason to stop
+                out.append(SpooledBatch(ident, directory / name, parked=parked))
         return out
 
     def pending(self) -> list[SpooledBatch]:
@@ -304,13 +399,18 @@ class Spool:
         """
         removed = 0
         now = time.time()
-        for directory in (self.root, self.parked_dir):
+        for directory in (self.root, self.parked_dir, self.unreadable_dir):
             for entry in os.scandir(directory):
                 if entry.name.startswith(TEMP_PREFIX) and now - entry.stat().st_mtime >= temp_older_than_s:
                     Path(entry.path).unlink(missing_ok=True)
                     removed += 1
         for entry in os.scandir(self.parked_dir):
             if entry.name.endswith(".lmframe" + SIDECAR_SUFFIX) and not (self.parked_dir / entry.name[:-5]).exists():
+                Path(entry.path).unlink(missing_ok=True)
+                removed += 1
+        for entry in os.scandir(self.unreadable_dir):  # a sidecar whose move never happened
+            stem = entry.name[: -len(SIDECAR_SUFFIX)]
+            if entry.name.endswith(SIDECAR_SUFFIX) and _ASIDE_RE.match(stem) and not (self.unreadable_dir / stem).exists():
                 Path(entry.path).unlink(missing_ok=True)
                 removed += 1
         return removed

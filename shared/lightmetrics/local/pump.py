@@ -32,6 +32,7 @@ from typing import Any
 
 from lightmetrics.local.function_host import LambdaContext
 from lightmetrics.local.server import ACCOUNT_ID, REGION
+from lightmetrics.queues import queue_depth
 
 LOG = logging.getLogger(__name__)
 
@@ -222,13 +223,6 @@ class Scheduler:
         for t in self._threads:
             t.join(timeout=30)
         self._threads.clear()
-
-
-def queue_depth(sqs: Any, url: str) -> int:
-    attrs = sqs.get_queue_attributes(
-        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    )["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
 def running_executions(sfn: Any) -> int:

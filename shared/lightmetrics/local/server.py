@@ -38,7 +38,9 @@ from urllib.parse import parse_qsl
 
 from werkzeug.serving import ThreadedWSGIServer
 
+from lightmetrics.hosting import Host, install
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler, LambdaContext
+from lightmetrics.local.hosting import install_from_env
 from lightmetrics.resources import SPEC, ResourceSpec
 
 __all__ = [
@@ -242,6 +244,7 @@ class LocalRuntime:
         self._thread: threading.Thread | None = None
         self._saved_env: str | None = None
         self._saved_sfn_config: dict[str, Any] | None = None
+        self._saved_host: Host | None = None
         self.function_host: FunctionHost | None = None
 
     @property
@@ -280,6 +283,9 @@ class LocalRuntime:
             # Same effect as POST /moto-api/config; without it moto only records executions.
             self._saved_sfn_config = dict(default_user_config.get("stepfunctions", {}))
             moto_api_backend.set_config({"stepfunctions": {"execute_state_machine": True}})
+            # This process now hosts functions: it is their host (the local runtime's switches,
+            # LM_FAULTS and friends, are read here and nowhere in the functions' code).
+            self._saved_host = install_from_env()
             self.function_host = FunctionHost(
                 DomainDispatcherApplication(create_backend_app), self._functions, specs=self.spec.functions
             )
@@ -329,6 +335,9 @@ class LocalRuntime:
         self._restore_process_settings()
 
     def _restore_process_settings(self) -> None:
+        if self._saved_host is not None:
+            install(self._saved_host)
+            self._saved_host = None
         if self._saved_sfn_config is not None:
             from moto.core.config import default_user_config
 

@@ -68,10 +68,12 @@ class LocalSystem:
         self.made = provision(self.runtime, self.spec, bucket=self.bucket, table=self.table,
                               secret_name=self.secret_name, namespace=self.prefix,
                               queue_name_prefix=self.queue_name_prefix)
+        # A local system is a local host's: the demo's and tests' short waits are allowed here
+        # (docs/protocol.md §18 S4), never in configuration a deployed function reads.
         self.settings = Settings.from_env(
-            {}, bucket=self.bucket, table=self.table, prefix=self.prefix, auth_secret_id=self.secret_name,
-            queue_urls=queue_urls_setting(self.made), state_machine_arns=state_machine_arns_setting(self.made),
-            queue_probe="count", **self.overrides,
+            {}, timing_rules=False, bucket=self.bucket, table=self.table, prefix=self.prefix,
+            auth_secret_id=self.secret_name, queue_urls=queue_urls_setting(self.made),
+            state_machine_arns=state_machine_arns_setting(self.made), queue_probe="count", **self.overrides,
         )
         self.register_task_functions()
         return self

@@ -3,7 +3,8 @@
 Faults happen where real ones do — between our code and S3 — and a fault can be chosen to
 land or not land the request:
 
-* ``409``, ``412``, ``500``, ``503`` (SlowDown): answered locally, the request never reaches S3;
+* ``403`` (AccessDenied), ``409``, ``412``, ``500``, ``503`` (SlowDown): answered locally, the
+  request never reaches S3;
 * ``timeout``: the request is not sent, the caller sees a read timeout;
 * ``timeout_after_landing``: the request *is* sent and applied by S3, then the caller sees a read
   timeout — the case that tempts an implementation into a double acceptance;
@@ -34,6 +35,7 @@ from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from botocore.httpsession import URLLib3Session
 
 _ERRORS = {
+    "403": (403, "AccessDenied", "Access Denied"),
     "409": (409, "ConditionalRequestConflict", "A conflicting conditional operation is in progress."),
     "412": (412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold"),
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),

@@ -100,7 +100,7 @@ def build() -> dict[str, tuple[dict[str, Any], int, str]]:
     events["malformed-token"] = (function_url_event(_frame(30), _headers(30, "not-a-token")), 401, "unauthorized")
     revoked = "k0." + old.split(".", 1)[1]
     events["revoked-key"] = (function_url_event(_frame(30), _headers(30, revoked)), 401, "unauthorized")
-    events["token-for-another-agent"] = (function_url_event(_frame(30), _headers(30, other)), 403, "denied")
+    events["token-for-another-agent"] = (function_url_event(_frame(30), _headers(30, other)), 403, "unauthorized")
     events["oversize-body"] = (
         function_url_event(b"\0" * (SAMPLE_MAX_FRAME_BYTES + 1), _headers(30, tok)), 413, "invalid")
     events["invalid-identity"] = (
