@@ -1,4 +1,8 @@
-"""The cost model's arithmetic (issue 9 item 5), against figures computed by hand."""
+"""The cost model's arithmetic (issues 9 and 14), every line against a figure computed by hand.
+
+The per-unit request counts themselves are live counts: tests/test_bench.py (hot path) and
+tests/test_cost_measured.py (background jobs) check them.
+"""
 
 from __future__ import annotations
 
@@ -8,92 +12,239 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from lightmetrics.cost_model import MONTH_S, Assumptions, estimate
-from lightmetrics.pricing import PRICES, PriceTable
+from lightmetrics.cost_model import MONTH_DAYS, MONTH_S, Assumptions, estimate, job_requests, job_units, traffic_lines
+from lightmetrics.pricing import PRICE_TABLE, PRICES, PriceTable
 
-# One month of retention, 1 MB frames, no PITR: easy to do by hand.
-SIMPLE = Assumptions(retention_days=MONTH_S / 86400, system_age_days=MONTH_S / 86400, alt_pitr=False)
+# A world that is easy to do by hand: 10 batches/s (26,298,000 a month), one month of retention,
+# two months of history, every retention-like period one month; 864 agents whose boots last a day,
+# so a walk partition holds exactly 1,000 keys (one page).
+SIMPLE = Assumptions(retention_days=MONTH_DAYS, system_age_days=2 * MONTH_DAYS, fleet_agents=864, boot_days=1.0,
+                     retry_horizon_days=MONTH_DAYS / 2, log_retention_days=MONTH_DAYS, ops_retention_days=MONTH_DAYS,
+                     noncurrent_version_days=MONTH_DAYS, alt_pitr=False)
+RATE, BATCHES = 10, 26_298_000
 
 
 def _line(design: dict, item: str) -> dict:
-    (line,) = [x for x in design["lines"] if x["item"] == item]
+    (line,) = [x for x in design["lines"] + design["fixed"] if x["item"] == item]
     return line
 
 
-def test_alternative_matches_a_hand_computed_bill():  # type: ignore[no-untyped-def]
-    est = estimate(10, 1_000_000, assumptions=SIMPLE)
-    alt = est["designs"]["dynamodb-dedupe"]
+def per_million(design: dict, item: str) -> float:
+    return _line(design, item)["usd_per_million_batches"]
+
+
+@pytest.fixture(scope="module")
+def simple() -> dict:
+    return estimate(RATE, 1_000_000, assumptions=SIMPLE)
+
+
+def test_job_units_match_hand_computed_counts() -> None:
+    u = job_units(RATE, SIMPLE)
+    assert BATCHES == RATE * MONTH_S
+    # walk: 52,596 partitions of 1,000 keys (half retained, half reaped), one page each; 13,149
+    # rounds of 4 pages, 108 executions of at most 122 rounds; a page spans 1 + 24 hours of a boot
+    assert u["walk"] == pytest.approx({
+        "key.retained": 4.35 * 26_298_000, "key.reaped": 4.35 * 26_298_000, "page": 4.35 * 52_596,
+        "partition": 4.35 * 52_596, "round": 4.35 * 13_149, "continuation": 4.35 * 107,
+        "tombstone_check": 4.35 * 52_596 * 25, "run": 4.35})
+    # GC scan, daily: half of the month's blobs inside the retry horizon; pages of 500
+    assert u["gc-scan"] == pytest.approx({"blob.old": 30.4375 * 13_149_000, "blob.young": 30.4375 * 13_149_000,
+                                          "page": 30.4375 * 52_596, "run": 30.4375})
+    # retention: 730.5 hours of 36,000 batches: 72 pages, 4 settle rounds of 20 pages; 24 hours a run
+    assert u["retention"] == pytest.approx({"batch": 26_298_000, "page": 730.5 * 72, "settle_round": 730.5 * 4,
+                                            "hour": 730.5, "run": 30.4375, "date_listed": 60.875})
+    # reconciler: 8,766 runs, each listing 1.25 hours; every entry listed 9 times, repaired 1.4 times
+    assert u["reconciler"] == pytest.approx({"entry.repaired": 1.4 * 26_298_000,
+                                             "listing": 8766 * 1.25 + 9 * 26_298, "tombstone_check": 8766 * 1.25,
+                                             "run": 8766})
+    young = job_units(RATE, Assumptions(retention_days=90, system_age_days=30))
+    assert young["retention"] == {}  # nothing has expired yet
+    assert young["walk"]["key.reaped"] == 0
+
+
+def test_job_requests_sum_units_times_the_measured_table() -> None:
+    assert job_requests("gc-scan", {"blob.old": 10, "blob.young": 5, "page": 2, "run": 1}) == {
+        "s3.HeadObject": 25, "s3.GetObject": 10, "s3.ListObjectsV2": 2, "dynamodb.GetItem": 6, "dynamodb.Query": 5,
+        "dynamodb.TransactWriteItems": 4, "dynamodb.PutItem": 2, "sfn.transitions": 10, "lambda.Invoke": 5}
+    with pytest.raises(ValueError, match="no units"):
+        job_requests("walk", {"blob.old": 1})
+
+
+def test_traffic_lines_price_every_api_by_hand() -> None:
+    requests = {"s3.PutObject": 2, "s3.ListObjectsV2": 1, "s3.GetObject": 4, "s3.HeadObject": 1, "s3.DeleteObject": 10,
+                "dynamodb.UpdateItem": 3, "dynamodb.TransactWriteItems": 2, "dynamodb.GetItem": 5, "sqs.SendMessage": 5,
+                "cloudwatch.GetMetricStatistics": 7, "sfn.transitions": 100, "lambda.Invoke": 10}
+    lines = {x["item"]: x for x in traffic_lines("x", requests, SIMPLE, PRICE_TABLE, gb_s=2, log_bytes_per_invocation=640,
+                                                  extra_wru=1, extra_rru=2)}
+    usd = {k.removeprefix("x: "): v["usd_per_batch"] for k, v in lines.items()}
+    assert usd == pytest.approx({
+        "S3 PUT/LIST": 3 * 0.005 / 1000,
+        "S3 GET/HEAD": 5 * 0.0004 / 1000,  # DELETE is free
+        # WRU: 3 updates + 2 transactions x 2 items x 2 + 1; RRU: 5 + 2
+        "control table": 12 * 0.625e-6 + 7 * 0.125e-6,
+        "SQS requests": 5 * 0.40e-6,
+        "CloudWatch GetMetricStatistics": 7 * 0.01 / 1000,
+        "Step Functions transitions": 100 * 0.025 / 1000,
+        "Lambda invocations": 10 * 0.20e-6,
+        "Lambda duration": 2 * 0.0000133334,
+        # 10 invocations x (360 + 640) B + 100 transitions x 2,500 B, ingested and kept a month
+        "CloudWatch Logs": 260_000e-9 * (0.50 + 0.03),
+        # 18 S3 requests (the deletes too) x 700 B, kept a month in the ops bucket
+        "S3 access log records": 18 * 700e-9 * 0.023,
+        "X-Ray traces": 10 * 0.05 * 5.0e-6,
+    })
+    assert lines["x: S3 access log records"]["quantity_per_batch"] == 18
+
+
+def test_alternative_matches_a_hand_computed_bill(simple: dict) -> None:
+    alt = simple["designs"]["dynamodb-dedupe"]
     # per batch: invocation 0.20/1e6; 0.12 s x 1 GB x 0.0000133334 (arm64); 1 PUT x 0.005/1000;
-    # 2 WRU (item + 1 GSI) x 0.625/1e6; 600 B for a month x 0.25/GB; 1 MB for a month x 0.023/GB
-    by_hand = 0.20 + 0.12 * 0.0000133334 * 1e6 + 5.0 + 1.25 + 600e-9 * 0.25 * 1e6 + 1e-3 * 0.023 * 1e6
+    # 2 WRU (item + 1 GSI) x 0.625/1e6; 600 B for a month x 0.25/GB; 1 MB for a month x 0.023/GB;
+    # logs (360 + 900) B x (0.50 + 0.03); one access log record 700 B x 0.023; 5 % traced x 5/1e6
+    by_hand = (0.20 + 0.12 * 0.0000133334 * 1e6 + 5.0 + 1.25 + 600e-9 * 0.25 * 1e6 + 1e-3 * 0.023 * 1e6
+               + 1260e-9 * 0.53 * 1e6 + 700e-9 * 0.023 * 1e6 + 0.05 * 5.0)
+    assert by_hand == pytest.approx(32.133908, rel=1e-6)
     assert alt["per_million_batches_usd"] == pytest.approx(by_hand, rel=1e-9)
-    assert by_hand == pytest.approx(31.200008, rel=1e-9)
-    assert est["batches_per_month"] == 10 * 2_629_800
-    assert alt["per_month_usd"] == pytest.approx(31.200008e-6 * 26_298_000, rel=1e-9)  # $820.50
+    assert alt["per_month_usd"] == pytest.approx(by_hand * 1e-6 * BATCHES, rel=1e-9)
+    assert simple["batches_per_month"] == BATCHES
 
 
-def test_lightmetrics_lines_match_hand_computed_figures():  # type: ignore[no-untyped-def]
-    est = estimate(10, 1_000_000, assumptions=SIMPLE)
-    ours = est["designs"]["lightmetrics"]
-    assert _line(ours, "ingest (accept, new): S3 PUT/LIST")["usd_per_million_batches"] == pytest.approx(10.0)
-    assert _line(ours, "index accepted manifest: S3 PUT/LIST")["usd_per_million_batches"] == pytest.approx(10.0)
-    assert _line(ours, "index raw blob: S3 GET/HEAD")["usd_per_million_batches"] == pytest.approx(0.4)
+def test_hot_path_lines_match_hand_computed_figures(simple: dict) -> None:
+    ours = simple["designs"]["lightmetrics"]
+    assert per_million(ours, "ingest: S3 PUT/LIST") == pytest.approx(10.0)
+    assert per_million(ours, "ingest: S3 access log records") == pytest.approx(2 * 700e-9 * 0.023 * 1e6)
+    # indexing: GET + 2 PUTs (manifest), HEAD + PUT (blob)
+    assert per_million(ours, "indexing: S3 PUT/LIST") == pytest.approx(15.0)
+    assert per_million(ours, "indexing: S3 GET/HEAD") == pytest.approx(0.8)
     # 2 messages x (1 send + 2/10 receive/delete) x 0.40/1e6
-    assert _line(ours, "event path: SQS requests")["usd_per_million_batches"] == pytest.approx(0.96)
-    # the reconciler lists an entry (1800 s + 900 s settle) / 300 s = 9 times (9/1000 LIST) and
-    # repairs it 1 + 120/300 = 1.4 times: 1.4 x (3 PUTs, 2 GET/HEAD)
-    assert est["assumptions"]["reconcile_passes_per_entry"] == 9
-    assert est["assumptions"]["reconcile_repairs_per_entry"] == pytest.approx(1.4)
-    assert _line(ours, "reconciler repairs: S3 PUT/LIST")["usd_per_million_batches"] == pytest.approx(1.4 * 3 * 5)
-    assert _line(ours, "reconciler repairs: S3 GET/HEAD")["usd_per_million_batches"] == pytest.approx(1.4 * 2 * 0.4)
-    assert _line(ours, "reconciler listings: S3 PUT/LIST")["usd_per_million_batches"] == pytest.approx(9 / 1000 * 5)
-    # one month of history walked 4.35 times
-    walk = _line(ours, "bootstrap walk (retained batches): S3 PUT/LIST")
-    assert walk["quantity_per_batch"] == pytest.approx(4.35 * 3.001)
-    assert walk["usd_per_million_batches"] == pytest.approx(4.35 * 3.001 * 5)
-    assert not [x for x in ours["lines"] if x["item"].startswith("bootstrap walk (reaped")]
+    assert per_million(ours, "indexing: SQS requests") == pytest.approx(0.96)
+    assert per_million(ours, "indexing: Lambda duration") == pytest.approx(0.2 * 0.2 * 0.5 * 0.0000133334 * 1e6)
+
+
+def test_background_job_lines_match_hand_computed_figures(simple: dict) -> None:
+    ours = simple["designs"]["lightmetrics"]
+    # reconciler: 1.4 repairs x 3 PUTs, 247,639.5 listings a month
+    assert per_million(ours, "reconciler: S3 PUT/LIST") == pytest.approx((4.2 + 247_639.5 / BATCHES) * 5)
+    assert per_million(ours, "reconciler: S3 GET/HEAD") == pytest.approx((2.8 + 10_957.5 / BATCHES) * 0.4)
+    # walk: 3 PUTs per retained key, a LIST per page and per partition, 2 root LISTs a walk
+    assert per_million(ours, "walk: S3 PUT/LIST") == pytest.approx(4.35 * (3 * BATCHES + 2 * 52_596 + 2) / BATCHES * 5)
+    # GET + HEAD per key, retained or reaped, and 25 tombstone HEADs per page
+    assert per_million(ours, "walk: S3 GET/HEAD") == pytest.approx(4.35 * (4 + 0.05) * 0.4)
+    # a page 1, a round 3 (Plan, Route, Map), a continuation 5, the walk 5
+    assert per_million(ours, "walk: Step Functions transitions") == pytest.approx(
+        4.35 * (52_596 + 3 * 13_149 + 5 * 107 + 5) / BATCHES * 0.025 / 1000 * 1e6)
+    assert _line(ours, "walk: Lambda invocations")["quantity_per_batch"] == pytest.approx(
+        4.35 * (52_596 + 13_149 + 3 * 107 + 3) / BATCHES)
+    # GC scan: 3 reads per old blob, 1 per young one (half each), every day
+    assert per_million(ours, "GC scan: S3 GET/HEAD") == pytest.approx(60.875 * 0.4)
+    assert per_million(ours, "GC scan: Step Functions transitions") == pytest.approx(
+        30.4375 * (2 * 52_596 + 6) / BATCHES * 0.025 / 1000 * 1e6)
+    # retention: 5 reads per batch, 2 tombstone HEADs per page, the reaped marker's HEAD per hour
+    assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((5 + (2 * 52_596 + 730.5) / BATCHES) * 0.4)
+    # control table: pages 24 WRU + 10 RRU, settle rounds 4 WRU, hours 12 WRU + 7 RRU, runs 6 WRU + 4 RRU;
+    # the marks: 6 writes x 490/1024 WRU and (20 + 10.5) x 490/4096 RRU per batch
+    wru = (24 * 52_596 + 4 * 2922 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 490 / 1024
+    rru = (10 * 52_596 + 7 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 490 / 4096
+    assert per_million(ours, "retention: control table") == pytest.approx(wru * 0.625 + rru * 0.125)
+    assert per_million(ours, "retention: Step Functions transitions") == pytest.approx(
+        (8 * 52_596 + 2 * 2922 + 6 * 730.5 + 4 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
+
+
+def test_audit_and_storage_lines_match_hand_computed_figures(simple: dict) -> None:
+    ours = simple["designs"]["lightmetrics"]
+    # listed a day: records (2 months) + blobs and 3 derived (1 month) + 3 noncurrent versions and
+    # 3 markers (1 month) = 365.25 days of batches; per batch of the month: 365.25 objects
+    assert _line(ours, "audit: S3 Inventory")["quantity_per_batch"] == pytest.approx(365.25)
+    assert per_million(ours, "audit: S3 Inventory") == pytest.approx(365.25 * 0.0025)
+    # a day's report (90 B a row) is kept a month
+    assert per_million(ours, "audit: inventory reports (ops bucket)") == pytest.approx(
+        365.25 / MONTH_DAYS * 90e-9 * MONTH_DAYS * 0.023 * 1e6)
+    # 15,300 rows per vCPU-second, x86, 4 GB per vCPU
+    vcpu_h = 365.25 / 15_300 / 3600
+    assert per_million(ours, "audit: EMR Serverless vCPU") == pytest.approx(vcpu_h * 0.052624 * 1e6)
+    assert per_million(ours, "audit: EMR Serverless memory") == pytest.approx(vcpu_h * 4 * 0.0057785 * 1e6)
+    arm = estimate(RATE, 1_000_000, assumptions=Assumptions(**{**SIMPLE.__dict__, "emr_arm64": True}))
+    assert per_million(arm["designs"]["lightmetrics"], "audit: EMR Serverless vCPU") == pytest.approx(
+        vcpu_h * 0.042094 * 1e6)
+    assert per_million(ours, "storage: frames + derived entries (retention period)") == pytest.approx(
+        1_001_200e-9 * 0.023 * 1e6)
+    assert per_million(ours, "storage: acceptance records (kept forever)") == pytest.approx(700e-9 * 2 * 0.023 * 1e6)
+    assert per_million(ours, "storage: noncurrent derived versions") == pytest.approx(1200e-9 * 0.023 * 1e6)
+
+
+def test_fixed_lines_and_the_summary(simple: dict) -> None:
+    ours = simple["designs"]["lightmetrics"]
     fixed = {x["item"]: x["usd_per_month"] for x in ours["fixed"]}
-    assert fixed["SQS idle long polls (3 index queues)"] == pytest.approx(3 * 5 * 2_629_800 / 20 * 0.40e-6)
     runs = 2_629_800 / 300
-    assert fixed["reconciler: scheduled runs"] == pytest.approx(runs * (0.2e-6 + 0.15 * 0.0000133334))
-    total = sum(x["usd_per_batch"] for x in ours["lines"])
-    assert ours["per_month_usd"] == pytest.approx(total * 26_298_000 + sum(fixed.values()))
-    assert sum(ours["per_million_batches_by_group_usd"].values()) == pytest.approx(ours["per_million_batches_usd"])
+    assert fixed["reconciler: scheduled runs"] == pytest.approx(
+        runs * (0.2e-6 + 0.3 * 1.0 * 0.0000133334 + 1860e-9 * 0.53))
+    assert fixed["reconciler: closing hours (queue age, DLQs, blockers)"] == pytest.approx(
+        730.5 * (3 * 0.01 / 1000 + 3 * 0.4e-6 + 0.125e-6))
+    assert fixed["indexing: SQS idle long polls (3 index queues)"] == pytest.approx(3 * 5 * 2_629_800 / 20 * 0.40e-6)
+    assert fixed["audit: pipeline state machine"] == pytest.approx(2 * 30.4375 * 0.025 / 1000)
+    assert fixed["monitoring: CloudWatch alarms"] == pytest.approx(5.0)
+    assert fixed["monitoring: custom metrics"] == pytest.approx(12.0)
+    assert fixed["monitoring: dashboards"] == pytest.approx(3.0)
+    assert fixed["monitoring: Secrets Manager (token secret)"] == pytest.approx(0.40)
+    total = sum(x["usd_per_batch"] for x in ours["lines"]) * BATCHES + sum(fixed.values())
+    assert ours["per_month_usd"] == pytest.approx(total)
+    assert ours["per_million_batches_usd"] == pytest.approx(total / BATCHES * 1e6)
+    parts = ours["by_part_per_month_usd"]
+    assert sum(parts.values()) == pytest.approx(total)
+    assert set(parts) == {"ingest", "indexing", "reconciler", "walk", "GC scan", "retention", "audit", "storage",
+                          "monitoring"}
+    outside = total - parts["ingest"] - parts["indexing"] - parts["storage"]
+    assert ours["outside_ingest_indexing_storage_share"] == pytest.approx(outside / total)
+    alt = simple["designs"]["dynamodb-dedupe"]
+    assert simple["ratio_lightmetrics_to_alternative"] == pytest.approx(total / alt["per_month_usd"])
 
 
-def test_older_systems_pay_for_walking_reaped_batches():  # type: ignore[no-untyped-def]
+def test_older_systems_pay_for_walking_reaped_batches() -> None:
     young = estimate(1, 4096, assumptions=Assumptions(system_age_days=90))["designs"]["lightmetrics"]
     old = estimate(1, 4096, assumptions=Assumptions(system_age_days=3 * 365))["designs"]["lightmetrics"]
-    reaped = _line(old, "bootstrap walk (reaped batches): S3 GET/HEAD")
-    assert reaped["quantity_per_batch"] == pytest.approx(4.35 * (3 * 365 - 90) * 86400 / MONTH_S * 2)
+    # the weekly walk re-reads every record ever made: 1,005 reaped days of 86,400 batches, 4.35 times a month
+    assert job_units(1, Assumptions(system_age_days=3 * 365))["walk"]["key.reaped"] == pytest.approx(
+        4.35 * 1005 * 86_400)
+    assert old["by_part_per_million_batches_usd"]["walk"] > 1.5 * young["by_part_per_million_batches_usd"]["walk"]
     assert old["per_million_batches_usd"] > young["per_million_batches_usd"]
 
 
-def test_price_table_is_dated_and_strict():  # type: ignore[no-untyped-def]
+def test_price_table_is_dated_and_strict() -> None:
     doubled = PriceTable.from_mapping({"as_of": "2026-01-01", "s3.put_per_1000": 0.010})
     assert doubled.as_of == "2026-01-01" and doubled.price("s3.get_per_1000") == PRICES["s3.get_per_1000"][0]
     est = estimate(1, 4096, prices=doubled)
-    assert _line(est["designs"]["lightmetrics"], "ingest (accept, new): S3 PUT/LIST")["usd_per_million_batches"] == \
-        pytest.approx(20.0)
+    assert per_million(est["designs"]["lightmetrics"], "ingest: S3 PUT/LIST") == pytest.approx(20.0)
+    for key in ("s3.inventory_per_million_objects", "emr_serverless.vcpu_hour_x86", "emr_serverless.gb_hour_arm64",
+                "cloudwatch.logs_ingest_per_gb", "cloudwatch.logs_storage_gb_month", "xray.per_million_traces"):
+        assert key in PRICES
+    assert PRICES["s3.inventory_per_million_objects"][0] == 0.0025
     with pytest.raises(ValueError, match="unknown price keys"):
         PriceTable.from_mapping({"s3.puts": 1})
     with pytest.raises(ValueError):
         estimate(0, 4096)
 
 
-def test_lmctl_cost_json_and_errors(tmp_path):  # type: ignore[no-untyped-def]
+def test_lmctl_cost_json_human_and_errors(tmp_path) -> None:  # type: ignore[no-untyped-def]
     runner = CliRunner()
     prices = tmp_path / "prices.json"
     prices.write_text(json.dumps({"as_of": "2026-02-02", "lambda.per_million_requests": 0.4}))
     out = runner.invoke(cli, ["cost", "--batches-per-second", "10", "--frame-bytes", "1000000", "--prices",
-                              str(prices), "--retention-days", str(MONTH_S / 86400), "--system-age-days",
-                              str(MONTH_S / 86400), "--assume", "alt_pitr=false", "--json"])
+                              str(prices), "--retention-days", str(MONTH_DAYS), "--system-age-days", str(2 * MONTH_DAYS),
+                              "--assume", "alt_pitr=false", "--assume", "fleet_agents=864", "--assume", "boot_days=1",
+                              "--assume", f"retry_horizon_days={MONTH_DAYS / 2}", "--assume",
+                              f"log_retention_days={MONTH_DAYS}", "--assume", f"ops_retention_days={MONTH_DAYS}",
+                              "--assume", f"noncurrent_version_days={MONTH_DAYS}", "--json"])
     assert out.exit_code == 0, out.output
     est = json.loads(out.output)
     assert est["prices"]["as_of"] == "2026-02-02"
+    assert (est["retention_days"], est["system_age_days"]) == (MONTH_DAYS, 2 * MONTH_DAYS)
     # the alternative by hand, with invocations at 0.40 per million
-    assert est["designs"]["dynamodb-dedupe"]["per_million_batches_usd"] == pytest.approx(31.200008 + 0.20)
+    assert est["designs"]["dynamodb-dedupe"]["per_million_batches_usd"] == pytest.approx(32.133908 + 0.20, rel=1e-6)
     assert runner.invoke(cli, ["cost", "--batches-per-second", "10", "--frame-bytes", "10", "--assume",
                                "nope=1"]).exit_code == 2
-    human = runner.invoke(cli, ["cost", "--batches-per-second", "5", "--frame-bytes", "2048"])
-    assert human.exit_code == 0 and "TOTAL" in human.output and "dynamodb-dedupe" in human.output
+    human = runner.invoke(cli, ["cost", "--batches-per-second", "100", "--frame-bytes", "4096", "--retention-days", "30",
+                                "--system-age-days", "365"], env={"COLUMNS": "240"})
+    assert human.exit_code == 0, human.output
+    for text in ("TOTAL", "dynamodb-dedupe", "ratio to dynamodb-dedupe", "everything but ingest, indexing and storage",
+                 "100 batches/s, 4096 B frames, 30 days retention, 365 days of history", "GC scan", "walk: S3 PUT/LIST"):
+        assert text in human.output, text

@@ -1,37 +1,51 @@
-"""Dollars per million accepted batches and per month at a rate: ``lmctl cost`` and docs/cost.md.
+"""Dollars per month and per million accepted batches at a rate: ``lmctl cost`` and docs/cost.md.
 
-Inputs: the request counts per operation measured by the request counter
-(:data:`MEASURED_REQUESTS`, checked against live counts by tests/test_bench.py and printed by
-``lmctl bench cost-table``), stated assumptions (:class:`Assumptions`: Lambda durations, SQS batch
-size, schedules, object sizes) and the dated price table (:mod:`lightmetrics.pricing`).
+Every recurring component is priced as (requests per unit of work, by API) x (units per month):
 
-Two estimates side by side:
+* the hot path (accept, the S3 -> SQS event path, both indexers) from :data:`MEASURED_REQUESTS`,
+  checked against live counts by tests/test_bench.py;
+* the background jobs (steady-state reconciler, weekly bootstrap walk, daily GC scan, daily
+  retention) from :data:`JOB_REQUESTS`: requests by API, Step Functions state transitions
+  (``sfn.transitions``, the states an execution enters, as the ASL really runs) and Lambda task
+  invocations (``lambda.Invoke``) per unit of work. tests/test_cost_measured.py runs each job on
+  moto (the walk and the reap through their state machines) and fails unless every live count
+  equals the table; :func:`job_units` says how many units each job does per month under the
+  schedules of ``lightmetrics.resources`` and the :class:`Assumptions`;
+* what that traffic leaves behind: control-table capacity, CloudWatch Logs (Lambda and Step
+  Functions, whose logging level is ALL with execution data), S3 server access log records kept
+  in the ops bucket, X-Ray traces; the daily S3 Inventory, its reports and the Spark audit on EMR
+  Serverless; storage; fixed monthly items (schedules, idle polls, alarms, metrics, the secret).
 
-* ``lightmetrics``: this system on the happy path (every batch new): ingest, the S3 -> SQS event
-  path and both indexers, the steady-state reconciler (which lists the open hours on every run and
-  repairs each entry once, or twice when it lands within the margin of a run), the weekly bootstrap walk over retained history, one
-  retention reap per batch, storage for the retention period, and fixed scheduled costs.
-* ``dynamodb-dedupe``: what a team would otherwise build — one DynamoDB conditional PutItem per
-  batch as the dedupe record (plus a GSI to enumerate by time), and the S3 blob. It leaves out
-  whatever that team would add to reconcile blobs against records.
+Two designs side by side: ``lightmetrics`` (this system, every batch new) and ``dynamodb-dedupe``
+(what a team would otherwise build: one DynamoDB conditional PutItem per batch plus a GSI to
+enumerate by time, and the S3 blob; it leaves out whatever that team would add to reconcile
+blobs against records). Both get the same ingest Lambda, its logs, traces and access log records.
+
+Every cost line is named ``<part>: <what>``; the part (ingest, indexing, reconciler, walk, GC scan,
+retention, audit, storage, monitoring) is what docs/cost.md and the summary group by.
 
 Example:
     >>> est = estimate(batches_per_second=100, frame_bytes=4096)
-    >>> round(est["designs"]["lightmetrics"]["per_million_batches_usd"], 2) > 0
+    >>> est["designs"]["lightmetrics"]["per_month_usd"] > est["designs"]["dynamodb-dedupe"]["per_month_usd"]
     True
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from lightmetrics.pricing import PRICE_TABLE, PriceTable
 
-MONTH_S = 30.4375 * 86400  # an average month
+DAY_S = 86400
+MONTH_S = 30.4375 * DAY_S  # an average month
+MONTH_DAYS = MONTH_S / DAY_S
 
-#: Requests per operation, by API (``lmctl bench cost-table``; verified live by tests/test_bench.py).
+#: Requests per operation of the hot path, by API (``lmctl bench cost-table``; verified live by
+#: tests/test_bench.py).
 MEASURED_REQUESTS: dict[str, dict[str, int]] = {
     "accept.new": {"s3.PutObject": 2},
     "accept.duplicate": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 2},
@@ -41,40 +55,158 @@ MEASURED_REQUESTS: dict[str, dict[str, int]] = {
     "index.raw_blob": {"s3.HeadObject": 1, "s3.PutObject": 1},
     "walk.repair_per_key": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 3},
 }
-#: S3 APIs billed at the PUT/LIST rate; everything else at the GET rate (DELETE is free).
+
+#: Per unit of work of each background job: requests by API, ``sfn.transitions`` (states entered)
+#: and ``lambda.Invoke`` (task invocations). Measured by tests/test_cost_measured.py, which fails
+#: unless the live totals of whole runs equal the sum of units x these counts. A unit the job did
+#: not do costs nothing; ``run`` is what one execution (one scheduled run) costs on top.
+JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
+    "walk": {
+        # a key inside retention, all derived entries present: GET record, 2 PUTs (412), HEAD blob, PUT (412)
+        "key.retained": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 3},
+        # a key of a reaped hour: GET record, HEAD blob (gone; the hour's tombstone is cached)
+        "key.reaped": {"s3.GetObject": 1, "s3.HeadObject": 1},
+        # one page task: its LIST, the fence and the cursor (UpdateItem each)
+        "page": {"s3.ListObjectsV2": 1, "dynamodb.UpdateItem": 2, "sfn.transitions": 1, "lambda.Invoke": 1},
+        # enumerating one partition (agent boot): a boots-level LIST (MaxKeys = partitions Plan needs)
+        "partition": {"s3.ListObjectsV2": 1},
+        # one round: Plan (read the checkpoint, the skipped blockers; one transaction), Route, the Map
+        "round": {"dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1, "sfn.transitions": 3, "lambda.Invoke": 1},
+        # handing over to a new execution (history limit): Plan, Route, Continue, Continued, Begin
+        "continuation": {"dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2, "dynamodb.UpdateItem": 1,
+                         "sfn.transitions": 5, "lambda.Invoke": 3},
+        # a tombstone HEAD: once per acceptance or blob hour per task process (negative answers
+        # are forgotten after 60 s)
+        "tombstone_check": {"s3.HeadObject": 1},
+        # Begin (lease, checkpoint), the two root listings, the last Plan and Route, Finish (4 watermarks), Done
+        "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 2, "dynamodb.Query": 3, "dynamodb.TransactWriteItems": 2,
+                "dynamodb.UpdateItem": 4, "s3.ListObjectsV2": 2, "sfn.transitions": 5, "lambda.Invoke": 3},
+    },
+    "gc-scan": {
+        # a referenced blob past the retry horizon: HEAD blob, GET record, HEAD tombstone (never cached)
+        "blob.old": {"s3.HeadObject": 2, "s3.GetObject": 1},
+        # a blob younger than LM_RETRY_HORIZON_S: HEAD only
+        "blob.young": {"s3.HeadObject": 1},
+        # one page task (mark phase): LIST, checkpoint read, marks Query x2, one transaction; Gc + Route
+        "page": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 1, "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1,
+                 "sfn.transitions": 2, "lambda.Invoke": 1},
+        # Begin, Route, the settle task (nothing marked), Route, Finish, Done
+        "run": {"dynamodb.GetItem": 4, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
+                "sfn.transitions": 6, "lambda.Invoke": 3},
+    },
+    "retention": {
+        # GET record (blobs phase), HEAD blob + GET record (proof), GET record (settle), GET record
+        # (derived phase); deletes: marker, captured version, marker, raw-blobs-by-time,
+        # accepted-by-blob, accepted-by-time
+        "batch": {"s3.GetObject": 4, "s3.HeadObject": 1, "s3.DeleteObject": 6},
+        # one page in each of the blobs, derived and by-time phases, and its settle task
+        "page": {"s3.ListObjectsV2": 3, "s3.HeadObject": 2, "dynamodb.GetItem": 4, "dynamodb.Query": 6,
+                 "dynamodb.TransactWriteItems": 5, "dynamodb.UpdateItem": 4, "sfn.transitions": 8, "lambda.Invoke": 4},
+        # a settle round (every max_pending_pages marked pages): Wait (the GC grace), AfterWait
+        "settle_round": {"dynamodb.TransactWriteItems": 1, "sfn.transitions": 2},
+        # one hour: HEAD reaped marker, tombstone + reaped marker (PUT), watermark reads, records,
+        # verify listing, the tombstone wait
+        "hour": {"s3.ListObjectsV2": 1, "s3.HeadObject": 1, "s3.PutObject": 2, "dynamodb.GetItem": 6,
+                 "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2, "dynamodb.UpdateItem": 4,
+                 "sfn.transitions": 6, "lambda.Invoke": 2},
+        # expired_hours lists each date of accepted-by-time it walks through
+        "date_listed": {"s3.ListObjectsV2": 1},
+        "run": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 3, "dynamodb.PutItem": 2, "dynamodb.Query": 1,
+                "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
+    },
+    "reconciler": {
+        # an entry repaired (first run after it, and the next one inside the margin): as the walk's key
+        "entry.repaired": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 3},
+        # one listing page of a scanned hour (the first page of every open hour on every run)
+        "listing": {"s3.ListObjectsV2": 1},
+        "tombstone_check": {"s3.HeadObject": 1},
+        "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 1},
+    },
+}
+
+#: Closing one hour in AWS (CloudWatchAgeProbe), read from reconcile.py rather than measured (moto
+#: has no queue-age metric): ApproximateAgeOfOldestMessage of the 3 index queues, the depth of
+#: the 3 DLQs, and one Query for open indexing blockers.
+HOUR_CLOSE_REQUESTS: dict[str, int] = {"cloudwatch.GetMetricStatistics": 3, "sqs.GetQueueAttributes": 3,
+                                       "dynamodb.Query": 1}
+
+#: S3 APIs billed at the PUT/LIST rate; DELETE is free; everything else at the GET rate.
 _S3_PUT_CLASS = {"s3.PutObject", "s3.CopyObject", "s3.ListObjectsV2", "s3.CompleteMultipartUpload"}
+_S3_FREE = {"s3.DeleteObject"}
+_DDB_WRITES = {"dynamodb.PutItem", "dynamodb.UpdateItem", "dynamodb.DeleteItem"}
+_DDB_READS = {"dynamodb.GetItem", "dynamodb.Query"}
+#: Parts that are not "ingest, indexing and storage" (the target: at most 15 % of the total).
+CORE_PARTS = ("ingest", "indexing", "storage")
 
 
 @dataclass(frozen=True)
 class Assumptions:
     """What the model cannot measure locally; every figure is an input to edit, not a fact."""
 
+    # -- the hot path
     ingest_ms: float = 120.0  # billed duration per accept: 2 sequential S3 round trips + auth/validation
     ingest_memory_mb: int = 1024  # resources.py: the ingest function
     index_batch_ms: float = 200.0  # per SQS batch of 10 records, records concurrent (~5-6 round trips)
     index_memory_mb: int = 512
     sqs_batch_size: int = 10
-    reconcile_every_s: int = 300  # resources.py: rate(5 minutes)
+    sqs_pollers_per_queue: int = 5  # Lambda's SQS event source, 20 s long polls when idle
+    # -- the reconciler (resources.py: rate(5 minutes), 1024 MB)
+    reconcile_every_s: int = 300
     settle_s: int = 900  # LM_SETTLE_S default
     reconcile_margin_s: int = 120  # LM_RECONCILE_MARGIN_S default
     reconcile_entry_ms: float = 10.0  # billed ms per repaired entry (repairs run in a pool)
     reconcile_run_ms: float = 300.0  # fixed part of each scheduled run (checkpoint, probes, listing)
-    reconcile_memory_mb: int = 512
+    reconcile_memory_mb: int = 1024
+    # -- data and history
     retention_days: float = 90.0  # LM_RETENTION_S default
     system_age_days: float = 365.0  # how long the system has accepted (the walk lists all of it)
-    walks_per_month: float = 4.35  # the weekly schedule
-    walk_page_size: int = 1000
-    walk_key_ms: float = 10.0
-    walk_memory_mb: int = 1024
-    walk_transitions_per_page: float = 4.0  # Plan/Map/Page/Choice per page, amortized
-    walk_wru_per_page: float = 2.0  # checkpoint update (+ lease renewals)
-    # GC of the batch's blob: prove (HEAD blob, GET manifest, HEAD quarantine) and, after the grace,
-    # check again (GET manifest, HEAD quarantine) — tests/test_reap.py::test_gc_proof_cost_matches_the_contract;
-    # its deletes and those of the derived entries are free
-    reap_requests_per_batch: int = 5
+    fleet_agents: int = 1000  # agents reporting; a walk partition is one boot of one agent
+    boot_days: float = 7.0  # mean lifetime of an agent boot (keys per partition)
+    retry_horizon_days: float = 7.0  # LM_RETRY_HORIZON_S default: younger blobs cost GC one HEAD
     manifest_bytes: int = 700
     derived_bytes: int = 1200  # accepted-by-time + accepted-by-blob + raw-blobs-by-time
-    sqs_pollers_per_queue: int = 5  # Lambda's SQS event source, 20 s long polls when idle
+    noncurrent_version_days: float = 30.0  # infra/config.py: derived entries deleted by retention/GC
+    # -- the bootstrap walk (resources.py: weekly, page_size 1000, parallelism 4)
+    walks_per_month: float = 4.35
+    walk_page_size: int = 1000
+    walk_parallelism: int = 4
+    walk_rounds_per_execution: int = 122  # walk.max_rounds_for(4): rounds before the history budget
+    walk_key_ms: float = 10.0  # billed ms per key of a page task (16 keys at a time)
+    walk_memory_mb: int = 1024
+    # -- the reaps (resources.py: GC scan daily; retention daily once enabled, 24 hours a run)
+    gc_scans_per_month: float = MONTH_DAYS
+    gc_page_size: int = 500  # reap page_size default
+    gc_blob_ms: float = 6.0  # billed ms per proof (3 sequential reads, 8 at a time)
+    reap_memory_mb: int = 1024
+    retention_hours_per_run: int = 24  # retention.expired_hours limit
+    retention_page_size: int = 500
+    retention_max_pending_pages: int = 20
+    retention_batch_ms: float = 70.0  # billed ms per batch over its four tasks (records are read one by one)
+    retention_memory_mb: int = 768  # reap-gc 1024 MB, reap-retention 512 MB
+    reap_mark_bytes: int = 490  # one GC mark in a marks item (reap.dynamodb_item_bytes of a real mark)
+    task_overhead_ms: float = 50.0  # billed ms of a Step Functions task besides its keys (512 MB)
+    # -- the inventory audit (infra: daily S3 Inventory of all versions, Parquet; audit daily on EMR)
+    inventory_bytes_per_object: int = 90  # a Parquet inventory row: key, version id and ETag do not compress
+    ops_retention_days: float = 90.0  # infra/config.py: inventory reports and access logs
+    audit_rows_per_vcpu_s: float = 15_300.0  # lmctl bench pipeline: 30,600 rows/s on 2 cores
+    audit_gb_per_vcpu: float = 4.0  # EMR Serverless default workers: 4 vCPU, 16 GB
+    emr_arm64: bool = False  # infra/components/pipeline.py: architecture X86_64
+    # -- logs and traces
+    lambda_platform_log_bytes: int = 360  # START, END, REPORT (with X-Ray ids)
+    ingest_log_bytes: int = 900  # "ingest answered" (Powertools JSON with the Lambda context) + EMF metrics
+    task_log_bytes: int = 300  # a background invocation's EMF metrics line
+    reconcile_log_bytes: int = 1500  # "reconcile run" with its report
+    # moto's histories: 3.3-4.8 events and 1.2 KB (reaps) to 3.0 KB (walk) per state entered
+    sfn_log_bytes_per_transition: int = 2500
+    log_retention_days: float = 30.0  # infra/config.py
+    access_log_record_bytes: int = 700  # one S3 server access log record (the UA string alone is ~180 B)
+    xray_sampled_fraction: float = 0.05  # default sampling rule beyond 1 request/s
+    # -- fixed monthly items
+    cloudwatch_alarms: int = 50
+    custom_metrics: int = 40
+    dashboards: int = 1
+    secrets: int = 1
+    # -- the alternative
     alt_item_bytes: int = 300  # DynamoDB dedupe item (identity, hash, blob key, times)
     alt_gsi_count: int = 1  # a by-time index to enumerate batches for rollups and retention
     alt_pitr: bool = True
@@ -90,147 +222,320 @@ class Assumptions:
         the next one too if it landed within the margin before the newest entry of that run."""
         return 1 + min(1.0, self.reconcile_margin_s / self.reconcile_every_s)
 
+    @property
+    def live_days(self) -> float:
+        return min(self.system_age_days, self.retention_days)
+
+    @property
+    def reaped_days(self) -> float:
+        return max(0.0, self.system_age_days - self.retention_days)
+
+
+def job_requests(job: str, units: Mapping[str, float]) -> dict[str, float]:
+    """Requests by API (and transitions, invocations) of ``job`` doing ``units`` (unit -> count)."""
+    table = JOB_REQUESTS[job]
+    unknown = set(units) - set(table)
+    if unknown:
+        raise ValueError(f"{job} has no units {sorted(unknown)}; known: {sorted(table)}")
+    total: Counter[str] = Counter()
+    for unit, n in units.items():
+        for api, k in table[unit].items():
+            total[api] += k * n
+    return {api: n for api, n in sorted(total.items()) if n}
+
+
+def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, float]]:
+    """Units of work per month of each background job at this rate, history and schedule."""
+    rate = batches_per_second
+    live, reaped = a.live_days, a.reaped_days
+    # The weekly walk lists every acceptance record ever made (they are permanent), partition by
+    # partition, parallelism pages a round, walk_rounds_per_execution rounds an execution.
+    retained_keys, reaped_keys = rate * live * DAY_S, rate * reaped * DAY_S
+    per_partition = rate / a.fleet_agents * a.boot_days * DAY_S
+    partitions = (retained_keys + reaped_keys) / per_partition
+    pages = partitions * math.ceil(per_partition / a.walk_page_size)
+    rounds = math.ceil(pages / a.walk_parallelism)
+    executions = max(1, math.ceil(rounds / a.walk_rounds_per_execution))
+    w = a.walks_per_month
+    # A page task checks the tombstone of each hour its keys were accepted in (a page of one boot
+    # spans page_size / (rate / agents) seconds); a new task process has an empty cache.
+    hours_per_page = 1 + a.walk_page_size / (rate / a.fleet_agents) / 3600
+    walk = {"key.retained": w * retained_keys, "key.reaped": w * reaped_keys, "page": w * pages,
+            "partition": w * partitions, "round": w * rounds, "continuation": w * (executions - 1),
+            "tombstone_check": w * pages * hours_per_page, "run": w}
+    # The daily GC scan lists raw-blobs/v1/ (the retention period) and proves every blob.
+    young = min(live, a.retry_horizon_days) * rate * DAY_S
+    old = max(0.0, live - a.retry_horizon_days) * rate * DAY_S
+    g = a.gc_scans_per_month
+    gc = {"blob.old": g * old, "blob.young": g * young,
+          "page": g * max(1, math.ceil((old + young) / a.gc_page_size)), "run": g}
+    # Retention: once the system is older than its retention, an hour expires every hour; a daily
+    # run takes 24 of them.
+    retention: dict[str, float] = {}
+    if a.system_age_days > a.retention_days:
+        hours = MONTH_S / 3600
+        pages_h = math.ceil(rate * 3600 / a.retention_page_size)
+        runs = hours / a.retention_hours_per_run
+        retention = {"batch": rate * MONTH_S, "page": hours * pages_h,
+                     "settle_round": hours * math.ceil(pages_h / a.retention_max_pending_pages),
+                     "hour": hours, "run": runs, "date_listed": 2 * runs}
+    # The reconciler: every run lists the open hours (the current one, and the previous one inside
+    # the settle window); an entry is listed ~9 times and repaired 1-2 times (R4).
+    runs = MONTH_S / a.reconcile_every_s
+    scans = runs * (1 + a.settle_s / 3600)
+    entries = rate * MONTH_S
+    reconciler = {"entry.repaired": entries * a.reconcile_repairs_per_entry,
+                  "listing": scans + entries * a.reconcile_passes_per_entry / 1000,
+                  "tombstone_check": scans, "run": runs}  # the cache's negative answers last 60 s < a run's interval
+    return {"walk": walk, "gc-scan": gc, "retention": retention, "reconciler": reconciler}
+
+
+# --- lines -------------------------------------------------------------------------------------------
+def _line(item: str, quantity: float, unit: str, usd_per_batch: float) -> dict[str, Any]:
+    return {"item": item, "quantity_per_batch": quantity, "unit": unit, "usd_per_batch": usd_per_batch}
+
 
 def _gb_s(ms: float, memory_mb: int) -> float:
     return ms / 1000.0 * memory_mb / 1024.0
 
 
-def _s3_lines(prefix: str, by_api: dict[str, float], prices: PriceTable, times: float = 1.0) -> list[dict[str, Any]]:
-    puts = sum(n for api, n in by_api.items() if api in _S3_PUT_CLASS) * times
-    gets = sum(n for api, n in by_api.items() if api not in _S3_PUT_CLASS) * times
-    out = []
+def _months(days: float) -> float:
+    return days * DAY_S / MONTH_S
+
+
+def _s3_requests(requests: Mapping[str, float]) -> float:
+    return sum(n for api, n in requests.items() if api.startswith("s3."))
+
+
+def traffic_lines(part: str, requests: Mapping[str, float], a: Assumptions, prices: PriceTable, *,
+                  gb_s: float = 0.0, log_bytes_per_invocation: float = 0.0,
+                  extra_wru: float = 0.0, extra_rru: float = 0.0) -> list[dict[str, Any]]:
+    """Cost lines of ``requests`` per batch (requests by API, ``sfn.transitions``, ``lambda.Invoke``):
+    the requests themselves, control-table capacity, Lambda, Step Functions, and what they leave
+    behind (CloudWatch Logs, S3 access log records, X-Ray traces)."""
+    p = prices.price
+    out: list[dict[str, Any]] = []
+    puts = sum(n for api, n in requests.items() if api in _S3_PUT_CLASS)
+    gets = sum(n for api, n in requests.items()
+               if api.startswith("s3.") and api not in _S3_PUT_CLASS and api not in _S3_FREE)
     if puts:
-        out.append(_line(f"{prefix}: S3 PUT/LIST", puts, "requests", puts / 1000 * prices.price("s3.put_per_1000")))
+        out.append(_line(f"{part}: S3 PUT/LIST", puts, "requests", puts / 1000 * p("s3.put_per_1000")))
     if gets:
-        out.append(_line(f"{prefix}: S3 GET/HEAD", gets, "requests", gets / 1000 * prices.price("s3.get_per_1000")))
+        out.append(_line(f"{part}: S3 GET/HEAD", gets, "requests", gets / 1000 * p("s3.get_per_1000")))
+    # Control table: items are small (<= 1 KB, <= 4 KB read); a transaction writes 2 of them at 2 WRU each.
+    wru = sum(n for api, n in requests.items() if api in _DDB_WRITES) \
+        + 4 * requests.get("dynamodb.TransactWriteItems", 0.0) + extra_wru
+    rru = sum(n for api, n in requests.items() if api in _DDB_READS) + extra_rru
+    if wru or rru:
+        out.append(_line(f"{part}: control table", wru + rru, "WRU+RRU",
+                         wru / 1e6 * p("dynamodb.per_million_wru") + rru / 1e6 * p("dynamodb.per_million_rru")))
+    sqs = sum(n for api, n in requests.items() if api.startswith("sqs."))
+    if sqs:
+        out.append(_line(f"{part}: SQS requests", sqs, "requests", sqs / 1e6 * p("sqs.per_million")))
+    cw = requests.get("cloudwatch.GetMetricStatistics", 0.0)
+    if cw:
+        out.append(_line(f"{part}: CloudWatch GetMetricStatistics", cw, "requests",
+                         cw / 1000 * p("cloudwatch.per_1000_metric_requests")))
+    transitions = requests.get("sfn.transitions", 0.0)
+    if transitions:
+        out.append(_line(f"{part}: Step Functions transitions", transitions, "transitions",
+                         transitions / 1000 * p("stepfunctions.per_1000_transitions")))
+    invocations = requests.get("lambda.Invoke", 0.0)
+    if invocations:
+        out.append(_line(f"{part}: Lambda invocations", invocations, "invocations",
+                         invocations / 1e6 * p("lambda.per_million_requests")))
+    if gb_s:
+        out.append(_line(f"{part}: Lambda duration", gb_s, "GB-s", gb_s * p("lambda.gb_second")))
+    log_gb = (invocations * (a.lambda_platform_log_bytes + log_bytes_per_invocation)
+              + transitions * a.sfn_log_bytes_per_transition) / 1e9
+    if log_gb:
+        out.append(_line(f"{part}: CloudWatch Logs", log_gb, "GB ingested",
+                         log_gb * (p("cloudwatch.logs_ingest_per_gb")
+                                   + _months(a.log_retention_days) * p("cloudwatch.logs_storage_gb_month"))))
+    s3_requests = _s3_requests(requests)
+    if s3_requests:
+        gb_months = s3_requests * a.access_log_record_bytes / 1e9 * _months(a.ops_retention_days)
+        out.append(_line(f"{part}: S3 access log records", s3_requests, "records",
+                         gb_months * p("s3.storage_gb_month")))
+    if invocations:
+        traces = invocations * a.xray_sampled_fraction
+        out.append(_line(f"{part}: X-Ray traces", traces, "traces", traces / 1e6 * p("xray.per_million_traces")))
     return out
 
 
-def _line(item: str, quantity: float, unit: str, usd_per_batch: float) -> dict[str, Any]:
-    return {"item": item, "quantity_per_batch": quantity, "unit": unit, "usd_per_batch": usd_per_batch}
+def _per_batch(requests: Mapping[str, float], batches_per_month: float) -> dict[str, float]:
+    return {api: n / batches_per_month for api, n in requests.items()}
 
 
-def _lambda_lines(name: str, invocations: float, ms: float, memory_mb: int, prices: PriceTable) -> list[dict[str, Any]]:
-    return [
-        _line(f"{name}: Lambda invocations", invocations, "invocations",
-              invocations / 1e6 * prices.price("lambda.per_million_requests")),
-        _line(f"{name}: Lambda duration", invocations * _gb_s(ms, memory_mb), "GB-s",
-              invocations * _gb_s(ms, memory_mb) * prices.price("lambda.gb_second")),
-    ]
-
-
-def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable) -> tuple[list[dict[str, Any]],
-                                                                                      list[dict[str, Any]]]:
-    """(per-batch lines, fixed monthly lines) for this system."""
-    lines: list[dict[str, Any]] = []
+def _hot_path(a: Assumptions) -> dict[str, dict[str, float]]:
+    """Per-batch requests of ingest and indexing."""
     m = MEASURED_REQUESTS
-    # ingest
-    lines += _lambda_lines("ingest", 1, a.ingest_ms, a.ingest_memory_mb, prices)
-    lines += _s3_lines("ingest (accept, new)", m["accept.new"], prices)
-    # event path: 2 notifications (manifest, blob); per message a SendMessage by S3, and per SQS
-    # batch one ReceiveMessage and one DeleteMessageBatch by the event source mapping
-    sqs = 2 * (1 + 2 / a.sqs_batch_size)
-    lines.append(_line("event path: SQS requests", sqs, "requests", sqs / 1e6 * prices.price("sqs.per_million")))
-    lines += _lambda_lines("indexers", 2 / a.sqs_batch_size, a.index_batch_ms, a.index_memory_mb, prices)
-    lines += _s3_lines("index accepted manifest", m["index.accepted_manifest"], prices)
-    lines += _s3_lines("index raw blob", m["index.raw_blob"], prices)
-    # steady-state reconciler: listed on every pass while the entry's hour is open, repaired once
-    # (or twice, within the margin) — protocol §12 R4
-    repairs = a.reconcile_repairs_per_entry
-    lines += _s3_lines("reconciler repairs", m["walk.repair_per_key"], prices, times=repairs)
-    lines += _s3_lines("reconciler listings", {"s3.ListObjectsV2": 1 / 1000}, prices,
-                       times=a.reconcile_passes_per_entry)
-    gbs = repairs * _gb_s(a.reconcile_entry_ms, a.reconcile_memory_mb)
-    lines.append(_line("reconciler: Lambda duration", gbs, "GB-s", gbs * prices.price("lambda.gb_second")))
-    # The weekly walk lists every acceptance record ever made (they are permanent): a batch inside
-    # retention gets a full repair, a reaped one a GET + HEAD (its hour is tombstoned: no PUTs).
-    # Amortized per accepted batch, so this line grows with the system's age, not with traffic.
-    live_days = min(a.system_age_days, a.retention_days)
-    reaped_days = max(0.0, a.system_age_days - a.retention_days)
-    walked = a.walks_per_month * live_days * 86400 / MONTH_S
-    walked_reaped = a.walks_per_month * reaped_days * 86400 / MONTH_S
-    lines += _s3_lines("bootstrap walk (retained batches)",
-                       {**m["walk.repair_per_key"], "s3.ListObjectsV2": 1 / a.walk_page_size}, prices, times=walked)
-    if walked_reaped:
-        lines += _s3_lines("bootstrap walk (reaped batches)",
-                           {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.ListObjectsV2": 1 / a.walk_page_size},
-                           prices, times=walked_reaped)
-    keys = walked + walked_reaped
-    gbs = keys * _gb_s(a.walk_key_ms, a.walk_memory_mb)
-    lines.append(_line("bootstrap walk: Lambda duration", gbs, "GB-s", gbs * prices.price("lambda.gb_second")))
-    transitions = keys * a.walk_transitions_per_page / a.walk_page_size
-    lines.append(_line("bootstrap walk: Step Functions transitions", transitions, "transitions",
-                       transitions / 1000 * prices.price("stepfunctions.per_1000_transitions")))
-    wru = keys * a.walk_wru_per_page / a.walk_page_size
-    lines.append(_line("bootstrap walk: DynamoDB checkpoints", wru, "WRU",
-                       wru / 1e6 * prices.price("dynamodb.per_million_wru")))
-    # retention reap: the GC proof per batch (deletes are free); listing the hour
-    lines += _s3_lines("retention reap", {"s3.HeadObject": a.reap_requests_per_batch, "s3.ListObjectsV2": 1 / 1000},
-                       prices)
-    # storage for the retention period
-    gb_months = (frame_bytes + a.manifest_bytes + a.derived_bytes) / 1e9 * a.retention_days * 86400 / MONTH_S
-    lines.append(_line("S3 storage (retention period)", gb_months, "GB-months",
-                       gb_months * prices.price("s3.storage_gb_month")))
-    # fixed: reconciler runs, idle SQS long polls on the 3 index queues
+    ingest = {**m["accept.new"], "lambda.Invoke": 1}
+    indexing: Counter[str] = Counter()
+    for op in ("index.accepted_manifest", "index.raw_blob"):
+        indexing.update(m[op])
+    # 2 notifications (manifest, blob): a SendMessage by S3 each, and per SQS batch one
+    # ReceiveMessage and one DeleteMessageBatch by the event source mapping
+    indexing["sqs.messages"] = 2 * (1 + 2 / a.sqs_batch_size)
+    indexing["lambda.Invoke"] = 2 / a.sqs_batch_size
+    return {"ingest": ingest, "indexing": dict(indexing)}
+
+
+def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, batches_per_second: float = 100.0
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(per-batch lines, fixed monthly lines) for this system."""
+    p = prices.price
+    per_month = batches_per_second * MONTH_S
+    hot = _hot_path(a)
+    lines = traffic_lines("ingest", hot["ingest"], a, prices, gb_s=_gb_s(a.ingest_ms, a.ingest_memory_mb),
+                          log_bytes_per_invocation=a.ingest_log_bytes)
+    lines += traffic_lines("indexing", hot["indexing"], a, prices,
+                           gb_s=hot["indexing"]["lambda.Invoke"] * _gb_s(a.index_batch_ms, a.index_memory_mb),
+                           log_bytes_per_invocation=a.task_log_bytes)
+
+    units = job_units(batches_per_second, a)
+    overhead = _gb_s(a.task_overhead_ms, 512)
+    # reconciler (its runs are in the fixed lines)
+    u = units["reconciler"]
+    req = _per_batch(job_requests("reconciler", u), per_month)
+    lines += traffic_lines("reconciler", req, a, prices,
+                           gb_s=u["entry.repaired"] / per_month * _gb_s(a.reconcile_entry_ms, a.reconcile_memory_mb))
+    # the weekly walk
+    u = units["walk"]
+    req = _per_batch(job_requests("walk", u), per_month)
+    keys = (u["key.retained"] + u["key.reaped"]) / per_month
+    lines += traffic_lines("walk", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
+                           gb_s=keys * _gb_s(a.walk_key_ms, a.walk_memory_mb) + req["lambda.Invoke"] * overhead)
+    # the daily GC scan
+    u = units["gc-scan"]
+    req = _per_batch(job_requests("gc-scan", u), per_month)
+    blobs = (u["blob.old"] + u["blob.young"]) / per_month
+    lines += traffic_lines("GC scan", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
+                           gb_s=blobs * _gb_s(a.gc_blob_ms, a.reap_memory_mb) + req["lambda.Invoke"] * overhead)
+    # daily retention; its marks items are priced by size: a mark is written with its page's
+    # intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and
+    # every task of a settle round reads all pending marks (consistent reads, 1 RRU per 4 KB)
+    u = units["retention"]
+    if u:
+        req = _per_batch(job_requests("retention", u), per_month)
+        marks_kb = a.reap_mark_bytes / 1024
+        m = a.retention_max_pending_pages
+        lines += traffic_lines("retention", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
+                               gb_s=_gb_s(a.retention_batch_ms, a.retention_memory_mb) + req["lambda.Invoke"] * overhead,
+                               extra_wru=6 * marks_kb, extra_rru=(m + (m + 1) / 2) * marks_kb / 4)
+    # the daily inventory audit: S3 Inventory of every version, its Parquet reports in the ops
+    # bucket, the Spark audit over them on EMR Serverless
+    objects = (a.system_age_days + 4 * a.live_days + 6 * min(a.noncurrent_version_days, a.reaped_days)) \
+        * batches_per_second * DAY_S  # listed per day: records, blobs + 3 derived, noncurrent versions + markers
+    listed = objects * MONTH_DAYS / per_month
+    lines.append(_line("audit: S3 Inventory", listed, "objects listed",
+                       listed / 1e6 * p("s3.inventory_per_million_objects")))
+    # a day's report is kept ops_retention_days: listed / MONTH_DAYS rows a day per batch of the month
+    report_gb_months = listed / MONTH_DAYS * a.inventory_bytes_per_object / 1e9 * a.ops_retention_days
+    lines.append(_line("audit: inventory reports (ops bucket)", report_gb_months, "GB-months",
+                       report_gb_months * p("s3.storage_gb_month")))
+    vcpu_h = listed / a.audit_rows_per_vcpu_s / 3600
+    arch = "arm64" if a.emr_arm64 else "x86"
+    lines.append(_line("audit: EMR Serverless vCPU", vcpu_h, "vCPU-hours",
+                       vcpu_h * p(f"emr_serverless.vcpu_hour_{arch}")))
+    lines.append(_line("audit: EMR Serverless memory", vcpu_h * a.audit_gb_per_vcpu, "GB-hours",
+                       vcpu_h * a.audit_gb_per_vcpu * p(f"emr_serverless.gb_hour_{arch}")))
+    # storage
+    live_gb_months = (frame_bytes + a.derived_bytes) / 1e9 * _months(a.retention_days)
+    lines.append(_line("storage: frames + derived entries (retention period)", live_gb_months, "GB-months",
+                       live_gb_months * p("s3.storage_gb_month")))
+    records_gb_months = a.manifest_bytes / 1e9 * _months(a.system_age_days)
+    lines.append(_line("storage: acceptance records (kept forever)", records_gb_months, "GB-months",
+                       records_gb_months * p("s3.storage_gb_month")))
+    if a.reaped_days:
+        noncurrent = a.derived_bytes / 1e9 * _months(a.noncurrent_version_days)
+        lines.append(_line("storage: noncurrent derived versions", noncurrent, "GB-months",
+                           noncurrent * p("s3.storage_gb_month")))
+    return lines, _fixed_lines(a, prices)
+
+
+def _fixed_lines(a: Assumptions, prices: PriceTable) -> list[dict[str, Any]]:
+    """Monthly costs that do not follow the batch rate."""
+    p = prices.price
     runs = MONTH_S / a.reconcile_every_s
-    fixed = [
-        _line("reconciler: scheduled runs", runs, "invocations/month",
-              runs / 1e6 * prices.price("lambda.per_million_requests")
-              + runs * _gb_s(a.reconcile_run_ms, a.reconcile_memory_mb) * prices.price("lambda.gb_second")),
-    ]
+    invoke = p("lambda.per_million_requests") / 1e6
+    log_gb = (a.lambda_platform_log_bytes + a.reconcile_log_bytes) / 1e9
+    log_price = (p("cloudwatch.logs_ingest_per_gb")
+                 + _months(a.log_retention_days) * p("cloudwatch.logs_storage_gb_month"))
+    closes = MONTH_S / 3600
+    close_usd = (HOUR_CLOSE_REQUESTS["cloudwatch.GetMetricStatistics"] / 1000 * p("cloudwatch.per_1000_metric_requests")
+                 + HOUR_CLOSE_REQUESTS["sqs.GetQueueAttributes"] / 1e6 * p("sqs.per_million")
+                 + HOUR_CLOSE_REQUESTS["dynamodb.Query"] / 1e6 * p("dynamodb.per_million_rru"))
+    sweeps = MONTH_S / 300  # sweep-dlq: rate(5 minutes), one ReceiveMessage per DLQ
     polls = 3 * a.sqs_pollers_per_queue * MONTH_S / 20
-    fixed.append(_line("SQS idle long polls (3 index queues)", polls, "requests/month",
-                       polls / 1e6 * prices.price("sqs.per_million")))
-    return lines, fixed
+    return [
+        _line("reconciler: scheduled runs", runs, "invocations",
+              runs * (invoke + _gb_s(a.reconcile_run_ms, a.reconcile_memory_mb) * p("lambda.gb_second")
+                      + log_gb * log_price)),
+        _line("reconciler: closing hours (queue age, DLQs, blockers)", closes, "hours closed", closes * close_usd),
+        _line("indexing: SQS idle long polls (3 index queues)", polls, "requests", polls / 1e6 * p("sqs.per_million")),
+        _line("indexing: sweep-dlq runs", sweeps, "invocations",
+              sweeps * (invoke + _gb_s(200, 512) * p("lambda.gb_second") + 3 / 1e6 * p("sqs.per_million")
+                        + a.lambda_platform_log_bytes / 1e9 * log_price)),
+        _line("audit: pipeline state machine", 2 * MONTH_DAYS, "transitions",
+              2 * MONTH_DAYS / 1000 * p("stepfunctions.per_1000_transitions")),
+        _line("monitoring: CloudWatch alarms", a.cloudwatch_alarms, "alarms",
+              a.cloudwatch_alarms * p("cloudwatch.alarm_month")),
+        _line("monitoring: custom metrics", a.custom_metrics, "metrics",
+              a.custom_metrics * p("cloudwatch.metric_month")),
+        _line("monitoring: dashboards", a.dashboards, "dashboards", a.dashboards * p("cloudwatch.dashboard_month")),
+        _line("monitoring: Secrets Manager (token secret)", a.secrets, "secrets",
+              a.secrets * p("secretsmanager.secret_month")),
+    ]
 
 
-def alternative_lines(frame_bytes: int, a: Assumptions, prices: PriceTable) -> tuple[list[dict[str, Any]],
-                                                                                     list[dict[str, Any]]]:
+def alternative_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, batches_per_second: float = 100.0
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-batch lines, fixed monthly lines) for a DynamoDB conditional put + S3 blob design."""
-    lines: list[dict[str, Any]] = []
-    lines += _lambda_lines("ingest", 1, a.ingest_ms, a.ingest_memory_mb, prices)
-    lines += _s3_lines("ingest (blob)", {"s3.PutObject": 1}, prices)
+    p = prices.price
+    lines = traffic_lines("ingest", {"s3.PutObject": 1, "lambda.Invoke": 1}, a, prices,
+                          gb_s=_gb_s(a.ingest_ms, a.ingest_memory_mb), log_bytes_per_invocation=a.ingest_log_bytes)
     wru = math.ceil(a.alt_item_bytes / 1024) * (1 + a.alt_gsi_count)
     lines.append(_line("ingest: DynamoDB conditional PutItem (+ GSI)", wru, "WRU",
-                       wru / 1e6 * prices.price("dynamodb.per_million_wru")))
-    retained_months = a.retention_days * 86400 / MONTH_S
+                       wru / 1e6 * p("dynamodb.per_million_wru")))
+    retained_months = _months(a.retention_days)
     table_gb_months = a.alt_item_bytes * (1 + a.alt_gsi_count) / 1e9 * retained_months
-    ddb_storage = table_gb_months * (prices.price("dynamodb.storage_gb_month")
-                                     + (prices.price("dynamodb.pitr_gb_month") if a.alt_pitr else 0.0))
-    lines.append(_line("DynamoDB storage (+ PITR)", table_gb_months, "GB-months", ddb_storage))
+    pitr = p("dynamodb.pitr_gb_month") if a.alt_pitr else 0.0
+    ddb_storage = table_gb_months * (p("dynamodb.storage_gb_month") + pitr)
+    lines.append(_line("storage: DynamoDB table (+ PITR)", table_gb_months, "GB-months", ddb_storage))
     gb_months = frame_bytes / 1e9 * retained_months
-    lines.append(_line("S3 storage (retention period)", gb_months, "GB-months",
-                       gb_months * prices.price("s3.storage_gb_month")))
+    lines.append(_line("storage: frames (retention period)", gb_months, "GB-months",
+                       gb_months * p("s3.storage_gb_month")))
     return lines, []
 
 
 def group_of(item: str) -> str:
-    """The part of the system a cost line belongs to."""
-    for group, starts in (("ingest", ("ingest",)), ("indexing", ("event path", "indexers", "index ")),
-                          ("reconciler", ("reconciler",)), ("walk", ("bootstrap walk",)), ("reap", ("retention reap",)),
-                          ("storage", ("S3 storage", "DynamoDB storage")), ("fixed", ("SQS idle",))):
-        if item.startswith(starts):
-            return group
-    return "other"
+    """The part of the system a cost line belongs to: the text before ``": "``."""
+    return item.split(": ", 1)[0]
 
 
 def _design(lines: list[dict[str, Any]], fixed: list[dict[str, Any]], batches_per_month: float) -> dict[str, Any]:
-    per_batch = sum(line["usd_per_batch"] for line in lines)
     groups: dict[str, float] = {}
     for line in lines:
         line["group"] = group_of(line["item"])
-        groups[line["group"]] = groups.get(line["group"], 0.0) + line["usd_per_batch"] * 1e6
-    fixed_month = sum(line["usd_per_batch"] for line in fixed)
-    for line in lines:
         line["usd_per_million_batches"] = line["usd_per_batch"] * 1e6
         line["usd_per_month"] = line["usd_per_batch"] * batches_per_month
+        groups[line["group"]] = groups.get(line["group"], 0.0) + line["usd_per_month"]
     for line in fixed:
+        line["group"] = group_of(line["item"])
+        line["quantity_per_month"] = line.pop("quantity_per_batch")
         line["usd_per_month"] = line.pop("usd_per_batch")
+        groups[line["group"]] = groups.get(line["group"], 0.0) + line["usd_per_month"]
+    per_month = sum(groups.values())
+    outside = sum(v for g, v in groups.items() if g not in CORE_PARTS)
     return {
-        "per_million_batches_usd": per_batch * 1e6,
-        "per_month_usd": per_batch * batches_per_month + fixed_month,
-        "fixed_per_month_usd": fixed_month,
-        "per_million_batches_by_group_usd": groups,
+        "per_month_usd": per_month,
+        # everything, the fixed monthly items included, per million batches at this rate
+        "per_million_batches_usd": per_month / batches_per_month * 1e6,
+        "fixed_per_month_usd": sum(line["usd_per_month"] for line in fixed),
+        "by_part_per_month_usd": groups,
+        "by_part_per_million_batches_usd": {g: v / batches_per_month * 1e6 for g, v in groups.items()},
+        "outside_ingest_indexing_storage_share": outside / per_month if per_month else 0.0,
         "lines": lines,
         "fixed": fixed,
     }
@@ -243,16 +548,21 @@ def estimate(batches_per_second: float, frame_bytes: int, *, assumptions: Assump
         raise ValueError("batches_per_second and frame_bytes must be positive")
     a = assumptions or Assumptions()
     per_month = batches_per_second * MONTH_S
-    ours = _design(*lightmetrics_lines(frame_bytes, a, prices), per_month)
-    alt = _design(*alternative_lines(frame_bytes, a, prices), per_month)
+    ours = _design(*lightmetrics_lines(frame_bytes, a, prices, batches_per_second=batches_per_second), per_month)
+    alt = _design(*alternative_lines(frame_bytes, a, prices, batches_per_second=batches_per_second), per_month)
     return {
         "batches_per_second": batches_per_second,
         "frame_bytes": frame_bytes,
+        "retention_days": a.retention_days,
+        "system_age_days": a.system_age_days,
         "batches_per_month": per_month,
         "assumptions": {**asdict(a), "reconcile_passes_per_entry": a.reconcile_passes_per_entry,
                         "reconcile_repairs_per_entry": a.reconcile_repairs_per_entry},
         "measured_requests": MEASURED_REQUESTS,
+        "job_requests": JOB_REQUESTS,
+        "job_units_per_month": job_units(batches_per_second, a),
         "prices": prices.to_json(),
         "designs": {"lightmetrics": ours, "dynamodb-dedupe": alt},
-        "ratio_lightmetrics_to_alternative": ours["per_month_usd"] / alt["per_month_usd"] if alt["per_month_usd"] else None,
+        "ratio_lightmetrics_to_alternative": (ours["per_month_usd"] / alt["per_month_usd"]
+                                              if alt["per_month_usd"] else None),
     }

@@ -6,10 +6,18 @@ latency (parallel: :func:`lightmetrics.bench.workload.seed_history`); the probes
 counted client. Counts are requests (HTTP attempts, by API), not time, so they are exact and
 must be equal at every depth.
 
+The background jobs are measured whole, through their public entry points: a walk or a reap
+execution on the runtime's Step Functions interpreter (its tasks' S3 and DynamoDB clients counted,
+its states entered and Lambda tasks read from the execution history: :func:`measure_walk`,
+:func:`measure_reap`), a reconciler run (:func:`measure_reconcile`). tests/test_cost_measured.py
+compares each total with :func:`lightmetrics.cost_model.job_requests` of the units the run did.
+
 Example:
     >>> costs = measure_operation_costs(system, raw_s3, depths=(10, 100))      # doctest: +SKIP
     >>> costs["operations"]["accept.new"]["10"]
     {'total': 2, 'by_api': {'s3.PutObject': 2}}
+    >>> measure_reap(system, mode="gc", dry_run=False, source="scan")          # doctest: +SKIP
+    {'dynamodb.GetItem': 5, ..., 's3.HeadObject': 8, 'sfn.transitions': 8, 'lambda.Invoke': 4}
 """
 
 from __future__ import annotations
@@ -103,3 +111,61 @@ def rows(costs: dict[str, Any]) -> list[tuple[str, ...]]:
         apis = ", ".join(f"{k.split('.', 1)[1]} {v}" for k, v in by_depth[deepest]["by_api"].items())
         out.append((op, TARGETS[op], *totals, apis, "yes" if costs["flat"][op] else "NO"))
     return out
+
+
+# --- background jobs, whole runs ------------------------------------------------------------------------
+def execution_counts(sfn: Any, execution_arns: list[str]) -> dict[str, int]:
+    """States entered (``sfn.transitions``, what Step Functions Standard bills) and Lambda task
+    invocations (``lambda.Invoke``) of these executions, from their histories."""
+    entered = tasks = 0
+    for arn in execution_arns:
+        kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
+        while True:
+            page = sfn.get_execution_history(**kwargs)
+            for event in page["events"]:
+                entered += event["type"].endswith("StateEntered")
+                tasks += event["type"] == "TaskStateEntered"
+            if not page.get("nextToken"):
+                break
+            kwargs["nextToken"] = page["nextToken"]
+    return {"sfn.transitions": entered, "lambda.Invoke": tasks}
+
+
+def _counted_tasks(system: LocalSystem) -> RequestCounter:
+    """Host the state machines' tasks again with a fresh context whose S3 and DynamoDB clients
+    are counted (and a fresh tombstone cache: nothing carried over from an earlier run)."""
+    counter = RequestCounter()
+    system.register_task_functions(counter=counter)
+    return counter
+
+
+def measure_walk(system: LocalSystem, *, timeout_s: float = 300.0, **start: Any) -> dict[str, int]:
+    """Requests by API, transitions and task invocations of one full walk (``WalkControl.start``
+    arguments), across all its executions."""
+    counter = _counted_tasks(system)
+    control = system.walk_control()
+    followed = control.follow(control.start(**start), poll_s=0.05, timeout_s=timeout_s)
+    if followed.status != "finished":
+        raise RuntimeError(f"the measured walk did not finish: {followed.status} {followed.detail}")
+    return {**dict(sorted(counter.totals.items())),
+            **execution_counts(system.runtime.boto3_client("stepfunctions"), followed.executions)}
+
+
+def measure_reap(system: LocalSystem, *, timeout_s: float = 300.0, **inp: Any) -> dict[str, int]:
+    """Requests by API, transitions and task invocations of one reap execution (``ReapControl.start``
+    input: mode, dry_run, ...)."""
+    counter = _counted_tasks(system)
+    control = system.reap_control()
+    arn = control.start(**inp)
+    followed = control.follow(arn, poll_s=0.05, timeout_s=timeout_s)
+    if followed.status != "finished":
+        raise RuntimeError(f"the measured reap did not finish: {followed.status} {followed.detail}")
+    return {**dict(sorted(counter.totals.items())),
+            **execution_counts(system.runtime.boto3_client("stepfunctions"), [arn])}
+
+
+def measure_reconcile(system: LocalSystem, **context: Any) -> tuple[dict[str, int], Any]:
+    """Requests by API of one reconciler run on a fresh counted context, and its report."""
+    counter = RequestCounter()
+    report = system.reconciler(system.work_context(counter=counter, **context)).run()
+    return dict(sorted(counter.totals.items())), report

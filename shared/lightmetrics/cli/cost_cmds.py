@@ -2,8 +2,8 @@
 
 Example::
 
-    lmctl cost --batches-per-second 100 --frame-bytes 4096
-    lmctl cost --batches-per-second 100 --frame-bytes 4096 --retention-days 30 --prices my-prices.json --json
+    lmctl cost --batches-per-second 100 --frame-bytes 4096 --retention-days 30 --system-age-days 365
+    lmctl cost --batches-per-second 100 --frame-bytes 4096 --assume walks_per_month=1 --prices my-prices.json --json
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -32,8 +33,10 @@ from lightmetrics.cli.options import json_option
 @json_option
 def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float | None, system_age_days: float | None,
              prices_path: str | None, assume: tuple[str, ...], as_json: bool) -> None:
-    """Estimate this system's AWS bill from measured request counts, next to a DynamoDB
-    conditional put per batch plus the S3 blob (the design a team would otherwise build)."""
+    """Estimate this system's AWS bill, every recurring component priced from measured request
+    counts, next to a DynamoDB conditional put per batch plus the S3 blob (the design a team would
+    otherwise build): the total, each component, the ratio, and the share of everything but
+    ingest, indexing and storage."""
     from lightmetrics.cost_model import Assumptions, estimate
     from lightmetrics.pricing import PRICE_TABLE, PriceTable
 
@@ -62,19 +65,32 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
     if as_json:
         emit_json(est)
         return
+    a = est["assumptions"]
+    assumed = (f"{batches_per_second:g} batches/s, {frame_bytes} B frames, {a['retention_days']:g} days retention, "
+               f"{a['system_age_days']:g} days of history")
     for name, design in est["designs"].items():
-        rows = [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}", f"{line['usd_per_million_batches']:.2f}",
-                 f"{line['usd_per_month']:.2f}") for line in design["lines"]]
-        rows += [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}", "", f"{line['usd_per_month']:.2f}")
-                 for line in design["fixed"]]
+        rows = [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}",
+                 f"{line['usd_per_million_batches']:.2f}", f"{line['usd_per_month']:.2f}") for line in design["lines"]]
+        rows += [(line["item"], f"{line['quantity_per_month']:.4g} {line['unit']}/month", "",
+                  f"{line['usd_per_month']:.2f}") for line in design["fixed"]]
         rows.append(("TOTAL", "", f"{design['per_million_batches_usd']:.2f}", f"{design['per_month_usd']:.2f}"))
-        console.print(grid(f"{name}: {batches_per_second:g} batches/s, {frame_bytes} B frames",
-                           ["item", "per batch", "USD / 1M batches", "USD / month"], rows))
+        console.print(grid(f"{name}: {assumed}", ["item", "per batch", "USD / 1M batches", "USD / month"], rows))
     ours, alt = est["designs"]["lightmetrics"], est["designs"]["dynamodb-dedupe"]
+    per_million = ours["by_part_per_million_batches_usd"]
+    parts = [(part, f"{usd:.2f}", f"{per_million[part]:.2f}", f"{usd / ours['per_month_usd']:.1%}")
+             for part, usd in sorted(ours["by_part_per_month_usd"].items(), key=lambda kv: -kv[1])]
+    parts.append(("TOTAL", f"{ours['per_month_usd']:.2f}", f"{ours['per_million_batches_usd']:.2f}", "100.0%"))
+    console.print(grid(f"lightmetrics by part: {assumed}", ["part", "USD / month", "USD / 1M batches", "share"], parts))
+
+    def bill(design: dict[str, Any]) -> str:
+        return f"{design['per_month_usd']:.2f} USD/month, {design['per_million_batches_usd']:.2f} USD per 1M batches"
+
     console.print(kv_table("summary", [
-        ("lightmetrics by part (USD / 1M batches)",
-         ", ".join(f"{g} {v:.2f}" for g, v in ours["per_million_batches_by_group_usd"].items())),
-        ("dynamodb-dedupe (USD / 1M batches)", f"{alt['per_million_batches_usd']:.2f}"),
-        ("ratio per month", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
+        ("assumptions", assumed + " (--assume NAME=VALUE for the rest; --json lists them all)"),
+        ("lightmetrics", bill(ours)),
+        ("dynamodb-dedupe", bill(alt)),
+        ("ratio to dynamodb-dedupe", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
+        ("everything but ingest, indexing and storage",
+         f"{ours['outside_ingest_indexing_storage_share']:.1%} of the total"),
         ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']} (lightmetrics.pricing)"),
     ]))
