@@ -24,7 +24,7 @@ executors, because inventory lags — only confirmed findings are written):
     Confirmed by GET of the record, HEAD of the blob and of the hour's tombstone.
 ``orphan-blob-candidates``
     raw blobs older than ``LM_RETRY_HORIZON_S`` that no derived entry references. Confirmed with
-    the GC proof (system.md §12): HEAD of the blob (identity metadata, age), GET of the
+    the GC proof (docs/protocol.md §15): HEAD of the blob (identity metadata, age), GET of the
     acceptance record at that identity, HEAD of the quarantine key. GC proves again at delete time.
 ``overlapping-ranges``
     acceptance records of one boot whose sequence ranges overlap (legal, but those samples would

@@ -237,7 +237,7 @@ def parse_series(key: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 def chunk_id(hour: UtcHour, window: str, series: str, generation: int, manifest_ids: Iterable[str]) -> str:
-    """sha256 over (hour, window, series, generation, sorted manifest-ids) — system.md §14.
+    """sha256 over (hour, window, series, generation, sorted manifest-ids) — docs/protocol.md §3.
 
     The hashed bytes are the canonical JSON of
     ``{"generation": g, "hour": "YYYY-MM-DDTHH", "manifest_ids": [sorted], "series": s, "window": w}``.

@@ -2,7 +2,7 @@
 query and plot, over the demo's own data.
 
 The demo's batches are accepted "now" (the collectors' real clock), so their acceptance hour is
-the current one, which the reconciler never closes (system.md §6: an hour closes only after it
+the current one, which the reconciler never closes (docs/protocol.md §12 R1: an hour closes only after it
 ended plus the settle window). Rather than fake the clock, the demo rolls the open hour up with
 ``allow_open=True`` — the same switch as ``lmctl pipeline rollup --allow-open-hour`` — and says
 so in its report. That is safe by construction: if more batches arrive in that hour, the next

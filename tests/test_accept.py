@@ -1,4 +1,4 @@
-"""The accept algorithm against moto's S3, with faults injected at the client (brief §4)."""
+"""The accept algorithm against moto's S3, with faults injected at the client (docs/protocol.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""lmctl end to end: real subprocesses against the session's moto server; exit codes per brief §14."""
+"""lmctl end to end: real subprocesses against the session's moto server; exit codes per the README."""
 
 from __future__ import annotations
 

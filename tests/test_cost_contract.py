@@ -1,4 +1,4 @@
-"""The cost contract (brief §12): exact S3 requests per accept, flat as history grows.
+"""The cost contract (docs/protocol.md §8): exact S3 requests per accept, flat as history grows.
 
 History is grown in one bucket from 10 to 100 to 1,000 accepted batches; at each depth a new,
 a duplicate and two conflicting submissions are measured with the botocore request counter.

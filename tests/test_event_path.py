@@ -1,4 +1,4 @@
-"""The event path: S3 notifications -> SQS -> indexers, with the outcome contract (brief §5, §8)."""
+"""The event path: S3 notifications -> SQS -> indexers, with the outcome contract (docs/protocol.md §10, §11)."""
 
 from __future__ import annotations
 

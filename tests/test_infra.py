@@ -1,7 +1,7 @@
 """The CDK app: synthesized once per session (``cdk_synth`` in conftest.py) and asserted by content.
 
 Expectations are derived independently of the stack code: from the resource spec's declarative
-fields, from the key codec's prefixes and from the brief's literal lists, never by calling the
+fields, from the key codec's prefixes and from the protocol's literal lists (docs/protocol.md), never by calling the
 stack's own derivation. One more test runs the real ``cdk synth`` CLI (Node) with no AWS
 account and no Docker.
 """
@@ -490,7 +490,7 @@ def test_iam_exact_sets_from_the_spec(cdk_synth: Any) -> None:
         assert role_grants(cdk_synth, role_id) == want, role_id
 
 
-def test_ingest_iam_is_exactly_the_brief(cdk_synth: Any) -> None:
+def test_ingest_iam_is_exactly_the_documented_list(cdk_synth: Any) -> None:
     built = cdk_synth.stack.functions.built["ingest"]
     log_group = f"<{logical_id(cdk_synth, built.log_group)}.Arn>"
     prefixes = ["accepted/v1/*", "raw-blobs/v1/*", "conflict-resolutions/v1/*"]

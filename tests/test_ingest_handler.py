@@ -1,4 +1,4 @@
-"""The ingest Lambda handler, replaying the sample events of events/ingest/ (brief §14 HTTP contract)."""
+"""The ingest Lambda handler, replaying the sample events of events/ingest/ (docs/protocol.md §6-7, the HTTP contract)."""
 
 from __future__ import annotations
 

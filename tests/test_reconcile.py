@@ -1,4 +1,4 @@
-"""The steady-state reconciler: repairs, hour closing, concurrency, cost (brief §6, §12)."""
+"""The steady-state reconciler: repairs, hour closing, concurrency, cost (docs/protocol.md §12)."""
 
 from __future__ import annotations
 

@@ -86,4 +86,4 @@ def test_state_machine_inputs_are_valid_inputs_of_their_machines():  # type: ign
         machine = "reap" if name.startswith("reap") else "bootstrap-walk"
         parse[machine](event)  # raises on anything the machine's begin task would refuse
         if machine == "reap":
-            assert "dry_run" in event  # every reap input states it explicitly (brief §14)
+            assert "dry_run" in event  # every reap input states it explicitly (docs/reaps.md)

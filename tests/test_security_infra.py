@@ -1,6 +1,6 @@
-"""Security of the synthesized stack (issue 9 item 4; brief §10), read from the template — moto
+"""Security of the synthesized stack (docs/deploy.md), read from the template — moto
 does not evaluate policies. tests/test_infra.py asserts the bucket policy and each role's exact
-grants; this file adds template-wide properties that hold whatever the spec says: the brief's
+grants; this file adds template-wide properties that hold whatever the spec says: the protocol.s
 literal prefix list is covered, no role anywhere can delete a permanent record or reconfigure
 the bucket, nothing is granted by wildcard, and no function's environment carries key material.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 from test_infra import BUCKET, NS, as_list, logical_id, render, resources
 
-#: Every prefix of brief §3 and §14, typed from the brief (not from the codec).
-BRIEF_PREFIXES = [
+#: Every prefix of docs/protocol.md §3, typed by hand (not from the codec).
+LAYOUT_PREFIXES = [
     "raw-blobs/v1/", "raw-blobs-by-time/v1/", "accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/",
     "quarantine/v1/", "quarantine-by-blob/v1/", "manifests/v1/", "rollup/v1/", "index/v1/", "retention/v1/",
     "conflict-resolutions/v1/", "audit/v1/",
@@ -47,7 +47,7 @@ def _statements(synth: Any) -> list[tuple[str, list[str], dict[str, Any]]]:
     return out
 
 
-def test_put_without_if_none_match_is_denied_under_every_prefix_of_the_brief(cdk_synth: Any) -> None:
+def test_put_without_if_none_match_is_denied_under_every_prefix_of_the_layout(cdk_synth: Any) -> None:
     (policy,) = [v for v in resources(cdk_synth, "AWS::S3::BucketPolicy").values()
                  if v["Properties"]["Bucket"] == {"Ref": "AuthorityBucket"}]
     statements = [render(s) for s in policy["Properties"]["PolicyDocument"]["Statement"]]
@@ -57,11 +57,11 @@ def test_put_without_if_none_match_is_denied_under_every_prefix_of_the_brief(cdk
         if st["Effect"] == "Deny" and "s3:PutObject" in as_list(st["Action"]) and \
                 cond.get("Null", {}).get("s3:if-none-match") == "true":
             covered |= {r for r in as_list(st["Resource"])}
-    for prefix in BRIEF_PREFIXES:
+    for prefix in LAYOUT_PREFIXES:
         assert f"{BUCKET}/{NS}{prefix}*" in covered, prefix
     copy_denied = {r for st in statements for r in as_list(st["Resource"])
                    if st.get("Condition", {}).get("Null", {}).get("s3:x-amz-copy-source") == "false"}
-    assert {f"{BUCKET}/{NS}{p}*" for p in BRIEF_PREFIXES} <= copy_denied
+    assert {f"{BUCKET}/{NS}{p}*" for p in LAYOUT_PREFIXES} <= copy_denied
 
 
 def test_no_role_may_delete_a_permanent_record_and_only_gc_deletes_blobs(cdk_synth: Any) -> None:

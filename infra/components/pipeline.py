@@ -1,7 +1,7 @@
 """The data pipeline in AWS (issue 7): an EMR Serverless application, the jobs' role, the Step
 Functions state machine that starts the jobs, their schedules, and alarms on failed runs.
 
-It is a *nested stack* of the main stack (the brief's "optional Spark stack"): the main template
+It is a *nested stack* of the main stack (optional: the Spark pipeline, docs/pipeline.md): the main template
 keeps exactly the resources the resource spec describes, and the pipeline's resources live in
 their own template, wired to the main stack's bucket, ops bucket, control table and alarm topic.
 

@@ -36,7 +36,7 @@ def objects(bucket_arn: str, namespace: str, prefixes: tuple[str, ...] | list[st
 
 
 def protocol_statements(spec: BucketSpec, bucket_arn: str, namespace: str, gc_role_arn: str) -> list[iam.PolicyStatement]:
-    """The bucket-policy statements that enforce the protocol (system.md §10), TLS aside.
+    """The bucket-policy statements that enforce the protocol (docs/protocol.md §3), TLS aside.
 
     * every write under the layout is a conditional create (``If-None-Match``);
     * multipart only where allowed: there CreateMultipartUpload/UploadPart/UploadPartCopy are
@@ -162,7 +162,7 @@ class Storage(Construct):
         )
         _stable_id(self.bucket, spec.logical_name)
 
-        # The one principal allowed to delete raw blobs (system.md §7). Reap functions that set
+        # The one principal allowed to delete raw blobs (docs/protocol.md §15). Reap functions that set
         # FunctionSpec.gc_role run as this role; their permissions are attached when they exist.
         self.gc_role = iam.Role(
             self,

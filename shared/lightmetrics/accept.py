@@ -1,6 +1,6 @@
 """The accept algorithm: where a batch becomes accepted, exactly once per identity.
 
-:func:`accept_batch` is the whole of brief §4 after authentication. Every caller — the ingest
+:func:`accept_batch` is the whole of docs/protocol.md §5 after authentication. Every caller — the ingest
 Lambda, ``lmctl accept``, the local runtime and the demo's collectors — runs this function.
 The numbered comments match the steps in ``docs/protocol.md``.
 
@@ -70,7 +70,7 @@ HTTP_STATUS = {
     AcceptStatus.DENIED: 403,
 }
 
-#: lmctl exit codes (brief §14): 0 ok, 2 invalid input, 3 identity conflict, 4 unavailable.
+#: lmctl exit codes (README, "Exit codes"): 0 ok, 2 invalid input, 3 identity conflict, 4 unavailable.
 EXIT_CODE = {
     AcceptStatus.ACCEPTED: 0,
     AcceptStatus.DUPLICATE: 0,
@@ -186,7 +186,7 @@ def _unavailable(result: AcceptResult, reason: str) -> AcceptResult:
 
 
 def accept_batch(ctx: AcceptContext, identity: BatchIdentity, frame_bytes: bytes) -> AcceptResult:
-    """Run the accept algorithm for an authenticated submission (brief §4, steps 2-8)."""
+    """Run the accept algorithm for an authenticated submission (docs/protocol.md §5, steps 2-8)."""
     result = AcceptResult(status=AcceptStatus.UNAVAILABLE)
     try:
         return _accept(ctx, identity, frame_bytes, result)

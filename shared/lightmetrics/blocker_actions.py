@@ -1,6 +1,6 @@
 """What operators (and the DLQ sweeper) do with blockers: sweep, retry, resume, skip, redrive.
 
-The verbs of brief §8 on top of :class:`lightmetrics.blockers.BlockerStore`:
+The operator verbs of docs/protocol.md §11 on top of :class:`lightmetrics.blockers.BlockerStore`:
 
 * ``sweep_dlqs`` — every message in a DLQ becomes a blocker (written before the message is
   deleted), so nothing sits unseen in a dead-letter queue;

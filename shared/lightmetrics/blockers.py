@@ -1,4 +1,4 @@
-"""Blockers: durable records of work that stopped, and the operator verbs on them (brief §8).
+"""Blockers: durable records of work that stopped, and the operator verbs on them (docs/protocol.md §11).
 
 A blocker is written *before* anything reports BLOCKED. Work is paused, never silently
 dropped: an operator lists blockers and chooses ``retry`` (run now against live state),

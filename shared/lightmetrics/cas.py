@@ -2,7 +2,7 @@
 
 One attempt is classified by the store adapter into a :class:`ConditionalCreateOutcome`;
 :func:`create_object` adds bounded, jittered retries for the outcomes that say nothing about
-existence. The rules (brief §4):
+existence. The rules (docs/protocol.md §5, steps 4-5):
 
 * ``CREATED``  (200/201) — this call created the object.
 * ``EXISTS``   (412)     — an object is current at the key: durable evidence of existence.

@@ -1,6 +1,6 @@
 """The event path: S3 ObjectCreated notifications, delivered through SQS, into the indexers.
 
-Parsing is defensive (brief §5): an SQS body may be an S3 notification with any number of
+Parsing is defensive (docs/protocol.md §10): an SQS body may be an S3 notification with any number of
 records, the ``s3:TestEvent`` S3 sends when notifications are configured, or garbage. Keys are
 URL-encoded in notifications (``+`` for space). A key outside the layout, or of a kind this
 queue does not carry, is not dropped: it becomes a blocker so an operator sees it.

@@ -24,7 +24,7 @@ mark, repeats checks 2-3. Still deletable → purge exactly the captured version
 (the blob is back; metric ``GcRestored``). The grace must exceed the longest accept (ingest
 timeout plus clock skew); with accept step 6 there is then no window (docs/protocol.md §15).
 
-Cost per candidate (brief §12): HEAD blob + GET manifest + HEAD quarantine, then the marker;
+Cost per candidate (docs/protocol.md §15): HEAD blob + GET manifest + HEAD quarantine, then the marker;
 before the purge GET manifest + HEAD quarantine again, then two version deletes (+ the blob's
 ``raw-blobs-by-time`` entry). Tombstone checks are cached per hour (a tombstone is permanent).
 

@@ -109,7 +109,7 @@ class BatchIdentity:
 
     @property
     def manifest_id(self) -> str:
-        """``<agent-hex>.<boot-hex>.<seq-start>-<seq-end>`` (brief §14)."""
+        """``<agent-hex>.<boot-hex>.<seq-start>-<seq-end>`` (docs/protocol.md §2)."""
         return f"{self.agent_hex}.{self.boot_hex}.{self.seq_range}"
 
     @property

@@ -4,7 +4,7 @@ One implementation serves the event path (S3 -> SQS -> Lambda), the steady-state
 the bootstrap walk. Every write is a conditional create of a deterministic key with
 deterministic content, so 412 means "already done" and any number of replays is harmless.
 
-Cost (brief §12, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 2
+Cost (docs/protocol.md §10, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 2
 sequential round trips (the two PUTs run concurrently); one raw blob is 1 HEAD + 1 PUT; one
 quarantine manifest is 1 GET + 1 PUT + 1 conditional PutItem (the conflict registry).
 

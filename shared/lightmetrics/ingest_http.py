@@ -1,4 +1,4 @@
-"""The ingest HTTP contract (brief §14), independent of how the request arrived.
+"""The ingest HTTP contract (docs/protocol.md §6-7), independent of how the request arrived.
 
 The Lambda handler and the local runtime's HTTP endpoint both parse their request into
 :class:`HttpRequest` and call :meth:`IngestService.handle`; the JSON body is

@@ -1,4 +1,4 @@
-"""The outcome contract: how every unit of background work ends (brief §8).
+"""The outcome contract: how every unit of background work ends (docs/protocol.md §11).
 
 Every event record, reconcile item, walk item and reap item ends as exactly one
 :class:`Outcome`. Only ``RETRY_LATER`` makes the caller try again (the SQS message returns,

@@ -104,7 +104,7 @@ class ReapTransient(ReapError):
 
 @dataclass(frozen=True)
 class ReapParams:
-    """A validated execution input; ``dry_run`` is required (system.md §14)."""
+    """A validated execution input; ``dry_run`` is required (docs/reaps.md, "Console input")."""
 
     mode: str
     dry_run: bool

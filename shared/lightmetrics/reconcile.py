@@ -1,6 +1,6 @@
 """The steady-state reconciler: repairs what hangs off ``accepted-by-time`` since a checkpoint.
 
-Events get lost; the reconciler is what makes derived state converge anyway (brief §6). Each run
+Events get lost; the reconciler is what makes derived state converge anyway (docs/protocol.md §12). Each run
 lists the ``accepted-by-time`` hours from its checkpoint (the first hour not yet closed) up to
 the current hour and repairs every entry it has not verified before with
 :func:`lightmetrics.indexing.repair_accepted` — the same code the walk uses. An entry whose key

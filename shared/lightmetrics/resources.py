@@ -41,7 +41,7 @@ __all__ = [
     "TableSpec",
 ]
 
-#: The only S3 event the system subscribes to: every write is a create (system.md §10).
+#: The only S3 event the system subscribes to: every write is a create (docs/protocol.md §10).
 OBJECT_CREATED_EVENT = "s3:ObjectCreated:*"
 
 AttributeType = Literal["S", "N", "B"]
@@ -68,7 +68,7 @@ LAYOUT_PREFIXES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class BucketSpec:
-    """The authority bucket. Versioning is required by the GC handshake (system.md §7).
+    """The authority bucket. Versioning is required by the GC handshake (docs/protocol.md §15).
 
     The prefix tuples drive the bucket policy and the lifecycle rules of the CDK stack (all
     relative to the prefix namespace):
@@ -418,7 +418,7 @@ class ResourceSpec:
 BUCKET = BucketSpec()
 TABLE = TableSpec()
 SECRET = SecretSpec()
-#: The event path (brief §5): one queue per authoritative prefix, each with its DLQ.
+#: The event path (docs/protocol.md §10): one queue per authoritative prefix, each with its DLQ.
 QUEUES: tuple[QueueSpec, ...] = (
     QueueSpec("index-accepted", "accepted/v1/", "index-accepted-dlq", max_receive_count=5, visibility_timeout_s=120),
     QueueSpec("index-raw-blobs", "raw-blobs/v1/", "index-raw-blobs-dlq", max_receive_count=5, visibility_timeout_s=120),

@@ -1,4 +1,4 @@
-"""Retention of one acceptance hour: the crash-safe order of brief §7 (docs/protocol.md §16).
+"""Retention of one acceptance hour: the crash-safe order of docs/protocol.md §16.
 
 For an expired hour H (``LM_RETENTION_S``, by acceptance hour), the reap (``lightmetrics.reap``)
 runs these steps in this order; each is idempotent, so a crash anywhere resumes by repeating it:

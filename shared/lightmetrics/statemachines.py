@@ -1,7 +1,7 @@
 """State machine definitions: one loader and one substitution for CDK and the local runtime.
 
 The ASL of every :class:`~lightmetrics.resources.StateMachineSpec` lives in
-``infra/statemachines/<definition>`` with ``${Placeholder}`` markers (system.md §14). The spec's
+``infra/statemachines/<definition>`` with ``${Placeholder}`` markers (docs/walks.md, docs/reaps.md). The spec's
 ``substitutions`` map each placeholder to a function of the resource spec; this module is the
 only code that reads the files and resolves that map:
 

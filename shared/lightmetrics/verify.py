@@ -1,4 +1,4 @@
-"""``lmctl verify``: the bucket-wide invariant oracle (brief §6, issue 5).
+"""``lmctl verify``: the bucket-wide invariant oracle (docs/protocol.md §13).
 
 It lists every layout prefix, reads every acceptance record and every quarantine manifest, and
 checks, reporting each violation with the keys involved:

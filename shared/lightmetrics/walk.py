@@ -1,4 +1,4 @@
-"""The bootstrap walk: complete, resumable cold reconciliation (brief §6; docs/walks.md).
+"""The bootstrap walk: complete, resumable cold reconciliation (docs/protocol.md §13; docs/walks.md).
 
 Events and derived entries can be lost, and the steady-state reconciler cannot discover a
 missing ``accepted-by-time`` entry (that index is its input). The walk can: it enumerates the

@@ -1,4 +1,4 @@
-"""``lmctl bench cost-table``: the cost contract of brief §12, measured with the request counter at
+"""``lmctl bench cost-table``: the cost contract of docs/protocol.md §8, measured with the request counter at
 several history depths (default 10 / 1,000 / 10,000 accepted batches in the probe's own partition).
 
 History is seeded through the real accept algorithm on an uncounted client with no injected
@@ -39,7 +39,7 @@ from lightmetrics.store import s3_client_config
 DEPTHS = (10, 1000, 10_000)
 OPERATIONS = ("accept.new", "accept.duplicate", "accept.conflict", "accept.conflict_again",
               "index.accepted_manifest", "index.raw_blob", "walk.repair_per_key")
-#: brief §12 targets, for the printed table
+#: the cost contract's targets (docs/protocol.md §8), for the printed table
 TARGETS = {
     "accept.new": "2 requests, 2 sequential round trips",
     "accept.duplicate": "4 requests",

@@ -1,6 +1,6 @@
 """``lmctl agent run|enqueue|parked``: the agent client (:mod:`lightmetrics.client`) from a shell.
 
-Exit codes of ``lmctl agent run`` (brief §14 numbering), first match wins:
+Exit codes of ``lmctl agent run`` (the README's exit-code numbering), first match wins:
 
 * 2 — usage, unreadable token file or spool, or ingest rejected the token (401, or 403
   ``unauthorized``: the client stopped; nothing was deleted): fix the token;

@@ -145,7 +145,7 @@ def bench_walk(batches: int, agents: int, page_size: int, repeat: int, quick: bo
 @_common
 def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, max_inflight: int, out_dir: str,
                      as_json: bool) -> None:
-    """The brief §12 cost table from the request counter at several history depths (exit 1 if a
+    """The cost contract table (docs/protocol.md §8) from the request counter at several history depths (exit 1 if a
     count differs between depths). Counts are exact: --repeat and the latency do not change them."""
     from lightmetrics.bench.cost_table import measure_operation_costs, rows
 
@@ -174,7 +174,7 @@ def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, m
     if as_json:
         emit_json({**report, "exit_code": code})
     else:
-        console.print(grid("requests per operation by history depth (brief §12)",
+        console.print(grid("requests per operation by history depth (protocol §8)",
                            ["operation", "target", *[f"{d:,}" for d in report["depths"]],
                             f"by API at {report['depths'][-1]:,}", "flat"], rows(report)))
         for s in report["seeding"]:

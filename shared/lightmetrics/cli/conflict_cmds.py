@@ -1,7 +1,7 @@
 """``lmctl conflicts list|show|resolve`` and ``lmctl denylist [list|remove]``: identity conflicts and
 denials, on the admin API's core.
 
-Exit codes (brief §14): 0 ok; 1 ``list`` found unresolved conflicts (so scripts can gate on it);
+Exit codes (README, "Exit codes"): 0 ok; 1 ``list`` found unresolved conflicts (so scripts can gate on it);
 2 invalid input, unknown conflict, a conflict that is already resolved (resolutions are
 write-once: nothing is overwritten), an identity that is not denied, or a denial or lift that was
 not confirmed; 4 AWS unavailable (retry).

@@ -1,6 +1,6 @@
 """How lmctl speaks: human tables by default, one JSON document with ``--json``.
 
-Exit codes (brief §14), the same for every command:
+Exit codes (README, "Exit codes"), the same for every command:
 
 =====  =====================================================
 0      ok

@@ -1,6 +1,6 @@
 """The agent client: send spooled batches to ingest, at least once, never losing or re-encoding one.
 
-What each answer does (brief §4 agent contract, ``docs/agent-client.md``):
+What each answer does (docs/protocol.md §6, ``docs/agent-client.md``):
 
 ==========================================  ==============================================
 answer                                      client

@@ -1,6 +1,6 @@
 """The local admin endpoint: the admin Lambda behind a SigV4-checking stand-in for its IAM Function URL.
 
-Port convention (system.md §14 style): moto on ``--port``, ingest on port + 1, **admin on port + 2**.
+Port convention (docs/deploy.md, the local runtime): moto on ``--port``, ingest on port + 1, **admin on port + 2**.
 Requests must be SigV4-signed for service ``lambda`` in ``us-east-1`` with the local runtime's
 credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``testing``/``testing`` by default),
 e.g. ``awscurl --service lambda http://127.0.0.1:4568/conflicts``; anything else gets 403.

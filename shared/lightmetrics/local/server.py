@@ -254,7 +254,7 @@ class LocalRuntime:
 
     @property
     def ingest_port(self) -> int:
-        """The ingest HTTP endpoint's port by convention (system.md §14): moto's port + 1."""
+        """The ingest HTTP endpoint's port by convention: moto's port + 1."""
         return self.port + 1
 
     @property
