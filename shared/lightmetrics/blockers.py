@@ -111,6 +111,18 @@ class BlockerStore:
             expr = expr.replace("#l = :now", "#l = :now, #p = :p")
         return Blocker.from_item(self.table.update(PK, work_key, expr, names=names, values=values))
 
+    def open_once(self, work_key: str, *, kind: str, object_key: str, reason: str, source: str) -> bool:
+        """Open the blocker for ``work_key`` unless one exists — open, resolved or skipped: an
+        operator's decision stands and is never reopened. One conditional create; True if created."""
+        now = self.clock.now_ns()
+        item = {"pk": PK, "sk": work_key, "status": OPEN, "reason": reason[:2000], "kind": kind,
+                "object_key": object_key, "source": source, "first_seen_ns": now, "last_seen_ns": now, "attempts": 1}
+        try:
+            self.table.put(item, condition="attribute_not_exists(pk)")
+        except ConditionFailed:
+            return False
+        return True
+
     def get(self, work_key: str) -> Blocker:
         item = self.table.get(PK, work_key)
         if item is None:

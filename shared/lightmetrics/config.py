@@ -45,13 +45,18 @@ def longest_accept_s() -> int:
     return SPEC.function("ingest").timeout_s
 
 
-def longest_reap_task_s() -> int:
-    """The longest a reap task can run (its Lambda timeout) plus the lease margin: after that no
-    invocation of it (nor a twin Step Functions started beside it) can still place a marker."""
-    from lightmetrics.reap import TASK_STEPS
-    from lightmetrics.walk import LEASE_MARGIN_S, longest_task_timeout_s
+#: What a lease must outlast beyond its longest task: clock skew between tasks and a request still
+#: in flight when its task ends (rules L1, H2; docs/protocol.md §13, §15).
+LEASE_MARGIN_S = 60
 
-    return longest_task_timeout_s(TASK_STEPS) + LEASE_MARGIN_S
+
+def longest_reap_task_s() -> int:
+    """The longest a reap task can run (its Lambda timeout) plus :data:`LEASE_MARGIN_S`: after that no
+    invocation of it (nor a twin Step Functions started beside it) can still place a marker. Read
+    from the resource spec only, so validating settings imports no service (ingest starts cold)."""
+    from lightmetrics.resources import FUNCTIONS
+
+    return max(f.timeout_s for f in FUNCTIONS if f.name.startswith("reap-")) + LEASE_MARGIN_S
 
 
 def check_tombstone_wait(seconds: int, *, enforced: bool | None = None) -> int:

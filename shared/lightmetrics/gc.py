@@ -47,7 +47,6 @@ from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints
 from lightmetrics.accept import RESOLUTION_METADATA_KEY
-from lightmetrics.blockers import BlockerNotFound
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import KIND_REPAIR, TombstoneCache, parse_record
@@ -203,24 +202,16 @@ class BlobCollector:
         log.error("gc keeps the blobs of %s: %s", key, exc)
 
     def _block_once(self, wk: str, kind: str, object_key: str, reason: str) -> bool:
-        """Open the blocker ``wk`` unless it exists (open, resolved or skipped: an operator's
-        decision stands); True if this call opened it. A failure is logged: what it is about is
+        """:meth:`BlockerStore.open_once`; a failure is only logged — what the blocker is about is
         kept either way, and the next run tries again."""
         try:
-            self.ctx.blockers.get(wk)
-            return False
-        except BlockerNotFound:
-            pass
-        except Exception as err:  # noqa: BLE001
-            log.warning("gc: could not read the blocker %s (%s); kept", wk, err)
-            return False
-        try:
-            self.ctx.blockers.block(wk, kind=kind, object_key=object_key, source="gc", reason=reason)
+            opened = self.ctx.blockers.open_once(wk, kind=kind, object_key=object_key, source="gc", reason=reason)
         except Exception as err:  # noqa: BLE001
             log.warning("gc: blocker %s not written (%s); kept", wk, err)
             return False
-        self.ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
-        return True
+        if opened:
+            self.ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
+        return opened
 
     def _prove_or_block(self, key: str, now_ns: int | None) -> Proof:
         """One bad candidate never stops a reap: a key that is not a raw blob key (a stray object

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -92,13 +92,6 @@ class CanonicalModel(BaseModel):
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "document"
             raise ManifestError(f"{name}: {where}: {first['msg']}") from None
-
-    @classmethod
-    def unknown_fields(cls, data: bytes) -> list[str]:
-        """Fields of a stored object this reader ignores (newer-writer additions); for reports."""
-        doc: Any = json.loads(data)
-        known = {f.alias or n for n, f in cls.model_fields.items()}
-        return sorted(k for k in doc if k not in known) if isinstance(doc, dict) else []
 
 
 class IdentityFields(CanonicalModel):

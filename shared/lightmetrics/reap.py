@@ -50,13 +50,14 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints
+from lightmetrics.config import longest_reap_task_s
 from lightmetrics.control_table import ConditionFailed, ControlTable
 from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
 from lightmetrics.keys import KeyLayoutError, UtcHour
 from lightmetrics.outcome import PermanentWorkError
 from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
-from lightmetrics.walk import (LEASE_MARGIN_S, Fence, Op, _Cancelled, describe_lease, lease_renewal,
-                               longest_task_timeout_s, plain, task_lease_rule_broken, transact)
+from lightmetrics.walk import (Fence, Op, _Cancelled, describe_lease, lease_renewal, plain, task_lease_rule_broken,
+                               transact)
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
@@ -390,7 +391,7 @@ class Reaper:
         wait here: the grace is at least as long (rule H2, checked at start)."""
         if item.get("state") != "intent":
             return 0
-        longest = (longest_task_timeout_s(TASK_STEPS) + LEASE_MARGIN_S) * _NS
+        longest = longest_reap_task_s() * _NS
         until = int(item.get("created_at_ns") or 0) + longest
         if item.get("owner") != reap["owner"]:
             until = max(until, int(cp.get("owned_since_ns", 0)) + longest)

@@ -57,6 +57,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.config import LEASE_MARGIN_S
 from lightmetrics.control_table import ConditionFailed, ControlTable, to_item
 from lightmetrics.identity import id_to_hex, validate_id
 from lightmetrics.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
@@ -274,9 +275,6 @@ PART_PREFIX = "part#"
 
 
 # --- leases of the walk and the reap: duration rule and fencing (docs/protocol.md §13, L1-L3) ---------
-#: What a lease must outlast beyond its longest task: clock skew between tasks and a request still
-#: in flight when its task ends (rule L1).
-LEASE_MARGIN_S = 60
 #: A task re-fences (renews its lease by a conditional write) before a destructive request once its
 #: last fence is this old on its clock; each destructive batch starts with a fence (rule L2).
 FENCE_INTERVAL_S = 10
