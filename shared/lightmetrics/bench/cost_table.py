@@ -116,9 +116,17 @@ def rows(costs: dict[str, Any]) -> list[tuple[str, ...]]:
 # --- background jobs, whole runs ------------------------------------------------------------------------
 def execution_counts(sfn: Any, execution_arns: list[str]) -> dict[str, int]:
     """States entered (``sfn.transitions``, what Step Functions Standard bills) and Lambda task
-    invocations (``lambda.Invoke``) of these executions, from their histories."""
+    invocations (``lambda.Invoke``) of these executions, from their histories.
+
+    A walk or reap is "finished" once its end task records it, a moment before the execution enters
+    its final Succeed state: wait for every execution to end first, or that last state goes uncounted."""
     entered = tasks = 0
     for arn in execution_arns:
+        deadline = time.monotonic() + 60
+        while sfn.describe_execution(executionArn=arn)["status"] == "RUNNING":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"execution {arn} still running 60 s after its job finished")
+            time.sleep(0.05)
         kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
         while True:
             page = sfn.get_execution_history(**kwargs)
