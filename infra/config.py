@@ -14,7 +14,8 @@ every function as ``LM_<FIELD>``. The other keys configure the stack:
 | ``log_retention_days`` | 30 | CloudWatch Logs retention of every function |
 | ``noncurrent_version_days`` | 30 | lifecycle: noncurrent versions under derived prefixes |
 | ``abort_multipart_days`` | 1 | lifecycle: incomplete multipart uploads |
-| ``ops_retention_days`` | 90 | inventory reports and access logs in the ops bucket |
+| ``ops_retention_days`` | 90 | access logs in the ops bucket |
+| ``inventory_retention_days`` | 14 | S3 Inventory reports in the ops bucket (the weekly audit reads the latest) |
 | ``ingest_5xx_rate_percent`` | 1 | alarm threshold: ingest 5xx answers per 100 invocations |
 | ``log_level`` | ``INFO`` | ``POWERTOOLS_LOG_LEVEL`` |
 | ``ingest_reserved_concurrency_default`` | 50 | default of the reserved-concurrency stack parameters |
@@ -57,6 +58,7 @@ _STACK_DEFAULTS: dict[str, Any] = {
     "noncurrent_version_days": 30,
     "abort_multipart_days": 1,
     "ops_retention_days": 90,
+    "inventory_retention_days": 14,
     "ingest_5xx_rate_percent": 1,
     "log_level": "INFO",
     "ingest_reserved_concurrency_default": 50,
@@ -86,6 +88,7 @@ class InfraConfig:
     noncurrent_version_days: int
     abort_multipart_days: int
     ops_retention_days: int
+    inventory_retention_days: int
     ingest_5xx_rate_percent: float
     log_level: str
     ingest_reserved_concurrency_default: int
@@ -142,6 +145,7 @@ class InfraConfig:
             noncurrent_version_days=integer("noncurrent_version_days", 1, 3650),
             abort_multipart_days=integer("abort_multipart_days", 1, 365),
             ops_retention_days=integer("ops_retention_days", 1, 3650),
+            inventory_retention_days=integer("inventory_retention_days", 8, 3650),
             ingest_5xx_rate_percent=rate,
             log_level=str(value("log_level")).upper(),
             ingest_reserved_concurrency_default=integer("ingest_reserved_concurrency_default", -1, 10000),

@@ -57,6 +57,7 @@ class LightmetricsStack(Stack):
             noncurrent_version_days=config.noncurrent_version_days,
             abort_multipart_days=config.abort_multipart_days,
             ops_retention_days=config.ops_retention_days,
+            inventory_retention_days=config.inventory_retention_days,
         )
         self.control = ControlTable(self, "Control", spec=spec.table, table_name=config.table_name)
         self.layer = SharedLayer(self, "Layer", layer_dir=layer_dir)

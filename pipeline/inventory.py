@@ -25,7 +25,7 @@ exactly these optional fields and all object versions.
   the manifest's MD5 — no Hadoop S3A connector.
 
 Example:
-    >>> report = open_report("s3://ops/inventory/lm-bucket/daily-parquet/", access)   # doctest: +SKIP
+    >>> report = open_report("s3://ops/inventory/lm-bucket/weekly-parquet/", access)   # doctest: +SKIP
     >>> inventory_dataframe(spark, report, access).count()                            # doctest: +SKIP
 """
 
@@ -48,7 +48,7 @@ from urllib.parse import quote_plus, unquote_plus
 from pipeline.s3io import S3Access, client, put_if_absent, s3_errors
 
 VERSION = "2016-11-30"
-CONFIG_ID = "daily-parquet"  # infra/components/storage.py INVENTORY_ID
+CONFIG_ID = "weekly-parquet"  # infra/components/storage.py INVENTORY_ID
 DEST_PREFIX = "inventory"  # infra/components/storage.py INVENTORY_PREFIX
 #: What names a report's bucket in errors (the audit's --inventory; default under LM_BUCKET)
 INVENTORY_SETTING = "--inventory"

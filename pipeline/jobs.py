@@ -3,7 +3,7 @@ Serverless (``pipeline/emr_main.py`` is the ``entryPoint`` file; see docs/pipeli
 
 Example (EMR Serverless ``entryPointArguments``)::
 
-    ["audit", "--inventory", "s3://<ops-bucket>/inventory/<bucket>/daily-parquet/"]
+    ["audit", "--inventory", "s3://<ops-bucket>/inventory/<bucket>/weekly-parquet/"]
     ["rollup", "--lookback-hours", "24"]
 """
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.keys import KeyKind, UtcHour
-from lightmetrics.walk import lease_rule_broken
+from lightmetrics.leases import lease_rule_broken
 
 from pipeline import chunks as C
 from pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode

@@ -73,16 +73,21 @@ def drive_walk(results: list[dict[str, Any]], walk: dict[str, Any]) -> None:
             call(results, "functions.walk_page.app", "page", {"walk": out["walk"], "item": item, "retry_count": 0})
 
 
-def drive_reap(results: list[dict[str, Any]], inp: dict[str, Any], execution_arn: str) -> None:
-    """The reap's ASL loop: Begin, then Gc/Retention (a Wait goes straight to its task), then Finish."""
+def drive_reap(results: list[dict[str, Any]], inp: dict[str, Any], execution_arn: str, machine_arn: str) -> None:
+    """The reap's ASL loop: Begin, then Gc/Retention (a Wait goes straight to its task), then Finish
+    or Continue (the next execution, which the local runtime runs to its end)."""
     tasks = {"gc": "functions.reap_gc.app", "retention": "functions.reap_retention.app"}
-    out = call(results, "functions.reap_begin.app", f"begin {inp['mode']}", {"input": inp, "execution_arn": execution_arn})
+    out = call(results, "functions.reap_begin.app", f"begin {inp['mode']}", {"input": inp, "execution_arn": execution_arn,
+                                                                             "state_machine_arn": machine_arn})
     for _ in range(20):
         if not out:
             return
         step = out.get("after") if out.get("next") == "wait" else out.get("next")
         if step == "finish":
             call(results, "functions.reap_end.app", f"finish {inp['mode']}", {"reap": out["reap"], "outcome": "finished"})
+            return
+        if step == "continue":
+            call(results, "functions.reap_continue.app", f"continue {inp['mode']}", {"reap": out["reap"]})
             return
         out = call(results, tasks[step], f"{step} {inp['mode']}", {"reap": out["reap"]})
 
@@ -97,7 +102,7 @@ def main(plan_path: str, result_path: str) -> None:
     for walk in plan.get("walks", []):
         drive_walk(results, walk)
     for inp in plan.get("reaps", []):
-        drive_reap(results, inp, plan["reap_execution_arn"])
+        drive_reap(results, inp, plan["reap_execution_arn"], plan.get("reap_state_machine_arn", ""))
     admin = plan.get("admin")
     if admin:  # every admin route; show and resolve need a conflict id from the listing
         listed = call(results, "functions.admin.app", "GET /conflicts", admin["list"])

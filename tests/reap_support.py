@@ -4,6 +4,7 @@ hour with their derived entries, orphans; and :func:`drive`, the reap state mach
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -129,6 +130,19 @@ def make_world(bucket: str, *, grace_s: int = 0) -> World:
     return World(settings, clock, ctx, old)
 
 
+class InlineSfn:
+    """Step Functions' StartExecution for :func:`drive`: remembers each continuation's input; a
+    repeated start of the same name returns the same execution (as the service does)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, dict[str, Any]] = {}
+
+    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, str]:  # noqa: A002,N803
+        arn = f"inline:execution:{name}"
+        self.inputs.setdefault(arn, json.loads(input))
+        return {"executionArn": arn}
+
+
 def drive(reaper: Reaper, inp: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
           before_task: Any = None) -> dict[str, Any]:
     """The loop of infra/statemachines/reap.asl.json: route on ``next``; a Wait advances the clock;
@@ -140,26 +154,35 @@ def drive(reaper: Reaper, inp: dict[str, Any], clock: FrozenClock, *, attempts: 
 
 def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
                before_task: Any = None) -> dict[str, Any]:
-    for _ in range(10_000):
-        nxt = out["next"]
-        if nxt == "finish":
-            return reaper.end({"reap": out["reap"], "outcome": "finished"})
-        if nxt == "wait":
-            clock.advance(out["wait_s"])
-            nxt = out["after"]
-        event = {"reap": out["reap"]}
+    def run(task: str, event: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(attempts):
             if before_task:
-                before_task(nxt, event)
+                before_task(task, event)
             try:
-                out = getattr(reaper, nxt)(event)
-                break
+                return getattr(reaper, task)(event)  # type: ignore[no-any-return]
             except crashpoints.InjectedCrash:
                 if attempt == attempts - 1:
                     raise
             except Exception as exc:  # the ASL's Catch -> Abort: record the failure, release the lease
-                reaper.end({"reap": event["reap"], "outcome": "failed", "error": {"Error": type(exc).__name__}})
+                reaper.end({"reap": event.get("reap") or out["reap"], "outcome": "failed",
+                            "error": {"Error": type(exc).__name__}})
                 raise
+        raise AssertionError("unreachable")
+
+    for _ in range(10_000):
+        nxt = out["next"]
+        if nxt == "finish":
+            return reaper.end({"reap": out["reap"], "outcome": "finished"})
+        if nxt == "continue":  # Continue, then the next execution's Begin carries the reap on
+            if not isinstance(reaper._sfn, InlineSfn):
+                reaper._sfn = InlineSfn()
+            started = run("cont", {"reap": out["reap"]})["next_execution"]
+            out = run("begin", {"input": reaper._sfn.inputs[started], "execution_arn": started})
+            continue
+        if nxt == "wait":
+            clock.advance(out["wait_s"])
+            nxt = out["after"]
+        out = run(nxt, {"reap": out["reap"]})
     raise AssertionError("the reap did not finish")
 
 

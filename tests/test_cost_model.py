@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from lightmetrics.cost_model import MONTH_DAYS, MONTH_S, Assumptions, estimate, job_requests, job_units, traffic_lines
+from lightmetrics.cost_model import (JOB_REQUESTS, MONTH_DAYS, MONTH_S, Assumptions, estimate, job_requests, job_units,
+                                     traffic_lines)
 from lightmetrics.pricing import PRICE_TABLE, PRICES, PriceTable
 
 # A world that is easy to do by hand: 10 batches/s (26,298,000 a month), one month of retention,
@@ -20,6 +21,7 @@ from lightmetrics.pricing import PRICE_TABLE, PRICES, PriceTable
 # so a walk partition holds exactly 1,000 keys (one page).
 SIMPLE = Assumptions(retention_days=MONTH_DAYS, system_age_days=2 * MONTH_DAYS, fleet_agents=864, boot_days=1.0,
                      retry_horizon_days=MONTH_DAYS / 2, log_retention_days=MONTH_DAYS, ops_retention_days=MONTH_DAYS,
+                     audits_per_month=MONTH_DAYS, inventory_retention_days=MONTH_DAYS,
                      noncurrent_version_days=MONTH_DAYS, alt_pitr=False)
 RATE, BATCHES = 10, 26_298_000
 
@@ -41,31 +43,39 @@ def simple() -> dict:
 def test_job_units_match_hand_computed_counts() -> None:
     u = job_units(RATE, SIMPLE)
     assert BATCHES == RATE * MONTH_S
-    # walk: 52,596 partitions of 1,000 keys (half retained, half reaped), one page each; 13,149
-    # rounds of 4 pages, 108 executions of at most 122 rounds; a page spans 1 + 24 hours of a boot
+    # walk: 52,596 partitions of 1,000 keys (half retained, half reaped), one page each (pages of up
+    # to 10,000 keys: one listing each); 5,260 rounds of 10 pages, 98 executions of at most 54
+    # rounds; a page spans 1 + 24 hours of a boot: 25 groups of 40 keys, each worth a LIST (W5)
     assert u["walk"] == pytest.approx({
-        "key.retained": 4.35 * 26_298_000, "key.reaped": 4.35 * 26_298_000, "page": 4.35 * 52_596,
-        "partition": 4.35 * 52_596, "round": 4.35 * 13_149, "continuation": 4.35 * 107,
+        "key.retained": 0.0, "key.listed": 4.35 * 26_298_000, "key.reaped": 4.35 * 26_298_000,
+        "index_listing": 4.35 * 26_298 * 25, "page": 4.35 * 52_596, "page_listing": 0.0,
+        "partition": 4.35 * 52_596, "round": 4.35 * 5_260, "continuation": 4.35 * 97,
         "tombstone_check": 4.35 * 52_596 * 25, "run": 4.35})
-    # GC scan, daily: half of the month's blobs inside the retry horizon; pages of 500
-    assert u["gc-scan"] == pytest.approx({"blob.old": 30.4375 * 13_149_000, "blob.young": 30.4375 * 13_149_000,
-                                          "page": 30.4375 * 52_596, "run": 30.4375})
+    # GC, daily and incremental (G-B1): every blob of the month once; pages of 500
+    assert u["gc"] == pytest.approx({"blob.old": 26_298_000, "tombstone_check": 52_596, "page": 52_596,
+                                     "run": 30.4375})
     # retention: 730.5 hours of 36,000 batches: 72 pages, 4 settle rounds of 20 pages; 24 hours a run
     assert u["retention"] == pytest.approx({"batch": 26_298_000, "page": 730.5 * 72, "settle_round": 730.5 * 4,
                                             "hour": 730.5, "run": 30.4375, "date_listed": 60.875})
-    # reconciler: 8,766 runs, each listing 1.25 hours; every entry listed 9 times, repaired 1.4 times
-    assert u["reconciler"] == pytest.approx({"entry.repaired": 1.4 * 26_298_000,
-                                             "listing": 8766 * 1.25 + 9 * 26_298, "tombstone_check": 8766 * 1.25,
-                                             "run": 8766})
+    # reconciler: 8,766 runs, each listing 1.25 hours; every entry listed 9 times, checked 1.4 times;
+    # each listing page of accepted-by-time comes with two of raw-blobs-by-time (its hour and the one
+    # before); progress saved after each scanned hour but the last
+    listing = 8766 * 1.25 + 9 * 26_298
+    assert u["reconciler"] == pytest.approx({"entry.verified": 1.4 * 26_298_000, "listing": listing,
+                                             "blob_listing": 2 * listing, "hour_saved": 8766 * 0.25, "run": 8766})
     young = job_units(RATE, Assumptions(retention_days=90, system_age_days=30))
     assert young["retention"] == {}  # nothing has expired yet
     assert young["walk"]["key.reaped"] == 0
 
 
 def test_job_requests_sum_units_times_the_measured_table() -> None:
-    assert job_requests("gc-scan", {"blob.old": 10, "blob.young": 5, "page": 2, "run": 1}) == {
-        "s3.HeadObject": 25, "s3.GetObject": 10, "s3.ListObjectsV2": 2, "dynamodb.GetItem": 6, "dynamodb.Query": 5,
-        "dynamodb.TransactWriteItems": 4, "dynamodb.PutItem": 2, "sfn.transitions": 10, "lambda.Invoke": 5}
+    table = JOB_REQUESTS["gc-scan"]
+    expected: dict[str, int] = {}
+    for unit, n in {"blob.old": 10, "blob.young": 5, "page": 2, "run": 1}.items():
+        for api, k in table[unit].items():
+            expected[api] = expected.get(api, 0) + k * n
+    assert job_requests("gc-scan", {"blob.old": 10, "blob.young": 5, "page": 2, "run": 1}) == expected
+    assert expected["s3.ListObjectsV2"] == 2 and expected["sfn.transitions"] == 10
     with pytest.raises(ValueError, match="no units"):
         job_requests("walk", {"blob.old": 1})
 
@@ -123,28 +133,33 @@ def test_hot_path_lines_match_hand_computed_figures(simple: dict) -> None:
 
 def test_background_job_lines_match_hand_computed_figures(simple: dict) -> None:
     ours = simple["designs"]["lightmetrics"]
-    # reconciler: 1.4 repairs x 3 PUTs, 247,639.5 listings a month
-    assert per_million(ours, "reconciler: S3 PUT/LIST") == pytest.approx((4.2 + 247_639.5 / BATCHES) * 5)
-    assert per_million(ours, "reconciler: S3 GET/HEAD") == pytest.approx((2.8 + 10_957.5 / BATCHES) * 0.4)
-    # walk: 3 PUTs per retained key, a LIST per page and per partition, 2 root LISTs a walk
-    assert per_million(ours, "walk: S3 PUT/LIST") == pytest.approx(4.35 * (3 * BATCHES + 2 * 52_596 + 2) / BATCHES * 5)
-    # GET + HEAD per key, retained or reaped, and 25 tombstone HEADs per page
-    assert per_million(ours, "walk: S3 GET/HEAD") == pytest.approx(4.35 * (4 + 0.05) * 0.4)
+    # reconciler: no PUT for an entry whose blob is listed; 247,639.5 listings a month of
+    # accepted-by-time and twice that of raw-blobs-by-time; 1.4 GETs per entry
+    assert per_million(ours, "reconciler: S3 PUT/LIST") == pytest.approx(3 * 247_639.5 / BATCHES * 5)
+    assert per_million(ours, "reconciler: S3 GET/HEAD") == pytest.approx(1.4 * 0.4)
+    # walk: no PUT and no HEAD for a key whose entry its group's LIST shows; a LIST per page, per
+    # partition and per (hour, boot) group of retained keys (25 a page), 2 root LISTs a walk
+    assert per_million(ours, "walk: S3 PUT/LIST") == pytest.approx(
+        4.35 * (2 * 52_596 + 25 * 26_298 + 2) / BATCHES * 5)
+    # none per key, 25 tombstone HEADs per page
+    assert per_million(ours, "walk: S3 GET/HEAD") == pytest.approx(4.35 * 0.05 * 0.4)
     # a page 1, a round 3 (Plan, Route, Map), a continuation 5, the walk 5
     assert per_million(ours, "walk: Step Functions transitions") == pytest.approx(
-        4.35 * (52_596 + 3 * 13_149 + 5 * 107 + 5) / BATCHES * 0.025 / 1000 * 1e6)
+        4.35 * (52_596 + 3 * 5_260 + 5 * 97 + 5) / BATCHES * 0.025 / 1000 * 1e6)
     assert _line(ours, "walk: Lambda invocations")["quantity_per_batch"] == pytest.approx(
-        4.35 * (52_596 + 13_149 + 3 * 107 + 3) / BATCHES)
-    # GC scan: 3 reads per old blob, 1 per young one (half each), every day
-    assert per_million(ours, "GC scan: S3 GET/HEAD") == pytest.approx(60.875 * 0.4)
-    assert per_million(ours, "GC scan: Step Functions transitions") == pytest.approx(
-        30.4375 * (2 * 52_596 + 6) / BATCHES * 0.025 / 1000 * 1e6)
-    # retention: 5 reads per batch, 2 tombstone HEADs per page, the reaped marker's HEAD per hour
-    assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((5 + (2 * 52_596 + 730.5) / BATCHES) * 0.4)
+        4.35 * (52_596 + 5_260 + 3 * 97 + 3) / BATCHES)
+    # GC: each blob proven once (its reads per blob are the measured table's), a page of 500 costs
+    # 2 transitions, a daily run 6
+    reads = sum(n for api, n in JOB_REQUESTS["gc"]["blob.old"].items() if api in ("s3.GetObject", "s3.HeadObject"))
+    assert per_million(ours, "GC: S3 GET/HEAD") == pytest.approx((reads + 52_596 / BATCHES) * 0.4)
+    assert per_million(ours, "GC: Step Functions transitions") == pytest.approx(
+        (2 * 52_596 + 6 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
+    # retention: 3 reads per batch, 2 tombstone HEADs per page, the reaped marker's HEAD per hour
+    assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((3 + (2 * 52_596 + 730.5) / BATCHES) * 0.4)
     # control table: pages 24 WRU + 10 RRU, settle rounds 4 WRU, hours 12 WRU + 7 RRU, runs 6 WRU + 4 RRU;
-    # the marks: 6 writes x 490/1024 WRU and (20 + 10.5) x 490/4096 RRU per batch
-    wru = (24 * 52_596 + 4 * 2922 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 490 / 1024
-    rru = (10 * 52_596 + 7 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 490 / 4096
+    # the marks: 6 writes x 172/1024 WRU and (20 + 10.5) x 172/4096 RRU per batch
+    wru = (24 * 52_596 + 4 * 2922 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 172 / 1024
+    rru = (10 * 52_596 + 7 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 172 / 4096
     assert per_million(ours, "retention: control table") == pytest.approx(wru * 0.625 + rru * 0.125)
     assert per_million(ours, "retention: Step Functions transitions") == pytest.approx(
         (8 * 52_596 + 2 * 2922 + 6 * 730.5 + 4 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
@@ -191,7 +206,7 @@ def test_fixed_lines_and_the_summary(simple: dict) -> None:
     assert ours["per_million_batches_usd"] == pytest.approx(total / BATCHES * 1e6)
     parts = ours["by_part_per_month_usd"]
     assert sum(parts.values()) == pytest.approx(total)
-    assert set(parts) == {"ingest", "indexing", "reconciler", "walk", "GC scan", "retention", "audit", "storage",
+    assert set(parts) == {"ingest", "indexing", "reconciler", "walk", "GC", "retention", "audit", "storage",
                           "monitoring"}
     outside = total - parts["ingest"] - parts["indexing"] - parts["storage"]
     assert ours["outside_ingest_indexing_storage_share"] == pytest.approx(outside / total)
@@ -246,5 +261,16 @@ def test_lmctl_cost_json_human_and_errors(tmp_path) -> None:  # type: ignore[no-
                                 "--system-age-days", "365"], env={"COLUMNS": "240"})
     assert human.exit_code == 0, human.output
     for text in ("TOTAL", "dynamodb-dedupe", "ratio to dynamodb-dedupe", "everything but ingest, indexing and storage",
-                 "100 batches/s, 4096 B frames, 30 days retention, 365 days of history", "GC scan", "walk: S3 PUT/LIST"):
+                 "100 batches/s, 4096 B frames, 30 days retention, 365 days of history", "GC: S3 GET/HEAD", "walk: S3 PUT/LIST"):
         assert text in human.output, text
+
+
+def test_a_weekly_audit_lists_and_keeps_a_seventh_of_a_daily_one(simple: dict) -> None:
+    weekly = estimate(RATE, 1_000_000, assumptions=Assumptions(**{**SIMPLE.__dict__, "audits_per_month": MONTH_DAYS / 7,
+                                                                 "inventory_retention_days": 14.0}))
+    daily, ours = simple["designs"]["lightmetrics"], weekly["designs"]["lightmetrics"]
+    assert _line(ours, "audit: S3 Inventory")["quantity_per_batch"] == pytest.approx(365.25 / 7)
+    assert per_million(ours, "audit: EMR Serverless vCPU") == pytest.approx(per_million(daily, "audit: EMR Serverless vCPU") / 7)
+    # a weekly report (1/7 of the rows a month) kept 14 days instead of a month
+    assert per_million(ours, "audit: inventory reports (ops bucket)") == pytest.approx(
+        per_million(daily, "audit: inventory reports (ops bucket)") / 7 * 14 / MONTH_DAYS)

@@ -272,9 +272,9 @@ def test_authority_bucket(cdk_synth: Any) -> None:
     }
     assert render(p["InventoryConfigurations"]) == [
         {
-            "Id": "daily-parquet",
+            "Id": "weekly-parquet",
             "Enabled": True,
-            "ScheduleFrequency": "Daily",
+            "ScheduleFrequency": "Weekly",
             "IncludedObjectVersions": "All",
             "Prefix": NS,
             "OptionalFields": ["Size", "LastModifiedDate", "ETag", "StorageClass", "IsMultipartUploaded", "ChecksumAlgorithm"],
@@ -570,7 +570,7 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
             want.add(f"Lightmetrics-{c}BlockersOpened")
         if fn.name == "reconcile":
             want.add(f"Lightmetrics-{c}ReconcilerLag")
-        if fn.name in ("reconcile", "walk-page"):  # the functions that run repair_accepted
+        if fn.name in ("reconcile", "walk-page", "index-raw-blobs"):  # repair_accepted; D6 in the blob indexer
             want.add(f"Lightmetrics-{c}IntegrityViolation")
         if fn.name in ("index-quarantine", "walk-page"):  # the functions that run index_quarantine
             want.add(f"Lightmetrics-{c}NewConflicts")
@@ -804,7 +804,7 @@ def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None
 
     walk = SPEC.state_machine("bootstrap-walk")
     assert walk.schedule == "cron(0 3 ? * SUN *)"  # weekly, Sunday 03:00 UTC
-    assert json.loads(walk.schedule_input or "") == {"agent": None, "resume": False, "page_size": 1000, "parallelism": 4}
+    assert json.loads(walk.schedule_input or "") == {"agent": None, "resume": False, "page_size": 10000, "parallelism": 10}
     # Functions learn the state machines' ARNs (built from the names: no dependency cycle).
     cont = cdk_synth.stack.functions.built["walk-continue"]
     env = render(cdk_synth.json["Resources"][logical_id(cdk_synth, cont.function)]["Properties"]["Environment"]["Variables"])
@@ -817,14 +817,15 @@ def test_walk_functions_are_least_privilege(cdk_synth: Any) -> None:
     page = SPEC.function("walk-page")
     assert set(page.s3_write) == {"accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/",
                                   "quarantine-by-blob/v1/"}
-    assert set(page.s3_read) == {"accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"}
+    # accepted-by-time/v1/: rule W5, a key's entry checked by a HEAD or its group's LIST
+    assert set(page.s3_read) == {"accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"}
     assert not page.s3_delete and not page.sfn_start
     plan = SPEC.function("walk-plan")
     assert (plan.s3_read, plan.s3_write, set(plan.s3_list)) == ((), (), {"accepted/v1/", "quarantine/v1/"})
     for name in ("walk-begin", "walk-continue", "walk-end"):
         fn = SPEC.function(name)
         assert (fn.s3_read, fn.s3_write, fn.s3_list, fn.table) == ((), (), (), "write")
-    assert [fn.name for fn in SPEC.functions if fn.sfn_start] == ["walk-continue"]
+    assert [fn.name for fn in SPEC.functions if fn.sfn_start] == ["walk-continue", "reap-continue"]
     built = cdk_synth.stack.functions.built["walk-continue"]
     starts = {(a, r) for a, r, _ in role_grants(cdk_synth, logical_id(cdk_synth, built.role)) if a.startswith("states:")}
     assert starts == {("states:StartExecution", sm_arn("BootstrapWalk"))}

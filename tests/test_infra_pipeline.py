@@ -104,7 +104,7 @@ def test_inventory_configuration_feeds_the_audit(cdk_synth: Any) -> None:
     (bucket,) = [r["Properties"] for r in _of(cdk_synth.json, "AWS::S3::Bucket").values()
                  if r["Properties"].get("InventoryConfigurations")]
     (inv,) = bucket["InventoryConfigurations"]
-    assert (inv["Id"], inv["Destination"]["Format"], inv["ScheduleFrequency"]) == (CONFIG_ID, "Parquet", "Daily")
+    assert (inv["Id"], inv["Destination"]["Format"], inv["ScheduleFrequency"]) == (CONFIG_ID, "Parquet", "Weekly")
     assert inv["Destination"]["Prefix"] == DEST_PREFIX and inv["IncludedObjectVersions"] == "All"
     # the optional fields the stack asks for are the reader's columns (CSV names)
     assert set(inv["OptionalFields"]) <= {csv for _, csv, _ in FIELDS}

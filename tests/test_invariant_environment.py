@@ -323,9 +323,12 @@ def test_property_12_deployed_functions_import_only_what_the_layer_ships(system,
         "walks": [{"input": {**walk_input, **extra}, "state_machine_arn": walk_arn,
                    "execution_arn": walk_arn.replace(":stateMachine:", ":execution:") + f":sandbox-{n}"}
                   for n, extra in enumerate([{}, {"page_size": 1, "max_rounds_per_execution": 1}])],
+        # the last one continues after its first task (Continue starts the next execution)
         "reaps": [json.loads((EVENTS / "statemachines" / "reap-gc-dry-run.json").read_text()),
-                  {"mode": "retention", "dry_run": True}],
+                  {"mode": "retention", "dry_run": True},
+                  {"mode": "gc", "dry_run": True, "source": "scan", "page_size": 1, "max_tasks_per_execution": 1}],
         "reap_execution_arn": system.state_machine_arn("reap").replace(":stateMachine:", ":execution:") + ":sandbox",
+        "reap_state_machine_arn": system.state_machine_arn("reap"),
     }
     out = run_in_layer(tmp_path, plan, layer_env(system))
 

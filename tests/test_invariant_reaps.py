@@ -20,7 +20,7 @@ import pytest
 from conftest import ident
 from lightmetrics import crashpoints
 from lightmetrics.blocker_actions import resume, skip
-from lightmetrics.gc import BlobCollector, Proof
+from lightmetrics.gc import BlobCollector, Proof, decode_mark
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import UtcHour
 from lightmetrics.reap import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
@@ -231,7 +231,8 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
     items = w.ctx.extras["table"].query(CHECKPOINT_PK)  # the items as stored (every page of the Query)
     marks_items = [i for i in items if str(i["sk"]).startswith("marks#")]
     assert sum(len(i["marks"]) for i in marks_items) == page_size
-    assert all(m.get("marker_version_id") for i in marks_items for m in i["marks"])
+    # every mark recorded with its marker (stored compactly: gc.encode_mark, rule G-I7)
+    assert all(decode_mark(m, codec, 0).get("marker_version_id") for i in marks_items for m in i["marks"])
     sizes = [dynamodb_item_size(i) for i in items]
     assert max(sizes) < ITEM_LIMIT, f"an item of {max(sizes)} bytes (limit {ITEM_LIMIT})"
 
@@ -278,7 +279,7 @@ def test_property_3_a_page_split_over_several_marks_items_settles_every_mark(
 
     w = make_world(bucket)
     orphans = [w.orphan(ident(n)) for n in range(5)]
-    monkeypatch.setattr(reap_module, "MARKS_ITEM_MAX_BYTES", 1500)  # about one mark per item
+    monkeypatch.setattr(reap_module, "MARKS_ITEM_MAX_BYTES", 600)  # about one (compact) mark per item
     parts: list[int] = []
 
     def before_task(_next: str, _event: dict[str, Any]) -> None:

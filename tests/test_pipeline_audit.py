@@ -46,7 +46,7 @@ def test_snapshot_writes_the_documented_report_format(runtime, clock, spark, tmp
 
     # The layout and manifest fields AWS documents.
     bucket, key = parquet.manifest_location[5:].split("/", 1)
-    assert key.startswith(f"inventory/{system.bucket}/daily-parquet/") and key.endswith("Z/manifest.json")
+    assert key.startswith(f"inventory/{system.bucket}/weekly-parquet/") and key.endswith("Z/manifest.json")
     body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     manifest = json.loads(body)
     assert {"sourceBucket", "destinationBucket", "version", "creationTimestamp", "fileFormat", "fileSchema",
@@ -60,7 +60,7 @@ def test_snapshot_writes_the_documented_report_format(runtime, clock, spark, tmp
     assert "/data/" in f["key"] and hashlib.md5(data).hexdigest() == f["MD5checksum"] and f["size"] == len(data)
     csv_manifest = json.loads(open(csv_report.manifest_location).read())
     assert csv_manifest["fileFormat"] == "CSV" and csv_manifest["fileSchema"].startswith("Bucket, Key, VersionId")
-    csv_file = tmp_path / system.bucket / "daily-parquet" / "data" / csv_manifest["files"][0]["key"].rsplit("/", 1)[1]
+    csv_file = tmp_path / system.bucket / "weekly-parquet" / "data" / csv_manifest["files"][0]["key"].rsplit("/", 1)[1]
     first = gzip.decompress(csv_file.read_bytes()).decode().splitlines()[0]
     assert first.startswith(f'"{system.bucket}","') and first.count('","') == 10  # quoted, no header
 

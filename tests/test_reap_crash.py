@@ -35,7 +35,8 @@ HOUR = UtcHour.of_unix_ns(OLD_NS)
 BLOCKED_HOUR = HOUR + 1  # its one record vanished: a reap-retention blocker
 RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}
 BLOCKED_RETENTION = {"mode": "retention", "dry_run": False, "hour": str(BLOCKED_HOUR), "tombstone_wait_s": 0}
-GC = {"mode": "gc", "dry_run": False}
+# One task per execution: every step also crosses a continuation (Continue, then the next Begin).
+GC = {"mode": "gc", "dry_run": False, "max_tasks_per_execution": 1}
 ROLLUP = {"mode": "retention", "scope": "rollup", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}
 RESULTS: dict[str, str] = {}
 
@@ -81,7 +82,11 @@ def assert_reaped(w: World, accepted: list, orphan: str) -> None:  # type: ignor
     assert report.ok, report.violations
 
 
-@pytest.mark.parametrize("point", sorted(crashpoints.REGISTRY))
+#: The reaps' own points (gc.py, retention.py, reap.py); other modules' points have their own tests.
+REAP_POINTS = sorted(p for p in crashpoints.REGISTRY if p.split(".")[0] in ("gc", "retention", "reap"))
+
+
+@pytest.mark.parametrize("point", REAP_POINTS)
 def test_crash_at_every_registered_point_then_resume(runtime, point: str) -> None:  # type: ignore[no-untyped-def]
     from conftest import make_bucket
 
@@ -113,8 +118,8 @@ def test_crash_at_every_registered_point_then_resume(runtime, point: str) -> Non
 
 def test_every_registered_point_was_exercised() -> None:
     # Runs after the parametrized cases (file order): the registry and the exercised set agree.
-    assert set(RESULTS) == set(crashpoints.REGISTRY), sorted(set(crashpoints.REGISTRY) - set(RESULTS))
-    assert len(RESULTS) == len(crashpoints.REGISTRY)
+    assert set(RESULTS) == set(REAP_POINTS), sorted(set(REAP_POINTS) - set(RESULTS))
+    assert len(RESULTS) == len(REAP_POINTS)
 
 
 def test_a_real_process_kill_between_marker_and_record(runtime, bucket: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

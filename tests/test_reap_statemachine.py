@@ -125,3 +125,20 @@ def test_console_input_without_dry_run_is_refused(system: LocalSystem, runtime: 
     followed = system.reap_control().follow(arn, poll_s=0.05, timeout_s=60)
     assert followed.status == "failed"
     assert sfn.describe_execution(executionArn=arn).get("error") == "ReapNotStarted"
+
+
+def test_a_reap_continues_into_new_executions_on_the_state_machine(system: LocalSystem, runtime: Any) -> None:
+    """Rule G-B2 on moto's interpreter: the Continue state starts the next execution under the same
+    lease and epoch; the report is the one a single execution gives, and the lease is released once."""
+    _, orphan = plant(system, runtime)
+    control = system.reap_control()
+    arn = control.start(mode="gc", dry_run=False, page_size=1, max_tasks_per_execution=1)
+    followed = control.follow(arn, poll_s=0.05, timeout_s=120)
+    assert followed.status == "finished", followed.detail
+    report = followed.report
+    assert (report["examined"], report["marked"], report["purged"], report["restored"]) == (3, 1, 1, 0)
+    assert report["executions"] >= 3 and report["kept"] == {"referenced": 2}
+    sfn = runtime.boto3_client("stepfunctions")
+    runs = sfn.list_executions(stateMachineArn=system.state_machine_arn("reap"))["executions"]
+    assert len(runs) == report["executions"] and all(r["status"] == "SUCCEEDED" for r in runs)
+    assert system.work_context().store.head(orphan) is None and control.lease_live() is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,7 +10,7 @@ import pytest
 
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 from lightmetrics.accept import accept_batch
-from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob
+from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob, write_raw_blob_entry
 from lightmetrics.keys import UtcHour
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.request_counter import RequestCounter
@@ -41,6 +42,13 @@ def keys(runtime, bucket, prefix):  # type: ignore[no-untyped-def]
     return [o["Key"] for o in runtime.boto3_client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
 
 
+def index_blob_in_record_hour(ctx, r, accepted_at_ns: int) -> None:  # type: ignore[no-untyped-def]
+    """Index ``r``'s blob as the event path would if S3's clock were the test's: moto stamps
+    LastModified with the real time, the records carry the test clock's."""
+    head = ctx.store.head(r.blob_key, checksum=True)
+    write_raw_blob_entry(ctx, dataclasses.replace(head, last_modified_unix_s=accepted_at_ns / 1e9), r.frame_sha256)
+
+
 def purge(system, runtime):  # type: ignore[no-untyped-def]
     """Consume the notifications our direct writes produced (as the pump would)."""
     sqs = runtime.boto3_client("sqs")
@@ -57,7 +65,10 @@ def test_lost_event_and_crash_between_derived_writes_are_repaired(system, actx, 
     index_raw_blob(ctx, b.blob_key)  # a's blob event was lost
     s3 = runtime.boto3_client("s3")
     crashed = ctx.codec.accepted_by_blob(b.frame_sha256, ident(2))
-    s3.delete_object(Bucket=system.bucket, Key=crashed)  # b's indexer died between its two writes
+    # b's accepted-by-blob entry is gone (deleted behind the system's back: an indexer crash between
+    # the two writes leaves the other one missing, §9 D5). b's blob is indexed in S3's hour (real
+    # time), not the record's hour or the one before, so its check falls back to the full repair.
+    s3.delete_object(Bucket=system.bucket, Key=crashed)
     assert len(keys(runtime, system.bucket, "raw-blobs-by-time/")) == 1
 
     report = system.reconciler(ctx).run()
@@ -150,9 +161,10 @@ def _reconcile_cost(runtime, clock, depth: int) -> dict[str, int]:  # type: igno
     # Earlier runs reconciled and closed the history hours (test_hours_close_... shows how);
     # record that state directly instead of paying for it again here.
     assert system.reconciler(ctx)._save(H0 + 2, None, clock.now_ns())
-    for n in range(10):  # ten new entries in the open hour
+    for n in range(10):  # ten new entries in the open hour, fully indexed (the events were not lost)
         r = accept_batch(actx, ident(n, agent="new"), make_frame(ident(n, agent="new")))
         index_accepted(ctx, r.manifest_key)
+        index_blob_in_record_hour(ctx, r, clock.now_ns())
     purge(system, runtime)
     counter = RequestCounter()
     measured = system.reconciler(system.work_context(policy=FAST, counter=counter))
@@ -168,11 +180,10 @@ def test_reconcile_cost_depends_on_new_entries_not_history(runtime, clock):  # t
     at_1000 = _reconcile_cost(runtime, clock, 1000)
     print(f"\nreconcile requests for 10 new entries: history 100 -> {at_100}; history 1000 -> {at_1000}")
     assert at_100 == at_1000
-    # per new entry: GET record + 2 derived PUTs + HEAD blob + PUT raw-blobs-by-time;
-    # per run: one LIST of the open hour, the checkpoint read and write, the blocker query
-    assert at_100["s3.GetObject"] == 10 and at_100["s3.HeadObject"] == 10 + 2  # + 2 tombstone checks
-    assert at_100["s3.PutObject"] == 30 and at_100["s3.ListObjectsV2"] == 1
-    assert at_100["dynamodb.GetItem"] == 1 and at_100["dynamodb.PutItem"] == 1
+    # per new entry with every derived entry present: GET record, nothing else (§12 R3);
+    # per run: one LIST of the open hour and one of each of its two raw-blobs-by-time hours,
+    # the checkpoint read and write
+    assert at_100 == {"s3.GetObject": 10, "s3.ListObjectsV2": 1 + 2, "dynamodb.GetItem": 1, "dynamodb.PutItem": 1}
 
 
 def test_after_downtime_it_rescans_the_lookback(system, actx, runtime, clock):  # type: ignore[no-untyped-def]
@@ -224,7 +235,9 @@ def test_an_entry_verified_once_is_not_repaired_again_until_a_failure_or_downtim
     second, cost2 = run()
     checked = second.entries - second.verified_earlier
     assert second.verified_earlier >= 5 and 1 <= checked <= 3  # the old ones are never read again
-    assert cost2.get("s3.GetObject", 0) == checked and cost2["s3.ListObjectsV2"] == len(second.hours_scanned)
+    # listings: every scanned hour, plus the raw-blobs-by-time hours of the hour with entries to check
+    assert cost2.get("s3.GetObject", 0) == checked
+    assert cost2["s3.ListObjectsV2"] == len(second.hours_scanned) + second.blob_hours_listed == 3 + 2
 
     # A new batch whose accepted-by-blob write was lost is still repaired ...
     time.sleep(1.1)

@@ -41,8 +41,9 @@ RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"
 #: emitted when an accepted batch's blob is missing or of the wrong size
 INTEGRITY_METRIC = "IntegrityViolation"
 ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
-#: functions that run repair_accepted (a missing or wrong-size blob raises IntegrityViolation)
-INTEGRITY_FUNCTIONS = ("reconcile", "walk-page")
+#: functions that run repair_accepted (a missing or wrong-size blob raises IntegrityViolation) or
+#: index a raw blob (rule D6: a blob whose S3 SHA-256 differs from its key)
+INTEGRITY_FUNCTIONS = ("reconcile", "walk-page", "index-raw-blobs")
 INGEST_EXTRA_METRICS = ("ConflictEvidenceWriteFailed", "BlobRestoredAfterGc")
 #: emitted by lightmetrics.indexing.index_quarantine when a conflict's registry item is first created
 CONFLICTS_METRIC = "ConflictsRegistered"

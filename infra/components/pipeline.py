@@ -16,7 +16,7 @@ their own template, wired to the main stack's bucket, ops bucket, control table 
   ``dynamodb:LeadingKeys`` to ``lease#rollup`` and ``checkpoint#reconcile``. No delete anywhere.
 * ``Machine`` — from ``infra/statemachines/pipeline.asl.json`` with ``${Placeholders}`` filled by
   CloudFormation's DefinitionSubstitutions (the pattern of the other state machines); its task
-  is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and daily audit
+  is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and weekly audit
   schedules start it. moto cannot run this task: locally ``lmctl pipeline audit|rollup`` is the
   entry point (docs/pipeline.md).
 * Alarms: ``PipelineExecutionsFailed`` (the state machine's ``ExecutionsFailed``: a failed job run
@@ -49,7 +49,7 @@ from infra.config import InfraConfig
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
 RELEASE_LABEL = "emr-spark-8.0.0"
 ARTIFACTS_PREFIX = "emr/"  # in the ops bucket: emr_main.py, the dependency archive, logs/
-INVENTORY_ID = "daily-parquet"  # storage.INVENTORY_ID
+INVENTORY_ID = "weekly-parquet"  # storage.INVENTORY_ID
 INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
 
 #: layout prefixes the jobs read (GET/HEAD) and write (conditional create)
@@ -173,7 +173,7 @@ class Pipeline(NestedStack):
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
         )
         self.schedules = {}
-        for name, expression, job in (("Rollup", "cron(20 * * * ? *)", "rollup"), ("Audit", "cron(30 6 * * ? *)", "audit")):
+        for name, expression, job in (("Rollup", "cron(20 * * * ? *)", "rollup"), ("Audit", "cron(30 6 ? * TUE *)", "audit")):
             rule = events.Rule(self, f"{name}Schedule", description=f"pipeline {job}: {expression}",
                                schedule=events.Schedule.expression(expression),
                                targets=[targets.SfnStateMachine(self.machine, input=events.RuleTargetInput.from_object(

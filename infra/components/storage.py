@@ -18,7 +18,7 @@ from lightmetrics.resources import BucketSpec
 #: Prefixes of the ops bucket (it is not an authority: no protocol rules apply there).
 INVENTORY_PREFIX = "inventory"
 ACCESS_LOGS_PREFIX = "access-logs/authority/"
-INVENTORY_ID = "daily-parquet"
+INVENTORY_ID = "weekly-parquet"
 
 INVENTORY_FIELDS = (
     "Size",
@@ -92,13 +92,16 @@ class Storage(Construct):
         noncurrent_version_days: int,
         abort_multipart_days: int,
         ops_retention_days: int,
+        inventory_retention_days: int = 14,
     ) -> None:
         super().__init__(scope, construct_id)
         self.spec = spec
         self.namespace = namespace
 
         # Inventory reports and server access logs. Not versioned: reports and logs are
-        # regenerated/append-only and expire after ops_retention_days.
+        # regenerated/append-only. Access logs expire after ops_retention_days; inventory reports
+        # after inventory_retention_days (the weekly audit reads only the latest; at a year of
+        # history a report is ~90 B x every object, so keeping 90 days of them cost more than the audit).
         self.ops_bucket = s3.Bucket(
             self,
             "OpsBucket",
@@ -110,10 +113,15 @@ class Storage(Construct):
             removal_policy=RemovalPolicy.RETAIN,
             lifecycle_rules=[
                 s3.LifecycleRule(
+                    id="ExpireInventoryReports",
+                    prefix=INVENTORY_PREFIX + "/",
+                    expiration=Duration.days(inventory_retention_days),
+                ),
+                s3.LifecycleRule(
                     id="ExpireOpsData",
                     expiration=Duration.days(ops_retention_days),
                     abort_incomplete_multipart_upload_after=Duration.days(abort_multipart_days),
-                )
+                ),
             ],
         )
         _stable_id(self.ops_bucket, "OpsBucket")
@@ -152,7 +160,7 @@ class Storage(Construct):
                 s3.Inventory(
                     inventory_id=INVENTORY_ID,
                     destination=s3.InventoryDestination(bucket=self.ops_bucket, prefix=INVENTORY_PREFIX),
-                    frequency=s3.InventoryFrequency.DAILY,
+                    frequency=s3.InventoryFrequency.WEEKLY,
                     format=s3.InventoryFormat.PARQUET,
                     include_object_versions=s3.InventoryObjectVersion.ALL,
                     objects_prefix=namespace or None,

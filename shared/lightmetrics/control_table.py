@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -24,6 +25,56 @@ _ser, _de = TypeSerializer(), TypeDeserializer()
 
 class ConditionFailed(Exception):
     """A conditional write lost (someone else changed the item first)."""
+
+
+class TransactionCancelled(ConditionFailed):
+    """A transaction lost a condition; ``failed[i]`` says whether operation ``i``'s condition failed."""
+
+    def __init__(self, failed: list[bool]) -> None:
+        super().__init__(f"transaction cancelled: {failed}")
+        self.failed = failed
+
+
+@dataclass
+class Op:
+    """One item operation of a transaction: ``Update`` (with ``expression``), ``Put`` (with
+    ``item``) or ``Delete``; each optionally conditional.
+
+    Example:
+        >>> Op("Update", "lease#walk", "lease", "SET #x = :x", {"#x": "expires_at_ns"}, {":x": 0}).kind
+        'Update'
+    """
+
+    kind: str
+    pk: str
+    sk: str
+    expression: str = ""
+    names: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    condition: str | None = None
+    item: dict[str, Any] | None = None
+
+    def apply(self, table: "ControlTable") -> None:
+        """This one operation on its own (``Update`` only); raises ``ConditionFailed``."""
+        assert self.kind == "Update"
+        table.update(self.pk, self.sk, self.expression, names=self.names or None, values=self.values or None,
+                     condition=self.condition)
+
+    def api(self, table: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"TableName": table}
+        if self.kind == "Put":
+            out["Item"] = to_item({**(self.item or {}), "pk": self.pk, "sk": self.sk})
+        else:
+            out["Key"] = to_item({"pk": self.pk, "sk": self.sk})
+        if self.kind == "Update":
+            out["UpdateExpression"] = self.expression
+        if self.names:
+            out["ExpressionAttributeNames"] = self.names
+        if self.values:
+            out["ExpressionAttributeValues"] = to_item(self.values)
+        if self.condition:
+            out["ConditionExpression"] = self.condition
+        return {self.kind: out}
 
 
 def to_item(values: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +151,24 @@ class ControlTable:
 
     def delete(self, pk: str, sk: str) -> None:
         self._call("delete_item", Key=to_item({"pk": pk, "sk": sk}))
+
+    def transact(self, ops: list[Op]) -> None:
+        """All operations or none (``TransactWriteItems``, at most 100); raises
+        :class:`TransactionCancelled` naming the failed conditions. Conflicts and throttling
+        (cancelled without a failed condition) raise botocore's error: transient, the caller retries."""
+        try:
+            self.client.transact_write_items(TransactItems=[op.api(self.name) for op in ops])
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "TransactionCanceledException":
+                mapped = table_error(exc, self.name)
+                if mapped is None:
+                    raise
+                raise mapped from exc
+            reasons = exc.response.get("CancellationReasons") or []
+            failed = [r.get("Code") == "ConditionalCheckFailed" for r in reasons]
+            if not any(failed):
+                raise
+            raise TransactionCancelled(failed + [False] * (len(ops) - len(failed))) from None
 
     def query(self, pk: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []

@@ -4,7 +4,7 @@ Every recurring component is priced as (requests per unit of work, by API) x (un
 
 * the hot path (accept, the S3 -> SQS event path, both indexers) from :data:`MEASURED_REQUESTS`,
   checked against live counts by tests/test_bench.py;
-* the background jobs (steady-state reconciler, weekly bootstrap walk, daily GC scan, daily
+* the background jobs (steady-state reconciler, weekly bootstrap walk, daily incremental GC, daily
   retention) from :data:`JOB_REQUESTS`: requests by API, Step Functions state transitions
   (``sfn.transitions``, the states an execution enters, as the ASL really runs) and Lambda task
   invocations (``lambda.Invoke``) per unit of work. tests/test_cost_measured.py runs each job on
@@ -21,7 +21,7 @@ Two designs side by side: ``lightmetrics`` (this system, every batch new) and ``
 enumerate by time, and the S3 blob; it leaves out whatever that team would add to reconcile
 blobs against records). Both get the same ingest Lambda, its logs, traces and access log records.
 
-Every cost line is named ``<part>: <what>``; the part (ingest, indexing, reconciler, walk, GC scan,
+Every cost line is named ``<part>: <what>``; the part (ingest, indexing, reconciler, walk, GC,
 retention, audit, storage, monitoring) is what docs/cost.md and the summary group by.
 
 Example:
@@ -62,10 +62,20 @@ MEASURED_REQUESTS: dict[str, dict[str, int]] = {
 #: not do costs nothing; ``run`` is what one execution (one scheduled run) costs on top.
 JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
     "walk": {
-        # a key inside retention, all derived entries present: GET record, 2 PUTs (412), HEAD blob, PUT (412)
-        "key.retained": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 3},
-        # a key of a reaped hour: GET record, HEAD blob (gone; the hour's tombstone is cached)
-        "key.reaped": {"s3.GetObject": 1, "s3.HeadObject": 1},
+        # a key inside retention whose accepted-by-time entry is present (§13 W5): one HEAD of the
+        # entry, or its share of an index_listing when its (hour, boot) group is worth a LIST (an
+        # upper bound: a page chooses whichever is cheaper)
+        "key.retained": {"s3.HeadObject": 1},
+        # a key inside retention checked by its group's index_listing: nothing of its own
+        "key.listed": {},
+        # a key whose LastModified places it in a tombstoned hour (§13 W4): not probed at all
+        "key.reaped": {},
+        # a key whose entry is missing: its HEAD, then the full repair (GET record, 2 PUTs, HEAD blob, PUT)
+        "key.repaired": {"s3.GetObject": 1, "s3.HeadObject": 2, "s3.PutObject": 3},
+        # one LIST of accepted-by-time/v1/<hour>/<agent>.<boot>. for a group of 13 or more keys of a page
+        "index_listing": {"s3.ListObjectsV2": 1},
+        # each ListObjectsV2 of a page after its first (a page of more than 1,000 keys)
+        "page_listing": {"s3.ListObjectsV2": 1},
         # one page task: its LIST, the fence and the cursor (UpdateItem each)
         "page": {"s3.ListObjectsV2": 1, "dynamodb.UpdateItem": 2, "sfn.transitions": 1, "lambda.Invoke": 1},
         # enumerating one partition (agent boot): a boots-level LIST (MaxKeys = partitions Plan needs)
@@ -75,30 +85,48 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # handing over to a new execution (history limit): Plan, Route, Continue, Continued, Begin
         "continuation": {"dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2, "dynamodb.UpdateItem": 1,
                          "sfn.transitions": 5, "lambda.Invoke": 3},
-        # a tombstone HEAD: once per acceptance or blob hour per task process (negative answers
-        # are forgotten after 60 s)
+        # a tombstone HEAD: once per candidate hour of a record (and blob hour of a repair) per task
+        # process (negative answers are forgotten after 60 s)
         "tombstone_check": {"s3.HeadObject": 1},
         # Begin (lease, checkpoint), the two root listings, the last Plan and Route, Finish (4 watermarks), Done
         "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 2, "dynamodb.Query": 3, "dynamodb.TransactWriteItems": 2,
                 "dynamodb.UpdateItem": 4, "s3.ListObjectsV2": 2, "sfn.transitions": 5, "lambda.Invoke": 3},
     },
+    "gc": {
+        # the daily incremental GC (source by-time, rule G-B1): each blob once, when its
+        # raw-blobs-by-time hour passes the retry horizon: HEAD blob, GET record
+        "blob.old": {"s3.HeadObject": 1, "s3.GetObject": 1},
+        # the tombstone HEAD of a referenced blob's acceptance hour: once per hour per page task
+        # (rule G-R1; a page of one raw-blobs-by-time hour holds about one acceptance hour)
+        "tombstone_check": {"s3.HeadObject": 1},
+        # one page task (mark phase): LIST, checkpoint read, marks Query x2, one transaction (the
+        # marks, the summary and the source cursor); Gc + Route
+        "page": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 1, "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1,
+                 "sfn.transitions": 2, "lambda.Invoke": 1},
+        # Begin (+ the source cursor's GetItem), Route, the settle task (nothing marked), Route,
+        # Finish, Done. A run over hours with nothing newly due costs this plus one page (one LIST).
+        "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
+                "sfn.transitions": 6, "lambda.Invoke": 3},
+    },
     "gc-scan": {
-        # a referenced blob past the retry horizon: HEAD blob, GET record, HEAD tombstone (never cached)
-        "blob.old": {"s3.HeadObject": 2, "s3.GetObject": 1},
+        # a referenced blob past the retry horizon: HEAD blob, GET record
+        "blob.old": {"s3.HeadObject": 1, "s3.GetObject": 1},
+        # the tombstone HEAD of a referenced blob's acceptance hour: once per hour per page task
+        "tombstone_check": {"s3.HeadObject": 1},
         # a blob younger than LM_RETRY_HORIZON_S: HEAD only
         "blob.young": {"s3.HeadObject": 1},
         # one page task (mark phase): LIST, checkpoint read, marks Query x2, one transaction; Gc + Route
         "page": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 1, "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1,
                  "sfn.transitions": 2, "lambda.Invoke": 1},
-        # Begin, Route, the settle task (nothing marked), Route, Finish, Done
-        "run": {"dynamodb.GetItem": 4, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
+        # Begin (+ the source cursor's GetItem), Route, the settle task (nothing marked), Route, Finish, Done
+        "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
                 "sfn.transitions": 6, "lambda.Invoke": 3},
     },
     "retention": {
-        # GET record (blobs phase), HEAD blob + GET record (proof), GET record (settle), GET record
-        # (derived phase); deletes: marker, captured version, marker, raw-blobs-by-time,
-        # accepted-by-blob, accepted-by-time
-        "batch": {"s3.GetObject": 4, "s3.HeadObject": 1, "s3.DeleteObject": 6},
+        # GET record (blobs phase; its proof and settle use what it read, rule G-R1), HEAD blob,
+        # GET record (derived phase: the retention role, which holds no marks); deletes: marker,
+        # captured version, marker, raw-blobs-by-time, accepted-by-blob, accepted-by-time
+        "batch": {"s3.GetObject": 2, "s3.HeadObject": 1, "s3.DeleteObject": 6},
         # one page in each of the blobs, derived and by-time phases, and its settle task
         "page": {"s3.ListObjectsV2": 3, "s3.HeadObject": 2, "dynamodb.GetItem": 4, "dynamodb.Query": 6,
                  "dynamodb.TransactWriteItems": 5, "dynamodb.UpdateItem": 4, "sfn.transitions": 8, "lambda.Invoke": 4},
@@ -115,11 +143,20 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
                 "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
     },
     "reconciler": {
-        # an entry repaired (first run after it, and the next one inside the margin): as the walk's key
-        "entry.repaired": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.PutObject": 3},
+        # an entry checked (first run after it, and the next one inside the margin) whose blob is in
+        # the raw-blobs-by-time listing of its hour or the hour before: GET record, nothing else
+        "entry.verified": {"s3.GetObject": 1},
+        # an entry whose blob event was lost (protocol §12): GET record, HEAD accepted-by-blob (present),
+        # HEAD blob (checksum), PUT raw-blobs-by-time (its hour listed, so no HEAD first)
+        "entry.repaired": {"s3.GetObject": 1, "s3.HeadObject": 2, "s3.PutObject": 1},
         # one listing page of a scanned hour (the first page of every open hour on every run)
         "listing": {"s3.ListObjectsV2": 1},
+        # one raw-blobs-by-time hour listed (once per run; a scanned hour with entries to check and
+        # the hour before it)
+        "blob_listing": {"s3.ListObjectsV2": 1},
         "tombstone_check": {"s3.HeadObject": 1},
+        # progress saved after a scanned hour that checked entries, other than the run's last (R7)
+        "hour_saved": {"dynamodb.PutItem": 1},
         "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 1},
     },
 }
@@ -166,28 +203,31 @@ class Assumptions:
     manifest_bytes: int = 700
     derived_bytes: int = 1200  # accepted-by-time + accepted-by-blob + raw-blobs-by-time
     noncurrent_version_days: float = 30.0  # infra/config.py: derived entries deleted by retention/GC
-    # -- the bootstrap walk (resources.py: weekly, page_size 1000, parallelism 4)
+    # -- the bootstrap walk (resources.py: weekly, page_size 10,000, parallelism 10)
     walks_per_month: float = 4.35
-    walk_page_size: int = 1000
-    walk_parallelism: int = 4
-    walk_rounds_per_execution: int = 122  # walk.max_rounds_for(4): rounds before the history budget
-    walk_key_ms: float = 10.0  # billed ms per key of a page task (16 keys at a time)
+    walk_page_size: int = 10_000
+    walk_parallelism: int = 10
+    walk_rounds_per_execution: int = 54  # walk.max_rounds_for(10): rounds before the history budget
+    walk_key_ms: float = 10.0  # billed ms per key a page task probes or repairs (16 keys at a time)
+    walk_page_ms: float = 200.0  # billed ms per page task besides those keys: its LIST, group LISTs, fence, cursor
     walk_memory_mb: int = 1024
-    # -- the reaps (resources.py: GC scan daily; retention daily once enabled, 24 hours a run)
-    gc_scans_per_month: float = MONTH_DAYS
+    # -- the reaps (resources.py: incremental GC daily; retention daily once enabled, 24 hours a run)
+    gc_runs_per_month: float = MONTH_DAYS
     gc_page_size: int = 500  # reap page_size default
-    gc_blob_ms: float = 6.0  # billed ms per proof (3 sequential reads, 8 at a time)
+    gc_blob_ms: float = 4.0  # billed ms per proof (2 sequential reads, 8 at a time; the tombstone HEAD once per hour)
     reap_memory_mb: int = 1024
     retention_hours_per_run: int = 24  # retention.expired_hours limit
     retention_page_size: int = 500
     retention_max_pending_pages: int = 20
-    retention_batch_ms: float = 70.0  # billed ms per batch over its four tasks (records are read one by one)
+    retention_batch_ms: float = 40.0  # billed ms per batch over its four tasks (2 record reads one by one, was 4)
     retention_memory_mb: int = 768  # reap-gc 1024 MB, reap-retention 512 MB
-    reap_mark_bytes: int = 490  # one GC mark in a marks item (reap.dynamodb_item_bytes of a real mark)
+    reap_mark_bytes: int = 172  # a retention mark, stored compactly (rule G-I7; reap.dynamodb_item_bytes of a real one)
     task_overhead_ms: float = 50.0  # billed ms of a Step Functions task besides its keys (512 MB)
-    # -- the inventory audit (infra: daily S3 Inventory of all versions, Parquet; audit daily on EMR)
+    # -- the inventory audit (infra: weekly S3 Inventory of all versions, Parquet; audit weekly on EMR)
+    audits_per_month: float = MONTH_DAYS / 7  # one inventory report and one audit a week
     inventory_bytes_per_object: int = 90  # a Parquet inventory row: key, version id and ETag do not compress
-    ops_retention_days: float = 90.0  # infra/config.py: inventory reports and access logs
+    inventory_retention_days: float = 14.0  # infra/config.py: inventory reports in the ops bucket
+    ops_retention_days: float = 90.0  # infra/config.py: access logs in the ops bucket
     audit_rows_per_vcpu_s: float = 15_300.0  # lmctl bench pipeline: 30,600 rows/s on 2 cores
     audit_gb_per_vcpu: float = 4.0  # EMR Serverless default workers: 4 vCPU, 16 GB
     emr_arm64: bool = False  # infra/components/pipeline.py: architecture X86_64
@@ -251,24 +291,34 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
     # The weekly walk lists every acceptance record ever made (they are permanent), partition by
     # partition, parallelism pages a round, walk_rounds_per_execution rounds an execution.
     retained_keys, reaped_keys = rate * live * DAY_S, rate * reaped * DAY_S
-    per_partition = rate / a.fleet_agents * a.boot_days * DAY_S
+    boot_rate = rate / a.fleet_agents  # keys per second of one agent boot
+    per_partition = boot_rate * a.boot_days * DAY_S
     partitions = (retained_keys + reaped_keys) / per_partition
-    pages = partitions * math.ceil(per_partition / a.walk_page_size)
+    pages_per_partition = math.ceil(per_partition / a.walk_page_size)
+    pages = partitions * pages_per_partition
+    retained_pages = retained_keys / per_partition * pages_per_partition
     rounds = math.ceil(pages / a.walk_parallelism)
     executions = max(1, math.ceil(rounds / a.walk_rounds_per_execution))
     w = a.walks_per_month
-    # A page task checks the tombstone of each hour its keys were accepted in (a page of one boot
-    # spans page_size / (rate / agents) seconds); a new task process has an empty cache.
-    hours_per_page = 1 + a.walk_page_size / (rate / a.fleet_agents) / 3600
-    walk = {"key.retained": w * retained_keys, "key.reaped": w * reaped_keys, "page": w * pages,
-            "partition": w * partitions, "round": w * rounds, "continuation": w * (executions - 1),
-            "tombstone_check": w * pages * hours_per_page, "run": w}
-    # The daily GC scan lists raw-blobs/v1/ (the retention period) and proves every blob.
-    young = min(live, a.retry_horizon_days) * rate * DAY_S
-    old = max(0.0, live - a.retry_horizon_days) * rate * DAY_S
-    g = a.gc_scans_per_month
-    gc = {"blob.old": g * old, "blob.young": g * young,
-          "page": g * max(1, math.ceil((old + young) / a.gc_page_size)), "run": g}
+    # A page of one boot spans min(page, partition) / boot_rate seconds: the hours its keys fall in
+    # (one tombstone HEAD each per task process; for retained keys, one (hour, boot) group each).
+    keys_per_page = min(a.walk_page_size, per_partition)
+    hours_per_page = 1 + keys_per_page / boot_rate / 3600
+    # Rule W5: a group of keys of one hour is checked by one LIST when that is cheaper than a HEAD
+    # a key (13 keys or more at list prices), else a HEAD each.
+    group = keys_per_page / hours_per_page
+    listed = group * PRICE_TABLE.price("s3.get_per_1000") > PRICE_TABLE.price("s3.put_per_1000")
+    walk = {"key.retained": 0.0 if listed else w * retained_keys, "key.listed": w * retained_keys if listed else 0.0,
+            "key.reaped": w * reaped_keys, "index_listing": w * retained_pages * hours_per_page if listed else 0.0,
+            "page": w * pages, "page_listing": w * pages * (math.ceil(keys_per_page / 1000) - 1),
+            "partition": w * partitions, "round": w * rounds,
+            "continuation": w * (executions - 1), "tombstone_check": w * pages * hours_per_page, "run": w}
+    # GC (rule G-B1): each blob proven once, when its raw-blobs-by-time hour passes the retry
+    # horizon; a daily run takes the day's hours.
+    g = a.gc_runs_per_month
+    blobs = rate * MONTH_S
+    gc_pages = max(g, math.ceil(blobs / a.gc_page_size))
+    gc = {"blob.old": blobs, "tombstone_check": gc_pages, "page": gc_pages, "run": g}
     # Retention: once the system is older than its retention, an hour expires every hour; a daily
     # run takes 24 of them.
     retention: dict[str, float] = {}
@@ -280,14 +330,16 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
                      "settle_round": hours * math.ceil(pages_h / a.retention_max_pending_pages),
                      "hour": hours, "run": runs, "date_listed": 2 * runs}
     # The reconciler: every run lists the open hours (the current one, and the previous one inside
-    # the settle window); an entry is listed ~9 times and repaired 1-2 times (R4).
+    # the settle window); an entry is listed ~9 times and checked 1-2 times (R4): one GET when its
+    # blob is in the raw-blobs-by-time listings of its hour and the one before, listed once a run
+    # (as many pages as the entries listed, twice); progress saved after each hour but the last (R7).
     runs = MONTH_S / a.reconcile_every_s
     scans = runs * (1 + a.settle_s / 3600)
     entries = rate * MONTH_S
-    reconciler = {"entry.repaired": entries * a.reconcile_repairs_per_entry,
-                  "listing": scans + entries * a.reconcile_passes_per_entry / 1000,
-                  "tombstone_check": scans, "run": runs}  # the cache's negative answers last 60 s < a run's interval
-    return {"walk": walk, "gc-scan": gc, "retention": retention, "reconciler": reconciler}
+    listing = scans + entries * a.reconcile_passes_per_entry / 1000
+    reconciler = {"entry.verified": entries * a.reconcile_repairs_per_entry, "listing": listing,
+                  "blob_listing": 2 * listing, "hour_saved": scans - runs, "run": runs}
+    return {"walk": walk, "gc": gc, "retention": retention, "reconciler": reconciler}
 
 
 # --- lines -------------------------------------------------------------------------------------------
@@ -399,19 +451,21 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
     u = units["reconciler"]
     req = _per_batch(job_requests("reconciler", u), per_month)
     lines += traffic_lines("reconciler", req, a, prices,
-                           gb_s=u["entry.repaired"] / per_month * _gb_s(a.reconcile_entry_ms, a.reconcile_memory_mb))
+                           gb_s=u["entry.verified"] / per_month * _gb_s(a.reconcile_entry_ms, a.reconcile_memory_mb))
     # the weekly walk
     u = units["walk"]
     req = _per_batch(job_requests("walk", u), per_month)
-    keys = (u["key.retained"] + u["key.reaped"]) / per_month
+    probed = u["key.retained"] / per_month
     lines += traffic_lines("walk", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
-                           gb_s=keys * _gb_s(a.walk_key_ms, a.walk_memory_mb) + req["lambda.Invoke"] * overhead)
-    # the daily GC scan
-    u = units["gc-scan"]
-    req = _per_batch(job_requests("gc-scan", u), per_month)
-    blobs = (u["blob.old"] + u["blob.young"]) / per_month
-    lines += traffic_lines("GC scan", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
-                           gb_s=blobs * _gb_s(a.gc_blob_ms, a.reap_memory_mb) + req["lambda.Invoke"] * overhead)
+                           gb_s=probed * _gb_s(a.walk_key_ms, a.walk_memory_mb)
+                           + u["page"] / per_month * _gb_s(a.walk_page_ms, a.walk_memory_mb)
+                           + req["lambda.Invoke"] * overhead)
+    # the incremental GC
+    u = units["gc"]
+    req = _per_batch(job_requests("gc", u), per_month)
+    lines += traffic_lines("GC", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
+                           gb_s=u["blob.old"] / per_month * _gb_s(a.gc_blob_ms, a.reap_memory_mb)
+                           + req["lambda.Invoke"] * overhead)
     # daily retention; its marks items are priced by size: a mark is written with its page's
     # intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and
     # every task of a settle round reads all pending marks (consistent reads, 1 RRU per 4 KB)
@@ -423,15 +477,15 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
         lines += traffic_lines("retention", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
                                gb_s=_gb_s(a.retention_batch_ms, a.retention_memory_mb) + req["lambda.Invoke"] * overhead,
                                extra_wru=6 * marks_kb, extra_rru=(m + (m + 1) / 2) * marks_kb / 4)
-    # the daily inventory audit: S3 Inventory of every version, its Parquet reports in the ops
-    # bucket, the Spark audit over them on EMR Serverless
+    # the inventory audit: S3 Inventory of every version, its Parquet reports in the ops bucket,
+    # the Spark audit over them on EMR Serverless, audits_per_month times
     objects = (a.system_age_days + 4 * a.live_days + 6 * min(a.noncurrent_version_days, a.reaped_days)) \
-        * batches_per_second * DAY_S  # listed per day: records, blobs + 3 derived, noncurrent versions + markers
-    listed = objects * MONTH_DAYS / per_month
+        * batches_per_second * DAY_S  # listed per report: records, blobs + 3 derived, noncurrent versions + markers
+    listed = objects * a.audits_per_month / per_month
     lines.append(_line("audit: S3 Inventory", listed, "objects listed",
                        listed / 1e6 * p("s3.inventory_per_million_objects")))
-    # a day's report is kept ops_retention_days: listed / MONTH_DAYS rows a day per batch of the month
-    report_gb_months = listed / MONTH_DAYS * a.inventory_bytes_per_object / 1e9 * a.ops_retention_days
+    # each report is kept inventory_retention_days
+    report_gb_months = listed * a.inventory_bytes_per_object / 1e9 * _months(a.inventory_retention_days)
     lines.append(_line("audit: inventory reports (ops bucket)", report_gb_months, "GB-months",
                        report_gb_months * p("s3.storage_gb_month")))
     vcpu_h = listed / a.audit_rows_per_vcpu_s / 3600
@@ -477,8 +531,8 @@ def _fixed_lines(a: Assumptions, prices: PriceTable) -> list[dict[str, Any]]:
         _line("indexing: sweep-dlq runs", sweeps, "invocations",
               sweeps * (invoke + _gb_s(200, 512) * p("lambda.gb_second") + 3 / 1e6 * p("sqs.per_million")
                         + a.lambda_platform_log_bytes / 1e9 * log_price)),
-        _line("audit: pipeline state machine", 2 * MONTH_DAYS, "transitions",
-              2 * MONTH_DAYS / 1000 * p("stepfunctions.per_1000_transitions")),
+        _line("audit: pipeline state machine", 2 * a.audits_per_month, "transitions",
+              2 * a.audits_per_month / 1000 * p("stepfunctions.per_1000_transitions")),
         _line("monitoring: CloudWatch alarms", a.cloudwatch_alarms, "alarms",
               a.cloudwatch_alarms * p("cloudwatch.alarm_month")),
         _line("monitoring: custom metrics", a.custom_metrics, "metrics",

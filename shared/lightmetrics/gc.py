@@ -93,6 +93,8 @@ class Proof:
     version_id: str | None = None
     last_modified_unix_s: int = 0
     identity: BatchIdentity | None = None
+    #: G2 found a record naming this blob in a tombstoned hour: that hour (rule G-R1)
+    record_hour: str | None = None
 
 
 _UNREADABLE = object()  # BlobCollector._record: a record exists but this reader cannot trust it
@@ -111,6 +113,51 @@ def _identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
                                 int(m["seq_start"]), int(m["seq_end"]))
 
 
+# -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
+_REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
+_REASONS = {v: k for k, v in _REASON_CODES.items()}
+
+
+def encode_mark(m: dict[str, Any]) -> dict[str, str]:
+    """A mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
+    ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
+    then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
+    The blob key (from ``s``) and the time marked (the item's) are not stored.
+
+    >>> encode_mark({"sha": "ab" * 32, "version_id": "v1", "marker_version_id": None, "lm_unix_s": 7200,
+    ...              "reason": "hour-tombstoned", "record_hour": "1970-01-01T02"})["h"]
+    '1970-01-01T02'
+    """
+    out = {"s": m["sha"], "t": str(int(m["lm_unix_s"]) // 3600), "r": _REASON_CODES[m["reason"]]}
+    if m.get("version_id"):
+        out["v"] = m["version_id"]
+    if m.get("marker_version_id"):
+        out["m"] = m["marker_version_id"]
+    if m.get("record_hour"):
+        out["h"] = m["record_hour"]
+    else:
+        out.update(a=m["agent_hex"], b=m["boot_hex"], q=f"{m['seq_start']}-{m['seq_end']}")
+    return out
+
+
+def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[str, Any]:
+    """The mark :func:`encode_mark` stored, as the collector uses it (``marked_at_ns``: the time its
+    item records, never earlier than the marker). A mark written by the previous version (long
+    names, its own ``marked_at_ns``) is returned as it is: a rolling deploy settles it unchanged."""
+    if "sha" in stored:
+        return dict(stored)
+    sha = str(stored["s"])
+    m: dict[str, Any] = {"key": codec.raw_blob(sha), "sha": sha, "version_id": stored.get("v"),
+                         "marker_version_id": stored.get("m"), "marked_at_ns": int(marked_at_ns),
+                         "lm_unix_s": int(stored["t"]) * 3600, "reason": _REASONS[str(stored["r"])]}
+    if stored.get("h"):
+        m["record_hour"] = str(stored["h"])
+    else:
+        start, _, end = str(stored["q"]).partition("-")
+        m.update(agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start), seq_end=int(end))
+    return m
+
+
 class BlobCollector:
     """Proof, mark and settle for raw blobs; ``concurrency`` bounds parallel requests."""
 
@@ -126,7 +173,13 @@ class BlobCollector:
         self.horizon_ns = int(settings.retry_horizon_s) * _NS
         self.evidence_ns = int(settings.retry_horizon_s) * _NS
         self.grace_ns = int(settings.gc_grace_s) * _NS
-        self.tombstones = tombstones or TombstoneCache(ctx.store, ctx.codec, ttl_s=0.0)
+        # One HEAD per hour per task (a collector lives for one reap task): "tombstoned" is permanent;
+        # a stale "not tombstoned" only keeps a blob (G2), and retention's blob tasks start after
+        # its tombstone, so they never hold an answer from before it.
+        self.tombstones = tombstones or TombstoneCache(ctx.store, ctx.codec)
+        #: acceptance records this task already read, by record key (retention reads them to find
+        #: the blobs): a record is immutable, so G2 uses them instead of reading them again
+        self.records_read: dict[str, AcceptedBatchManifest] = {}
         self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="lm-gc")
 
     def close(self) -> None:
@@ -156,18 +209,28 @@ class BlobCollector:
             return Proof(deletable=False, reason=KEEP_YOUNG, **base)  # type: ignore[arg-type]
         if identity is None:
             return Proof(deletable=False, reason=KEEP_NO_IDENTITY, **base)  # type: ignore[arg-type]
-        deletable, reason = self.references(identity, sha, now)
-        return Proof(deletable=deletable, reason=reason, **base)  # type: ignore[arg-type]
+        deletable, reason, record_hour = self._references(identity, sha, now)
+        return Proof(deletable=deletable, reason=reason, record_hour=record_hour, **base)  # type: ignore[arg-type]
 
     def references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str]:
         """Checks 2-3: ``(deletable, reason)`` from the acceptance record and the conflict evidence."""
+        deletable, reason, _ = self._references(identity, sha, now_ns)
+        return deletable, reason
+
+    def _references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str, str | None]:
+        """:meth:`references`, plus the record's hour when a record naming the blob is in a
+        tombstoned hour (what a mark carries instead of its identity, rule G-R1)."""
         record = self._record(identity)
         if record is _UNREADABLE:
-            return False, KEEP_RECORD_UNREADABLE
-        hour_tombstoned = record is not None and self.tombstones.is_tombstoned(
-            "raw", UtcHour.of_unix_ns(record.accepted_at_unix_ns))
+            return False, KEEP_RECORD_UNREADABLE, None
+        hour = UtcHour.of_unix_ns(record.accepted_at_unix_ns) if record is not None else None
+        hour_tombstoned = hour is not None and self.tombstones.is_tombstoned("raw", hour)
         if record is not None and record.frame_sha256 == sha:
-            return (True, DELETE_HOUR_TOMBSTONED) if hour_tombstoned else (False, KEEP_REFERENCED)
+            return (True, DELETE_HOUR_TOMBSTONED, str(hour)) if hour_tombstoned else (False, KEEP_REFERENCED, None)
+        return (*self._evidence(identity, sha, now_ns, hour_tombstoned), None)
+
+    def _evidence(self, identity: BatchIdentity, sha: str, now_ns: int, hour_tombstoned: bool) -> tuple[bool, str]:
+        """Check 3: no record names the blob; the conflict evidence decides."""
         if self.ctx.store.head(self.codec.quarantine(identity, sha)) is None:
             return True, DELETE_UNREFERENCED
         if hour_tombstoned:
@@ -185,6 +248,8 @@ class BlobCollector:
         not parse or validate (its content must match its key), or that a newer writer wrote (G2a) — it may name this blob, so it is never read
         as "absent"; its blocker is opened here (the walk and the reconciler open the same one)."""
         key = self.codec.accepted(identity)
+        if key in self.records_read:
+            return self.records_read[key]
         raw = self.ctx.store.get(key)
         if raw is None:
             return None
@@ -233,9 +298,11 @@ class BlobCollector:
         """What is recorded (durably, before the marker) about a blob about to be marked."""
         assert proof.identity is not None and proof.deletable
         i = proof.identity
-        return {"key": proof.key, "sha": proof.sha, "version_id": proof.version_id, "marker_version_id": None,
-                "marked_at_ns": now_ns, "lm_unix_s": proof.last_modified_unix_s, "reason": proof.reason,
-                "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+        out = {"key": proof.key, "sha": proof.sha, "version_id": proof.version_id, "marker_version_id": None,
+               "marked_at_ns": now_ns, "lm_unix_s": proof.last_modified_unix_s, "reason": proof.reason}
+        if proof.record_hour:  # rule G-R1: the re-check needs this hour's tombstone, nothing else
+            return {**out, "record_hour": proof.record_hour}
+        return {**out, "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
 
     def mark(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Place a delete marker on each intended blob; returns the intents with the marker ids."""
@@ -290,9 +357,18 @@ class BlobCollector:
             raise ValueError(f"{len(not_due)} marks are inside the grace period, e.g. {not_due[0]}")
         return self._map(lambda m: self._settle_one(m, now), marks)
 
+    def recheck(self, m: dict[str, Any], now_ns: int) -> tuple[bool, str]:
+        """Handshake step 4 for a recorded mark. A mark proven by a record naming the blob in a
+        tombstoned hour carries that hour (rule G-R1): the record is immutable and the tombstone
+        permanent, so the tombstone (cached per task) is all there is to check again."""
+        if m.get("record_hour") and m.get("reason") == DELETE_HOUR_TOMBSTONED:
+            if self.tombstones.is_tombstoned("raw", UtcHour.parse(str(m["record_hour"]))):
+                return True, DELETE_HOUR_TOMBSTONED
+            return False, KEEP_NOT_TOMBSTONED  # cannot happen (tombstones stay): restore, never guess
+        return self.references(_identity_from_mark(m), m["sha"], now_ns)
+
     def _settle_one(self, m: dict[str, Any], now_ns: int) -> str:
-        identity = _identity_from_mark(m)
-        deletable, reason = self.references(identity, m["sha"], now_ns)
+        deletable, reason = self.recheck(m, now_ns)
         crashpoints.point(CP_RECHECKED)
         markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
         if markers is None:

@@ -4,9 +4,13 @@ One implementation serves the event path (S3 -> SQS -> Lambda), the steady-state
 the bootstrap walk. Every write is a conditional create of a deterministic key with
 deterministic content, so 412 means "already done" and any number of replays is harmless.
 
-Cost (docs/protocol.md §10, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 2
-sequential round trips (the two PUTs run concurrently); one raw blob is 1 HEAD + 1 PUT; one
-quarantine manifest is 1 GET + 1 PUT + 1 conditional PutItem (the conflict registry).
+Cost (docs/protocol.md §10, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 3
+sequential round trips (``accepted-by-blob`` strictly before ``accepted-by-time``, §9 D5); one raw
+blob is 1 HEAD (with its checksum) + 1 PUT; one quarantine manifest is 1 GET + 1 PUT + 1
+conditional PutItem (the conflict registry).
+
+What an entry's presence certifies (§9 D5, D6) lets the reconciler check an ``accepted-by-time``
+entry with one GET and its share of listings (:func:`verify_time_entry`).
 
 Example:
     >>> index_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")     # doctest: +SKIP
@@ -16,11 +20,10 @@ Example:
 from __future__ import annotations
 
 import base64
-import contextvars
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
+from lightmetrics import crashpoints
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
 from lightmetrics.config import TOMBSTONE_CACHE_S
 from lightmetrics.conflicts import ConflictEntry, register
@@ -33,8 +36,6 @@ from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.store import ObjectHead
 from lightmetrics.work import WorkContext
 
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-derived")
-
 KIND_ACCEPTED = "index-accepted"
 KIND_RAW_BLOB = "index-raw-blob"
 KIND_QUARANTINE = "index-quarantine"
@@ -43,6 +44,11 @@ KIND_REPAIR = "repair-accepted"
 KIND_TIME_ENTRY = "accepted-by-time-entry"
 #: emitted once per conflict when its registry item is created (the NewConflicts alarm)
 CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
+
+#: Crash point (lightmetrics.crashpoints) between the two accepted-* writes (§9 D5): the
+#: ``accepted-by-blob`` entry exists, the ``accepted-by-time`` entry not yet.
+CP_BY_BLOB_WRITTEN = crashpoints.register("index.by-blob-written",
+                                          "accepted-by-blob entry created, accepted-by-time not yet")
 
 
 class TombstoneCache:
@@ -125,23 +131,26 @@ def load_manifest(ctx: WorkContext, manifest_key: str) -> AcceptedBatchManifest:
 
 
 def write_accepted_entries(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest) -> Outcome:
-    """``accepted-by-time`` and ``accepted-by-blob`` for one record, concurrently."""
+    """``accepted-by-blob``, then ``accepted-by-time``, for one record.
+
+    The order is a rule (protocol §9 D5): an ``accepted-by-time`` entry present means its
+    ``accepted-by-blob`` entry was created, so the reconciler and the walk need not probe it.
+    """
     hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
     if tombstones(ctx).is_tombstoned("raw", hour):
         return Outcome.NOOP_RESOLVED  # never re-populate an hour being (or already) reaped
-    ident = m.identity
+    by_blob_created = _create_by_blob(ctx, manifest_key, m)
+    crashpoints.point(CP_BY_BLOB_WRITTEN)
     by_time = AcceptedByTimeEntry(manifest_key=manifest_key, frame_sha256=m.frame_sha256, raw_blob_key=m.raw_blob_key,
                                   frame_bytes=m.frame_bytes, accepted_at_unix_ns=m.accepted_at_unix_ns)
+    by_time_created = _create(ctx, ctx.codec.accepted_by_time(hour, m.identity), by_time.to_bytes())
+    return Outcome.DONE if by_blob_created or by_time_created else Outcome.NOOP_RESOLVED
+
+
+def _create_by_blob(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest) -> bool:
     by_blob = AcceptedByBlobEntry(manifest_key=manifest_key, frame_sha256=m.frame_sha256,
                                   accepted_at_unix_ns=m.accepted_at_unix_ns)
-    writes = [
-        _POOL.submit(contextvars.copy_context().run, _create, ctx, ctx.codec.accepted_by_time(hour, ident),
-                     by_time.to_bytes()),
-        _POOL.submit(contextvars.copy_context().run, _create, ctx, ctx.codec.accepted_by_blob(m.frame_sha256, ident),
-                     by_blob.to_bytes()),
-    ]
-    created = [w.result() for w in writes]
-    return Outcome.DONE if any(created) else Outcome.NOOP_RESOLVED
+    return _create(ctx, ctx.codec.accepted_by_blob(m.frame_sha256, m.identity), by_blob.to_bytes())
 
 
 def index_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
@@ -165,17 +174,31 @@ def raw_blob_entry(ctx: WorkContext, head: ObjectHead, sha: str) -> tuple[UtcHou
     return UtcHour((int(head.last_modified_unix_s) // 3600) * 3600), entry
 
 
+def check_blob_checksum(head: ObjectHead, sha: str, subject: str) -> None:
+    """Where S3 holds the blob's full-object SHA-256 (``head`` from a HEAD with
+    ``checksum=True``), it MUST be ``sha``; otherwise an integrity ``PermanentWorkError``
+    (alarm ``IntegrityViolation``). A blob S3 holds no such checksum for passes (§9 D3)."""
+    expected = base64.b64encode(bytes.fromhex(sha)).decode()
+    if head.checksum_sha256_b64 is not None and head.checksum_sha256_b64 != expected:
+        raise PermanentWorkError(
+            f"{subject}: blob {head.key} has checksum SHA-256 {head.checksum_sha256_b64}, expected {expected} "
+            f"(sha256 {sha})", kind="integrity", alarm="IntegrityViolation")
+
+
 def write_raw_blob_entry(ctx: WorkContext, head: ObjectHead, sha: str) -> Outcome:
+    """The blob's ``raw-blobs-by-time`` entry, created only if the blob's bytes hash to ``sha``
+    as far as S3 can tell (§9 D6): ``head`` must come from a HEAD with ``checksum=True``."""
     hour, entry = raw_blob_entry(ctx, head, sha)
     if tombstones(ctx).is_tombstoned("raw", hour):
         return Outcome.NOOP_RESOLVED
+    check_blob_checksum(head, sha, head.key)
     created = _create(ctx, ctx.codec.raw_blobs_by_time(hour, sha), entry.to_bytes())
     return Outcome.DONE if created else Outcome.NOOP_RESOLVED
 
 
 def index_raw_blob(ctx: WorkContext, blob_key: str) -> Outcome:
     parsed = _parse(ctx, blob_key, KeyKind.RAW_BLOB)
-    head = ctx.store.head(blob_key)
+    head = ctx.store.head(blob_key, checksum=True)  # the same one request: D6 needs S3's SHA-256
     if head is None:
         return Outcome.NOOP_RESOLVED  # collected since the event was sent: nothing to index
     return write_raw_blob_entry(ctx, head, parsed.sha256)
@@ -207,17 +230,112 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
 
 
 def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
-    """Everything that hangs off one acceptance record (reconciler and walk).
+    """Everything that hangs off one acceptance record (the walk; the reconciler's fallback).
 
-    Record valid; both accepted-* entries; blob present with the recorded size and, where S3
-    returns one, the recorded SHA-256 (a missing or different blob is an integrity blocker unless
-    its hour is tombstoned — the expected reaped state); and the blob's ``raw-blobs-by-time``
-    entry. Cost: GET + 2 PUTs + HEAD + PUT.
+    Record valid; both accepted-* entries (by-blob first, §9 D5); blob present with the recorded
+    size and, where S3 returns one, the recorded SHA-256 (a missing or different blob is an
+    integrity blocker unless its hour is tombstoned — the expected reaped state); and the blob's
+    ``raw-blobs-by-time`` entry. Cost: GET + 2 PUTs + HEAD + PUT.
+
+    Example:
+        >>> repair_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")   # doctest: +SKIP
+        <Outcome.NOOP_RESOLVED: 'NOOP_RESOLVED'>
     """
+    return _repair(ctx, manifest_key, load_manifest(ctx, manifest_key), by_time_present=False, indexed=None)
+
+
+class IndexedBlobs:
+    """The blob hashes of ``raw-blobs-by-time`` hours, each hour listed at most once (one
+    reconciler run). A hash listed there certifies its blob (§9 D6).
+
+    Example:
+        >>> blobs = IndexedBlobs(ctx)                                      # doctest: +SKIP
+        >>> blobs.load(hour); blobs.load(hour + -1)                        # doctest: +SKIP
+        >>> blobs.holds(sha, near=hour)                                    # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, ctx: WorkContext) -> None:
+        self.ctx = ctx
+        self._hours: dict[UtcHour, frozenset[str]] = {}
+        self._loaded = 0
+        self._lock = threading.Lock()
+
+    def load(self, hour: UtcHour) -> frozenset[str]:
+        """List ``hour`` unless this run already did (one LIST per 1,000 entries). A run scans
+        hours in order and an hour needs only itself and the hour before, so older hours are
+        dropped: memory stays two hours of hashes however many hours a run scans."""
+        with self._lock:
+            for old in [h for h in self._hours if h < hour + -1]:
+                del self._hours[old]
+            if hour not in self._hours:
+                self._loaded += 1
+                prefix = self.ctx.codec.raw_blobs_by_time_hour(hour)
+                marker = prefix + "sha256="
+                self._hours[hour] = frozenset(k[len(marker):-len(".json")]
+                                              for k in self.ctx.store.list_keys(prefix, limit=10**9)
+                                              if k.startswith(marker) and k.endswith(".json"))
+            return self._hours[hour]
+
+    def listed(self, hour: UtcHour) -> frozenset[str] | None:
+        """The hashes of ``hour`` if this run listed it, else None (no request)."""
+        with self._lock:
+            return self._hours.get(hour)
+
+    def holds(self, sha: str, *, near: UtcHour) -> bool:
+        """Is ``sha`` indexed in hour ``near`` or the hour before (a blob is written before its
+        record)? Only hours already listed are consulted: no request."""
+        return any(sha in (self.listed(h) or ()) for h in (near, near + -1))
+
+    @property
+    def hours_listed(self) -> int:
+        with self._lock:
+            return self._loaded
+
+
+def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | None = None) -> Outcome:
+    """The reconciler's check of one ``accepted-by-time`` entry (protocol §12).
+
+    One GET of the record it names (validated like every reader). If the record's blob is in
+    ``indexed`` for the entry's hour or the hour before, every derived entry is known present
+    (§9 D5, D6): NOOP_RESOLVED, no further request. Otherwise the full repair, writing only what
+    is missing (the ``accepted-by-time`` entry is the input, so it exists; ``accepted-by-blob``
+    and ``raw-blobs-by-time`` are HEADed before any PUT). Without ``indexed`` (``lmctl blockers
+    retry``) it is always the full repair. An entry whose key is outside the layout is a blocker
+    (§9 D4) until it is gone (an operator removed it): then NOOP_RESOLVED.
+
+    Example:
+        >>> verify_time_entry(ctx, "accepted-by-time/v1/date=.../x.json", blobs)  # doctest: +SKIP
+        <Outcome.NOOP_RESOLVED: 'NOOP_RESOLVED'>
+    """
+    try:
+        manifest_key = manifest_key_of_time_entry(ctx, entry_key)
+    except PermanentWorkError:
+        if ctx.store.head(entry_key) is None:
+            return Outcome.NOOP_RESOLVED
+        raise
     m = load_manifest(ctx, manifest_key)
-    outcome = write_accepted_entries(ctx, manifest_key, m)
-    head = ctx.store.head(m.raw_blob_key, checksum=True)
+    entry_hour = ctx.codec.parse(entry_key).hour
+    if indexed is not None and entry_hour is not None and indexed.holds(m.frame_sha256, near=entry_hour):
+        return Outcome.NOOP_RESOLVED
+    return _repair(ctx, manifest_key, m, by_time_present=True, indexed=indexed)
+
+
+def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by_time_present: bool,
+            indexed: IndexedBlobs | None) -> Outcome:
+    """The repair behind :func:`repair_accepted` and :func:`verify_time_entry`. With
+    ``by_time_present`` (the caller listed the ``accepted-by-time`` entry) it checks before it
+    writes: a HEAD (read class) where the entry is most likely present, instead of a PUT's 412."""
     hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
+    if not by_time_present:
+        outcome = write_accepted_entries(ctx, manifest_key, m)
+    elif ctx.store.head(ctx.codec.accepted_by_blob(m.frame_sha256, m.identity)) is not None:
+        outcome = Outcome.NOOP_RESOLVED  # D5 says it was created; it was not deleted behind our back
+    elif tombstones(ctx).is_tombstoned("raw", hour):
+        outcome = Outcome.NOOP_RESOLVED
+    else:
+        outcome = Outcome.DONE if _create_by_blob(ctx, manifest_key, m) else Outcome.NOOP_RESOLVED
+    head = ctx.store.head(m.raw_blob_key, checksum=True)
     if head is None:
         if tombstones(ctx).is_tombstoned("raw", hour):
             return Outcome.NOOP_RESOLVED
@@ -228,12 +346,16 @@ def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
                                  kind="integrity", alarm="IntegrityViolation")
     # D3: where S3 holds the blob's SHA-256 (the accept uploads it), it must be the record's hash;
     # without one, the size is all a HEAD can tell.
-    expected = base64.b64encode(bytes.fromhex(m.frame_sha256)).decode()
-    if head.checksum_sha256_b64 is not None and head.checksum_sha256_b64 != expected:
-        raise PermanentWorkError(
-            f"{manifest_key}: blob {m.raw_blob_key} has checksum SHA-256 {head.checksum_sha256_b64}, "
-            f"record says {expected} (frame_sha256 {m.frame_sha256})", kind="integrity", alarm="IntegrityViolation")
-    blob_outcome = write_raw_blob_entry(ctx, head, m.frame_sha256)
+    check_blob_checksum(head, m.frame_sha256, manifest_key)
+    blob_hour, _ = raw_blob_entry(ctx, head, m.frame_sha256)
+    listed = indexed.listed(blob_hour) if indexed is not None else None
+    if listed is not None and m.frame_sha256 in listed:
+        blob_outcome = Outcome.NOOP_RESOLVED
+    elif listed is None and by_time_present and ctx.store.head(
+            ctx.codec.raw_blobs_by_time(blob_hour, m.frame_sha256)) is not None:
+        blob_outcome = Outcome.NOOP_RESOLVED  # indexed in an hour this run did not list
+    else:
+        blob_outcome = write_raw_blob_entry(ctx, head, m.frame_sha256)
     return Outcome.DONE if Outcome.DONE in (outcome, blob_outcome) else Outcome.NOOP_RESOLVED
 
 
@@ -246,26 +368,13 @@ def manifest_key_of_time_entry(ctx: WorkContext, entry_key: str) -> str:
     return ctx.codec.accepted(parsed.identity)
 
 
-def repair_time_entry(ctx: WorkContext, entry_key: str) -> Outcome:
-    """One ``accepted-by-time`` entry: the repair of the record it names. An entry whose key is
-    outside the layout (no record to repair, so the hour's derived state cannot be vouched for)
-    is a blocker — until it is gone (an operator removed it): then NOOP_RESOLVED."""
-    try:
-        manifest_key = manifest_key_of_time_entry(ctx, entry_key)
-    except PermanentWorkError:
-        if ctx.store.head(entry_key) is None:
-            return Outcome.NOOP_RESOLVED
-        raise
-    return repair_accepted(ctx, manifest_key)
-
-
 #: kind -> function(ctx, object_key): how ``lmctl blockers retry`` re-runs a unit of work.
 RUNNERS = {
     KIND_ACCEPTED: index_accepted,
     KIND_RAW_BLOB: index_raw_blob,
     KIND_QUARANTINE: index_quarantine,
     KIND_REPAIR: repair_accepted,
-    KIND_TIME_ENTRY: repair_time_entry,
+    KIND_TIME_ENTRY: verify_time_entry,
 }
 
 #: which index kind each authoritative prefix feeds

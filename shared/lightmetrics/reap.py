@@ -14,6 +14,9 @@ every task returns ``{"reap": ..., "next": ...}`` and the state machine routes o
                commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
                entries, verify empty, write the ``reaped`` marker.
 ``wait``       a Wait state (``wait_s``): the GC grace, or the tombstone settle time.
+``continue``   (reap-continue) this execution ran ``max_tasks_per_execution`` tasks: start the next
+               execution of the state machine with the same lease, epoch and owner (input
+               ``{"continuation": ...}``), so no execution nears Step Functions' history limit.
 ``end``        (reap-end) the final report (examined, marked, purged, restored, kept and why);
                releases the lease.
 
@@ -21,13 +24,17 @@ Checkpoints (docs/control-table.md): the summary ``checkpoint#reap``/``current``
 epoch, owner, phase, cursor and counters; each marked page has its own items
 ``checkpoint#reap``/``marks#<epoch>#<page>#<part>`` (written *before* its delete markers, state
 ``intent``, then ``marked``; deleted once settled), as many parts as keep each item under
-DynamoDB's item size limit. Every write is one transaction conditional on the summary's owner and
+DynamoDB's item size limit. GC's candidate sources keep a durable cursor across runs
+(``checkpoint#reap``/``gc#<source>``, :func:`source_cursor_sk`): the incremental ``by-time`` source
+proves each ``raw-blobs-by-time`` entry once, when its hour passes the retry horizon, and a GC run
+stops after ``max_pages`` pages (the next run goes on from the cursor), so GC never holds the one
+reap lease long enough to starve retention. Every write is one transaction conditional on the summary's owner and
 epoch, which also renews the lease. A task that crashes is retried by Step Functions with the same
 input and finds its page's intent, so nothing is marked twice or forgotten.
 
 Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
 margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
-renewal of the lease, :class:`~lightmetrics.walk.Fence`), so a task that lost the lease deletes
+renewal of the lease, :class:`~lightmetrics.leases.Fence`), so a task that lost the lease deletes
 nothing; and an intent another owner recorded is settled only once that owner cannot be running.
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
@@ -51,13 +58,16 @@ from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints
 from lightmetrics.config import longest_reap_task_s
-from lightmetrics.control_table import ConditionFailed, ControlTable
-from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
+from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector, decode_mark, encode_mark
 from lightmetrics.keys import KeyLayoutError, UtcHour
 from lightmetrics.outcome import PermanentWorkError
 from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
-from lightmetrics.walk import (Fence, Op, _Cancelled, describe_lease, lease_renewal, plain, task_lease_rule_broken,
-                               transact)
+from lightmetrics import leases
+from lightmetrics.control_table import ControlTable, Op
+from lightmetrics.control_table import TransactionCancelled
+from lightmetrics.leases import Fence, LeaseError, LeaseHeld, LeaseLost, task_lease_rule_broken
+from lightmetrics.leases import renewal_of as lease_renewal
+from lightmetrics.walk import HISTORY_BUDGET, plain
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
@@ -69,7 +79,30 @@ MARKS_PREFIX = "marks#"
 MODES = ("gc", "retention")
 SOURCES = ("scan", "by-time", "audit")
 INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
-                "tombstone_wait_s", "verify_passes", "lease_seconds")
+                "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution")
+#: Durable per-source GC cursors: ``checkpoint#reap``/``gc#by-time``, ``gc#scan``, ``gc#audit#<run>``.
+SOURCE_CURSOR_PREFIX = "gc#"
+#: GC pages per run (rule G-B1, docs/protocol.md §15): a run stops marking after this many pages,
+#: settles, and releases the lease; the next run continues from the source's durable cursor.
+DEFAULT_MAX_PAGES = 400
+
+# --- the execution history bound (rule G-B2; the walk's pattern, lightmetrics.walk.history_bound) -----
+#: Events outside the tasks: start, Begin, Continue or Finish, the end state, the Abort path.
+EVENTS_FIXED = 100
+#: Per task: its 5 events and its Route's 2, up to 6 retries of 3 events, a Wait and AfterWait before it.
+EVENTS_PER_TASK = 5 + 2 + 3 * 6 + 4
+
+
+def max_tasks_for() -> int:
+    """The most Gc/Retention tasks one execution may run and stay inside the walk's HISTORY_BUDGET."""
+    return (HISTORY_BUDGET - EVENTS_FIXED) // EVENTS_PER_TASK
+
+
+def source_cursor_sk(source: str, audit_run: str | None = None) -> str:
+    """The control-table sort key of a GC source's durable cursor, e.g. ``gc#by-time``."""
+    return SOURCE_CURSOR_PREFIX + source + (f"#{audit_run}" if source == "audit" else "")
+
+
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
 #: Budget of one ``marks#`` item, under DynamoDB's 400 KB item limit (names + values, rule G-I6):
 #: a page's marks are split over as many items as this needs.
@@ -81,22 +114,17 @@ CP_INTENT = crashpoints.register("reap.intent-recorded", "a page's intent record
 CP_PAGE_DONE = crashpoints.register("reap.page-recorded", "a page's marks and cursor recorded")
 CP_SETTLE_RECORDED = crashpoints.register("reap.settle-recorded", "a settled page counted and its item deleted")
 CP_STEP_DONE = crashpoints.register("reap.retention-step", "a retention step's checkpoint written")
+CP_CONTINUED = crashpoints.register("reap.continued", "the next execution started and recorded, this one not ended")
+CP_CONTINUATION_BEGUN = crashpoints.register("reap.continuation-begun",
+                                             "a continuation took over the lease and checkpoint, nothing routed")
 
 
 class ReapError(Exception):
     """Base of the errors a reap task raises on purpose (the class name is the ASL error name)."""
 
 
-class LeaseHeld(ReapError):
-    """Another reap holds ``lease#reap`` (the CLI exits 5)."""
-
-
 class InvalidReapInput(ReapError):
     """The execution input is not a reap input (docs/reaps.md, "Console input")."""
-
-
-class LeaseLost(ReapError):
-    """This run no longer owns the reap: stop without touching anything."""
 
 
 class ReapTransient(ReapError):
@@ -120,6 +148,8 @@ class ReapParams:
     tombstone_wait_s: int = 120
     verify_passes: int = 3
     lease_seconds: int = 900
+    max_pages: int = DEFAULT_MAX_PAGES
+    max_tasks_per_execution: int = 0  # 0: max_tasks_for()
 
     @classmethod
     def parse(cls, raw: Any) -> "ReapParams":
@@ -166,7 +196,8 @@ class ReapParams:
                    max_pending_pages=integer("max_pending_pages", 20, 1, 1000),
                    tombstone_wait_s=tombstone_wait(integer("tombstone_wait_s", 120, 0, 3600)),
                    verify_passes=integer("verify_passes", 3, 1, 10),
-                   lease_seconds=lease_seconds)
+                   lease_seconds=lease_seconds, max_pages=integer("max_pages", DEFAULT_MAX_PAGES, 1, 10**6),
+                   max_tasks_per_execution=integer("max_tasks_per_execution", max_tasks_for(), 1, max_tasks_for()))
 
 
 def tombstone_wait(seconds: int) -> int:
@@ -199,6 +230,9 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
         "hours_skipped": {h: s for h, s in (cp.get("hour_status") or {}).items() if s != "reaped"},
         "started_at_ns": cp.get("started_at_ns"), "finished_at_ns": cp.get("finished_at_ns"),
         "execution": cp.get("execution"), "error": cp.get("error"), "blocked": list(cp.get("blocked") or []),
+        # GC: the run stopped at its page budget (max_pages); the next run continues from the cursor.
+        "more": bool(cp.get("budget_exhausted")), "executions": int(cp.get("executions", 1)),
+        "source": cp.get("source") if cp.get("mode") == "gc" else None, "through": cp.get("through"),
     }
 
 
@@ -233,7 +267,7 @@ def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: 
     for m in marks:
         one = dynamodb_item_bytes({"m": m})  # 1 + the mark's map: its bytes as a list element
         if base + one > budget:
-            raise ValueError(f"one mark of {one} bytes does not fit a marks item of {budget} bytes: {m.get('key')}")
+            raise ValueError(f"one mark of {one} bytes does not fit a marks item of {budget} bytes: {m.get('s')}")
         if used + one > budget and parts[-1]:
             parts.append([])
             used = base
@@ -245,10 +279,12 @@ def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: 
 class Reaper:
     """The reap's Lambda tasks over a :class:`WorkContext` (one method per task)."""
 
-    def __init__(self, ctx: WorkContext, settings: Any) -> None:
-        self.ctx, self.settings = ctx, settings
+    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+        self.ctx, self.settings, self._sfn = ctx, settings, sfn_client
         self.table: ControlTable = ctx.extras["table"]
         self.codec = ctx.codec
+        #: the acceptance records the current retention page read (record key -> record), for its proof
+        self.records_read: dict[str, Any] = {}
 
     def now(self) -> int:
         return self.ctx.clock.now_ns()
@@ -284,19 +320,21 @@ class Reaper:
             expr += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(remove)))
         lease = lease or lease_renewal(LEASE_PK, reap, now)
         try:
-            transact(self.table, [Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, _OWNED), lease,
+            self.table.transact([Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, _OWNED), lease,
                                   *(ops or [])])
-        except _Cancelled:
+        except TransactionCancelled:
             raise LeaseLost(f"reap epoch {reap['epoch']} lost the lease") from None
 
     # -- begin -----------------------------------------------------------------------------------
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
         inp = event.get("input") or {}
+        if isinstance(inp, dict) and "continuation" in inp:
+            return self._begin_continuation(inp["continuation"], event.get("execution_arn", ""))
         params = ReapParams.parse(inp)
         now = self.now()
         lease = self.lease()
-        if lease and int(lease.get("expires_at_ns", 0)) > now:
-            raise LeaseHeld(describe_lease(lease, now).replace("walk lease", "reap lease"))
+        if leases.is_live(lease, now):
+            raise LeaseHeld(leases.describe(lease or {}, now, "reap"))
         cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         cp = plain(cp) if cp else None
         hours: list[str] = []
@@ -319,21 +357,11 @@ class Reaper:
             epoch = int((lease or {}).get("epoch", 0)) + 1
         owner = uuid.uuid4().hex
         execution = event.get("execution_arn", "")
-        new_lease = {"pk": LEASE_PK, "sk": LEASE_SK, "owner": owner, "epoch": epoch, "scope": params.mode,
-                     "expires_at_ns": now + params.lease_seconds * _NS, "execution": execution, "taken_at_ns": now,
-                     "version": int((lease or {}).get("version", 0)) + 1}
-        try:
-            if lease is None:
-                self.table.put(new_lease, condition="attribute_not_exists(pk)")
-            else:
-                # Expired at the write, not only at the read: a renewal in between keeps it held.
-                self.table.put(new_lease, condition="#v = :v AND #x <= :now",
-                               names={"#v": "version", "#x": "expires_at_ns"},
-                               values_for_condition={":v": int(lease.get("version", 0)), ":now": now})
-        except ConditionFailed:
-            raise LeaseHeld(describe_lease(self.lease() or {}, now).replace("walk lease", "reap lease")) from None
+        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now,
+                    what="reap", epoch=epoch, scope=params.mode, execution=execution)
         reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
-                "lease_seconds": params.lease_seconds}
+                "lease_seconds": params.lease_seconds, "max_tasks": params.max_tasks_per_execution, "tasks": 0,
+                "executions": 1, "state_machine_arn": event.get("state_machine_arn", "")}
         if params.resume:
             assert cp is not None
             self.table.update(CHECKPOINT_PK, CHECKPOINT_SK,
@@ -342,7 +370,7 @@ class Reaper:
                                      "#os": "owned_since_ns"},
                               values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
-            reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]))
+            reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]), executions=int(cp.get("executions", 1)))
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
         item = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner, "mode": params.mode,
                 "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
@@ -354,10 +382,63 @@ class Reaper:
                 "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
                 "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
                 "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
-                "wait_until_ns": 0, "listing_done": False}
+                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1}
+        if params.mode == "gc" and not (params.source == "by-time" and params.hour is not None):
+            # Rule G-B1: GC goes on from where the last run of this source stopped.
+            sk = source_cursor_sk(params.source, params.audit_run)
+            saved = self.table.get(CHECKPOINT_PK, sk)
+            item.update(source_cursor=sk, after=str((saved or {}).get("after") or ""),
+                        through=(saved or {}).get("through"))
         self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
         log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
         return self._route(reap, item)
+
+    CARRIED = ("epoch", "owner", "mode", "dry_run", "lease_seconds", "max_tasks", "executions", "state_machine_arn")
+
+    def _begin_continuation(self, cont: Any, execution: str) -> dict[str, Any]:
+        """The next execution of a running reap (rule G-B2): the same lease, epoch and owner; the
+        lease is renewed and the checkpoint names this execution, in one owned transaction."""
+        if not isinstance(cont, dict) or any(k not in cont for k in self.CARRIED):
+            raise InvalidReapInput(f"continuation must carry {list(self.CARRIED)}")
+        reap = {k: cont[k] for k in self.CARRIED}
+        reap.update(tasks=0, executions=int(cont["executions"]) + 1)
+        self._commit(reap, set_={"execution": execution, "executions": reap["executions"]})
+        crashpoints.point(CP_CONTINUATION_BEGUN)
+        log.info("reap %s epoch %s continues in execution %d", reap["mode"], reap["epoch"], reap["executions"])
+        return self._route(reap, self.summary(reap))
+
+    def continuation(self, reap: dict[str, Any]) -> dict[str, Any]:
+        """The input of the next execution: ``{"continuation": ...}``."""
+        return {"continuation": {k: reap[k] for k in self.CARRIED}}
+
+    def cont(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The ``Continue`` task: start the next execution, record it in the checkpoint; this
+        execution then ends (``Continued``) without releasing the lease."""
+        reap = event["reap"]
+        if self._sfn is None:
+            raise RuntimeError("reap-continue needs a Step Functions client")
+        self.summary(reap)  # LeaseLost: a run that lost the reap starts nothing
+        machine = reap["state_machine_arn"]
+        # Deterministic name: a retried task finds the execution it already started.
+        name = f"reap-e{reap['epoch']}-{reap['owner'][:8]}-{int(reap['executions']) + 1:04d}"
+        try:
+            arn = self._sfn.start_execution(stateMachineArn=machine, name=name,
+                                            input=json.dumps(self.continuation(reap), sort_keys=True))["executionArn"]
+        except ClientError as exc:
+            if exc.response["Error"]["Code"] != "ExecutionAlreadyExists":
+                raise
+            arn = machine.replace(":stateMachine:", ":execution:") + f":{name}"
+        self._commit(reap, set_={"next_execution": arn})
+        crashpoints.point(CP_CONTINUED)
+        return {"next_execution": arn}
+
+    def _counted(self, out: dict[str, Any]) -> dict[str, Any]:
+        """Rule G-B2: after ``max_tasks`` tasks this execution hands over to a new one."""
+        reap = out["reap"]
+        reap["tasks"] = int(reap.get("tasks", 0)) + 1
+        if out["next"] != "finish" and reap["tasks"] >= int(reap.get("max_tasks") or max_tasks_for()):
+            return {"reap": reap, "next": "continue"}
+        return out
 
     def _route(self, reap: dict[str, Any], cp: dict[str, Any]) -> dict[str, Any]:
         """Which task runs next, from the checkpoint's phase."""
@@ -404,6 +485,9 @@ class Reaper:
 
     # -- the GC task: mark a page, or settle recorded marks ---------------------------------------
     def gc(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._counted(self._gc(event))
+
+    def _gc(self, event: dict[str, Any]) -> dict[str, Any]:
         reap = event["reap"]
         cp = self.summary(reap)
         if self._task_of(cp["phase"]) != "gc":
@@ -425,6 +509,7 @@ class Reaper:
             hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]))
             keys, more = hr.page(after or "", limit)
             page = hr.records(keys)  # an unreadable record blocks its entry, not the page
+            self.records_read = {self.codec.accepted(m.identity): m for m in page.records.values()}
             counts = {"kept#blocked": len(page.blocked)} if page.blocked else {}
             return page.blob_keys, (keys[-1] if keys else after or ""), more, counts
         if cp["source"] == "audit":
@@ -443,10 +528,18 @@ class Reaper:
                     last = key
                     continue
                 if parsed.hour is not None and parsed.hour >= horizon:
-                    return out, last, False, {}  # keys are in hour order: the rest are too young
+                    # Keys are in hour order: the rest are too young. Every due hour is proven.
+                    return out, last, False, {"through": str(horizon)}
                 out.append(self.codec.raw_blob(parsed.sha256 or ""))
                 last = key
-            return out, last, listing.truncated, {}
+            if not listing.truncated:
+                return out, last, False, {"through": str(horizon)}
+            # Hours before the last key's are proven (rule G-B1: the first hour not yet proven).
+            try:
+                through = self.codec.parse(last).hour
+            except KeyLayoutError:
+                through = None
+            return out, last, True, {"through": str(through)} if through else {}
         listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,  # type: ignore[attr-defined]
                                            start_after=after)
         return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated, {}
@@ -499,7 +592,16 @@ class Reaper:
 
     # -- marks items: one page's intents or marks, split under the item size limit ------------------
     def marks_items(self) -> list[dict[str, Any]]:
-        return [plain(i) for i in self.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+        """The recorded pages' items, their marks decoded (:func:`~lightmetrics.gc.decode_mark`; an
+        older version's marks as they are)."""
+        out = []
+        for item in self.table.query(CHECKPOINT_PK):
+            if str(item["sk"]).startswith(MARKS_PREFIX):
+                item = plain(item)
+                at = int(item.get("marked_at_ns") or item.get("created_at_ns") or 0)
+                item["marks"] = [decode_mark(m, self.codec, at) for m in item.get("marks") or []]
+                out.append(item)
+        return out
 
     @staticmethod
     def _page_prefix(reap: dict[str, Any], page: int) -> str:
@@ -515,7 +617,7 @@ class Reaper:
         """Puts of one page's items (``fields`` plus a part of ``marks`` each, rule G-I6), and deletes
         of the items in ``replaces`` that they do not overwrite."""
         prefix = self._page_prefix(reap, page)
-        parts = split_marks(marks, fields, budget=MARKS_ITEM_MAX_BYTES)
+        parts = split_marks([encode_mark(m) for m in marks], fields, budget=MARKS_ITEM_MAX_BYTES)
         sks = [f"{prefix}{i:03d}" for i in range(len(parts))]
         return ([Op("Put", CHECKPOINT_PK, sk, item={**fields, "marks": part}) for sk, part in zip(sks, parts)]
                 + [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces if sk not in sks])
@@ -534,7 +636,9 @@ class Reaper:
             marks = collector.recover([m for i in intent for m in i["marks"]])
             return self._record_page(reap, cp, marks, first["cursor"], bool(first["more"]), first.get("counts") or {},
                                      replaces=[i["sk"] for i in intent])
+        self.records_read = {}
         keys, cursor, more, counts = self._candidates(cp)
+        collector.records_read.update(self.records_read)  # retention: each record read once (rule G-R1)
         now = self.now()
         proofs = collector.prove_all(keys, now_ns=now)
         counts["c_examined"] = len(proofs)
@@ -566,15 +670,29 @@ class Reaper:
         """The page's marks (replacing its intent items) and the cursor, in one transaction."""
         page = int(cp["page"])
         replaces = replaces or []
+        counts = dict(counts)
+        through = counts.pop("through", None)
+        # Rule G-B1: a GC run marks at most max_pages pages, then settles and ends.
+        exhausted = (cp["mode"] == "gc" and more
+                     and page + 1 >= int(cp.get("max_pages") or DEFAULT_MAX_PAGES))
+        ended = not more
+        more = more and not exhausted
         if write_marks and marks:
             ops = self._page_ops(reap, page, marks, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "marked",
-                                                     "marked_at_ns": self.now()}, replaces)
+                                                     # the marks' own time (decode_mark gives it back to each)
+                                                     "marked_at_ns": max(int(m["marked_at_ns"]) for m in marks)},
+                                  replaces)
         else:  # nothing marked (a dry run, or every captured version was gone): no items left
             ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
         items = self.marks_items()
         pages = {self._page_of(str(i["sk"])) for i in items if str(i["sk"]) not in replaces}
         pending = len(pages | ({self._page_prefix(reap, page)} if write_marks and marks else set()))
         set_: dict[str, Any] = {"after": cursor, "page": page + 1}
+        if through:
+            set_["through"] = through
+        if exhausted:
+            set_["budget_exhausted"] = True
+        ops += self._source_cursor_ops(cp, cursor, through, ended)
         if not more or pending >= int(cp["max_pending_pages"]):
             set_["listing_done"] = not more
             if cp["dry_run"]:
@@ -587,6 +705,24 @@ class Reaper:
         self._commit(reap, set_=set_, add={**counts, "c_marked": len(marks)}, ops=ops)
         crashpoints.point(CP_PAGE_DONE)
         return self._route(reap, {**cp, **set_})
+
+    def _source_cursor_ops(self, cp: dict[str, Any], cursor: str, through: str | None, ended: bool) -> list[Op]:
+        """Rule G-B1: the source's durable cursor moves with the page that proved the keys up to it,
+        in the page's transaction (marks recorded first, so they are settled whatever happens next).
+        ``by-time`` keeps its cursor (new hours come after it) and never moves it back; ``scan`` and
+        an audit start their next pass from the beginning once a pass has ended."""
+        sk = cp.get("source_cursor")
+        if not sk or cp["dry_run"] or cp["phase"] != "mark":
+            return []
+        by_time = sk == source_cursor_sk("by-time")
+        names = {"#a": "after", "#u": "updated_at_ns", "#ep": "epoch"}
+        values: dict[str, Any] = {":a": cursor if by_time or not ended else "", ":u": self.now(), ":ep": cp["epoch"]}
+        expr = "SET #a = :a, #u = :u, #ep = :ep"
+        if through:
+            names["#t"], values[":t"] = "through", through
+            expr += ", #t = :t"
+        return [Op("Update", CHECKPOINT_PK, sk, expr, names, values,
+                   "attribute_not_exists(#a) OR #a <= :a" if by_time else None)]
 
     def _after_blobs(self, cp: dict[str, Any]) -> str:
         return "derived" if cp["phase"] in ("blobs", "settle") and cp["mode"] == "retention" else "done"
@@ -624,6 +760,9 @@ class Reaper:
 
     # -- the retention task ------------------------------------------------------------------------
     def retention(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self._counted(self._retention(event))
+
+    def _retention(self, event: dict[str, Any]) -> dict[str, Any]:
         reap = event["reap"]
         cp = self.summary(reap)
         if self._task_of(cp["phase"]) != "retention":
@@ -714,11 +853,7 @@ class Reaper:
         set_: dict[str, Any] = {"status": "finished" if outcome == "finished" else "failed", "finished_at_ns": now}
         if outcome != "finished":
             set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
-        names, values = _owned(reap)
-        release = Op("Update", LEASE_PK, LEASE_SK, "SET #x = :zero, #ra = :now",
-                     {**names, "#x": "expires_at_ns", "#ra": "released_at_ns"}, {**values, ":zero": 0, ":now": now},
-                     _OWNED)
-        self._commit(reap, set_=set_, lease=release)
+        self._commit(reap, set_=set_, lease=leases.release(LEASE_PK, reap["owner"], reap["epoch"], now))
         report = report_of({**cp, **set_})
         for name in ("purged", "restored", "marked"):
             if report[name]:
@@ -757,7 +892,7 @@ class ReapControl:
         """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease."""
         live = self.lease_live()
         if live:
-            raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()).replace("walk lease", "reap lease"))
+            raise LeaseHeld(leases.describe(live, self.ctx.clock.now_ns(), "reap"))
         inp = {k: v for k, v in inp.items() if v is not None}
         ReapParams.parse(inp)
         name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
@@ -779,9 +914,15 @@ class ReapControl:
             self.sleep(0.1)
 
     def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> Followed:
+        """Wait for the reap started as ``arn`` to end, through every execution it continued into."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] == "SUCCEEDED":
+                item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
+                if item.get("status") == "running" and item.get("next_execution") not in (None, arn):
+                    arn = str(item["next_execution"])  # it handed over to the next execution (Continue)
+                    continue
             if d["status"] != "RUNNING":
                 report = self.checkpoint() or {}
                 ok = d["status"] == "SUCCEEDED" and report.get("status") == "finished"
@@ -793,13 +934,14 @@ class ReapControl:
 
 
 # --- Lambda handlers (functions/reap_*/app.py are one line each) -------------------------------------
-STEPS = {"begin": "begin", "gc": "gc", "retention": "retention", "end": "end"}
+STEPS = {"begin": "begin", "gc": "gc", "retention": "retention", "continue": "cont", "end": "end"}
 #: function name in the resource spec -> reap step (functions/reap_<step>/app.py)
 TASK_STEPS = {f"reap-{step}": step for step in STEPS}
 
 
 def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None = None,
-                      work_context_factory: Callable[..., WorkContext] | None = None
+                      work_context_factory: Callable[..., WorkContext] | None = None,
+                      sfn_factory: Callable[[], Any] | None = None,
                       ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
     """The Lambda handler of one reap task (configuration from ``LM_*`` unless factories are given)."""
     from lightmetrics.task_handler import task_handler
@@ -811,10 +953,15 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
         settings = settings_factory() if settings_factory else Settings.from_env()
         ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
                else work_context(settings, metrics=metrics, component="reap"))  # the host's clock
-        return Reaper(ctx, settings)
+        sfn = None
+        if step == "continue":
+            import boto3
+
+            sfn = sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")
+        return Reaper(ctx, settings, sfn_client=sfn)
 
     return task_handler("reap", step, STEPS, build=build,
-                        passthrough=(ReapError, crashpoints.InjectedCrash, PermanentWorkError), transient=ReapTransient)
+                        passthrough=(ReapError, LeaseError, crashpoints.InjectedCrash, PermanentWorkError), transient=ReapTransient)
 
 
 __all__ = ["CHECKPOINT_PK", "LEASE_PK", "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl",

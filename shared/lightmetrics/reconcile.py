@@ -2,9 +2,20 @@
 
 Events get lost; the reconciler is what makes derived state converge anyway (docs/protocol.md §12). Each run
 lists the ``accepted-by-time`` hours from its checkpoint (the first hour not yet closed) up to
-the current hour and repairs every entry it has not verified before with
-:func:`lightmetrics.indexing.repair_accepted` — the same code the walk uses. An entry whose key
-does not parse is a blocker (kind ``accepted-by-time-entry``), never skipped.
+the current hour and checks every entry it has not verified before with
+:func:`lightmetrics.indexing.verify_time_entry`: one GET of the record, and its blob's hash looked
+up in the ``raw-blobs-by-time`` listings of the entry's hour and the hour before (listed once per
+run, only for hours with entries to check). Found there, every derived entry of the batch is known
+present (protocol §9 D5, D6) and nothing more is requested; otherwise the full repair, the same code
+the walk uses. An entry whose key does not parse is a blocker (kind ``accepted-by-time-entry``),
+never skipped.
+
+Bounded runs. A run checks at most ``max_entries`` entries (:data:`MAX_ENTRIES_PER_RUN`, sized
+from the function's timeout below) and saves its progress after every hour in which it checked
+something, so a run cut off by the Lambda timeout keeps what it did. Stopped by the cap inside an
+hour it records a key cursor (``scan_after``): the next run lists that hour again but does not
+re-read entries up to the cursor older than the cursor's bound (the hour's newest ``LastModified``
+at that listing minus ``LM_RECONCILE_MARGIN_S``, as for "Verified once" below).
 
 Cap and catch-up. One run scans at most ``max_hours`` hours. If it stops short of the current
 hour the checkpoint keeps ``scan_from`` and the next run continues there, so a checkpoint far
@@ -22,8 +33,9 @@ yet visible to the listing is still checked next time) — but only if no entry 
 or BLOCKED, so such entries (and a blocker an operator resumes) are checked again, and only if
 the run scanned every hour from the checkpoint to now; it speaks for hours up to
 ``verified_through`` only, so it never vouches for entries no run has listed. After downtime it
-starts over from 0. The listing is the only per-entry cost of a steady-state run: one LIST per
-1,000 entries of the open hours, plus the repairs of new entries.
+starts over from 0. The listing is the only per-entry cost of a steady-state run for entries
+verified before: one LIST per 1,000 entries of the open hours; a new entry adds one GET (plus a
+repair if something is missing) and its share of the raw-blobs-by-time listings.
 
 Failed entries. The checkpoint lists the entries whose unit ended RETRY_LATER or BLOCKED; when
 one succeeds in a later run (another process), its retry budget is cleared (protocol §11 O1a).
@@ -46,6 +58,7 @@ Example:
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -54,12 +67,13 @@ from typing import Any, Protocol
 
 from lightmetrics.config import Settings
 from lightmetrics.control_table import ConditionFailed
+from lightmetrics import crashpoints
 from lightmetrics.indexing import (
     KIND_REPAIR,
     KIND_TIME_ENTRY,
+    IndexedBlobs,
     manifest_key_of_time_entry,
-    repair_accepted,
-    repair_time_entry,
+    verify_time_entry,
 )
 from lightmetrics.keys import UtcHour
 from lightmetrics.outcome import Outcome, PermanentWorkError
@@ -130,6 +144,16 @@ class CloudWatchAgeProbe(SqsCountProbe):
 #: entry keys of failed units the checkpoint remembers (an item stays far below DynamoDB's 400 KB)
 FAILED_ENTRIES_MAX = 500
 
+#: Entries one run checks at most (protocol §12 R7). Sized from the function's 900 s timeout
+#: (resources.py) with the pool's 8 workers: a healthy entry is one GET (~15 ms), so 50,000 take
+#: ~95 s; if every one needed the full repair (~5 sequential requests, ~75 ms) they take ~470 s —
+#: still under half the timeout with room for 72 hours of listings and the closing probes. That is
+#: 10,000 new batches a minute (166/s) sustained at one run per 5 minutes.
+MAX_ENTRIES_PER_RUN = 50_000
+
+#: Crash point (lightmetrics.crashpoints): a run's progress saved after one scanned hour.
+CP_HOUR_SAVED = crashpoints.register("reconcile.hour-saved", "a scanned hour's progress saved, the run not finished")
+
 
 @dataclass
 class Checkpoint:
@@ -146,6 +170,10 @@ class Checkpoint:
     failed_entries: tuple[str, ...] = ()
     #: more failed units than ``FAILED_ENTRIES_MAX``: every unit counts as failed before
     failed_overflow: bool = False
+    #: in hour ``scan_from``: entries up to this key (and older than ``scan_after_before_ns``) were
+    #: checked by the run that stopped at its entry cap
+    scan_after: str | None = None
+    scan_after_before_ns: int = 0
 
 
 @dataclass
@@ -159,6 +187,8 @@ class ReconcileReport:
     closed: list[str] = field(default_factory=list)
     not_closed_because: str = ""
     continues_from: str = ""  # the hour the next run's scan starts at, when this run stopped at its cap
+    continues_after: str = ""  # the entry key after which it continues, when the entry cap stopped it mid-hour
+    blob_hours_listed: int = 0  # raw-blobs-by-time hours listed (once each per run)
     lag_s: float = 0.0
     moved_by_other_run: bool = False
 
@@ -173,6 +203,8 @@ class ReconcileReport:
             "closed": self.closed,
             "not_closed_because": self.not_closed_because,
             "continues_from": self.continues_from,
+            "continues_after": self.continues_after,
+            "blob_hours_listed": self.blob_hours_listed,
             "lag_s": round(self.lag_s, 1),
             "moved_by_other_run": self.moved_by_other_run,
         }
@@ -185,6 +217,8 @@ class _HourScan:
     retry_later: bool = False
     newest_ns: int = 0
     failed_entries: set[str] = field(default_factory=set)
+    checked: int = 0  # entries run that count against the cap
+    stopped_after: str | None = None  # set when the cap stopped it: the last entry key checked
 
 
 class Reconciler:
@@ -204,17 +238,20 @@ class Reconciler:
         return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
                           int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
                           hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
-                          bool(item.get("failed_overflow", False)))
+                          bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
+                          int(item.get("scan_after_before_ns") or 0))
 
     def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
-              failed_entries: tuple[str, ...] = (), failed_overflow: bool = False) -> bool:
+              failed_entries: tuple[str, ...] = (), failed_overflow: bool = False, scan_after: str | None = None,
+              scan_after_before_ns: int = 0) -> bool:
         values = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "hour_start_s": new_hour.start_unix_s,
                   "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
                   "verified_before_ns": verified_before_ns,
                   "verified_through_s": verified_through.start_unix_s if verified_through else None,
                   "scan_from_s": scan_from.start_unix_s if scan_from else None,
-                  "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None}
+                  "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
+                  "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None}
         try:
             if expected is None:
                 self.table.put(values, condition="attribute_not_exists(pk)")
@@ -231,15 +268,19 @@ class Reconciler:
         return None if cp is None else max(0.0, (now - cp.hour.start_ns) / _NS)
 
     # -- one run -----------------------------------------------------------------------------
-    def run(self, *, max_hours: int = 72) -> ReconcileReport:
-        """Scan at most ``max_hours`` hours, then close what this run scanned (protocol §12 R1, R5)."""
+    def run(self, *, max_hours: int = 72, max_entries: int = MAX_ENTRIES_PER_RUN) -> ReconcileReport:
+        """Scan at most ``max_hours`` hours and check at most ``max_entries`` entries, saving progress
+        after each hour, then close what this run scanned (protocol §12 R1, R5, R7)."""
         if max_hours < 1:
             raise ValueError(f"max_hours must be at least 1, got {max_hours}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         now = self.ctx.clock.now_ns()
         current = UtcHour.of_unix_ns(now)
         cp = self.checkpoint()
         lookback_start = UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS)
         since, verified_through = 0, None
+        cursor: tuple[str, int] | None = None
         if cp is None:
             start = lookback_start
         else:
@@ -249,6 +290,8 @@ class Reconciler:
                 start = min(lookback_start, cp.hour)  # events may have been lost while nobody watched
             else:
                 since, verified_through = cp.verified_before_ns, cp.verified_through
+                if cp.scan_from is not None and cp.scan_after:
+                    cursor = (cp.scan_after, cp.scan_after_before_ns)  # R7: continue inside that hour
         first_open = cp.hour if cp else start
         end = min(current, start + (max_hours - 1))
         failed_before = frozenset(cp.failed_entries) if cp else frozenset()
@@ -256,20 +299,45 @@ class Reconciler:
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="")
         retry_hours: set[UtcHour] = set()
         failed_now: set[str] = set()
+        indexed = IndexedBlobs(self.ctx)
+        budget = max_entries
         newest = 0
+        saved = cp  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
+        stopped: tuple[UtcHour, str | None, int] | None = None  # (hour, cursor key, cursor bound)
         hour = start
         while hour <= end:
+            if budget <= 0:
+                stopped = (hour, None, 0)  # the cap fell on an hour boundary: continue at this hour
+                break
             skip_before = since if verified_through is not None and hour <= verified_through else 0
-            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before)
+            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before, indexed,
+                                   cursor if hour == start else None, budget)
+            budget -= scan.checked
             if scan.retry_later:
                 retry_hours.add(hour)
             failed_now |= scan.failed_entries
             newest = max(newest, scan.newest_ns)
+            if scan.stopped_after is not None:
+                stopped = (hour, scan.stopped_after, scan.newest_ns - self.settings.reconcile_margin_s * _NS)
+                break
+            if hour < end and scan.checked:  # R7: a run cut off later keeps this hour's work
+                saved = self._save_progress(saved, first_open, now, since, verified_through, hour.next(),
+                                            failed_now, start, hour)
+                if saved is None:
+                    report.moved_by_other_run = True  # another run is at work: leave the rest to it
+                    other = self.checkpoint()
+                    report.checkpoint_after = str(other.hour if other else first_open)
+                    return report
+                crashpoints.point(CP_HOUR_SAVED)
             hour = hour.next()
+        report.blob_hours_listed = indexed.hours_listed
+        # The hours this run listed and ran completely; a run stopped by its entry cap did not finish
+        # the hour it stopped in.
+        scanned_to = stopped[0] + -1 if stopped else end
         # R4 only from a run that scanned every open hour up to now without a failure: a run that
         # stopped at its cap, or began past the checkpoint, would otherwise vouch for entries of
         # hours it never listed.
-        covered_all = end == current and start <= first_open
+        covered_all = stopped is None and end == current and start <= first_open
         if covered_all and not failed_now:
             verified_through = current
             if newest:
@@ -278,9 +346,9 @@ class Reconciler:
         # Close hours in order while every condition holds, and only hours this run scanned.
         new_open = first_open
         while new_open < current:
-            if not start <= new_open <= end:
-                report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {end}, "
-                                             f"at most {max_hours} hours per run)")
+            if not start <= new_open <= scanned_to:
+                report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {scanned_to}, "
+                                             f"at most {max_hours} hours and {max_entries} entries per run)")
                 break
             reason = self._why_open(new_open, now, retry_hours)
             if reason:
@@ -290,11 +358,18 @@ class Reconciler:
             new_open = new_open.next()
         if not report.not_closed_because:
             report.not_closed_because = f"{current}: the current hour is never closed"
-        scan_from = None if end == current or end.next() == new_open else end.next()
+        if stopped is not None:
+            scan_from: UtcHour | None = stopped[0]
+            scan_after, scan_after_before = stopped[1], stopped[2]
+        else:
+            scan_from = None if end == current or end.next() == new_open else end.next()
+            scan_after, scan_after_before = None, 0
         report.continues_from = str(scan_from) if scan_from else ""
-        failed, overflow = self._failed_after(cp, failed_now, start, end, new_open, covered_all)
-        if not self._save(new_open, cp, now, since, verified_through=verified_through, scan_from=scan_from,
-                          failed_entries=failed, failed_overflow=overflow):
+        report.continues_after = scan_after or ""
+        failed, overflow = self._failed_after(cp, failed_now, start, scanned_to, new_open, covered_all)
+        if not self._save(new_open, saved, now, since, verified_through=verified_through, scan_from=scan_from,
+                          failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
+                          scan_after_before_ns=scan_after_before):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
             new_open = other.hour if other else new_open
@@ -302,6 +377,22 @@ class Reconciler:
         report.lag_s = max(0.0, (now - new_open.start_ns) / _NS)
         self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=report.lag_s)
         return report
+
+    def _save_progress(self, saved: Checkpoint | None, first_open: UtcHour, now: int, since: int,
+                       verified_through: UtcHour | None, scan_from: UtcHour, failed_now: set[str], start: UtcHour,
+                       scanned_to: UtcHour) -> Checkpoint | None:
+        """Record that the next run continues at ``scan_from`` (R7), with the failed entries so far;
+        the closed hours and the R4 watermark stay as they were. None if another run wrote first."""
+        failed, overflow = self._failed_after(saved, failed_now, start, scanned_to, first_open, False)
+        if not self._save(first_open, saved, now, since if saved else 0,
+                          verified_through=verified_through if saved else None, scan_from=scan_from,
+                          failed_entries=failed, failed_overflow=overflow):
+            return None
+        if saved is None:
+            return self.checkpoint()
+        return dataclasses.replace(saved, version=saved.version + 1, last_run_ns=now, scan_from=scan_from,
+                                   failed_entries=failed, failed_overflow=overflow, scan_after=None,
+                                   scan_after_before_ns=0)
 
     def _failed_after(self, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
                       new_open: UtcHour, covered_all: bool) -> tuple[tuple[str, ...], bool]:
@@ -330,28 +421,47 @@ class Reconciler:
         return ""
 
     def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int, failed_before: frozenset[str],
-                   all_failed_before: bool) -> _HourScan:
-        """Repair the hour's entries not verified before ``since_ns``. An entry whose key is outside
-        the layout is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
+                   all_failed_before: bool, indexed: IndexedBlobs, cursor: tuple[str, int] | None,
+                   budget: int) -> _HourScan:
+        """Check the hour's entries not verified before ``since_ns`` (nor, with ``cursor``, by the
+        run that stopped inside this hour), at most ``budget`` of them past the cursor. An entry
+        whose key is outside the layout is a unit too: it ends BLOCKED (kind
+        ``accepted-by-time-entry``), never skipped."""
         report.hours_scanned.append(str(hour))
         entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
-        units = []
+        rechecks, units = [], []  # rechecks: up to the cursor (not counted against the cap)
         for key, modified_ns in entries:
+            failed = all_failed_before or key in failed_before
             if modified_ns < since_ns:
                 report.verified_earlier += 1
+            elif cursor is not None and key <= cursor[0]:
+                if modified_ns < cursor[1] and not failed:
+                    report.verified_earlier += 1  # checked by the run that stopped here (R7)
+                else:
+                    rechecks.append(key)  # in flight at that listing, or failed since
             else:
                 units.append(key)
         report.entries += len(entries)
         scan = _HourScan(newest_ns=max((m for _, m in entries), default=0))
+        if len(units) > budget:
+            units = units[:budget]
+            scan.stopped_after = units[-1]
+        scan.checked = len(units)
+        units = rechecks + units
+        if not units:
+            return scan
+        for h in (hour, hour + -1):  # a blob is written before its record: its hour or the one before
+            indexed.load(h)
 
         def run(entry_key: str) -> Outcome:
             try:
                 kind, object_key = KIND_REPAIR, manifest_key_of_time_entry(self.ctx, entry_key)
-                repair = repair_accepted
             except PermanentWorkError:
-                kind, object_key, repair = KIND_TIME_ENTRY, entry_key, repair_time_entry
+                kind, object_key = KIND_TIME_ENTRY, entry_key
+            # Work key as before (``repair-accepted:<record>``): ``lmctl blockers retry`` runs the
+            # full repair_accepted; the time-entry kind runs verify_time_entry (RUNNERS).
             return run_unit(self.ctx, kind=kind, object_key=object_key, source="reconcile",
-                            fn=lambda: repair(self.ctx, object_key),
+                            fn=lambda: verify_time_entry(self.ctx, entry_key, indexed),
                             previously_failed=all_failed_before or entry_key in failed_before).outcome
 
         futures = [_POOL.submit(contextvars.copy_context().run, run, k) for k in units]

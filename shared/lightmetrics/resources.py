@@ -497,9 +497,12 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "reconcile",
         "functions.reconcile.app",
         trigger="schedule:rate(5 minutes)",
-        s3_read=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/"),
+        # reads and lists raw-blobs-by-time and accepted-by-blob: an entry is checked against the
+        # blob listing, and the repair HEADs an entry before writing it (protocol §12)
+        s3_read=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-blob/v1/",
+                 "raw-blobs-by-time/v1/"),
         s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/"),
-        s3_list=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/"),
+        s3_list=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "raw-blobs-by-time/v1/"),
         table="write",  # checkpoint, budgets, blockers
         sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),
         cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
@@ -540,12 +543,13 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "walk-page",
         "functions.walk_page.app",
         trigger="task",
-        # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD) ...
-        s3_read=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"),
+        # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD); a
+        # record's accepted-by-time entry (HEAD, or a LIST of its hour and boot: §13 W5) ...
+        s3_read=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
         # ... and every derived entry they hang off (conditional creates only).
         s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/"),
-        # One page of a partition; and a missing blob or tombstone must be a 404, not a 403.
-        s3_list=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/"),
+        # One page of a partition; and a missing blob, tombstone or entry must be a 404, not a 403.
+        s3_list=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
         table="write",  # lease, checkpoint, retry budgets, blockers
         timeout_s=300,
         memory_mb=1024,
@@ -620,6 +624,15 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         description="Reap (retention role): tombstone an expired hour, delete its derived entries, mark it reaped",
     ),
     FunctionSpec(
+        "reap-continue",
+        "functions.reap_continue.app",
+        trigger="task",
+        table="write",  # renews the lease, records the next execution in the checkpoint
+        sfn_start=("reap",),  # the same state machine, under the same lease and epoch
+        timeout_s=60,
+        description="Reap: continue in a new execution (stays under the history limit)",
+    ),
+    FunctionSpec(
         "reap-end",
         "functions.reap_end.app",
         trigger="task",
@@ -645,7 +658,7 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
         # Weekly, Sunday 03:00 UTC: a full walk (the only kind that moves the watermark).
         schedule="cron(0 3 ? * SUN *)",
         schedule_input=json.dumps(
-            {"agent": None, "resume": False, "page_size": 1000, "parallelism": 4}, sort_keys=True
+            {"agent": None, "resume": False, "page_size": 10000, "parallelism": 10}, sort_keys=True
         ),
         description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
     ),
@@ -657,12 +670,16 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
             ("ReapBeginFunctionArn", "reap-begin"),
             ("ReapGcFunctionArn", "reap-gc"),
             ("ReapRetentionFunctionArn", "reap-retention"),
+            ("ReapContinueFunctionArn", "reap-continue"),
             ("ReapEndFunctionArn", "reap-end"),
         ),
         # Daily GC at 04:00 UTC. It deletes (dry_run false, stated explicitly): every deletion is
-        # proven from authoritative reads and goes through the delete-marker handshake.
+        # proven from authoritative reads and goes through the delete-marker handshake. Incremental
+        # (source by-time): each blob is proven once, when its raw-blobs-by-time hour passes the retry
+        # horizon; at most max_pages pages a run, so the run ends long before retention's (rule G-B1).
         schedule="cron(0 4 * * ? *)",
-        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "scan"}, sort_keys=True),
+        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "by-time", "max_pages": 400},
+                                  sort_keys=True),
         # Retention deletes data by policy: its schedule is deployed DISABLED until an operator
         # sets LM_RETENTION_S deliberately and enables the rule (docs/reaps.md).
         disabled_schedule="cron(0 5 * * ? *)",

@@ -43,14 +43,18 @@ class StoreAccessError(ResourceAccessError):
 
 @dataclass(frozen=True)
 class ListPage:
-    """One ``ListObjectsV2`` response: keys (with sizes) in key order, common prefixes, and
-    whether more follow (``next_token`` continues a listing with a delimiter)."""
+    """One ``ListObjectsV2`` response: keys (with sizes and ``LastModified``) in key order, common
+    prefixes, and whether more follow (``next_token`` continues a listing with a delimiter).
+
+    ``last_modified_ns[i]`` is ``keys[i]``'s ``LastModified`` in Unix ns: S3's clock, whole seconds,
+    when the object's PUT began (the walk places a record's hour by it, docs/protocol.md §13 W4)."""
 
     keys: list[str]
     sizes: list[int]
     prefixes: list[str]
     truncated: bool
     next_token: str | None = None
+    last_modified_ns: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -303,6 +307,7 @@ class S3ObjectStore:
             prefixes=[p["Prefix"] for p in page.get("CommonPrefixes", [])],
             truncated=bool(page.get("IsTruncated")),
             next_token=page.get("NextContinuationToken"),
+            last_modified_ns=[int(o["LastModified"].timestamp()) * _NS for o in contents],
         )
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]:

@@ -3,9 +3,12 @@
 Events and derived entries can be lost, and the steady-state reconciler cannot discover a
 missing ``accepted-by-time`` entry (that index is its input). The walk can: it enumerates the
 partitions of ``accepted/v1/`` and ``quarantine/v1/identity-conflict/`` (agent, then boot, with
-``Delimiter``), lists each partition *from its beginning* in pages and repairs every key with the
-same code as the reconciler and the event path — :func:`~lightmetrics.indexing.repair_accepted`
-and :func:`~lightmetrics.indexing.index_quarantine` under :func:`~lightmetrics.work.run_unit`.
+``Delimiter``), lists each partition *from its beginning* in pages and repairs every key that needs
+it with the same code as the reconciler and the event path —
+:func:`~lightmetrics.indexing.repair_accepted` and :func:`~lightmetrics.indexing.index_quarantine`
+under :func:`~lightmetrics.work.run_unit`. An acceptance record needs it only when its
+``accepted-by-time`` entry is missing; a record of a reaped hour is not probed at all
+(:class:`RecordChecks`, docs/protocol.md §13 W4, W5).
 
 It runs on Step Functions (``infra/statemachines/bootstrap_walk.asl.json``); each Lambda task is
 one method of :class:`Walker`:
@@ -15,7 +18,8 @@ one method of :class:`Walker`:
               execution. A start while the lease is live is refused (:class:`LeaseHeld`).
 ``plan``      fold finished partitions into the summary, enumerate up to ``parallelism``
               more, renew the lease, and route: a round of pages, continue, or finish.
-``page``      one page of one partition from its cursor: every key repaired, *then* the cursor
+``page``      one page of one partition from its cursor: every key checked (and repaired if it
+              needs it), *then* the cursor
               moves (compare-and-set on the partition's own item). A key at RETRY_LATER fails
               the page (:class:`WalkRetryLater`): the cursor stays, Step Functions retries it
               with backoff, and the retry budget turns a key that keeps failing into a blocker,
@@ -45,23 +49,28 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import threading
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lightmetrics.config import LEASE_MARGIN_S
-from lightmetrics.control_table import ConditionFailed, ControlTable, to_item
+from lightmetrics import leases
+from lightmetrics.config import longest_accept_s
+from lightmetrics.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
+from lightmetrics.errors import KeyLayoutError
+from lightmetrics.leases import OWNED, Fence, LeaseError, LeaseHeld, LeaseLost, task_lease_rule_broken
 from lightmetrics.identity import id_to_hex, validate_id
-from lightmetrics.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
+from lightmetrics.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted, tombstones
+from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.outcome import Outcome
+from lightmetrics.pricing import PRICE_TABLE
+from lightmetrics.store import ListPage, TransientStoreError
 from lightmetrics.work import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
@@ -72,16 +81,29 @@ LEASE_PK, LEASE_SK = "lease#walk", "lease"
 CHECKPOINT_SK = "current"
 #: The derived indexes the walk repairs; each has its own completeness watermark.
 INDEXES = ("accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob")
+#: What a walk that is not ``full`` proves complete (W3, W5): it checks each record's time entry
+#: (repairing what is missing) and repairs every quarantine manifest in full; a record's blob entry
+#: and its blob's entry follow from a present time entry only for entries written under D5/D6
+#: (protocol §17 E7), so only a full walk vouches for those two indexes.
+PRESENCE_WALK_INDEXES = ("accepted-by-time", "quarantine-by-blob")
 #: Outcome counters of a walk (``SKIPPED``: an operator skipped the key's blocker).
 OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
+#: How a key counted NOOP_RESOLVED was settled without a unit of work (rules W4, W5): ``present``
+#: — its ``accepted-by-time`` entry exists; ``reaped`` — its hour is tombstoned, nothing probed.
+#: Partition items and the summary keep them as ``keys_present`` and ``keys_reaped``.
+KEY_CHECKS = ("present", "reaped")
 
 # --- input limits and defaults (docs/walks.md, "Console input") --------------------------------------
-DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 1000, 1000  # ListObjectsV2 returns at most 1000 keys
+# A page task lists up to page_size keys in ListObjectsV2 calls of at most 1,000 each: a bigger page
+# costs fewer tasks and state transitions per key (most keys of a year-old bucket are in reaped
+# hours and cost nothing but their listing, rule W4). 10,000 keys whose entries are all missing
+# take ~60 s to repair at 16 at a time, well inside the page task's 300 s.
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, LIST_MAX_KEYS = 1000, 10_000, 1000
 DEFAULT_PARALLELISM, MAX_PARALLELISM = 4, 10  # the ASL's Map MaxConcurrency is 10
 DEFAULT_MAX_ROUNDS = 100
 DEFAULT_LEASE_S, MAX_LEASE_S = 900, 86400
 MIN_LEASE_S = 60  # the input's range; rule L1 (min_lease_s of the walk's tasks) is checked on top
-INPUT_FIELDS = ("agent", "resume", "page_size", "parallelism", "max_rounds_per_execution", "lease_seconds")
+INPUT_FIELDS = ("agent", "resume", "full", "page_size", "parallelism", "max_rounds_per_execution", "lease_seconds")
 
 # --- the execution history bound (docs/walks.md, "History") ------------------------------------------
 #: Step Functions' hard limit per standard execution, and the budget the walk plans with.
@@ -105,13 +127,44 @@ def max_rounds_for(parallelism: int) -> int:
     return (HISTORY_BUDGET - EVENTS_FIXED) // (EVENTS_PER_ROUND + parallelism * EVENTS_PER_PAGE)
 
 
+# --- what a page checks per acceptance record (docs/protocol.md §13 W4, W5) -------------------------
+def boundary_margin_ns(settings: Any) -> int:
+    """Rule W4: how far a record's ``accepted_at_unix_ns`` (the ingest host's clock, taken before its
+    create) may lie from the record's listed ``LastModified`` (S3's clock when the create began,
+    whole seconds): the longest accept (the ingest function's timeout) plus ``LM_CLOCK_SKEW_S``,
+    plus the second ``LastModified`` truncates. Rule H1 (docs/protocol.md §15) uses the same bound.
+
+    >>> boundary_margin_ns(type("S", (), {"clock_skew_s": 60})()) // 1_000_000_000
+    121
+    """
+    return (longest_accept_s() + int(settings.clock_skew_s) + 1) * _NS
+
+
+def candidate_hours(last_modified_ns: int, margin_ns: int) -> list[UtcHour]:
+    """The hours a record listed with ``last_modified_ns`` can have been accepted in (rule W4): the
+    hour of its ``LastModified`` first, then the adjacent hour when that lies within the margin.
+
+    >>> [str(h) for h in candidate_hours(3600 * 10**9 - 10**9, 121 * 10**9)]
+    ['1970-01-01T00', '1970-01-01T01']
+    """
+    own = UtcHour.of_unix_ns(last_modified_ns)
+    out = [own]
+    for edge in (last_modified_ns - margin_ns, last_modified_ns + margin_ns):
+        hour = UtcHour.of_unix_ns(edge)
+        if hour not in out:
+            out.append(hour)
+    return out
+
+
+def list_beats_heads(entries: int) -> bool:
+    """Whether one ``ListObjectsV2`` (billed like a PUT: 12.5 HEADs at list prices) is cheaper than a
+    HEAD for each of ``entries`` index entries (rule W5)."""
+    return entries * PRICE_TABLE.price("s3.get_per_1000") > PRICE_TABLE.price("s3.put_per_1000")
+
+
 # --- errors: the class name is the Step Functions error name (Retry / Catch in the ASL) -----------------
 class WalkError(Exception):
     """Base of the errors a walk task raises on purpose."""
-
-
-class LeaseHeld(WalkError):
-    """Another walk holds the lease (the CLI exits 5)."""
 
 
 class NothingToResume(WalkError):
@@ -120,10 +173,6 @@ class NothingToResume(WalkError):
 
 class InvalidWalkInput(WalkError):
     """The execution input is not a walk input (docs/walks.md)."""
-
-
-class LeaseLost(WalkError):
-    """This run no longer owns the lease or the checkpoint: stop without touching anything."""
 
 
 class WalkRetryLater(WalkError):
@@ -159,6 +208,9 @@ class WalkParams:
 
     agent: str | None = None
     resume: bool = False
+    #: repair every key in full (W5's presence check skipped): after derived entries were deleted
+    #: behind the system's back, which a present accepted-by-time entry does not reveal
+    full: bool = False
     page_size: int = DEFAULT_PAGE_SIZE
     parallelism: int = DEFAULT_PARALLELISM
     max_rounds: int = DEFAULT_MAX_ROUNDS
@@ -182,6 +234,9 @@ class WalkParams:
         resume = raw.get("resume", False)
         if not isinstance(resume, bool):
             raise InvalidWalkInput("resume must be true or false")
+        full = raw.get("full", False)
+        if not isinstance(full, bool):
+            raise InvalidWalkInput("full must be true or false")
 
         def integer(name: str, default: int, low: int, high: int) -> int:
             v = raw.get(name)
@@ -200,6 +255,7 @@ class WalkParams:
         return cls(
             agent=agent,
             resume=resume,
+            full=full,
             page_size=integer("page_size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE),
             parallelism=parallelism,
             max_rounds=min(integer("max_rounds_per_execution", DEFAULT_MAX_ROUNDS, 1, 10**6), limit),
@@ -211,160 +267,16 @@ class WalkParams:
         return None if self.agent is None else id_to_hex(self.agent)
 
 
-class _Cancelled(Exception):
-    """A control-table transaction was cancelled; ``failed[i]`` says which condition failed."""
-
-    def __init__(self, failed: list[bool]) -> None:
-        super().__init__(f"transaction cancelled: {failed}")
-        self.failed = failed
-
-
-@dataclass
-class Op:
-    """One item operation of a transaction: ``Update`` (with ``expression``), ``Put`` (with
-    ``item``) or ``Delete``; each optionally conditional."""
-
-    kind: str
-    pk: str
-    sk: str
-    expression: str = ""
-    names: dict[str, str] = field(default_factory=dict)
-    values: dict[str, Any] = field(default_factory=dict)
-    condition: str | None = None
-    item: dict[str, Any] | None = None
-
-    def apply(self, table: ControlTable) -> None:
-        """This one operation on its own (``Update`` only); raises ``ConditionFailed``."""
-        assert self.kind == "Update"
-        table.update(self.pk, self.sk, self.expression, names=self.names or None, values=self.values or None,
-                     condition=self.condition)
-
-    def api(self, table: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"TableName": table}
-        if self.kind == "Put":
-            out["Item"] = to_item({**(self.item or {}), "pk": self.pk, "sk": self.sk})
-        else:
-            out["Key"] = to_item({"pk": self.pk, "sk": self.sk})
-        if self.kind == "Update":
-            out["UpdateExpression"] = self.expression
-        if self.names:
-            out["ExpressionAttributeNames"] = self.names
-        if self.values:
-            out["ExpressionAttributeValues"] = to_item(self.values)
-        if self.condition:
-            out["ConditionExpression"] = self.condition
-        return {self.kind: out}
-
-
-def transact(table: ControlTable, ops: list[Op]) -> None:
-    """All operations or none (TransactWriteItems); raises :class:`_Cancelled` naming failed conditions."""
-    try:
-        table.client.transact_write_items(TransactItems=[op.api(table.name) for op in ops])
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] != "TransactionCanceledException":
-            raise
-        reasons = exc.response.get("CancellationReasons") or []
-        failed = [r.get("Code") == "ConditionalCheckFailed" for r in reasons]
-        if not any(failed):
-            raise  # conflicts and throttling: transient, retried by the task
-        raise _Cancelled(failed + [False] * (len(ops) - len(failed))) from None
-
-
-_OWNED = "#own = :own AND #ep = :ep"
+_OWNED = OWNED
 PART_PREFIX = "part#"
 
 
-# --- leases of the walk and the reap: duration rule and fencing (docs/protocol.md §13, L1-L3) ---------
-#: A task re-fences (renews its lease by a conditional write) before a destructive request once its
-#: last fence is this old on its clock; each destructive batch starts with a fence (rule L2).
-FENCE_INTERVAL_S = 10
-
-
-def longest_task_timeout_s(task_functions: Iterable[str]) -> int:
-    """The longest Lambda timeout of these task functions, from the resource spec (the one source)."""
-    from lightmetrics.resources import FUNCTIONS
-
-    names = set(task_functions)
-    return max(f.timeout_s for f in FUNCTIONS if f.name in names)
-
-
-def min_lease_s(task_functions: Iterable[str]) -> int:
-    """Rule L1 for a job of Lambda tasks: its longest task timeout plus :data:`LEASE_MARGIN_S`."""
-    return longest_task_timeout_s(task_functions) + LEASE_MARGIN_S
-
-
-def lease_rule_broken(lease_s: int, longest_s: int, holder: str, setting: str) -> str | None:
-    """Why ``lease_s`` breaks rule L1 — a lease outlasts the longest step that acts under one fence
-    (``longest_s``, described by ``holder``) plus :data:`LEASE_MARGIN_S` — or None if it does not."""
-    need = longest_s + LEASE_MARGIN_S
-    if lease_s >= need:
-        return None
-    return (f"{setting}={lease_s} breaks rule L1 (docs/protocol.md §13): a lease must outlast the longest step "
-            f"that holds it ({longest_s} s: {holder}) plus {LEASE_MARGIN_S} s; use at least {need}")
-
-
-def task_lease_rule_broken(lease_s: int, task_functions: Iterable[str], setting: str = "lease_seconds") -> str | None:
-    """Rule L1 for a job of Lambda tasks (the walk, the reap)."""
-    names = sorted(task_functions)
-    return lease_rule_broken(lease_s, longest_task_timeout_s(names),
-                             f"the Lambda timeout of {', '.join(names)} in lightmetrics.resources", setting)
-
-
-def lease_renewal(pk: str, run: dict[str, Any], now_ns: int, **extra: Any) -> Op:
-    """The lease's renewal by its owner: ``expires_at_ns = now + lease_seconds``, conditional on the
-    run's ``owner`` and ``epoch`` (``extra`` attributes are set with it)."""
-    names, values = {"#own": "owner", "#ep": "epoch", "#x": "expires_at_ns"}, {
-        ":own": run["owner"], ":ep": run["epoch"], ":x": now_ns + int(run["lease_seconds"]) * _NS, ":released": 0}
-    expr = "SET #x = :x"
-    for i, (k, v) in enumerate(extra.items()):
-        names[f"#e{i}"], values[f":e{i}"] = k, v
-        expr += f", #e{i} = :e{i}"
-    # A released lease (expiry 0: the execution ended) is never renewed again: an invocation still
-    # running after its execution ended stops at its next fence (rule L2).
-    return Op("Update", pk, "lease", expr, names, values, f"{_OWNED} AND #x > :released")
-
-
-class Fence:
-    """Rule L2: a task re-checks that it still owns its lease right before destructive requests.
-
-    :meth:`renew` fences unconditionally (the start of a destructive batch); calling the fence
-    (``fence()``, before each destructive request) renews only once the last renewal is
-    :data:`FENCE_INTERVAL_S` old. A renewal is one conditional write (:func:`lease_renewal`); if the
-    run lost the lease it raises ``lost(message)`` and the request is not sent. Thread-safe (the
-    GC's requests run in a pool). With rule L1 no other run can take the lease while this task
-    runs after a successful fence: the renewal lasts longer than the task can.
-    """
-
-    def __init__(self, table: ControlTable, pk: str, run: dict[str, Any], clock: Any,
-                 lost: Callable[[str], Exception], *, interval_s: int = FENCE_INTERVAL_S) -> None:
-        self.table, self.pk, self.run, self.clock, self.lost = table, pk, run, clock, lost
-        self.interval_ns = interval_s * _NS
-        self._last: int | None = None
-        self._lock = threading.Lock()
-
-    def renew(self) -> None:
-        with self._lock:
-            self._renew(self.clock.now_ns())
-
-    def __call__(self) -> None:
-        with self._lock:
-            now = self.clock.now_ns()
-            if self._last is None or now - self._last >= self.interval_ns:
-                self._renew(now)
-
-    def _renew(self, now: int) -> None:
-        try:
-            lease_renewal(self.pk, self.run, now).apply(self.table)
-        except ConditionFailed:
-            raise self.lost(f"epoch {self.run['epoch']} (owner {str(self.run['owner'])[:8]}) no longer owns "
-                            f"{self.pk}: stopped before a destructive request") from None
-        self._last = now
+# --- the walk's lease (lightmetrics.leases; docs/protocol.md §13, L1-L3) ----------------------------------
+lease_renewal = leases.renewal_of
 
 
 def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
-    left = (int(lease.get("expires_at_ns", 0)) - now_ns) / _NS
-    return (f"the walk lease is held by epoch {lease.get('epoch')} ({lease.get('scope', 'all')}), execution "
-            f"{lease.get('execution', '?')}, for another {max(0.0, left):.0f} s")
+    return leases.describe(lease, now_ns, "walk")
 
 
 def _owned(walk: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -372,7 +284,7 @@ def _owned(walk: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
 
 
 def _counters() -> dict[str, Any]:
-    return {"keys": 0, "pages": 0, "outcomes": {o: 0 for o in OUTCOMES}}
+    return {"keys": 0, "pages": 0, "outcomes": {o: 0 for o in OUTCOMES}, **{f"keys_{c}": 0 for c in KEY_CHECKS}}
 
 
 def read_walk(table: ControlTable, pk: str, *, leftovers: list[dict[str, Any]] | None = None
@@ -391,6 +303,92 @@ def read_walk(table: ControlTable, pk: str, *, leftovers: list[dict[str, Any]] |
     if leftovers is not None:
         leftovers.extend(p for p in parts if p.get("epoch") != epoch)
     return summary, [p for p in parts if p.get("epoch") == epoch]
+
+
+class RecordChecks:
+    """Which acceptance records of one page need a repair (docs/protocol.md §13 W4, W5).
+
+    Built from the page's keys and their listed ``LastModified``: every candidate hour (rule W4)
+    gets its retention tombstone checked (``indexing.tombstones``: one HEAD per hour per process);
+    a key all of whose candidate hours are tombstoned is ``reaped`` and never probed. For the rest,
+    per (hour, boot) group, one ``ListObjectsV2`` of ``accepted-by-time/v1/<hour>/<agent>.<boot>.``
+    when that is cheaper than a HEAD per key (:func:`list_beats_heads`), done here; else
+    :meth:`settle` HEADs the key's entry in each open candidate hour. A key whose entry is found is
+    ``present``; :meth:`settle` returns None for a key to repair in full. A key outside the layout
+    is never settled here: its repair makes it a blocker.
+
+    Example (inside ``Walker.page``)::
+
+        >>> checks = RecordChecks(walker, [(key, last_modified_ns)])           # doctest: +SKIP
+        >>> checks.settle(key)                                                 # doctest: +SKIP
+        'present'
+    """
+
+    def __init__(self, walker: "Walker", listed: list[tuple[str, int]]) -> None:
+        self.store, codec = walker.ctx.store, walker.codec
+        margin = boundary_margin_ns(walker.settings)
+        cache = tombstones(walker.ctx)
+        self.reaped: set[str] = set()
+        #: key -> its entry key in each open candidate hour, with that hour's group prefix
+        self.entries: dict[str, list[tuple[str, str]]] = {}
+        groups: dict[str, list[str]] = defaultdict(list)
+        for key, last_modified in listed:
+            try:
+                parsed = codec.parse(key)
+            except KeyLayoutError:
+                continue
+            if parsed.kind is not KeyKind.ACCEPTED or parsed.identity is None:
+                continue
+            ident = parsed.identity
+            hours = [h for h in candidate_hours(last_modified, margin) if not cache.is_tombstoned("raw", h)]
+            if not hours:
+                self.reaped.add(key)  # every hour it can belong to is reaped (or being reaped): D1
+                continue
+            self.entries[key] = []
+            for hour in hours:
+                prefix = f"{codec.accepted_by_time_hour(hour)}{ident.agent_hex}.{ident.boot_hex}."
+                entry = codec.accepted_by_time(hour, ident)
+                self.entries[key].append((prefix, entry))
+                groups[prefix].append(entry)
+        #: group prefix -> the entries its LIST found (only groups that were listed)
+        self.listed: dict[str, set[str]] = {}
+        for prefix, entries in groups.items():
+            if list_beats_heads(len(entries)):
+                try:
+                    self.listed[prefix] = self._list(prefix, min(entries), max(entries))
+                except TransientStoreError:
+                    pass  # HEAD them instead; a failing HEAD leaves the key to its full repair
+
+    def _list(self, prefix: str, first: str, last: str) -> set[str]:
+        """The entries under ``prefix`` from ``first`` to ``last``: entry names sort like the records'
+        keys (fixed-width sequence numbers), so one page's keys span at most one page of entries."""
+        found: set[str] = set()
+        after = first[:-1]  # a proper prefix of ``first``: sorts right before it
+        while True:
+            page = self.store.list_page(prefix, max_keys=1000, start_after=after)  # type: ignore[attr-defined]
+            found.update(page.keys)
+            if not page.truncated or not page.keys or page.keys[-1] >= last:
+                return found
+            after = page.keys[-1]
+
+    def settle(self, key: str) -> str | None:
+        """``"reaped"``, ``"present"``, or None: repair ``key`` in full."""
+        if key in self.reaped:
+            return "reaped"
+        candidates = self.entries.get(key)
+        if candidates is None:
+            return None
+        if any(entry in self.listed[prefix] for prefix, entry in candidates if prefix in self.listed):
+            return "present"
+        for prefix, entry in candidates:
+            if prefix in self.listed:
+                continue
+            try:
+                if self.store.head(entry) is not None:
+                    return "present"
+            except TransientStoreError:
+                return None
+        return None
 
 
 class Walker:
@@ -442,8 +440,8 @@ class Walker:
         params = WalkParams.parse(inp)
         now = self.now()
         lease = self.lease()
-        if lease and int(lease.get("expires_at_ns", 0)) > now:
-            raise LeaseHeld(self._describe_lease(lease))
+        if leases.is_live(lease, now):
+            raise LeaseHeld(self._describe_lease(lease or {}))
         cp_pk = checkpoint_pk(params.agent_hex)
         cp, parts = read_walk(self.table, cp_pk)
         if params.resume:
@@ -451,32 +449,20 @@ class Walker:
                 raise NothingToResume(f"no unfinished walk to resume for {cp_pk} "
                                       f"(last status: {cp.get('status') if cp else 'never ran'})")
             epoch = int(cp["epoch"])
-            # A resume keeps the walk's page size and parallelism unless the input changes them.
-            kept = {k: cp[k] for k in ("page_size", "parallelism") if k in cp and inp.get(k) is None}
+            # A resume keeps the walk's page size, parallelism and mode unless the input changes them.
+            kept = {k: cp[k] for k in ("page_size", "parallelism", "full") if k in cp and inp.get(k) is None}
             if kept:
                 params = WalkParams.parse({**inp, **kept})
         else:
             epoch = int((lease or {}).get("last_epoch", (lease or {}).get("epoch", 0))) + 1
         owner = uuid.uuid4().hex
         scope = "all" if params.agent is None else f"agent={params.agent_hex}"
-        new_lease = {
-            "pk": LEASE_PK, "sk": LEASE_SK, "owner": owner, "epoch": epoch,
-            "last_epoch": max(epoch, int((lease or {}).get("last_epoch", 0))),
-            "expires_at_ns": now + params.lease_s * _NS, "execution": execution, "scope": scope,
-            "checkpoint_pk": cp_pk, "taken_at_ns": now, "version": int((lease or {}).get("version", 0)) + 1,
-        }
-        try:
-            if lease is None:
-                self.table.put(new_lease, condition="attribute_not_exists(pk)")
-            else:
-                self.table.put(new_lease, condition="#v = :v AND #x <= :now", names={"#v": "version", "#x": "expires_at_ns"},
-                               values_for_condition={":v": int(lease.get("version", 0)), ":now": now})
-        except ConditionFailed:
-            raise LeaseHeld(self._describe_lease(self.lease() or {})) from None
+        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, what="walk",
+                    epoch=epoch, execution=execution, scope=scope, checkpoint_pk=cp_pk)
         walk = {
             "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
             "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
-            "lease_seconds": params.lease_s, "state_machine_arn": machine, "execution_arn": execution, "round": 0,
+            "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine, "execution_arn": execution, "round": 0,
         }
         if params.resume:
             assert cp is not None
@@ -495,8 +481,8 @@ class Walker:
             ops += [Op("Update", cp_pk, p["sk"], "SET #own = :own", {"#own": "owner", "#ep": "epoch"},
                        {":own": owner, ":ep": epoch}, "#ep = :ep") for p in parts[:90]]
             try:
-                transact(self.table, ops)
-            except _Cancelled:
+                self.table.transact(ops)
+            except TransactionCancelled:
                 raise NothingToResume(f"{cp_pk} changed while resuming; start again") from None
             walk["executions"] = int(cp.get("executions", 0)) + 1
         else:
@@ -511,6 +497,7 @@ class Walker:
             "pk": walk["checkpoint_pk"], "sk": CHECKPOINT_SK, "epoch": walk["epoch"], "owner": walk["owner"],
             "scope": walk["scope"], "agent": walk["agent"], "status": "running", "started_at_ns": now,
             "updated_at_ns": now, "rate_since_ns": now, "rate_keys_base": 0, "page_size": walk["page_size"],
+            "full": bool(walk.get("full", False)),
             "parallelism": walk["parallelism"], "execution": walk["execution_arn"], "executions": 1, "resumes": 0,
             "enum": {"queue": self._roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
             "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **_counters(),
@@ -522,17 +509,18 @@ class Walker:
         if not isinstance(cont, dict) or any(k not in cont for k in required):
             raise InvalidWalkInput(f"continuation must carry {list(required)}")
         walk = {k: cont[k] for k in required}
+        walk["full"] = bool(cont.get("full", False))
         now = self.now()
         walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
         names, values = _owned(walk)
         try:
-            transact(self.table, [
+            self.table.transact([
                 self._renew(walk, now, execution=execution),
                 Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
                    {**names, "#x": "execution", "#u": "updated_at_ns", "#n": "executions"},
                    {**values, ":x": execution, ":now": now, ":one": 1}, _OWNED),
             ])
-        except _Cancelled:
+        except TransactionCancelled:
             raise LeaseLost(f"epoch {walk['epoch']} no longer owns the walk lease; not continuing") from None
         return {"walk": walk}
 
@@ -570,6 +558,10 @@ class Walker:
                        ":pg": sum(int(p.get("pages", 0)) for p in finished),
                        ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
         adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
+        for check in KEY_CHECKS:
+            names[f"#c{check}"], values[f":c{check}"] = f"keys_{check}", sum(int(p.get(f"keys_{check}", 0))
+                                                                              for p in finished)
+            adds.append(f"#c{check} :c{check}")
         if folded:
             names["#o"] = "outcomes"
         for i, (outcome, n) in enumerate(sorted(folded.items())):
@@ -590,8 +582,8 @@ class Walker:
         room = 90 - len(ops)
         ops += [Op("Delete", pk, p["sk"]) for p in leftovers if p["sk"] not in new_sks][:max(0, room)]
         try:
-            transact(self.table, ops)
-        except _Cancelled:
+            self.table.transact(ops)
+        except TransactionCancelled:
             raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
         for p in new:
             active[p] = {"partition": p, "after": ""}
@@ -644,25 +636,52 @@ class Walker:
                         previously_failed=previously_failed).outcome
 
     # -- page --------------------------------------------------------------------------------------
+    def _list(self, partition: str, page_size: int, after: str) -> ListPage:
+        """Up to ``page_size`` keys of ``partition`` after ``after``, in listings of at most 1,000."""
+        keys: list[str] = []
+        sizes: list[int] = []
+        modified: list[int] = []
+        while True:
+            part = self.ctx.store.list_page(  # type: ignore[attr-defined]
+                partition, max_keys=min(LIST_MAX_KEYS, page_size - len(keys)), start_after=(keys[-1] if keys else after) or None)
+            keys += part.keys
+            sizes += part.sizes
+            modified += part.last_modified_ns if len(part.last_modified_ns) == len(part.keys) else []
+            if not part.truncated or len(keys) >= page_size or not part.keys:
+                truncated = part.truncated and bool(part.keys)
+                break
+        if len(modified) != len(keys):
+            modified = []  # a listing without LastModified: every key is repaired in full
+        return ListPage(keys=keys, sizes=sizes, prefixes=[], truncated=truncated, last_modified_ns=modified)
+
     def page(self, event: dict[str, Any]) -> dict[str, Any]:
         walk, item = event["walk"], event["item"]
         partition, after = item["partition"], item.get("after") or ""
         pk, sk = walk["checkpoint_pk"], PART_PREFIX + partition
         retried = int(event.get("retry_count") or 0) > 0
         skipped = set(item.get("skipped") or ())
-        listing = self.ctx.store.list_page(  # type: ignore[attr-defined]
-            partition, max_keys=int(walk["page_size"]), start_after=after or None)
+        listing = self._list(partition, int(walk["page_size"]), after)
         keys = listing.keys
+        # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a
+        # retried page repairs every key in full, so a key that failed before clears its budget (O1a).
+        checks = RecordChecks(self, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns) if k not in skipped]) \
+            if not retried and not walk.get("full") and self._kind(partition) == "accepted" \
+            and len(listing.last_modified_ns) == len(keys) else None
 
-        def one(key: str) -> str:
+        def one(key: str) -> tuple[str, str | None]:
             if key in skipped:
-                return "SKIPPED"  # an operator decided; counted, so no watermark from this walk
-            return self._repair(key, previously_failed=retried).value
+                return "SKIPPED", None  # an operator decided; counted, so no watermark from this walk
+            settled = checks.settle(key) if checks is not None else None
+            if settled is not None:
+                return Outcome.NOOP_RESOLVED.value, settled
+            return self._repair(key, previously_failed=retried).value, None
 
         if len(keys) > 1:
-            outcomes = Counter(_POOL.map(lambda k: contextvars.copy_context().run(one, k), keys))
+            results = list(_POOL.map(lambda k: contextvars.copy_context().run(one, k), keys))
         else:
-            outcomes = Counter(one(k) for k in keys)
+            results = [one(k) for k in keys]
+        outcomes = Counter(outcome for outcome, _ in results)
+        settled_by = Counter(check for _, check in results if check is not None)
         names, values = _owned(walk)
         now = self.now()
         if outcomes["RETRY_LATER"]:
@@ -679,6 +698,9 @@ class Walker:
         names.update({"#a": "after", "#d": "done", "#pg": "pages", "#u": "updated_at_ns", "#k": "keys"})
         values.update({":last": last, ":done": done, ":prev": after, ":one": 1, ":n": len(keys), ":now": now})
         adds = ["#pg :one", "#k :n"]
+        for check in KEY_CHECKS:
+            names[f"#c{check}"], values[f":c{check}"] = f"keys_{check}", settled_by[check]
+            adds.append(f"#c{check} :c{check}")
         if outcomes:
             names["#o"] = "outcomes"
         for i, (outcome, n) in enumerate(sorted(outcomes.items())):
@@ -696,7 +718,8 @@ class Walker:
                 raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
             # The cursor moved already: this page was walked twice (a retried task); nothing to count.
             return {"partition": partition, "keys": len(keys), "stale": True}
-        return {"partition": partition, "keys": len(keys), "done": done, "outcomes": dict(outcomes)}
+        return {"partition": partition, "keys": len(keys), "done": done, "outcomes": dict(outcomes),
+                **{f"keys_{c}": settled_by[c] for c in KEY_CHECKS if settled_by[c]}}
 
     # -- continue ----------------------------------------------------------------------------------
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -707,8 +730,8 @@ class Walker:
         # Deterministic name: a retried task finds the execution it already started.
         name = f"walk-e{walk['epoch']}-{walk['owner'][:8]}-{n:04d}"
         carried = {k: walk[k] for k in ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size",
-                                         "parallelism", "max_rounds", "lease_seconds", "state_machine_arn",
-                                         "executions")}
+                                         "parallelism", "max_rounds", "full", "lease_seconds",
+                                         "state_machine_arn", "executions") if k in walk}
         machine = walk["state_machine_arn"]
         try:
             arn = self._sfn.start_execution(stateMachineArn=machine, name=name,
@@ -735,13 +758,11 @@ class Walker:
         now = self.now()
         names, values = _owned(walk)
         summary = summarize(cp, parts, now)
+        watermark: int | None = None
         if outcome == "finished":
             reason = watermark_blocker(cp, parts)
-            watermark = None
             if not reason:
                 watermark = int(cp["started_at_ns"]) - int(self.settings.settle_s) * _NS
-                for index in INDEXES:
-                    set_watermark(self.table, index, watermark, epoch=walk["epoch"], now_ns=now)
             names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
             values.update({":st": "finished", ":now": now})
             expr = "SET #st = :st, #fa = :now, #u = :now"
@@ -760,14 +781,16 @@ class Walker:
                         {**names, "#st": "status", "#fa": "failed_at_ns", "#u": "updated_at_ns", "#err": "error"},
                         {**values, ":st": "failed", ":now": now, ":err": error}, _OWNED)
             summary.update(status="failed", error=error)
-        owner_names, owner_values = _owned(walk)
-        release = Op("Update", LEASE_PK, LEASE_SK, "SET #x = :zero, #ra = :now",
-                     {**owner_names, "#x": "expires_at_ns", "#ra": "released_at_ns"},
-                     {**owner_values, ":zero": 0, ":now": now}, _OWNED)
+        release = leases.release(LEASE_PK, walk["owner"], walk["epoch"], now)
         try:
-            transact(self.table, [update, release])
-        except _Cancelled:
+            self.table.transact([update, release])
+        except TransactionCancelled:
             return {"status": "lease-lost", "epoch": walk["epoch"]}
+        # Only after the owned write (rule L2): an End that lost the walk moves no watermark. A crash
+        # in between leaves W where it was (conservative); the retried End, still the owner, moves it.
+        if watermark is not None:
+            for index in (INDEXES if walk.get("full") else PRESENCE_WALK_INDEXES):
+                set_watermark(self.table, index, watermark, epoch=walk["epoch"], now_ns=now)
         log.info("walk %s epoch %s %s", walk["scope"], walk["epoch"], summary["status"])
         return summary
 
@@ -807,12 +830,15 @@ def read_watermarks(table: ControlTable) -> dict[str, int | None]:
 
 
 def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> dict[str, Any]:
-    """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate."""
+    """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate.
+    ``keys_present`` and ``keys_reaped`` are the NOOP_RESOLVED keys no repair ran for (W4, W5)."""
     cp = plain(cp)
     outcomes = {o: int((cp.get("outcomes") or {}).get(o, 0)) + sum(int(p["outcomes"].get(o, 0)) for p in parts)
                 for o in OUTCOMES}
     keys = int(cp.get("keys", 0)) + sum(int(p.get("keys", 0)) for p in parts)
     pages = int(cp.get("pages", 0)) + sum(int(p.get("pages", 0)) for p in parts)
+    settled = {f"keys_{c}": int(cp.get(f"keys_{c}", 0)) + sum(int(p.get(f"keys_{c}", 0)) for p in parts)
+               for c in KEY_CHECKS}
     by_kind = Counter({"accepted": int(cp.get("keys_accepted", 0)), "quarantine": int(cp.get("keys_quarantine", 0))})
     for p in parts:
         by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
@@ -835,6 +861,8 @@ def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> d
         "in_progress": sorted(p["partition"] for p in parts if not p.get("done")),
         "keys": keys, "keys_accepted": by_kind["accepted"], "keys_quarantine": by_kind["quarantine"],
         "pages": pages, "repairs": outcomes["DONE"], "outcomes": outcomes,
+        # NOOP_RESOLVED keys settled without a repair: entry present (W5), hour reaped (W4)
+        **settled,
         "keys_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
         "watermark_ns": cp.get("watermark_ns"), "watermark_withheld": cp.get("watermark_withheld"),
         "error": cp.get("error"),
@@ -882,7 +910,7 @@ class WalkControl:
             return None
         return {**cp, **summarize(cp, parts, self.ctx.clock.now_ns())}
 
-    def start(self, *, agent: str | None = None, resume: bool = False, page_size: int | None = None,
+    def start(self, *, agent: str | None = None, resume: bool = False, full: bool = False, page_size: int | None = None,
               parallelism: int | None = None, max_rounds: int | None = None, lease_seconds: int | None = None,
               timeout_s: float = 120.0) -> Started:
         """Start an execution and wait until it holds the lease; :class:`LeaseHeld` if refused."""
@@ -890,6 +918,8 @@ class WalkControl:
         if live:
             raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()))
         inp: dict[str, Any] = {"agent": agent, "resume": resume}
+        if full:
+            inp["full"] = True
         for k, v in (("page_size", page_size), ("parallelism", parallelism),
                      ("max_rounds_per_execution", max_rounds), ("lease_seconds", lease_seconds)):
             if v is not None:
@@ -1016,13 +1046,13 @@ def walk_task_handler(
             if step == "continue" else None
         return Walker(ctx, settings, sfn_client=sfn)
 
-    return task_handler("walk", step, STEPS, build=build, passthrough=(WalkError,), transient=WalkTransient)
+    return task_handler("walk", step, STEPS, build=build, passthrough=(WalkError, LeaseError), transient=WalkTransient)
 
 
 __all__ = [
-    "INDEXES", "LEASE_PK", "HISTORY_LIMIT", "HISTORY_BUDGET", "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost",
+    "INDEXES", "PRESENCE_WALK_INDEXES", "LEASE_PK", "HISTORY_LIMIT", "HISTORY_BUDGET", "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost",
     "NothingToResume", "Started", "TASK_STEPS", "WalkControl", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
-    "Fence", "FENCE_INTERVAL_S", "LEASE_MARGIN_S", "checkpoint_pk", "history_bound", "lease_renewal", "lease_rule_broken",
-    "longest_task_timeout_s", "max_rounds_for", "min_lease_s", "read_walk", "read_watermarks", "set_watermark",
-    "summarize", "task_lease_rule_broken", "walk_task_handler", "watermark_blocker",
+    "KEY_CHECKS", "RecordChecks", "boundary_margin_ns", "candidate_hours", "list_beats_heads", "checkpoint_pk",
+    "history_bound", "max_rounds_for", "read_walk", "read_watermarks", "set_watermark", "summarize",
+    "walk_task_handler", "watermark_blocker",
 ]

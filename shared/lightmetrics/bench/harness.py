@@ -5,6 +5,10 @@
 (:mod:`lightmetrics.local.hosting`), so every S3 client built through :mod:`lightmetrics.services` —
 collectors' accept contexts, indexers, the walk's Lambda tasks — pays the injected round trip.
 Seeding history uses :meth:`BenchEnv.raw_s3` (no injection): it is set-up, not the measurement.
+:meth:`BenchEnv.one_request_at_a_time` is the sequential baseline of the background jobs that
+have no separate sequential implementation (the reconciler, the reaps): S3 clients built inside it
+get the same injected delay with a cap of one request in flight, so the job's own code runs its
+own requests one after another — the same steps, the same request count, no overlap.
 
 :class:`Figures` collects one value per repeat for each named figure and summarizes it as median,
 min, max and relative spread. :func:`write_report` writes ``<out>/<target>.json`` and
@@ -25,14 +29,15 @@ import statistics
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
-from lightmetrics.clock import SystemClock
+from lightmetrics.clock import Clock, SystemClock
 from lightmetrics.hosting import Host, install
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
-from lightmetrics.local.hosting import install_from_env
+from lightmetrics.local.hosting import host_from_env, install_from_env
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.local.system import LocalSystem, RuntimeSession
 from lightmetrics.store import s3_client_config
@@ -123,11 +128,27 @@ class BenchEnv:
         """An S3 client with no injected latency (for seeding history)."""
         return self.runtime.boto3_client("s3", config=s3_client_config(max_pool=32, component="bench-seed"))
 
-    def system(self, *, notifications: bool = False, **overrides: Any) -> LocalSystem:
+    @contextmanager
+    def one_request_at_a_time(self) -> Iterator[LatencyInjector]:
+        """S3 clients built inside this block (by this thread or any other: the host is the
+        process's) pay the same injected delay with at most ONE request in flight; yields that
+        injector. Clients built before keep their own cap.
+
+        Example:
+            >>> with env.one_request_at_a_time():                     # doctest: +SKIP
+            ...     system.reconciler(system.work_context()).run()     # the same run, sequential
+        """
+        previous = install(host_from_env({**os.environ, ENV_MAX_INFLIGHT: "1"}))
+        try:
+            yield process_injector(self.rtt_s, 1)
+        finally:
+            install(previous)
+
+    def system(self, *, notifications: bool = False, clock: Clock | None = None, **overrides: Any) -> LocalSystem:
         tag = uuid.uuid4().hex[:10]
         system = LocalSystem(self.runtime, bucket=f"lm-bench-{tag}", table=f"lm-bench-{tag}",
-                             secret_name=f"lm-bench/{tag}", queue_name_prefix=f"bench{tag}-", clock=SystemClock(),
-                             overrides=overrides).provision()
+                             secret_name=f"lm-bench/{tag}", queue_name_prefix=f"bench{tag}-",
+                             clock=clock or SystemClock(), overrides=overrides).provision()
         system.notifications(notifications)
         self.systems.append(system)
         return system

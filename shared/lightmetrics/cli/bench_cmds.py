@@ -1,4 +1,4 @@
-"""``lmctl bench accept|indexing|walk|cost-table``: benchmarks under injected S3 latency.
+"""``lmctl bench accept|indexing|walk|reconcile|reap|cost-table``: benchmarks under injected S3 latency.
 
 They add to the ``bench`` group of :mod:`lightmetrics.cli.pipeline_cmds` (``bench pipeline``).
 Each starts an embedded runtime in this process, puts ``--latency-ms`` / ``--max-inflight`` in
@@ -10,6 +10,7 @@ prints median (min-max) and the ratio to the baseline measured in the same run; 
 Example::
 
     lmctl bench accept --repeat 3 --out bench-out
+    lmctl bench reconcile --json
     lmctl bench cost-table --depths 10,1000,10000 --json
 """
 
@@ -26,14 +27,19 @@ from lightmetrics.cli.options import json_option
 from lightmetrics.cli.pipeline_cmds import bench
 
 
-def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _common(fn: Callable[..., Any] | None = None, *, repeat: int = 3, max_inflight: int = 8,
+            latency_ms: float = 20.0) -> Any:
+    """The options every target shares; ``repeat``, ``max_inflight`` and ``latency_ms`` are the
+    target's defaults."""
+    if fn is None:
+        return lambda f: _common(f, repeat=repeat, max_inflight=max_inflight, latency_ms=latency_ms)
     for opt in reversed((
-        click.option("--repeat", type=click.IntRange(1, 50), default=3, show_default=True,
+        click.option("--repeat", type=click.IntRange(1, 50), default=repeat, show_default=True,
                      help="Repeated runs; figures are the median and spread over them."),
         click.option("--quick", is_flag=True, help="Small sizes (a smoke run of a few seconds)."),
-        click.option("--latency-ms", type=click.FloatRange(0, 5000), default=20.0, show_default=True,
+        click.option("--latency-ms", type=click.FloatRange(0, 5000), default=latency_ms, show_default=True,
                      help="Injected delay per S3 request (the round-trip time)."),
-        click.option("--max-inflight", type=click.IntRange(1, 1024), default=8, show_default=True,
+        click.option("--max-inflight", type=click.IntRange(1, 1024), default=max_inflight, show_default=True,
                      help="Cap on S3 requests in flight in this process."),
         click.option("--out", "out_dir", default="bench-out", show_default=True, type=click.Path(file_okay=False),
                      help="Directory for <target>.json and <target>.png."),
@@ -119,10 +125,15 @@ def bench_indexing(batches: int, repeat: int, quick: bool, latency_ms: float, ma
 @click.option("--batches", type=click.IntRange(10, 1_000_000), default=400, show_default=True)
 @click.option("--agents", type=click.IntRange(1, 1000), default=4, show_default=True)
 @click.option("--page-size", type=click.IntRange(1, 1000), default=100, show_default=True)
-@_common
+@_common(max_inflight=32, latency_ms=40.0)
 def bench_walk(batches: int, agents: int, page_size: int, repeat: int, quick: bool, latency_ms: float,
                max_inflight: int, out_dir: str, as_json: bool) -> None:
-    """Keys/s of the bootstrap walk vs a sequential walker (one LIST page, one repair at a time)."""
+    """Keys/s of the bootstrap walk vs a sequential walker (one LIST page, one repair at a time).
+
+    Defaults model AWS (docs/performance.md): a cap of 32 requests in flight is the page tasks'
+    pools together (4 Lambda invocations in parallel, 8 each); 40 ms per request keeps this
+    process's own time per request (one interpreter lock shared by the four "Lambdas" and moto)
+    a small part of a round trip, as it is in AWS."""
     from lightmetrics.bench.walk_bench import run_walk, walk_bars
 
     report = _run("walk", latency_ms, max_inflight,
@@ -183,9 +194,64 @@ def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, m
     sys.exit(code)
 
 
+@bench.command("reconcile")
+@click.option("--batches", type=click.IntRange(4, 1_000_000), default=400, show_default=True,
+              help="Accepted batches (entries) seeded per system.")
+@click.option("--agents", type=click.IntRange(1, 1000), default=4, show_default=True)
+@_common(repeat=1)
+def bench_reconcile(batches: int, agents: int, repeat: int, quick: bool, latency_ms: float, max_inflight: int,
+                    out_dir: str, as_json: bool) -> None:
+    """Entries/s of the reconciler vs the same runs with one S3 request in flight (healthy entries)."""
+    from lightmetrics.bench.reconcile_bench import reconcile_bars, run_reconcile
+
+    report = _run("reconcile", latency_ms, max_inflight,
+                  lambda env: run_reconcile(env, batches=40 if quick else batches, agents=agents, repeat=repeat),
+                  reconcile_bars, "entries / s", out_dir, "one request at a time")
+    if as_json:
+        emit_json(report)
+        return
+    f = report["figures"]
+    console.print(grid(f"reconcile, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                       ["figure", "reconciler", "one request at a time", "ratio"],
+                       [("entries/s", _fmt(f["entries_per_s"]), _fmt(f["sequential_entries_per_s"]),
+                         _fmt(f["speedup"], 2)),
+                        ("requests / entry", _fmt(f["requests_per_entry"], 2), "", "")]))
+    console.print(f"files: {report['files']}")
+
+
+@bench.command("reap")
+@click.option("--hours", type=click.IntRange(1, 24), default=2, show_default=True,
+              help="Expired acceptance hours seeded (and reaped) per system.")
+@click.option("--batches-per-hour", type=click.IntRange(1, 100_000), default=40, show_default=True)
+@click.option("--agents", type=click.IntRange(1, 1000), default=4, show_default=True)
+@_common(repeat=1)
+def bench_reap(hours: int, batches_per_hour: int, agents: int, repeat: int, quick: bool, latency_ms: float,
+               max_inflight: int, out_dir: str, as_json: bool) -> None:
+    """GC by-time blobs/s and retention batches/s vs the same reaps with one S3 request in flight."""
+    from lightmetrics.bench.reap_bench import reap_bars, run_reap
+
+    report = _run("reap", latency_ms, max_inflight,
+                  lambda env: run_reap(env, hours=1 if quick else hours,
+                                       batches_per_hour=8 if quick else batches_per_hour, agents=agents,
+                                       repeat=repeat),
+                  reap_bars, "units / s", out_dir, "one request at a time")
+    if as_json:
+        emit_json(report)
+        return
+    f = report["figures"]
+    console.print(grid(f"reap, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                       ["figure", "reap", "one request at a time", "ratio", "requests / unit"],
+                       [("GC by-time blobs/s", _fmt(f["gc_blobs_per_s"]), _fmt(f["sequential_gc_blobs_per_s"]),
+                         _fmt(f["gc_speedup"], 2), _fmt(f["gc_requests_per_blob"], 2)),
+                        ("retention batches/s", _fmt(f["retention_batches_per_s"]),
+                         _fmt(f["sequential_retention_batches_per_s"]), _fmt(f["retention_speedup"], 2),
+                         _fmt(f["retention_requests_per_batch"], 2))]))
+    console.print(f"files: {report['files']}")
+
+
 def _point(v: float) -> dict[str, float]:
     return {"median": v, "min": v, "max": v}
 
 
 #: registered by importing this module (lightmetrics.cli.main)
-BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_cost_table)
+BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_reconcile, bench_reap, bench_cost_table)

@@ -32,7 +32,7 @@ from lightmetrics.config import Settings
 STATE_MACHINE = "bootstrap-walk"
 _SUMMARY_FIELDS = ("scope", "epoch", "status", "started_at_ns", "updated_at_ns", "executions", "resumes", "execution",
                    "partitions_found", "partitions_done", "enumeration_complete", "in_progress", "keys",
-                   "keys_accepted", "keys_quarantine", "pages", "repairs", "outcomes", "keys_per_s", "eta_s",
+                   "keys_accepted", "keys_quarantine", "keys_present", "keys_reaped", "pages", "repairs", "outcomes", "keys_per_s", "eta_s",
                    "watermark_ns", "watermark_withheld", "error")
 
 
@@ -91,6 +91,8 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("pages", summary.get("pages")),
         ("repairs (DONE)", summary.get("repairs")),
         ("already complete (NOOP_RESOLVED)", outcomes.get("NOOP_RESOLVED")),
+        ("  of which: index entry present", summary.get("keys_present")),
+        ("  of which: hour reaped, not probed", summary.get("keys_reaped")),
         ("blocked", outcomes.get("BLOCKED")),
         ("skipped (operator)", outcomes.get("SKIPPED")),
         ("retry later (seen)", outcomes.get("RETRY_LATER")),
@@ -126,15 +128,18 @@ def _follow(control: Any, started: Any, as_json: bool) -> Any:
 @click.option("--agent", default=None, help="Walk only this agent's partitions (never moves the watermark).")
 @click.option("--resume", is_flag=True, help="Continue the last crashed, failed or stopped walk of this scope "
                                             "within its epoch (otherwise a new epoch starts from the beginning).")
+@click.option("--full", is_flag=True, help="Repair every key in full (GET, HEAD, a PUT for each missing entry), "
+                                          "not only keys whose accepted-by-time entry is missing: after derived "
+                                          "entries were deleted behind the system's back (verify: missing-derived).")
 @click.option("--wait", is_flag=True, help="Follow the walk with a progress bar; exit 1 if it failed.")
-@click.option("--page-size", type=int, default=None, help="Keys per page (1-1000, default 1000).")
+@click.option("--page-size", type=int, default=None, help="Keys per page (1-10000, default 1000).")
 @click.option("--parallelism", type=int, default=None, help="Partitions walked at once (1-10, default 4).")
 @click.option("--max-rounds", type=int, default=None,
               help="Rounds of pages per execution before it continues in a new one (capped by the history bound).")
 @click.option("--lease-seconds", type=int, default=None, help="Walk lease duration, renewed every page (default 900).")
 @config_options
 @json_option
-def walk_start(agent: str | None, resume: bool, wait: bool, page_size: int | None, parallelism: int | None,
+def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_size: int | None, parallelism: int | None,
                max_rounds: int | None, lease_seconds: int | None, settings: Settings, as_json: bool) -> None:
     """Start a bootstrap walk execution (exit 5 if another walk holds the lease)."""
     from lightmetrics.walk import InvalidWalkInput, LeaseHeld, NothingToResume
@@ -144,7 +149,7 @@ def walk_start(agent: str | None, resume: bool, wait: bool, page_size: int | Non
         # The walk lists accepted/v1/ in Step Functions; a bucket that is not there must stop the
         # start here (exit 2), not become a walk that finds nothing and sets the watermark.
         control.ctx.store.require_bucket(control.ctx.codec.accepted_root())
-        started = control.start(agent=agent, resume=resume, page_size=page_size, parallelism=parallelism,
+        started = control.start(agent=agent, resume=resume, full=full, page_size=page_size, parallelism=parallelism,
                                 max_rounds=max_rounds, lease_seconds=lease_seconds)
     except LeaseHeld as exc:
         fail(f"not started: {exc}", EXIT_LEASE_HELD, as_json=as_json)

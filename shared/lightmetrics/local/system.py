@@ -111,7 +111,8 @@ class LocalSystem:
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):
             if fn in REAP_STEPS:
                 step = REAP_STEPS[fn]
-                handler = reap_task_handler(step, settings_factory=lambda: settings, work_context_factory=context)
+                handler = reap_task_handler(step, settings_factory=lambda: settings, work_context_factory=context,
+                                            sfn_factory=lambda: self.runtime.boto3_client("stepfunctions"))
                 host.register(self.function_name(fn), wrap(step, handler) if wrap else handler)
                 names.append(self.function_name(fn))
                 continue

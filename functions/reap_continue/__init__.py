@@ -1,0 +1,1 @@
+"""The reap_continue function."""

@@ -1,0 +1,99 @@
+"""Retention's cost per batch (issue 14): each acceptance record read once by the blobs phase (its
+proof and settle use what it read, rule G-R1), compact marks (rule G-I7) that still settle marks an
+older version wrote, and GC's tombstone HEAD once per hour per task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import ident
+from lightmetrics.gc import BlobCollector, decode_mark, encode_mark
+from lightmetrics.keys import UtcHour
+from lightmetrics.reap import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
+from lightmetrics.request_counter import RequestCounter
+from reap_support import OLD_NS, drive, make_world
+
+GC = {"mode": "gc", "dry_run": False}
+HOUR = UtcHour.of_unix_ns(OLD_NS)
+
+
+def stored_marks(w: Any) -> list[dict[str, Any]]:
+    return [m for i in w.ctx.extras["table"].query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)
+            for m in i["marks"]]
+
+
+def test_retention_reads_each_record_once_before_the_derived_phase_and_marks_carry_the_hour(bucket: str) -> None:
+    w = make_world(bucket)
+    results = [w.accept(ident(n)) for n in range(3)]
+    w.cover_watermark()
+    reads: dict[str, int] = {}
+    get = w.ctx.store.get
+
+    def counting_get(key: str, *a: Any, **kw: Any) -> Any:
+        if "/accepted/v1/" in f"/{key}":
+            reads[key] = reads.get(key, 0) + 1
+        return get(key, *a, **kw)
+
+    w.ctx.store.get = counting_get  # type: ignore[method-assign]
+    seen: list[dict[str, Any]] = []
+    report = drive(w.reaper(), {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0},
+                   w.clock, before_task=lambda _n, _e: seen.extend(stored_marks(w)))
+    assert report["hours_reaped"] == [str(HOUR)] and report["purged"] == 3, report
+    # the blobs phase (its proof and its settle reuse it) and the derived phase: twice, not four times
+    assert reads == {r.manifest_key: 2 for r in results}, reads
+    assert seen and all(set(m) == {"s", "t", "r", "v", "m", "h"} and m["h"] == str(HOUR) for m in seen
+                        if "m" in m), seen
+    sizes = {dynamodb_item_bytes({"m": m}) for m in seen}
+    assert max(sizes) <= 200, sizes  # was 490 with long names and the identity
+    assert not any(w.blob_exists(r.blob_key) for r in results)
+
+
+def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> None:
+    w = make_world(bucket)
+    orphans = [w.orphan(ident(n)) for n in range(3)]
+    table = w.ctx.extras["table"]
+    reaper = w.reaper()
+    out = reaper.begin({"input": {**GC, "page_size": 10}, "execution_arn": "old"})
+    reaper.gc({"reap": out["reap"]})  # marked and recorded; then the reap "crashes"
+    [item] = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+    at = int(item["marked_at_ns"])
+    old = [{**decode_mark(m, w.ctx.codec, at), "marked_at_ns": at} for m in item["marks"]]
+    assert all("agent_hex" in m and "key" in m for m in old)  # the previous version's long form
+    table.put({**item, "marks": old})
+    assert all(not w.blob_exists(o) for o in orphans)  # markers current
+    w.clock.advance(3600)  # the crashed epoch's lease has expired
+    report = drive(w.reaper(), GC, w.clock)
+    assert report["purged"] == 3, report
+    assert all(w.versions(o) == ([], []) for o in orphans)
+    assert not [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+
+
+def test_compact_marks_round_trip_and_keep_the_identity_when_the_record_does_not_name_the_blob() -> None:
+    from lightmetrics.keys import KeyCodec
+
+    codec = KeyCodec("lm/")
+    i = ident(4)
+    mark = {"key": codec.raw_blob("cd" * 32), "sha": "cd" * 32, "version_id": "v1", "marker_version_id": "m1",
+            "marked_at_ns": 5, "lm_unix_s": 7200, "reason": "unreferenced", "agent_hex": i.agent_hex,
+            "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+    assert decode_mark(encode_mark(mark), codec, 5) == mark
+    tomb = {k: v for k, v in mark.items() if k not in ("agent_hex", "boot_hex", "seq_start", "seq_end")}
+    tomb.update(reason="hour-tombstoned", record_hour=str(HOUR), version_id=None)
+    assert decode_mark(encode_mark(tomb), codec, 5) == tomb
+
+
+def test_gc_heads_a_tombstone_once_per_hour_per_task(bucket: str) -> None:
+    w = make_world(bucket)
+    results = [w.accept(ident(n)) for n in range(3)]  # one acceptance hour, not tombstoned
+    w.clock.advance(w.settings.retry_horizon_s + 60)
+    counter = RequestCounter()
+    counter.attach(w.s3)
+    gc = BlobCollector(w.ctx, w.settings)
+    try:
+        with counter.operation("prove") as prove:
+            proofs = [gc.prove(r.blob_key) for r in results]  # one task's collector
+    finally:
+        gc.close()
+    assert {p.reason for p in proofs} == {"referenced"}
+    # 3 blobs + 1 tombstone (a negative answer, kept for the task); 3 records
+    assert dict(prove.by_api) == {"s3.HeadObject": 4, "s3.GetObject": 3}
