@@ -20,6 +20,7 @@ from lightmetrics.reconcile import CP_HOUR_SAVED
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
 from test_reconcile import H0, index_blob_in_record_hour, make_system, purge
+from walk_support import set_last_modified
 
 _NS = 1_000_000_000
 
@@ -117,9 +118,14 @@ def test_the_entry_cap_continues_inside_an_hour_and_every_entry_is_checked_once(
     try:
         system.notifications(False)
         purge(system, runtime)
-        accept_indexed(system, clock, "cap", 3)
-        time.sleep(1.1)  # LastModified has whole seconds: the first three are older than the rest
-        accept_indexed(system, clock, "cap", 7, first=3)
+        older = accept_indexed(system, clock, "cap", 3)
+        newer = accept_indexed(system, clock, "cap", 7, first=3)
+        # LastModified has whole seconds: the first three are older than the rest, which share one
+        # second (set as S3 would have stamped them: on a busy machine seven accepts can span two)
+        codec, now_s = system.work_context().codec, time.time_ns() // _NS * _NS
+        for results, stamp in ((older, now_s - 4 * _NS), (newer, now_s - 2 * _NS)):
+            for r in results:
+                set_last_modified(system.bucket, codec.accepted_by_time(H0, codec.parse(r.manifest_key).identity), stamp)
         clock.advance(seconds=3600 + 900)  # 17:15: hour 16 has settled
         assert system.reconciler()._save(H0, None, clock.now_ns())
         first, cost1 = measured_run(system, max_entries=3)
