@@ -88,9 +88,10 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # a tombstone HEAD: once per candidate hour of a record (and blob hour of a repair) per task
         # process (negative answers are forgotten after 60 s)
         "tombstone_check": {"s3.HeadObject": 1},
-        # Begin (lease, checkpoint), the two root listings, the last Plan and Route, Finish (4 watermarks), Done
+        # Begin (lease, checkpoint), the two root listings, the last Plan and Route, Finish (the 2
+        # watermarks a walk that is not full moves, W3; a full walk moves 2 more), Done
         "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 2, "dynamodb.Query": 3, "dynamodb.TransactWriteItems": 2,
-                "dynamodb.UpdateItem": 4, "s3.ListObjectsV2": 2, "sfn.transitions": 5, "lambda.Invoke": 3},
+                "dynamodb.UpdateItem": 2, "s3.ListObjectsV2": 2, "sfn.transitions": 5, "lambda.Invoke": 3},
     },
     "gc": {
         # the daily incremental GC (source by-time, rule G-B1): each blob once, when its

@@ -973,6 +973,12 @@ class WalkControl:
                 return events
             kwargs["nextToken"] = page["nextToken"]
 
+    def _until_ended(self, execution: str, deadline: float | None) -> None:
+        """Wait (at most 60 s, or until ``deadline``) for ``execution`` to leave RUNNING."""
+        limit = time.monotonic() + 60 if deadline is None else min(deadline, time.monotonic() + 60)
+        while self.sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < limit:
+            self.sleep(0.05)
+
     def follow(self, started: Started, *, on_progress: Callable[[dict[str, Any]], None] | None = None,
                poll_s: float = 0.5, timeout_s: float | None = None) -> Followed:
         """Watch the walk of ``started`` across its executions until it finishes or fails."""
@@ -992,6 +998,9 @@ class WalkControl:
             if current not in executions:
                 executions.append(current)
             if status == "finished":
+                # End records "finished", then moves the watermarks (after its owned write, rule
+                # L2): the walk has ended once its execution has.
+                self._until_ended(current, deadline)
                 return Followed("finished", summary, executions)
             if status == "failed":
                 return Followed("failed", summary, executions, str(cp.get("error", "")))

@@ -155,8 +155,10 @@ def measure_walk(system: LocalSystem, *, timeout_s: float = 300.0, **start: Any)
     followed = control.follow(control.start(**start), poll_s=0.05, timeout_s=timeout_s)
     if followed.status != "finished":
         raise RuntimeError(f"the measured walk did not finish: {followed.status} {followed.detail}")
-    return {**dict(sorted(counter.totals.items())),
-            **execution_counts(system.runtime.boto3_client("stepfunctions"), followed.executions)}
+    # The executions first: execution_counts waits for them to end, so the End task's last
+    # requests (after the checkpoint says finished) are counted too.
+    executions = execution_counts(system.runtime.boto3_client("stepfunctions"), followed.executions)
+    return {**dict(sorted(counter.totals.items())), **executions}
 
 
 def measure_reap(system: LocalSystem, *, timeout_s: float = 300.0, **inp: Any) -> dict[str, int]:
@@ -168,8 +170,8 @@ def measure_reap(system: LocalSystem, *, timeout_s: float = 300.0, **inp: Any) -
     followed = control.follow(arn, poll_s=0.05, timeout_s=timeout_s)
     if followed.status != "finished":
         raise RuntimeError(f"the measured reap did not finish: {followed.status} {followed.detail}")
-    return {**dict(sorted(counter.totals.items())),
-            **execution_counts(system.runtime.boto3_client("stepfunctions"), [arn])}
+    executions = execution_counts(system.runtime.boto3_client("stepfunctions"), [arn])  # waits for its end
+    return {**dict(sorted(counter.totals.items())), **executions}
 
 
 def measure_reconcile(system: LocalSystem, **context: Any) -> tuple[dict[str, int], Any]:
