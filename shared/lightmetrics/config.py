@@ -54,9 +54,10 @@ def longest_reap_task_s() -> int:
     """The longest a reap task can run (its Lambda timeout) plus :data:`LEASE_MARGIN_S`: after that no
     invocation of it (nor a twin Step Functions started beside it) can still place a marker. Read
     from the resource spec only, so validating settings imports no service (ingest starts cold)."""
+    from lightmetrics.leases import min_lease_s
     from lightmetrics.resources import FUNCTIONS
 
-    return max(f.timeout_s for f in FUNCTIONS if f.name.startswith("reap-")) + LEASE_MARGIN_S
+    return min_lease_s(f.name for f in FUNCTIONS if f.name.startswith("reap-"))
 
 
 def check_tombstone_wait(seconds: int, *, enforced: bool | None = None) -> int:

@@ -109,20 +109,6 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
                 "sfn.transitions": 6, "lambda.Invoke": 3},
     },
-    "gc-scan": {
-        # a referenced blob past the retry horizon: HEAD blob, GET record
-        "blob.old": {"s3.HeadObject": 1, "s3.GetObject": 1},
-        # the tombstone HEAD of a referenced blob's acceptance hour: once per hour per page task
-        "tombstone_check": {"s3.HeadObject": 1},
-        # a blob younger than LM_RETRY_HORIZON_S: HEAD only
-        "blob.young": {"s3.HeadObject": 1},
-        # one page task (mark phase): LIST, checkpoint read, marks Query x2, one transaction; Gc + Route
-        "page": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 1, "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1,
-                 "sfn.transitions": 2, "lambda.Invoke": 1},
-        # Begin (+ the source cursor's GetItem), Route, the settle task (nothing marked), Route, Finish, Done
-        "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
-                "sfn.transitions": 6, "lambda.Invoke": 3},
-    },
     "retention": {
         # GET record (blobs phase; its proof and settle use what it read, rule G-R1), HEAD blob,
         # GET record (derived phase: the retention role, which holds no marks); deletes: marker,
@@ -161,6 +147,10 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 1},
     },
 }
+
+# The operator's full scan (source scan) proves like the incremental GC, plus one HEAD for each
+# blob younger than LM_RETRY_HORIZON_S (it lists them too).
+JOB_REQUESTS["gc-scan"] = {**JOB_REQUESTS["gc"], "blob.young": {"s3.HeadObject": 1}}
 
 #: Closing one hour in AWS (CloudWatchAgeProbe), read from reconcile.py rather than measured (moto
 #: has no queue-age metric): ApproximateAgeOfOldestMessage of the 3 index queues, the depth of

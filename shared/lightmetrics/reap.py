@@ -66,7 +66,6 @@ from lightmetrics import leases
 from lightmetrics.control_table import ControlTable, Op
 from lightmetrics.control_table import TransactionCancelled
 from lightmetrics.leases import Fence, LeaseError, LeaseHeld, LeaseLost, task_lease_rule_broken
-from lightmetrics.leases import renewal_of as lease_renewal
 from lightmetrics.walk import HISTORY_BUDGET, plain
 from lightmetrics.work import WorkContext, work_key
 
@@ -318,7 +317,7 @@ class Reaper:
             for i, k in enumerate(remove):
                 names[f"#r{i}"] = k
             expr += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(remove)))
-        lease = lease or lease_renewal(LEASE_PK, reap, now)
+        lease = lease or leases.renewal_of(LEASE_PK, reap, now)
         try:
             self.table.transact([Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, _OWNED), lease,
                                   *(ops or [])])

@@ -272,9 +272,6 @@ PART_PREFIX = "part#"
 
 
 # --- the walk's lease (lightmetrics.leases; docs/protocol.md §13, L1-L3) ----------------------------------
-lease_renewal = leases.renewal_of
-
-
 def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
     return leases.describe(lease, now_ns, "walk")
 
@@ -416,7 +413,7 @@ class Walker:
         return plain(item) if item else None
 
     def _renew(self, walk: dict[str, Any], now: int, **extra: Any) -> Op:
-        return lease_renewal(LEASE_PK, walk, now, **extra)
+        return leases.renewal_of(LEASE_PK, walk, now, **extra)
 
     def _roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
         """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""

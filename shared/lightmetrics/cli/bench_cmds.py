@@ -52,6 +52,18 @@ def _fmt(s: dict[str, Any], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
 
 
+def _show(report: dict[str, Any], as_json: bool, latency_ms: float, max_inflight: int, repeat: int,
+          headers: list[str], rows: Callable[[dict[str, Any]], list[tuple[str, ...]]], files_note: str = "") -> None:
+    """A bench report as strict JSON, or its figures as a table under the run's conditions and the
+    files written."""
+    if as_json:
+        emit_json(report)
+        return
+    console.print(grid(f"{report['target']}, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
+                       headers, rows(report["figures"])))
+    console.print(f"{files_note}files: {report['files']}")
+
+
 def _run(target: str, latency_ms: float, max_inflight: int, body: Callable[[Any], dict[str, Any]],
          bars: Callable[[dict[str, Any]], list[Any]], ylabel: str, out_dir: str,
          baseline_label: str = "baseline") -> dict[str, Any]:
@@ -107,18 +119,12 @@ def bench_indexing(batches: int, repeat: int, quick: bool, latency_ms: float, ma
     report = _run("indexing", latency_ms, max_inflight,
                   lambda env: run_indexing(env, batches=30 if quick else batches, repeat=repeat),
                   indexing_bars, "value (see labels)", out_dir, "sequential processor")
-    if as_json:
-        emit_json(report)
-        return
-    f = report["figures"]
-    console.print(grid(f"indexing, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
-                       ["figure", "indexer", "sequential baseline", "ratio"],
-                       [("objects/s", _fmt(f["objects_per_s"]), _fmt(f["baseline_objects_per_s"]),
-                         _fmt(f["speedup"], 2)),
-                        ("round trips / SQS batch of 10", _fmt(f["round_trips_per_sqs_batch"]),
-                         _fmt(f["baseline_round_trips_per_sqs_batch"]), ""),
-                        ("requests / record", _fmt(f["requests_per_record"], 2), "", "")]))
-    console.print(f"effective RTT {_fmt(f['effective_rtt_ms'])} ms; files: {report['files']}")
+    _show(report, as_json, latency_ms, max_inflight, repeat, ["figure", "indexer", "sequential baseline", "ratio"],
+          lambda f: [("objects/s", _fmt(f["objects_per_s"]), _fmt(f["baseline_objects_per_s"]), _fmt(f["speedup"], 2)),
+                     ("round trips / SQS batch of 10", _fmt(f["round_trips_per_sqs_batch"]),
+                      _fmt(f["baseline_round_trips_per_sqs_batch"]), ""),
+                     ("requests / record", _fmt(f["requests_per_record"], 2), "", "")],
+          files_note=f"effective RTT {_fmt(report['figures']['effective_rtt_ms'])} ms; ")
 
 
 @bench.command("walk")
@@ -140,15 +146,8 @@ def bench_walk(batches: int, agents: int, page_size: int, repeat: int, quick: bo
                   lambda env: run_walk(env, batches=40 if quick else batches, agents=agents, page_size=page_size,
                                        repeat=repeat),
                   walk_bars, "keys / s", out_dir, "sequential walker")
-    if as_json:
-        emit_json(report)
-        return
-    f = report["figures"]
-    console.print(grid(f"walk, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
-                       ["figure", "bootstrap walk", "sequential walker", "ratio"],
-                       [("keys/s", _fmt(f["walk_keys_per_s"]), _fmt(f["sequential_keys_per_s"]),
-                         _fmt(f["speedup"], 2))]))
-    console.print(f"files: {report['files']}")
+    _show(report, as_json, latency_ms, max_inflight, repeat, ["figure", "bootstrap walk", "sequential walker", "ratio"],
+          lambda f: [("keys/s", _fmt(f["walk_keys_per_s"]), _fmt(f["sequential_keys_per_s"]), _fmt(f["speedup"], 2))])
 
 
 @bench.command("cost-table")
@@ -207,16 +206,9 @@ def bench_reconcile(batches: int, agents: int, repeat: int, quick: bool, latency
     report = _run("reconcile", latency_ms, max_inflight,
                   lambda env: run_reconcile(env, batches=40 if quick else batches, agents=agents, repeat=repeat),
                   reconcile_bars, "entries / s", out_dir, "one request at a time")
-    if as_json:
-        emit_json(report)
-        return
-    f = report["figures"]
-    console.print(grid(f"reconcile, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
-                       ["figure", "reconciler", "one request at a time", "ratio"],
-                       [("entries/s", _fmt(f["entries_per_s"]), _fmt(f["sequential_entries_per_s"]),
-                         _fmt(f["speedup"], 2)),
-                        ("requests / entry", _fmt(f["requests_per_entry"], 2), "", "")]))
-    console.print(f"files: {report['files']}")
+    _show(report, as_json, latency_ms, max_inflight, repeat, ["figure", "reconciler", "one request at a time", "ratio"],
+          lambda f: [("entries/s", _fmt(f["entries_per_s"]), _fmt(f["sequential_entries_per_s"]), _fmt(f["speedup"], 2)),
+                     ("requests / entry", _fmt(f["requests_per_entry"], 2), "", "")])
 
 
 @bench.command("reap")
@@ -235,18 +227,13 @@ def bench_reap(hours: int, batches_per_hour: int, agents: int, repeat: int, quic
                                        batches_per_hour=8 if quick else batches_per_hour, agents=agents,
                                        repeat=repeat),
                   reap_bars, "units / s", out_dir, "one request at a time")
-    if as_json:
-        emit_json(report)
-        return
-    f = report["figures"]
-    console.print(grid(f"reap, RTT {latency_ms} ms, cap {max_inflight} (median (min-max) of {repeat})",
-                       ["figure", "reap", "one request at a time", "ratio", "requests / unit"],
-                       [("GC by-time blobs/s", _fmt(f["gc_blobs_per_s"]), _fmt(f["sequential_gc_blobs_per_s"]),
-                         _fmt(f["gc_speedup"], 2), _fmt(f["gc_requests_per_blob"], 2)),
-                        ("retention batches/s", _fmt(f["retention_batches_per_s"]),
-                         _fmt(f["sequential_retention_batches_per_s"]), _fmt(f["retention_speedup"], 2),
-                         _fmt(f["retention_requests_per_batch"], 2))]))
-    console.print(f"files: {report['files']}")
+    _show(report, as_json, latency_ms, max_inflight, repeat,
+          ["figure", "reap", "one request at a time", "ratio", "requests / unit"],
+          lambda f: [("GC by-time blobs/s", _fmt(f["gc_blobs_per_s"]), _fmt(f["sequential_gc_blobs_per_s"]),
+                      _fmt(f["gc_speedup"], 2), _fmt(f["gc_requests_per_blob"], 2)),
+                     ("retention batches/s", _fmt(f["retention_batches_per_s"]),
+                      _fmt(f["sequential_retention_batches_per_s"]), _fmt(f["retention_speedup"], 2),
+                      _fmt(f["retention_requests_per_batch"], 2))])
 
 
 def _point(v: float) -> dict[str, float]:
