@@ -26,8 +26,8 @@ one method of :class:`Walker`:
               so the page finishes.
 ``cont``      start the next execution under the same lease, epoch and owner (stays under the
               execution history limit; moto's interpreter cannot run ``states:startExecution``).
-``end``       finished: set the completeness watermarks if this was a clean full walk; failed:
-              record the error. Both release the lease.
+``end``       finished or failed (the error) and the lease released, in one owned transaction;
+              then, for a clean walk of every partition, the watermarks it proved (W3).
 
 Control-table records (docs/control-table.md): the lease ``lease#walk``/``lease``; the summary
 ``checkpoint#walk``/``current`` (full walks; ``checkpoint#walk#agent=<agent-hex>`` for walks
