@@ -42,6 +42,7 @@ from lightmetrics.walk import (
     read_watermarks,
 )
 from lightmetrics.leases import min_lease_s
+from walk_support import record_times_as_s3_would
 
 SETTLE_S = 600
 W_EXPECTED = T0_NS - SETTLE_S * 1_000_000_000
@@ -443,7 +444,11 @@ def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(syst
 
 def test_page_size_one_over_500_keys_spans_executions_of_one_epoch(system, runtime, clock):  # type: ignore[no-untyped-def]
     idents = [ident(n, agent=f"agent-{a:02d}") for a in range(10) for n in range(50)]
-    accept_all(system, runtime, clock, idents)
+    clock.advance(1800)  # mid-hour: each record has one candidate hour (W4), whatever the real time
+    results = accept_all(system, runtime, clock, idents)
+    # The LastModified S3 would have given them: moto stamps the real time, and within the boundary
+    # margin of a real hour's end a record has two candidate hours (one more HEAD each).
+    record_times_as_s3_would(system.bucket, results, [clock.now_ns()] * len(results))
     counter = RequestCounter()
     invocations: Counter[str] = Counter()
 
