@@ -23,7 +23,9 @@ executors, because inventory lags — only confirmed findings are written):
     an acceptance record whose blob is missing (or has another size) outside a tombstoned hour.
     Confirmed by GET of the record, HEAD of the blob and of the hour's tombstone.
 ``orphan-blob-candidates``
-    raw blobs older than ``LM_RETRY_HORIZON_S`` that no derived entry references. Confirmed with
+    raw blobs older than ``LM_RETRY_HORIZON_S`` that no ``accepted-by-blob`` entry references
+    (conflict evidence only once its conflict was resolved longer ago than the evidence window);
+    the daily GC proves them (docs/protocol.md §15 G-B3). Confirmed with
     the GC proof (docs/protocol.md §15): HEAD of the blob (identity metadata, age), GET of the
     acceptance record at that identity, HEAD of the quarantine key. GC proves again at delete time.
 ``overlapping-ranges``
@@ -43,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.errors import ManifestError
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import parse_record
@@ -341,7 +344,13 @@ def _check_orphan(access: S3Access, horizon_before_s: int) -> Any:
                 return [{**base, "reason": "its acceptance hour is tombstoned (retention)"}]
             return []  # referenced: not an orphan (its accepted-by-blob entry is on the repair list)
         if live.store.head(live.codec.quarantine(ident, row["sha"])) is not None:
-            return []  # conflict evidence: kept until the conflict is resolved
+            # Conflict evidence: kept until its conflict is resolved and the evidence window (the
+            # retry horizon) has passed since (GC's check 3, docs/protocol.md §15 G3).
+            resolution = live.store.head(live.codec.conflict_resolution(ident, row["sha"]))
+            if resolution is None or resolution.metadata.get(RESOLUTION_METADATA_KEY) not in (
+                    "accept_existing", "deny_identity") or resolution.last_modified_unix_s >= horizon_before_s:
+                return []
+            return [{**base, "reason": "conflict evidence, resolved more than the evidence window ago"}]
         why = "no acceptance record" if m is None else "the acceptance record names another blob"
         return [{**base, "reason": f"{why}, no quarantine manifest"}]
 
@@ -535,8 +544,8 @@ def run_audit(
 
         # -- orphan blobs past the retry horizon -------------------------------------------------------
         horizon_before = now_s - retry_horizon_s
-        orphans = by_sha.where((F.col("r") == 1) & (F.col("ref") == 0) & (F.col("qb") == 0)
-                               & (F.col("lm") < horizon_before))
+        # Conflict evidence (named by quarantine-by-blob) too: a resolved one is collected (G3).
+        orphans = by_sha.where((F.col("r") == 1) & (F.col("ref") == 0) & (F.col("lm") < horizon_before))
         orphan_findings = orphans.select(F.col("r_key").alias("key"), "sha",
                                          F.lit("orphan-blob-candidates").alias("cand")).mapInPandas(
             row_mapper(_check_orphan(access, horizon_before), ORPHAN_COLUMNS, acc, workers=workers, tag="cand"),
@@ -593,6 +602,10 @@ def run_audit(
     report.summary_key = f"{out_prefix}summary.json"
     with task_tally() as tally:
         put_if_absent(access, report.summary_key, canonical_json(report.to_json()))
+        # Then the run's commit marker (docs/protocol.md §15 G-B3): the scheduled GC takes the newest.
+        put_if_absent(access, access.codec.audit_committed(int(now_s), run_id),
+                      canonical_json({"schema": "lightmetrics.audit_committed.v1", "run_id": run_id,
+                                      "summary_key": report.summary_key, "committed_at_unix_s": int(now_s)}))
     report.requests.add(tally)
     return report
 

@@ -228,3 +228,34 @@ def test_reconciler_run_costs_what_the_model_says_whatever_the_history(runtime: 
                                                  "run": 1})
     finally:
         system.stop()
+
+
+@pytest.mark.parametrize("orphans", [2, 6])
+def test_the_scheduled_gc_costs_what_the_model_says_per_orphan(runtime: Any, orphans: int) -> None:
+    """The daily GC (rule G-B3: the newest committed audit's orphan candidates): its cost follows
+    the orphans the audit found, whatever the number of blobs; a day without a new audit costs
+    one run of the state machine and one listing."""
+    from lightmetrics.testing.faults import FaultInjector, FaultRule
+
+    system = make_system(runtime, OffsetClock(2 * 3600 * _NS), retry_horizon_s=60, gc_grace_s=WAIT_S)
+    try:
+        ctx = system.work_context(policy=FAST)
+        actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=FrozenClock(OLD_NS),
+                              policy=FAST)
+        FaultInjector(actx.store.client).add(  # type: ignore[attr-defined]
+            FaultRule(fault="down", operation="PutObject", key_contains="accepted/v1/", times=-1))
+        blobs = [accept_batch(actx, ident(k), make_frame(ident(k))).blob_key for k in range(orphans)]
+        run = ctx.codec.audit_run("week-1")
+        ctx.store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.jsonl",
+                                "\n".join(f'{{"blob_key": "{b}"}}' for b in blobs).encode())
+        ctx.store.put_if_absent(f"{run}summary.json", b"{}")
+        ctx.store.put_if_absent(ctx.codec.audit_committed(OLD_NS // _NS, "week-1"), b"{}")
+        scheduled = {"mode": "gc", "dry_run": False, "source": "audit", "audit_run": "latest", "page_size": 4}
+        measured = measure_reap(system, **scheduled)
+        assert measured == expect("gc-audit", {"candidate.orphan": orphans, "page": math.ceil(orphans / 4),
+                                               "part": 1, "run": 1})
+        assert not any(ctx.store.head(b) for b in blobs)
+        measured = measure_reap(system, **scheduled)
+        assert measured == expect("gc-audit", {"run.nothing_new": 1})
+    finally:
+        system.stop()

@@ -51,11 +51,16 @@ def test_job_units_match_hand_computed_counts() -> None:
         "index_listing": 4.35 * 26_298 * 25, "page": 4.35 * 52_596, "page_listing": 0.0,
         "partition": 4.35 * 52_596, "round": 4.35 * 5_260, "continuation": 4.35 * 97,
         "tombstone_check": 4.35 * 52_596 * 25, "run": 4.35})
-    # GC, daily and incremental (G-B1): every blob of the month once; pages of 500
-    assert u["gc"] == pytest.approx({"blob.old": 26_298_000, "tombstone_check": 52_596, "page": 52_596,
-                                     "run": 30.4375})
-    # retention: 730.5 hours of 36,000 batches: 72 pages, 4 settle rounds of 20 pages; 24 hours a run
-    assert u["retention"] == pytest.approx({"batch": 26_298_000, "page": 730.5 * 72, "settle_round": 730.5 * 4,
+    # GC, daily from the newest audit (G-B3; SIMPLE audits daily): 0.1% of the month's blobs are
+    # orphans, 864 an audit, 2 pages of 500 and one part file each; no run finds nothing new
+    assert u["gc"] == pytest.approx({"candidate.orphan": 26_298, "page": 60.875, "part": 30.4375,
+                                     "run": 30.4375, "run.nothing_new": 0.0})
+    weekly = job_units(RATE, Assumptions(**{**SIMPLE.__dict__, "audits_per_month": MONTH_DAYS / 7}))
+    audits = MONTH_DAYS / 7  # 6,048 orphans an audit: 13 pages; the other days' runs find nothing new
+    assert weekly["gc"] == pytest.approx({"candidate.orphan": 26_298, "page": audits * 13, "part": audits,
+                                          "run": audits, "run.nothing_new": 30.4375 - audits})
+    # retention: 730.5 hours of 36,000 batches: 36 pages of 1,000, 2 settle rounds of 20 pages; 24 hours a run
+    assert u["retention"] == pytest.approx({"batch": 26_298_000, "page": 730.5 * 36, "settle_round": 730.5 * 2,
                                             "hour": 730.5, "run": 30.4375, "date_listed": 60.875})
     # reconciler: 8,766 runs, each listing 1.25 hours; every entry listed 9 times, checked 1.4 times;
     # each listing page of accepted-by-time comes with two of raw-blobs-by-time (its hour and the one
@@ -148,21 +153,23 @@ def test_background_job_lines_match_hand_computed_figures(simple: dict) -> None:
         4.35 * (52_596 + 3 * 5_260 + 5 * 97 + 5) / BATCHES * 0.025 / 1000 * 1e6)
     assert _line(ours, "walk: Lambda invocations")["quantity_per_batch"] == pytest.approx(
         4.35 * (52_596 + 5_260 + 3 * 97 + 3) / BATCHES)
-    # GC: each blob proven once (its reads per blob are the measured table's), a page of 500 costs
-    # 2 transitions, a daily run 6
-    reads = sum(n for api, n in JOB_REQUESTS["gc"]["blob.old"].items() if api in ("s3.GetObject", "s3.HeadObject"))
-    assert per_million(ours, "GC: S3 GET/HEAD") == pytest.approx((reads + 52_596 / BATCHES) * 0.4)
+    # GC: each orphan proven once (its reads are the measured table's) plus the audit's 3
+    # confirmation reads; a page 2 reads and 4 transitions, a run 6
+    reads = sum(n for api, n in JOB_REQUESTS["gc-audit"]["candidate.orphan"].items()
+                if api in ("s3.GetObject", "s3.HeadObject"))
+    assert reads == 5
+    assert per_million(ours, "GC: S3 GET/HEAD") == pytest.approx(((reads + 3) * 26_298 + 2 * 60.875) / BATCHES * 0.4)
     assert per_million(ours, "GC: Step Functions transitions") == pytest.approx(
-        (2 * 52_596 + 6 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
+        (4 * 60.875 + 6 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
     # retention: 3 reads per batch, 2 tombstone HEADs per page, the reaped marker's HEAD per hour
-    assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((3 + (2 * 52_596 + 730.5) / BATCHES) * 0.4)
-    # control table: pages 24 WRU + 10 RRU, settle rounds 4 WRU, hours 12 WRU + 7 RRU, runs 6 WRU + 4 RRU;
+    assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((3 + (2 * 26_298 + 730.5) / BATCHES) * 0.4)
+    # control table: pages 19 WRU + 8 RRU, settle rounds 4 WRU, hours 12 WRU + 7 RRU, runs 6 WRU + 4 RRU;
     # the marks: 6 writes x 172/1024 WRU and (20 + 10.5) x 172/4096 RRU per batch
-    wru = (24 * 52_596 + 4 * 2922 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 172 / 1024
-    rru = (10 * 52_596 + 7 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 172 / 4096
+    wru = (19 * 26_298 + 4 * 1461 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 172 / 1024
+    rru = (8 * 26_298 + 7 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 172 / 4096
     assert per_million(ours, "retention: control table") == pytest.approx(wru * 0.625 + rru * 0.125)
     assert per_million(ours, "retention: Step Functions transitions") == pytest.approx(
-        (8 * 52_596 + 2 * 2922 + 6 * 730.5 + 4 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
+        (6 * 26_298 + 2 * 1461 + 6 * 730.5 + 4 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
 
 
 def test_audit_and_storage_lines_match_hand_computed_figures(simple: dict) -> None:

@@ -78,8 +78,9 @@ SERIAL_GC = {**GC, "concurrency": 1}  # one request at a time: the takeover land
 LOST_AT = {
     "reap.intent-recorded": SERIAL_GC,  # the page's intent recorded: the markers come next
     "gc.rechecked": SERIAL_GC,  # the settle proved the mark again: the purge comes next
-    "retention.derived-one": RETENTION,
-    "retention.by-time-one": RETENTION,
+    # one request at a time here too: a retention page's deletes otherwise run concurrently
+    "retention.derived-one": {**RETENTION, "concurrency": 1},
+    "retention.by-time-one": {**RETENTION, "concurrency": 1},
     "retention.rollup-object-one": ROLLUP,
 }
 

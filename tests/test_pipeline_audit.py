@@ -109,6 +109,14 @@ def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark):  # type
     index_quarantine(ctx, conflict.quarantine_key)
     index_raw_blob(ctx, conflict.blob_key)
     delete(codec.accepted_by_time(H, ident(6)))  # missing when inventoried, repaired before the audit reads it
+    # Conflict evidence whose conflict was resolved (longer ago than the evidence window): GC's to
+    # collect (G3), so an orphan candidate.
+    resolved = accept_batch(actx, ident(7), make_frame(ident(7), variant=0.5))
+    assert resolved.status.value == "identity_conflict"
+    index_quarantine(ctx, resolved.quarantine_key)
+    index_raw_blob(ctx, resolved.blob_key)
+    s3.put_object(Bucket=B, Key=codec.conflict_resolution(ident(7), resolved.frame_sha256), Body=b"{}",
+                  IfNoneMatch="*", Metadata={"lm-resolution": "accept_existing"})
 
     # -- planted defects -----------------------------------------------------------------------------------
     delete(codec.accepted_by_time(H, ident(1)))  # repair: accepted-by-time
@@ -154,16 +162,20 @@ def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark):  # type
     assert [(f["manifest_key"], f["blob_key"]) for f in findings("integrity")] == [(ok[4].manifest_key, ok[4].blob_key)]
     assert {(f["entry_key"], f["source_key"]) for f in findings("derived-without-source")} == {
         (ghost_entry, codec.accepted(ghost)), (ghost_qb, codec.quarantine(ghost, "b" * 64))}
-    (orphan,) = findings("orphan-blob-candidates")
+    orphan, evidence = sorted(findings("orphan-blob-candidates"), key=lambda f: f["blob_key"] != orphan_key)
     assert (orphan["blob_key"], orphan["agent_hex"], orphan["seq_start"]) == (orphan_key, orphan_ident.agent_hex, "600")
+    assert evidence["blob_key"] == resolved.blob_key and "resolved" in evidence["reason"]
     (ov,) = findings("overlapping-ranges")
     assert (ov["first_key"], ov["second_key"]) == (ok[0].manifest_key, r.manifest_key)
-    assert report.confirmed == {"repair": 3, "integrity": 1, "derived-without-source": 2, "orphan-blob-candidates": 1,
+    assert report.confirmed == {"repair": 3, "integrity": 1, "derived-without-source": 2, "orphan-blob-candidates": 2,
                                 "overlapping-ranges": 1}
     summary = json.loads(s3.get_object(Bucket=B, Key=report.summary_key)["Body"].read())
     assert summary["confirmed"] == report.confirmed and summary["run_id"] == "planted"
     assert summary["s3_requests"]["PutObject 200"] == 5  # five finding files ...
-    assert report.requests.counts["PutObject 200"] == 5 + 1  # ... then the summary, last
+    assert report.requests.counts["PutObject 200"] == 5 + 2  # ... then the summary and the commit marker
+    # The commit marker the scheduled GC finds (docs/protocol.md §15 G-B3): the newest is this run.
+    from lightmetrics.reap import latest_audit_run
+    assert latest_audit_run(ctx.store, codec) == "planted"
 
 
 def test_a_million_keys_without_collecting_key_sets(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]

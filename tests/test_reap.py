@@ -216,3 +216,59 @@ def test_second_reap_is_refused_while_the_lease_is_held(bucket: str) -> None:
         raise AssertionError("a second reap took the lease")
     assert first["reap"]["epoch"] == 1
     _ = time
+
+
+def _commit_audit(w: World, run_id: str, at_s: int, blob_keys: list[str]) -> None:
+    """What a committed audit run leaves (pipeline/audit.py): its orphan candidates, its summary,
+    then its commit marker."""
+    run = w.ctx.codec.audit_run(run_id)
+    w.ctx.store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.jsonl",
+                              b"\n".join(json.dumps({"blob_key": k}).encode() for k in blob_keys))
+    w.ctx.store.put_if_absent(f"{run}summary.json", b"{}")
+    w.ctx.store.put_if_absent(w.ctx.codec.audit_committed(at_s, run_id), b"{}")
+
+
+def test_the_scheduled_gc_proves_the_newest_committed_audit_once(bucket: str) -> None:
+    """Rule G-B3: ``audit_run: latest`` takes the newest committed audit run (by commit time, not
+    by when its marker was written), proves its candidates once, and a day without a new audit
+    costs one listing and no proof."""
+    w = make_world(bucket)
+    latest = gc_input(source="audit", audit_run="latest")
+    report = drive(w.reaper(), latest, w.clock)
+    assert report["status"] == "finished" and report["examined"] == 0 and report["audit_run"] is None
+    assert "no committed audit run" in report["note"]
+
+    kept = w.accept(ident(21))
+    first, second = w.orphan(ident(22)), w.orphan(ident(23))
+    _commit_audit(w, "week-1", 1_764_000_000, [first, kept.blob_key])
+    report = drive(w.reaper(), latest, w.clock)
+    assert report["audit_run"] == "week-1" and report["source"] == "audit"
+    assert (report["examined"], report["purged"], report["kept"]) == (2, 1, {"referenced": 1})
+    assert not w.blob_exists(first)
+
+    counter = RequestCounter()
+    counter.attach(w.ctx.store.client)  # type: ignore[attr-defined]
+    again = drive(w.reaper(), latest, w.clock)
+    assert again["examined"] == 0 and "already proven" in again["note"] and again["audit_run"] == "week-1"
+    assert {k: v for k, v in counter.totals.items() if k.startswith("s3.")} == {"s3.ListObjectsV2": 1}
+
+    # An older run committed late is not the newest; the next week's run is.
+    _commit_audit(w, "week-0", 1_763_000_000, [second])
+    assert drive(w.reaper(), latest, w.clock)["examined"] == 0
+    _commit_audit(w, "week-2", 1_764_600_000, [second, kept.blob_key])
+    report = drive(w.reaper(), latest, w.clock)
+    assert report["audit_run"] == "week-2" and (report["examined"], report["purged"]) == (2, 1)
+    assert not w.blob_exists(second) and w.blob_exists(kept.blob_key)
+
+
+def test_an_audit_run_id_is_validated() -> None:
+    from lightmetrics.reap import InvalidReapInput, ReapParams
+
+    for bad in ("../other", "", 7, "x" * 129):
+        inp = gc_input(source="audit", audit_run=bad)
+        try:
+            ReapParams.parse(inp)
+        except InvalidReapInput:
+            continue
+        raise AssertionError(f"audit_run {bad!r} was accepted")
+    assert ReapParams.parse(gc_input(source="audit", audit_run="latest")).audit_run == "latest"

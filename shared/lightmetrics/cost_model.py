@@ -114,9 +114,10 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # GET record (derived phase: the retention role, which holds no marks); deletes: marker,
         # captured version, marker, raw-blobs-by-time, accepted-by-blob, accepted-by-time
         "batch": {"s3.GetObject": 2, "s3.HeadObject": 1, "s3.DeleteObject": 6},
-        # one page in each of the blobs, derived and by-time phases, and its settle task
-        "page": {"s3.ListObjectsV2": 3, "s3.HeadObject": 2, "dynamodb.GetItem": 4, "dynamodb.Query": 6,
-                 "dynamodb.TransactWriteItems": 5, "dynamodb.UpdateItem": 4, "sfn.transitions": 8, "lambda.Invoke": 4},
+        # one page in each of the blobs and derived phases (the derived phase deletes a listed
+        # entry's accepted-by-blob, then the entry: rule R-I8), and its settle task
+        "page": {"s3.ListObjectsV2": 2, "s3.HeadObject": 2, "dynamodb.GetItem": 3, "dynamodb.Query": 5,
+                 "dynamodb.TransactWriteItems": 4, "dynamodb.UpdateItem": 3, "sfn.transitions": 6, "lambda.Invoke": 3},
         # a settle round (every max_pending_pages marked pages): Wait (the GC grace), AfterWait
         "settle_round": {"dynamodb.TransactWriteItems": 1, "sfn.transitions": 2},
         # one hour: HEAD reaped marker, tombstone + reaped marker (PUT), watermark reads, records,
@@ -151,6 +152,24 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
 # The operator's full scan (source scan) proves like the incremental GC, plus one HEAD for each
 # blob younger than LM_RETRY_HORIZON_S (it lists them too).
 JOB_REQUESTS["gc-scan"] = {**JOB_REQUESTS["gc"], "blob.young": {"s3.HeadObject": 1}}
+#: The scheduled GC (rule G-B3): the newest committed audit's orphan-blob-candidates, each proven once.
+JOB_REQUESTS["gc-audit"] = {
+    # an orphan: HEAD blob, GET record (absent), HEAD quarantine; after the grace the record and
+    # the evidence again; deletes: marker placed, captured version, marker, raw-blobs-by-time hint
+    "candidate.orphan": {"s3.HeadObject": 3, "s3.GetObject": 2, "s3.DeleteObject": 4},
+    # one page: the summary's HEAD, a ranged GET of the part file; the mark task's and the settle
+    # task's control-table work; Gc + Route twice
+    "page": {"s3.GetObject": 1, "s3.HeadObject": 1, "dynamodb.GetItem": 2, "dynamodb.Query": 3,
+             "dynamodb.TransactWriteItems": 3, "dynamodb.UpdateItem": 2, "sfn.transitions": 4, "lambda.Invoke": 2},
+    # each part file of orphan-blob-candidates: the LIST that finds the next one
+    "part": {"s3.ListObjectsV2": 1},
+    # Begin (the commit markers' LIST, the run's cursor), the first part's LIST, Finish
+    "run": {"s3.ListObjectsV2": 2, "dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.TransactWriteItems": 2,
+            "sfn.transitions": 6, "lambda.Invoke": 2},
+    # a day without a new audit: Begin finds the newest run proven, Finish
+    "run.nothing_new": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 4, "dynamodb.PutItem": 2,
+                        "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
+}
 
 #: Closing one hour in AWS (CloudWatchAgeProbe), read from reconcile.py rather than measured (moto
 #: has no queue-age metric): ApproximateAgeOfOldestMessage of the 3 index queues, the depth of
@@ -202,15 +221,21 @@ class Assumptions:
     walk_key_ms: float = 10.0  # billed ms per key a page task probes or repairs (16 keys at a time)
     walk_page_ms: float = 200.0  # billed ms per page task besides those keys: its LIST, group LISTs, fence, cursor
     walk_memory_mb: int = 1024
-    # -- the reaps (resources.py: incremental GC daily; retention daily once enabled, 24 hours a run)
+    # -- the reaps (resources.py: GC daily from the newest audit, rule G-B3; retention daily once
+    # enabled, 24 hours a run)
     gc_runs_per_month: float = MONTH_DAYS
     gc_page_size: int = 500  # reap page_size default
     gc_blob_ms: float = 4.0  # billed ms per proof (2 sequential reads, 8 at a time; the tombstone HEAD once per hour)
+    # blobs no record names (an accept that died between its blob and its record, a conflicting
+    # submission): what the weekly audit lists and GC proves; an operator's figure, not measured
+    orphan_fraction: float = 0.001
     reap_memory_mb: int = 1024
     retention_hours_per_run: int = 24  # retention.expired_hours limit
-    retention_page_size: int = 500
+    retention_page_size: int = 1000  # the retention schedule's page_size
     retention_max_pending_pages: int = 20
-    retention_batch_ms: float = 40.0  # billed ms per batch over its four tasks (2 record reads one by one, was 4)
+    # billed ms per batch over its tasks: 2 record reads, a HEAD and 6 deletes of ~20 ms each, 8 in
+    # flight (a page's reads and deletes run on the reap's pool; they ran one by one: 40 ms)
+    retention_batch_ms: float = 25.0
     retention_memory_mb: int = 768  # reap-gc 1024 MB, reap-retention 512 MB
     reap_mark_bytes: int = 172  # a retention mark, stored compactly (rule G-I7; reap.dynamodb_item_bytes of a real one)
     task_overhead_ms: float = 50.0  # billed ms of a Step Functions task besides its keys (512 MB)
@@ -304,12 +329,14 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
             "page": w * pages, "page_listing": w * pages * (math.ceil(keys_per_page / 1000) - 1),
             "partition": w * partitions, "round": w * rounds,
             "continuation": w * (executions - 1), "tombstone_check": w * pages * hours_per_page, "run": w}
-    # GC (rule G-B1): each blob proven once, when its raw-blobs-by-time hour passes the retry
-    # horizon; a daily run takes the day's hours.
+    # GC (rule G-B3): a daily run proves the newest committed audit's orphan candidates once; the
+    # runs between two audits find it proven (one listing). Orphans, not blobs, drive it.
     g = a.gc_runs_per_month
-    blobs = rate * MONTH_S
-    gc_pages = max(g, math.ceil(blobs / a.gc_page_size))
-    gc = {"blob.old": blobs, "tombstone_check": gc_pages, "page": gc_pages, "run": g}
+    orphans = rate * MONTH_S * a.orphan_fraction
+    per_audit = orphans / a.audits_per_month
+    gc = {"candidate.orphan": orphans, "page": a.audits_per_month * math.ceil(per_audit / a.gc_page_size),
+          "part": a.audits_per_month * max(1, math.ceil(per_audit / 200_000)),  # pipeline/audit.py: rows a part
+          "run": a.audits_per_month, "run.nothing_new": max(0.0, g - a.audits_per_month)}
     # Retention: once the system is older than its retention, an hour expires every hour; a daily
     # run takes 24 of them.
     retention: dict[str, float] = {}
@@ -451,11 +478,14 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
                            gb_s=probed * _gb_s(a.walk_key_ms, a.walk_memory_mb)
                            + u["page"] / per_month * _gb_s(a.walk_page_ms, a.walk_memory_mb)
                            + req["lambda.Invoke"] * overhead)
-    # the incremental GC
+    # the daily GC of the audit's orphan candidates (the audit's own confirmation of each, a HEAD of
+    # the blob, a GET of the record and a HEAD of the evidence, is counted with it)
     u = units["gc"]
-    req = _per_batch(job_requests("gc", u), per_month)
+    req = _per_batch(job_requests("gc-audit", u), per_month)
+    req["s3.HeadObject"] = req.get("s3.HeadObject", 0.0) + 2 * u["candidate.orphan"] / per_month
+    req["s3.GetObject"] = req.get("s3.GetObject", 0.0) + u["candidate.orphan"] / per_month
     lines += traffic_lines("GC", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
-                           gb_s=u["blob.old"] / per_month * _gb_s(a.gc_blob_ms, a.reap_memory_mb)
+                           gb_s=u["candidate.orphan"] / per_month * _gb_s(a.gc_blob_ms, a.reap_memory_mb)
                            + req["lambda.Invoke"] * overhead)
     # daily retention; its marks items are priced by size: a mark is written with its page's
     # intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and

@@ -189,7 +189,9 @@ class BlobCollector:
         items = list(items)
         if len(items) <= 1:
             return [fn(i) for i in items]
-        return list(self._pool.map(lambda i: contextvars.copy_context().run(fn, i), items))
+        # The caller's context, copied once per item (a copy taken inside the worker would be the worker's)
+        futures = [self._pool.submit(contextvars.copy_context().run, fn, i) for i in items]
+        return [f.result() for f in futures]
 
     # -- proof ---------------------------------------------------------------------------------------
     def prove(self, key: str, *, now_ns: int | None = None) -> Proof:

@@ -259,12 +259,14 @@ class IndexedBlobs:
         self.ctx = ctx
         self._hours: dict[UtcHour, frozenset[str]] = {}
         self._loaded = 0
+        self._pages = 0
         self._lock = threading.Lock()
 
     def load(self, hour: UtcHour) -> frozenset[str]:
-        """List ``hour`` unless this run already did (one LIST per 1,000 entries). A run scans
-        hours in order and an hour needs only itself and the hour before, so older hours are
-        dropped: memory stays two hours of hashes however many hours a run scans."""
+        """List ``hour`` unless this run already did (one LIST per 1,000 entries, counted in
+        :attr:`pages_listed`). A run scans hours in order and an hour needs only itself and the hour
+        before, so older hours are dropped: memory stays two hours of hashes however many hours a
+        run scans."""
         with self._lock:
             for old in [h for h in self._hours if h < hour + -1]:
                 del self._hours[old]
@@ -272,8 +274,9 @@ class IndexedBlobs:
                 self._loaded += 1
                 prefix = self.ctx.codec.raw_blobs_by_time_hour(hour)
                 marker = prefix + "sha256="
-                self._hours[hour] = frozenset(k[len(marker):-len(".json")]
-                                              for k in self.ctx.store.list_keys(prefix, limit=10**9)
+                keys = self.ctx.store.list_keys(prefix, limit=10**9)
+                self._pages += max(1, -(-len(keys) // 1000))  # ListObjectsV2 pages of 1,000 (an empty one is one)
+                self._hours[hour] = frozenset(k[len(marker):-len(".json")] for k in keys
                                               if k.startswith(marker) and k.endswith(".json"))
             return self._hours[hour]
 
@@ -291,6 +294,12 @@ class IndexedBlobs:
     def hours_listed(self) -> int:
         with self._lock:
             return self._loaded
+
+    @property
+    def pages_listed(self) -> int:
+        """ListObjectsV2 requests sent so far (the reconciler's page cap, protocol §12 R7)."""
+        with self._lock:
+            return self._pages
 
 
 def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | None = None) -> Outcome:

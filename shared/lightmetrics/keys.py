@@ -184,9 +184,10 @@ _PATTERNS: list[tuple[KeyKind, re.Pattern[str]]] = [
     (KeyKind.RETENTION_REAPED, re.compile(rf"retention/v1/(?P<scope>raw|rollup)/{_HOUR}/reaped\.json")),
     (KeyKind.CONFLICT_RESOLUTION, re.compile(rf"conflict-resolutions/v1/{_ID}/(?P<sha>[0-9a-f]{{64}})\.json")),
     (KeyKind.AUDIT, re.compile(r"audit/v1/run=(?P<run>[A-Za-z0-9_.-]{1,128})/(?P<rest>.+)")),
+    (KeyKind.AUDIT, re.compile(r"audit/v1/committed/(?P<at>\d{12})\.(?P<run>[A-Za-z0-9_.-]{1,128})\.json")),
 ]
 
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 def _sha_path(sha: str) -> str:
@@ -288,9 +289,25 @@ class KeyCodec:
         return f"{self.prefix}retention/v1/{_scope(scope)}/{hour.partition}/reaped.json"
 
     def audit_run(self, run_id: str) -> str:
-        if not _RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.match(run_id):
             raise KeyLayoutError("run id must be 1-128 of [A-Za-z0-9_.-]")
         return f"{self.prefix}audit/v1/run={run_id}/"
+
+    def audit_committed(self, committed_at_unix_s: int, run_id: str) -> str:
+        """The write-once marker an audit run leaves after its ``summary.json``: keys sort by commit
+        time, so the newest committed run is the last key of one listing.
+
+        >>> KeyCodec().audit_committed(1_764_000_000, "r1")
+        'audit/v1/committed/001764000000.r1.json'
+        """
+        if not RUN_ID_RE.match(run_id):
+            raise KeyLayoutError("run id must be 1-128 of [A-Za-z0-9_.-]")
+        if not 0 <= committed_at_unix_s < 10**12:
+            raise KeyLayoutError("commit time must be in [0, 10^12) seconds")
+        return f"{self.audit_committed_root()}{committed_at_unix_s:012d}.{run_id}.json"
+
+    def audit_committed_root(self) -> str:
+        return f"{self.prefix}audit/v1/committed/"
 
     # -- parsing -----------------------------------------------------------------------------
     def parse(self, key: str) -> ParsedKey:

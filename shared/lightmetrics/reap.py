@@ -59,7 +59,7 @@ from botocore.exceptions import ClientError
 from lightmetrics import crashpoints
 from lightmetrics.config import longest_reap_task_s
 from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector, decode_mark, encode_mark
-from lightmetrics.keys import KeyLayoutError, UtcHour
+from lightmetrics.keys import RUN_ID_RE, KeyLayoutError, UtcHour
 from lightmetrics.outcome import PermanentWorkError
 from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
 from lightmetrics import leases
@@ -100,6 +100,33 @@ def max_tasks_for() -> int:
 def source_cursor_sk(source: str, audit_run: str | None = None) -> str:
     """The control-table sort key of a GC source's durable cursor, e.g. ``gc#by-time``."""
     return SOURCE_CURSOR_PREFIX + source + (f"#{audit_run}" if source == "audit" else "")
+
+
+#: ``audit_run`` value of the scheduled GC: the newest committed audit run (rule G-B3).
+LATEST_AUDIT = "latest"
+
+
+def latest_audit_run(store: Any, codec: Any) -> str | None:
+    """Rule G-B3: the run id of the newest committed audit (the last of the write-once markers
+    ``audit/v1/committed/<commit time>.<run>.json``, which sort by commit time), or None.
+
+    >>> latest_audit_run(ctx.store, ctx.codec)                    # doctest: +SKIP
+    '20261124T063000Z-1a2b3c'
+    """
+    newest: str | None = None
+    after: str | None = None
+    while True:  # one LIST per 1,000 audits: a weekly audit fills a page in 19 years
+        page = store.list_page(codec.audit_committed_root(), max_keys=1000, start_after=after)
+        if page.keys:
+            newest = after = page.keys[-1]
+        if not page.truncated or not page.keys:
+            break
+    if newest is None:
+        return None
+    try:
+        return codec.parse(newest).run_id
+    except KeyLayoutError:
+        return None  # a stray object under the markers' prefix names no run
 
 
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
@@ -175,7 +202,9 @@ class ReapParams:
             raise InvalidReapInput("scope is 'raw' (default) or 'rollup' (retention only: LM_ROLLUP_RETENTION_S)")
         audit_run = raw.get("audit_run") or None
         if (source == "audit") != (audit_run is not None):
-            raise InvalidReapInput("source 'audit' needs audit_run (the audit's run id), and only it does")
+            raise InvalidReapInput("source 'audit' needs audit_run (the audit's run id, or 'latest'), and only it does")
+        if audit_run is not None and (not isinstance(audit_run, str) or not RUN_ID_RE.match(audit_run)):
+            raise InvalidReapInput("audit_run must be an audit run id (1-128 of [A-Za-z0-9_.-]) or 'latest'")
 
         def integer(name: str, default: int, low: int, high: int) -> int:
             v = raw.get(name)
@@ -232,6 +261,7 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
         # GC: the run stopped at its page budget (max_pages); the next run continues from the cursor.
         "more": bool(cp.get("budget_exhausted")), "executions": int(cp.get("executions", 1)),
         "source": cp.get("source") if cp.get("mode") == "gc" else None, "through": cp.get("through"),
+        "audit_run": cp.get("audit_run"), "note": cp.get("note"),
     }
 
 
@@ -382,9 +412,18 @@ class Reaper:
                 "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
                 "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
                 "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1}
-        if params.mode == "gc" and not (params.source == "by-time" and params.hour is not None):
+        if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
+            # Rule G-B3: the newest committed audit run, each run's candidates proven once.
+            run = latest_audit_run(self.ctx.store, self.codec)
+            item["audit_run"] = run
+            if run is None:
+                item.update(phase="done", note="no committed audit run yet: nothing to prove")
+            elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
+                item.update(phase="done", note=f"audit run {run}: every candidate already proven")
+        if params.mode == "gc" and item["phase"] != "done" \
+                and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.
-            sk = source_cursor_sk(params.source, params.audit_run)
+            sk = source_cursor_sk(params.source, item["audit_run"])
             saved = self.table.get(CHECKPOINT_PK, sk)
             item.update(source_cursor=sk, after=str((saved or {}).get("after") or ""),
                         through=(saved or {}).get("through"))
@@ -505,7 +544,8 @@ class Reaper:
         """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more, counts)``."""
         limit, after = int(cp["page_size"]), cp.get("after") or None
         if cp["phase"] == "blobs":  # retention: the blobs of the hour's accepted manifests
-            hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]))
+            hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]),
+                               concurrency=int(cp["concurrency"]))
             keys, more = hr.page(after or "", limit)
             page = hr.records(keys)  # an unreadable record blocks its entry, not the page
             self.records_read = {self.codec.accepted(m.identity): m for m in page.records.values()}
@@ -714,9 +754,11 @@ class Reaper:
         if not sk or cp["dry_run"] or cp["phase"] != "mark":
             return []
         by_time = sk == source_cursor_sk("by-time")
-        names = {"#a": "after", "#u": "updated_at_ns", "#ep": "epoch"}
-        values: dict[str, Any] = {":a": cursor if by_time or not ended else "", ":u": self.now(), ":ep": cp["epoch"]}
-        expr = "SET #a = :a, #u = :u, #ep = :ep"
+        names = {"#a": "after", "#u": "updated_at_ns", "#ep": "epoch", "#end": "ended"}
+        # ``ended``: the pass reached the source's end (G-B3: a scheduled audit GC proves a run once)
+        values: dict[str, Any] = {":a": cursor if by_time or not ended else "", ":u": self.now(), ":ep": cp["epoch"],
+                                  ":end": bool(ended)}
+        expr = "SET #a = :a, #u = :u, #ep = :ep, #end = :end"
         if through:
             names["#t"], values[":t"] = "through", through
             expr += ", #t = :t"
@@ -773,7 +815,7 @@ class Reaper:
         hour = cp["hours"][index]
         scope = cp.get("scope") or "raw"
         fence = self.fence(reap)
-        hr = HourRetention(self.ctx, UtcHour.parse(hour), scope, fence=fence)
+        hr = HourRetention(self.ctx, UtcHour.parse(hour), scope, fence=fence, concurrency=int(cp["concurrency"]))
         phase, now = cp["phase"], self.now()
         first = "blobs" if scope == "raw" else "chunks"  # what follows the tombstone (and a verify pass)
         set_: dict[str, Any]
@@ -802,15 +844,15 @@ class Reaper:
             deleted, more = hr.delete_rollup_page(prefixes, int(cp["page_size"]))
             add = {"c_examined": deleted, "c_purged": deleted}
             set_ = {} if more else {"phase": "manifests" if phase == "chunks" else "verify"}
-        elif phase == "derived":
+        elif phase in ("derived", "by-time"):  # "by-time": a checkpoint of a version that ran it apart
+            # Steps 3 and 4 on one listing (rule R-I8): a page's accepted-by-blob entries, then its
+            # accepted-by-time entries — only those this listing returned. Entries kept for an open
+            # blocker stay: hence the cursor.
             keys, more = hr.page(cp.get("after") or "", int(cp["page_size"]))
-            hr.delete_derived(keys)
+            hr.delete_page(keys)
             set_ = {"after": keys[-1] if keys else cp.get("after") or ""}
             if not more:
-                set_ = {"phase": "by-time", "after": ""}
-        elif phase == "by-time":  # entries kept for an open blocker stay: hence the cursor
-            _, last, more = hr.delete_by_time_page(cp.get("after") or "", int(cp["page_size"]))
-            set_ = {"after": last} if more else {"phase": "verify", "after": ""}
+                set_ = {"phase": "verify", "after": ""}
         elif phase == "verify":
             late, blocked = hr.leftovers() if scope == "raw" else ([] if hr.rollup_empty() else ["?"], [])
             if not late and not blocked:

@@ -10,12 +10,16 @@ present (protocol §9 D5, D6) and nothing more is requested; otherwise the full 
 the walk uses. An entry whose key does not parse is a blocker (kind ``accepted-by-time-entry``),
 never skipped.
 
-Bounded runs. A run checks at most ``max_entries`` entries (:data:`MAX_ENTRIES_PER_RUN`, sized
-from the function's timeout below) and saves its progress after every hour in which it checked
-something, so a run cut off by the Lambda timeout keeps what it did. Stopped by the cap inside an
-hour it records a key cursor (``scan_after``): the next run lists that hour again but does not
-re-read entries up to the cursor older than the cursor's bound (the hour's newest ``LastModified``
-at that listing minus ``LM_RECONCILE_MARGIN_S``, as for "Verified once" below).
+Bounded runs. A run checks at most ``max_entries`` entries, re-checks included
+(:data:`MAX_ENTRIES_PER_RUN`, sized from the function's timeout below), sends at most
+``max_list_pages`` listing pages (:data:`MAX_LIST_PAGES_PER_RUN`), and saves its progress after
+every hour in which it checked something, so a run cut off by the Lambda timeout keeps what it did.
+Stopped by the entry cap inside an hour it records a key cursor (``scan_after``): the next run lists
+that hour again but does not re-read entries up to the cursor older than the cursor's bound (the
+hour's newest ``LastModified`` at that listing minus ``LM_RECONCILE_MARGIN_S``, as for "Verified
+once" below) unless the checkpoint lists them as failed — it lists every failure behind the cursor,
+so neither the failure history nor ``failed_overflow`` makes a run re-check more — and it checks at
+least one entry past the cursor.
 
 Cap and catch-up. One run scans at most ``max_hours`` hours. If it stops short of the current
 hour the checkpoint keeps ``scan_from`` and the next run continues there, so a checkpoint far
@@ -144,12 +148,30 @@ class CloudWatchAgeProbe(SqsCountProbe):
 #: entry keys of failed units the checkpoint remembers (an item stays far below DynamoDB's 400 KB)
 FAILED_ENTRIES_MAX = 500
 
-#: Entries one run checks at most (protocol §12 R7). Sized from the function's 900 s timeout
-#: (resources.py) with the pool's 8 workers: a healthy entry is one GET (~15 ms), so 50,000 take
-#: ~95 s; if every one needed the full repair (~5 sequential requests, ~75 ms) they take ~470 s —
-#: still under half the timeout with room for 72 hours of listings and the closing probes. That is
-#: 10,000 new batches a minute (166/s) sustained at one run per 5 minutes.
+#: Entries one run checks at most, re-checks included (protocol §12 R7). Sized from the function's
+#: 900 s timeout (resources.py) with the pool's 8 workers: a healthy entry is one GET (~15 ms), so
+#: 50,000 take ~95 s; if every one needed the full repair (~5 sequential requests, ~75 ms) they take
+#: ~470 s. That is 10,000 new batches a minute (166/s) sustained at one run per 5 minutes.
 MAX_ENTRIES_PER_RUN = 50_000
+
+#: Listing pages (ListObjectsV2, up to 1,000 keys each) one run sends at most, ``accepted-by-time``
+#: and ``raw-blobs-by-time`` together (R7): a page takes ~100 ms and is sent alone, so 2,000 take
+#: ~200 s, which with the entries' worst case (~470 s) and the closing probes stays inside the
+#: 900 s timeout; they cost $0.01. A run that reaches it stops at the next hour boundary, so it
+#: may exceed it by the listings of one hour (its own and two raw-blobs-by-time hours).
+MAX_LIST_PAGES_PER_RUN = 2_000
+
+#: Keys per ListObjectsV2 page.
+LIST_PAGE_KEYS = 1000
+
+
+def list_pages(keys: int) -> int:
+    """The ListObjectsV2 requests a complete listing of ``keys`` keys takes (an empty one is one).
+
+    >>> list_pages(0), list_pages(1000), list_pages(1001)
+    (1, 1, 2)
+    """
+    return max(1, -(-keys // LIST_PAGE_KEYS))
 
 #: Crash point (lightmetrics.crashpoints): a run's progress saved after one scanned hour.
 CP_HOUR_SAVED = crashpoints.register("reconcile.hour-saved", "a scanned hour's progress saved, the run not finished")
@@ -174,6 +196,9 @@ class Checkpoint:
     #: checked by the run that stopped at its entry cap
     scan_after: str | None = None
     scan_after_before_ns: int = 0
+    #: ``failed_entries`` holds every failed entry up to ``scan_after`` (R7); a cursor saved before
+    #: that rule, under ``failed_overflow``, is not trusted: its hour is listed again from its start
+    scan_after_failures_listed: bool = False
 
 
 @dataclass
@@ -189,6 +214,7 @@ class ReconcileReport:
     continues_from: str = ""  # the hour the next run's scan starts at, when this run stopped at its cap
     continues_after: str = ""  # the entry key after which it continues, when the entry cap stopped it mid-hour
     blob_hours_listed: int = 0  # raw-blobs-by-time hours listed (once each per run)
+    list_pages: int = 0  # ListObjectsV2 requests of accepted-by-time and raw-blobs-by-time (R7's page cap)
     lag_s: float = 0.0
     moved_by_other_run: bool = False
 
@@ -205,6 +231,7 @@ class ReconcileReport:
             "continues_from": self.continues_from,
             "continues_after": self.continues_after,
             "blob_hours_listed": self.blob_hours_listed,
+            "list_pages": self.list_pages,
             "lag_s": round(self.lag_s, 1),
             "moved_by_other_run": self.moved_by_other_run,
         }
@@ -217,8 +244,10 @@ class _HourScan:
     retry_later: bool = False
     newest_ns: int = 0
     failed_entries: set[str] = field(default_factory=set)
-    checked: int = 0  # entries run that count against the cap
-    stopped_after: str | None = None  # set when the cap stopped it: the last entry key checked
+    checked: int = 0  # entries run, re-checks included: all count against the cap
+    list_pages: int = 0  # listing pages sent for this hour (its own, and raw-blobs-by-time hours)
+    stopped: bool = False  # the cap stopped it inside the hour
+    stopped_after: str | None = None  # then: the key up to which the next run need not check again (None: none)
 
 
 class Reconciler:
@@ -239,7 +268,7 @@ class Reconciler:
                           int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
                           hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
                           bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
-                          int(item.get("scan_after_before_ns") or 0))
+                          int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")))
 
     def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
@@ -251,7 +280,8 @@ class Reconciler:
                   "verified_through_s": verified_through.start_unix_s if verified_through else None,
                   "scan_from_s": scan_from.start_unix_s if scan_from else None,
                   "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
-                  "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None}
+                  "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None,
+                  "scan_after_failures_listed": True if scan_after else None}
         try:
             if expected is None:
                 self.table.put(values, condition="attribute_not_exists(pk)")
@@ -268,13 +298,20 @@ class Reconciler:
         return None if cp is None else max(0.0, (now - cp.hour.start_ns) / _NS)
 
     # -- one run -----------------------------------------------------------------------------
-    def run(self, *, max_hours: int = 72, max_entries: int = MAX_ENTRIES_PER_RUN) -> ReconcileReport:
-        """Scan at most ``max_hours`` hours and check at most ``max_entries`` entries, saving progress
-        after each hour, then close what this run scanned (protocol §12 R1, R5, R7)."""
+    def run(self, *, max_hours: int = 72, max_entries: int = MAX_ENTRIES_PER_RUN,
+            max_list_pages: int | None = None) -> ReconcileReport:
+        """Scan at most ``max_hours`` hours, check at most ``max_entries`` entries (re-checks
+        included) and send at most ``max_list_pages`` listing pages (default
+        :data:`MAX_LIST_PAGES_PER_RUN`), saving progress after each hour, then close what this run
+        scanned (protocol §12 R1, R5, R7)."""
+        if max_list_pages is None:
+            max_list_pages = MAX_LIST_PAGES_PER_RUN
         if max_hours < 1:
             raise ValueError(f"max_hours must be at least 1, got {max_hours}")
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        if max_list_pages < 1:
+            raise ValueError(f"max_list_pages must be at least 1, got {max_list_pages}")
         now = self.ctx.clock.now_ns()
         current = UtcHour.of_unix_ns(now)
         cp = self.checkpoint()
@@ -290,7 +327,8 @@ class Reconciler:
                 start = min(lookback_start, cp.hour)  # events may have been lost while nobody watched
             else:
                 since, verified_through = cp.verified_before_ns, cp.verified_through
-                if cp.scan_from is not None and cp.scan_after:
+                if cp.scan_from is not None and cp.scan_after and (cp.scan_after_failures_listed
+                                                                   or not cp.failed_overflow):
                     cursor = (cp.scan_after, cp.scan_after_before_ns)  # R7: continue inside that hour
         first_open = cp.hour if cp else start
         end = min(current, start + (max_hours - 1))
@@ -300,24 +338,26 @@ class Reconciler:
         retry_hours: set[UtcHour] = set()
         failed_now: set[str] = set()
         indexed = IndexedBlobs(self.ctx)
-        budget = max_entries
+        budget, pages_left = max_entries, max_list_pages
         newest = 0
         saved = cp  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
         stopped: tuple[UtcHour, str | None, int] | None = None  # (hour, cursor key, cursor bound)
         hour = start
         while hour <= end:
-            if budget <= 0:
-                stopped = (hour, None, 0)  # the cap fell on an hour boundary: continue at this hour
+            if budget <= 0 or pages_left <= 0:
+                stopped = (hour, None, 0)  # a cap fell on an hour boundary: continue at this hour
                 break
             skip_before = since if verified_through is not None and hour <= verified_through else 0
             scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before, indexed,
                                    cursor if hour == start else None, budget)
             budget -= scan.checked
+            pages_left -= scan.list_pages
+            report.list_pages += scan.list_pages
             if scan.retry_later:
                 retry_hours.add(hour)
             failed_now |= scan.failed_entries
             newest = max(newest, scan.newest_ns)
-            if scan.stopped_after is not None:
+            if scan.stopped:
                 stopped = (hour, scan.stopped_after, scan.newest_ns - self.settings.reconcile_margin_s * _NS)
                 break
             if hour < end and scan.checked:  # R7: a run cut off later keeps this hour's work
@@ -348,7 +388,8 @@ class Reconciler:
         while new_open < current:
             if not start <= new_open <= scanned_to:
                 report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {scanned_to}, "
-                                             f"at most {max_hours} hours and {max_entries} entries per run)")
+                                             f"at most {max_hours} hours, {max_entries} entries and "
+                                             f"{max_list_pages} listing pages per run)")
                 break
             reason = self._why_open(new_open, now, retry_hours)
             if reason:
@@ -366,7 +407,8 @@ class Reconciler:
             scan_after, scan_after_before = None, 0
         report.continues_from = str(scan_from) if scan_from else ""
         report.continues_after = scan_after or ""
-        failed, overflow = self._failed_after(cp, failed_now, start, scanned_to, new_open, covered_all)
+        failed, overflow = self._failed_after(cp, failed_now, start, scanned_to, new_open, covered_all,
+                                              cursor=(stopped[0], stopped[1]) if stopped and stopped[1] else None)
         if not self._save(new_open, saved, now, since, verified_through=verified_through, scan_from=scan_from,
                           failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
                           scan_after_before_ns=scan_after_before):
@@ -395,17 +437,27 @@ class Reconciler:
                                    scan_after_before_ns=0)
 
     def _failed_after(self, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
-                      new_open: UtcHour, covered_all: bool) -> tuple[tuple[str, ...], bool]:
+                      new_open: UtcHour, covered_all: bool, *, cursor: tuple[UtcHour, str] | None = None
+                      ) -> tuple[tuple[str, ...], bool]:
         """The failed entries the next run must know of: this run's, plus earlier ones of hours this
-        run did not scan that are still open (keys sort by hour, so prefixes bound them)."""
+        run did not scan that are still open (keys sort by hour, so prefixes bound them). With
+        ``cursor`` (the hour this run stopped in and its key), this run's failures up to the cursor
+        are kept first and whole — the next run re-checks only those behind it (R7; the scan placed
+        the cursor so that they fit); earlier ones up to it were checked again by this run."""
         codec = self.ctx.codec
+
+        def behind_cursor(key: str) -> bool:
+            return cursor is not None and codec.accepted_by_time_hour(cursor[0]) <= key <= cursor[1]
+
         scanned_from, scanned_to = codec.accepted_by_time_hour(start), codec.accepted_by_time_hour(end.next())
         still_open = codec.accepted_by_time_hour(new_open)
         carried = {k for k in (cp.failed_entries if cp else ())
-                   if not scanned_from <= k < scanned_to and k >= still_open}
-        failed = sorted(failed_now | carried)
-        overflow = len(failed) > FAILED_ENTRIES_MAX or bool(cp and cp.failed_overflow and not covered_all)
-        return tuple(failed[:FAILED_ENTRIES_MAX]), overflow
+                   if not scanned_from <= k < scanned_to and k >= still_open and not behind_cursor(k)}
+        behind = sorted(k for k in failed_now if behind_cursor(k))
+        rest = sorted((failed_now | carried) - set(behind))
+        kept = behind + rest[:max(0, FAILED_ENTRIES_MAX - len(behind))]
+        overflow = len(behind) + len(rest) > len(kept) or bool(cp and cp.failed_overflow and not covered_all)
+        return tuple(sorted(kept)), overflow
 
     def _why_open(self, hour: UtcHour, now: int, retry_hours: set[UtcHour]) -> str:
         if now < hour.end_ns + self.settings.settle_s * _NS:
@@ -424,34 +476,38 @@ class Reconciler:
                    all_failed_before: bool, indexed: IndexedBlobs, cursor: tuple[str, int] | None,
                    budget: int) -> _HourScan:
         """Check the hour's entries not verified before ``since_ns`` (nor, with ``cursor``, by the
-        run that stopped inside this hour), at most ``budget`` of them past the cursor. An entry
-        whose key is outside the layout is a unit too: it ends BLOCKED (kind
-        ``accepted-by-time-entry``), never skipped."""
+        run that stopped inside this hour), at most ``budget`` of them, re-checks included, but at
+        least one past the cursor (R7). An entry whose key is outside the layout is a unit too: it
+        ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
         report.hours_scanned.append(str(hour))
         entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
-        rechecks, units = [], []  # rechecks: up to the cursor (not counted against the cap)
+        rechecks, units = [], []  # rechecks: up to the cursor
         for key, modified_ns in entries:
-            failed = all_failed_before or key in failed_before
             if modified_ns < since_ns:
                 report.verified_earlier += 1
             elif cursor is not None and key <= cursor[0]:
-                if modified_ns < cursor[1] and not failed:
+                # The checkpoint lists every entry behind the cursor that failed (R7), whatever
+                # ``failed_overflow`` says: only those, and those possibly in flight, are checked again.
+                if modified_ns < cursor[1] and key not in failed_before:
                     report.verified_earlier += 1  # checked by the run that stopped here (R7)
                 else:
                     rechecks.append(key)  # in flight at that listing, or failed since
             else:
                 units.append(key)
         report.entries += len(entries)
-        scan = _HourScan(newest_ns=max((m for _, m in entries), default=0))
-        if len(units) > budget:
-            units = units[:budget]
-            scan.stopped_after = units[-1]
+        scan = _HourScan(newest_ns=max((m for _, m in entries), default=0), list_pages=list_pages(len(entries)))
+        room = max(budget - len(rechecks), 1)  # at least one past the cursor: every run moves it
+        if len(units) > room:
+            units = units[:room]
+            scan.stopped, scan.stopped_after = True, units[-1]
+        units = rechecks + units  # in key order: the listing's
         scan.checked = len(units)
-        units = rechecks + units
         if not units:
             return scan
+        pages_before = indexed.pages_listed
         for h in (hour, hour + -1):  # a blob is written before its record: its hour or the one before
             indexed.load(h)
+        scan.list_pages += indexed.pages_listed - pages_before
 
         def run(entry_key: str) -> Outcome:
             try:
@@ -471,6 +527,14 @@ class Reconciler:
                 scan.retry_later = True
             if outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
                 scan.failed_entries.add(key)
+        if scan.stopped:
+            # R7: the checkpoint must list every failure behind the cursor, so the cursor goes no
+            # further than the last entry before the first failure that would not fit; the entries
+            # after it are checked again by the next run.
+            failed_in_order = [k for k in units if k in scan.failed_entries]
+            if len(failed_in_order) > FAILED_ENTRIES_MAX:
+                first_unlisted = units.index(failed_in_order[FAILED_ENTRIES_MAX])
+                scan.stopped_after = units[first_unlisted - 1] if first_unlisted else None
         return scan
 
 

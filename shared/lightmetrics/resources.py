@@ -577,9 +577,10 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "reap-begin",
         "functions.reap_begin.app",
         trigger="task",
-        # Retention without --hour lists accepted-by-time's hours and HEADs their reaped markers.
+        # Retention without --hour lists accepted-by-time's hours and HEADs their reaped markers; GC
+        # with audit_run "latest" lists the audits' commit markers (audit/v1/committed/, rule G-B3).
         s3_read=("retention/v1/",),
-        s3_list=("accepted-by-time/v1/", "manifests/v1/", "retention/v1/"),
+        s3_list=("accepted-by-time/v1/", "manifests/v1/", "retention/v1/", "audit/v1/"),
         table="write",  # the reap lease and checkpoint
         timeout_s=60,
         description="Reap: validate the input (dry_run explicit), take the lease, write the checkpoint",
@@ -674,16 +675,18 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
             ("ReapEndFunctionArn", "reap-end"),
         ),
         # Daily GC at 04:00 UTC. It deletes (dry_run false, stated explicitly): every deletion is
-        # proven from authoritative reads and goes through the delete-marker handshake. Incremental
-        # (source by-time): each blob is proven once, when its raw-blobs-by-time hour passes the retry
-        # horizon; at most max_pages pages a run, so the run ends long before retention's (rule G-B1).
+        # proven from authoritative reads and goes through the delete-marker handshake. Its
+        # candidates are the newest committed weekly audit's orphan-blob-candidates (rule G-B3), so
+        # its cost follows the orphans, not the blobs: each audit run is proven once, and a day with
+        # no new audit costs one listing. At most max_pages pages a run, so retention is never starved.
         schedule="cron(0 4 * * ? *)",
-        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "by-time", "max_pages": 400},
-                                  sort_keys=True),
+        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "audit", "audit_run": "latest",
+                                   "max_pages": 400}, sort_keys=True),
         # Retention deletes data by policy: its schedule is deployed DISABLED until an operator
         # sets LM_RETENTION_S deliberately and enables the rule (docs/reaps.md).
         disabled_schedule="cron(0 5 * * ? *)",
-        disabled_schedule_input=json.dumps({"mode": "retention", "dry_run": False, "hour": None}, sort_keys=True),
+        disabled_schedule_input=json.dumps({"mode": "retention", "dry_run": False, "hour": None, "page_size": 1000},
+                                           sort_keys=True),
         description="Reap: GC of orphan raw blobs (mode gc) and retention of expired hours (mode retention)",
     ),
 )

@@ -10,9 +10,12 @@ runs these steps in this order; each is idempotent, so a crash anywhere resumes 
    (:class:`~lightmetrics.indexing.TombstoneCache`) and GC's proof "hour tombstoned" holds.
 2. The blobs of H's accepted manifests, through the one deleter (:mod:`lightmetrics.gc`):
    :meth:`records` reads the record behind each entry of a page of ``accepted-by-time`` H.
-3. :meth:`delete_derived` — the ``accepted-by-blob`` entries of those records (the blobs'
-   ``raw-blobs-by-time`` entries went with the purge).
-4. :meth:`delete_by_time_page` — H's ``accepted-by-time`` entries, last: they are the enumeration.
+3. and 4. :meth:`delete_page`, page by page — for each entry of one listing of H's
+   ``accepted-by-time``: its record's ``accepted-by-blob`` entry (the blob's ``raw-blobs-by-time``
+   entry went with the purge), then the entry itself, last (it is the enumeration). Only entries
+   that listing returned are deleted (docs/protocol.md §16 R-I8): a late writer's entry (D5:
+   ``accepted-by-blob`` first) listed there has its ``accepted-by-blob`` entry already, so both
+   go; one written after the listing stays for step 5.
 5. :meth:`leftovers` — H's ``accepted-by-time`` lists empty; a late write (a writer whose
    cached tombstone answer was stale) sends the reap back to step 2, a bounded number of passes.
 6. :meth:`mark_reaped` — the write-once ``reaped.json`` beside the tombstone, plus the record.
@@ -23,7 +26,9 @@ but not reaped until an operator resumes (the next reap reads the record again) 
 derived entries go). :func:`expired_hours` finds such an unfinished H again from its control-table
 record, however empty its prefixes list.
 
-Every delete is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2).
+Every delete is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2). A page's
+independent requests (its records' GETs, its entries' deletes) run on ``concurrency`` threads; the
+two deletes of one entry stay in order on one thread.
 
 Rollup retention (scope ``rollup``, ``LM_ROLLUP_RETENTION_S``) uses the same discipline on the
 rollup prefixes: tombstone ``retention/v1/rollup/<H>/`` (the rollup job never writes under it),
@@ -41,7 +46,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextvars
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,6 +71,8 @@ RECORD_PK = "retention#raw"  # the rollup scope: retention#rollup
 KIND_RETENTION = "reap-retention"
 #: At most this many leftover entries are listed when verifying an hour (blocked ones stay listed).
 LEFTOVERS_LIMIT = 10_000
+#: Requests of one page in flight at once, unless the reap's ``concurrency`` says otherwise.
+DEFAULT_CONCURRENCY = 8
 
 CP_TOMBSTONED = crashpoints.register("retention.tombstoned", "tombstone object written, control record not yet")
 CP_COMMITTED = crashpoints.register("retention.committed", "tombstone and control record written")
@@ -170,13 +179,31 @@ class HourRetention:
     """The steps of one hour's retention (module docstring); the reap orders and checkpoints them."""
 
     def __init__(self, ctx: WorkContext, hour: UtcHour, scope: str = "raw", *,
-                 fence: Callable[[], None] | None = None) -> None:
+                 fence: Callable[[], None] | None = None, concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.ctx, self.hour, self.scope = ctx, hour, scope
         self.record_pk = f"retention#{scope}"
         self.codec = ctx.codec
         self.table: ControlTable = ctx.extras["table"]
         self.s3 = ctx.store.client  # type: ignore[attr-defined]
         self.fence = fence or (lambda: None)
+        self.concurrency = max(1, concurrency)
+
+    def _each(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        """``[fn(i) for i in items]`` on up to ``concurrency`` threads, each in a copy of the caller's
+        context (request counting, host overrides); the first failure is raised once the requests
+        already running have ended, and the ones not started yet are dropped."""
+        items = list(items)
+        if self.concurrency == 1 or len(items) <= 1:
+            return [fn(i) for i in items]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)),
+                                thread_name_prefix="lm-retention") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, fn, i) for i in items]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
 
     def _delete(self, key: str) -> None:
         """The one place retention sends a ``DeleteObject``: only right after the fence."""
@@ -237,22 +264,19 @@ class HourRetention:
         """The record behind each entry (the record is the authority), each read as one unit of
         work (:func:`~lightmetrics.work.run_unit`): unreadable or vanished → a blocker, and the
         entry is kept; a transient failure fails the page (the task is retried, the retry budget
-        counts it). Open blockers are not read again; skipped ones are reported as such."""
+        counts it). Open blockers are not read again; skipped ones are reported as such. The reads
+        run concurrently (``concurrency``); the result keeps the order of ``by_time_keys``."""
         from lightmetrics.indexing import load_manifest
 
         statuses = self.blocker_statuses()
-        out = PageRecords()
-        for key in by_time_keys:
+
+        def read(key: str) -> tuple[str, AcceptedBatchManifest | None]:
             status = statuses.get(key)
-            if status == "open":
-                out.blocked.append(key)
-                continue
-            if status == "skipped":
-                out.skipped.append(key)
-                continue
+            if status in ("open", "skipped"):
+                return status, None
             found: dict[str, AcceptedBatchManifest] = {}
 
-            def load(key: str = key) -> Outcome:
+            def load() -> Outcome:
                 try:
                     parsed = self.codec.parse(key)
                 except KeyLayoutError as exc:
@@ -266,46 +290,61 @@ class HourRetention:
                               previously_failed=status == "resumed")
             if result.outcome is Outcome.BLOCKED:
                 crashpoints.point(CP_ENTRY_BLOCKED)
-                out.blocked.append(key)
-            elif result.outcome is Outcome.RETRY_LATER:
+                return "open", None
+            if result.outcome is Outcome.RETRY_LATER:
                 raise TransientWorkError(f"{result.work_key}: {result.detail}")
-            else:
-                if status == "resumed":
-                    self.ctx.blockers.transition(work_key(KIND_RETENTION, key), "resolved", who="reap",
-                                                 action="retry", reason="the record reads again")
-                record = found["record"]
-                if UtcHour.of_unix_ns(record.accepted_at_unix_ns) == self.hour:  # else not H's to reap
-                    out.records[key] = record
+            if status == "resumed":
+                self.ctx.blockers.transition(work_key(KIND_RETENTION, key), "resolved", who="reap",
+                                             action="retry", reason="the record reads again")
+            return "read", found["record"]
+
+        out = PageRecords()
+        for key, (what, record) in zip(by_time_keys, self._each(read, by_time_keys)):
+            if what == "open":
+                out.blocked.append(key)
+            elif what == "skipped":
+                out.skipped.append(key)
+            elif record is not None and UtcHour.of_unix_ns(record.accepted_at_unix_ns) == self.hour:
+                out.records[key] = record  # a record of another hour is not H's to reap: its entry only
         return out
 
-    def delete_derived(self, by_time_keys: list[str]) -> PageRecords:
-        """Step 3: the ``accepted-by-blob`` entry of each record of these entries (of a skipped
-        entry: the one its entry names, if it reads)."""
-        page = self.records(by_time_keys)
-        targets = [self.codec.accepted_by_blob(m.frame_sha256, m.identity) for m in page.records.values()]
-        for key in page.skipped:
-            entry = self.entry(key)
-            identity = self.codec.parse(key).identity
-            if entry is not None and identity is not None:
-                targets.append(self.codec.accepted_by_blob(entry.frame_sha256, identity))
-        for target in targets:
-            self._delete(target)
-            crashpoints.point(CP_DERIVED_ONE)
-        return page
+    def delete_page(self, by_time_keys: list[str]) -> int:
+        """Steps 3 and 4 for one listing of H's ``accepted-by-time`` (rule R-I8): for each entry, the
+        ``accepted-by-blob`` entry of its record (of a skipped entry: the one its entry names, if it
+        reads), then the entry. An entry with an open blocker keeps both; entries the listing did not
+        return are not touched, so a late writer's entry stays for step 5. Returns how many
+        ``accepted-by-time`` entries were deleted.
 
-    def delete_by_time_page(self, after: str, limit: int) -> tuple[int, str, bool]:
-        """Step 4: delete one page of H's ``accepted-by-time`` entries after ``after``, except
-        those with an open blocker; ``(deleted, last key listed, more)``."""
-        keys, more = self.page(after, limit)
-        statuses = self.blocker_statuses()
-        deleted = 0
-        for key in keys:
-            if statuses.get(key) == "open":
-                continue
+        Example:
+            >>> keys, more = hr.page(after, 1000)                            # doctest: +SKIP
+            >>> hr.delete_page(keys)                                         # doctest: +SKIP
+            998
+        """
+        page = self.records(by_time_keys)
+        blocked = set(page.blocked)
+
+        def by_blob_of(key: str) -> str | None:
+            if key in page.records:
+                m = page.records[key]
+                return self.codec.accepted_by_blob(m.frame_sha256, m.identity)
+            if key in page.skipped:
+                entry, identity = self.entry(key), self.codec.parse(key).identity
+                if entry is not None and identity is not None:
+                    return self.codec.accepted_by_blob(entry.frame_sha256, identity)
+            return None
+
+        def delete_entry(key: str) -> None:
+            # In this order, on one thread: the entry is the enumeration of its accepted-by-blob.
+            by_blob = by_blob_of(key)
+            if by_blob is not None:
+                self._delete(by_blob)
+                crashpoints.point(CP_DERIVED_ONE)
             self._delete(key)
             crashpoints.point(CP_BY_TIME_ONE)
-            deleted += 1
-        return deleted, (keys[-1] if keys else after), more
+
+        doomed = [k for k in by_time_keys if k not in blocked]
+        self._each(delete_entry, doomed)
+        return len(doomed)
 
     def leftovers(self) -> tuple[list[str], list[str]]:
         """Step 5: H's ``accepted-by-time`` entries still listed: ``(late, blocked)`` — late

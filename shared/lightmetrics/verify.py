@@ -175,7 +175,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                 return Finding(kind, (key,), exc.reason)
 
         manifests: dict[str, AcceptedBatchManifest] = {}
-        for key, result in zip(accepted, pool.map(lambda k: contextvars.copy_context().run(read_manifest, k), accepted)):
+        for key, result in zip(accepted, [f.result() for f in [call(read_manifest, k) for k in accepted]]):
             report.checked["acceptance records"] += 1
             if isinstance(result, Finding):
                 note(result.kind, list(result.keys), result.detail)
@@ -214,8 +214,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
             return q, ""
 
         conflicts: dict[str, IdentityConflictManifest] = {}
-        for key, (q, why) in zip(quarantine, pool.map(lambda k: contextvars.copy_context().run(read_quarantine, k),
-                                                      quarantine)):
+        for key, (q, why) in zip(quarantine, [f.result() for f in [call(read_quarantine, k) for k in quarantine]]):
             report.checked["quarantine manifests"] += 1
             if q is None:
                 note("quarantine-incomplete", [key], why)

@@ -21,9 +21,10 @@ one method of :class:`Walker`:
 ``page``      one page of one partition from its cursor: every key checked (and repaired if it
               needs it), *then* the cursor
               moves (compare-and-set on the partition's own item). A key at RETRY_LATER fails
-              the page (:class:`WalkRetryLater`): the cursor stays, Step Functions retries it
-              with backoff, and the retry budget turns a key that keeps failing into a blocker,
-              so the page finishes.
+              the page (:class:`WalkRetryLater`): the cursor stays, the item records the page's
+              last key (``failed_through``: later pages repair keys up to it in full, so a
+              success clears their budget, O1a), Step Functions retries it with backoff, and the
+              retry budget turns a key that keeps failing into a blocker, so the page finishes.
 ``cont``      start the next execution under the same lease, epoch and owner (stays under the
               execution history limit; moto's interpreter cannot run ``states:startExecution``).
 ``end``       finished or failed (the error) and the lease released, in one owned transaction;
@@ -592,7 +593,8 @@ class Walker:
         # Keys whose blocker an operator skipped (few by design: each is an incident) are not
         # walked but counted. Read once per round here rather than once per page.
         skipped = sorted({b.object_key for b in self.ctx.blockers.list(status="skipped")})
-        work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)]}
+        work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)],
+                 **({"failed_through": f["failed_through"]} if f.get("failed_through") else {})}
                 for p, f in sorted(active.items())]
         return {"walk": walk, "next": "pages", "work": work}
 
@@ -656,25 +658,35 @@ class Walker:
         partition, after = item["partition"], item.get("after") or ""
         pk, sk = walk["checkpoint_pk"], PART_PREFIX + partition
         retried = int(event.get("retry_count") or 0) > 0
+        # O1a: the last key of a page of this partition that ended RETRY_LATER in this epoch (an
+        # earlier execution's, before a resume): keys up to it may have a failure on record.
+        failed_through = item.get("failed_through") or ""
         skipped = set(item.get("skipped") or ())
         listing = self._list(partition, int(walk["page_size"]), after)
         keys = listing.keys
-        # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a
-        # retried page repairs every key in full, so a key that failed before clears its budget (O1a).
-        checks = RecordChecks(self, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns) if k not in skipped]) \
+
+        def failed_before(key: str) -> bool:
+            return retried or key <= failed_through
+
+        # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a key
+        # that may have failed before (a retried page, or up to ``failed_through``) is repaired in
+        # full, so its success clears its budget (O1a).
+        checks = RecordChecks(self, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns)
+                                     if k not in skipped and not failed_before(k)]) \
             if not retried and not walk.get("full") and self._kind(partition) == "accepted" \
             and len(listing.last_modified_ns) == len(keys) else None
 
         def one(key: str) -> tuple[str, str | None]:
             if key in skipped:
                 return "SKIPPED", None  # an operator decided; counted, so no watermark from this walk
-            settled = checks.settle(key) if checks is not None else None
+            settled = checks.settle(key) if checks is not None and not failed_before(key) else None
             if settled is not None:
                 return Outcome.NOOP_RESOLVED.value, settled
-            return self._repair(key, previously_failed=retried).value, None
+            return self._repair(key, previously_failed=failed_before(key)).value, None
 
         if len(keys) > 1:
-            results = list(_POOL.map(lambda k: contextvars.copy_context().run(one, k), keys))
+            futures = [_POOL.submit(contextvars.copy_context().run, one, k) for k in keys]  # the caller's context
+            results = [f.result() for f in futures]
         else:
             results = [one(k) for k in keys]
         outcomes = Counter(outcome for outcome, _ in results)
@@ -683,9 +695,13 @@ class Walker:
         now = self.now()
         if outcomes["RETRY_LATER"]:
             try:
-                self.table.update(pk, sk, "ADD #o.#r :n SET #u = :now",
-                                  names={**names, "#o": "outcomes", "#r": "RETRY_LATER", "#u": "updated_at_ns"},
-                                  values={**values, ":n": outcomes["RETRY_LATER"], ":now": now}, condition=_OWNED)
+                # ``failed_through`` survives the execution: a resumed page repairs those keys in
+                # full, whichever page size it runs with (O1a).
+                self.table.update(pk, sk, "ADD #o.#r :n SET #u = :now, #ft = :ft",
+                                  names={**names, "#o": "outcomes", "#r": "RETRY_LATER", "#u": "updated_at_ns",
+                                         "#ft": "failed_through"},
+                                  values={**values, ":n": outcomes["RETRY_LATER"], ":now": now,
+                                          ":ft": max(failed_through, keys[-1])}, condition=_OWNED)
             except ConditionFailed:
                 raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
             raise WalkRetryLater(f"{outcomes['RETRY_LATER']} of {len(keys)} keys in {partition} are RETRY_LATER; "

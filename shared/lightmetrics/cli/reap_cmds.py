@@ -68,6 +68,11 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
                  ("hours reaped", ", ".join(report.get("hours_reaped") or []) or "-"),
                  ("hours skipped", ", ".join(f"{h} ({why})" for h, why in (report.get("hours_skipped") or {}).items())
                   or "-")]
+    if report.get("mode") == "gc":
+        rows.append(("source", report.get("source") + (f" (run {report['audit_run']})" if report.get("audit_run") else "")
+                     if report.get("source") else "-"))
+    if report.get("note"):
+        rows.append(("note", report.get("note")))
     if report.get("error"):
         rows.append(("error", report.get("error")))
     return rows
@@ -134,7 +139,8 @@ def _mode_command(mode: str, doc: str):  # type: ignore[no-untyped-def]
     @click.option("--source", type=click.Choice(["scan", "by-time", "audit"]), default=None,
                   help="gc candidates: a scan of raw-blobs/v1/ (default), raw-blobs-by-time hours past the horizon, "
                        "or a Spark audit's orphan-blob-candidates (with --audit-run).")
-    @click.option("--audit-run", default=None, help="gc --source audit: the audit run id (lmctl pipeline audit).")
+    @click.option("--audit-run", default=None, help="gc --source audit: the audit run id (lmctl pipeline audit), or "
+                                                    "'latest': the newest committed audit, proven once (the schedule's).")
     @click.option("--scope", type=click.Choice(["raw", "rollup"]), default=None,
                   help="retention: raw batches by LM_RETENTION_S (default) or rollups by LM_ROLLUP_RETENTION_S.")
     @click.option("--tombstone-wait-s", type=int, default=None,

@@ -1,0 +1,49 @@
+"""A walk key's success clears its retry budget, also across a resume (docs/protocol.md §11 O1a,
+§13 W5): a key settled by its time entry never runs a unit, so the page must know that it failed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import FAST, ident
+from lightmetrics.indexing import KIND_REPAIR, index_accepted
+from lightmetrics.walk import Walker, WalkRetryLater
+from test_reconcile_budget import FailingGets
+from test_walk_checks import HOUR, _NS, accept_at, system  # noqa: F401  (the fixture)
+
+
+def test_a_resumed_walk_clears_the_budget_of_a_key_that_failed_before_it_was_settled_present(  # type: ignore[no-untyped-def]
+        system, runtime):  # noqa: F811
+    at = HOUR.start_ns + 600 * _NS
+    accept_at(system, runtime, at, [ident(n, agent="a", boot="b") for n in range(2)])
+    (lost,) = accept_at(system, runtime, at, [ident(7, agent="a", boot="b")], index=False)  # its events were lost
+    ctx = system.work_context(policy=FAST)
+    work_key = f"{KIND_REPAIR}:{lost.manifest_key}"
+
+    # The first execution: the lost record's repair keeps failing (its GET times out) until Step
+    # Functions gives up on the page and the walk fails.
+    walker = Walker(dataclasses.replace(ctx, store=FailingGets(ctx.store, {lost.manifest_key})), system.settings)
+    out = walker.plan(walker.begin({"input": {}, "execution_arn": "first", "state_machine_arn": "-"}))
+    [item] = out["work"]
+    for attempt in range(2):
+        with pytest.raises(WalkRetryLater):
+            walker.page({"walk": out["walk"], "item": item, "retry_count": attempt})
+    walker.end({"walk": out["walk"], "outcome": "failed", "error": {"Error": "WalkRetryLater"}})
+    assert ctx.budget.get(work_key).count == 2
+
+    index_accepted(ctx, lost.manifest_key)  # meanwhile its time entry is created (the reconciler, an event)
+
+    # `walk start --resume`, in a new process: the page runs with retry_count 0, and W5 finds the
+    # time entry present — the key must still go through its unit, and its success clear the budget.
+    resumed = Walker(system.work_context(policy=FAST), system.settings)
+    out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
+    for _ in range(10):
+        out = resumed.plan({"walk": out["walk"]})
+        if out["next"] != "pages":
+            break
+        for work in out["work"]:
+            resumed.page({"walk": out["walk"], "item": work, "retry_count": 0})
+    assert out["next"] == "finish", out
+    assert system.work_context().budget.get(work_key) is None
