@@ -64,10 +64,14 @@ def test_job_units_match_hand_computed_counts() -> None:
                                             "hour": 730.5, "run": 30.4375, "date_listed": 60.875})
     # reconciler: 8,766 runs, each listing 1.25 hours; every entry listed 9 times, checked 1.4 times;
     # each listing page of accepted-by-time comes with two of raw-blobs-by-time (its hour and the one
-    # before); progress saved after each scanned hour but the last
+    # before); progress saved after each scanned hour but the last; 4,200 entries checked a run: no
+    # save inside an hour (every 5,000)
     listing = 8766 * 1.25 + 9 * 26_298
     assert u["reconciler"] == pytest.approx({"entry.verified": 1.4 * 26_298_000, "listing": listing,
-                                             "blob_listing": 2 * listing, "hour_saved": 8766 * 0.25, "run": 8766})
+                                             "blob_listing": 2 * listing, "hour_saved": 8766 * 0.25,
+                                             "progress_saved": 0, "run": 8766})
+    # ten times the rate: 42,000 entries checked a run, in 9 slices of at most 5,000, saved after 8
+    assert job_units(10 * RATE, SIMPLE)["reconciler"]["progress_saved"] == pytest.approx(8766 * 8)
     young = job_units(RATE, Assumptions(retention_days=90, system_age_days=30))
     assert young["retention"] == {}  # nothing has expired yet
     assert young["walk"]["key.reaped"] == 0

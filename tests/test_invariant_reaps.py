@@ -276,11 +276,11 @@ def test_property_3_an_audit_part_larger_than_a_page_is_consumed_in_several_page
 
 def test_property_3_a_page_split_over_several_marks_items_settles_every_mark(
         bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightmetrics.reap as reap_module
+    import lightmetrics.reap.marks as marks_module  # where a page's items are split
 
     w = make_world(bucket)
     orphans = [w.orphan(ident(n)) for n in range(5)]
-    monkeypatch.setattr(reap_module, "MARKS_ITEM_MAX_BYTES", 600)  # about one (compact) mark per item
+    monkeypatch.setattr(marks_module, "MARKS_ITEM_MAX_BYTES", 600)  # about one (compact) mark per item
     parts: list[int] = []
 
     def before_task(_next: str, _event: dict[str, Any]) -> None:

@@ -259,6 +259,10 @@ def test_the_scheduled_gc_proves_the_newest_committed_audit_once(bucket: str) ->
     report = drive(w.reaper(), latest, w.clock)
     assert report["audit_run"] == "week-2" and (report["examined"], report["purged"]) == (2, 1)
     assert not w.blob_exists(second) and w.blob_exists(kept.blob_key)
+    # A stray object under the markers' prefix (it sorts after every marker) names no run.
+    from lightmetrics.reap import latest_audit_run
+    w.ctx.store.put_if_absent(w.ctx.codec.audit_committed_root() + "zz-not-a-marker.json", b"{}")
+    assert latest_audit_run(w.ctx.store, w.ctx.codec) == "week-2"
 
 
 def test_an_audit_run_id_is_validated() -> None:
@@ -272,3 +276,29 @@ def test_an_audit_run_id_is_validated() -> None:
             continue
         raise AssertionError(f"audit_run {bad!r} was accepted")
     assert ReapParams.parse(gc_input(source="audit", audit_run="latest")).audit_run == "latest"
+
+
+def test_a_latest_run_with_nothing_new_still_settles_marks_a_failed_reap_left(bucket: str) -> None:
+    """A reap that failed after marking leaves delete markers on blobs; the next scheduled run
+    settles them (G-I3) even when its audit was proven already, instead of a week later."""
+    from lightmetrics import crashpoints
+
+    w = make_world(bucket)
+    orphan = w.orphan(ident(31))
+    _commit_audit(w, "week-1", 1_764_000_000, [orphan])
+    latest = gc_input(source="audit", audit_run="latest")
+    hook, _ = crashpoints.crash_once_at("reap.page-recorded")  # the page's marks recorded, then it dies
+    with crashpoints.hooked(hook):
+        try:
+            drive(w.reaper(), latest, w.clock, attempts=1)
+        except crashpoints.InjectedCrash:
+            pass
+        else:
+            raise AssertionError("the injected crash did not fire")
+    w.reaper().end({"reap": {**w.reaper().table.get("checkpoint#reap", "current")}, "outcome": "failed",
+                    "error": {"Error": "InjectedCrash"}})  # the ASL's Abort: the lease is released
+    assert not w.blob_exists(orphan) and w.reaper().marks_items()  # hidden, its mark pending
+    # The marks were recorded with the page, so the run's pass over week-1 has ended already.
+    report = drive(w.reaper(), latest, w.clock)
+    assert report["purged"] == 1 and not w.reaper().marks_items()
+    assert w.versions(orphan) == ([], [])

@@ -55,7 +55,9 @@ INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
 #: layout prefixes the jobs read (GET/HEAD) and write (conditional create)
 READ_PREFIXES = ("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs/v1/",
                  "raw-blobs-by-time/v1/", "quarantine/v1/", "quarantine-by-blob/v1/", "manifests/v1/", "rollup/v1/",
-                 "index/v1/", "retention/v1/", "audit/v1/")
+                 "index/v1/", "retention/v1/", "audit/v1/",
+                 # the audit's orphan check reads a conflict's resolution (docs/protocol.md §15 G3)
+                 "conflict-resolutions/v1/")
 WRITE_PREFIXES = ("rollup/v1/", "index/v1/", "manifests/v1/", "audit/v1/")
 #: control-table partitions the jobs touch (docs/control-table.md)
 TABLE_KEYS = ("lease#rollup", "checkpoint#reconcile")

@@ -97,7 +97,9 @@ class BlockerStore:
         source: str,
         payload: dict[str, Any] | None = None,
     ) -> Blocker:
-        """Open (or refresh) the blocker for ``work_key``; durable when this returns."""
+        """Open (or refresh) the blocker for ``work_key``; durable when this returns. A blocker an
+        operator skipped stays skipped (the decision stands, as with :meth:`open_once`): work that
+        checks a key again — the reconciler every run — must not undo it."""
         now = self.clock.now_ns()
         names = {"#s": "status", "#r": "reason", "#k": "kind", "#o": "object_key", "#src": "source",
                  "#f": "first_seen_ns", "#l": "last_seen_ns", "#a": "attempts", "#x": "expires_at"}
@@ -109,7 +111,12 @@ class BlockerStore:
             names["#p"] = "payload"
             values[":p"] = json.dumps(payload, sort_keys=True)
             expr = expr.replace("#l = :now", "#l = :now, #p = :p")
-        return Blocker.from_item(self.table.update(PK, work_key, expr, names=names, values=values))
+        values[":skipped"] = "skipped"
+        try:
+            return Blocker.from_item(self.table.update(PK, work_key, expr, names=names, values=values,
+                                                       condition="attribute_not_exists(#s) OR #s <> :skipped"))
+        except ConditionFailed:
+            return self.get(work_key)
 
     def open_once(self, work_key: str, *, kind: str, object_key: str, reason: str, source: str) -> bool:
         """Open the blocker for ``work_key`` unless one exists — open, resolved or skipped: an

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -87,6 +88,21 @@ def from_item(item: dict[str, Any]) -> dict[str, Any]:
         if hasattr(v, "as_integer_ratio") and not isinstance(v, (int, float)):
             out[k] = int(v) if v == int(v) else float(v)
     return out
+
+
+def plain(value: Any) -> Any:
+    """DynamoDB values (nested Decimals) as plain JSON types.
+
+    >>> plain({"n": Decimal("3"), "xs": [Decimal("0.5")]})
+    {'n': 3, 'xs': [0.5]}
+    """
+    if isinstance(value, Decimal):
+        return int(value) if value == int(value) else float(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
 
 
 def table_error(exc: ClientError, table: str) -> Exception | None:

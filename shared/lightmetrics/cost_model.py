@@ -145,6 +145,8 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         "tombstone_check": {"s3.HeadObject": 1},
         # progress saved after a scanned hour that checked entries, other than the run's last (R7)
         "hour_saved": {"dynamodb.PutItem": 1},
+        # progress saved inside an hour, every SAVE_EVERY_ENTRIES checked entries but the hour's last (R7)
+        "progress_saved": {"dynamodb.PutItem": 1},
         "run": {"dynamodb.GetItem": 1, "dynamodb.PutItem": 1},
     },
 }
@@ -166,8 +168,8 @@ JOB_REQUESTS["gc-audit"] = {
     # Begin (the commit markers' LIST, the run's cursor), the first part's LIST, Finish
     "run": {"s3.ListObjectsV2": 2, "dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.TransactWriteItems": 2,
             "sfn.transitions": 6, "lambda.Invoke": 2},
-    # a day without a new audit: Begin finds the newest run proven, Finish
-    "run.nothing_new": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 4, "dynamodb.PutItem": 2,
+    # a day without a new audit: Begin finds the newest run proven and no marks left to settle, Finish
+    "run.nothing_new": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 4, "dynamodb.PutItem": 2, "dynamodb.Query": 1,
                         "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
 }
 
@@ -201,6 +203,7 @@ class Assumptions:
     reconcile_every_s: int = 300
     settle_s: int = 900  # LM_SETTLE_S default
     reconcile_margin_s: int = 120  # LM_RECONCILE_MARGIN_S default
+    reconcile_save_every: int = 5000  # reconcile.SAVE_EVERY_ENTRIES: progress saved inside an hour (R7)
     reconcile_entry_ms: float = 10.0  # billed ms per repaired entry (repairs run in a pool)
     reconcile_run_ms: float = 300.0  # fixed part of each scheduled run (checkpoint, probes, listing)
     reconcile_memory_mb: int = 1024
@@ -350,13 +353,17 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
     # The reconciler: every run lists the open hours (the current one, and the previous one inside
     # the settle window); an entry is listed ~9 times and checked 1-2 times (R4): one GET when its
     # blob is in the raw-blobs-by-time listings of its hour and the one before, listed once a run
-    # (as many pages as the entries listed, twice); progress saved after each hour but the last (R7).
+    # (as many pages as the entries listed, twice); progress saved after each hour but the last, and
+    # every reconcile_save_every entries a run checks but its last slice (R7).
     runs = MONTH_S / a.reconcile_every_s
     scans = runs * (1 + a.settle_s / 3600)
     entries = rate * MONTH_S
     listing = scans + entries * a.reconcile_passes_per_entry / 1000
-    reconciler = {"entry.verified": entries * a.reconcile_repairs_per_entry, "listing": listing,
-                  "blob_listing": 2 * listing, "hour_saved": scans - runs, "run": runs}
+    checked = entries * a.reconcile_repairs_per_entry
+    reconciler = {"entry.verified": checked, "listing": listing, "blob_listing": 2 * listing,
+                  "hour_saved": scans - runs,
+                  "progress_saved": runs * max(0, math.ceil(checked / runs / a.reconcile_save_every) - 1),
+                  "run": runs}
     return {"walk": walk, "gc": gc, "retention": retention, "reconciler": reconciler}
 
 

@@ -36,7 +36,6 @@ Example:
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +44,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.pool import map_in_context
 from lightmetrics import crashpoints
 from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
@@ -189,9 +189,7 @@ class BlobCollector:
         items = list(items)
         if len(items) <= 1:
             return [fn(i) for i in items]
-        # The caller's context, copied once per item (a copy taken inside the worker would be the worker's)
-        futures = [self._pool.submit(contextvars.copy_context().run, fn, i) for i in items]
-        return [f.result() for f in futures]
+        return map_in_context(self._pool, fn, items)
 
     # -- proof ---------------------------------------------------------------------------------------
     def prove(self, key: str, *, now_ns: int | None = None) -> Proof:

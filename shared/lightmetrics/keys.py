@@ -289,7 +289,7 @@ class KeyCodec:
         return f"{self.prefix}retention/v1/{_scope(scope)}/{hour.partition}/reaped.json"
 
     def audit_run(self, run_id: str) -> str:
-        if not RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.fullmatch(run_id):
             raise KeyLayoutError("run id must be 1-128 of [A-Za-z0-9_.-]")
         return f"{self.prefix}audit/v1/run={run_id}/"
 
@@ -300,7 +300,7 @@ class KeyCodec:
         >>> KeyCodec().audit_committed(1_764_000_000, "r1")
         'audit/v1/committed/001764000000.r1.json'
         """
-        if not RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.fullmatch(run_id):
             raise KeyLayoutError("run id must be 1-128 of [A-Za-z0-9_.-]")
         if not 0 <= committed_at_unix_s < 10**12:
             raise KeyLayoutError("commit time must be in [0, 10^12) seconds")

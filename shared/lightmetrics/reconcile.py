@@ -13,13 +13,19 @@ never skipped.
 Bounded runs. A run checks at most ``max_entries`` entries, re-checks included
 (:data:`MAX_ENTRIES_PER_RUN`, sized from the function's timeout below), sends at most
 ``max_list_pages`` listing pages (:data:`MAX_LIST_PAGES_PER_RUN`), and saves its progress after
-every hour in which it checked something, so a run cut off by the Lambda timeout keeps what it did.
-Stopped by the entry cap inside an hour it records a key cursor (``scan_after``): the next run lists
-that hour again but does not re-read entries up to the cursor older than the cursor's bound (the
-hour's newest ``LastModified`` at that listing minus ``LM_RECONCILE_MARGIN_S``, as for "Verified
-once" below) unless the checkpoint lists them as failed — it lists every failure behind the cursor,
-so neither the failure history nor ``failed_overflow`` makes a run re-check more — and it checks at
-least one entry past the cursor.
+every hour in which it checked something and every :data:`SAVE_EVERY_ENTRIES` entries it checked
+inside an hour, so a run cut off by the Lambda timeout keeps what it did, less at most that many
+checks. Inside an hour (stopped by the entry cap, or saving as it goes) it records a key cursor
+(``scan_after``): the next run lists that hour again but does not re-read entries up to the cursor
+older than the cursor's bound (the hour's newest ``LastModified`` at that listing minus
+``LM_RECONCILE_MARGIN_S``, as for "Verified once" below) unless the checkpoint lists them as
+failed — it lists every RETRY_LATER failure behind the cursor (the cursor stops before one that
+does not fit), so neither the failure history nor ``failed_overflow`` makes a run re-check more —
+and it checks at least one entry past the cursor, which never moves back: every run moves it or
+finishes the hour. A BLOCKED entry never holds the cursor back; it is listed if there is room, and
+if not, its open blocker remembers it and the checkpoint says so (``scan_after_unlisted``): the run
+that finishes that pass over the hour does not close it nor move the watermark, and the hour is
+listed again from its start, so an entry whose blocker an operator resumed meanwhile is checked again.
 
 Cap and catch-up. One run scans at most ``max_hours`` hours. If it stops short of the current
 hour the checkpoint keeps ``scan_from`` and the next run continues there, so a checkpoint far
@@ -61,14 +67,15 @@ Example:
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lightmetrics.pool import map_in_context
 from lightmetrics.config import Settings
 from lightmetrics.control_table import ConditionFailed
 from lightmetrics import crashpoints
@@ -145,8 +152,27 @@ class CloudWatchAgeProbe(SqsCountProbe):
         return True
 
 
-#: entry keys of failed units the checkpoint remembers (an item stays far below DynamoDB's 400 KB)
+#: entry keys of failed units the checkpoint remembers, at most, and at most this many bytes of them:
+#: the item stays far below DynamoDB's 400 KB (500 keys of the longest identities, 128-byte ids,
+#: would take ~330 KB; typical ones ~60 KB)
 FAILED_ENTRIES_MAX = 500
+FAILED_ENTRIES_MAX_BYTES = 80_000
+
+
+def failures_that_fit(keys: list[str], *, count: int = 0, size: int = 0) -> int:
+    """How many of ``keys``, in order, the checkpoint can list after ``count`` keys of ``size``
+    bytes already listed (:data:`FAILED_ENTRIES_MAX`, :data:`FAILED_ENTRIES_MAX_BYTES`).
+
+    >>> failures_that_fit(["a" * 30_000] * 4)
+    2
+    """
+    fit = 0
+    for key in keys:
+        size += len(key.encode())
+        if count + fit >= FAILED_ENTRIES_MAX or size > FAILED_ENTRIES_MAX_BYTES:
+            break
+        fit += 1
+    return fit
 
 #: Entries one run checks at most, re-checks included (protocol §12 R7). Sized from the function's
 #: 900 s timeout (resources.py) with the pool's 8 workers: a healthy entry is one GET (~15 ms), so
@@ -160,6 +186,11 @@ MAX_ENTRIES_PER_RUN = 50_000
 #: 900 s timeout; they cost $0.01. A run that reaches it stops at the next hour boundary, so it
 #: may exceed it by the listings of one hour (its own and two raw-blobs-by-time hours).
 MAX_LIST_PAGES_PER_RUN = 2_000
+
+#: Entries checked between two saves of a run's progress inside an hour (R7): a run killed by its
+#: timeout loses at most this many checks. 5,000 healthy entries are ~10 s of a run's work (~50 s
+#: if every one needed the repair); a save is one PutItem, at most 10 in a run at the entry cap.
+SAVE_EVERY_ENTRIES = 5_000
 
 #: Keys per ListObjectsV2 page.
 LIST_PAGE_KEYS = 1000
@@ -175,6 +206,9 @@ def list_pages(keys: int) -> int:
 
 #: Crash point (lightmetrics.crashpoints): a run's progress saved after one scanned hour.
 CP_HOUR_SAVED = crashpoints.register("reconcile.hour-saved", "a scanned hour's progress saved, the run not finished")
+#: Crash point: progress inside an hour saved (a cursor, every SAVE_EVERY_ENTRIES checks), the hour not finished.
+CP_PROGRESS_SAVED = crashpoints.register("reconcile.progress-saved",
+                                         "progress inside an hour saved (its cursor), the hour not finished")
 
 
 @dataclass
@@ -196,9 +230,13 @@ class Checkpoint:
     #: checked by the run that stopped at its entry cap
     scan_after: str | None = None
     scan_after_before_ns: int = 0
-    #: ``failed_entries`` holds every failed entry up to ``scan_after`` (R7); a cursor saved before
-    #: that rule, under ``failed_overflow``, is not trusted: its hour is listed again from its start
+    #: ``failed_entries`` holds every RETRY_LATER entry up to ``scan_after`` (R7); a cursor saved
+    #: before that rule, under ``failed_overflow``, is not trusted: its hour is listed again from its start
     scan_after_failures_listed: bool = False
+    #: a failed entry up to ``scan_after`` (BLOCKED: its blocker remembers it) is not in
+    #: ``failed_entries``: the run that finishes this pass over the hour neither closes it nor moves
+    #: the R4 watermark, and the hour is listed again from its start (R7)
+    scan_after_unlisted: bool = False
 
 
 @dataclass
@@ -243,11 +281,15 @@ class _HourScan:
 
     retry_later: bool = False
     newest_ns: int = 0
-    failed_entries: set[str] = field(default_factory=set)
+    failed_entries: set[str] = field(default_factory=set)  # RETRY_LATER or BLOCKED
+    retry_later_entries: set[str] = field(default_factory=set)  # RETRY_LATER: the cursor never passes one unlisted
     checked: int = 0  # entries run, re-checks included: all count against the cap
     list_pages: int = 0  # listing pages sent for this hour (its own, and raw-blobs-by-time hours)
     stopped: bool = False  # the cap stopped it inside the hour
     stopped_after: str | None = None  # then: the key up to which the next run need not check again (None: none)
+    #: a cursor's bound in this hour: its newest LastModified listed minus LM_RECONCILE_MARGIN_S (R7)
+    cursor_bound_ns: int = 0
+    moved_by_other_run: bool = False  # a save inside the hour found another run's checkpoint
 
 
 class Reconciler:
@@ -268,12 +310,13 @@ class Reconciler:
                           int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
                           hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
                           bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
-                          int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")))
+                          int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")),
+                          bool(item.get("scan_after_unlisted")))
 
     def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
               failed_entries: tuple[str, ...] = (), failed_overflow: bool = False, scan_after: str | None = None,
-              scan_after_before_ns: int = 0) -> bool:
+              scan_after_before_ns: int = 0, scan_after_unlisted: bool = False) -> bool:
         values = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "hour_start_s": new_hour.start_unix_s,
                   "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
                   "verified_before_ns": verified_before_ns,
@@ -281,7 +324,8 @@ class Reconciler:
                   "scan_from_s": scan_from.start_unix_s if scan_from else None,
                   "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
                   "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None,
-                  "scan_after_failures_listed": True if scan_after else None}
+                  "scan_after_failures_listed": True if scan_after else None,
+                  "scan_after_unlisted": True if scan_after and scan_after_unlisted else None}
         try:
             if expected is None:
                 self.table.put(values, condition="attribute_not_exists(pk)")
@@ -299,13 +343,18 @@ class Reconciler:
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, *, max_hours: int = 72, max_entries: int = MAX_ENTRIES_PER_RUN,
-            max_list_pages: int | None = None) -> ReconcileReport:
+            max_list_pages: int | None = None, save_every: int | None = None) -> ReconcileReport:
         """Scan at most ``max_hours`` hours, check at most ``max_entries`` entries (re-checks
         included) and send at most ``max_list_pages`` listing pages (default
-        :data:`MAX_LIST_PAGES_PER_RUN`), saving progress after each hour, then close what this run
-        scanned (protocol §12 R1, R5, R7)."""
+        :data:`MAX_LIST_PAGES_PER_RUN`), saving progress after each hour and every ``save_every``
+        entries inside one (default :data:`SAVE_EVERY_ENTRIES`), then close what this run scanned
+        (protocol §12 R1, R5, R7)."""
         if max_list_pages is None:
             max_list_pages = MAX_LIST_PAGES_PER_RUN
+        if save_every is None:
+            save_every = SAVE_EVERY_ENTRIES
+        if save_every < 1:
+            raise ValueError(f"save_every must be at least 1, got {save_every}")
         if max_hours < 1:
             raise ValueError(f"max_hours must be at least 1, got {max_hours}")
         if max_entries < 1:
@@ -318,6 +367,7 @@ class Reconciler:
         lookback_start = UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS)
         since, verified_through = 0, None
         cursor: tuple[str, int] | None = None
+        unlisted_behind_cursor = False  # an earlier run of this pass over the cursor's hour left a failure unlisted
         if cp is None:
             start = lookback_start
         else:
@@ -330,6 +380,7 @@ class Reconciler:
                 if cp.scan_from is not None and cp.scan_after and (cp.scan_after_failures_listed
                                                                    or not cp.failed_overflow):
                     cursor = (cp.scan_after, cp.scan_after_before_ns)  # R7: continue inside that hour
+                    unlisted_behind_cursor = cp.scan_after_unlisted
         first_open = cp.hour if cp else start
         end = min(current, start + (max_hours - 1))
         failed_before = frozenset(cp.failed_entries) if cp else frozenset()
@@ -337,47 +388,65 @@ class Reconciler:
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="")
         retry_hours: set[UtcHour] = set()
         failed_now: set[str] = set()
+        retry_now: set[str] = set()  # the failures of failed_now that ended RETRY_LATER
         indexed = IndexedBlobs(self.ctx)
         budget, pages_left = max_entries, max_list_pages
         newest = 0
         saved = cp  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
         stopped: tuple[UtcHour, str | None, int] | None = None  # (hour, cursor key, cursor bound)
         hour = start
+
+        def save_inside(in_hour: UtcHour, key: str, bound_ns: int, scan: _HourScan) -> bool:
+            """R7: this run's progress inside ``in_hour``, up to ``key``; False if another run wrote first."""
+            nonlocal saved
+            saved = self._save_progress(saved, first_open, now, since, verified_through, in_hour,
+                                        failed_now | scan.failed_entries, start, in_hour + -1,
+                                        retry_now=retry_now | scan.retry_later_entries, cursor=(key, bound_ns),
+                                        unlisted_before=unlisted_behind_cursor and in_hour == start)
+            if saved is None:
+                return False
+            crashpoints.point(CP_PROGRESS_SAVED)
+            return True
+
         while hour <= end:
             if budget <= 0 or pages_left <= 0:
                 stopped = (hour, None, 0)  # a cap fell on an hour boundary: continue at this hour
                 break
             skip_before = since if verified_through is not None and hour <= verified_through else 0
             scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before, indexed,
-                                   cursor if hour == start else None, budget)
+                                   cursor if hour == start else None, budget, save_every, save_inside)
+            if scan.moved_by_other_run:
+                return self._left_to_other_run(report, first_open)
             budget -= scan.checked
             pages_left -= scan.list_pages
             report.list_pages += scan.list_pages
             if scan.retry_later:
                 retry_hours.add(hour)
             failed_now |= scan.failed_entries
+            retry_now |= scan.retry_later_entries
             newest = max(newest, scan.newest_ns)
             if scan.stopped:
-                stopped = (hour, scan.stopped_after, scan.newest_ns - self.settings.reconcile_margin_s * _NS)
+                stopped = (hour, scan.stopped_after, scan.cursor_bound_ns)
                 break
             if hour < end and scan.checked:  # R7: a run cut off later keeps this hour's work
                 saved = self._save_progress(saved, first_open, now, since, verified_through, hour.next(),
-                                            failed_now, start, hour)
+                                            failed_now, start, hour, retry_now=retry_now)
                 if saved is None:
-                    report.moved_by_other_run = True  # another run is at work: leave the rest to it
-                    other = self.checkpoint()
-                    report.checkpoint_after = str(other.hour if other else first_open)
-                    return report
+                    return self._left_to_other_run(report, first_open)
                 crashpoints.point(CP_HOUR_SAVED)
             hour = hour.next()
         report.blob_hours_listed = indexed.hours_listed
         # The hours this run listed and ran completely; a run stopped by its entry cap did not finish
         # the hour it stopped in.
         scanned_to = stopped[0] + -1 if stopped else end
+        # A pass over the cursor's hour that left a failure unlisted behind a cursor is finished by
+        # this run, which has not checked that entry again (its blocker may have been resumed since):
+        # the hour is not closed, and is listed again from its start (R7).
+        pass_left_unlisted = unlisted_behind_cursor and start <= scanned_to
         # R4 only from a run that scanned every open hour up to now without a failure: a run that
         # stopped at its cap, or began past the checkpoint, would otherwise vouch for entries of
         # hours it never listed.
-        covered_all = stopped is None and end == current and start <= first_open
+        covered_all = stopped is None and end == current and start <= first_open and not pass_left_unlisted
         if covered_all and not failed_now:
             verified_through = current
             if newest:
@@ -390,6 +459,10 @@ class Reconciler:
                 report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {scanned_to}, "
                                              f"at most {max_hours} hours, {max_entries} entries and "
                                              f"{max_list_pages} listing pages per run)")
+                break
+            if pass_left_unlisted and new_open == start:
+                report.not_closed_because = (f"{new_open}: a failed entry an earlier run checked is not listed in the "
+                                             f"checkpoint; the hour is listed again from its start")
                 break
             reason = self._why_open(new_open, now, retry_hours)
             if reason:
@@ -407,11 +480,13 @@ class Reconciler:
             scan_after, scan_after_before = None, 0
         report.continues_from = str(scan_from) if scan_from else ""
         report.continues_after = scan_after or ""
-        failed, overflow = self._failed_after(cp, failed_now, start, scanned_to, new_open, covered_all,
-                                              cursor=(stopped[0], stopped[1]) if stopped and stopped[1] else None)
+        failed, overflow, unlisted = self._failed_after(
+            cp, failed_now, start, scanned_to, new_open, covered_all, retry_now=retry_now,
+            cursor=(stopped[0], stopped[1]) if stopped and stopped[1] else None)
+        unlisted = unlisted or (unlisted_behind_cursor and stopped is not None and stopped[0] == start)
         if not self._save(new_open, saved, now, since, verified_through=verified_through, scan_from=scan_from,
                           failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
-                          scan_after_before_ns=scan_after_before):
+                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
             new_open = other.hour if other else new_open
@@ -420,30 +495,48 @@ class Reconciler:
         self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=report.lag_s)
         return report
 
+    def _left_to_other_run(self, report: ReconcileReport, first_open: UtcHour) -> ReconcileReport:
+        report.moved_by_other_run = True  # another run is at work: leave the rest to it
+        other = self.checkpoint()
+        report.checkpoint_after = str(other.hour if other else first_open)
+        return report
+
     def _save_progress(self, saved: Checkpoint | None, first_open: UtcHour, now: int, since: int,
                        verified_through: UtcHour | None, scan_from: UtcHour, failed_now: set[str], start: UtcHour,
-                       scanned_to: UtcHour) -> Checkpoint | None:
-        """Record that the next run continues at ``scan_from`` (R7), with the failed entries so far;
-        the closed hours and the R4 watermark stay as they were. None if another run wrote first."""
-        failed, overflow = self._failed_after(saved, failed_now, start, scanned_to, first_open, False)
+                       scanned_to: UtcHour, *, retry_now: set[str], cursor: tuple[str, int] | None = None,
+                       unlisted_before: bool = False) -> Checkpoint | None:
+        """Record that the next run continues at ``scan_from`` (R7) — with ``cursor`` (key, bound)
+        inside that hour, after ``scanned_to``, and ``unlisted_before`` if an earlier run of this
+        pass over it left a failure behind its cursor unlisted — with the failed entries so far; the
+        closed hours and the R4 watermark stay as they were. None if another run wrote first."""
+        failed, overflow, unlisted = self._failed_after(saved, failed_now, start, scanned_to, first_open, False,
+                                                        retry_now=retry_now,
+                                                        cursor=(scan_from, cursor[0]) if cursor else None)
+        scan_after, scan_after_before = cursor if cursor else (None, 0)
+        unlisted = scan_after is not None and (unlisted or unlisted_before)
         if not self._save(first_open, saved, now, since if saved else 0,
                           verified_through=verified_through if saved else None, scan_from=scan_from,
-                          failed_entries=failed, failed_overflow=overflow):
+                          failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
+                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted):
             return None
         if saved is None:
             return self.checkpoint()
         return dataclasses.replace(saved, version=saved.version + 1, last_run_ns=now, scan_from=scan_from,
-                                   failed_entries=failed, failed_overflow=overflow, scan_after=None,
-                                   scan_after_before_ns=0)
+                                   failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
+                                   scan_after_before_ns=scan_after_before,
+                                   scan_after_failures_listed=scan_after is not None, scan_after_unlisted=unlisted)
 
     def _failed_after(self, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
-                      new_open: UtcHour, covered_all: bool, *, cursor: tuple[UtcHour, str] | None = None
-                      ) -> tuple[tuple[str, ...], bool]:
-        """The failed entries the next run must know of: this run's, plus earlier ones of hours this
-        run did not scan that are still open (keys sort by hour, so prefixes bound them). With
-        ``cursor`` (the hour this run stopped in and its key), this run's failures up to the cursor
-        are kept first and whole — the next run re-checks only those behind it (R7; the scan placed
-        the cursor so that they fit); earlier ones up to it were checked again by this run."""
+                      new_open: UtcHour, covered_all: bool, *,
+                      retry_now: set[str] | frozenset[str] = frozenset(), cursor: tuple[UtcHour, str] | None = None) -> tuple[tuple[str, ...], bool, bool]:
+        """The failed entries the next run must know of, whether some were left out, and whether a
+        failure behind ``cursor`` was: this run's, plus earlier ones of hours this run did not scan
+        that are still open (keys sort by hour, so prefixes bound them). With ``cursor`` (the hour
+        this run stopped in and its key), this run's failures up to the cursor come first — the next
+        run re-checks only those behind it (R7) — its RETRY_LATER ones before its BLOCKED ones: the
+        scan placed the cursor so that the RETRY_LATER ones fit (unless they held it behind where it
+        already was); a BLOCKED one left out is remembered by its blocker and by the third value.
+        Earlier failures up to the cursor were checked again by this run."""
         codec = self.ctx.codec
 
         def behind_cursor(key: str) -> bool:
@@ -453,11 +546,12 @@ class Reconciler:
         still_open = codec.accepted_by_time_hour(new_open)
         carried = {k for k in (cp.failed_entries if cp else ())
                    if not scanned_from <= k < scanned_to and k >= still_open and not behind_cursor(k)}
-        behind = sorted(k for k in failed_now if behind_cursor(k))
+        behind = sorted(k for k in failed_now if behind_cursor(k) and k in retry_now)
+        behind += sorted(k for k in failed_now if behind_cursor(k) and k not in retry_now)
         rest = sorted((failed_now | carried) - set(behind))
-        kept = behind + rest[:max(0, FAILED_ENTRIES_MAX - len(behind))]
+        kept = (behind + rest)[:failures_that_fit(behind + rest)]
         overflow = len(behind) + len(rest) > len(kept) or bool(cp and cp.failed_overflow and not covered_all)
-        return tuple(sorted(kept)), overflow
+        return tuple(sorted(kept)), overflow, len(kept) < len(behind)
 
     def _why_open(self, hour: UtcHour, now: int, retry_hours: set[UtcHour]) -> str:
         if now < hour.end_ns + self.settings.settle_s * _NS:
@@ -474,11 +568,14 @@ class Reconciler:
 
     def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int, failed_before: frozenset[str],
                    all_failed_before: bool, indexed: IndexedBlobs, cursor: tuple[str, int] | None,
-                   budget: int) -> _HourScan:
+                   budget: int, save_every: int,
+                   save_inside: Callable[[UtcHour, str, int, _HourScan], bool]) -> _HourScan:
         """Check the hour's entries not verified before ``since_ns`` (nor, with ``cursor``, by the
         run that stopped inside this hour), at most ``budget`` of them, re-checks included, but at
-        least one past the cursor (R7). An entry whose key is outside the layout is a unit too: it
-        ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
+        least one past the cursor (R7). Every ``save_every`` checks, unless the hour is done,
+        ``save_inside(hour, cursor key, cursor bound, the scan so far)`` saves the progress; False
+        (another run wrote the checkpoint) ends the scan. A cursor it places never moves back. An entry whose key is outside the layout
+        is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
         report.hours_scanned.append(str(hour))
         entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
         rechecks, units = [], []  # rechecks: up to the cursor
@@ -495,11 +592,13 @@ class Reconciler:
             else:
                 units.append(key)
         report.entries += len(entries)
-        scan = _HourScan(newest_ns=max((m for _, m in entries), default=0), list_pages=list_pages(len(entries)))
+        newest = max((m for _, m in entries), default=0)
+        scan = _HourScan(newest_ns=newest, list_pages=list_pages(len(entries)),
+                         cursor_bound_ns=newest - self.settings.reconcile_margin_s * _NS)
         room = max(budget - len(rechecks), 1)  # at least one past the cursor: every run moves it
         if len(units) > room:
             units = units[:room]
-            scan.stopped, scan.stopped_after = True, units[-1]
+            scan.stopped = True
         units = rechecks + units  # in key order: the listing's
         scan.checked = len(units)
         if not units:
@@ -520,22 +619,57 @@ class Reconciler:
                             fn=lambda: verify_time_entry(self.ctx, entry_key, indexed),
                             previously_failed=all_failed_before or entry_key in failed_before).outcome
 
-        futures = [_POOL.submit(contextvars.copy_context().run, run, k) for k in units]
-        for key, outcome in zip(units, (f.result() for f in futures)):
-            report.outcomes[outcome.value] += 1
-            if outcome is Outcome.RETRY_LATER:
-                scan.retry_later = True
-            if outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
-                scan.failed_entries.add(key)
+        # In slices of ``save_every`` in key order, each finished before the next begins, so that a
+        # save covers every entry up to its cursor: a run killed later keeps them (R7).
+        saved_after = cursor[0] if cursor else None  # this hour's progress the checkpoint holds
+        for first in range(0, len(units), save_every):
+            part = units[first:first + save_every]
+            for key, outcome in zip(part, self._check(part, run)):
+                report.outcomes[outcome.value] += 1
+                if outcome is Outcome.RETRY_LATER:
+                    scan.retry_later = True
+                    scan.retry_later_entries.add(key)
+                if outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
+                    scan.failed_entries.add(key)
+            done = first + len(part)
+            if done == len(units):
+                break  # the hour's save, or the run's, follows
+            key = self._cursor_listing_failures(units[:done], scan.retry_later_entries, floor=saved_after)
+            if key is not None and key != saved_after:
+                if not save_inside(hour, key, scan.cursor_bound_ns, scan):
+                    scan.moved_by_other_run = True
+                    return scan
+                saved_after = key
         if scan.stopped:
-            # R7: the checkpoint must list every failure behind the cursor, so the cursor goes no
-            # further than the last entry before the first failure that would not fit; the entries
-            # after it are checked again by the next run.
-            failed_in_order = [k for k in units if k in scan.failed_entries]
-            if len(failed_in_order) > FAILED_ENTRIES_MAX:
-                first_unlisted = units.index(failed_in_order[FAILED_ENTRIES_MAX])
-                scan.stopped_after = units[first_unlisted - 1] if first_unlisted else None
+            scan.stopped_after = self._cursor_listing_failures(units, scan.retry_later_entries, floor=saved_after)
         return scan
+
+    @staticmethod
+    def _check(units: list[str], run: Callable[[str], Outcome]) -> list[Outcome]:
+        """Run ``units`` on the pool; the outcomes in their order. If one raises, the units not
+        started are cancelled and the started ones finish before the error goes up."""
+        return map_in_context(_POOL, run, units)
+
+    @staticmethod
+    def _cursor_listing_failures(checked: list[str], retry_later: set[str], *, floor: str | None = None
+                                 ) -> str | None:
+        """The in-hour cursor after ``checked`` (in key order) such that the checkpoint lists every
+        RETRY_LATER failure behind it (R7): the last key, or the last before the first one that does
+        not fit (the entries after it are checked again by the next run) — but never behind
+        ``floor``, the cursor this run already has in the hour. None: not one entry. A BLOCKED
+        entry never holds it back: its open blocker remembers it.
+
+        >>> Reconciler._cursor_listing_failures(["a", "b", "c"], {"b"}, floor="a")
+        'c'
+        """
+        failed_in_order = [k for k in checked if k in retry_later]
+        fit = failures_that_fit(failed_in_order)
+        if fit == len(failed_in_order):
+            key: str | None = checked[-1]
+        else:
+            first_unlisted = checked.index(failed_in_order[fit])
+            key = checked[first_unlisted - 1] if first_unlisted else None
+        return floor if floor is not None and (key is None or key < floor) else key
 
 
 __all__ = ["Reconciler", "ReconcileReport", "SqsCountProbe", "CloudWatchAgeProbe", "QueueProbe"]

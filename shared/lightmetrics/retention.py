@@ -46,7 +46,6 @@ Example:
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from lightmetrics.pool import map_in_context
 from lightmetrics import crashpoints
 from lightmetrics.cas import create_object
 from lightmetrics.control_table import ControlTable
@@ -197,13 +197,7 @@ class HourRetention:
             return [fn(i) for i in items]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)),
                                 thread_name_prefix="lm-retention") as pool:
-            futures = [pool.submit(contextvars.copy_context().run, fn, i) for i in items]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+            return map_in_context(pool, fn, items)
 
     def _delete(self, key: str) -> None:
         """The one place retention sends a ``DeleteObject``: only right after the fence."""

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.pool import map_in_context
 from lightmetrics.errors import KeyLayoutError, ManifestError
 from lightmetrics.indexing import load_manifest
 from lightmetrics.keys import KeyKind, UtcHour
@@ -175,7 +176,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                 return Finding(kind, (key,), exc.reason)
 
         manifests: dict[str, AcceptedBatchManifest] = {}
-        for key, result in zip(accepted, [f.result() for f in [call(read_manifest, k) for k in accepted]]):
+        for key, result in zip(accepted, map_in_context(pool, read_manifest, accepted)):
             report.checked["acceptance records"] += 1
             if isinstance(result, Finding):
                 note(result.kind, list(result.keys), result.detail)
@@ -214,7 +215,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
             return q, ""
 
         conflicts: dict[str, IdentityConflictManifest] = {}
-        for key, (q, why) in zip(quarantine, [f.result() for f in [call(read_quarantine, k) for k in quarantine]]):
+        for key, (q, why) in zip(quarantine, map_in_context(pool, read_quarantine, quarantine)):
             report.checked["quarantine manifests"] += 1
             if q is None:
                 note("quarantine-incomplete", [key], why)

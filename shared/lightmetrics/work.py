@@ -110,9 +110,14 @@ def _block(
     payload: dict[str, Any] | None,
 ) -> WorkResult:
     try:
-        ctx.blockers.block(key, kind=kind, object_key=object_key, reason=reason, source=source, payload=payload)
+        blocker = ctx.blockers.block(key, kind=kind, object_key=object_key, reason=reason, source=source,
+                                     payload=payload)
     except Exception as exc:  # not durable: do not report BLOCKED
         log.warning("%s: blocker not written (%s); will retry", key, exc)
         return WorkResult(Outcome.RETRY_LATER, key, f"blocker not written: {exc}")
+    if blocker.status == "skipped":
+        # An operator skipped this unit (audited): its failure is accepted, so it is no longer
+        # applicable — not a failure to remember, and nothing stays open for it (§11).
+        return WorkResult(Outcome.NOOP_RESOLVED, key, f"skipped by an operator; it still fails: {reason}")
     ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
     return WorkResult(Outcome.BLOCKED, key, reason)

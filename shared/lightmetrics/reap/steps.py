@@ -1,7 +1,6 @@
-"""Reaps on Step Functions: GC of orphan raw blobs and retention of expired hours (docs/reaps.md).
-
-``infra/statemachines/reap.asl.json`` loops over Lambda tasks, each one method of :class:`Reaper`;
-every task returns ``{"reap": ..., "next": ...}`` and the state machine routes on ``next``:
+"""The reap's Lambda tasks: each is one method of :class:`Reaper` (docs/reaps.md). The state machine
+``infra/statemachines/reap.asl.json`` loops over them; every task returns ``{"reap": ..., "next": ...}``
+and the state machine routes on ``next``:
 
 ``begin``      (reap-begin) validate the input (``mode`` and an explicit ``dry_run``), take the
                lease ``lease#reap`` with a new epoch (or ``resume`` the last one) — refused while
@@ -21,118 +20,66 @@ every task returns ``{"reap": ..., "next": ...}`` and the state machine routes o
                releases the lease.
 
 Checkpoints (docs/control-table.md): the summary ``checkpoint#reap``/``current`` holds the
-epoch, owner, phase, cursor and counters; each marked page has its own items
-``checkpoint#reap``/``marks#<epoch>#<page>#<part>`` (written *before* its delete markers, state
-``intent``, then ``marked``; deleted once settled), as many parts as keep each item under
-DynamoDB's item size limit. GC's candidate sources keep a durable cursor across runs
-(``checkpoint#reap``/``gc#<source>``, :func:`source_cursor_sk`): the incremental ``by-time`` source
-proves each ``raw-blobs-by-time`` entry once, when its hour passes the retry horizon, and a GC run
-stops after ``max_pages`` pages (the next run goes on from the cursor), so GC never holds the one
-reap lease long enough to starve retention. Every write is one transaction conditional on the summary's owner and
-epoch, which also renews the lease. A task that crashes is retried by Step Functions with the same
-input and finds its page's intent, so nothing is marked twice or forgotten.
+epoch, owner, phase, cursor and counters; each marked page has its own ``marks#`` items
+(:mod:`lightmetrics.reap.marks`). GC's candidate sources keep a durable cursor across runs
+(``checkpoint#reap``/``gc#<source>``, :func:`~lightmetrics.reap.params.source_cursor_sk`): the
+incremental ``by-time`` source proves each ``raw-blobs-by-time`` entry once, when its hour passes
+the retry horizon, and a GC run stops after ``max_pages`` pages (the next run goes on from the
+cursor), so GC never holds the one reap lease long enough to starve retention. Every write is one
+transaction conditional on the summary's owner and epoch, which also renews the lease. A task that
+crashes is retried by Step Functions with the same input and finds its page's intent, so nothing is
+marked twice or forgotten.
 
 Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
 margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
 renewal of the lease, :class:`~lightmetrics.leases.Fence`), so a task that lost the lease deletes
 nothing; and an intent another owner recorded is settled only once that owner cannot be running.
 
-Example (what ``lmctl reap gc --execute --wait`` does)::
+Example (the local runtime drives the tasks the same way)::
 
-    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
-    >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
+    >>> reaper = Reaper(ctx, settings)                                         # doctest: +SKIP
+    >>> reaper.begin({"input": {"mode": "gc", "dry_run": True}})["next"]       # doctest: +SKIP
+    'gc'
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lightmetrics import crashpoints
+from lightmetrics import crashpoints, leases
 from lightmetrics.config import longest_reap_task_s
-from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector, decode_mark, encode_mark
-from lightmetrics.keys import RUN_ID_RE, KeyLayoutError, UtcHour
-from lightmetrics.outcome import PermanentWorkError
+from lightmetrics.control_table import ControlTable, Op, TransactionCancelled, plain
+from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
+from lightmetrics.keys import KeyLayoutError, UtcHour
+from lightmetrics.leases import OWNED, Fence, LeaseHeld, LeaseLost
+from lightmetrics.reap.errors import InvalidReapInput
+from lightmetrics.reap.marks import page_of, page_ops, page_prefix, read_marks_items
+from lightmetrics.reap.params import (
+    CHECKPOINT_PK,
+    CHECKPOINT_SK,
+    DEFAULT_MAX_PAGES,
+    LATEST_AUDIT,
+    LEASE_PK,
+    ReapParams,
+    latest_audit_run,
+    max_tasks_for,
+    read_lease,
+    source_cursor_sk,
+)
+from lightmetrics.reap.report import report_of
 from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
-from lightmetrics import leases
-from lightmetrics.control_table import ControlTable, Op
-from lightmetrics.control_table import TransactionCancelled
-from lightmetrics.leases import Fence, LeaseError, LeaseHeld, LeaseLost, task_lease_rule_broken
-from lightmetrics.walk import HISTORY_BUDGET, plain
+from lightmetrics.step_functions import start_continuation
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
+_OWNED = OWNED
 
-LEASE_PK, LEASE_SK = "lease#reap", "lease"
-CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
-MARKS_PREFIX = "marks#"
-MODES = ("gc", "retention")
-SOURCES = ("scan", "by-time", "audit")
-INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
-                "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution")
-#: Durable per-source GC cursors: ``checkpoint#reap``/``gc#by-time``, ``gc#scan``, ``gc#audit#<run>``.
-SOURCE_CURSOR_PREFIX = "gc#"
-#: GC pages per run (rule G-B1, docs/protocol.md §15): a run stops marking after this many pages,
-#: settles, and releases the lease; the next run continues from the source's durable cursor.
-DEFAULT_MAX_PAGES = 400
-
-# --- the execution history bound (rule G-B2; the walk's pattern, lightmetrics.walk.history_bound) -----
-#: Events outside the tasks: start, Begin, Continue or Finish, the end state, the Abort path.
-EVENTS_FIXED = 100
-#: Per task: its 5 events and its Route's 2, up to 6 retries of 3 events, a Wait and AfterWait before it.
-EVENTS_PER_TASK = 5 + 2 + 3 * 6 + 4
-
-
-def max_tasks_for() -> int:
-    """The most Gc/Retention tasks one execution may run and stay inside the walk's HISTORY_BUDGET."""
-    return (HISTORY_BUDGET - EVENTS_FIXED) // EVENTS_PER_TASK
-
-
-def source_cursor_sk(source: str, audit_run: str | None = None) -> str:
-    """The control-table sort key of a GC source's durable cursor, e.g. ``gc#by-time``."""
-    return SOURCE_CURSOR_PREFIX + source + (f"#{audit_run}" if source == "audit" else "")
-
-
-#: ``audit_run`` value of the scheduled GC: the newest committed audit run (rule G-B3).
-LATEST_AUDIT = "latest"
-
-
-def latest_audit_run(store: Any, codec: Any) -> str | None:
-    """Rule G-B3: the run id of the newest committed audit (the last of the write-once markers
-    ``audit/v1/committed/<commit time>.<run>.json``, which sort by commit time), or None.
-
-    >>> latest_audit_run(ctx.store, ctx.codec)                    # doctest: +SKIP
-    '20261124T063000Z-1a2b3c'
-    """
-    newest: str | None = None
-    after: str | None = None
-    while True:  # one LIST per 1,000 audits: a weekly audit fills a page in 19 years
-        page = store.list_page(codec.audit_committed_root(), max_keys=1000, start_after=after)
-        if page.keys:
-            newest = after = page.keys[-1]
-        if not page.truncated or not page.keys:
-            break
-    if newest is None:
-        return None
-    try:
-        return codec.parse(newest).run_id
-    except KeyLayoutError:
-        return None  # a stray object under the markers' prefix names no run
-
-
-COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
-#: Budget of one ``marks#`` item, under DynamoDB's 400 KB item limit (names + values, rule G-I6):
-#: a page's marks are split over as many items as this needs.
-MARKS_ITEM_MAX_BYTES = 300_000
 #: The report lists at most this many blocked work keys (the blockers list has them all).
 REPORT_BLOCKED_MAX = 100
 
@@ -145,164 +92,8 @@ CP_CONTINUATION_BEGUN = crashpoints.register("reap.continuation-begun",
                                              "a continuation took over the lease and checkpoint, nothing routed")
 
 
-class ReapError(Exception):
-    """Base of the errors a reap task raises on purpose (the class name is the ASL error name)."""
-
-
-class InvalidReapInput(ReapError):
-    """The execution input is not a reap input (docs/reaps.md, "Console input")."""
-
-
-class ReapTransient(ReapError):
-    """S3 or DynamoDB failed transiently; Step Functions retries the task."""
-
-
-@dataclass(frozen=True)
-class ReapParams:
-    """A validated execution input; ``dry_run`` is required (docs/reaps.md, "Console input")."""
-
-    mode: str
-    dry_run: bool
-    hour: UtcHour | None = None
-    scope: str = "raw"
-    source: str = "scan"
-    audit_run: str | None = None
-    resume: bool = False
-    page_size: int = 500
-    concurrency: int = 8
-    max_pending_pages: int = 20
-    tombstone_wait_s: int = 120
-    verify_passes: int = 3
-    lease_seconds: int = 900
-    max_pages: int = DEFAULT_MAX_PAGES
-    max_tasks_per_execution: int = 0  # 0: max_tasks_for()
-
-    @classmethod
-    def parse(cls, raw: Any) -> "ReapParams":
-        if not isinstance(raw, dict):
-            raise InvalidReapInput("the execution input must be a JSON object")
-        unknown = set(raw) - set(INPUT_FIELDS)
-        if unknown:
-            raise InvalidReapInput(f"unknown input fields {sorted(unknown)}; known: {list(INPUT_FIELDS)}")
-        if raw.get("mode") not in MODES:
-            raise InvalidReapInput(f"mode must be one of {list(MODES)}")
-        if not isinstance(raw.get("dry_run"), bool):
-            raise InvalidReapInput("dry_run must be stated explicitly: true or false")
-        hour = None
-        if raw.get("hour") not in (None, ""):
-            try:
-                hour = UtcHour.parse(str(raw["hour"]))
-            except ValueError as exc:
-                raise InvalidReapInput(str(exc)) from None
-        source = raw.get("source") or "scan"
-        if source not in SOURCES:
-            raise InvalidReapInput(f"source must be one of {list(SOURCES)}")
-        scope = raw.get("scope") or "raw"
-        if scope not in ("raw", "rollup") or (scope == "rollup" and raw["mode"] != "retention"):
-            raise InvalidReapInput("scope is 'raw' (default) or 'rollup' (retention only: LM_ROLLUP_RETENTION_S)")
-        audit_run = raw.get("audit_run") or None
-        if (source == "audit") != (audit_run is not None):
-            raise InvalidReapInput("source 'audit' needs audit_run (the audit's run id, or 'latest'), and only it does")
-        if audit_run is not None and (not isinstance(audit_run, str) or not RUN_ID_RE.match(audit_run)):
-            raise InvalidReapInput("audit_run must be an audit run id (1-128 of [A-Za-z0-9_.-]) or 'latest'")
-
-        def integer(name: str, default: int, low: int, high: int) -> int:
-            v = raw.get(name)
-            if v is None:
-                return default
-            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-                raise InvalidReapInput(f"{name} must be an integer in [{low}, {high}]")
-            return v
-
-        lease_seconds = integer("lease_seconds", 900, 60, 86400)
-        broken = task_lease_rule_broken(lease_seconds, TASK_STEPS)
-        if broken:
-            raise InvalidReapInput(broken)
-        return cls(mode=raw["mode"], dry_run=raw["dry_run"], hour=hour, scope=scope, source=source, audit_run=audit_run,
-                   resume=bool(raw.get("resume", False)),
-                   page_size=integer("page_size", 500, 1, 1000), concurrency=integer("concurrency", 8, 1, 64),
-                   max_pending_pages=integer("max_pending_pages", 20, 1, 1000),
-                   tombstone_wait_s=tombstone_wait(integer("tombstone_wait_s", 120, 0, 3600)),
-                   verify_passes=integer("verify_passes", 3, 1, 10),
-                   lease_seconds=lease_seconds, max_pages=integer("max_pages", DEFAULT_MAX_PAGES, 1, 10**6),
-                   max_tasks_per_execution=integer("max_tasks_per_execution", max_tasks_for(), 1, max_tasks_for()))
-
-
-def tombstone_wait(seconds: int) -> int:
-    """Rule D1 (docs/protocol.md §16): the wait must outlast the writers' tombstone cache."""
-    from lightmetrics.config import check_tombstone_wait
-    from lightmetrics.errors import ConfigError
-
-    try:
-        return check_tombstone_wait(seconds)
-    except ConfigError as exc:
-        raise InvalidReapInput(str(exc)) from None
-
-
-_OWNED = "#own = :own AND #ep = :ep"
-
-
 def _owned(reap: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
     return {"#own": "owner", "#ep": "epoch"}, {":own": reap["owner"], ":ep": reap["epoch"]}
-
-
-def report_of(cp: dict[str, Any]) -> dict[str, Any]:
-    """The operator's report from a checkpoint summary."""
-    cp = plain(cp)
-    kept = {k.removeprefix("kept#"): int(v) for k, v in cp.items() if k.startswith("kept#")}
-    return {
-        "mode": cp.get("mode"), "dry_run": cp.get("dry_run"), "epoch": cp.get("epoch"), "status": cp.get("status"),
-        "phase": cp.get("phase"), **{c: int(cp.get(f"c_{c}", 0)) for c in COUNTERS}, "kept": kept,
-        "pages": int(cp.get("page", 0)), "hours": cp.get("hours", []),
-        "hours_reaped": [h for h, s in (cp.get("hour_status") or {}).items() if s == "reaped"],
-        "hours_skipped": {h: s for h, s in (cp.get("hour_status") or {}).items() if s != "reaped"},
-        "started_at_ns": cp.get("started_at_ns"), "finished_at_ns": cp.get("finished_at_ns"),
-        "execution": cp.get("execution"), "error": cp.get("error"), "blocked": list(cp.get("blocked") or []),
-        # GC: the run stopped at its page budget (max_pages); the next run continues from the cursor.
-        "more": bool(cp.get("budget_exhausted")), "executions": int(cp.get("executions", 1)),
-        "source": cp.get("source") if cp.get("mode") == "gc" else None, "through": cp.get("through"),
-        "audit_run": cp.get("audit_run"), "note": cp.get("note"),
-    }
-
-
-def dynamodb_item_bytes(item: dict[str, Any]) -> int:
-    """An upper bound of an item's size as DynamoDB counts it against its 400 KB limit: attribute
-    names plus values; a number at its 21-byte maximum; a list or map 3 bytes plus 1 per element."""
-
-    def size(v: Any) -> int:
-        if isinstance(v, str):
-            return len(v.encode())
-        if isinstance(v, (bytes, bytearray)):
-            return len(v)
-        if v is None or isinstance(v, bool):
-            return 1
-        if isinstance(v, (int, float, Decimal)):
-            return 21
-        if isinstance(v, (list, tuple, set)):
-            return 3 + sum(1 + size(x) for x in v)
-        if isinstance(v, dict):
-            return 3 + sum(1 + len(str(k).encode()) + size(x) for k, x in v.items())
-        raise TypeError(f"no DynamoDB size for {type(v).__name__}")
-
-    return sum(len(k.encode()) + size(v) for k, v in item.items())
-
-
-def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: int) -> list[list[dict[str, Any]]]:
-    """``marks`` in consecutive parts, each an item (``fields`` plus its part of the marks) of at most
-    ``budget`` bytes (:func:`dynamodb_item_bytes`); at least one part."""
-    base = dynamodb_item_bytes({**fields, "pk": CHECKPOINT_PK, "sk": MARKS_PREFIX + "0" * 24, "marks": []})
-    parts: list[list[dict[str, Any]]] = [[]]
-    used = base
-    for m in marks:
-        one = dynamodb_item_bytes({"m": m})  # 1 + the mark's map: its bytes as a list element
-        if base + one > budget:
-            raise ValueError(f"one mark of {one} bytes does not fit a marks item of {budget} bytes: {m.get('s')}")
-        if used + one > budget and parts[-1]:
-            parts.append([])
-            used = base
-        parts[-1].append(m)
-        used += one
-    return parts
 
 
 class Reaper:
@@ -319,8 +110,11 @@ class Reaper:
         return self.ctx.clock.now_ns()
 
     def lease(self) -> dict[str, Any] | None:
-        item = self.table.get(LEASE_PK, LEASE_SK)
-        return plain(item) if item else None
+        return read_lease(self.table)
+
+    def marks_items(self) -> list[dict[str, Any]]:
+        """The recorded pages' items, their marks decoded (:func:`~lightmetrics.reap.marks.read_marks_items`)."""
+        return read_marks_items(self.table, self.codec)
 
     def summary(self, reap: dict[str, Any]) -> dict[str, Any]:
         cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
@@ -420,6 +214,9 @@ class Reaper:
                 item.update(phase="done", note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
                 item.update(phase="done", note=f"audit run {run}: every candidate already proven")
+            if item["phase"] == "done" and self.marks_items():
+                # Marks a failed reap left: settle them now, not a week later (G-I3).
+                item.update(phase="settle", listing_done=True)
         if params.mode == "gc" and item["phase"] != "done" \
                 and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.
@@ -456,16 +253,9 @@ class Reaper:
         if self._sfn is None:
             raise RuntimeError("reap-continue needs a Step Functions client")
         self.summary(reap)  # LeaseLost: a run that lost the reap starts nothing
-        machine = reap["state_machine_arn"]
         # Deterministic name: a retried task finds the execution it already started.
         name = f"reap-e{reap['epoch']}-{reap['owner'][:8]}-{int(reap['executions']) + 1:04d}"
-        try:
-            arn = self._sfn.start_execution(stateMachineArn=machine, name=name,
-                                            input=json.dumps(self.continuation(reap), sort_keys=True))["executionArn"]
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ExecutionAlreadyExists":
-                raise
-            arn = machine.replace(":stateMachine:", ":execution:") + f":{name}"
+        arn = start_continuation(self._sfn, reap["state_machine_arn"], name, self.continuation(reap))
         self._commit(reap, set_={"next_execution": arn})
         crashpoints.point(CP_CONTINUED)
         return {"next_execution": arn}
@@ -629,41 +419,9 @@ class Reaper:
             body.close()
         return keys, offset, True
 
-    # -- marks items: one page's intents or marks, split under the item size limit ------------------
-    def marks_items(self) -> list[dict[str, Any]]:
-        """The recorded pages' items, their marks decoded (:func:`~lightmetrics.gc.decode_mark`; an
-        older version's marks as they are)."""
-        out = []
-        for item in self.table.query(CHECKPOINT_PK):
-            if str(item["sk"]).startswith(MARKS_PREFIX):
-                item = plain(item)
-                at = int(item.get("marked_at_ns") or item.get("created_at_ns") or 0)
-                item["marks"] = [decode_mark(m, self.codec, at) for m in item.get("marks") or []]
-                out.append(item)
-        return out
-
-    @staticmethod
-    def _page_prefix(reap: dict[str, Any], page: int) -> str:
-        # The epoch keeps a new reap's pages apart from marks a crashed older epoch left to settle.
-        return f"{MARKS_PREFIX}{int(reap['epoch']):06d}#{page:08d}#"
-
-    @staticmethod
-    def _page_of(sk: str) -> str:
-        return sk[:sk.rfind("#") + 1]
-
-    def _page_ops(self, reap: dict[str, Any], page: int, marks: list[dict[str, Any]], fields: dict[str, Any],
-                  replaces: list[str]) -> list[Op]:
-        """Puts of one page's items (``fields`` plus a part of ``marks`` each, rule G-I6), and deletes
-        of the items in ``replaces`` that they do not overwrite."""
-        prefix = self._page_prefix(reap, page)
-        parts = split_marks([encode_mark(m) for m in marks], fields, budget=MARKS_ITEM_MAX_BYTES)
-        sks = [f"{prefix}{i:03d}" for i in range(len(parts))]
-        return ([Op("Put", CHECKPOINT_PK, sk, item={**fields, "marks": part}) for sk, part in zip(sks, parts)]
-                + [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces if sk not in sks])
-
     def _mark_page(self, reap: dict[str, Any], cp: dict[str, Any], collector: BlobCollector) -> dict[str, Any]:
         page = int(cp["page"])
-        prefix = self._page_prefix(reap, page)
+        prefix = page_prefix(reap["epoch"], page)
         intent = [i for i in self.marks_items() if str(i["sk"]).startswith(prefix) and i.get("state") == "intent"]
         if intent:
             # A crash after the intent: some markers may be placed; find them, place the others —
@@ -695,7 +453,7 @@ class Reaper:
         if cp["dry_run"] or not intents:
             return self._record_page(reap, cp, [], cursor, more, counts, write_marks=False)
         # The intent is durable before the first marker: a crash in between is recoverable.
-        ops = self._page_ops(reap, page, intents, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "intent",
+        ops = page_ops(reap["epoch"], page, intents, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "intent",
                                                    "cursor": cursor, "more": more, "counts": counts,
                                                    "created_at_ns": now}, [])
         self._commit(reap, ops=ops)
@@ -717,15 +475,15 @@ class Reaper:
         ended = not more
         more = more and not exhausted
         if write_marks and marks:
-            ops = self._page_ops(reap, page, marks, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "marked",
+            ops = page_ops(reap["epoch"], page, marks, {"epoch": reap["epoch"], "owner": reap["owner"], "state": "marked",
                                                      # the marks' own time (decode_mark gives it back to each)
                                                      "marked_at_ns": max(int(m["marked_at_ns"]) for m in marks)},
                                   replaces)
         else:  # nothing marked (a dry run, or every captured version was gone): no items left
             ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
         items = self.marks_items()
-        pages = {self._page_of(str(i["sk"])) for i in items if str(i["sk"]) not in replaces}
-        pending = len(pages | ({self._page_prefix(reap, page)} if write_marks and marks else set()))
+        pages = {page_of(str(i["sk"])) for i in items if str(i["sk"]) not in replaces}
+        pending = len(pages | ({page_prefix(reap["epoch"], page)} if write_marks and marks else set()))
         set_: dict[str, Any] = {"after": cursor, "page": page + 1}
         if through:
             set_["through"] = through
@@ -903,107 +661,5 @@ class Reaper:
         return report
 
 
-# --- operator side: start, status, follow (lmctl reap, the demo) ---------------------------------------
-@dataclass
-class Followed:
-    status: str  # finished | failed
-    report: dict[str, Any]
-    execution_arn: str
-    detail: str = ""
-
-
-class ReapControl:
-    """Start and watch reaps through Step Functions (the CLI and the demo)."""
-
-    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
-        self.table: ControlTable = ctx.extras["table"]
-
-    def lease_live(self) -> dict[str, Any] | None:
-        item = self.table.get(LEASE_PK, LEASE_SK)
-        lease = plain(item) if item else None
-        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
-
-    def checkpoint(self) -> dict[str, Any] | None:
-        item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-        return report_of(item) if item else None
-
-    def start(self, *, timeout_s: float = 60.0, **inp: Any) -> str:
-        """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease."""
-        live = self.lease_live()
-        if live:
-            raise LeaseHeld(leases.describe(live, self.ctx.clock.now_ns(), "reap"))
-        inp = {k: v for k, v in inp.items() if v is not None}
-        ReapParams.parse(inp)
-        name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        arn = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
-                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lease = self.table.get(LEASE_PK, LEASE_SK)
-            if lease and lease.get("execution") == arn:
-                return arn
-            d = self.sfn.describe_execution(executionArn=arn)
-            if d["status"] != "RUNNING":
-                if d.get("error") == "LeaseHeld":
-                    raise LeaseHeld(f"refused: {d.get('cause', '')}")
-                raise InvalidReapInput(f"the reap did not start ({d['status']} {d.get('error', '')}): "
-                                       f"{d.get('cause', '')}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
-            self.sleep(0.1)
-
-    def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> Followed:
-        """Wait for the reap started as ``arn`` to end, through every execution it continued into."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            d = self.sfn.describe_execution(executionArn=arn)
-            if d["status"] == "SUCCEEDED":
-                item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
-                if item.get("status") == "running" and item.get("next_execution") not in (None, arn):
-                    arn = str(item["next_execution"])  # it handed over to the next execution (Continue)
-                    continue
-            if d["status"] != "RUNNING":
-                report = self.checkpoint() or {}
-                ok = d["status"] == "SUCCEEDED" and report.get("status") == "finished"
-                return Followed("finished" if ok else "failed", report, arn,
-                                "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
-            if deadline is not None and time.monotonic() > deadline:
-                return Followed("failed", self.checkpoint() or {}, arn, "timed out following the reap")
-            self.sleep(poll_s)
-
-
-# --- Lambda handlers (functions/reap_*/app.py are one line each) -------------------------------------
-STEPS = {"begin": "begin", "gc": "gc", "retention": "retention", "continue": "cont", "end": "end"}
-#: function name in the resource spec -> reap step (functions/reap_<step>/app.py)
-TASK_STEPS = {f"reap-{step}": step for step in STEPS}
-
-
-def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None = None,
-                      work_context_factory: Callable[..., WorkContext] | None = None,
-                      sfn_factory: Callable[[], Any] | None = None,
-                      ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
-    """The Lambda handler of one reap task (configuration from ``LM_*`` unless factories are given)."""
-    from lightmetrics.task_handler import task_handler
-
-    def build(metrics: Any) -> Reaper:
-        from lightmetrics.config import Settings
-        from lightmetrics.services import work_context
-
-        settings = settings_factory() if settings_factory else Settings.from_env()
-        ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
-               else work_context(settings, metrics=metrics, component="reap"))  # the host's clock
-        sfn = None
-        if step == "continue":
-            import boto3
-
-            sfn = sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")
-        return Reaper(ctx, settings, sfn_client=sfn)
-
-    return task_handler("reap", step, STEPS, build=build,
-                        passthrough=(ReapError, LeaseError, crashpoints.InjectedCrash, PermanentWorkError), transient=ReapTransient)
-
-
-__all__ = ["CHECKPOINT_PK", "LEASE_PK", "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl",
-           "ReapParams", "ReapTransient", "Reaper", "TASK_STEPS", "reap_task_handler", "report_of"]
+__all__ = ["CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT", "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE",
+           "REPORT_BLOCKED_MAX", "Reaper"]

@@ -1,0 +1,73 @@
+"""Reaps on Step Functions: GC of orphan raw blobs and retention of expired hours (docs/reaps.md).
+
+``infra/statemachines/reap.asl.json`` loops over Lambda tasks, each one method of :class:`Reaper`
+(begin, gc, retention, continue, end); every task returns ``{"reap": ..., "next": ...}`` and the
+state machine routes on ``next``. One lease ``lease#reap`` serves both modes; the checkpoint
+``checkpoint#reap``/``current`` and a GC page's ``marks#`` items make every task resumable, and
+every S3 delete is sent right after a fence (docs/protocol.md §13, L1-L3). The package, one
+concept a module:
+
+``params``   the execution input (:class:`ReapParams`), the control-table keys, GC's durable
+             source cursors, the newest audit run (G-B3), the history bound (G-B2)
+``marks``    a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
+``steps``    the Lambda tasks (:class:`Reaper`)
+``report``   the operator's report from a checkpoint (:func:`report_of`)
+``control``  the operator side (:class:`ReapControl`: start, status, follow)
+``handler``  the Lambda handlers (:func:`reap_task_handler`)
+``errors``   the errors a task raises on purpose (their names are the ASL's error names)
+
+Example (what ``lmctl reap gc --execute --wait`` does)::
+
+    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from lightmetrics.leases import LeaseHeld, LeaseLost
+from lightmetrics.reap.control import Followed, ReapControl
+from lightmetrics.reap.errors import InvalidReapInput, ReapError, ReapTransient
+from lightmetrics.reap.handler import reap_task_handler
+from lightmetrics.reap.marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
+from lightmetrics.reap.params import (
+    CHECKPOINT_PK,
+    CHECKPOINT_SK,
+    DEFAULT_MAX_PAGES,
+    EVENTS_FIXED,
+    EVENTS_PER_TASK,
+    INPUT_FIELDS,
+    LATEST_AUDIT,
+    LEASE_PK,
+    LEASE_SK,
+    MODES,
+    SOURCE_CURSOR_PREFIX,
+    SOURCES,
+    STEPS,
+    TASK_STEPS,
+    ReapParams,
+    latest_audit_run,
+    max_tasks_for,
+    source_cursor_sk,
+    tombstone_wait,
+)
+from lightmetrics.reap.report import COUNTERS, report_of
+from lightmetrics.reap.steps import (
+    CP_CONTINUATION_BEGUN,
+    CP_CONTINUED,
+    CP_INTENT,
+    CP_PAGE_DONE,
+    CP_SETTLE_RECORDED,
+    CP_STEP_DONE,
+    REPORT_BLOCKED_MAX,
+    Reaper,
+)
+
+__all__ = [
+    "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",
+    "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE", "DEFAULT_MAX_PAGES", "EVENTS_FIXED", "EVENTS_PER_TASK",
+    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX", "MODES",
+    "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS",
+    "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
+    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for", "reap_task_handler",
+    "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",
+]

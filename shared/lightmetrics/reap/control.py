@@ -1,0 +1,96 @@
+"""The operator side of reaps: start, status, follow (``lmctl reap``, the demo; never inside a task).
+
+Example (what ``lmctl reap gc --execute --wait`` does)::
+
+    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightmetrics import leases
+from lightmetrics.control_table import ControlTable, plain
+from lightmetrics.leases import LeaseHeld
+from lightmetrics.reap.errors import InvalidReapInput
+from lightmetrics.reap.params import CHECKPOINT_PK, CHECKPOINT_SK, LEASE_PK, LEASE_SK, ReapParams, read_lease
+from lightmetrics.reap.report import report_of
+from lightmetrics.work import WorkContext
+
+
+@dataclass
+class Followed:
+    status: str  # finished | failed
+    report: dict[str, Any]
+    execution_arn: str
+    detail: str = ""
+
+
+class ReapControl:
+    """Start and watch reaps through Step Functions (the CLI and the demo)."""
+
+    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
+        self.table: ControlTable = ctx.extras["table"]
+
+    def lease_live(self) -> dict[str, Any] | None:
+        lease = read_lease(self.table)
+        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        return report_of(item) if item else None
+
+    def start(self, *, timeout_s: float = 60.0, **inp: Any) -> str:
+        """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease."""
+        live = self.lease_live()
+        if live:
+            raise LeaseHeld(leases.describe(live, self.ctx.clock.now_ns(), "reap"))
+        inp = {k: v for k, v in inp.items() if v is not None}
+        ReapParams.parse(inp)
+        name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        arn = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
+                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lease = self.table.get(LEASE_PK, LEASE_SK)
+            if lease and lease.get("execution") == arn:
+                return arn
+            d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] != "RUNNING":
+                if d.get("error") == "LeaseHeld":
+                    raise LeaseHeld(f"refused: {d.get('cause', '')}")
+                raise InvalidReapInput(f"the reap did not start ({d['status']} {d.get('error', '')}): "
+                                       f"{d.get('cause', '')}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
+            self.sleep(0.1)
+
+    def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> Followed:
+        """Wait for the reap started as ``arn`` to end, through every execution it continued into."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] == "SUCCEEDED":
+                item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
+                if item.get("status") == "running" and item.get("next_execution") not in (None, arn):
+                    arn = str(item["next_execution"])  # it handed over to the next execution (Continue)
+                    continue
+            if d["status"] != "RUNNING":
+                report = self.checkpoint() or {}
+                ok = d["status"] == "SUCCEEDED" and report.get("status") == "finished"
+                return Followed("finished" if ok else "failed", report, arn,
+                                "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
+            if deadline is not None and time.monotonic() > deadline:
+                return Followed("failed", self.checkpoint() or {}, arn, "timed out following the reap")
+            self.sleep(poll_s)
+
+
+__all__ = ["Followed", "ReapControl"]
