@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,67 @@ def test_a_resumed_walk_clears_the_budget_of_a_key_that_failed_before_it_was_set
 
     # `walk start --resume`, in a new process: the page runs with retry_count 0, and W5 finds the
     # time entry present — the key must still go through its unit, and its success clear the budget.
+    resumed = Walker(system.work_context(policy=FAST), system.settings)
+    out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
+    for _ in range(10):
+        out = resumed.plan({"walk": out["walk"]})
+        if out["next"] != "pages":
+            break
+        for work in out["work"]:
+            resumed.page({"walk": out["walk"], "item": work, "retry_count": 0})
+    assert out["next"] == "finish", out
+    assert system.work_context().budget.get(work_key) is None
+
+
+class TaskDied(BaseException):
+    """The Lambda runtime ends the task: nothing in the task catches it."""
+
+
+class DyingStore:
+    """The work context's store: every request naming one of ``poison`` kills the task (a Lambda
+    timeout, an out-of-memory: not an exception the page can handle)."""
+
+    def __init__(self, store: Any, poison: set[str]) -> None:
+        self._store, self._poison = store, poison
+
+    def _check(self, key: str) -> None:
+        if any(p in key for p in self._poison):
+            raise TaskDied(f"the task died at a request for {key}")
+
+    def get(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self._check(key)
+        return self._store.get(key, *args, **kwargs)
+
+    def head(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self._check(key)
+        return self._store.head(key, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_a_page_whose_attempts_all_died_still_has_its_keys_repaired_in_full_on_resume(  # type: ignore[no-untyped-def]
+        system, runtime):  # noqa: F811
+    """The page's first attempt records a failure in a key's budget and then dies (no RETRY_LATER
+    write); so does every retry. A resumed walk must still repair that key in full, so that its
+    success clears the budget: the retried attempt says so before its work."""
+    at = HOUR.start_ns + 600 * _NS
+    (killer,) = accept_at(system, runtime, at, [ident(1, agent="a", boot="b")])
+    (lost,) = accept_at(system, runtime, at, [ident(7, agent="a", boot="b")], index=False)
+    ctx = system.work_context(policy=FAST)
+    work_key = f"{KIND_REPAIR}:{lost.manifest_key}"
+    killer_range = ctx.codec.parse(killer.manifest_key).identity.seq_range  # in its record's and entries' keys
+    dying = DyingStore(FailingGets(ctx.store, {lost.manifest_key}), {killer_range})
+    walker = Walker(dataclasses.replace(ctx, store=dying), system.settings)
+    out = walker.plan(walker.begin({"input": {}, "execution_arn": "first", "state_machine_arn": "-"}))
+    [item] = out["work"]
+    for attempt in range(3):  # the first attempt and Step Functions' retries: each one dies
+        with pytest.raises(TaskDied):
+            walker.page({"walk": out["walk"], "item": item, "retry_count": attempt})
+    walker.end({"walk": out["walk"], "outcome": "failed", "error": {"Error": "States.Timeout"}})
+    assert ctx.budget.get(work_key) is not None  # the lost record's unit failed at least once
+
+    index_accepted(ctx, lost.manifest_key)  # meanwhile its time entry is created
     resumed = Walker(system.work_context(policy=FAST), system.settings)
     out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
     for _ in range(10):

@@ -349,6 +349,16 @@ class Walker:
         skipped = set(item.get("skipped") or ())
         listing = self._list(partition, int(walk["page_size"]), after)
         keys = listing.keys
+        if retried and keys and keys[-1] > failed_through:
+            # An earlier attempt of this page died (a timeout, a crash) after its units may have
+            # recorded failures: say so before the work, so that if this attempt dies too, a resumed
+            # walk still repairs these keys in full (O1a). One write, on retries only.
+            try:
+                self.table.update(pk, sk, "SET #ft = :ft", names={**_owned(walk)[0], "#ft": "failed_through"},
+                                  values={**_owned(walk)[1], ":ft": keys[-1]}, condition=_OWNED)
+            except ConditionFailed:
+                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
+            failed_through = keys[-1]
 
         def failed_before(key: str) -> bool:
             return retried or key <= failed_through
