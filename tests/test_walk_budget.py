@@ -15,6 +15,19 @@ from test_reconcile_budget import FailingGets
 from test_walk_checks import HOUR, _NS, accept_at, system  # noqa: F401  (the fixture)
 
 
+def resume_to_the_end(system) -> None:  # type: ignore[no-untyped-def]
+    """`walk start --resume` in a new process: every page once, with retry_count 0."""
+    resumed = Walker(system.work_context(policy=FAST), system.settings)
+    out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
+    for _ in range(10):
+        out = resumed.plan({"walk": out["walk"]})
+        if out["next"] != "pages":
+            break
+        for work in out["work"]:
+            resumed.page({"walk": out["walk"], "item": work, "retry_count": 0})
+    assert out["next"] == "finish", out
+
+
 def test_a_resumed_walk_clears_the_budget_of_a_key_that_failed_before_it_was_settled_present(  # type: ignore[no-untyped-def]
         system, runtime):  # noqa: F811
     at = HOUR.start_ns + 600 * _NS
@@ -38,15 +51,7 @@ def test_a_resumed_walk_clears_the_budget_of_a_key_that_failed_before_it_was_set
 
     # `walk start --resume`, in a new process: the page runs with retry_count 0, and W5 finds the
     # time entry present — the key must still go through its unit, and its success clear the budget.
-    resumed = Walker(system.work_context(policy=FAST), system.settings)
-    out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
-    for _ in range(10):
-        out = resumed.plan({"walk": out["walk"]})
-        if out["next"] != "pages":
-            break
-        for work in out["work"]:
-            resumed.page({"walk": out["walk"], "item": work, "retry_count": 0})
-    assert out["next"] == "finish", out
+    resume_to_the_end(system)
     assert system.work_context().budget.get(work_key) is None
 
 
@@ -99,13 +104,5 @@ def test_a_page_whose_attempts_all_died_still_has_its_keys_repaired_in_full_on_r
     assert ctx.budget.get(work_key) is not None  # the lost record's unit failed at least once
 
     index_accepted(ctx, lost.manifest_key)  # meanwhile its time entry is created
-    resumed = Walker(system.work_context(policy=FAST), system.settings)
-    out = resumed.begin({"input": {"resume": True}, "execution_arn": "second", "state_machine_arn": "-"})
-    for _ in range(10):
-        out = resumed.plan({"walk": out["walk"]})
-        if out["next"] != "pages":
-            break
-        for work in out["work"]:
-            resumed.page({"walk": out["walk"], "item": work, "retry_count": 0})
-    assert out["next"] == "finish", out
+    resume_to_the_end(system)
     assert system.work_context().budget.get(work_key) is None
