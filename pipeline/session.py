@@ -42,6 +42,50 @@ LOCAL_CONF: dict[str, str] = {
 LOCAL_MASTER = "local[2]"
 
 
+#: The Java release PySpark 4 needs (the JVM that runs Spark locally).
+JAVA_MAJOR = 17
+
+
+class JavaMissing(RuntimeError):
+    """No usable Java for a local Spark session; the message says what to install."""
+
+
+def require_java(*, environ: Mapping[str, str] | None = None) -> str:
+    """The ``java`` executable a local session will start, checked before any work: PySpark
+    otherwise ends minutes later in a ``JAVA_GATEWAY_EXITED`` traceback.
+
+    >>> try:
+    ...     require_java(environ={"PATH": "", "JAVA_HOME": "/nowhere"})
+    ... except JavaMissing as exc:
+    ...     print(exc)
+    Spark needs Java 17 or later and none was found (JAVA_HOME=/nowhere, not on PATH): install a JDK 17 (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME
+    """
+    import re
+    import shutil
+    import subprocess
+
+    env = os.environ if environ is None else environ
+    home = env.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else None
+    if not (java and os.access(java, os.X_OK)):
+        java = shutil.which("java", path=env.get("PATH", ""))
+    where = f"JAVA_HOME={home}, not on PATH" if home else "no JAVA_HOME, not on PATH"
+    fix = "install a JDK 17 (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME"
+    if not java:
+        raise JavaMissing(f"Spark needs Java {JAVA_MAJOR} or later and none was found ({where}): {fix}")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JavaMissing(f"Spark needs Java {JAVA_MAJOR} or later; {java} does not run ({exc}): {fix}") from None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    major = int(found.group(1)) if found else 0
+    if major == 1 and found and found.group(2):  # "1.8.0_…": Java 8
+        major = int(found.group(2))
+    if major < JAVA_MAJOR:
+        raise JavaMissing(f"Spark needs Java {JAVA_MAJOR} or later; {java} is Java {major or 'of unknown version'}: {fix}")
+    return java
+
+
 def get_spark(
     app_name: str = "lightmetrics-pipeline",
     *,
@@ -61,6 +105,7 @@ def get_spark(
     if active is not None:
         return active
     if master is not None:
+        require_java()  # a clear message now, not a gateway traceback after minutes
         # The workers must run this interpreter: it has pyarrow, pandas and our packages.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
