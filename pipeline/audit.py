@@ -45,8 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.errors import ManifestError
+from lightmetrics.gc import resolution_settles
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import parse_record
 from lightmetrics.keys import UtcHour
@@ -347,8 +347,7 @@ def _check_orphan(access: S3Access, horizon_before_s: int) -> Any:
             # Conflict evidence: kept until its conflict is resolved and the evidence window (the
             # retry horizon) has passed since (GC's check 3, docs/protocol.md §15 G3).
             resolution = live.store.head(live.codec.conflict_resolution(ident, row["sha"]))
-            if resolution is None or resolution.metadata.get(RESOLUTION_METADATA_KEY) not in (
-                    "accept_existing", "deny_identity") or resolution.last_modified_unix_s >= horizon_before_s:
+            if not resolution_settles(resolution) or resolution.last_modified_unix_s >= horizon_before_s:
                 return []
             return [{**base, "reason": "conflict evidence, resolved more than the evidence window ago"}]
         why = "no acceptance record" if m is None else "the acceptance record names another blob"

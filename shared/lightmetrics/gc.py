@@ -158,6 +158,14 @@ def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[s
     return m
 
 
+def resolution_settles(resolution: Any) -> bool:
+    """Check 3 (G3): whether a conflict's resolution record (its HEAD, or None) decides the
+    conflict — ``accept_existing`` or ``deny_identity`` — so its evidence blob may go once the
+    evidence window has passed. The one rule GC and the Spark audit's orphan check share."""
+    return resolution is not None and resolution.metadata.get(RESOLUTION_METADATA_KEY) in (
+        "accept_existing", "deny_identity")
+
+
 class BlobCollector:
     """Proof, mark and settle for raw blobs; ``concurrency`` bounds parallel requests."""
 
@@ -236,8 +244,7 @@ class BlobCollector:
         if hour_tombstoned:
             return True, DELETE_HOUR_TOMBSTONED  # evidence of a conflict in a reaped hour
         resolution = self.ctx.store.head(self.codec.conflict_resolution(identity, sha))
-        if resolution is None or resolution.metadata.get(RESOLUTION_METADATA_KEY) not in ("accept_existing",
-                                                                                           "deny_identity"):
+        if not resolution_settles(resolution):
             return False, KEEP_CONFLICT
         if now_ns - int(resolution.last_modified_unix_s) * _NS < self.evidence_ns:
             return False, KEEP_EVIDENCE_WINDOW
@@ -410,5 +417,5 @@ class BlobCollector:
                 raise
 
 
-__all__ = ["BlobCollector", "Proof", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
+__all__ = ["BlobCollector", "Proof", "resolution_settles", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
            "KEEP_YOUNG", "KEEP_CONFLICT", "KEEP_RECORD_UNREADABLE"]

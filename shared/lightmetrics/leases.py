@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.config import LEASE_MARGIN_S
-from lightmetrics.control_table import ConditionFailed, ControlTable, Op
+from lightmetrics.control_table import ConditionFailed, ControlTable, Op, plain
 
 _NS = 1_000_000_000
 LEASE_SK = "lease"
@@ -57,6 +57,12 @@ class LeaseLost(LeaseError):
 def lease_pk(name: str) -> str:
     """``lease#<name>``: ``walk``, ``reap``, ``rollup``."""
     return f"lease#{name}"
+
+
+def read(table: ControlTable, pk: str) -> dict[str, Any] | None:
+    """The lease item at ``pk`` (plain values), or None if nobody ever took it."""
+    item = table.get(pk, LEASE_SK)
+    return plain(item) if item else None
 
 
 def is_live(item: dict[str, Any] | None, now_ns: int) -> bool:

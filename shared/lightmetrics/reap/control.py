@@ -19,7 +19,7 @@ from lightmetrics import leases
 from lightmetrics.control_table import ControlTable, plain
 from lightmetrics.leases import LeaseHeld
 from lightmetrics.reap.errors import InvalidReapInput
-from lightmetrics.reap.params import CHECKPOINT_PK, CHECKPOINT_SK, LEASE_PK, LEASE_SK, ReapParams, read_lease
+from lightmetrics.reap.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease
 from lightmetrics.reap.report import report_of
 from lightmetrics.work import WorkContext
 
@@ -60,7 +60,7 @@ class ReapControl:
                                        input=json.dumps(inp, sort_keys=True))["executionArn"]
         deadline = time.monotonic() + timeout_s
         while True:
-            lease = self.table.get(LEASE_PK, LEASE_SK)
+            lease = read_lease(self.table)
             if lease and lease.get("execution") == arn:
                 return arn
             d = self.sfn.describe_execution(executionArn=arn)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.control_table import ControlTable, plain
+from lightmetrics import leases
+from lightmetrics.control_table import ControlTable
 from lightmetrics.keys import RUN_ID_RE, KeyLayoutError, UtcHour
 from lightmetrics.leases import task_lease_rule_broken
 from lightmetrics.reap.errors import InvalidReapInput
@@ -28,8 +29,7 @@ CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
 
 def read_lease(table: ControlTable) -> dict[str, Any] | None:
     """The reap lease's item (plain values), or None if no reap ever took it."""
-    item = table.get(LEASE_PK, LEASE_SK)
-    return plain(item) if item else None
+    return leases.read(table, LEASE_PK)
 
 
 MODES = ("gc", "retention")

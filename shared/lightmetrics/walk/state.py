@@ -53,8 +53,7 @@ def watermark_pk(index: str) -> str:
 # --- the walk's lease (lightmetrics.leases; docs/protocol.md §13, L1-L3) ----------------------------------
 def read_lease(table: ControlTable) -> dict[str, Any] | None:
     """The walk lease's item (plain values), or None if no walk ever took it."""
-    item = table.get(LEASE_PK, LEASE_SK)
-    return plain(item) if item else None
+    return leases.read(table, LEASE_PK)
 
 
 def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
