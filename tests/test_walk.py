@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -490,6 +491,35 @@ def test_page_size_one_over_500_keys_spans_executions_of_one_epoch(system, runti
     # Every entry is missing: the HEAD of the accepted-by-time entry (W5), then 5 per repair (GET,
     # 2 conditional PUTs, HEAD, PUT) + the page's LIST + enumeration.
     assert s3_requests / 500 <= 7.2
+
+
+def test_a_round_walks_up_to_40_partitions_at_once(system, runtime, clock):  # type: ignore[no-untyped-def]
+    """The walk's parallelism goes to 40, an inline Map's concurrency in AWS (docs/walks.md): one
+    round hands out a page to each of 24 partitions, all walked in that round; 41 is refused."""
+    from lightmetrics.walk import MAX_PARALLELISM, InvalidWalkInput, WalkParams
+
+    assert MAX_PARALLELISM == 40 and WalkParams.parse({"parallelism": 40}).parallelism == 40
+    with pytest.raises(InvalidWalkInput, match="parallelism"):
+        WalkParams.parse({"parallelism": 41})
+    asl = json.loads((Path(__file__).parents[1] / "infra/statemachines/bootstrap_walk.asl.json").read_text())
+    maps = [st for st in asl["States"].values() if st["Type"] == "Map"]
+    assert [m["MaxConcurrency"] for m in maps] == [MAX_PARALLELISM]  # the Map runs what Plan hands out
+    idents = [ident(1, agent=f"agent-{a:02d}") for a in range(24)]
+    accept_all(system, runtime, clock, idents)
+    result = run_walk(system, page_size=10, parallelism=24)
+    assert result.status == "finished", result.detail
+    assert result.summary["keys"] == 24 and result.summary["repairs"] == 24
+    events = history(system, result.executions[0])
+    # Map iterations per round (a round is one Map state): the first round walks all 24 partitions.
+    per_map, current = [], 0
+    for e in events:
+        if e["type"] == "MapStateStarted":
+            current = 0
+        elif e["type"] == "MapIterationStarted":
+            current += 1
+        elif e["type"] == "MapStateSucceeded":
+            per_map.append(current)
+    assert per_map and per_map[0] == 24, per_map
 
 
 # --------------------------------------------------------------------------- agent scope, CLI

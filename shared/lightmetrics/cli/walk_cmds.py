@@ -133,7 +133,7 @@ def _follow(control: Any, started: Any, as_json: bool) -> Any:
                                           "entries were deleted behind the system's back (verify: missing-derived).")
 @click.option("--wait", is_flag=True, help="Follow the walk with a progress bar; exit 1 if it failed.")
 @click.option("--page-size", type=int, default=None, help="Keys per page (1-10000, default 1000).")
-@click.option("--parallelism", type=int, default=None, help="Partitions walked at once (1-10, default 4).")
+@click.option("--parallelism", type=int, default=None, help="Partitions walked at once (1-40, default 4).")
 @click.option("--max-rounds", type=int, default=None,
               help="Rounds of pages per execution before it continues in a new one (capped by the history bound).")
 @click.option("--lease-seconds", type=int, default=None, help="Walk lease duration, renewed every page (default 900).")

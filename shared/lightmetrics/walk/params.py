@@ -26,7 +26,9 @@ from lightmetrics.walk.errors import InvalidWalkInput
 # hours and cost nothing but their listing, rule W4). 10,000 keys whose entries are all missing
 # take ~60 s to repair at 16 at a time, well inside the page task's 300 s.
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, LIST_MAX_KEYS = 1000, 10_000, 1000
-DEFAULT_PARALLELISM, MAX_PARALLELISM = 4, 10  # the ASL's Map MaxConcurrency is 10
+# An inline Map runs at most 40 iterations at once in AWS; the ASL's MaxConcurrency is 40 and Plan hands
+# out at most ``parallelism`` pages a round.
+DEFAULT_PARALLELISM, MAX_PARALLELISM = 4, 40
 DEFAULT_MAX_ROUNDS = 100
 DEFAULT_LEASE_S, MAX_LEASE_S = 900, 86400
 MIN_LEASE_S = 60  # the input's range; rule L1 (min_lease_s of the walk's tasks) is checked on top
