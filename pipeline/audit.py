@@ -22,6 +22,11 @@ executors, because inventory lags — only confirmed findings are written):
 ``integrity``
     an acceptance record whose blob is missing (or has another size) outside a tombstoned hour.
     Confirmed by GET of the record, HEAD of the blob and of the hour's tombstone.
+A missing blob that GC has marked is **in GC's hands** (docs/protocol.md §15: the intent is
+recorded in the reap's ``marks#`` items before the delete marker; the settle purges it or, if it is
+referenced, restores it): neither ``integrity`` nor ``derived-without-source``. The marked keys are
+read once, from the control table, by the driver (at most the reap's pending pages of marks).
+
 ``orphan-blob-candidates``
     raw blobs older than ``LM_RETRY_HORIZON_S`` that no ``accepted-by-blob`` entry references
     (conflict evidence only once its conflict was resolved longer ago than the evidence window);
@@ -202,6 +207,14 @@ def classify(inventory: Any, prefix: str) -> Any:
 # ------------------------------------------------------------------------------ confirmation
 
 
+def gc_marked_blobs(table: Any, codec: Any) -> frozenset[str]:
+    """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
+    §15): one Query of the reap's checkpoint items."""
+    from lightmetrics.reap.marks import read_marks_items
+
+    return frozenset(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
+
+
 def _identity(agent_hex: str, boot_hex: str, s: Any, e: Any) -> BatchIdentity:
     return BatchIdentity.create(hex_to_id(agent_hex), hex_to_id(boot_hex), int(s), int(e))
 
@@ -235,7 +248,7 @@ MANIFEST_CHECK_COLUMNS = ["category", "manifest_key", "manifest_id", "frame_sha2
                           "blob_key", "detail"]
 
 
-def _check_manifest(access: S3Access) -> Any:
+def _check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) -> Any:
     """Live state of one acceptance record: its derived entries and its blob (repair + integrity)."""
 
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -258,7 +271,9 @@ def _check_manifest(access: S3Access) -> Any:
             missing.append("accepted-by-blob")
         out = []
         head = live.store.head(m.raw_blob_key)
-        if head is None:
+        if head is None and m.raw_blob_key in gc_marked:
+            pass  # GC's settle restores a referenced blob it marked (§15): not missing
+        elif head is None:
             out.append({**base, "category": "integrity", "missing": "", "detail": "blob missing, hour not tombstoned"})
         elif head.size != m.frame_bytes:
             out.append({**base, "category": "integrity", "missing": "",
@@ -292,11 +307,13 @@ def _check_quarantine(access: S3Access) -> Any:
 DERIVED_COLUMNS = ["entry_key", "entry_kind", "source_key", "detail"]
 
 
-def _check_derived(access: S3Access) -> Any:
+def _check_derived(access: S3Access, gc_marked: frozenset[str] = frozenset()) -> Any:
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
         live = _Live(access)
         if live.store.head(row["source_key"]) is not None:
             return []  # the source exists now (inventory lag)
+        if row["entry_kind"] == "raw-blobs-by-time" and row["source_key"] in gc_marked:
+            return []  # GC marked the blob; its settle deletes the entry with it (§15)
         if row["entry_kind"] == "raw-blobs-by-time":
             raw = live.store.get(row["entry_key"])
             if raw is None:
@@ -415,8 +432,10 @@ def run_audit(
     retry_horizon_s: int,
     inventory_info: dict[str, Any] | None = None,
     workers: int = 16,
+    gc_marked: frozenset[str] = frozenset(),
 ) -> AuditReport:
-    """Run the audit over ``inventory`` (a DataFrame with the inventory columns) and write its outputs."""
+    """Run the audit over ``inventory`` (a DataFrame with the inventory columns) and write its outputs.
+    ``gc_marked``: the blob keys GC has marked and not settled (:func:`gc_marked_blobs`), not missing."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -513,7 +532,7 @@ def run_audit(
             .join(TS, F.col("acc_hour") == F.col("th"), "left_anti") \
             .groupBy("key").agg(F.concat_ws(",", F.array_sort(F.collect_set("cand"))).alias("cand"))
         checked = manifest_cands.mapInPandas(
-            row_mapper(_check_manifest(access), MANIFEST_CHECK_COLUMNS, acc, workers=workers, tag="cand"),
+            row_mapper(_check_manifest(access, gc_marked), MANIFEST_CHECK_COLUMNS, acc, workers=workers, tag="cand"),
             _schema(MANIFEST_CHECK_COLUMNS))
         q_missing = Q.join(QB.select("mid", "sha"), ["mid", "sha"], "left_anti")
         q_checked = q_missing.select("key", "sha", "agent", "boot", "s", "e", F.lit("repair").alias("cand")).mapInPandas(
@@ -538,7 +557,7 @@ def run_audit(
             .withColumn("cand", F.lit("derived-without-source"))
         )
         derived_findings = derived.mapInPandas(
-            row_mapper(_check_derived(access), DERIVED_COLUMNS, acc, workers=workers, tag="cand"),
+            row_mapper(_check_derived(access, gc_marked), DERIVED_COLUMNS, acc, workers=workers, tag="cand"),
             _schema(DERIVED_COLUMNS))
 
         # -- orphan blobs past the retry horizon -------------------------------------------------------

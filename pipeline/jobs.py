@@ -29,8 +29,11 @@ def _spark(master: str | None) -> Any:
 
 
 def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_ns: int | None = None,
-              access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]") -> Any:
-    from pipeline.audit import run_audit
+              access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
+              table: Any = None) -> Any:
+    from lightmetrics.services import control_table
+
+    from pipeline.audit import gc_marked_blobs, run_audit
     from pipeline.inventory import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
@@ -42,8 +45,9 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
         raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
     df = inventory_dataframe(spark, report, access)
     now_s = (now_ns if now_ns is not None else time.time_ns()) // 1_000_000_000
+    marked = gc_marked_blobs(table or control_table(settings), access.codec)
     return run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=settings.retry_horizon_s,
-                     inventory_info=report.to_json())
+                     inventory_info=report.to_json(), gc_marked=marked)
 
 
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:

@@ -178,6 +178,43 @@ def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark):  # type
     assert latest_audit_run(ctx.store, codec) == "planted"
 
 
+def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type: ignore[no-untyped-def]
+    """Issue 15: GC between its mark and its settle (docs/protocol.md §15: intent recorded in the reap's
+    marks items, then the delete marker) is not a missing blob — neither for the record that names it
+    (the settle restores a referenced blob) nor for its raw-blobs-by-time entry (the purge removes it).
+    The same deletions without GC's recorded marks are violations."""
+    from lightmetrics.reap.marks import page_ops
+    from pipeline.jobs import audit_job
+
+    system = make_system(runtime, clock)
+    s3 = runtime.boto3_client("s3")
+    B = system.bucket
+    ctx = system.work_context(policy=FAST)
+    table = ctx.extras["table"]
+    actx = accept_context(system.settings, client=s3, clock=clock, policy=FAST)
+    r = accept_batch(actx, ident(1), make_frame(ident(1)))
+    index_accepted(ctx, r.manifest_key)
+    index_raw_blob(ctx, r.blob_key)
+    access = access_for(system, runtime, "pipeline-audit")
+    version = s3.head_object(Bucket=B, Key=r.blob_key)["VersionId"]
+    mark = {"sha": r.frame_sha256, "version_id": version, "marker_version_id": None, "lm_unix_s": T0_NS // 10**9,
+            "reason": "unreferenced", "agent_hex": ident(1).agent_hex, "boot_hex": ident(1).boot_hex,
+            "seq_start": ident(1).seq_start, "seq_end": ident(1).seq_end}
+    table.transact(page_ops(1, 0, [mark], {"state": "marked", "marked_at_ns": T0_NS}, []))  # 1. intent
+    s3.delete_object(Bucket=B, Key=r.blob_key)  # 2. the delete marker; GC now waits out its grace
+    inv.snapshot(access, inv.Destination.parse(f"s3://{B}/inventory"))
+
+    def audit(run_id: str) -> dict[str, int]:
+        report = audit_job(system.settings, f"s3://{B}/inventory/", run_id=run_id, access=access, spark=spark,
+                           table=table, now_ns=T0_NS)
+        return {k: report.confirmed[k] for k in ("integrity", "derived-without-source")}
+
+    assert audit("during-grace") == {"integrity": 0, "derived-without-source": 0}
+    for item in table.query("checkpoint#reap"):  # the marks gone, the marker stays: nobody's mark
+        table.delete(item["pk"], item["sk"])
+    assert audit("no-mark") == {"integrity": 1, "derived-without-source": 1}
+
+
 def test_a_million_keys_without_collecting_key_sets(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]
     assert spark.sparkContext.getConf().get("spark.driver.maxResultSize") == "1m"
     system = make_system(runtime, clock)

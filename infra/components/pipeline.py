@@ -60,7 +60,9 @@ READ_PREFIXES = ("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/",
                  "conflict-resolutions/v1/")
 WRITE_PREFIXES = ("rollup/v1/", "index/v1/", "manifests/v1/", "audit/v1/")
 #: control-table partitions the jobs touch (docs/control-table.md)
-TABLE_KEYS = ("lease#rollup", "checkpoint#reconcile")
+#: control-table partitions the jobs write (the rollup's lease) and only read
+LEASE_KEYS = ("lease#rollup",)
+READ_KEYS = ("checkpoint#reconcile", "checkpoint#reap")
 PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParameters", "LogUri", "InventoryLocation")
 
 
@@ -126,9 +128,15 @@ class Pipeline(NestedStack):
         self.job_role.add_to_policy(iam.PolicyStatement(
             sid="WriteJobLogs", actions=["s3:PutObject"], resources=obj(ops_bucket, [f"{ARTIFACTS_PREFIX}logs/"])))
         self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="LeaseAndCheckpoint", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+            sid="RollupLease", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
             resources=[table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(TABLE_KEYS)}}))
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(LEASE_KEYS)}}))
+        # Read only: the reconciler's checkpoints (which hours are closed) and GC's recorded marks
+        # (the audit's blobs in GC's hands, docs/protocol.md §15).
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadCheckpointsAndGcMarks", actions=["dynamodb:GetItem", "dynamodb:Query"],
+            resources=[table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(READ_KEYS)}}))
 
         # -- the state machine that starts the jobs ---------------------------------------------------------
         artifacts = f"s3://{ops_bucket.bucket_name}/{ARTIFACTS_PREFIX}"
@@ -230,5 +238,5 @@ def asl_document() -> dict:  # type: ignore[type-arg]
     return json.loads(ASL_FILE.read_text())
 
 
-__all__ = ["ASL_FILE", "PLACEHOLDERS", "Pipeline", "READ_PREFIXES", "RELEASE_LABEL", "TABLE_KEYS", "WRITE_PREFIXES",
-           "asl_document", "asl_placeholders", "spark_submit_parameters"]
+__all__ = ["ASL_FILE", "LEASE_KEYS", "PLACEHOLDERS", "Pipeline", "READ_KEYS", "READ_PREFIXES", "RELEASE_LABEL",
+           "WRITE_PREFIXES", "asl_document", "asl_placeholders", "spark_submit_parameters"]
