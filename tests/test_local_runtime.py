@@ -273,6 +273,23 @@ def test_step_functions_runs_asl_with_lambda_task(runtime: LocalRuntime) -> None
     assert "LambdaFunctionScheduled" in types and "LambdaFunctionSucceeded" in types
 
 
+def test_unnamed_executions_get_a_uuid_each_as_in_aws(runtime: LocalRuntime) -> None:
+    """Issue 17: ``aws stepfunctions start-execution`` without ``--name`` twice in a row (moto alone
+    names both ``None``, and the second fails with ExecutionAlreadyExists)."""
+    import uuid
+
+    sfn = runtime.boto3_client("stepfunctions")
+    definition = {"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}
+    machine = sfn.create_state_machine(
+        name="lm-test-unnamed", definition=json.dumps(definition), roleArn="arn:aws:iam::123456789012:role/sfn"
+    )["stateMachineArn"]
+    names = [sfn.start_execution(stateMachineArn=machine, input="{}")["executionArn"].rsplit(":", 1)[-1]
+             for _ in range(2)]
+    assert names[0] != names[1] and all(str(uuid.UUID(n)) == n for n in names)
+    named = sfn.start_execution(stateMachineArn=machine, name="mine", input="{}")["executionArn"]
+    assert named.endswith(":mine")  # a given name is kept
+
+
 def test_stop_frees_port_and_threads(runtime: LocalRuntime) -> None:
     before = local_threads()
     port = free_port()

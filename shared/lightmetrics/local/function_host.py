@@ -44,6 +44,30 @@ COUNTS_PATH = "/_lightmetrics/request-counts"
 _INVOKE_SUFFIX = "/invocations"
 
 
+def name_unnamed_execution(environ: dict[str, Any]) -> None:
+    """A ``StartExecution`` without ``name`` gets a UUID, as AWS gives it (moto names it ``None``,
+    so a second unnamed start would fail with ExecutionAlreadyExists). The request body is
+    rewritten in ``environ``; a body that is not a JSON object goes to moto as it came.
+
+    >>> import io; env = {"CONTENT_LENGTH": "2", "wsgi.input": io.BytesIO(b"{}")}
+    >>> name_unnamed_execution(env); len(json.loads(env["wsgi.input"].read())["name"])
+    36
+    """
+    import io
+
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    raw = environ["wsgi.input"].read(length) if length else b""
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and not body.get("name"):
+        body["name"] = str(uuid.uuid4())
+        raw = json.dumps(body).encode()
+    environ["wsgi.input"] = io.BytesIO(raw)
+    environ["CONTENT_LENGTH"] = str(len(raw))
+
+
 class LambdaContext:
     """The subset of the Lambda Python context object that handlers (and Powertools) use."""
 
@@ -186,6 +210,8 @@ class FunctionHost:
             name = function_name_from(raw_name)
             if name in self.names():
                 return self._invoke(name, environ, start_response)
+        if environ.get("HTTP_X_AMZ_TARGET") == "AWSStepFunctions.StartExecution":
+            name_unnamed_execution(environ)
         service = _service_of(environ.get("HTTP_AUTHORIZATION", ""))
         component = _COMPONENT.search(environ.get("HTTP_USER_AGENT", ""))
         with self._lock:
