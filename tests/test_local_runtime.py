@@ -395,7 +395,6 @@ def test_ingest_refuses_oversized_body_without_reading_it(ingest: tuple[IngestHT
 @pytest.mark.parametrize(
     ("headers", "status"),
     [
-        (b"", b"411"),
         (b"Content-Length: 12abc\r\n", b"400"),
         (b"Content-Length: -1\r\n", b"400"),
         (b"Content-Length: 5\r\nContent-Length: 6\r\n", b"400"),
@@ -408,8 +407,32 @@ def test_ingest_refuses_bad_content_length(
     server, recorder = ingest
     response, _ = raw_exchange(server.port, b"POST / HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
     assert response.split(b" ", 2)[1] == status
-    assert json.loads(response.split(b"\r\n\r\n", 1)[1])["status"] == "invalid"
+    body = json.loads(response.split(b"\r\n\r\n", 1)[1])
+    assert (body["status"], body["duplicate"], bool(body["reason"])) == ("invalid", False, True)  # the documented shape
     assert recorder.events == []
+
+
+def test_ingest_post_without_a_body_reaches_the_handler_with_one_content_type() -> None:
+    """Issue 17: ``curl -X POST`` without data sends neither Content-Length nor Transfer-Encoding: an
+    empty body (RFC 9112 §6.3), which the handler answers as a Function URL would let it; a handler
+    that names ``content-type`` in lower case gets exactly one such header back."""
+    events: list[dict[str, Any]] = []
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        events.append(event)
+        return {"statusCode": 400, "headers": {"content-type": "application/json"},
+                "body": json.dumps({"status": "invalid", "duplicate": False, "reason": "empty body"})}
+
+    server = IngestHTTPServer(handler, port=free_port(), max_body_bytes=LIMIT, request_timeout_s=5).start()
+    try:
+        response, _ = raw_exchange(server.port, b"POST /v1/frames HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    finally:
+        server.stop()
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"400" and json.loads(body)["duplicate"] is False
+    assert [line for line in head.lower().split(b"\r\n") if line.startswith(b"content-type:")] == [
+        b"content-type: application/json"]
+    assert len(events) == 1 and not events[0].get("body")
 
 
 def test_ingest_stop_frees_port() -> None:

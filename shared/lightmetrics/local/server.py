@@ -517,7 +517,6 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
 
     server: _IngestServer
     protocol_version = "HTTP/1.1"
-    _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
     def setup(self) -> None:
         super().setup()
@@ -547,10 +546,7 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
             self._refuse(411, "chunked bodies are not supported; send Content-Length")
             return None
         if not values:
-            if self.command in self._BODY_METHODS:
-                self._refuse(411, "Content-Length required")
-                return None
-            return 0
+            return 0  # neither header: the body is empty (RFC 9112 §6.3), as a Function URL reads it
         if len({v.strip() for v in values}) != 1 or not values[0].strip().isdigit():
             self._refuse(400, "malformed Content-Length")
             return None
@@ -567,7 +563,7 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
         self._write(
             status,
             {"Content-Type": "application/json"},
-            json.dumps({"status": "invalid", "reason": reason}).encode(),
+            json.dumps({"status": "invalid", "duplicate": False, "reason": reason}).encode(),
         )
         self._linger()
 
@@ -616,7 +612,7 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
             self._write(
                 400,
                 {"Content-Type": "application/json"},
-                b'{"status":"invalid","reason":"body shorter than Content-Length"}',
+                b'{"status":"invalid","duplicate":false,"reason":"body shorter than Content-Length"}',
             )
             return
         owner = self.server.owner
@@ -630,7 +626,7 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
             self._write(
                 502,
                 {"Content-Type": "application/json"},
-                b'{"status":"unavailable","reason":"internal error"}',
+                b'{"status":"unavailable","duplicate":false,"reason":"internal error"}',
             )
             return
         self._write_result(result)
@@ -646,7 +642,8 @@ class _IngestRequestHandler(BaseHTTPRequestHandler):
         else:
             payload = raw.encode() if isinstance(raw, str) else json.dumps(raw).encode()
         headers = {str(k): str(v) for k, v in (result.get("headers") or {}).items()}
-        headers.setdefault("Content-Type", "application/json")
+        if not any(k.lower() == "content-type" for k in headers):  # one header, whatever its case
+            headers["Content-Type"] = "application/json"
         self._write(int(result["statusCode"]), headers, payload, list(result.get("cookies") or []))
 
     def _event(self, body: bytes) -> dict[str, Any]:
@@ -703,8 +700,10 @@ class IngestHTTPServer:
     """The local ingest endpoint: HTTP requests become Function URL events for ``handler``.
 
     Content-Length is checked against ``max_body_bytes`` before anything of the body is read:
-    413 if over, 411 if missing on POST/PUT/PATCH, 400 if malformed, each with a JSON body
-    ``{"status": "invalid", "reason": ...}``.
+    413 if over, 400 if malformed, 411 for a chunked body, each with a JSON body
+    ``{"status": "invalid", "duplicate": false, "reason": ...}`` (the documented response shape);
+    a request with neither Content-Length nor Transfer-Encoding has an empty body and reaches the
+    handler, as it does through a Function URL.
 
     Example::
 
