@@ -129,3 +129,8 @@ def test_invoke_runs_a_handler_with_a_sample_event(env):  # type: ignore[no-unty
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["statusCode"] == 401
     assert run("invoke", "nope", "--event", "events/ingest/missing-token.json", env=env).returncode == 2
+    # The folder under functions/ names the function as well (issue 17): the S3 test event is acknowledged.
+    by_name, by_folder = (run("invoke", f, "--event", "events/index_accepted/s3-test-event.json", "--json", env=env)
+                          for f in ("index-accepted", "index_accepted"))
+    assert by_name.returncode == by_folder.returncode == 0, by_folder.stderr
+    assert json.loads(by_folder.stdout) == json.loads(by_name.stdout)

@@ -221,14 +221,17 @@ def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_js
 @click.option("--event", "event_path", required=True, type=click.Path(dir_okay=False), help="Event JSON file.")
 @json_option
 def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
-    """Run one Lambda handler in-process with a sample event (see events/)."""
+    """Run one Lambda handler in-process with a sample event (see events/). FUNCTION is a
+    function's name (index-accepted) or its folder under functions/ (index_accepted)."""
     from lightmetrics.local.function_host import LambdaContext
     from lightmetrics.resources import SPEC
 
+    by_folder = {f.module.split(".")[-2]: f for f in SPEC.functions if f.module.startswith("functions.")}
     try:
-        spec = SPEC.function(function)
+        spec = by_folder[function] if function in by_folder else SPEC.function(function)
     except (KeyError, ValueError):
-        fail(f"unknown function {function!r}; known: {', '.join(f.name for f in SPEC.functions)}", as_json=as_json)
+        fail(f"unknown function {function!r}; known: {', '.join(f.name for f in SPEC.functions)} "
+             f"(or their folders under functions/)", as_json=as_json)
     try:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
