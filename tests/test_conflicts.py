@@ -374,6 +374,30 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
     assert json.loads(r.stdout)["unresolved_conflicts"] == 0
 
 
+def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, clock):  # type: ignore[no-untyped-def]
+    """Issue 17: an operator copies the start of an id; a prefix of one conflict shows it, a prefix
+    of several names them and exits 2, a prefix of none exits 2."""
+    from lightmetrics.cli.main import cli
+    from lightmetrics.conflicts import conflict_id
+
+    _, one = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-1", 0, 9))
+    _, two = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-2", 0, 9))
+    ids = [conflict_id(BatchIdentity.create("agent-pfx", b, 0, 9), r.frame_sha256)
+           for b, r in (("boot-1", one), ("boot-2", two))]
+    env = {**system.environment(), "COLUMNS": "200"}
+    runner = CliRunner()
+    boot_1 = ids[0].split(".")[1]
+    prefix = ids[0][:ids[0].index(".") + 1 + len(boot_1)]  # <agent-hex>.<boot-hex>: boot-1's conflict only
+    shown = runner.invoke(cli, ["conflicts", "show", prefix, "--json"], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert ids[0] in shown.stdout and one.frame_sha256 in shown.stdout
+    agent_only = ids[0][:ids[0].index(".")]  # both conflicts of the agent
+    r = runner.invoke(cli, ["conflicts", "show", agent_only], env=env)
+    assert r.exit_code == 2 and ids[0] in r.output and ids[1] in r.output and "several" in r.output
+    r = runner.invoke(cli, ["conflicts", "show", "ffff0000", "--json"], env=env)
+    assert r.exit_code == 2 and "no conflict id starts with" in json.loads(r.stdout)["reason"]
+
+
 def test_walk_rebuilds_a_missing_registry_item(system, runtime, clock):  # type: ignore[no-untyped-def]
     ident = BatchIdentity.create("agent-walk", "boot-1", 0, 9)
     _, second = make_conflict(system, runtime, clock, ident)

@@ -324,9 +324,35 @@ class ConflictRegistry:
         except ManifestError as exc:
             raise ConflictError(f"{key}: unreadable resolution record: {exc}") from None
 
+    def complete_id(self, text: str) -> str:
+        """The conflict id ``text`` is, or the one id it is a unique prefix of (one LIST of the
+        quarantine keys under it); a prefix of none or of several raises, naming them.
+
+        >>> registry.complete_id("6167656e742d31.")                        # doctest: +SKIP
+        '6167656e742d31.626f6f742d31.00000000000000000000-00000000000000000009.5e3f…'
+        """
+        text = (text or "").strip()
+        if _ID_RE.match(text) or text.startswith(self.codec.prefix + "quarantine/"):
+            return text
+        if not re.fullmatch(r"[0-9a-f]+(\.[0-9a-f-]*){0,3}", text):
+            raise InvalidConflictId(f"{text!r} is neither a conflict id nor the start of one (see `lmctl conflicts list`)")
+        page = self.store.list_page(self.codec.quarantine_id_prefix(text), max_keys=3)  # type: ignore[attr-defined]
+        ids = []
+        for key in page.keys:
+            ident, sha = parse_conflict_id(key, self.codec)
+            ids.append(conflict_id(ident, sha))
+        if not ids:
+            raise ConflictNotFound(f"no conflict id starts with {text!r} (see `lmctl conflicts list`)")
+        if len(ids) > 1:
+            more = ", ..." if page.truncated or len(ids) > 2 else ""
+            raise InvalidConflictId(f"{text!r} is the start of several conflict ids: {', '.join(ids[:2])}{more}; "
+                                    f"give more of it")
+        return ids[0]
+
     def show(self, cid: str) -> ConflictDetail:
-        """Evidence + resolution from S3 (authoritative); repairs a missing or stale registry item."""
-        ident, sha = parse_conflict_id(cid, self.codec)
+        """Evidence + resolution from S3 (authoritative); repairs a missing or stale registry item.
+        ``cid`` may be a unique prefix of the id (:meth:`complete_id`)."""
+        ident, sha = parse_conflict_id(self.complete_id(cid), self.codec)
         entry = self._evidence(ident, sha)
         res_key = self.codec.conflict_resolution(ident, sha)
         record = self._record(res_key)

@@ -237,6 +237,19 @@ class KeyCodec:
         sha = validate_sha256(sha256)
         return f"{self.prefix}quarantine/v1/identity-conflict/{_id_path(identity)}/{sha}.json"
 
+    def quarantine_id_prefix(self, id_prefix: str) -> str:
+        """The key prefix under which the quarantine manifests of every conflict whose id starts
+        with ``id_prefix`` lie (a conflict id is ``<agent-hex>.<boot-hex>.<seq-range>.<sha256>``).
+
+        >>> KeyCodec("").quarantine_id_prefix("6167.62")
+        'quarantine/v1/identity-conflict/agent=6167/boot=62'
+        """
+        parts = id_prefix.split(".", 3)
+        out = f"{self.prefix}quarantine/v1/identity-conflict/agent={parts[0]}"
+        for separator, part in zip(("/boot=", "/", "/"), parts[1:]):
+            out += separator + part
+        return out
+
     def quarantine_by_blob(self, sha256: str, identity: BatchIdentity) -> str:
         sha = validate_sha256(sha256)
         return f"{self.prefix}quarantine-by-blob/v1/{_sha_path(sha)}/{_id_path(identity)}.json"

@@ -132,7 +132,8 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
 @config_options
 @json_option
 def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
-    """One conflict from its evidence in S3: both hashes, both blobs, the accepted record, the decision."""
+    """One conflict from its evidence in S3: both hashes, both blobs, the accepted record, the decision.
+    CONFLICT_ID may be the start of an id that no other conflict's id starts with."""
     registry = _registry(settings, as_json)
     detail = _run(lambda: registry.show(conflict_id), as_json)
     if as_json:
