@@ -534,6 +534,8 @@ def test_agent_scoped_walk_never_moves_the_watermark_and_the_cli(runtime):  # ty
         r = runner.invoke(cli, ["verify", "--strict", "--json"], env=env)
         assert r.exit_code == 1 and json.loads(r.stdout)["violation_counts"] == {"missing-derived": 18}
 
+        r = runner.invoke(cli, ["walk", "start", "--agent", "no-such-agent", "--json"], env=env)
+        assert r.exit_code == 2 and "no acceptance records" in json.loads(r.stdout)["reason"]
         r = runner.invoke(cli, ["walk", "start", "--agent", "a0", "--wait", "--json", "--page-size", "2"], env=env)
         assert r.exit_code == 0, r.output
         out = json.loads(r.stdout)

@@ -142,7 +142,7 @@ def _follow(control: Any, started: Any, as_json: bool) -> Any:
 def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_size: int | None, parallelism: int | None,
                max_rounds: int | None, lease_seconds: int | None, settings: Settings, as_json: bool) -> None:
     """Start a bootstrap walk execution (exit 5 if another walk holds the lease)."""
-    from lightmetrics.walk import InvalidWalkInput, LeaseHeld, NothingToResume
+    from lightmetrics.walk import InvalidWalkInput, LeaseHeld, NothingToResume, NothingToWalk
 
     control = _control(settings, as_json)
     try:
@@ -153,7 +153,7 @@ def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_siz
                                 max_rounds=max_rounds, lease_seconds=lease_seconds)
     except LeaseHeld as exc:
         fail(f"not started: {exc}", EXIT_LEASE_HELD, as_json=as_json)
-    except (InvalidWalkInput, NothingToResume) as exc:
+    except (InvalidWalkInput, NothingToResume, NothingToWalk) as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except (ClientError, BotoCoreError, TimeoutError) as exc:
         fail(f"cannot start the walk: {exc}", EXIT_UNAVAILABLE, as_json=as_json)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from lightmetrics.leases import LeaseHeld, LeaseLost
 from lightmetrics.walk.checks import RecordChecks, boundary_margin_ns, candidate_hours, list_beats_heads
 from lightmetrics.walk.control import Followed, Started, WalkControl
-from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, WalkError, WalkRetryLater, WalkTransient
+from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk, WalkError, WalkRetryLater, WalkTransient
 from lightmetrics.walk.handler import walk_task_handler
 from lightmetrics.walk.params import (
     DEFAULT_LEASE_S,
@@ -84,7 +84,7 @@ __all__ = [
     "EVENTS_FIXED", "EVENTS_PER_PAGE", "EVENTS_PER_ROUND", "HISTORY_BUDGET", "HISTORY_LIMIT", "INDEXES",
     "INPUT_FIELDS", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "LIST_MAX_KEYS", "MAX_LEASE_S", "MAX_PAGE_SIZE",
     "MAX_PARALLELISM", "MIN_LEASE_S", "OUTCOMES", "PART_PREFIX", "PRESENCE_WALK_INDEXES", "STEPS", "TASK_STEPS",
-    "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "NothingToResume", "RecordChecks", "Started",
+    "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "NothingToResume", "NothingToWalk", "RecordChecks", "Started",
     "WalkControl", "WalkError", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "read_lease", "read_walk", "read_watermarks", "set_watermark",

@@ -20,7 +20,7 @@ from typing import Any
 from lightmetrics.control_table import ControlTable
 from lightmetrics.identity import id_to_hex
 from lightmetrics.leases import LeaseHeld
-from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume
+from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.walk.params import WalkParams
 from lightmetrics.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
 from lightmetrics.work import WorkContext
@@ -80,6 +80,12 @@ class WalkControl:
             if v is not None:
                 inp[k] = v
         params = WalkParams.parse(inp)  # refuse bad input before starting anything
+        if params.agent_hex is not None and not resume:
+            prefixes = [f"{root}agent={params.agent_hex}/" for root in (self.ctx.codec.accepted_root(),
+                                                                        self.ctx.codec.quarantine_root())]
+            if not any(self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes):  # type: ignore[attr-defined]
+                raise NothingToWalk(f"agent {params.agent!r} has no acceptance records and no conflict evidence "
+                                    f"(nothing under {' or '.join(prefixes)}): nothing to walk")
         if resume:
             cp = self.checkpoint(agent)
             if cp is None or cp.get("status") == "finished":

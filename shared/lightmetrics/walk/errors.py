@@ -12,6 +12,10 @@ class NothingToResume(WalkError):
     """``resume`` was asked for but the last walk of that scope finished (or never ran)."""
 
 
+class NothingToWalk(WalkError):
+    """An agent-scoped walk of an agent with no acceptance records and no conflict evidence."""
+
+
 class InvalidWalkInput(WalkError):
     """The execution input is not a walk input (docs/walks.md)."""
 
@@ -24,4 +28,4 @@ class WalkTransient(WalkError):
     """S3 or DynamoDB failed transiently outside a unit of work; retry the task."""
 
 
-__all__ = ["InvalidWalkInput", "NothingToResume", "WalkError", "WalkRetryLater", "WalkTransient"]
+__all__ = ["InvalidWalkInput", "NothingToResume", "NothingToWalk", "WalkError", "WalkRetryLater", "WalkTransient"]
