@@ -34,13 +34,19 @@ _NS = 1_000_000_000
 
 
 def parse_time(text: str, now_ns: int) -> int:
-    """``2025-11-24T16:00:00Z`` (or without seconds/zone, UTC), unix seconds, ``now``, ``-90m``/``-2h``/``-1d``."""
+    """``2025-11-24T16:00:00Z`` (or without seconds/zone, UTC), unix seconds, ``now``, or an offset
+    from now: ``-90m``/``-2h``/``-1d``, ``+1h``.
+
+    >>> parse_time("+1h", 0) == -parse_time("-1h", 0) == 3600 * _NS
+    True
+    """
     t = text.strip()
     if t == "now":
         return now_ns
-    m = re.fullmatch(r"-(\d+)([smhd])", t)
+    m = re.fullmatch(r"([+-])(\d+)([smhd])", t)
     if m:
-        return now_ns - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)] * _NS
+        offset = int(m.group(2)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(3)] * _NS
+        return now_ns + offset if m.group(1) == "+" else now_ns - offset
     if re.fullmatch(r"\d{9,11}", t):
         return int(t) * _NS
     for fmt in ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%MZ", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H"):
@@ -48,7 +54,7 @@ def parse_time(text: str, now_ns: int) -> int:
             return int(datetime.strptime(t, fmt).replace(tzinfo=timezone.utc).timestamp()) * _NS
         except ValueError:
             continue
-    raise ValueError(f"cannot read time {text!r} (use 2025-11-24T16:00:00Z, unix seconds, now, or -2h)")
+    raise ValueError(f"cannot read time {text!r} (use 2025-11-24T16:00:00Z, unix seconds, now, -2h or +1h)")
 
 
 def iso(ns: int) -> str:
@@ -80,10 +86,13 @@ class QueryResult:
     generations: dict[str, int] = field(default_factory=dict)
     chunks_read: int = 0
     requests: Tally = field(default_factory=Tally)
+    #: hours of the queried sample time without a committed rollup (not closed yet, or not rolled up)
+    uncommitted_hours: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "window": self.window, "from": iso(self.start_ns), "to": iso(self.end_ns),
                 "labels": self.label_filter, "generations": self.generations, "chunks_read": self.chunks_read,
+                "uncommitted_hours": self.uncommitted_hours,
                 "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
 
 
@@ -109,8 +118,11 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
     with task_tally() as tally, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-query") as pool:
         manifests = list(pool.map(lambda h: read_committed(access, h), hours))
         wanted: list[tuple[UtcHour, dict[str, Any]]] = []
+        sampled = set(hours_between(UtcHour.of_unix_ns(start_ns), UtcHour.of_unix_ns(end_ns - 1)))
         for hour, doc in zip(hours, manifests):
             if doc is None:
+                if hour in sampled:
+                    result.uncommitted_hours.append(str(hour))
                 continue
             result.generations[str(hour)] = int(doc["generation"])
             for c in doc["chunks"]:
@@ -166,6 +178,9 @@ def plot(result: QueryResult, path: str, stat: str = "mean") -> str:
     ax.set_title(f"{result.metric}{'{' + filt + '}' if filt else ''} — {stat} per {result.window}")
     ax.set_xlabel("sample time (UTC)")
     ax.set_ylabel(stat)
+    # The queried span, not the data's: one window (or none) still gets a real time axis.
+    ax.set_xlim(datetime.fromtimestamp(result.start_ns / _NS, tz=timezone.utc),
+                datetime.fromtimestamp(result.end_ns / _NS, tz=timezone.utc))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz=timezone.utc))
     ax.grid(True, alpha=0.3)
     if result.series and len(result.series) <= 12:

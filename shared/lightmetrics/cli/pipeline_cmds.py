@@ -183,7 +183,7 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
 @click.option("--metric", required=True, help="Metric name.")
 @click.option("--label", "labels", multiple=True, help="k=v label filter (repeatable).")
 @click.option("--from", "start", required=True, help="Start (inclusive): 2025-11-24T16:00:00Z, unix s, now, -2h.")
-@click.option("--to", "end", required=True, help="End (exclusive), same forms.")
+@click.option("--to", "end", required=True, help="End (exclusive), same forms, or +1h.")
 @click.option("--window", type=click.Choice(["1m", "5m", "1h"]), default="5m", show_default=True)
 @click.option("--stat", type=click.Choice(["mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99"]),
               default="mean", show_default=True, help="What the table and the plot show.")
@@ -222,6 +222,11 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
             rows.append((name, iso(p.window_start_ns), p.count, "" if v is None else f"{v:.4g}"))
     console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, {result.chunks_read} chunks)",
                        ["series", "window start", "#samples", stat], rows))
+    if result.uncommitted_hours:
+        hours = result.uncommitted_hours
+        span = hours[0] if len(hours) == 1 else f"{hours[0]} to {hours[-1]}"
+        console.print(f"{'no data: ' if not rows else ''}sample hours {span} have no committed rollup yet: an hour "
+                      f"is rolled up after the reconciler closes it (the current hour is still open; see lmctl status)")
     if plot_path:
         console.print(f"plot: {plot_path}")
 
