@@ -9,7 +9,6 @@ import pytest
 
 from conftest import T0_NS
 from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import UtcHour
 from pipeline import chunks as C
 from pipeline.decode import per_row_udf
 from pipeline.lease import LeaseHeld

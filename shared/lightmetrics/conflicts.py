@@ -42,7 +42,7 @@ from lightmetrics.denylist import MAX_REASON, DenylistStore, entry_sk, operator_
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, LightmetricsError, ManifestError
 from lightmetrics.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
 from lightmetrics.keys import KeyCodec, KeyKind
-from lightmetrics.manifests import CanonicalModel, IdentityConflictManifest, IdentityFields
+from lightmetrics.manifests import IdentityConflictManifest, IdentityFields
 from lightmetrics.retry import RetryPolicy
 from lightmetrics.store import ObjectStore
 

@@ -20,7 +20,6 @@ from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
-    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     EXIT_VIOLATIONS,
     console,
