@@ -134,3 +134,15 @@ def test_invoke_runs_a_handler_with_a_sample_event(env):  # type: ignore[no-unty
                           for f in ("index-accepted", "index_accepted"))
     assert by_name.returncode == by_folder.returncode == 0, by_folder.stderr
     assert json.loads(by_folder.stdout) == json.loads(by_name.stdout)
+
+
+def test_json_output_is_one_strict_document(capsys):  # type: ignore[no-untyped-def]
+    """Issue 17: --json output parses with a strict parser: NaN and Infinity become null."""
+    from lightmetrics.cli.output import emit_json
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    emit_json({"lag_s": float("inf"), "stats": {"mean": float("nan"), "min": -float("inf")}, "points": (1.5, 2)})
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse) == {
+        "lag_s": None, "stats": {"mean": None, "min": None}, "points": [1.5, 2]}

@@ -15,6 +15,7 @@ Exit codes (README, "Exit codes"), the same for every command:
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
@@ -29,8 +30,24 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def strict_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, ±Infinity, which JSON has no spelling for) as None.
+
+    >>> strict_json({"lag": float("inf"), "v": [1.5, float("nan")]})
+    {'lag': None, 'v': [1.5, None]}
+    """
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [strict_json(v) for v in data]
+    return data
+
+
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    """One strict JSON document on stdout (RFC 8259: no NaN or Infinity; see :func:`strict_json`)."""
+    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=True, default=str, allow_nan=False))
 
 
 def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
