@@ -146,3 +146,16 @@ def test_json_output_is_one_strict_document(capsys):  # type: ignore[no-untyped-
     emit_json({"lag_s": float("inf"), "stats": {"mean": float("nan"), "min": -float("inf")}, "points": (1.5, 2)})
     assert json.loads(capsys.readouterr().out, parse_constant=refuse) == {
         "lag_s": None, "stats": {"mean": None, "min": None}, "points": [1.5, 2]}
+
+
+def test_missing_region_or_credentials_exit_2_naming_the_setting():  # type: ignore[no-untyped-def]
+    """Issue 17: configuration errors exit 2 and say what to set; 4 stays for "unavailable, retry"."""
+    bare = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "LM_BUCKET": "bucket-x", "LM_TABLE": "table-x",
+            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true"}
+    r = run("status", "--json", env=bare)
+    assert r.returncode == 2 and "AWS_REGION" in json.loads(r.stdout)["reason"], r.stdout + r.stderr
+    r = run("status", "--json", env={**bare, "AWS_REGION": "eu-west-1"})  # AWS_REGION alone is enough for the region
+    assert r.returncode == 2 and "no AWS credentials" in json.loads(r.stdout)["reason"], r.stdout + r.stderr
+    r = run("conflicts", "list", env={**bare, "AWS_DEFAULT_REGION": "eu-west-1"})
+    assert r.returncode == 2 and "AWS_ACCESS_KEY_ID" in r.stderr + r.stdout

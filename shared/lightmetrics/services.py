@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -24,6 +25,7 @@ from lightmetrics.control_table import ControlTable
 from lightmetrics.denylist import DenylistCache
 from lightmetrics.clock import Clock
 from lightmetrics.config import Settings
+from lightmetrics.errors import ConfigError
 from lightmetrics.hosting import current as current_host
 from lightmetrics.ingest_http import IngestService
 from lightmetrics.keys import KeyCodec
@@ -37,10 +39,26 @@ if TYPE_CHECKING:
     from lightmetrics.reconcile import QueueProbe
 
 
+def aws_session() -> Any:
+    """A boto3 session whose region and credentials are known, else :class:`ConfigError` naming
+    what to set (checked locally, before any request). ``AWS_REGION`` counts as well as
+    ``AWS_DEFAULT_REGION``: Lambda and the AWS CLI v2 set it, botocore alone does not read it."""
+    session = boto3.session.Session()
+    if session.region_name is None and os.environ.get("AWS_REGION"):
+        session = boto3.session.Session(region_name=os.environ["AWS_REGION"])
+    if session.region_name is None:
+        raise ConfigError("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION, or a profile's region) to the "
+                          "stack's region")
+    if session.get_credentials() is None:
+        raise ConfigError("no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                          "(for the local runtime: the exports `lmctl local up` prints)")
+    return session
+
+
 def s3_client(
     settings: Settings, *, session: Any = None, counter: RequestCounter | None = None, component: str = "core"
 ) -> Any:
-    session = session or boto3.session.Session()
+    session = session or aws_session()
     client = session.client("s3", config=s3_client_config(settings.s3_timeout_s, component=component))
     if counter is not None:
         counter.attach(client)
@@ -83,7 +101,7 @@ def accept_context(
 
 
 def token_keys(settings: Settings, *, session: Any = None) -> CachedTokenKeys:
-    session = session or boto3.session.Session()
+    session = session or aws_session()
     client = session.client("secretsmanager")
     return CachedTokenKeys(secrets_manager_loader(settings.auth_secret_id, client), settings.secret_cache_s)
 
@@ -96,7 +114,7 @@ def ingest_service(settings: Settings, **kwargs: Any) -> IngestService:
 
 
 def control_table(settings: Settings, *, session: Any = None, counter: RequestCounter | None = None) -> ControlTable:
-    session = session or boto3.session.Session()
+    session = session or aws_session()
     client = session.client("dynamodb")
     if counter is not None:
         counter.attach(client)
@@ -136,7 +154,7 @@ def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
     """The reconciler's view of the index queues (``LM_QUEUE_PROBE``)."""
     from lightmetrics.reconcile import CloudWatchAgeProbe, SqsCountProbe
 
-    session = session or boto3.session.Session()
+    session = session or aws_session()
     sqs = session.client("sqs")
     queues = {n: u for n, u in settings.queue_urls.items() if not n.endswith("-dlq")}
     dlqs = [u for n, u in settings.queue_urls.items() if n.endswith("-dlq")]

@@ -26,7 +26,7 @@ import click
 
 from lightmetrics.cli.ops_cmds import _ts, _who
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
-from lightmetrics.cli.output import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
+from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
 from lightmetrics.config import Settings
 
 
@@ -37,7 +37,7 @@ def _registry(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def
     try:
         ctx = work_context(settings, component="admin")
     except Exception as exc:
-        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
     return ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
 
 
@@ -204,7 +204,7 @@ def _denylist_store(settings: Settings, as_json: bool):  # type: ignore[no-untyp
     try:
         return DenylistStore(control_table(settings))
     except Exception as exc:
-        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
 def _list_denylist(settings: Settings, as_json: bool) -> None:

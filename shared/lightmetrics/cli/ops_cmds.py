@@ -32,7 +32,7 @@ def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     try:
         return work_context(settings)
     except Exception as exc:
-        fail(f"cannot reach AWS: {exc}", 4, as_json=as_json)
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
 @click.group()

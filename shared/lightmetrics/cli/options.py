@@ -33,8 +33,16 @@ def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn
     """Exit for an error met while ``doing`` something with AWS: 2 naming the resource and its
     setting when a configured bucket, table or queue is missing or refuses us (retrying will not
     help), else 4 (unavailable: retry)."""
-    if isinstance(exc, ResourceAccessError):
+    from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
+
+    if isinstance(exc, (ResourceAccessError, ConfigError)):
         fail(str(exc), EXIT_USAGE, as_json=as_json)
+    if isinstance(exc, NoRegionError):
+        fail("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION) to the stack's region", EXIT_USAGE,
+             as_json=as_json)
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        fail(f"AWS credentials: {exc}; set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", EXIT_USAGE,
+             as_json=as_json)
     fail(f"{doing}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.cli.options import config_options, json_option
+from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -50,7 +50,7 @@ def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     try:
         ctx = work_context(settings, component="cli")
     except Exception as exc:
-        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
     return ReapControl(ctx, boto3.session.Session().client("stepfunctions"), arn)
 
 

@@ -55,7 +55,7 @@ def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     try:
         return work_context(settings, component="cli")
     except Exception as exc:
-        fail(f"cannot reach AWS: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
