@@ -25,6 +25,7 @@ from infra.components.statemachines import StateMachines, state_machine_arn
 from infra.components.storage import Storage
 from infra.config import InfraConfig
 from infra.nag import NagSuppressionRecord, apply_suppressions
+from lightmetrics.stack_outputs import EMPTY_PREFIX, SCALAR_OUTPUTS, queue_output_key, state_machine_output_key
 from lightmetrics.resources import SPEC, ResourceSpec
 
 
@@ -91,14 +92,19 @@ class LightmetricsStack(Stack):
                                  table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
                                  alarm_topic=self.observability.topic)
 
-        CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name, description="LM_BUCKET")
-        CfnOutput(self, "Prefix", value=config.prefix or "(empty)", description="LM_PREFIX")
-        CfnOutput(self, "TableName", value=self.control.table.table_name, description="LM_TABLE")
-        CfnOutput(self, "SecretName", value=config.secret_name, description="LM_AUTH_SECRET_ID")
+        # What `lmctl env --stack <name>` reads back (lightmetrics.stack_outputs: one list of them).
+        scalar = {"BucketName": self.storage.bucket.bucket_name, "Prefix": config.prefix or EMPTY_PREFIX,
+                  "TableName": self.control.table.table_name, "SecretName": config.secret_name}
+        for key, setting in SCALAR_OUTPUTS.items():
+            CfnOutput(self, key, value=scalar[key], description=setting)
+        for queue in self.queues.built:
+            for name, q in ((queue.spec.name, queue.queue), (queue.spec.dlq_name, queue.dlq)):
+                CfnOutput(self, queue_output_key(name), value=q.queue_url,
+                          description=f'LM_QUEUE_URLS: {{"{name}": "<this URL>"}}')
         CfnOutput(self, "GcRoleArn", value=self.storage.gc_role.role_arn, description="the only raw-blob deleter")
         CfnOutput(self, "OpsBucketName", value=self.storage.ops_bucket.bucket_name, description="inventory, access logs")
         for built in self.state_machines.built.values():
-            CfnOutput(self, f"{built.spec.logical_name}Arn", value=built.machine.state_machine_arn,
+            CfnOutput(self, state_machine_output_key(built.spec.logical_name), value=built.machine.state_machine_arn,
                       description=f'LM_STATE_MACHINE_ARNS: {{"{built.spec.name}": "<this ARN>"}}')
         CfnOutput(self, "AlarmTopicArn", value=self.observability.topic.topic_arn)
         CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)

@@ -159,3 +159,53 @@ def test_missing_region_or_credentials_exit_2_naming_the_setting():  # type: ign
     assert r.returncode == 2 and "no AWS credentials" in json.loads(r.stdout)["reason"], r.stdout + r.stderr
     r = run("conflicts", "list", env={**bare, "AWS_DEFAULT_REGION": "eu-west-1"})
     assert r.returncode == 2 and "AWS_ACCESS_KEY_ID" in r.stderr + r.stdout
+
+
+def test_env_configures_lmctl_from_the_stack_outputs(runtime):  # type: ignore[no-untyped-def]
+    """Issue 17: eval "$(lmctl env --stack X)" points lmctl at a deployed stack; here a stack on the
+    local runtime whose outputs are the ones infra/stack.py declares (lightmetrics.stack_outputs),
+    naming a provisioned local system."""
+    import uuid
+
+    from lightmetrics.local.system import LocalSystem
+    from lightmetrics.resources import SPEC
+    from lightmetrics.stack_outputs import EMPTY_PREFIX, queue_output_key, state_machine_output_key
+
+    tag = uuid.uuid4().hex[:10]
+    system = LocalSystem(runtime, bucket=f"lm-env-{tag}", table=f"lm-env-{tag}", secret_name=f"lm-env/{tag}",
+                         queue_name_prefix=f"env{tag}-").provision()
+    try:
+        st = system.settings
+        values = {"BucketName": st.bucket, "Prefix": st.prefix or EMPTY_PREFIX, "TableName": st.table,
+                  "SecretName": st.auth_secret_id}
+        values.update({queue_output_key(n): st.queue_urls[n] for q in SPEC.queues for n in (q.name, q.dlq_name)})
+        values.update({state_machine_output_key(sm.logical_name): st.state_machine_arns[sm.name]
+                       for sm in SPEC.state_machines})
+        template = {"Resources": {"Anchor": {"Type": "AWS::SQS::Queue"}},
+                    "Outputs": {k: {"Value": v} for k, v in values.items()}}
+        cfn = runtime.boto3_client("cloudformation")
+        cfn.create_stack(StackName=f"lm-env-{tag}", TemplateBody=json.dumps(template))
+        aws_only = {k: v for k, v in os.environ.items() if not k.startswith("LM_")}
+        r = run("env", "--stack", f"lm-env-{tag}", "--json", env=aws_only)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        assert (got["LM_BUCKET"], got["LM_PREFIX"], got["LM_TABLE"]) == (st.bucket, "", st.table)
+        assert json.loads(got["LM_STATE_MACHINE_ARNS"]) == {sm.name: st.state_machine_arns[sm.name]
+                                                           for sm in SPEC.state_machines}
+        assert json.loads(got["LM_QUEUE_URLS"]) == st.queue_urls
+        exports = run("env", "--stack", f"lm-env-{tag}", env=aws_only)
+        assert exports.returncode == 0 and "export LM_PREFIX=''" in exports.stdout.splitlines()
+        # The exports configure lmctl: status reads the bucket, table and queues they name.
+        lmctl = " ".join(LMCTL)
+        shell = subprocess.run(["bash", "-c", f'eval "$({lmctl} env --stack lm-env-{tag})" && {lmctl} status --json'],
+                               capture_output=True, text=True, env=aws_only, timeout=120)
+        assert shell.returncode == 0, shell.stdout + shell.stderr
+        assert json.loads(shell.stdout)["queues"].keys() == st.queue_urls.keys()  # every queue reached
+        r = run("env", "--stack", "no-such-stack", env=aws_only)
+        assert r.returncode == 2 and "no stack 'no-such-stack'" in r.stderr
+        cfn.create_stack(StackName=f"lm-env-old-{tag}", TemplateBody=json.dumps(
+            {"Resources": template["Resources"], "Outputs": {"BucketName": {"Value": st.bucket}}}))
+        r = run("env", "--stack", f"lm-env-old-{tag}", env=aws_only)
+        assert r.returncode == 2 and "has no output" in r.stderr and "TableName" in r.stderr
+    finally:
+        system.stop()

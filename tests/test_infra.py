@@ -249,6 +249,11 @@ def test_template_inventory(cdk_synth: Any) -> None:
     assert "ReplicationConfiguration" not in cdk_synth.json["Resources"]["AuthorityBucket"]["Properties"]
     outputs = set(cdk_synth.json["Outputs"])
     assert {"BucketName", "Prefix", "TableName", "SecretName", "GcRoleArn", "AlarmTopicArn", "IngestUrl"} <= outputs
+    # Everything `lmctl env --stack` reads back is an output (issue 17): every queue URL, every state machine.
+    from lightmetrics.stack_outputs import settings_from_outputs
+
+    settings = settings_from_outputs({k: "x" for k in outputs})
+    assert set(json.loads(settings["LM_QUEUE_URLS"])) == {n for q in SPEC.queues for n in (q.name, q.dlq_name)}
 
 
 def test_authority_bucket(cdk_synth: Any) -> None:

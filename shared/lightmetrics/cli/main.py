@@ -252,6 +252,7 @@ import lightmetrics.cli.bench_cmds  # noqa: E402,F401  (adds accept|indexing|wal
 from lightmetrics.cli.agent_cmds import agent  # noqa: E402
 from lightmetrics.cli.conflict_cmds import conflicts, denylist_cmd  # noqa: E402
 from lightmetrics.cli.cost_cmds import cost_cmd  # noqa: E402
+from lightmetrics.cli.env_cmds import env_cmd  # noqa: E402
 from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402
 from lightmetrics.cli.ops_cmds import blockers, reconcile_cmd, status_cmd  # noqa: E402
 from lightmetrics.cli.pipeline_cmds import bench, inventory, pipeline, query_cmd  # noqa: E402
@@ -260,7 +261,7 @@ from lightmetrics.cli.soak_cmds import soak_cmd  # noqa: E402
 from lightmetrics.cli.walk_cmds import verify_cmd, walk  # noqa: E402
 
 for command in (local, demo_cmd, soak_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, reap, conflicts,
-                denylist_cmd, agent, inventory, pipeline, query_cmd, bench, cost_cmd):
+                denylist_cmd, agent, inventory, pipeline, query_cmd, bench, cost_cmd, env_cmd):
     cli.add_command(command)
 
 

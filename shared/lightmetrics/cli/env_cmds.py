@@ -1,0 +1,67 @@
+"""``lmctl env --stack NAME``: shell exports that point ``lmctl`` at a deployed stack.
+
+Example::
+
+    eval "$(lmctl env --stack Lightmetrics --region eu-west-1)"
+    lmctl status
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+import click
+
+from lightmetrics.cli.output import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, emit_json, fail
+
+
+@click.command("env")
+@click.option("--stack", "stack_name", required=True, help="The CloudFormation stack's name (cdk deploy's stack).")
+@click.option("--region", default=None, help="Its region (default: AWS_REGION, AWS_DEFAULT_REGION or the profile's).")
+@click.option("--profile", default=None, help="The AWS profile to read it with, exported as AWS_PROFILE too.")
+@click.option("--json", "as_json", is_flag=True, help="The settings as one JSON object instead of export lines.")
+def env_cmd(stack_name: str, region: str | None, profile: str | None, as_json: bool) -> None:
+    """Print `export` lines for every setting lmctl needs, read from the stack's outputs:
+    eval "$(lmctl env --stack Lightmetrics)" configures this shell (exit 2 if the stack or one of
+    its outputs is missing, 4 if AWS is unavailable)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
+
+    from lightmetrics.stack_outputs import MissingStackOutput, settings_from_outputs
+
+    try:
+        session = boto3.session.Session(profile_name=profile,
+                                        region_name=region or os.environ.get("AWS_REGION") or None)
+    except ProfileNotFound as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    if session.region_name is None:
+        fail("no AWS region: pass --region or set AWS_REGION to the stack's region", EXIT_USAGE, as_json=as_json)
+    try:
+        stacks = session.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
+    except NoCredentialsError as exc:
+        fail(f"{exc}: pass --profile, or set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", EXIT_USAGE,
+             as_json=as_json)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") == "ValidationError":  # CloudFormation's "does not exist"
+            fail(f"no stack {stack_name!r} in {session.region_name}: {exc.response['Error'].get('Message', '')}",
+                 EXIT_USAGE, as_json=as_json)
+        fail(f"cannot read stack {stack_name!r}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    except BotoCoreError as exc:
+        fail(f"cannot read stack {stack_name!r}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+    try:
+        settings = settings_from_outputs(outputs)
+    except MissingStackOutput as exc:
+        fail(f"stack {stack_name!r}: {exc.args[0]}", EXIT_USAGE, as_json=as_json)
+    env = {"AWS_REGION": session.region_name, "AWS_DEFAULT_REGION": session.region_name,
+           **({"AWS_PROFILE": profile} if profile else {}), **settings}
+    if as_json:
+        emit_json(env)
+    else:
+        click.echo("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
+    sys.exit(EXIT_OK)
+
+
+__all__ = ["env_cmd"]
