@@ -39,6 +39,7 @@ import contextvars
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from lightmetrics.pool import map_in_context
@@ -116,8 +117,10 @@ def _list_all(ctx: WorkContext, prefix: str) -> dict[str, int]:
 
 
 def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int | None] | None = None,
-           workers: int = 16) -> VerifyReport:
-    """Check the whole namespace; see the module docstring for what is checked."""
+           workers: int = 16, progress: Callable[[str], None] | None = None) -> VerifyReport:
+    """Check the whole namespace; see the module docstring for what is checked. ``progress`` is
+    told each phase as it begins (``lmctl verify`` shows it on stderr)."""
+    say = progress or (lambda _: None)
     from lightmetrics.walk import read_watermarks
 
     codec = ctx.codec
@@ -125,8 +128,10 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-verify")
     call = lambda fn, *a: pool.submit(contextvars.copy_context().run, fn, *a)  # noqa: E731
     try:
+        say(f"listing {len(LAYOUT_PREFIXES)} prefixes")
         listed = {p: f.result() for p, f in {p: call(_list_all, ctx, codec.prefix + p) for p in LAYOUT_PREFIXES}.items()}
         report.counts = {p: len(v) for p, v in listed.items()}
+        say(f"listed {sum(report.counts.values()):,} objects")
         table = ctx.extras.get("table")
         if watermarks is None:
             watermarks = read_watermarks(table) if table is not None else {i: None for i in _DERIVED_OF.values()}
@@ -168,6 +173,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                 note("reaped-not-empty", left[:10], f"{hour} is reaped but {len(left)} accepted-by-time entries remain")
 
         # -- acceptance records: valid, blob present with its size (or the hour reaped) ----------------
+        say(f"reading {len(listed['accepted/v1/']):,} acceptance records")
         def read_manifest(key: str) -> AcceptedBatchManifest | Finding:
             try:
                 return load_manifest(ctx, key)
@@ -196,6 +202,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                        if UtcHour.of_unix_ns(m.accepted_at_unix_ns) in tombstoned}
 
         # -- quarantine manifests: complete evidence ---------------------------------------------------
+        say(f"reading {len(listed['quarantine/v1/']):,} quarantine manifests")
         def read_quarantine(key: str) -> tuple[IdentityConflictManifest | None, str]:
             try:
                 parsed = codec.parse(key)
@@ -235,6 +242,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
                          "the submitted blob (evidence) is missing")
 
         # -- derived entries point at existing sources --------------------------------------------------
+        say("checking derived entries against their sources")
         present: dict[str, set[str]] = {p: set(listed[p]) for p in _DERIVED_OF}
         raw_by_time_shas: set[str] = set()
         for prefix in _DERIVED_OF:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import click
@@ -48,6 +50,27 @@ def strict_json(data: Any) -> Any:
 def emit_json(data: Any) -> None:
     """One strict JSON document on stdout (RFC 8259: no NaN or Infinity; see :func:`strict_json`)."""
     click.echo(json.dumps(strict_json(data), indent=2, sort_keys=True, default=str, allow_nan=False))
+
+
+@contextmanager
+def progress_lines(what: str) -> Iterator[Callable[[str], None]]:
+    """A callable that reports the phases of long work on stderr (stdout stays the result, and one
+    JSON document under ``--json``): a spinner with the phase on a terminal, one timestamped line
+    per phase otherwise.
+
+    >>> with progress_lines("verify") as say:                      # doctest: +SKIP
+    ...     say("listing 9 prefixes")
+    """
+    started = time.monotonic()
+    if err_console.is_terminal:
+        with err_console.status(f"{what}: starting") as status:
+            yield lambda phase: status.update(f"{what}: {phase} ({time.monotonic() - started:.0f} s)")
+        return
+
+    def line(phase: str) -> None:
+        err_console.print(f"{what}: {phase} ({time.monotonic() - started:.1f} s)", markup=False)
+
+    yield line
 
 
 def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:

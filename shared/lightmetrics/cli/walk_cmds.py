@@ -26,6 +26,7 @@ from lightmetrics.cli.output import (
     fail,
     grid,
     kv_table,
+    progress_lines,
 )
 from lightmetrics.config import Settings
 
@@ -240,7 +241,8 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
 
     ctx = _ctx(settings, as_json)
     try:
-        report = verify(ctx, strict=strict)
+        with progress_lines("verify") as say:
+            report = verify(ctx, strict=strict, progress=say)
     except (LightmetricsError, ClientError, BotoCoreError) as exc:
         exit_for_error(exc, "cannot verify", as_json=as_json)
     if as_json:
