@@ -43,7 +43,7 @@ def lmctl(system: LocalSystem, *args: str, **env: str) -> tuple[int, dict[str, A
 
     result = CliRunner().invoke(cli, [*args, "--json"], env={**system.environment(), **env}, catch_exceptions=True)
     try:
-        return result.exit_code, json.loads(result.output)
+        return result.exit_code, json.loads(result.stdout)  # stdout is the one JSON document; progress goes to stderr
     except ValueError:
         return result.exit_code, {"output": result.output, "exception": repr(result.exception)}
 
