@@ -51,11 +51,11 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
 
 
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
-    """The reconciler's checkpoint: the first hour not yet closed (hours before it are closed)."""
-    from lightmetrics.reconcile import CHECKPOINT_PK, CHECKPOINT_SK
+    """The reconciler's checkpoint: the first hour not yet closed (hours before it are closed) — by
+    every shard: the slowest shard's (docs/protocol.md §12 R8)."""
+    from lightmetrics.reconcile import read_shard_checkpoints
 
-    item = table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-    return UtcHour(int(item["hour_start_s"])) if item else None
+    return read_shard_checkpoints(table, settings.reconcile_shards).hour
 
 
 def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hours: int = 24, allow_open: bool = False,

@@ -65,6 +65,19 @@ def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
     assert listed(by_sid["ReadCheckpointsAndGcMarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:Query"]
 
 
+def test_jobs_get_the_region_and_the_reconcilers_shard_count(cdk_synth: Any) -> None:
+    """The jobs' AWS clients get the stack's region, and the rollup reads every reconciler shard's
+    checkpoint (protocol §12 R8): both are Spark confs of every job."""
+    t = _template(cdk_synth)
+    (sm,) = _of(t, "AWS::StepFunctions::StateMachine").values()
+    confs = _flat(sm["Properties"]["DefinitionSubstitutions"]["SparkSubmitParameters"])
+    shards = cdk_synth.stack.config.settings.reconcile_shards
+    for env in ("spark.emr-serverless.driverEnv", "spark.executorEnv"):
+        assert f"{env}.LM_RECONCILE_SHARDS={shards}" in confs
+        assert f"{env}.AWS_REGION=" in confs
+    assert '"Ref": "AWS::Region"' in confs  # the deploying region, not a constant
+
+
 def test_state_machine_starts_the_jobs_from_its_asl_file(cdk_synth: Any) -> None:
     from infra.components.pipeline import ASL_FILE, PLACEHOLDERS
 

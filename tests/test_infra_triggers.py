@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from lightmetrics.resources import SPEC
@@ -37,8 +38,13 @@ def test_scheduled_functions_have_rules(cdk_synth: Any) -> None:
     rules = list(resources(cdk_synth, "AWS::Events::Rule").values())
     scheduled = {f.name: f.trigger_arg for f in SPEC.functions if f.trigger_kind == "schedule"}
     assert set(scheduled) >= {"reconcile", "sweep-dlq"}
+    shards = cdk_synth.stack.config.settings.reconcile_shards
     for name, expression in scheduled.items():
         targets = [r for r in rules if ids[name] in str(r["Properties"].get("Targets"))]
-        assert len(targets) == 1, name
-        assert targets[0]["Properties"]["ScheduleExpression"] == expression
-        assert targets[0]["Properties"].get("State", "ENABLED") == "ENABLED"
+        # one rule per reconciler shard, each with its input {"shard": i} (protocol §12 R8)
+        inputs = [json.loads(t["Properties"]["Targets"][0]["Input"]) if "Input" in t["Properties"]["Targets"][0]
+                  else None for t in targets]
+        assert sorted(inputs, key=str) == SPEC.function(name).schedule_inputs(shards), name
+        for target in targets:
+            assert target["Properties"]["ScheduleExpression"] == expression
+            assert target["Properties"].get("State", "ENABLED") == "ENABLED"

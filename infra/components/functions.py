@@ -277,12 +277,15 @@ class Functions(Construct):
                     )
                 )
             elif kind == "schedule":
-                events.Rule(
-                    self,
-                    f"{cid}Schedule",
-                    schedule=events.Schedule.expression(fn_spec.trigger_arg),
-                    targets=[targets.LambdaFunction(function)],
-                )
+                # One rule per reconciler shard (input {"shard": i}); shard 0 keeps the rule's id.
+                for i, payload in enumerate(fn_spec.schedule_inputs(config.settings.reconcile_shards)):
+                    events.Rule(
+                        self,
+                        f"{cid}Schedule{i or ''}",
+                        schedule=events.Schedule.expression(fn_spec.trigger_arg),
+                        targets=[targets.LambdaFunction(
+                            function, event=events.RuleTargetInput.from_object(payload) if payload else None)],
+                    )
             self.built[fn_spec.name] = built
 
     @staticmethod

@@ -66,9 +66,15 @@ READ_KEYS = ("checkpoint#reconcile", "checkpoint#reap")
 PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParameters", "LogUri", "InventoryLocation")
 
 
-def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horizon_s: int, archive_uri: str) -> str:
-    """``--conf`` flags of every job: the packed virtualenv as Python, and the LM_* settings."""
-    env = {"LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table, "LM_RETRY_HORIZON_S": str(retry_horizon_s)}
+def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horizon_s: int, archive_uri: str,
+                            reconcile_shards: int = 1, region: str | None = None) -> str:
+    """``--conf`` flags of every job: the packed virtualenv as Python, and the LM_* settings (the
+    reconciler's shard count: the rollup reads every shard's checkpoint, protocol §12 R8) and the
+    region the job's AWS clients use."""
+    env = {"LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table, "LM_RETRY_HORIZON_S": str(retry_horizon_s),
+           "LM_RECONCILE_SHARDS": str(reconcile_shards)}
+    if region:
+        env.update(AWS_REGION=region, AWS_DEFAULT_REGION=region)
     confs = [
         f"spark.archives={archive_uri}#environment",
         "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON=./environment/bin/python",
@@ -146,7 +152,8 @@ class Pipeline(NestedStack):
             "EntryPoint": f"{artifacts}emr_main.py",
             "SparkSubmitParameters": spark_submit_parameters(
                 bucket=bucket.bucket_name, prefix=ns, table=table_name,
-                retry_horizon_s=config.settings.retry_horizon_s, archive_uri=f"{artifacts}pipeline_venv.tar.gz"),
+                retry_horizon_s=config.settings.retry_horizon_s, archive_uri=f"{artifacts}pipeline_venv.tar.gz",
+                reconcile_shards=config.settings.reconcile_shards, region=Stack.of(self).region),
             "LogUri": f"{artifacts}logs/",
             "InventoryLocation": f"s3://{ops_bucket.bucket_name}/{INVENTORY_PREFIX}/{bucket.bucket_name}/{INVENTORY_ID}/",
         }

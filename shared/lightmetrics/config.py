@@ -34,6 +34,9 @@ ENV_PREFIX = "LM_"
 DEFAULT_CLOCK_SKEW_S = 60
 #: How long a writer caches "this hour is not tombstoned" (``indexing.TombstoneCache``, rule D1).
 TOMBSTONE_CACHE_S = 60
+#: Most reconciler shards (``LM_RECONCILE_SHARDS``): one per range of an hour's plan, whose ranges
+#: are at most ``hour_ranges.MAX_RANGES`` (the same number; a test holds them equal).
+MAX_RECONCILE_SHARDS = 256
 #: ``Settings.from_env`` validation context: enforce the timing rules (False only for a local host).
 _TIMING_RULES = "timing_rules"
 
@@ -111,6 +114,9 @@ class Settings(BaseModel):
     reconcile_margin_s: int = Field(120, ge=0, le=3600, description=(
         "LM_RECONCILE_MARGIN_S: an entry whose PUT began this long before the newest entry a run saw is "
         "verified once and not again (longer than any PUT in flight)"))
+    reconcile_shards: int = Field(1, description=(
+        f"LM_RECONCILE_SHARDS: reconciler shards run in parallel (1-{MAX_RECONCILE_SHARDS}), each over its key "
+        "range of every hour (docs/protocol.md §12 R8)"))
     queue_urls: dict[str, str] = Field(
         default_factory=dict, description="LM_QUEUE_URLS: JSON {queue name: URL} of the index queues and DLQs"
     )
@@ -180,6 +186,15 @@ class Settings(BaseModel):
                 f"must be at least the longest reap task (its Lambda timeout plus the lease margin, "
                 f"{longest_reap_task_s()} s), got {v}: rule H2 (docs/protocol.md §15)"
             )
+        return v
+
+    @field_validator("reconcile_shards")
+    @classmethod
+    def _reconcile_shards(cls, v: int) -> int:
+        # One shard per range of an hour's plan: a plan has 1 to MAX_RECONCILE_SHARDS ranges.
+        if not 1 <= v <= MAX_RECONCILE_SHARDS:
+            raise ValueError(f"must be a whole number of shards from 1 to {MAX_RECONCILE_SHARDS} "
+                             f"(one per key range of an hour, docs/protocol.md §12 R8), got {v}")
         return v
 
     @field_validator("collector_id")

@@ -12,6 +12,16 @@ conditional PutItem (the conflict registry).
 What an entry's presence certifies (§9 D5, D6) lets the reconciler check an ``accepted-by-time``
 entry with one GET and its share of listings (:func:`verify_time_entry`).
 
+Sharded hours (§12 R8): a reconciler shard checks one key range of an hour, and listing the
+``raw-blobs-by-time`` hours would cost every one of N shards the same B/1,000 LISTs (B blob keys
+in the hour and the hour before). :class:`HeadedBlobs` HEADs each checked entry's blob key
+instead: one HEAD per entry, paid once across the shards. A LIST costs 12.5 HEADs ($0.005 vs
+$0.0004 per 1,000 requests), so a listing is 12.5 × B/1,000 HEAD-equivalents, and the HEADs are
+cheaper whenever a shard checks fewer than ~12.5 × B/1,000 entries in a run. At 1,000 batches/s
+a run would list ~7,200 pages (B ≈ 7.2 M): HEADs win below 90,000 entries a run; a 5-minute run
+holds 300,000 new entries, ~9,400 per shard at N = 32 (N × 7,200 LISTs = $1.15 a run for 32
+listing shards, against $0.12 of HEADs for all of them).
+
 Example:
     >>> index_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")     # doctest: +SKIP
     <Outcome.DONE: 'DONE'>
@@ -302,7 +312,60 @@ class IndexedBlobs:
             return self._pages
 
 
-def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | None = None) -> Outcome:
+class HeadedBlobs:
+    """The question :class:`IndexedBlobs` answers — is a blob's hash in ``raw-blobs-by-time`` for
+    an hour or the hour before? — answered per entry by HEADs, for a reconciler shard that checks
+    one key range of an hour (protocol §12 R8). Same interface; nothing is listed.
+
+    :meth:`holds` HEADs ``raw-blobs-by-time/v1/<near>/sha256=<sha>.json`` and, only if absent, the
+    same key in the hour before (a blob is written before its record): a healthy entry whose blob
+    is in its own hour costs 1 GET (the record) + 1 HEAD, whatever the size of the blob index and
+    however many shards there are (the arithmetic is in the module docstring).
+
+    Example:
+        >>> blobs = HeadedBlobs(ctx)                                       # doctest: +SKIP
+        >>> blobs.holds(sha, near=hour)                                    # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, ctx: WorkContext) -> None:
+        self.ctx = ctx
+        self._heads = 0
+        self._lock = threading.Lock()
+
+    def load(self, hour: UtcHour) -> frozenset[str]:
+        """Nothing to list: every lookup is its own HEAD."""
+        return frozenset()
+
+    def listed(self, hour: UtcHour) -> frozenset[str] | None:
+        """No hour is listed (None): the repair HEADs the blob's entry before it writes one."""
+        return None
+
+    def holds(self, sha: str, *, near: UtcHour) -> bool:
+        """Is ``sha`` indexed in hour ``near`` or the hour before? One HEAD, two if the first misses."""
+        for hour in (near, near + -1):
+            with self._lock:
+                self._heads += 1
+            if self.ctx.store.head(self.ctx.codec.raw_blobs_by_time(hour, sha)) is not None:
+                return True
+        return False
+
+    @property
+    def hours_listed(self) -> int:
+        return 0
+
+    @property
+    def pages_listed(self) -> int:
+        return 0
+
+    @property
+    def heads_sent(self) -> int:
+        """HEADs :meth:`holds` sent so far."""
+        with self._lock:
+            return self._heads
+
+
+def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | HeadedBlobs | None = None) -> Outcome:
     """The reconciler's check of one ``accepted-by-time`` entry (protocol §12).
 
     One GET of the record it names (validated like every reader). If the record's blob is in

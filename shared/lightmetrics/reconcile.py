@@ -57,12 +57,27 @@ ApproximateAgeOfOldestMessage; locally: visible + in-flight messages = 0), every
 indexing blocker is open, and this run left nothing in H at RETRY_LATER. The checkpoint is advanced by a conditional
 write on its version, so overlapping runs can neither move it back nor skip an hour.
 
+Shards (R8). ``LM_RECONCILE_SHARDS`` = N reconcilers run side by side, shard i over key range i of
+every hour's range plan (:mod:`lightmetrics.hour_ranges`), each with its own checkpoint (shard 0
+keeps ``checkpoint#reconcile``/``current``: a deployment before shards is shard 0 of 1). Each runs
+everything above over its range: its listing is ``list_modified(hour, start_after=, end_at=)``;
+a shard whose index is past the hour's ranges has nothing in it and lists nothing. In an hour of
+more than one range a shard checks blobs by HEAD (:class:`~lightmetrics.indexing.HeadedBlobs`: a
+healthy entry costs 1 GET + 1 HEAD) instead of listing whole ``raw-blobs-by-time`` hours, which
+every shard would pay again. One shard (N = 1) reads no plan: it owns every range. An hour whose plan
+has more ranges than N has ranges no shard checks: every shard keeps it open and its run ends in
+:class:`UnownedRangesError` naming them, after saving its progress. The overall checkpoint is the
+slowest shard's (:func:`read_shard_checkpoints`); shard 0 of several emits that lag, the others
+their own, all as ``ReconcilerLagSeconds``, so the alarm's Maximum is the slowest shard's.
+
 What it cannot do: find an accepted manifest whose ``accepted-by-time`` entry is missing (that
 index is its input). The bootstrap walk and the inventory audit find those.
 
 Example:
     >>> report = Reconciler(ctx, settings, probe).run()                # doctest: +SKIP
     >>> report.lag_s                                                    # doctest: +SKIP
+    >>> Reconciler(ctx, settings, probe, shard=2).run().shard           # doctest: +SKIP
+    2
 """
 
 from __future__ import annotations
@@ -77,11 +92,14 @@ from typing import Any, Protocol
 
 from lightmetrics.pool import map_in_context
 from lightmetrics.config import Settings
-from lightmetrics.control_table import ConditionFailed
+from lightmetrics.control_table import ConditionFailed, ControlTable
 from lightmetrics import crashpoints
+from lightmetrics.errors import LightmetricsError
+from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.indexing import (
     KIND_REPAIR,
     KIND_TIME_ENTRY,
+    HeadedBlobs,
     IndexedBlobs,
     manifest_key_of_time_entry,
     verify_time_entry,
@@ -93,10 +111,62 @@ from lightmetrics.work import WorkContext, run_unit
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lm-reconcile")
 
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reconcile", "current"
+#: the plan of an hour when one shard runs (it reads no plan) or no plan governs it: the whole hour
+ONE_RANGE = RangePlan(None)
+
 #: blocker kinds that keep hours open: derived state may still be missing behind them
 INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", KIND_REPAIR, KIND_TIME_ENTRY,
                   "dlq")
 _NS = 1_000_000_000
+
+
+def checkpoint_sk(shard: int) -> str:
+    """The sort key of ``shard``'s checkpoint item (R8): shard 0 keeps ``current``, the item of
+    every deployment before shards, which is shard 0 of 1.
+
+    >>> checkpoint_sk(0), checkpoint_sk(3)
+    ('current', 'shard#3')
+    """
+    return CHECKPOINT_SK if shard == 0 else f"shard#{shard}"
+
+
+class ShardError(LightmetricsError, ValueError):
+    """A shard that is not one of ``0 .. LM_RECONCILE_SHARDS - 1`` (or not a whole number)."""
+
+
+def check_shard(shard: object, shards: int) -> int:
+    """``shard`` if it names one of ``shards`` shards, else :class:`ShardError` saying which exist.
+
+    >>> check_shard(2, 3)
+    2
+    """
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < shards:
+        raise ShardError(f"shard must be a whole number from 0 to {shards - 1} "
+                         f"(LM_RECONCILE_SHARDS = {shards}), got {shard!r}")
+    return shard
+
+
+class UnownedRangesError(LightmetricsError):
+    """A run scanned hours whose range plan has more ranges than ``LM_RECONCILE_SHARDS``: no shard
+    checks the ranges past the last shard (R8). Raised after the run saved its progress, with those
+    hours kept open; ``report`` is the run's report."""
+
+    def __init__(self, message: str, report: "ReconcileReport") -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def unowned_ranges(plan: RangePlan, shards: int) -> str:
+    """What a plan with more ranges than ``shards`` leaves unchecked, in words ("" if nothing).
+
+    >>> unowned_ranges(RangePlan(None, ("b", "m")), 2)
+    'range 2 of 3 has no shard (LM_RECONCILE_SHARDS = 2)'
+    """
+    if plan.ranges <= shards:
+        return ""
+    which = f"range {shards}" if plan.ranges == shards + 1 else f"ranges {shards}-{plan.ranges - 1}"
+    return f"{which} of {plan.ranges} {'has' if plan.ranges == shards + 1 else 'have'} no shard " \
+           f"(LM_RECONCILE_SHARDS = {shards})"
 
 
 class QueueProbe(Protocol):
@@ -239,6 +309,60 @@ class Checkpoint:
     scan_after_unlisted: bool = False
 
 
+def checkpoint_of(item: dict[str, Any] | None) -> Checkpoint | None:
+    """A checkpoint item (any shard's) as a :class:`Checkpoint`; None for no item."""
+    if item is None:
+        return None
+
+    def hour_or_none(name: str) -> UtcHour | None:
+        return UtcHour(int(item[name])) if item.get(name) is not None else None
+
+    return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
+                      int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
+                      hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
+                      bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
+                      int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")),
+                      bool(item.get("scan_after_unlisted")))
+
+
+@dataclass(frozen=True)
+class ShardCheckpoints:
+    """Every shard's checkpoint (None: the shard never ran). The overall checkpoint — the first
+    hour not closed by every shard — is the slowest shard's (R8).
+
+    Example:
+        >>> cps = read_shard_checkpoints(table, 32)                      # doctest: +SKIP
+        >>> cps.hour, cps.slowest                                         # doctest: +SKIP
+        (UtcHour(2026-11-26T13), 7)
+    """
+
+    checkpoints: tuple[Checkpoint | None, ...]
+
+    @property
+    def slowest(self) -> int:
+        """The shard furthest behind: one that never ran, else the earliest checkpoint (the lowest
+        shard on a tie)."""
+        return min(range(len(self.checkpoints)),
+                   key=lambda i: (self.checkpoints[i] is not None,
+                                  cp.hour.start_unix_s if (cp := self.checkpoints[i]) else 0, i))
+
+    @property
+    def hour(self) -> UtcHour | None:
+        """The overall checkpoint; None while a shard has none (hours it has not closed are not closed)."""
+        cp = self.checkpoints[self.slowest]
+        return cp.hour if cp else None
+
+    def lag_s(self, now_ns: int) -> float | None:
+        hour = self.hour
+        return None if hour is None else max(0.0, (now_ns - hour.start_ns) / _NS)
+
+
+def read_shard_checkpoints(table: ControlTable, shards: int) -> ShardCheckpoints:
+    """The checkpoints of shards ``0 .. shards - 1``: one GetItem each (the items may be large,
+    R6; a Query of the partition would read shards no longer configured too)."""
+    return ShardCheckpoints(tuple(checkpoint_of(table.get(CHECKPOINT_PK, checkpoint_sk(i))) for i in range(shards)))
+
+
 @dataclass
 class ReconcileReport:
     checkpoint_before: str
@@ -255,9 +379,16 @@ class ReconcileReport:
     list_pages: int = 0  # ListObjectsV2 requests of accepted-by-time and raw-blobs-by-time (R7's page cap)
     lag_s: float = 0.0
     moved_by_other_run: bool = False
+    shard: int = 0
+    blob_heads: int = 0  # raw-blobs-by-time HEADs of the sharded blob check (R8)
+    unowned_ranges: list[str] = field(default_factory=list)  # "<hour>: ranges ... have no shard" (R8)
+    #: shard 0 of several: the slowest shard and the overall checkpoint (R8); "" otherwise
+    slowest_shard: str = ""
+    overall_checkpoint: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "shard": self.shard,
             "checkpoint_before": self.checkpoint_before,
             "checkpoint_after": self.checkpoint_after,
             "hours_scanned": self.hours_scanned,
@@ -272,6 +403,10 @@ class ReconcileReport:
             "list_pages": self.list_pages,
             "lag_s": round(self.lag_s, 1),
             "moved_by_other_run": self.moved_by_other_run,
+            "blob_heads": self.blob_heads,
+            "unowned_ranges": self.unowned_ranges,
+            "slowest_shard": self.slowest_shard,
+            "overall_checkpoint": self.overall_checkpoint,
         }
 
 
@@ -293,31 +428,24 @@ class _HourScan:
 
 
 class Reconciler:
-    def __init__(self, ctx: WorkContext, settings: Settings, probe: QueueProbe) -> None:
+    """One shard of the reconciler (R8; ``shard`` 0 of ``LM_RECONCILE_SHARDS``, by default the only one)."""
+
+    def __init__(self, ctx: WorkContext, settings: Settings, probe: QueueProbe, shard: int = 0) -> None:
         self.ctx, self.settings, self.probe = ctx, settings, probe
         self.table = ctx.extras["table"]
+        # Shard 0 exists in every deployment: a checkpoint reader may come without settings.
+        self.shard = check_shard(shard, settings.reconcile_shards if settings is not None else 1)
+        self.checkpoint_sk = checkpoint_sk(self.shard)
 
     # -- checkpoint ------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint | None:
-        item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-        if item is None:
-            return None
-
-        def hour_or_none(name: str) -> UtcHour | None:
-            return UtcHour(int(item[name])) if item.get(name) is not None else None
-
-        return Checkpoint(UtcHour(int(item["hour_start_s"])), int(item["version"]), int(item.get("last_run_ns", 0)),
-                          int(item.get("verified_before_ns", 0)), hour_or_none("verified_through_s"),
-                          hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
-                          bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
-                          int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")),
-                          bool(item.get("scan_after_unlisted")))
+        return checkpoint_of(self.table.get(CHECKPOINT_PK, self.checkpoint_sk))
 
     def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
               failed_entries: tuple[str, ...] = (), failed_overflow: bool = False, scan_after: str | None = None,
               scan_after_before_ns: int = 0, scan_after_unlisted: bool = False) -> bool:
-        values = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "hour_start_s": new_hour.start_unix_s,
+        values = {"pk": CHECKPOINT_PK, "sk": self.checkpoint_sk, "hour_start_s": new_hour.start_unix_s,
                   "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
                   "verified_before_ns": verified_before_ns,
                   "verified_through_s": verified_through.start_unix_s if verified_through else None,
@@ -385,11 +513,17 @@ class Reconciler:
         end = min(current, start + (max_hours - 1))
         failed_before = frozenset(cp.failed_entries) if cp else frozenset()
         all_failed_before = bool(cp and cp.failed_overflow)
-        report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="")
+        report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="", shard=self.shard)
         retry_hours: set[UtcHour] = set()
         failed_now: set[str] = set()
         retry_now: set[str] = set()  # the failures of failed_now that ended RETRY_LATER
-        indexed = IndexedBlobs(self.ctx)
+        shards = self.settings.reconcile_shards
+        # R8: read once per run (plans are written at least 2 hours before they govern an hour, so
+        # a run never meets a plan written after it began); one shard reads none: it owns every range.
+        plans = RangePlans(self.table) if shards > 1 else None
+        unowned: dict[UtcHour, RangePlan] = {}  # scanned hours whose plan has ranges without a shard
+        indexed = IndexedBlobs(self.ctx)  # one range: list the blob hours, as before shards
+        headed = HeadedBlobs(self.ctx)  # several: HEAD each entry's blob key (R8)
         budget, pages_left = max_entries, max_list_pages
         newest = 0
         saved = cp  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
@@ -413,8 +547,12 @@ class Reconciler:
                 stopped = (hour, None, 0)  # a cap fell on an hour boundary: continue at this hour
                 break
             skip_before = since if verified_through is not None and hour <= verified_through else 0
-            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before, indexed,
-                                   cursor if hour == start else None, budget, save_every, save_inside)
+            plan = plans.plan_for(hour) if plans is not None else ONE_RANGE
+            if plan.ranges > shards:
+                unowned[hour] = plan
+            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before,
+                                   headed if plan.ranges > 1 else indexed, cursor if hour == start else None,
+                                   budget, save_every, save_inside, plan=plan)
             if scan.moved_by_other_run:
                 return self._left_to_other_run(report, first_open)
             budget -= scan.checked
@@ -436,6 +574,9 @@ class Reconciler:
                 crashpoints.point(CP_HOUR_SAVED)
             hour = hour.next()
         report.blob_hours_listed = indexed.hours_listed
+        report.blob_heads = headed.heads_sent
+        report.unowned_ranges = [f"{h}: {unowned_ranges(p, shards)} in the plan effective from {p.effective_from}"
+                                 for h, p in sorted(unowned.items(), key=lambda hp: hp[0].start_unix_s)]
         # The hours this run listed and ran completely; a run stopped by its entry cap did not finish
         # the hour it stopped in.
         scanned_to = stopped[0] + -1 if stopped else end
@@ -459,6 +600,10 @@ class Reconciler:
                 report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {scanned_to}, "
                                              f"at most {max_hours} hours, {max_entries} entries and "
                                              f"{max_list_pages} listing pages per run)")
+                break
+            if new_open in unowned:  # R8: its ranges past the last shard are checked by no one
+                report.not_closed_because = (f"{new_open}: {unowned_ranges(unowned[new_open], shards)} in the plan "
+                                             f"effective from {unowned[new_open].effective_from}")
                 break
             if pass_left_unlisted and new_open == start:
                 report.not_closed_because = (f"{new_open}: a failed entry an earlier run checked is not listed in the "
@@ -492,8 +637,28 @@ class Reconciler:
             new_open = other.hour if other else new_open
         report.checkpoint_after = str(new_open)
         report.lag_s = max(0.0, (now - new_open.start_ns) / _NS)
-        self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=report.lag_s)
+        self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=self._lag_to_emit(report, now))
+        if report.unowned_ranges:
+            raise UnownedRangesError(
+                f"shard {self.shard}: hours whose range plan has more ranges than LM_RECONCILE_SHARDS are kept open, "
+                f"their extra ranges checked by no shard: {'; '.join(report.unowned_ranges)}. Raise "
+                f"LM_RECONCILE_SHARDS to the plan's ranges (docs/protocol.md §12 R8)", report)
         return report
+
+    def _lag_to_emit(self, report: ReconcileReport, now: int) -> float:
+        """``ReconcilerLagSeconds`` (R8): every shard emits its own lag, and shard 0 of several the
+        overall one — the slowest shard's, read from every shard's checkpoint (N GetItems), so a
+        shard that stopped running is seen too; one that never ran counts as far behind as the
+        lookback it would begin at. The alarm takes the Maximum: the slowest shard's lag."""
+        if self.shard != 0 or self.settings.reconcile_shards == 1:
+            return report.lag_s
+        every = read_shard_checkpoints(self.table, self.settings.reconcile_shards)
+        report.slowest_shard = str(every.slowest)
+        report.overall_checkpoint = str(every.hour) if every.hour else "-"
+        lag = every.lag_s(now)
+        if lag is None:
+            lag = (now - UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS).start_ns) / _NS
+        return max(lag, report.lag_s)
 
     def _left_to_other_run(self, report: ReconcileReport, first_open: UtcHour) -> ReconcileReport:
         report.moved_by_other_run = True  # another run is at work: leave the rest to it
@@ -567,17 +732,23 @@ class Reconciler:
         return ""
 
     def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int, failed_before: frozenset[str],
-                   all_failed_before: bool, indexed: IndexedBlobs, cursor: tuple[str, int] | None,
+                   all_failed_before: bool, indexed: IndexedBlobs | HeadedBlobs, cursor: tuple[str, int] | None,
                    budget: int, save_every: int,
-                   save_inside: Callable[[UtcHour, str, int, _HourScan], bool]) -> _HourScan:
+                   save_inside: Callable[[UtcHour, str, int, _HourScan], bool], *,
+                   plan: RangePlan = ONE_RANGE) -> _HourScan:
         """Check the hour's entries not verified before ``since_ns`` (nor, with ``cursor``, by the
         run that stopped inside this hour), at most ``budget`` of them, re-checks included, but at
         least one past the cursor (R7). Every ``save_every`` checks, unless the hour is done,
         ``save_inside(hour, cursor key, cursor bound, the scan so far)`` saves the progress; False
         (another run wrote the checkpoint) ends the scan. A cursor it places never moves back. An entry whose key is outside the layout
-        is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped."""
+        is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped. Only this
+        shard's range of ``plan`` is listed (R8); a shard past the plan's ranges lists nothing."""
         report.hours_scanned.append(str(hour))
-        entries = self.ctx.store.list_modified(self.ctx.codec.accepted_by_time_hour(hour), limit=10**9)
+        if self.shard >= plan.ranges:
+            return _HourScan()  # nothing of this hour is this shard's
+        prefix = self.ctx.codec.accepted_by_time_hour(hour)
+        start_after, end_at = plan.key_bounds(prefix, self.shard)
+        entries = self.ctx.store.list_modified(prefix, limit=10**9, start_after=start_after, end_at=end_at)
         rechecks, units = [], []  # rechecks: up to the cursor
         for key, modified_ns in entries:
             if modified_ns < since_ns:
@@ -593,7 +764,10 @@ class Reconciler:
                 units.append(key)
         report.entries += len(entries)
         newest = max((m for _, m in entries), default=0)
-        scan = _HourScan(newest_ns=newest, list_pages=list_pages(len(entries)),
+        # A range with an upper bound may cost one page more: the one that passes its bound.
+        pages = list_pages(len(entries)) + (1 if end_at is not None and entries and len(entries) % LIST_PAGE_KEYS == 0
+                                            else 0)
+        scan = _HourScan(newest_ns=newest, list_pages=pages,
                          cursor_bound_ns=newest - self.settings.reconcile_margin_s * _NS)
         room = max(budget - len(rechecks), 1)  # at least one past the cursor: every run moves it
         if len(units) > room:
@@ -672,4 +846,6 @@ class Reconciler:
         return floor if floor is not None and (key is None or key < floor) else key
 
 
-__all__ = ["Reconciler", "ReconcileReport", "SqsCountProbe", "CloudWatchAgeProbe", "QueueProbe"]
+__all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "CloudWatchAgeProbe", "QueueProbe", "ReconcileReport", "Reconciler",
+           "ShardCheckpoints", "ShardError", "SqsCountProbe", "UnownedRangesError", "check_shard", "checkpoint_of",
+           "checkpoint_sk", "read_shard_checkpoints", "unowned_ranges"]

@@ -227,6 +227,9 @@ class FunctionSpec:
     * ``url_auth``: the Function URL's auth type for ``http`` functions: ``"none"`` (ingest: agents
       are not AWS principals and carry HMAC tokens) or ``"iam"`` (admin: SigV4-signed operators;
       the local runtime checks the signature too, :mod:`lightmetrics.local.sigv4`).
+    * ``schedule_per_shard``: a ``schedule`` function runs once per reconciler shard
+      (``LM_RECONCILE_SHARDS``): one schedule each, with the input ``{"shard": i}``
+      (:meth:`schedule_inputs`; docs/protocol.md §12 R8).
     """
 
     name: str
@@ -250,10 +253,13 @@ class FunctionSpec:
     batch_size: int = 10
     metrics_service: str | None = None
     url_auth: Literal["none", "iam"] = "none"
+    schedule_per_shard: bool = False
     description: str = ""
 
     def __post_init__(self) -> None:
         kind = self.trigger.partition(":")[0]
+        if self.schedule_per_shard and kind != "schedule":
+            raise ValueError(f"function {self.name!r}: schedule_per_shard needs a 'schedule' trigger")
         if self.url_auth not in ("none", "iam") or (self.url_auth == "iam" and kind != "http"):
             raise ValueError(f"function {self.name!r}: url_auth is 'none' or 'iam', and 'iam' needs trigger 'http'")
         if kind not in TRIGGER_KINDS:
@@ -295,6 +301,15 @@ class FunctionSpec:
     def service(self) -> str:
         """The Powertools service name (the ``service`` metric dimension)."""
         return self.metrics_service or self.name
+
+    def schedule_inputs(self, shards: int) -> list[dict[str, int] | None]:
+        """The input of each of this function's schedules: ``{"shard": i}`` for each of ``shards``
+        shards if :attr:`schedule_per_shard`, else one schedule sending EventBridge's own event (None).
+
+        >>> SPEC.function("reconcile").schedule_inputs(2), SPEC.function("sweep-dlq").schedule_inputs(2)
+        ([{'shard': 0}, {'shard': 1}], [None])
+        """
+        return [{"shard": i} for i in range(shards)] if self.schedule_per_shard else [None]
 
 
 @dataclass(frozen=True)
@@ -508,6 +523,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
         timeout_s=900,
         memory_mb=1024,
+        schedule_per_shard=True,  # one schedule per shard, input {"shard": i} (protocol §12 R8)
         description="Steady-state reconciler: repairs derived state from a DynamoDB checkpoint",
     ),
     FunctionSpec(

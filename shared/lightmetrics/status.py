@@ -1,6 +1,7 @@
 """System status for operators: the one core behind ``lmctl status`` and the admin API's ``GET /status``.
 
-Queue and DLQ depths, the reconciler's checkpoint and lag, open blockers, the completeness
+Queue and DLQ depths, the reconciler's checkpoint and lag (the slowest of its
+``LM_RECONCILE_SHARDS`` shards, and which one: protocol §12 R8), open blockers, the completeness
 watermarks and the number of unresolved identity conflicts. ``ok`` is False when something is
 stuck (an open blocker or a dead letter); unresolved conflicts are reported, not "stuck": they
 wait for an operator decision by design.
@@ -25,11 +26,12 @@ def _ts(ns: int | None) -> str | None:
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
-    """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems, two Queries); raise on
-    failure — a missing bucket, table or queue is :class:`~lightmetrics.errors.ResourceAccessError`."""
+    """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems — one per reconciler
+    shard —, two Queries); raise on failure — a missing bucket, table or queue is
+    :class:`~lightmetrics.errors.ResourceAccessError`."""
     from lightmetrics.conflicts import CONFLICTS_PK, UNRESOLVED
     from lightmetrics.queues import queue_depth
-    from lightmetrics.reconcile import Reconciler
+    from lightmetrics.reconcile import read_shard_checkpoints
     from lightmetrics.walk import read_watermarks
 
     table = ctx.blockers.table
@@ -37,9 +39,9 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     # is a prefix every caller of status (the admin function, operators) may list.
     ctx.store.require_bucket(ctx.codec.prefix + "quarantine/v1/")  # type: ignore[attr-defined]
     depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
-    rec = Reconciler(ctx, settings, probe=None)  # type: ignore[arg-type]  # checkpoint and lag need no probe
-    cp = rec.checkpoint()
-    lag = rec.lag_s()
+    shards = read_shard_checkpoints(table, settings.reconcile_shards)  # overall = the slowest shard (R8)
+    cp = shards.checkpoints[shards.slowest]
+    lag = shards.lag_s(ctx.clock.now_ns())
     open_blockers = len(ctx.blockers.list())
     watermarks = read_watermarks(table)
     unresolved = sum(1 for i in table.query(CONFLICTS_PK) if i.get("resolution", UNRESOLVED) == UNRESOLVED)
@@ -47,7 +49,8 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     return {
         "queues": depths,
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
-                       "last_run": _ts(cp.last_run_ns) if cp else None},
+                       "last_run": _ts(cp.last_run_ns) if cp else None,
+                       "shards": settings.reconcile_shards, "slowest_shard": shards.slowest},
         "open_blockers": open_blockers,
         "watermarks": {index: _ts(w) for index, w in watermarks.items()},
         "unresolved_conflicts": unresolved,

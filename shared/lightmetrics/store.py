@@ -91,7 +91,8 @@ class ObjectStore(Protocol):
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
 
-    def list_modified(self, prefix: str, *, limit: int = 1000) -> list[tuple[str, int]]: ...
+    def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
+                      end_at: str | None = None) -> list[tuple[str, int]]: ...
 
 
 _NS = 1_000_000_000
@@ -314,8 +315,11 @@ class S3ObjectStore:
         """Keys under ``prefix`` in key order, at most ``limit`` (paginated)."""
         return [key for key, _ in self.list_modified(prefix, limit=limit)]
 
-    def list_modified(self, prefix: str, *, limit: int = 1000) -> list[tuple[str, int]]:
-        """``(key, LastModified in Unix ns)`` under ``prefix`` in key order, at most ``limit``.
+    def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
+                      end_at: str | None = None) -> list[tuple[str, int]]:
+        """``(key, LastModified in Unix ns)`` under ``prefix`` in key order, at most ``limit``:
+        keys after ``start_after`` and up to ``end_at`` (inclusive) when given. The listing stops at
+        the first page that passes ``end_at``, so a key range costs its own pages (plus at most one).
 
         LastModified is S3's clock (whole seconds): when the object's PUT began.
         """
@@ -326,9 +330,13 @@ class S3ObjectStore:
                                       "MaxKeys": min(1000, limit - len(entries))}
             if token:
                 kwargs["ContinuationToken"] = token
+            elif start_after:
+                kwargs["StartAfter"] = start_after
             page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix)
-            entries.extend((obj["Key"], int(obj["LastModified"].timestamp()) * _NS)
-                           for obj in (page or {}).get("Contents", []))
+            for obj in (page or {}).get("Contents", []):
+                if end_at is not None and obj["Key"] > end_at:
+                    return entries
+                entries.append((obj["Key"], int(obj["LastModified"].timestamp()) * _NS))
             token = (page or {}).get("NextContinuationToken")
             if not token:
                 break

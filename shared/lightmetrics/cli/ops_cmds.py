@@ -11,7 +11,17 @@ from typing import Any
 import click
 
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
-from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
+from lightmetrics.cli.output import (
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    grid,
+    kv_table,
+)
 from lightmetrics.config import Settings
 
 
@@ -149,23 +159,153 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     sys.exit(EXIT_VIOLATIONS if stuck else EXIT_OK)
 
 
-@click.command("reconcile")
+class _RunByDefault(click.Group):
+    """``lmctl reconcile [--shard I]`` runs (the ``run`` subcommand); ``lmctl reconcile plan`` plans."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ctx.help_option_names):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("reconcile", cls=_RunByDefault)
+def reconcile_cmd() -> None:
+    """Run the steady-state reconciler now (`lmctl reconcile [--shard I]`, what the schedules run),
+    or plan how its shards split the hours (`lmctl reconcile plan`)."""
+
+
+def _total(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several shards' reports as one: sums, and the slowest shard's checkpoint (R8)."""
+    from collections import Counter
+
+    from lightmetrics.keys import UtcHour
+
+    def hour_key(report: dict[str, Any]) -> tuple[int, int]:
+        after = report["checkpoint_after"]
+        return (UtcHour.parse(after).start_unix_s if after and after != "-" else 0, report["shard"])
+
+    slowest = min(reports, key=hour_key)
+    outcomes: Counter[str] = Counter()
+    for r in reports:
+        outcomes.update(r["outcomes"])
+    return {"shards": reports, "slowest_shard": slowest["shard"], "checkpoint_after": slowest["checkpoint_after"],
+            "lag_s": slowest["lag_s"], "outcomes": dict(outcomes),
+            "unowned_ranges": [f"shard {r['shard']}: {u}" for r in reports for u in r["unowned_ranges"]],
+            **{k: sum(r[k] for r in reports) for k in ("entries", "verified_earlier", "list_pages", "blob_hours_listed",
+                                                       "blob_heads")}}
+
+
+@reconcile_cmd.command("run")
+@click.option("--shard", type=int, default=None,
+              help="Run only this shard (0 to LM_RECONCILE_SHARDS - 1); default: every shard, one after another.")
 @config_options
 @json_option
-def reconcile_cmd(settings: Settings, as_json: bool) -> None:
-    """Run one steady-state reconcile pass now (what the schedule runs)."""
+def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
+    """Run one steady-state reconcile pass now: every shard one after another, or --shard I.
+    Exit 1 if an entry is BLOCKED or an hour's plan has ranges without a shard."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     from lightmetrics.errors import LightmetricsError
-    from lightmetrics.reconcile import Reconciler
+    from lightmetrics.reconcile import Reconciler, ShardError, UnownedRangesError, check_shard
     from lightmetrics.services import queue_probe
 
     try:
-        report = Reconciler(_ctx(settings, as_json), settings, queue_probe(settings)).run().to_json()
+        shards = [check_shard(shard, settings.reconcile_shards)] if shard is not None else list(
+            range(settings.reconcile_shards))
+    except ShardError as exc:
+        fail(f"--shard: {exc}", EXIT_USAGE, as_json=as_json)
+    ctx = _ctx(settings, as_json)
+    reports, unowned = [], []
+    try:
+        probe = queue_probe(settings)
+        for i in shards:
+            try:
+                reports.append(Reconciler(ctx, settings, probe, shard=i).run().to_json())
+            except UnownedRangesError as exc:  # its work is saved; the other shards run, then exit 1
+                reports.append(exc.report.to_json())
+                unowned.append(str(exc))
     except (LightmetricsError, ClientError, BotoCoreError) as exc:
         exit_for_error(exc, "cannot run the reconciler", as_json=as_json)
+    report = reports[0] if len(reports) == 1 else _total(reports)
     if as_json:
         emit_json(report)
+    elif len(reports) == 1:
+        console.print(kv_table(f"reconcile (shard {reports[0]['shard']} of {settings.reconcile_shards})",
+                               report.items()))
     else:
-        console.print(kv_table("reconcile", report.items()))
-    sys.exit(EXIT_VIOLATIONS if report["outcomes"].get("BLOCKED") else EXIT_OK)
+        console.print(grid(f"reconcile ({len(reports)} shards; slowest: shard {report['slowest_shard']})",
+                           ["shard", "checkpoint", "#entries", "#verified earlier", "outcomes", "#list pages",
+                            "#blob HEADs", "not closed because"],
+                           [(r["shard"], f"{r['checkpoint_before']} -> {r['checkpoint_after']}", r["entries"],
+                             r["verified_earlier"], r["outcomes"], r["list_pages"], r["blob_heads"],
+                             r["not_closed_because"]) for r in reports]))
+        console.print(kv_table("total", [(k, v) for k, v in report.items() if k != "shards"]))
+    for message in unowned:
+        err_console.print(f"[bold red]error:[/] {message}")
+    blocked = any(r["outcomes"].get("BLOCKED") for r in reports)
+    sys.exit(EXIT_VIOLATIONS if blocked or unowned else EXIT_OK)
+
+
+@reconcile_cmd.command("plan")
+@click.option("--ranges", type=click.IntRange(min=1), required=True,
+              help="Key ranges per hour (at most LM_RECONCILE_SHARDS: one shard checks each).")
+@click.option("--hour", default=None, help="YYYY-MM-DDTHH whose accepted-by-time entries are cut into equal "
+                                           "counts (default: the previous hour).")
+@click.option("--effective-from", default=None,
+              help="YYYY-MM-DDTHH, the first hour the plan governs (at the earliest, and by default, now + 2 hours).")
+@config_options
+@json_option
+def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, settings: Settings,
+                   as_json: bool) -> None:
+    """Write a write-once range plan: equal-count cuts of one hour's entries, from an hour on
+    (docs/protocol.md §12 R8). Exit 2 if it has more ranges than shards, or if the plan is refused
+    (too soon, out of order, or that hour already has one: the message names the earliest hour)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from lightmetrics.errors import LightmetricsError
+    from lightmetrics.hour_ranges import MIN_LEAD_HOURS, RangePlan, RangePlanError, RangePlans, equal_count_cuts
+    from lightmetrics.keys import UtcHour
+
+    if ranges > settings.reconcile_shards:
+        fail(f"--ranges {ranges}: more ranges than reconciler shards (LM_RECONCILE_SHARDS = "
+             f"{settings.reconcile_shards}) would leave ranges no shard checks; raise LM_RECONCILE_SHARDS "
+             f"(and deploy its schedules) first", EXIT_USAGE, as_json=as_json)
+    try:
+        listed_hour = UtcHour.parse(hour) if hour else None
+        asked_from = UtcHour.parse(effective_from) if effective_from else None
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    ctx = _ctx(settings, as_json)
+    now = ctx.clock.now_ns()
+    earliest = UtcHour.of_unix_ns(now) + MIN_LEAD_HOURS
+    listed_hour = listed_hour or UtcHour.of_unix_ns(now) + -1
+    start = asked_from if asked_from is not None and earliest < asked_from else earliest
+    prefix = ctx.codec.accepted_by_time_hour(listed_hour)
+    plans = RangePlans(ctx.extras["table"])
+    try:
+        names = [key[len(prefix):] for key in ctx.store.list_keys(prefix, limit=10**9)]
+        plan = plans.propose(equal_count_cuts(names, ranges), effective_from=start, now_ns=now)
+    except RangePlanError as exc:
+        latest = max((p.effective_from for p in plans.all() if p.effective_from is not None),
+                     key=lambda h: h.start_unix_s, default=None)
+        first_free = latest + 1 if latest is not None and earliest < latest + 1 else earliest
+        fail(f"{exc}; the earliest hour a new plan can take effect is {first_free} (--effective-from {first_free})",
+             EXIT_USAGE, as_json=as_json)
+    except (LightmetricsError, ClientError, BotoCoreError) as exc:
+        exit_for_error(exc, "cannot write the plan", as_json=as_json)
+    counts = [0] * plan.ranges
+    for name in names:
+        counts[plan.range_of(name)] += 1
+    out = {"status": "written", "effective_from": str(plan.effective_from), "hour_listed": str(listed_hour),
+           "entries": len(names), "ranges": plan.ranges, "ranges_asked": ranges, "cuts": list(plan.cuts),
+           "counts": counts, "shards": settings.reconcile_shards}
+    if as_json:
+        emit_json(out)
+    else:
+        console.print(kv_table("[green]range plan written[/]", [(k, v) for k, v in out.items()
+                                                                 if k not in ("cuts", "counts")]))
+        console.print(grid(f"ranges of {listed_hour}", ["range", "after", "up to", "#entries"],
+                           [(i, *(b or "-" for b in RangePlan(None, plan.cuts).bounds(i)), counts[i])
+                            for i in range(plan.ranges)]))
+        if plan.ranges < ranges:
+            console.print(f"{listed_hour} has too few entries for {ranges} ranges: the plan has {plan.ranges}")

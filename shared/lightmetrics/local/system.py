@@ -162,12 +162,28 @@ class LocalSystem:
         session = kwargs.pop("session", None) or _session(self.runtime)
         return work_context(self.settings, session=session, clock=self.clock, **kwargs)
 
-    def reconciler(self, ctx: WorkContext | None = None) -> Reconciler:
+    def reconciler(self, ctx: WorkContext | None = None, *, shard: int = 0) -> Reconciler:
+        """Shard ``shard`` of the reconciler (``LM_RECONCILE_SHARDS``; the only one by default)."""
         assert self.settings is not None
         urls = self.settings.queue_urls
         probe = SqsCountProbe(self.runtime.boto3_client("sqs"), [u for n, u in urls.items() if not n.endswith("-dlq")],
                               [u for n, u in urls.items() if n.endswith("-dlq")])
-        return Reconciler(ctx or self.work_context(), self.settings, probe)
+        return Reconciler(ctx or self.work_context(), self.settings, probe, shard=shard)
+
+    def reconcile_every_shard(self, ctx: WorkContext | None = None) -> list[dict[str, Any]]:
+        """One run of every shard, one after another (what the schedules run in AWS side by side);
+        their reports. A shard's error is raised after the others ran."""
+        assert self.settings is not None
+        ctx = ctx or self.work_context(component="reconcile")
+        reports, errors = [], []
+        for shard in range(self.settings.reconcile_shards):
+            try:
+                reports.append(self.reconciler(ctx, shard=shard).run().to_json())
+            except Exception as exc:  # the next shard's range is not this one's: run it anyway
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return reports
 
     def routes(self) -> list[Route]:
         settings = self.settings
@@ -189,8 +205,8 @@ class LocalSystem:
         self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop, duplicate=duplicate).start()
         jobs: dict[str, tuple[float, Any]] = {}
         if reconcile_every_s:
-            reconciler = self.reconciler(self.work_context(component="reconcile"))
-            jobs["reconcile"] = (reconcile_every_s, lambda _e, _c: reconciler.run().to_json())
+            reconcile_ctx = self.work_context(component="reconcile")
+            jobs["reconcile"] = (reconcile_every_s, lambda _e, _c: self.reconcile_every_shard(reconcile_ctx))
         if sweep_every_s:
             ctx = self.work_context()
             jobs["sweep-dlq"] = (sweep_every_s, lambda _e, _c: sweep_dlqs(ctx))
