@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,16 +145,17 @@ class InlineSfn:
 
 
 def drive(reaper: Reaper, inp: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
-          before_task: Any = None) -> dict[str, Any]:
+          before_task: Any = None, range_threads: int = 1) -> dict[str, Any]:
     """The loop of infra/statemachines/reap.asl.json: route on ``next``; a Wait advances the clock;
     a task that dies (an injected crash) is retried with the same input, as the ASL's Retry does.
-    ``before_task(next, event)`` sees every task invocation (the process-kill test records it)."""
+    ``before_task(next, event)`` sees every task invocation (the process-kill test records it).
+    A visit of the Ranges Map runs its range tasks on ``range_threads`` threads, then the hour's task."""
     out = reaper.begin({"input": inp, "execution_arn": f"inline-{uuid.uuid4().hex[:6]}"})
-    return drive_from(reaper, out, clock, attempts=attempts, before_task=before_task)
+    return drive_from(reaper, out, clock, attempts=attempts, before_task=before_task, range_threads=range_threads)
 
 
 def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
-               before_task: Any = None) -> dict[str, Any]:
+               before_task: Any = None, range_threads: int = 1) -> dict[str, Any]:
     def run(task: str, event: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(attempts):
             if before_task:
@@ -178,6 +180,13 @@ def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attem
                 reaper._sfn = InlineSfn()
             started = run("cont", {"reap": out["reap"]})["next_execution"]
             out = run("begin", {"input": reaper._sfn.inputs[started], "execution_arn": started})
+            continue
+        if nxt == "ranges":  # the Ranges Map: one task per range (its role's method), then the hour's task
+            events = [(item["task"], {"reap": out["reap"], "job": out["range_job"], "range": item})
+                      for item in out["ranges"]]
+            with ThreadPoolExecutor(max(1, min(range_threads, out["range_parallelism"]))) as pool:
+                list(pool.map(lambda e: run(*e), events))
+            out = run("retention", {"reap": out["reap"]})
             continue
         if nxt == "wait":
             clock.advance(out["wait_s"])

@@ -121,9 +121,9 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # a settle round (every max_pending_pages marked pages): Wait (the GC grace), AfterWait
         "settle_round": {"dynamodb.TransactWriteItems": 1, "sfn.transitions": 2},
         # one hour: HEAD reaped marker, tombstone + reaped marker (PUT), watermark reads, records,
-        # verify listing, the tombstone wait
+        # its key-range plan (a Query: hour_ranges), verify listing, the tombstone wait
         "hour": {"s3.ListObjectsV2": 1, "s3.HeadObject": 1, "s3.PutObject": 2, "dynamodb.GetItem": 6,
-                 "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2, "dynamodb.UpdateItem": 4,
+                 "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 2, "dynamodb.UpdateItem": 4,
                  "sfn.transitions": 6, "lambda.Invoke": 2},
         # expired_hours lists each date of accepted-by-time it walks through
         "date_listed": {"s3.ListObjectsV2": 1},

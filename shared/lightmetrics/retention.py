@@ -26,6 +26,10 @@ but not reaped until an operator resumes (the next reap reads the record again) 
 derived entries go). :func:`expired_hours` finds such an unfinished H again from its control-table
 record, however empty its prefixes list.
 
+An hour whose range plan (:mod:`lightmetrics.hour_ranges`) has R > 1 key ranges runs steps 2-4 on
+each range apart, R at once (:mod:`lightmetrics.reap.ranges`): :meth:`page` takes the range's upper
+bound, and the range's cursor starts at its lower one. Steps 1, 5 and 6 stay the hour's.
+
 Every delete is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2). A page's
 independent requests (its records' GETs, its entries' deletes) run on ``concurrency`` threads; the
 two deletes of one entry stay in order on one thread.
@@ -59,6 +63,7 @@ from lightmetrics.cas import create_object
 from lightmetrics.control_table import ControlTable
 from lightmetrics.derived import AcceptedByTimeEntry
 from lightmetrics.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
+from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
@@ -231,11 +236,23 @@ class HourRetention:
                           values={":st": "tombstoned", ":now": now_ns, ":ep": epoch})
         crashpoints.point(CP_COMMITTED)
 
-    def page(self, after: str, limit: int) -> tuple[list[str], bool]:
-        """One page of H's ``accepted-by-time`` keys after ``after``; and whether more follow."""
+    def page(self, after: str, limit: int, *, end_at: str | None = None) -> tuple[list[str], bool]:
+        """One page of H's ``accepted-by-time`` keys after ``after`` (and up to ``end_at``, inclusive:
+        a key range's upper bound, :meth:`~lightmetrics.hour_ranges.RangePlan.key_bounds`); and
+        whether more follow. A range's last page costs no extra listing unless it ends exactly at a
+        page's end with keys of the next range after it (then one empty page)."""
         listing = self.ctx.store.list_page(self.by_time_prefix, max_keys=limit,  # type: ignore[attr-defined]
                                            start_after=after or None)
-        return listing.keys, listing.truncated
+        if end_at is None:
+            return listing.keys, listing.truncated
+        keys = [k for k in listing.keys if k <= end_at]
+        return keys, listing.truncated and len(keys) == len(listing.keys) and (not keys or keys[-1] < end_at)
+
+    def plan(self) -> RangePlan:
+        """How H is split into key ranges for a parallel reap (:mod:`lightmetrics.hour_ranges`; one
+        Query). A plan of an expired hour never changes: plans are write-once and take effect at
+        least two hours after they are written."""
+        return RangePlans(self.table).plan_for(self.hour)
 
     def entry(self, by_time_key: str) -> AcceptedByTimeEntry | None:
         raw = self.ctx.store.get(by_time_key)

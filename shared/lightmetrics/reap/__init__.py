@@ -10,6 +10,7 @@ concept a module:
 ``params``   the execution input (:class:`ReapParams`), the control-table keys, GC's durable
              source cursors, the newest audit run (G-B3), the history bound (G-B2)
 ``marks``    a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
+``ranges``   an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
 ``steps``    the Lambda tasks (:class:`Reaper`)
 ``report``   the operator's report from a checkpoint (:func:`report_of`)
 ``control``  the operator side (:class:`ReapControl`: start, status, follow)
@@ -33,23 +34,31 @@ from lightmetrics.reap.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
     DEFAULT_MAX_PAGES,
+    DEFAULT_RANGE_PARALLELISM,
     EVENTS_FIXED,
+    EVENTS_PER_MAP_VISIT,
+    EVENTS_PER_RANGE_ITERATION,
     EVENTS_PER_TASK,
     INPUT_FIELDS,
     LATEST_AUDIT,
     LEASE_PK,
     LEASE_SK,
+    MAX_RANGE_PARALLELISM,
     MODES,
+    RANGE_TASK_SECONDS,
+    RANGE_TASK_UNITS,
     SOURCE_CURSOR_PREFIX,
     SOURCES,
     STEPS,
     TASK_STEPS,
     ReapParams,
     latest_audit_run,
+    map_visit_tasks,
     max_tasks_for,
     source_cursor_sk,
     tombstone_wait,
 )
+from lightmetrics.reap.ranges import RANGE_PK, RangeTask
 from lightmetrics.reap.report import COUNTERS, report_of
 from lightmetrics.reap.steps import (
     CP_CONTINUATION_BEGUN,
@@ -64,9 +73,11 @@ from lightmetrics.reap.steps import (
 
 __all__ = [
     "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",
-    "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE", "DEFAULT_MAX_PAGES", "EVENTS_FIXED", "EVENTS_PER_TASK",
-    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX", "MODES",
-    "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS",
+    "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE", "DEFAULT_MAX_PAGES", "DEFAULT_RANGE_PARALLELISM",
+    "EVENTS_FIXED", "EVENTS_PER_MAP_VISIT", "EVENTS_PER_RANGE_ITERATION", "EVENTS_PER_TASK",
+    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX",
+    "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
+    "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
     "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
     "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for", "reap_task_handler",
     "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",

@@ -35,7 +35,8 @@ def read_lease(table: ControlTable) -> dict[str, Any] | None:
 MODES = ("gc", "retention")
 SOURCES = ("scan", "by-time", "audit")
 INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
-                "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution")
+                "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution",
+                "range_parallelism")
 #: Durable per-source GC cursors: ``checkpoint#reap``/``gc#by-time``, ``gc#scan``, ``gc#audit#<run>``.
 SOURCE_CURSOR_PREFIX = "gc#"
 #: GC pages per run (rule G-B1, docs/protocol.md §15): a run stops marking after this many pages,
@@ -49,15 +50,43 @@ EVENTS_FIXED = 100
 EVENTS_PER_TASK = 5 + 2 + 3 * 6 + 4
 
 
+#: A visit of the ``Ranges`` Map (an hour's key ranges in parallel, docs/protocol.md §16): its own
+#: MapStateEntered, MapStateStarted, MapStateSucceeded and MapStateExited ...
+EVENTS_PER_MAP_VISIT = 4
+#: ... and per iteration: MapIterationStarted and MapIterationSucceeded, its RangeRoute Choice's 2,
+#: its range task's 5, up to 6 retries of 3 events.
+EVENTS_PER_RANGE_ITERATION = 2 + 2 + 5 + 3 * 6
+
+
 def max_tasks_for() -> int:
     """The most Gc/Retention tasks one execution may run and stay inside HISTORY_BUDGET."""
     return (HISTORY_BUDGET - EVENTS_FIXED) // EVENTS_PER_TASK
+
+
+def map_visit_tasks(iterations: int) -> int:
+    """A visit of the ``Ranges`` Map with ``iterations`` range tasks, in tasks' worth of history
+    (:data:`EVENTS_PER_TASK` events each, rounded up): what the task count of rule G-B2 charges it.
+
+    >>> map_visit_tasks(4), map_visit_tasks(40), map_visit_tasks(256)
+    (4, 38, 239)
+    """
+    return -(-(EVENTS_PER_MAP_VISIT + iterations * EVENTS_PER_RANGE_ITERATION) // EVENTS_PER_TASK)
 
 
 def source_cursor_sk(source: str, audit_run: str | None = None) -> str:
     """The control-table sort key of a GC source's durable cursor, e.g. ``gc#by-time``."""
     return SOURCE_CURSOR_PREFIX + source + (f"#{audit_run}" if source == "audit" else "")
 
+
+# --- an hour's key ranges in parallel (docs/protocol.md §16, "An hour in R ranges") ------------------
+#: Range tasks of one hour in flight at once (the ``Ranges`` Map's MaxConcurrency), unless the input's
+#: ``range_parallelism`` says otherwise; at most MAX_RANGE_PARALLELISM.
+DEFAULT_RANGE_PARALLELISM, MAX_RANGE_PARALLELISM = 16, 40
+#: One range task does at most this many units (a page marked, a page's marks settled, or a page of
+#: derived entries deleted) and starts none after RANGE_TASK_SECONDS, so one Map iteration's events
+#: and one Lambda's time stay bounded (the reap functions' timeout is 600 s).
+RANGE_TASK_UNITS = 8
+RANGE_TASK_SECONDS = 240
 
 #: ``audit_run`` value of the scheduled GC: the newest committed audit run (rule G-B3).
 LATEST_AUDIT = "latest"
@@ -112,6 +141,7 @@ class ReapParams:
     lease_seconds: int = 900
     max_pages: int = DEFAULT_MAX_PAGES
     max_tasks_per_execution: int = 0  # 0: max_tasks_for()
+    range_parallelism: int = DEFAULT_RANGE_PARALLELISM
 
     @classmethod
     def parse(cls, raw: Any) -> "ReapParams":
@@ -149,7 +179,18 @@ class ReapParams:
                    tombstone_wait_s=tombstone_wait(integer("tombstone_wait_s", 120, 0, 3600)),
                    verify_passes=integer("verify_passes", 3, 1, 10),
                    lease_seconds=lease_seconds, max_pages=integer("max_pages", DEFAULT_MAX_PAGES, 1, 10**6),
-                   max_tasks_per_execution=integer("max_tasks_per_execution", max_tasks_for(), 1, max_tasks_for()))
+                   max_tasks_per_execution=integer("max_tasks_per_execution", max_tasks_for(), 1, max_tasks_for()),
+                   range_parallelism=range_parallelism(integer))
+
+
+def range_parallelism(integer: Any) -> int:
+    """The input's ``range_parallelism`` (``integer``: :meth:`ExecutionInput.integer`), with why it is bounded."""
+    try:
+        return int(integer("range_parallelism", DEFAULT_RANGE_PARALLELISM, 1, MAX_RANGE_PARALLELISM))
+    except InvalidReapInput as exc:
+        raise InvalidReapInput(f"{exc}: the range tasks of one hour in flight at once (the Ranges Map's "
+                               f"MaxConcurrency; default {DEFAULT_RANGE_PARALLELISM}). Each is a Lambda of "
+                               "reap-gc or reap-retention, so this bounds their concurrency") from None
 
 
 def tombstone_wait(seconds: int) -> int:
@@ -163,6 +204,8 @@ def tombstone_wait(seconds: int) -> int:
         raise InvalidReapInput(str(exc)) from None
 
 
-__all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "DEFAULT_MAX_PAGES", "EVENTS_FIXED", "EVENTS_PER_TASK", "INPUT_FIELDS",
-           "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MODES", "ReapParams", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS",
-           "TASK_STEPS", "latest_audit_run", "max_tasks_for", "read_lease", "source_cursor_sk", "tombstone_wait"]
+__all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "DEFAULT_MAX_PAGES", "DEFAULT_RANGE_PARALLELISM", "EVENTS_FIXED",
+           "EVENTS_PER_MAP_VISIT", "EVENTS_PER_RANGE_ITERATION", "EVENTS_PER_TASK", "INPUT_FIELDS", "LATEST_AUDIT",
+           "LEASE_PK", "LEASE_SK", "MAX_RANGE_PARALLELISM", "MODES", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS",
+           "ReapParams", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "latest_audit_run", "map_visit_tasks",
+           "max_tasks_for", "range_parallelism", "read_lease", "source_cursor_sk", "tombstone_wait"]

@@ -8,11 +8,48 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from lightmetrics.control_table import plain
 
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
+
+
+def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:
+    """A page's proofs (:class:`~lightmetrics.gc.Proof`): the deletable ones (retention: only those
+    proven "hour tombstoned") and the page's counters ``c_examined``, ``c_deletable``, ``kept#<reason>``.
+
+    >>> from lightmetrics.gc import Proof
+    >>> proof_counts([Proof("k", "s", True, "unreferenced")], retention=True)[1]
+    {'c_examined': 1, 'kept#hour-not-tombstoned': 1, 'c_deletable': 0}
+    """
+    from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED
+
+    proofs = list(proofs)
+    counts: dict[str, int] = {"c_examined": len(proofs)}
+    deletable = []
+    for p in proofs:
+        if p.deletable and (not retention or p.reason == DELETE_HOUR_TOMBSTONED):
+            deletable.append(p)
+        else:
+            reason = p.reason if not p.deletable else KEEP_NOT_TOMBSTONED
+            counts[f"kept#{reason}"] = counts.get(f"kept#{reason}", 0) + 1
+    counts["c_deletable"] = len(deletable)
+    return deletable, counts
+
+
+def settle_counts(results: list[str]) -> dict[str, int]:
+    """The counters of settled marks (:meth:`~lightmetrics.gc.BlobCollector.settle`'s results).
+
+    >>> settle_counts(["purged", "restored", "kept:gone"])
+    {'c_purged': 1, 'c_restored': 1, 'kept#gone': 1}
+    """
+    add = {"c_purged": results.count("purged"), "c_restored": results.count("restored")}
+    for r in results:
+        if r.startswith("kept:"):
+            add[f"kept#{r[5:]}"] = add.get(f"kept#{r[5:]}", 0) + 1
+    return add
 
 
 def report_of(cp: dict[str, Any]) -> dict[str, Any]:
@@ -34,4 +71,4 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["COUNTERS", "report_of"]
+__all__ = ["COUNTERS", "proof_counts", "report_of", "settle_counts"]

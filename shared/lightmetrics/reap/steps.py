@@ -12,6 +12,10 @@ and the state machine routes on ``next``:
 ``retention``  (reap-retention, the retention role) one step of an hour (lightmetrics.retention):
                commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
                entries, verify empty, write the ``reaped`` marker.
+``ranges``     the ``Ranges`` Map: an hour whose range plan has R > 1 key ranges runs its blobs and
+               derived phases per range, one bounded task per range with work (``gc`` and
+               ``retention`` called with ``range``: :mod:`lightmetrics.reap.ranges`), then the
+               hour's ``retention`` task again (phase ``ranges``: the next visit, a wait, or verify).
 ``wait``       a Wait state (``wait_s``): the GC grace, or the tombstone settle time.
 ``continue``   (reap-continue) this execution ran ``max_tasks_per_execution`` tasks: start the next
                execution of the state machine with the same lease, epoch and owner (input
@@ -54,7 +58,7 @@ from botocore.exceptions import ClientError
 from lightmetrics import crashpoints, leases
 from lightmetrics.config import longest_reap_task_s
 from lightmetrics.control_table import ControlTable, Op, TransactionCancelled, plain
-from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED, BlobCollector
+from lightmetrics.gc import BlobCollector
 from lightmetrics.keys import KeyLayoutError, UtcHour
 from lightmetrics.leases import OWNED, Fence, LeaseHeld, LeaseLost
 from lightmetrics.reap.errors import InvalidReapInput
@@ -63,15 +67,26 @@ from lightmetrics.reap.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
     DEFAULT_MAX_PAGES,
+    DEFAULT_RANGE_PARALLELISM,
     LATEST_AUDIT,
     LEASE_PK,
     ReapParams,
     latest_audit_run,
+    map_visit_tasks,
     max_tasks_for,
     read_lease,
     source_cursor_sk,
 )
-from lightmetrics.reap.report import report_of
+from lightmetrics.reap.ranges import (
+    CP_RANGES_FOLDED,
+    FOLD_DELETES_PER_TRANSACTION,
+    RANGE_PK,
+    RangeTask,
+    folded,
+    plan_visit,
+    read_ranges,
+)
+from lightmetrics.reap.report import proof_counts, report_of, settle_counts
 from lightmetrics.retention import KIND_RETENTION, HourRetention, WatermarkBehind, expired_hours
 from lightmetrics.step_functions import start_continuation
 from lightmetrics.work import WorkContext, work_key
@@ -205,7 +220,8 @@ class Reaper:
                 "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
                 "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
                 "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
-                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1}
+                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
+                "range_parallelism": params.range_parallelism}
         if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
             # Rule G-B3: the newest committed audit run, each run's candidates proven once.
             run = latest_audit_run(self.ctx.store, self.codec)
@@ -261,10 +277,20 @@ class Reaper:
         return {"next_execution": arn}
 
     def _counted(self, out: dict[str, Any]) -> dict[str, Any]:
-        """Rule G-B2: after ``max_tasks`` tasks this execution hands over to a new one."""
+        """Rule G-B2: after ``max_tasks`` tasks this execution hands over to a new one. A visit of
+        the ``Ranges`` Map counts as the tasks' worth of history it may take (params.map_visit_tasks)
+        plus the hour's task that follows it; it runs only if that fits, or if this execution has
+        done nothing else yet (a visit always fits an empty execution), so every execution progresses."""
         reap = out["reap"]
         reap["tasks"] = int(reap.get("tasks", 0)) + 1
-        if out["next"] != "finish" and reap["tasks"] >= int(reap.get("max_tasks") or max_tasks_for()):
+        limit = int(reap.get("max_tasks") or max_tasks_for())
+        if out["next"] == "ranges":
+            visit = map_visit_tasks(len(out["ranges"]))
+            if reap["tasks"] > 1 and reap["tasks"] + visit + 1 > limit:
+                return {"reap": reap, "next": "continue"}
+            reap["tasks"] += visit
+            return out
+        if out["next"] != "finish" and reap["tasks"] >= limit:
             return {"reap": reap, "next": "continue"}
         return out
 
@@ -313,6 +339,8 @@ class Reaper:
 
     # -- the GC task: mark a page, or settle recorded marks ---------------------------------------
     def gc(self, event: dict[str, Any]) -> dict[str, Any]:
+        if "range" in event:  # an iteration of the Ranges Map: one key range's blobs (reap.ranges)
+            return RangeTask(self, event).gc()
         return self._counted(self._gc(event))
 
     def _gc(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -438,17 +466,8 @@ class Reaper:
         collector.records_read.update(self.records_read)  # retention: each record read once (rule G-R1)
         now = self.now()
         proofs = collector.prove_all(keys, now_ns=now)
-        counts["c_examined"] = len(proofs)
-        retention = cp["phase"] == "blobs"
-        deletable = []
-        for p in proofs:
-            ok = p.deletable and (not retention or p.reason == DELETE_HOUR_TOMBSTONED)
-            if ok:
-                deletable.append(p)
-            else:
-                reason = p.reason if not p.deletable else KEEP_NOT_TOMBSTONED
-                counts[f"kept#{reason}"] = counts.get(f"kept#{reason}", 0) + 1
-        counts["c_deletable"] = len(deletable)
+        deletable, proven = proof_counts(proofs, retention=cp["phase"] == "blobs")
+        counts.update(proven)
         intents = [collector.intent(p, now) for p in deletable]
         if cp["dry_run"] or not intents:
             return self._record_page(reap, cp, [], cursor, more, counts, write_marks=False)
@@ -538,11 +557,7 @@ class Reaper:
             not_due = [int(m["marked_at_ns"]) for m in marks if not collector.due(m, now)]
             if not_due:
                 return self._wait(reap, cp, max(not_due) + int(self.settings.gc_grace_s) * _NS)
-            results = collector.settle(marks, now_ns=now)
-            add = {"c_purged": results.count("purged"), "c_restored": results.count("restored")}
-            for r in results:
-                if r.startswith("kept:"):
-                    add[f"kept#{r[5:]}"] = add.get(f"kept#{r[5:]}", 0) + 1
+            add = settle_counts(collector.settle(marks, now_ns=now))
             self._commit(reap, add=add, ops=[Op("Delete", CHECKPOINT_PK, item["sk"])])
             crashpoints.point(CP_SETTLE_RECORDED)
             if len(items) > 1:
@@ -559,6 +574,8 @@ class Reaper:
 
     # -- the retention task ------------------------------------------------------------------------
     def retention(self, event: dict[str, Any]) -> dict[str, Any]:
+        if "range" in event:  # an iteration of the Ranges Map: one key range's derived entries (reap.ranges)
+            return RangeTask(self, event).derived()
         return self._counted(self._retention(event))
 
     def _retention(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -575,7 +592,9 @@ class Reaper:
         fence = self.fence(reap)
         hr = HourRetention(self.ctx, UtcHour.parse(hour), scope, fence=fence, concurrency=int(cp["concurrency"]))
         phase, now = cp["phase"], self.now()
-        first = "blobs" if scope == "raw" else "chunks"  # what follows the tombstone (and a verify pass)
+        # What follows the tombstone (and a verify pass): the hour's key ranges in parallel when its
+        # plan has more than one (reap.ranges), else its blobs (rollups: its chunks).
+        first = "chunks" if scope == "rollup" else "ranges" if int(cp.get("ranges") or 1) > 1 else "blobs"
         set_: dict[str, Any]
         add: dict[str, int] = {}
         if phase == "commit":
@@ -597,6 +616,11 @@ class Reaper:
                 else:
                     set_ = {"phase": first, "after": "", "listing_done": False,
                             "wait_until_ns": now + int(cp["tombstone_wait_s"]) * _NS}
+                    plan = hr.plan() if scope == "raw" else None
+                    if plan is not None and plan.ranges > 1:
+                        set_.update(phase="ranges", ranges=plan.ranges)
+        elif phase == "ranges":
+            return self._ranges(reap, cp, hour)
         elif phase in ("chunks", "manifests"):  # rollup scope: chunks and index first, manifests last
             prefixes = hr.chunk_prefixes() if phase == "chunks" else [self.codec.rollup_manifest_hour(hr.hour)]
             deleted, more = hr.delete_rollup_page(prefixes, int(cp["page_size"]))
@@ -638,8 +662,37 @@ class Reaper:
         statuses = dict(cp.get("hour_status") or {})
         statuses[hour] = status
         last = int(cp["hour_index"]) + 1 >= len(cp["hours"])
-        return {"hour_status": statuses, "hour_index": int(cp["hour_index"]) + 1, "passes": 1, "after": "",
-                "listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}
+        out = {"hour_status": statuses, "hour_index": int(cp["hour_index"]) + 1, "passes": 1, "after": "",
+               "listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}
+        if int(cp.get("ranges") or 1) > 1:
+            out["ranges"] = 1  # the next hour's commit reads its own plan
+        return out
+
+    # -- an hour in key ranges (reap.ranges; docs/protocol.md §16) -------------------------------------
+    def _ranges(self, reap: dict[str, Any], cp: dict[str, Any], hour: str) -> dict[str, Any]:
+        """The hour's task between visits of the Ranges Map: the ranges with work now go to the next
+        visit; if every range waits (a grace, rule L3), the execution waits for the first; once every
+        range is done, their counters are folded into the summary, their items deleted, and the hour
+        goes on to verify."""
+        epoch, passes, ranges = int(reap["epoch"]), int(cp["passes"]), int(cp["ranges"])
+        items = read_ranges(self.table, epoch, hour, passes)
+        ready, waits = plan_visit(items, ranges, self.now())
+        if ready:
+            job = {"hour": hour, "passes": passes, "ranges": ranges, "page_size": int(cp["page_size"]),
+                   "concurrency": int(cp["concurrency"]), "max_pending_pages": int(cp["max_pending_pages"]),
+                   "owned_since_ns": int(cp.get("owned_since_ns") or 0)}
+            return {"reap": reap, "next": "ranges", "ranges": ready, "range_job": job,
+                    "range_parallelism": int(cp.get("range_parallelism") or DEFAULT_RANGE_PARALLELISM)}
+        if waits:
+            return self._wait(reap, cp, min(waits))  # recorded: a continuation's Begin waits too
+        set_ = {"phase": "verify", "after": "", "wait_until_ns": 0}
+        deletes = [Op("Delete", RANGE_PK, str(i["sk"])) for i in items.values()]
+        n = FOLD_DELETES_PER_TRANSACTION
+        self._commit(reap, set_=set_, add=folded(items), ops=deletes[:n])
+        crashpoints.point(CP_RANGES_FOLDED)
+        for i in range(n, len(deletes), n):  # a crash here leaves items of a finished pass: never read again
+            self._commit(reap, ops=deletes[i:i + n])
+        return self._route(reap, {**cp, **set_})
 
     # -- end ---------------------------------------------------------------------------------------
     def end(self, event: dict[str, Any]) -> dict[str, Any]:
