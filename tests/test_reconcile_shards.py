@@ -404,6 +404,18 @@ def test_plan_through_the_cli(runtime, clock):  # type: ignore[no-untyped-def]
         code, text = lmctl(system, "reconcile", "plan", "--ranges", "2", "--hour", hour,
                            "--effective-from", str(first + 5), shards=3, as_json=False)
         assert code == 0 and "range plan written" in text and str(first + 5) in text, text
+        # The review's F3/F4: a key outside the layout is never a cut, and an hour with too few
+        # entries writes no plan (a plan is permanent) but exits 2 saying so.
+        ctx = system.work_context()
+        ctx.store.client.put_object(Bucket=system.bucket, Key=ctx.codec.accepted_by_time_hour(H0) + "zz/stray",
+                                    Body=b"x")
+        code, out = lmctl(system, "reconcile", "plan", "--ranges", "3", "--hour", hour,
+                          "--effective-from", str(first + 6), shards=3)
+        assert code == 0 and out["entries"] == 9 and all("/" not in c for c in out["cuts"]), out
+        code, out = lmctl(system, "reconcile", "plan", "--ranges", "3", "--hour", str(H0 + -5),
+                          "--effective-from", str(first + 7), shards=3)
+        assert code == 2 and "too few for 3" in out["reason"], out
+        assert [p.effective_from for p in RangePlans(ctx.extras["table"]).all()][-1] == first + 6  # none written
     finally:
         system.stop()
 

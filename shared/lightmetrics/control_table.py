@@ -186,11 +186,16 @@ class ControlTable:
                 raise
             raise TransactionCancelled(failed + [False] * (len(ops) - len(failed))) from None
 
-    def query(self, pk: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+    def query(self, pk: str, *, limit: int | None = None, sk_prefix: str | None = None) -> list[dict[str, Any]]:
+        """The items of partition ``pk`` (strongly consistent, every page), only those whose sort
+        key begins with ``sk_prefix`` when given (read capacity is spent on those alone)."""
         items: list[dict[str, Any]] = []
+        condition, values = "pk = :pk", {":pk": pk}
+        if sk_prefix:
+            condition, values = "pk = :pk AND begins_with(sk, :sk)", {":pk": pk, ":sk": sk_prefix}
         kwargs: dict[str, Any] = {
-            "KeyConditionExpression": "pk = :pk",
-            "ExpressionAttributeValues": to_item({":pk": pk}),
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": to_item(values),
             "ConsistentRead": True,
         }
         while True:

@@ -246,6 +246,15 @@ def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
     sys.exit(EXIT_VIOLATIONS if blocked or unowned else EXIT_OK)
 
 
+def _is_time_entry(ctx: Any, key: str) -> bool:
+    from lightmetrics.keys import KeyKind, KeyLayoutError
+
+    try:
+        return ctx.codec.parse(key).kind is KeyKind.ACCEPTED_BY_TIME
+    except KeyLayoutError:
+        return False
+
+
 @reconcile_cmd.command("plan")
 @click.option("--ranges", type=click.IntRange(min=1), required=True,
               help="Key ranges per hour (at most LM_RECONCILE_SHARDS: one shard checks each).")
@@ -283,8 +292,13 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
     prefix = ctx.codec.accepted_by_time_hour(listed_hour)
     plans = RangePlans(ctx.extras["table"])
     try:
-        names = [key[len(prefix):] for key in ctx.store.list_keys(prefix, limit=10**9)]
-        plan = plans.propose(equal_count_cuts(names, ranges), effective_from=start, now_ns=now)
+        # Only the layout's entry names may be cuts (a stray key under the hour is not one).
+        names = [key[len(prefix):] for key in ctx.store.list_keys(prefix, limit=10**9) if _is_time_entry(ctx, key)]
+        cuts = equal_count_cuts(names, ranges)
+        if len(cuts) + 1 < ranges:  # a plan is permanent: never write fewer ranges than asked
+            fail(f"{listed_hour} has {len(names)} accepted-by-time entries, too few for {ranges} equal-count ranges; "
+                 f"list a busier hour (--hour)", EXIT_USAGE, as_json=as_json)
+        plan = plans.propose(cuts, effective_from=start, now_ns=now)
     except RangePlanError as exc:
         latest = max((p.effective_from for p in plans.all() if p.effective_from is not None),
                      key=lambda h: h.start_unix_s, default=None)
@@ -307,5 +321,4 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
         console.print(grid(f"ranges of {listed_hour}", ["range", "after", "up to", "#entries"],
                            [(i, *(b or "-" for b in RangePlan(None, plan.cuts).bounds(i)), counts[i])
                             for i in range(plan.ranges)]))
-        if plan.ranges < ranges:
-            console.print(f"{listed_hour} has too few entries for {ranges} ranges: the plan has {plan.ranges}")
+

@@ -80,9 +80,9 @@ def range_sk(epoch: int, hour: str, passes: int, r: int) -> str:
 
 
 def read_ranges(table: ControlTable, epoch: int, hour: str, passes: int) -> dict[int, dict[str, Any]]:
-    """This pass's range items by range number (one Query; other epochs' and passes' are skipped)."""
-    prefix = range_prefix(epoch, hour, passes)
-    return {int(i["range"]): plain(i) for i in table.query(RANGE_PK) if str(i["sk"]).startswith(prefix)}
+    """This pass's range items by range number: one Query of their sort-key prefix, so the items a
+    crashed epoch or pass left (until their TTL) are never read."""
+    return {int(i["range"]): plain(i) for i in table.query(RANGE_PK, sk_prefix=range_prefix(epoch, hour, passes))}
 
 
 def plan_visit(items: dict[int, dict[str, Any]], ranges: int, now_ns: int) -> tuple[list[dict[str, Any]], list[int]]:
