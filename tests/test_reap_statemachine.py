@@ -142,3 +142,14 @@ def test_a_reap_continues_into_new_executions_on_the_state_machine(system: Local
     runs = sfn.list_executions(stateMachineArn=system.state_machine_arn("reap"))["executions"]
     assert len(runs) == report["executions"] and all(r["status"] == "SUCCEEDED" for r in runs)
     assert system.work_context().store.head(orphan) is None and control.lease_live() is None
+
+
+def test_a_refused_start_says_why_in_the_tasks_own_words(system: LocalSystem) -> None:
+    """Issue 17: Begin refuses an hour that has not expired; lmctl prints Begin's own message from
+    the execution history, not only the catching state's "invalid input"."""
+    hour = str(UtcHour.of_unix_ns(system.clock.now_ns()))
+    r = CliRunner().invoke(_cli(), ["reap", "retention", "--hour", hour, "--execute", "--json"],
+                           env=system.environment())
+    assert r.exit_code == 2, r.output
+    reason = json.loads(r.stdout)["reason"]
+    assert f"{hour} is not older than LM_RETENTION_S" in reason and "InvalidReapInput" in reason, reason

@@ -64,4 +64,36 @@ def start_continuation(sfn_client: Any, state_machine_arn: str, name: str, paylo
         return state_machine_arn.replace(":stateMachine:", ":execution:") + f":{name}"
 
 
-__all__ = ["HISTORY_BUDGET", "HISTORY_LIMIT", "ExecutionInput", "start_continuation"]
+def execution_history(sfn_client: Any, execution_arn: str) -> list[dict[str, Any]]:
+    """Every history event of an execution, oldest first (all pages)."""
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"executionArn": execution_arn, "maxResults": 1000}
+    while True:
+        page = sfn_client.get_execution_history(**kwargs)
+        events.extend(page["events"])
+        if not page.get("nextToken"):
+            return events
+        kwargs["nextToken"] = page["nextToken"]
+
+
+def task_error(events: list[dict[str, Any]]) -> tuple[str, str]:
+    """The first failed Lambda task's own error (its type, and its message as the task raised it),
+    from an execution's history; ("", "") if none failed. The execution's own error and cause are
+    those of the state that caught it, which say less (e.g. "invalid input").
+
+    >>> task_error([{"lambdaFunctionFailedEventDetails": {"error": "InvalidReapInput",
+    ...             "cause": '{"errorMessage": "hour is not older than LM_RETENTION_S"}'}}])
+    ('InvalidReapInput', 'hour is not older than LM_RETENTION_S')
+    """
+    for ev in events:
+        d = ev.get("lambdaFunctionFailedEventDetails")
+        if d:
+            try:
+                message = str(json.loads(d.get("cause", "{}")).get("errorMessage", d.get("cause", "")))
+            except (ValueError, AttributeError):
+                message = str(d.get("cause", ""))
+            return str(d.get("error", "")), message
+    return "", ""
+
+
+__all__ = ["HISTORY_BUDGET", "HISTORY_LIMIT", "ExecutionInput", "execution_history", "start_continuation", "task_error"]

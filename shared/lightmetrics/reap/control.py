@@ -21,6 +21,7 @@ from lightmetrics.leases import LeaseHeld
 from lightmetrics.reap.errors import InvalidReapInput
 from lightmetrics.reap.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease
 from lightmetrics.reap.report import report_of
+from lightmetrics.step_functions import execution_history, task_error
 from lightmetrics.work import WorkContext
 
 
@@ -67,8 +68,11 @@ class ReapControl:
             if d["status"] != "RUNNING":
                 if d.get("error") == "LeaseHeld":
                     raise LeaseHeld(f"refused: {d.get('cause', '')}")
-                raise InvalidReapInput(f"the reap did not start ({d['status']} {d.get('error', '')}): "
-                                       f"{d.get('cause', '')}")
+                # The Begin task's own message says what was wrong (e.g. "hour ... is not older than
+                # LM_RETENTION_S"); the execution's cause is the catching state's, which says less.
+                kind, message = task_error(execution_history(self.sfn, arn))
+                raise InvalidReapInput(f"the reap did not start ({d['status']} {kind or d.get('error', '')}): "
+                                       f"{message or d.get('cause', '')}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
             self.sleep(0.1)

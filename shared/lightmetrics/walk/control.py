@@ -20,6 +20,7 @@ from typing import Any
 from lightmetrics.control_table import ControlTable
 from lightmetrics.identity import id_to_hex
 from lightmetrics.leases import LeaseHeld
+from lightmetrics.step_functions import execution_history, task_error
 from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.walk.params import WalkParams
 from lightmetrics.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
@@ -114,25 +115,10 @@ class WalkControl:
 
     def _begin_error(self, arn: str) -> tuple[str, str]:
         """The Begin task's own error (type, message), from the execution history."""
-        for ev in self.history(arn):
-            d = ev.get("lambdaFunctionFailedEventDetails")
-            if d:
-                try:
-                    message = str(json.loads(d.get("cause", "{}")).get("errorMessage", d.get("cause", "")))
-                except ValueError:
-                    message = str(d.get("cause", ""))
-                return str(d.get("error", "")), message
-        return "", ""
+        return task_error(self.history(arn))
 
     def history(self, arn: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
-        while True:
-            page = self.sfn.get_execution_history(**kwargs)
-            events.extend(page["events"])
-            if not page.get("nextToken"):
-                return events
-            kwargs["nextToken"] = page["nextToken"]
+        return execution_history(self.sfn, arn)
 
     def _until_ended(self, execution: str, deadline: float | None) -> None:
         """Wait (at most 60 s, or until ``deadline``) for ``execution`` to leave RUNNING."""
