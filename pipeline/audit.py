@@ -433,6 +433,7 @@ def run_audit(
     inventory_info: dict[str, Any] | None = None,
     workers: int = 16,
     gc_marked: frozenset[str] = frozenset(),
+    progress: Any = None,
 ) -> AuditReport:
     """Run the audit over ``inventory`` (a DataFrame with the inventory columns) and write its outputs.
     ``gc_marked``: the blob keys GC has marked and not settled (:func:`gc_marked_blobs`), not missing."""
@@ -447,6 +448,8 @@ def run_audit(
         now = time.monotonic()
         report.phases[name] = report.phases.get(name, 0.0) + now - last[0]
         last[0] = now
+        if progress is not None:
+            progress(f"{name} done")
 
     codec = access.codec
     out_prefix = codec.audit_run(run_id)

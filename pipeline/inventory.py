@@ -518,9 +518,20 @@ def _md5_file(path: str) -> str:
     return h.hexdigest()
 
 
+def _reporting(rows: Any, say: Any, every: int = 100_000) -> Any:
+    n = 0
+    for n, row in enumerate(rows, start=1):
+        if n % every == 0:
+            say(f"listed {n:,} versions")
+        yield row
+    say(f"listed {n:,} versions; writing the report")
+
+
 def snapshot(access: S3Access, destination: Destination, *, file_format: str = "Parquet",
-             now_ms: int | None = None, rows_per_file: int = 1_000_000) -> WrittenReport:
-    """``lmctl inventory snapshot``: list the namespace's layout prefixes (all versions) and write a report."""
+             now_ms: int | None = None, rows_per_file: int = 1_000_000,
+             progress: Any = None) -> WrittenReport:
+    """``lmctl inventory snapshot``: list the namespace's layout prefixes (all versions) and write a
+    report; ``progress`` is told each prefix and every 100,000 versions listed."""
     from itertools import chain
 
     from lightmetrics.resources import LAYOUT_PREFIXES
@@ -529,6 +540,8 @@ def snapshot(access: S3Access, destination: Destination, *, file_format: str = "
     # earlier reports written next to it locally — is not part of the authority's inventory.
     s3 = client(access)
     rows = chain.from_iterable(listing_rows(s3, access.bucket, access.prefix + p) for p in LAYOUT_PREFIXES)
+    if progress is not None:
+        rows = _reporting(rows, progress)
     return write_report(rows, destination, source_bucket=access.bucket, access=access, file_format=file_format,
                         now_ms=now_ms, rows_per_file=rows_per_file)
 

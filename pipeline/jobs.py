@@ -30,7 +30,7 @@ def _spark(master: str | None) -> Any:
 
 def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_ns: int | None = None,
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
-              table: Any = None) -> Any:
+              table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.services import control_table
 
     from pipeline.audit import gc_marked_blobs, run_audit
@@ -47,7 +47,7 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
     now_s = (now_ns if now_ns is not None else time.time_ns()) // 1_000_000_000
     marked = gc_marked_blobs(table or control_table(settings), access.codec)
     return run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=settings.retry_horizon_s,
-                     inventory_info=report.to_json(), gc_marked=marked)
+                     inventory_info=report.to_json(), gc_marked=marked, progress=progress)
 
 
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
@@ -60,7 +60,8 @@ def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
 
 def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hours: int = 24, allow_open: bool = False,
                recompute: bool = False, owner: str | None = None, access: S3Access | None = None, spark: Any = None,
-               clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]") -> Any:
+               clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]",
+               progress: Any = None) -> Any:
     from lightmetrics.services import control_table
 
     from pipeline.rollup import RollupJob
@@ -76,7 +77,7 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
         else:
             hours = hours_between(end + (-(lookback_hours - 1)), end)
     spark = spark or _spark(master)
-    job = RollupJob(spark, access, table=table, clock=clock, owner=owner)
+    job = RollupJob(spark, access, table=table, clock=clock, owner=owner, progress=progress)
     return job.run(hours, first_open=first_open, allow_open=allow_open, recompute=recompute)
 
 

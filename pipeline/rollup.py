@@ -29,6 +29,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
@@ -278,7 +279,8 @@ class RollupJob:
     """One owner's rollup run. ``run`` = lease, plan, execute, release; tests drive the steps."""
 
     def __init__(self, spark: Any, access: S3Access, *, table: Any = None, clock: Clock = DEFAULT_CLOCK,
-                 owner: str | None = None, lease_s: int = 900, workers: int = 16) -> None:
+                 owner: str | None = None, lease_s: int = 900, workers: int = 16,
+                 progress: Callable[[str], None] | None = None) -> None:
         broken = table is not None and lease_rule_broken(
             lease_s, commit_step_s(access), "the rollup's fenced commit: the manifest's create and a GET, with "
             "the S3 timeouts and attempts of its access", "lease_s")
@@ -288,6 +290,7 @@ class RollupJob:
         self.owner = owner or f"rollup-{uuid.uuid4().hex[:12]}"
         self.lease = Lease(table, "rollup", self.owner, clock, lease_s) if table is not None else None
         self.workers = workers
+        self.say = progress or (lambda _: None)  # phases of a run, for lmctl's progress lines
 
     # -- planning ---------------------------------------------------------------------------
     def committed(self, hour: UtcHour, requests: Tally) -> dict[str, Any] | None:
@@ -377,6 +380,7 @@ class RollupJob:
                     by_hour.setdefault(int(r["hour_s"]), []).append(r)
                 for p in plan.hours:
                     if p.hour.start_unix_s in generations:
+                        self.say(f"committing {p.hour}")
                         self._commit(p, by_hour.get(p.hour.start_unix_s, []), results[p.hour.start_unix_s],
                                      report.requests)
         finally:
@@ -439,7 +443,10 @@ class RollupJob:
         if self.lease is not None:
             self.lease.acquire()  # LeaseHeld: another run is at it
         try:
-            return self.execute(self.plan(hours, first_open=first_open, allow_open=allow_open, recompute=recompute))
+            self.say(f"planning {len(hours)} hours")
+            plan = self.plan(hours, first_open=first_open, allow_open=allow_open, recompute=recompute)
+            self.say(f"rolling up {len(plan.work())} of them")
+            return self.execute(plan)
         finally:
             if self.lease is not None:
                 self.lease.release()

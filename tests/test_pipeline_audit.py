@@ -249,8 +249,9 @@ def test_cli_snapshot_and_audit(runtime, clock, spark, monkeypatch):  # type: ig
     assert snap.exit_code == 0, snap.output
     out = runner.invoke(cli, ["pipeline", "audit", "--run-id", "cli-run", "--json"])
     assert out.exit_code == 0, out.output  # a repair item is work, not a violation
-    doc = json.loads(out.output[out.output.index("{"):])
+    doc = json.loads(out.stdout)  # stdout is the one JSON document; progress goes to stderr
     assert doc["confirmed"]["repair"] == 1 and doc["summary_key"] == "audit/v1/run=cli-run/summary.json"
+    assert "audit: classify done" in out.stderr and "inventory snapshot: listed" in snap.stderr
     runtime.boto3_client("s3").delete_object(Bucket=system.bucket, Key=r.blob_key)
     assert runner.invoke(cli, ["inventory", "snapshot", "--destination", f"s3://{system.bucket}/inv2"]).exit_code == 0
     bad = runner.invoke(cli, ["pipeline", "audit", "--inventory", f"s3://{system.bucket}/inv2/"])

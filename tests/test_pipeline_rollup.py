@@ -219,8 +219,9 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     runner = CliRunner()
     out = runner.invoke(cli, ["pipeline", "rollup", "--hour", str(H0), "--json"])
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output[out.output.index("{"):])
+    doc = json.loads(out.stdout)  # stdout is the one JSON document; progress goes to stderr
     assert [(h["hour"], h["status"], h["generation"]) for h in doc["hours"]] == [(str(H0), "committed", 1)]
+    assert f"rollup: committing {H0}" in out.stderr
     assert runner.invoke(cli, ["pipeline", "rollup", "--hour", str(NEXT)]).exit_code == 0  # open: skipped, not an error
 
     from lightmetrics.clock import SystemClock

@@ -27,6 +27,7 @@ from lightmetrics.cli.output import (
     fail,
     grid,
     kv_table,
+    progress_lines,
 )
 from lightmetrics.config import Settings
 
@@ -72,8 +73,10 @@ def inventory_snapshot(destination: str | None, file_format: str, rows_per_file:
 
     dest = Destination.parse(destination or f"s3://{settings.bucket}/inventory")
     try:
-        written = snapshot(_access(settings, "inventory"), dest, file_format="Parquet" if file_format == "parquet" else "CSV",
-                           rows_per_file=rows_per_file)
+        with progress_lines("inventory snapshot") as say:
+            written = snapshot(_access(settings, "inventory"), dest,
+                               file_format="Parquet" if file_format == "parquet" else "CSV",
+                               rows_per_file=rows_per_file, progress=say)
     except InventoryError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except Exception as exc:  # S3 unreachable (4), or the bucket missing / refusing us (2)
@@ -114,8 +117,9 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
     run_id = run_id or datetime.fromtimestamp(now_ns / 1e9, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ") + \
         "-" + secrets.token_hex(3)
     try:
-        report = audit_job(settings, inventory_location or f"s3://{settings.bucket}/inventory/", run_id=run_id,
-                           now_ns=now_ns, access=_access(settings, "pipeline-audit"))
+        with progress_lines("audit") as say:
+            report = audit_job(settings, inventory_location or f"s3://{settings.bucket}/inventory/", run_id=run_id,
+                               now_ns=now_ns, access=_access(settings, "pipeline-audit"), progress=say)
     except InventoryError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     code = EXIT_VIOLATIONS if report.violations else EXIT_OK
@@ -156,8 +160,10 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     try:
-        report = rollup_job(settings, wanted or None, lookback_hours=lookback_hours, allow_open=allow_open_hour,
-                            recompute=recompute, owner=owner, access=_access(settings, "pipeline-rollup"))
+        with progress_lines("rollup") as say:
+            report = rollup_job(settings, wanted or None, lookback_hours=lookback_hours, allow_open=allow_open_hour,
+                                recompute=recompute, owner=owner, access=_access(settings, "pipeline-rollup"),
+                                progress=say)
     except (LeaseHeld, LeaseLost, GenerationTaken) as exc:
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:
