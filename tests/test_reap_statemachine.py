@@ -92,6 +92,7 @@ def test_gc_then_retention_through_the_state_machine(system: LocalSystem, runtim
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)["report"]
     assert report["hours_reaped"] == [hour] and report["purged"] == 2
+    assert "reap: " in r.stderr and "pages, examined" in r.stderr  # --wait shows progress on stderr (issue 17)
     assert all(ctx.store.head(x.blob_key) is None and ctx.store.get(x.manifest_key) for x in results)
     assert verify(ctx, strict=True).ok
 

@@ -25,6 +25,7 @@ from lightmetrics.cli.output import (
     emit_json,
     fail,
     kv_table,
+    progress_lines,
 )
 from lightmetrics.config import Settings
 
@@ -117,7 +118,11 @@ def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str |
             console.print(kv_table("reap started", info.items()))
             console.print("follow with: lmctl reap status")
         sys.exit(EXIT_OK)
-    result = control.follow(arn)
+    with progress_lines("reap") as say:
+        result = control.follow(arn, on_progress=lambda r: say(
+            f"{r.get('phase') or r.get('status')}: {r['pages']} pages, examined {r['examined']}, marked {r['marked']}, "
+            f"purged {r['purged']}" + (f", hours reaped {len(r['hours_reaped'])} of {len(r['hours'])}"
+                                       if r.get("mode") == "retention" else "")))
     info.update(status=result.status, detail=result.detail, report=result.report)
     if as_json:
         emit_json(info)

@@ -77,10 +77,20 @@ class ReapControl:
                 raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
             self.sleep(0.1)
 
-    def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None) -> Followed:
-        """Wait for the reap started as ``arn`` to end, through every execution it continued into."""
+    def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None,
+               on_progress: Callable[[dict[str, Any]], None] | None = None) -> Followed:
+        """Wait for the reap started as ``arn`` to end, through every execution it continued into;
+        ``on_progress`` gets the checkpoint's report whenever it changed (read at most every 2 s)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last_report: dict[str, Any] | None = None
+        next_read = 0.0
         while True:
+            if on_progress is not None and time.monotonic() >= next_read:
+                next_read = time.monotonic() + 2.0
+                current = self.checkpoint()
+                if current is not None and current != last_report:
+                    last_report = current
+                    on_progress(current)
             d = self.sfn.describe_execution(executionArn=arn)
             if d["status"] == "SUCCEEDED":
                 item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
