@@ -209,3 +209,14 @@ def test_env_configures_lmctl_from_the_stack_outputs(runtime):  # type: ignore[n
         assert r.returncode == 2 and "has no output" in r.stderr and "TableName" in r.stderr
     finally:
         system.stop()
+
+
+def test_tables_never_cut_an_identifier_when_piped():  # type: ignore[no-untyped-def]
+    """Issue 17: output that is not a terminal is full width; a long key comes out whole on one line."""
+    key = "accepted-by-time/v1/date=2026-11-26/hour=13/" + "6167656e742d" * 12 + ".626f6f74.00000000000000000000.json"
+    code = ("from lightmetrics.cli.output import console, grid; "
+            f"console.print(grid('t', ['key', '#n'], [({key!r}, 1)]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "60"})
+    assert r.returncode == 0, r.stderr
+    assert any(key in line for line in r.stdout.splitlines()), r.stdout

@@ -28,7 +28,10 @@ from rich.table import Table
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_LEASE_HELD = 0, 1, 2, 3, 4, 5
 
-console = Console(highlight=False)
+#: Width when stdout is not a terminal (a pipe, a file, a script): wide enough that no identifier,
+#: key or path is ever wrapped or cut; a terminal gets its own width, and cells fold there.
+PIPE_WIDTH = 100_000
+console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -85,7 +88,8 @@ def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
 def grid(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     table = Table(title=title, title_justify="left")
     for h in headers:
-        table.add_column(h, justify="right" if h[:1].isdigit() or h.startswith("#") else "left")
+        # fold, never "…": an identifier must survive a narrow terminal whole
+        table.add_column(h, justify="right" if h[:1].isdigit() or h.startswith("#") else "left", overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
     return table
