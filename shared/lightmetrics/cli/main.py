@@ -160,7 +160,7 @@ def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json)
 
     Exit 0 if accepted, 1 if no acceptance record exists, 4 if S3 is unavailable.
     """
-    from lightmetrics.inspect import describe_identity
+    from lightmetrics.identity_view import describe_identity
     from lightmetrics.services import accept_context
 
     ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
