@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
@@ -61,6 +61,17 @@ class FrozenClock:
 
 def utc_datetime(unix_ns: int) -> datetime:
     return datetime.fromtimestamp(unix_ns // 1_000_000_000, tz=timezone.utc)
+
+
+def utc_text(unix_ns: Any) -> str | None:
+    """The one way operators see a time: ``YYYY-MM-DD HH:MM:SSZ``; None for none (0 or None).
+
+    >>> utc_text(1_764_000_000 * 10**9), utc_text(0)
+    ('2025-11-24 16:00:00Z', None)
+    """
+    if not unix_ns:
+        return None
+    return datetime.fromtimestamp(int(unix_ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 DEFAULT_CLOCK: Clock = SystemClock()

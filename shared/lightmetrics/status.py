@@ -14,15 +14,11 @@ Example:
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
+from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 from lightmetrics.work import WorkContext
-
-
-def _ts(ns: int | None) -> str | None:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ") if ns else None
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
@@ -49,10 +45,10 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     return {
         "queues": depths,
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
-                       "last_run": _ts(cp.last_run_ns) if cp else None,
+                       "last_run": utc_text(cp.last_run_ns) if cp else None,
                        "shards": settings.reconcile_shards, "slowest_shard": shards.slowest},
         "open_blockers": open_blockers,
-        "watermarks": {index: _ts(w) for index, w in watermarks.items()},
+        "watermarks": {index: utc_text(w) for index, w in watermarks.items()},
         "unresolved_conflicts": unresolved,
         "ok": not (open_blockers > 0 or dlq_messages > 0),
     }

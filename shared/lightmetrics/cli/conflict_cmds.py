@@ -24,8 +24,8 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.ops_cmds import _ts, _who
-from lightmetrics.cli.options import config_options, exit_for_error, json_option
+from lightmetrics.clock import utc_text
+from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
 from lightmetrics.config import Settings
 
@@ -112,7 +112,7 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
         emit_json({**page.to_json(), "unresolved": unresolved})
     else:
         rows = [(e.conflict_id, f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
-                 _short(e.accepted_frame_sha256), _short(e.submitted_frame_sha256), _ts(e.first_seen_unix_ns),
+                 _short(e.accepted_frame_sha256), _short(e.submitted_frame_sha256), utc_text(e.first_seen_unix_ns),
                  ", ".join(e.collectors), e.resolution) for e in page.items]
         table = grid(f"identity conflicts ({unresolved} unresolved)",
                      ["id", "agent/boot", "seq", "accepted sha256", "submitted sha256", "first seen",
@@ -142,7 +142,7 @@ def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
     e = detail.entry
     rows: list[tuple[str, Any]] = [
         ("id", e.conflict_id), ("agent / boot", f"{e.agent_id} / {e.boot_id}"),
-        ("sequence range", f"{e.seq_start}-{e.seq_end}"), ("first seen", _ts(e.first_seen_unix_ns)),
+        ("sequence range", f"{e.seq_start}-{e.seq_end}"), ("first seen", utc_text(e.first_seen_unix_ns)),
         ("accepted manifest", e.accepted_manifest_key), ("accepted sha256", e.accepted_frame_sha256),
         ("accepted blob", e.accepted_raw_blob_key), ("accepted by collector", e.accepted_collector_id),
         ("submitted sha256", e.submitted_frame_sha256), ("submitted blob", e.submitted_raw_blob_key),
@@ -151,7 +151,7 @@ def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
     ]
     if detail.record is not None:
         r = detail.record
-        rows += [("resolved by", r.resolved_by), ("resolved at", _ts(r.resolved_at_unix_ns)), ("reason", r.reason),
+        rows += [("resolved by", r.resolved_by), ("resolved at", utc_text(r.resolved_at_unix_ns)), ("reason", r.reason),
                  ("denylist entries", ", ".join(r.denylist_entries) or "-"), ("resolution record", detail.resolution_key)]
     if detail.repaired_index:
         rows.append(("registry", "index item was missing or stale; repaired from S3"))
@@ -185,14 +185,14 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
         ident, _ = _run(lambda: parse_conflict_id(conflict_id, registry.codec), as_json)
         confirm(f"Deny {_scope(ident.agent_id, None if whole_agent else ident.boot_id)} (ingest answers 403 "
                 f"within LM_DENYLIST_TTL_S)", yes, as_json)
-    record = _run(lambda: registry.resolve(conflict_id, decision, reason=reason, who=_who(),
+    record = _run(lambda: registry.resolve(conflict_id, decision, reason=reason, who=operator_name(),
                                            whole_agent=whole_agent), as_json)
     if as_json:
         emit_json({"status": "resolved", "record": record.model_dump(mode="json", by_alias=True)})
     else:
         console.print(kv_table(f"[green]resolved: {record.resolution}[/]", [
             ("id", record.conflict_id), ("resolved by", record.resolved_by),
-            ("resolved at", _ts(record.resolved_at_unix_ns)), ("reason", record.reason),
+            ("resolved at", utc_text(record.resolved_at_unix_ns)), ("reason", record.reason),
             ("denylist entries", ", ".join(record.denylist_entries) or "-"),
         ]))
 
@@ -214,12 +214,12 @@ def _list_denylist(settings: Settings, as_json: bool) -> None:
         emit_json({"denylist": [e.to_json() for e in entries], "lifted": [lift.to_json() for lift in lifts]})
         return
     console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
-                       [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, _ts(e.at_unix_ns), e.reason,
+                       [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, utc_text(e.at_unix_ns), e.reason,
                          e.conflict_id or "") for e in entries]))
     if lifts:
         console.print(grid("lifted denials", ["entry", "agent", "boot", "denied by", "lifted by", "lifted", "reason"],
                            [(x.entry, x.agent_id, x.boot_id or "(every boot)", x.denied_by, x.lifted_by,
-                             _ts(x.lifted_at_unix_ns), x.reason) for x in lifts]))
+                             utc_text(x.lifted_at_unix_ns), x.reason) for x in lifts]))
 
 
 @click.group("denylist", invoke_without_command=True)
@@ -261,15 +261,15 @@ def denylist_remove(agent_id: str, boot_id: str | None, whole_agent: bool, reaso
     store = _denylist_store(settings, as_json)
     confirm(f"Lift the denial of {_scope(agent_id, None if whole_agent else boot_id)} (ingest accepts it again "
             f"within LM_DENYLIST_TTL_S)", yes, as_json)
-    lift = _run(lambda: store.remove(agent_id, boot_id, whole_agent=whole_agent, who=_who(), reason=reason), as_json)
+    lift = _run(lambda: store.remove(agent_id, boot_id, whole_agent=whole_agent, who=operator_name(), reason=reason), as_json)
     if as_json:
         emit_json({"status": "lifted", "lift": lift.to_json()})
     else:
         console.print(kv_table("[green]denial lifted[/]", [
             ("entry", lift.entry), ("agent / boot", f"{lift.agent_id} / {lift.boot_id or '(every boot)'}"),
-            ("denied by", lift.denied_by), ("denied at", _ts(lift.denied_at_unix_ns)),
+            ("denied by", lift.denied_by), ("denied at", utc_text(lift.denied_at_unix_ns)),
             ("denial reason", lift.denied_reason), ("conflict", lift.conflict_id or "-"),
-            ("lifted by", lift.lifted_by), ("lifted at", _ts(lift.lifted_at_unix_ns)), ("reason", lift.reason),
+            ("lifted by", lift.lifted_by), ("lifted at", utc_text(lift.lifted_at_unix_ns)), ("reason", lift.reason),
         ]))
 
 

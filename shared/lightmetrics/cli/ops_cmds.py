@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
-import os
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, exit_for_error, json_option
+from lightmetrics.clock import utc_text
+from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_USAGE,
@@ -23,17 +21,6 @@ from lightmetrics.cli.output import (
     kv_table,
 )
 from lightmetrics.config import Settings
-
-
-def _who() -> str:
-    try:
-        return os.environ.get("LM_OPERATOR") or getpass.getuser()
-    except Exception:
-        return "operator"
-
-
-def _ts(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ") if ns else ""
 
 
 def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
@@ -62,7 +49,7 @@ def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
     if as_json:
         emit_json({"blockers": [b.to_json() for b in items], "open": open_count})
     else:
-        rows = [(b.status, b.kind, b.object_key, b.attempts, _ts(b.first_seen_ns), b.reason[:120]) for b in items]
+        rows = [(b.status, b.kind, b.object_key, b.attempts, utc_text(b.first_seen_ns), b.reason[:120]) for b in items]
         console.print(grid(f"blockers ({open_count} open)", ["status", "kind", "object", "#attempts", "first seen",
                                                              "reason"], rows))
         if items:
@@ -76,7 +63,7 @@ def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwarg
 
     ctx = _ctx(settings, as_json)
     try:
-        result = getattr(blocker_actions, fn_name)(ctx, work_key, who=_who(), **kwargs)
+        result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
     except BlockerNotFound:
         fail(f"no blocker {work_key!r}; see `lmctl blockers list`", EXIT_USAGE, as_json=as_json)
     except blocker_actions.ActionError as exc:
@@ -123,7 +110,7 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
     """Send every open DLQ blocker's message back to its queue."""
     from lightmetrics.blocker_actions import redrive
 
-    results = redrive(_ctx(settings, as_json), who=_who())
+    results = redrive(_ctx(settings, as_json), who=operator_name())
     if as_json:
         emit_json({"redriven": [r.to_json() for r in results]})
     else:

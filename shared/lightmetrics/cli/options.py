@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import getpass
+import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -27,6 +29,14 @@ def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--json", "as_json", is_flag=True, callback=_remember_json,
                         help="Print one JSON document for machines.")(fn)
+
+
+def operator_name() -> str:
+    """Who an operator's decision is recorded as: ``LM_OPERATOR``, else the login name."""
+    try:
+        return os.environ.get("LM_OPERATOR") or getpass.getuser()
+    except Exception:  # no login name (a container without a passwd entry)
+        return "operator"
 
 
 def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn:

@@ -8,12 +8,12 @@ when another reap holds the lease, 1 when the execution failed.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
@@ -30,12 +30,6 @@ from lightmetrics.cli.output import (
 from lightmetrics.config import Settings
 
 STATE_MACHINE = "reap"
-
-
-def _ts(ns: Any) -> str | None:
-    if not ns:
-        return None
-    return datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
@@ -59,7 +53,7 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     kept = report.get("kept") or {}
     rows = [
         ("mode", report.get("mode")), ("dry run", report.get("dry_run")), ("epoch", report.get("epoch")),
-        ("status", report.get("status")), ("phase", report.get("phase")), ("started", _ts(report.get("started_at_ns"))),
+        ("status", report.get("status")), ("phase", report.get("phase")), ("started", utc_text(report.get("started_at_ns"))),
         ("examined", report.get("examined")), ("deletable (proven)", report.get("deletable")),
         ("marked", report.get("marked")), ("purged", report.get("purged")), ("restored", report.get("restored")),
         ("kept", ", ".join(f"{k}: {v}" for k, v in sorted(kept.items())) or "-"),
@@ -178,7 +172,7 @@ def reap_status(settings: Settings, as_json: bool) -> None:
     except (ClientError, BotoCoreError) as exc:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
     lease_info = {"held": bool(lease), "epoch": (lease or {}).get("epoch"), "mode": (lease or {}).get("scope"),
-                  "execution": (lease or {}).get("execution"), "expires": _ts((lease or {}).get("expires_at_ns"))}
+                  "execution": (lease or {}).get("execution"), "expires": utc_text((lease or {}).get("expires_at_ns"))}
     if as_json:
         emit_json({"lease": lease_info, "reap": report})
     else:

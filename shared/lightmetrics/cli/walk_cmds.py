@@ -8,12 +8,12 @@ checkpoint it keeps in the control table and read the completeness watermarks. S
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
 from typing import Any
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
+from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
@@ -35,12 +35,6 @@ _SUMMARY_FIELDS = ("scope", "epoch", "status", "started_at_ns", "updated_at_ns",
                    "partitions_found", "partitions_done", "enumeration_complete", "in_progress", "keys",
                    "keys_accepted", "keys_quarantine", "keys_present", "keys_reaped", "pages", "repairs", "outcomes", "keys_per_s", "eta_s",
                    "watermark_ns", "watermark_withheld", "error")
-
-
-def _ts(ns: Any) -> str | None:
-    if not ns:
-        return None
-    return datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _duration(seconds: Any) -> str | None:
@@ -82,7 +76,7 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("scope", summary.get("scope")),
         ("epoch", summary.get("epoch")),
         ("status", summary.get("status")),
-        ("started", _ts(summary.get("started_at_ns"))),
+        ("started", utc_text(summary.get("started_at_ns"))),
         ("executions", summary.get("executions")),
         ("resumes", summary.get("resumes")),
         ("partitions", f"{summary.get('partitions_done', 0)}/{summary.get('partitions_found', 0)}"
@@ -99,7 +93,7 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         ("retry later (seen)", outcomes.get("RETRY_LATER")),
         ("keys/s", summary.get("keys_per_s")),
         ("ETA (estimate)", _duration(summary.get("eta_s"))),
-        ("watermark set", _ts(summary.get("watermark_ns")) or summary.get("watermark_withheld")),
+        ("watermark set", utc_text(summary.get("watermark_ns")) or summary.get("watermark_withheld")),
         ("error", summary.get("error")),
     ]
 
@@ -202,7 +196,7 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
         "epoch": (lease or {}).get("epoch"),
         "scope": (lease or {}).get("scope"),
         "execution": (lease or {}).get("execution"),
-        "expires": _ts((lease or {}).get("expires_at_ns")) if live else None,
+        "expires": utc_text((lease or {}).get("expires_at_ns")) if live else None,
     }
     summary = {k: cp.get(k) for k in _SUMMARY_FIELDS} if cp else None
     if follow and live and summary and lease and lease.get("checkpoint_pk") == cp.get("pk"):  # type: ignore[union-attr]
@@ -214,7 +208,7 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
     else:
         code = EXIT_OK
     info = {"lease": lease_info, "walk": summary,
-            "watermarks": {k: {"w_ns": v, "w": _ts(v)} for k, v in watermarks.items()}}
+            "watermarks": {k: {"w_ns": v, "w": utc_text(v)} for k, v in watermarks.items()}}
     if as_json:
         emit_json(info)
     else:
@@ -224,7 +218,7 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
         else:
             console.print("no walk has run for this scope")
         console.print(grid("completeness watermarks", ["index", "W"],
-                           [(k, _ts(v) or "(none yet)") for k, v in watermarks.items()]))
+                           [(k, utc_text(v) or "(none yet)") for k, v in watermarks.items()]))
     sys.exit(code)
 
 
@@ -252,7 +246,7 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
     console.print(kv_table("checked", list(report.checked.items()) + [(f"pending ({k}, after W)", v)
                                                                       for k, v in sorted(report.pending.items())]))
     console.print(grid("completeness watermarks", ["index", "W"],
-                       [(k, _ts(v) or "(none yet)") for k, v in report.watermarks.items()]))
+                       [(k, utc_text(v) or "(none yet)") for k, v in report.watermarks.items()]))
     shown: dict[str, int] = {}
     for v in report.violations:
         shown[v.kind] = shown.get(v.kind, 0) + 1
