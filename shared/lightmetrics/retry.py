@@ -12,6 +12,17 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def full_jitter(retry: int, base_s: float, max_s: float, rng: random.Random | Any = random) -> float:
+    """The pause before retry number ``retry`` (0-based): ``uniform(0, min(max_s, base_s * 2**retry))``.
+    The one backoff shape of the system (store retries, the agent client).
+
+    >>> full_jitter(3, 0.0, 1.0)
+    0.0
+    """
+    return rng.uniform(0, min(max_s, base_s * (2 ** min(retry, 62))))
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class RetryPolicy:
         """The ``max_attempts - 1`` pauses between attempts."""
         rng = rng or random
         for n in range(self.max_attempts - 1):
-            yield rng.uniform(0, min(self.max_delay_s, self.base_delay_s * (2**n)))
+            yield full_jitter(n, self.base_delay_s, self.max_delay_s, rng)
 
     def attempts(self, rng: random.Random | None = None) -> Iterator[int]:
         """Yield attempt numbers 1..max_attempts, sleeping between them."""

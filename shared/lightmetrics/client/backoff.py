@@ -19,6 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from lightmetrics.retry import full_jitter
+
 
 @dataclass(frozen=True)
 class BackoffPolicy:
@@ -44,8 +46,9 @@ class BackoffPolicy:
         return min(self.max_s, self.base_s * (2 ** min(retry, 62)))
 
     def delay(self, retry: int, rng: random.Random, retry_after_s: float | None = None) -> float:
-        """The pause before retry number ``retry`` (0-based)."""
-        value = rng.uniform(0, self.cap(retry))
+        """The pause before retry number ``retry`` (0-based): the store's full jitter
+        (:func:`lightmetrics.retry.full_jitter`), raised to a ``Retry-After`` hint."""
+        value = full_jitter(retry, self.base_s, self.max_s, rng)
         if self.honor_retry_after and retry_after_s is not None and retry_after_s > 0:
             value = max(value, min(float(retry_after_s), self.max_s))
         return value
