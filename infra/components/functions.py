@@ -212,7 +212,7 @@ class Functions(Construct):
             log_group = logs.LogGroup(
                 self,
                 f"{cid}Logs",
-                retention=_retention(config.log_retention_days),
+                retention=log_retention(config.log_retention_days),
             )
             wired = dict(base_wired)
             wired["ingest_url"] = ingest_url if fn_spec.trigger_kind != "http" else None
@@ -315,7 +315,8 @@ class Functions(Construct):
         return param
 
 
-def _retention(days: int) -> logs.RetentionDays:
+def log_retention(days: int) -> logs.RetentionDays:
+    """CloudWatch Logs retention of ``days`` (CDK context `log_retention_days`), one of the values AWS allows."""
     allowed = {
         1: "ONE_DAY", 3: "THREE_DAYS", 5: "FIVE_DAYS", 7: "ONE_WEEK", 14: "TWO_WEEKS", 30: "ONE_MONTH",
         60: "TWO_MONTHS", 90: "THREE_MONTHS", 120: "FOUR_MONTHS", 150: "FIVE_MONTHS", 180: "SIX_MONTHS",

@@ -26,7 +26,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.components.functions import BuiltFunction, _retention
+from infra.components.functions import BuiltFunction, log_retention
 from infra.config import InfraConfig
 from lightmetrics.resources import StateMachineSpec
 from lightmetrics.statemachines import definition_and_substitutions
@@ -91,7 +91,7 @@ class StateMachines(Construct):
                     resources=[functions[fn].function.function_arn for fn in spec.function_names()],
                 )
             )
-            log_group = logs.LogGroup(self, f"{cid}Logs", retention=_retention(config.log_retention_days))
+            log_group = logs.LogGroup(self, f"{cid}Logs", retention=log_retention(config.log_retention_days))
             machine = sfn.StateMachine(
                 self,
                 cid,

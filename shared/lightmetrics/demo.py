@@ -559,7 +559,7 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             mark = time.monotonic()
             _check_derived(report, store, codec, manifests)
             report.phases["derived check"] = time.monotonic() - mark
-            from pipeline.demo_phase import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
+            from lightmetrics.demo_pipeline import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
 
             run_pipeline_phase(system, runtime, report, show_progress)
             mark = time.monotonic()

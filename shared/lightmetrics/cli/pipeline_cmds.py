@@ -257,7 +257,7 @@ def bench() -> None:
 def bench_pipeline(inventory_keys: int, batches: int, samples_per_batch: int, as_json: bool) -> None:
     """Audit rows/s on a generated inventory, rollup samples/s, and the vectorized decoder against
     a per-row UDF baseline — on an embedded local runtime started for the run."""
-    from pipeline.bench import run_bench
+    from lightmetrics.bench.pipeline_bench import run_bench
 
     result = run_bench(inventory_keys=inventory_keys, batches=batches, samples_per_batch=samples_per_batch,
                        progress=None if as_json else console.print)

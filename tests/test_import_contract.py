@@ -1,0 +1,67 @@
+"""The layers' import rules (issue 16), checked on the source: the protocol core and the services in
+the Lambda layer never import the outer shells (the local runtime, the CLI, the harnesses, the test
+switches, the pipeline), handlers import only the layer, and no module imports another's private
+names. A short AST walk, no import is executed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "shared" / "lightmetrics"
+#: the outer shells: what only operators, tests and benchmarks run
+OUTER_MODULES = ("lightmetrics.local", "lightmetrics.cli", "lightmetrics.testing", "lightmetrics.bench",
+                 "lightmetrics.client", "lightmetrics.demo", "lightmetrics.demo_conflicts", "lightmetrics.demo_reaps",
+                 "lightmetrics.demo_pipeline", "lightmetrics.soak", "lightmetrics.ledger", "pipeline")
+OUTER_PATHS = {"local", "cli", "testing", "bench", "client"}
+OUTER_FILES = {"demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py"}
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, imported names, relative level) of every import statement in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.append((node.module, [a.name for a in node.names], node.level))
+        elif isinstance(node, ast.Import):
+            out.extend((a.name, [], 0) for a in node.names)
+    return out
+
+
+def is_outer(module: str) -> bool:
+    return any(module == o or module.startswith(o + ".") for o in OUTER_MODULES)
+
+
+def inner_modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py"))
+            if p.relative_to(PACKAGE).parts[0] not in OUTER_PATHS and p.name not in OUTER_FILES]
+
+
+def test_the_layer_core_never_imports_an_outer_shell() -> None:
+    found = [f"{p.relative_to(ROOT)} imports {m}" for p in inner_modules() for m, _, _ in imports(p) if is_outer(m)]
+    assert found == []
+
+
+def test_handlers_import_only_the_layer() -> None:
+    found = [f"{p.relative_to(ROOT)} imports {m}" for p in sorted((ROOT / "functions").rglob("*.py"))
+             for m, _, _ in imports(p) if is_outer(m)]
+    assert found == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = [f"{p.relative_to(ROOT)}: from {m} import {n}"
+             for base in (PACKAGE, ROOT / "pipeline", ROOT / "functions", ROOT / "infra")
+             for p in sorted(base.rglob("*.py")) for m, names, level in imports(p) if level == 0
+             for n in names if n.startswith("_") and not n.startswith("__")]
+    assert found == []
+
+
+def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
+    """The walk is not vacuous: a planted violation of each kind is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from lightmetrics.local.server import LocalRuntime\nfrom lightmetrics.cli.ops_cmds import _who\n")
+    found = imports(bad)
+    assert any(is_outer(m) for m, _, _ in found)
+    assert any(n.startswith("_") for _, names, _ in found for n in names)
+    assert len(inner_modules()) > 40
