@@ -120,11 +120,12 @@ def test_gc_proof_cost_matches_the_contract(bucket: str) -> None:
     assert dict(prove.by_api) == {"s3.HeadObject": 2, "s3.GetObject": 1}  # blob, quarantine; manifest
     with counter.operation("mark") as mark_op:
         [mark] = gc.mark([gc.intent(proof, w.clock.now_ns())])
-    assert dict(mark_op.by_api) == {"s3.DeleteObject": 1}
+    assert dict(mark_op.by_api) == {"s3.DeleteObjects": 1}  # one request a page (up to 1,000 markers)
     with counter.operation("settle") as settle:
         gc.settle([mark])
-    # manifest GET + quarantine HEAD again, then the version, the marker and the raw-blobs-by-time hint
-    assert dict(settle.by_api) == {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.DeleteObject": 3}
+    # manifest GET + quarantine HEAD again, then one DeleteObjects each for the versions, the markers
+    # and the raw-blobs-by-time hints (in that order)
+    assert dict(settle.by_api) == {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.DeleteObjects": 3}
 
 
 def retention_world(bucket: str) -> tuple[World, list, str]:  # type: ignore[type-arg]

@@ -139,8 +139,10 @@ def test_a_crash_between_a_records_two_deletes_resumes_without_leaving_an_entry(
     assert derived_entries_left(w, records) == []
 
 
-def test_a_retention_page_reads_and_deletes_concurrently_with_a_fence_before_every_delete(
+def test_a_retention_page_reads_concurrently_and_deletes_in_batches_each_after_a_fence(
         bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's record reads run on the pool; its deletes are two DeleteObjects (its
+    accepted-by-blob entries, then its accepted-by-time entries), each right after a fence."""
     w = make_world(bucket)
     results = [w.accept(ident(n)) for n in range(6)]
     w.cover_watermark()
@@ -168,19 +170,20 @@ def test_a_retention_page_reads_and_deletes_concurrently_with_a_fence_before_eve
     assert len(page.records) == 6 and peak[0] > 1, (len(page.records), peak)
 
     hr.fence = lambda: fenced.append(threading.current_thread().name)  # type: ignore[method-assign]
-    deleted: list[str] = []
-    send = hr.s3.delete_object
+    deleted: list[list[str]] = []
+    send = hr.s3.delete_objects
 
-    def delete_object(**kw: Any) -> Any:
+    def delete_objects(**kw: Any) -> Any:
         with lock:
-            assert len(fenced) > len(deleted), "a DeleteObject without a fence before it"
-            deleted.append(kw["Key"])
+            assert len(fenced) > len(deleted), "a DeleteObjects without a fence before it"
+            deleted.append([o["Key"] for o in kw["Delete"]["Objects"]])
         return send(**kw)
 
-    monkeypatch.setattr(hr.s3, "delete_object", delete_object)
+    monkeypatch.setattr(hr.s3, "delete_objects", delete_objects)
     assert hr.delete_page(keys) == 6
-    assert len(deleted) == 12 and len(fenced) == 12
-    assert any(t.startswith("lm-retention") for t in fenced), fenced
+    assert [len(d) for d in deleted] == [6, 6] and len(fenced) == 2
+    codec = w.ctx.codec
+    assert all(codec.parse(k).kind.name == "ACCEPTED_BY_BLOB" for k in deleted[0]) and deleted[1] == keys
     assert all(w.ctx.store.head(w.ctx.codec.accepted_by_time(HOUR, ident(n))) is None for n in range(6))
     assert results
 

@@ -111,13 +111,16 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
     },
     "retention": {
         # GET record (blobs phase; its proof and settle use what it read, rule G-R1), HEAD blob,
-        # GET record (derived phase: the retention role, which holds no marks); deletes: marker,
-        # captured version, marker, raw-blobs-by-time, accepted-by-blob, accepted-by-time
-        "batch": {"s3.GetObject": 2, "s3.HeadObject": 1, "s3.DeleteObject": 6},
+        # GET record (derived phase: the retention role, which holds no marks); its 6 deletes are
+        # in its page's DeleteObjects
+        "batch": {"s3.GetObject": 2, "s3.HeadObject": 1},
         # one page in each of the blobs and derived phases (the derived phase deletes a listed
-        # entry's accepted-by-blob, then the entry: rule R-I8), and its settle task
-        "page": {"s3.ListObjectsV2": 2, "s3.HeadObject": 2, "dynamodb.GetItem": 3, "dynamodb.Query": 5,
-                 "dynamodb.TransactWriteItems": 4, "dynamodb.UpdateItem": 3, "sfn.transitions": 6, "lambda.Invoke": 3},
+        # entry's accepted-by-blob, then the entry: rule R-I8), and its settle task; a DeleteObjects
+        # (up to 1,000 keys) each for the markers, the captured versions, the markers, the
+        # raw-blobs-by-time hints, the accepted-by-blob and the accepted-by-time entries
+        "page": {"s3.ListObjectsV2": 2, "s3.HeadObject": 2, "s3.DeleteObjects": 6, "dynamodb.GetItem": 3,
+                 "dynamodb.Query": 5, "dynamodb.TransactWriteItems": 4, "dynamodb.UpdateItem": 3,
+                 "sfn.transitions": 6, "lambda.Invoke": 3},
         # a settle round (every max_pending_pages marked pages): Wait (the GC grace), AfterWait
         "settle_round": {"dynamodb.TransactWriteItems": 1, "sfn.transitions": 2},
         # one hour: HEAD reaped marker, tombstone + reaped marker (PUT), watermark reads, records,
@@ -157,12 +160,14 @@ JOB_REQUESTS["gc-scan"] = {**JOB_REQUESTS["gc"], "blob.young": {"s3.HeadObject":
 #: The scheduled GC (rule G-B3): the newest committed audit's orphan-blob-candidates, each proven once.
 JOB_REQUESTS["gc-audit"] = {
     # an orphan: HEAD blob, GET record (absent), HEAD quarantine; after the grace the record and
-    # the evidence again; deletes: marker placed, captured version, marker, raw-blobs-by-time hint
-    "candidate.orphan": {"s3.HeadObject": 3, "s3.GetObject": 2, "s3.DeleteObject": 4},
-    # one page: the summary's HEAD, a ranged GET of the part file; the mark task's and the settle
-    # task's control-table work; Gc + Route twice
-    "page": {"s3.GetObject": 1, "s3.HeadObject": 1, "dynamodb.GetItem": 2, "dynamodb.Query": 3,
-             "dynamodb.TransactWriteItems": 3, "dynamodb.UpdateItem": 2, "sfn.transitions": 4, "lambda.Invoke": 2},
+    # the evidence again; its 4 deletes are in its page's DeleteObjects
+    "candidate.orphan": {"s3.HeadObject": 3, "s3.GetObject": 2},
+    # one page: the summary's HEAD, a ranged GET of the part file; a DeleteObjects each for the
+    # markers placed, the captured versions, the markers, the raw-blobs-by-time hints; the mark
+    # task's and the settle task's control-table work; Gc + Route twice
+    "page": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.DeleteObjects": 4, "dynamodb.GetItem": 2,
+             "dynamodb.Query": 3, "dynamodb.TransactWriteItems": 3, "dynamodb.UpdateItem": 2, "sfn.transitions": 4,
+             "lambda.Invoke": 2},
     # each part file of orphan-blob-candidates: the LIST that finds the next one
     "part": {"s3.ListObjectsV2": 1},
     # Begin (the commit markers' LIST, the run's cursor), the first part's LIST, Finish
@@ -179,9 +184,10 @@ JOB_REQUESTS["gc-audit"] = {
 HOUR_CLOSE_REQUESTS: dict[str, int] = {"cloudwatch.GetMetricStatistics": 3, "sqs.GetQueueAttributes": 3,
                                        "dynamodb.Query": 1}
 
-#: S3 APIs billed at the PUT/LIST rate; DELETE is free; everything else at the GET rate.
+#: S3 APIs billed at the PUT/LIST rate; DELETE is free (DeleteObjects priced as its deletes: at the
+#: PUT rate it would be 6 requests a 1,000 batches, $0.03 a million); everything else at the GET rate.
 _S3_PUT_CLASS = {"s3.PutObject", "s3.CopyObject", "s3.ListObjectsV2", "s3.CompleteMultipartUpload"}
-_S3_FREE = {"s3.DeleteObject"}
+_S3_FREE = {"s3.DeleteObject", "s3.DeleteObjects"}
 _DDB_WRITES = {"dynamodb.PutItem", "dynamodb.UpdateItem", "dynamodb.DeleteItem"}
 _DDB_READS = {"dynamodb.GetItem", "dynamodb.Query"}
 #: Parts that are not "ingest, indexing and storage" (the target: at most 15 % of the total).
@@ -237,7 +243,8 @@ class Assumptions:
     retention_page_size: int = 1000  # the retention schedule's page_size
     retention_max_pending_pages: int = 20
     # billed ms per batch over its tasks: 2 record reads, a HEAD and 6 deletes of ~20 ms each, 8 in
-    # flight (a page's reads and deletes run on the reap's pool; they ran one by one: 40 ms)
+    # flight (a page's reads and deletes run on the reap's pool; they ran one by one: 40 ms). The
+    # deletes are now DeleteObjects, 6 a page: an upper bound, kept until measured on AWS
     retention_batch_ms: float = 25.0
     retention_memory_mb: int = 768  # reap-gc 1024 MB, reap-retention 512 MB
     reap_mark_bytes: int = 172  # a retention mark, stored compactly (rule G-I7; reap.dynamodb_item_bytes of a real one)

@@ -24,9 +24,12 @@ mark, repeats checks 2-3. Still deletable → purge exactly the captured version
 (the blob is back; metric ``GcRestored``). The grace must exceed the longest accept (ingest
 timeout plus clock skew); with accept step 6 there is then no window (docs/protocol.md §15).
 
-Cost per candidate (docs/protocol.md §15): HEAD blob + GET manifest + HEAD quarantine, then the marker;
-before the purge GET manifest + HEAD quarantine again, then two version deletes (+ the blob's
-``raw-blobs-by-time`` entry). Tombstone checks are cached per hour (a tombstone is permanent).
+Cost per candidate (docs/protocol.md §15): HEAD blob + GET manifest + HEAD quarantine; before the
+purge GET manifest + HEAD quarantine again. The deletes go in ``DeleteObjects`` requests of up to
+1,000 keys (:func:`lightmetrics.store.delete_objects`), each right after the fence: one a page for
+its markers, then three a settle — the captured versions, the markers (and restores), the blobs'
+``raw-blobs-by-time`` hints — each request only after the one before it answered, so every key
+keeps its order. Tombstone checks are cached per hour (a tombstone is permanent).
 
 Example:
     >>> gc = BlobCollector(ctx, settings)                            # doctest: +SKIP
@@ -39,10 +42,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-
-from botocore.exceptions import ClientError
 
 from lightmetrics.pool import map_in_context
 from lightmetrics import crashpoints
@@ -52,6 +53,7 @@ from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import KIND_REPAIR, TombstoneCache, parse_record
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
+from lightmetrics.store import delete_objects
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
@@ -76,10 +78,17 @@ KEEP_MARK_NOT_PLACED = "mark-not-placed"  # a crash between intent and marker: l
 
 # Crash points of the handshake (lightmetrics.crashpoints; the reap harness kills at each).
 CP_PROVED = crashpoints.register("gc.proved", "candidates proven; nothing written")
-CP_MARKED_ONE = crashpoints.register("gc.marked-one", "one delete marker placed, the page's marks not yet recorded")
+# A "batch" is one DeleteObjects request (up to 1,000 keys); each point follows its answer.
+CP_MARKED_ONE = crashpoints.register("gc.marked-one",
+                                     "a batch of delete markers placed, the page's marks not yet recorded")
 CP_RECHECKED = crashpoints.register("gc.rechecked", "grace over, proof repeated; nothing deleted yet")
-CP_PURGED_VERSION = crashpoints.register("gc.purged-version", "pre-mark version purged, the marker still there")
-CP_SETTLED_ONE = crashpoints.register("gc.settled-one", "one mark purged or restored, not yet counted")
+CP_PURGED_VERSION = crashpoints.register("gc.purged-version",
+                                         "a batch of pre-mark versions purged, their markers still there")
+CP_PURGED_MARKERS = crashpoints.register("gc.purged-markers", "a batch of markers deleted (purges and restores), "
+                                         "the purged blobs' raw-blobs-by-time hints still there")
+CP_SETTLED_ONE = crashpoints.register("gc.settled-one", "a batch of purged blobs' hints deleted, not yet counted")
+#: error codes of a version delete that mean "already gone" (a settle repeated after a crash)
+_GONE = ("NoSuchVersion", "NoSuchKey", "404")
 
 
 @dataclass(frozen=True)
@@ -312,32 +321,38 @@ class BlobCollector:
         return {**out, "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
 
     def mark(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Place a delete marker on each intended blob; returns the intents with the marker ids."""
-
-        def one(m: dict[str, Any]) -> dict[str, Any]:
-            r = self._delete(m["key"])
-            crashpoints.point(CP_MARKED_ONE)
-            return {**m, "marker_version_id": r.get("VersionId")}
-
-        return self._map(one, intents)
+        """Place a delete marker on each intended blob (one DeleteObjects per 1,000, no version id);
+        returns the intents with the marker ids. A marker S3 refused raises as its DeleteObject
+        would have, after the whole page was sent: the intent stays, and is recovered (L3)."""
+        if not intents:
+            return []
+        out = self._delete_objects([(m["key"], None) for m in intents], CP_MARKED_ONE)
+        for m in intents:
+            err = out.error_for(m["key"], None)
+            if err is not None:
+                raise err
+        return [{**m, "marker_version_id": out.deleted[(m["key"], None)]} for m in intents]
 
     def recover(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """After a crash between the recorded intent and the recorded marks: find each marker
         that was placed; place the ones that were not (the settle's re-check after the grace
         covers the time since the proof, as for any mark)."""
 
-        def one(m: dict[str, Any]) -> dict[str, Any] | None:
+        def one(m: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            """``(mark, whether its marker is still to be placed)``"""
             if m.get("marker_version_id"):
-                return m
+                return m, False
             markers, exists = self.find_markers(m)
             if markers:
-                return {**m, "marker_version_id": markers[0]}  # a restore finds the others again
+                return {**m, "marker_version_id": markers[0]}, False  # a restore finds the others again
             if not exists:
-                return None  # the captured version is gone already: nothing to mark
-            [marked] = self.mark([{**m, "marked_at_ns": self.ctx.clock.now_ns()}])
-            return marked
+                return None, False  # the captured version is gone already: nothing to mark
+            return m, True
 
-        return [m for m in self._map(one, intents) if m is not None]
+        looked = self._map(one, intents)
+        now = self.ctx.clock.now_ns()
+        placed = iter(self.mark([{**m, "marked_at_ns": now} for m, unplaced in looked if unplaced]))
+        return [next(placed) if unplaced else m for m, unplaced in looked if m is not None]
 
     def find_markers(self, m: dict[str, Any]) -> tuple[list[str], bool]:
         """Crash recovery: the delete markers newer than the captured version, and whether the
@@ -362,7 +377,8 @@ class BlobCollector:
         not_due = [m["key"] for m in marks if not self.due(m, now)]
         if not_due:
             raise ValueError(f"{len(not_due)} marks are inside the grace period, e.g. {not_due[0]}")
-        return self._map(lambda m: self._settle_one(m, now), marks)
+        plans = self._map(lambda m: self._plan_settle(m, now), marks)
+        return self._carry_out(marks, plans)
 
     def recheck(self, m: dict[str, Any], now_ns: int) -> tuple[bool, str]:
         """Handshake step 4 for a recorded mark. A mark proven by a record naming the blob in a
@@ -374,47 +390,75 @@ class BlobCollector:
             return False, KEEP_NOT_TOMBSTONED  # cannot happen (tombstones stay): restore, never guess
         return self.references(_identity_from_mark(m), m["sha"], now_ns)
 
-    def _settle_one(self, m: dict[str, Any], now_ns: int) -> str:
+    def _plan_settle(self, m: dict[str, Any], now_ns: int) -> "_Settling":
+        """The re-check of one mark and what settling it deletes (nothing is deleted here)."""
         deletable, reason = self.recheck(m, now_ns)
         crashpoints.point(CP_RECHECKED)
         markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
         if markers is None:
             markers, exists = self.find_markers(m)
             if not markers:
-                # The marker was never placed (crash before DeleteObject answered): nothing to undo.
-                return f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged"
+                # The marker was never placed (crash before DeleteObjects answered): nothing to undo.
+                return _Settling(f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged")
         if not deletable:
             # Every marker above the captured version goes, recorded or not: a retried invocation's
             # twin may have placed one more (rule L3), and any one of them hides the blob.
             found, _ = self.find_markers(m)
-            for marker in dict.fromkeys([*markers, *found]):
-                self._delete_version(m["key"], marker)
-            self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
-            log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], reason)
-            return "restored"
-        if m.get("version_id"):
-            self._delete_version(m["key"], m["version_id"])
-        crashpoints.point(CP_PURGED_VERSION)
-        for marker in markers:
-            self._delete_version(m["key"], marker)
+            return _Settling("restored", markers=list(dict.fromkeys([*markers, *found])), reason=reason)
         # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
-        entry = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
-        self._delete(entry)
-        crashpoints.point(CP_SETTLED_ONE)
-        self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
-        return "purged"
+        hint = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
+        return _Settling("purged", version=m.get("version_id"), markers=markers, hint=hint)
 
-    def _delete(self, key: str, **version: str) -> dict[str, Any]:
-        """The one place GC sends a ``DeleteObject``: only right after the fence."""
-        self.fence()
-        return dict(self.s3.delete_object(Bucket=self.bucket, Key=key, **version))
+    def _carry_out(self, marks: list[dict[str, Any]], plans: list["_Settling"]) -> list[str]:
+        """The settle's deletes, in three DeleteObjects rounds, each after the one before answered:
+        the captured versions, then the markers (purges and restores), then the purged blobs'
+        hints. A mark whose delete S3 refused takes no further step (as a failed DeleteObject
+        stopped its mark); the others are settled, then the first refusal is raised."""
+        failed: dict[int, Exception] = {}
 
-    def _delete_version(self, key: str, version_id: str) -> None:
-        try:
-            self._delete(key, VersionId=version_id)
-        except ClientError as exc:  # already gone (a settle repeated after a crash)
-            if exc.response.get("Error", {}).get("Code") not in ("NoSuchVersion", "NoSuchKey", "404"):
-                raise
+        def send(wanted: list[tuple[int, str, str | None]], point: str, tolerate: tuple[str, ...]) -> None:
+            wanted = [w for w in wanted if w[0] not in failed]
+            if not wanted:
+                return
+            out = self._delete_objects([(key, version) for _, key, version in wanted], point)
+            for i, key, version in wanted:
+                err = out.error_for(key, version, tolerate=tolerate)
+                if err is not None and i not in failed:
+                    failed[i] = err
+
+        todo = list(enumerate(zip(marks, plans)))
+        send([(i, m["key"], p.version) for i, (m, p) in todo if p.version], CP_PURGED_VERSION, _GONE)
+        send([(i, m["key"], v) for i, (m, p) in todo for v in p.markers], CP_PURGED_MARKERS, _GONE)
+        send([(i, p.hint, None) for i, (_, p) in todo if p.hint], CP_SETTLED_ONE, ())
+        for i, (m, p) in todo:
+            if i in failed or not p.markers:
+                continue
+            if p.result == "restored":
+                self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
+                log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], p.reason)
+            else:
+                self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
+        if failed:
+            raise failed[min(failed)]
+        return [p.result for p in plans]
+
+    def _delete_objects(self, objects: list[tuple[str, str | None]], point: str) -> Any:
+        """The one place GC deletes: DeleteObjects of up to 1,000 ``(key, version id or None)``
+        each, every request right after the fence, the crash point ``point`` after each answer."""
+        return delete_objects(self.s3, self.bucket, objects, fence=self.fence,
+                              after_request=lambda: crashpoints.point(point))
+
+
+@dataclass(frozen=True)
+class _Settling:
+    """What settling one mark does: its result, and the deletes it takes (``version``: the captured
+    version to purge; ``markers``: delete markers to delete; ``hint``: the raw-blobs-by-time key)."""
+
+    result: str
+    version: str | None = None
+    markers: list[str] = field(default_factory=list)
+    hint: str | None = None
+    reason: str = ""
 
 
 __all__ = ["BlobCollector", "Proof", "resolution_settles", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",

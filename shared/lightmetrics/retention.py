@@ -30,9 +30,11 @@ An hour whose range plan (:mod:`lightmetrics.hour_ranges`) has R > 1 key ranges 
 each range apart, R at once (:mod:`lightmetrics.reap.ranges`): :meth:`page` takes the range's upper
 bound, and the range's cursor starts at its lower one. Steps 1, 5 and 6 stay the hour's.
 
-Every delete is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2). A page's
-independent requests (its records' GETs, its entries' deletes) run on ``concurrency`` threads; the
-two deletes of one entry stay in order on one thread.
+Every delete request is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2). A page's
+records' GETs run on ``concurrency`` threads; its deletes go in ``DeleteObjects`` requests of up to
+1,000 keys (:func:`lightmetrics.store.delete_objects`): the page's ``accepted-by-blob`` entries, then,
+once that answered, the ``accepted-by-time`` entries whose ``accepted-by-blob`` delete succeeded or
+was not needed.
 
 Rollup retention (scope ``rollup``, ``LM_ROLLUP_RETENTION_S``) uses the same discipline on the
 rollup prefixes: tombstone ``retention/v1/rollup/<H>/`` (the rollup job never writes under it),
@@ -67,6 +69,7 @@ from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.store import DeleteOutcome, delete_objects
 from lightmetrics.work import WorkContext, run_unit, work_key
 
 TOMBSTONE_SCHEMA = "lightmetrics.retention_tombstone.v1"
@@ -81,8 +84,10 @@ DEFAULT_CONCURRENCY = 8
 
 CP_TOMBSTONED = crashpoints.register("retention.tombstoned", "tombstone object written, control record not yet")
 CP_COMMITTED = crashpoints.register("retention.committed", "tombstone and control record written")
-CP_DERIVED_ONE = crashpoints.register("retention.derived-one", "one accepted-by-blob entry deleted")
-CP_BY_TIME_ONE = crashpoints.register("retention.by-time-one", "one accepted-by-time entry deleted")
+# A "batch" is one DeleteObjects request (up to 1,000 keys); each point follows its answer.
+CP_DERIVED_ONE = crashpoints.register("retention.derived-one",
+                                      "a batch of a page's accepted-by-blob entries deleted, its accepted-by-time entries not yet")
+CP_BY_TIME_ONE = crashpoints.register("retention.by-time-one", "a batch of a page's accepted-by-time entries deleted")
 CP_REAPED_MARKER = crashpoints.register("retention.reaped-marker", "reaped marker written, control record not yet")
 CP_ROLLUP_ONE = crashpoints.register("retention.rollup-object-one", "one rollup chunk, index or manifest deleted")
 CP_ENTRY_BLOCKED = crashpoints.register("retention.entry-blocked",
@@ -205,9 +210,16 @@ class HourRetention:
             return map_in_context(pool, fn, items)
 
     def _delete(self, key: str) -> None:
-        """The one place retention sends a ``DeleteObject``: only right after the fence."""
+        """A rollup object's ``DeleteObject``: only right after the fence."""
         self.fence()
         self.s3.delete_object(Bucket=self.ctx.store.bucket, Key=key)
+
+    def _delete_objects(self, keys: list[str], point: str) -> DeleteOutcome:
+        """The one place retention deletes derived entries: the keys (no version id: a delete
+        marker each) in DeleteObjects requests of up to 1,000, each right after the fence, crash
+        point ``point`` after each answer. Nothing to delete: no request."""
+        return delete_objects(self.s3, self.ctx.store.bucket, [(k, None) for k in keys], fence=self.fence,
+                              after_request=lambda: crashpoints.point(point))
 
     @property
     def by_time_prefix(self) -> str:
@@ -344,18 +356,21 @@ class HourRetention:
                     return self.codec.accepted_by_blob(entry.frame_sha256, identity)
             return None
 
-        def delete_entry(key: str) -> None:
-            # In this order, on one thread: the entry is the enumeration of its accepted-by-blob.
-            by_blob = by_blob_of(key)
-            if by_blob is not None:
-                self._delete(by_blob)
-                crashpoints.point(CP_DERIVED_ONE)
-            self._delete(key)
-            crashpoints.point(CP_BY_TIME_ONE)
-
+        # In this order: the entry is the enumeration of its accepted-by-blob entry, so it goes only
+        # once that delete answered, and only if it succeeded (or there was none to delete).
         doomed = [k for k in by_time_keys if k not in blocked]
-        self._each(delete_entry, doomed)
-        return len(doomed)
+        by_blob = dict(zip(doomed, self._each(by_blob_of, doomed)))
+        wanted = [b for b in by_blob.values() if b is not None]
+        blobs_out = self._delete_objects(wanted, CP_DERIVED_ONE)
+        ready = [k for k in doomed if by_blob[k] is None or (by_blob[k], None) in blobs_out.deleted]
+        times_out = self._delete_objects(ready, CP_BY_TIME_ONE)
+        # A key S3 refused fails the page as its DeleteObject did (transient: the task is retried;
+        # access denied: the same error), once every other entry of the page was handled.
+        refused = [e for out, keys in ((blobs_out, wanted), (times_out, ready)) for k in keys
+                   if (e := out.error_for(k, None)) is not None]
+        if refused:
+            raise refused[0]
+        return len(ready)
 
     def leftovers(self) -> tuple[list[str], list[str]]:
         """Step 5: H's ``accepted-by-time`` entries still listed: ``(late, blocked)`` — late
