@@ -44,12 +44,12 @@ def test_job_units_match_hand_computed_counts() -> None:
     u = job_units(RATE, SIMPLE)
     assert BATCHES == RATE * MONTH_S
     # walk: 52,596 partitions of 1,000 keys (half retained, half reaped), one page each (pages of up
-    # to 10,000 keys: one listing each); 5,260 rounds of 10 pages, 98 executions of at most 54
+    # to 10,000 keys: one listing each); 1,315 rounds of 40 pages, 94 executions of at most 14
     # rounds; a page spans 1 + 24 hours of a boot: 25 groups of 40 keys, each worth a LIST (W5)
     assert u["walk"] == pytest.approx({
         "key.retained": 0.0, "key.listed": 4.35 * 26_298_000, "key.reaped": 4.35 * 26_298_000,
         "index_listing": 4.35 * 26_298 * 25, "page": 4.35 * 52_596, "page_listing": 0.0,
-        "partition": 4.35 * 52_596, "round": 4.35 * 5_260, "continuation": 4.35 * 97,
+        "partition": 4.35 * 52_596, "round": 4.35 * 1_315, "continuation": 4.35 * 93,
         "tombstone_check": 4.35 * 52_596 * 25, "run": 4.35})
     # GC, daily from the newest audit (G-B3; SIMPLE audits daily): 0.1% of the month's blobs are
     # orphans, 864 an audit, 2 pages of 500 and one part file each; no run finds nothing new
@@ -152,11 +152,11 @@ def test_background_job_lines_match_hand_computed_figures(simple: dict) -> None:
         4.35 * (2 * 52_596 + 25 * 26_298 + 2) / BATCHES * 5)
     # none per key, 25 tombstone HEADs per page
     assert per_million(ours, "walk: S3 GET/HEAD") == pytest.approx(4.35 * 0.05 * 0.4)
-    # a page 1, a round 3 (Plan, Route, Map), a continuation 5, the walk 5
+    # a page 1, a round 3 (Plan, Route, Map; 40 pages a round), a continuation 5 (every 14 rounds), the walk 5
     assert per_million(ours, "walk: Step Functions transitions") == pytest.approx(
-        4.35 * (52_596 + 3 * 5_260 + 5 * 97 + 5) / BATCHES * 0.025 / 1000 * 1e6)
+        4.35 * (52_596 + 3 * 1_315 + 5 * 93 + 5) / BATCHES * 0.025 / 1000 * 1e6)
     assert _line(ours, "walk: Lambda invocations")["quantity_per_batch"] == pytest.approx(
-        4.35 * (52_596 + 5_260 + 3 * 97 + 3) / BATCHES)
+        4.35 * (52_596 + 1_315 + 3 * 93 + 3) / BATCHES)
     # GC: each orphan proven once (its reads are the measured table's) plus the audit's 3
     # confirmation reads; a page 2 reads and 4 transitions, a run 6
     reads = sum(n for api, n in JOB_REQUESTS["gc-audit"]["candidate.orphan"].items()

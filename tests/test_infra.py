@@ -809,7 +809,7 @@ def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None
 
     walk = SPEC.state_machine("bootstrap-walk")
     assert walk.schedule == "cron(0 3 ? * SUN *)"  # weekly, Sunday 03:00 UTC
-    assert json.loads(walk.schedule_input or "") == {"agent": None, "resume": False, "page_size": 10000, "parallelism": 10}
+    assert json.loads(walk.schedule_input or "") == {"agent": None, "resume": False, "page_size": 10000, "parallelism": 40}
     # Functions learn the state machines' ARNs (built from the names: no dependency cycle).
     cont = cdk_synth.stack.functions.built["walk-continue"]
     env = render(cdk_synth.json["Resources"][logical_id(cdk_synth, cont.function)]["Properties"]["Environment"]["Variables"])

@@ -222,11 +222,11 @@ class Assumptions:
     manifest_bytes: int = 700
     derived_bytes: int = 1200  # accepted-by-time + accepted-by-blob + raw-blobs-by-time
     noncurrent_version_days: float = 30.0  # infra/config.py: derived entries deleted by retention/GC
-    # -- the bootstrap walk (resources.py: weekly, page_size 10,000, parallelism 10)
+    # -- the bootstrap walk (resources.py: weekly, page_size 10,000, parallelism 40)
     walks_per_month: float = 4.35
     walk_page_size: int = 10_000
-    walk_parallelism: int = 10
-    walk_rounds_per_execution: int = 54  # walk.max_rounds_for(10): rounds before the history budget
+    walk_parallelism: int = 40
+    walk_rounds_per_execution: int = 14  # walk.max_rounds_for(40): rounds before the history budget
     walk_key_ms: float = 10.0  # billed ms per key a page task probes or repairs (16 keys at a time)
     walk_page_ms: float = 200.0  # billed ms per page task besides those keys: its LIST, group LISTs, fence, cursor
     walk_memory_mb: int = 1024

@@ -675,7 +675,7 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
         # Weekly, Sunday 03:00 UTC: a full walk (the only kind that moves the watermark).
         schedule="cron(0 3 ? * SUN *)",
         schedule_input=json.dumps(
-            {"agent": None, "resume": False, "page_size": 10000, "parallelism": 10}, sort_keys=True
+            {"agent": None, "resume": False, "page_size": 10000, "parallelism": 40}, sort_keys=True
         ),
         description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
     ),
