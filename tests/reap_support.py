@@ -197,3 +197,19 @@ def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attem
 
 def hour_of(ns: int) -> UtcHour:
     return UtcHour.of_unix_ns(ns)
+
+
+def request_recorder(task: dict[str, str], seen: list[tuple[str, str, str]]) -> Any:
+    """A botocore ``before-parameter-build`` hook that records (the current task's name, the S3
+    operation, its key or prefix) into ``seen``; a DeleteObjects counts as a DeleteObject of each
+    key, as IAM authorises it (the function spec's ``s3_delete``)."""
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        if model.name == "DeleteObjects":
+            seen.extend((task["name"], "DeleteObject", o["Key"]) for o in params["Delete"]["Objects"])
+            return
+        where = params.get("Key", params.get("Prefix"))
+        seen.append((task["name"], model.name, where if where is not None else "<whole bucket>"))
+
+    return record
+

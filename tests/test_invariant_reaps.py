@@ -25,7 +25,7 @@ from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import UtcHour
 from lightmetrics.reap import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
 from lightmetrics.walk import InvalidWalkInput, WalkParams
-from reap_support import OLD_NS, RETENTION_S, World, drive, make_world
+from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -408,12 +408,7 @@ def test_every_s3_request_of_a_reap_task_is_allowed_by_its_function_spec(bucket:
     task = {"name": "reap-begin"}
     seen: list[tuple[str, str, str]] = []
 
-    def record(params: dict, model: Any, **_: Any) -> None:  # type: ignore[type-arg]
-        if model.name == "DeleteObjects":  # authorised per key, as a DeleteObject of each (s3_delete)
-            seen.extend((task["name"], "DeleteObject", o["Key"]) for o in params["Delete"]["Objects"])
-            return
-        where = params.get("Key", params.get("Prefix"))
-        seen.append((task["name"], model.name, where if where is not None else "<whole bucket>"))
+    record = request_recorder(task, seen)
 
     w.s3.meta.events.register("before-parameter-build.s3", record)
 

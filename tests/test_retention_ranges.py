@@ -55,7 +55,7 @@ from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
 from lightmetrics.verify import verify
 from lightmetrics.walk import INDEXES, set_watermark
-from reap_support import OLD_NS, World, drive, make_world
+from reap_support import OLD_NS, World, drive, make_world, request_recorder
 from test_retention_late import stale_writer
 
 _NS = 1_000_000_000
@@ -610,12 +610,7 @@ def test_every_s3_request_of_a_range_task_is_allowed_by_its_function_spec(bucket
     task = {"name": "reap-begin"}
     seen: list[tuple[str, str, str]] = []
 
-    def record(params: dict, model: Any, **_: Any) -> None:  # type: ignore[type-arg]
-        if model.name == "DeleteObjects":  # authorised per key, as a DeleteObject of each (s3_delete)
-            seen.extend((task["name"], "DeleteObject", o["Key"]) for o in params["Delete"]["Objects"])
-            return
-        where = params.get("Key", params.get("Prefix"))
-        seen.append((task["name"], model.name, where if where is not None else "<whole bucket>"))
+    record = request_recorder(task, seen)
 
     def before(nxt: str, event: Any) -> None:
         task["name"] = f"reap-{nxt}" + (" (range)" if "range" in event else "")
