@@ -7,7 +7,8 @@ thread and is parked at one named point of the interleaving registry:
 * accept (:data:`ACCEPT_POINTS`, at the store calls the accept algorithm makes): before the blob
   PUT, after it (step 4), after the manifest create (step 5), after the blob HEAD (step 6);
 * GC (:data:`GC_POINTS`, crash points of lightmetrics.gc): after the proof, after the delete
-  marker, after the re-check, after the settle.
+  markers, after the re-check, between the settle's batches (versions purged; markers deleted), after
+  the settle.
 
 For every pair and both orders (the first side is parked, the second runs to its own point, then
 the first is released to the end, then the second), the invariant is checked once both ended: the
@@ -31,7 +32,8 @@ from reap_support import make_world
 
 ACCEPT_POINTS = ("accept.before-blob-put", "accept.after-blob-put", "accept.after-manifest-put",
                  "accept.after-blob-head")
-GC_POINTS = (gc_module.CP_PROVED, gc_module.CP_MARKED_ONE, gc_module.CP_RECHECKED, gc_module.CP_SETTLED_ONE)
+GC_POINTS = (gc_module.CP_PROVED, gc_module.CP_MARKED_ONE, gc_module.CP_RECHECKED, gc_module.CP_PURGED_VERSION,
+             gc_module.CP_PURGED_MARKERS, gc_module.CP_SETTLED_ONE)
 ORDERS = ("accept-first", "gc-first")
 MATRIX: dict[tuple[str, str, str], str] = {}
 
