@@ -35,7 +35,6 @@ from lightmetrics.client import (
     BackoffPolicy,
     Spool,
     SpoolConflictError,
-    SpoolError,
     identity_from_spool_name,
 )
 from lightmetrics.clock import FrozenClock
@@ -347,19 +346,26 @@ def test_invalid_answer_is_parked_and_not_retried_by_default(real: RealIngest, t
     assert [o.action for o in c.retry_parked(include_invalid=True).outcomes] == ["kept_parked"]
 
 
-def test_non_ascii_ids_are_refused_at_enqueue_and_parked_if_spooled_anyway(tmp_path: Path) -> None:
-    srv = ScriptedIngest([])
-    try:
-        c = client(tmp_path, [srv.url])
-        odd = BatchIdentity.create(AGENT, "boot-\u65e5", 0, 9)
-        with pytest.raises(SpoolError, match="not ASCII"):
-            c.enqueue(odd, make_frame(odd))
-        Spool(tmp_path).put(odd, make_frame(odd))  # another writer spooled it
-        report = c.run_once()
-    finally:
-        srv.stop()
-    assert [o.action for o in report.outcomes] == ["parked"] and srv.requests == []
-    assert c.parked()[0].kind == "invalid" and "not ASCII" in (c.parked()[0].reason or "")
+def test_non_ascii_ids_travel_percent_encoded_end_to_end(real: RealIngest, tmp_path: Path) -> None:
+    """Issue 17 (protocol §7): a UTF-8 agent and boot id go in the X-Lm-* headers as
+    ``UTF-8''<percent-encoded>``; ingest reads the same identity back, checks the token minted for
+    it, and accepts; the record names the ids as they are."""
+    agent, boot = "agent-\u00e9-\u65e5\u672c", "boot-\u65e5"
+    c = AgentClient(agent_id=agent, endpoints=[real.server.url], spool=tmp_path, token=mint_token(KEYS, agent),
+                    sleep=lambda s: None, rng=random.Random(1))
+    odd = BatchIdentity.create(agent, boot, 0, 9)
+    c.enqueue(odd, make_frame(odd))
+    report = c.run_once()
+    assert [o.action for o in report.outcomes] == ["accepted"], report.outcomes
+    m = manifest(real.ctx, odd)
+    assert m is not None and (m.agent_id, m.boot_id) == (agent, boot)
+    # Raw non-ASCII in a header is refused with a message saying how to send it.
+    from lightmetrics.identity import id_from_header
+    from lightmetrics.errors import InvalidIdentityError
+
+    with pytest.raises(InvalidIdentityError, match="UTF-8''"):
+        id_from_header("boot-\u00e9", "boot_id")
+    assert id_from_header("UTF-8''plain", "boot_id") == "plain" and id_from_header("agent-A.1", "agent_id") == "agent-A.1"
 
 
 @pytest.mark.parametrize("token, status", [(mint_token(TokenKeys.generate("k9"), AGENT), 401),

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote, unquote_to_bytes
 
 from lightmetrics.errors import InvalidIdentityError
 
@@ -39,6 +40,45 @@ def validate_id(value: object, field: str) -> str:
         if ch == "/":
             raise InvalidIdentityError(f"{field} must not contain '/'")
     return value
+
+
+#: An id header in RFC 8187's ext-value form carries UTF-8, percent-encoded (docs/protocol.md §7).
+UTF8_ID_PREFIX = "UTF-8''"
+_PRINTABLE_ASCII = {chr(c) for c in range(0x20, 0x7F)}
+
+
+def id_header_value(value: str) -> str:
+    """How an agent or boot id travels in ``X-Lm-Agent-Id`` / ``X-Lm-Boot-Id`` (protocol §7):
+    itself if it is printable ASCII (and does not begin like the encoded form), else
+    ``UTF-8''`` + its UTF-8 bytes percent-encoded (RFC 8187), which header values — ISO-8859-1 on
+    the wire — carry unchanged.
+
+    >>> id_header_value("agent-1"), id_header_value("agent-é")
+    ('agent-1', "UTF-8''agent-%C3%A9")
+    """
+    if set(value) <= _PRINTABLE_ASCII and not value.upper().startswith(UTF8_ID_PREFIX.upper()):
+        return value
+    return UTF8_ID_PREFIX + quote(value.encode("utf-8"), safe="-._~")
+
+
+def id_from_header(value: str | None, name: str) -> str | None:
+    """The id an ``X-Lm-*-Id`` header carries (:func:`id_header_value` read back); an id header
+    with anything but printable ASCII, or a bad encoding, is :class:`InvalidIdentityError`.
+
+    >>> id_from_header("UTF-8''agent-%C3%A9", "agent_id")
+    'agent-é'
+    """
+    if value is None:
+        return None
+    if not set(value) <= _PRINTABLE_ASCII:
+        raise InvalidIdentityError(f"{name} header is not printable ASCII: send a non-ASCII id as "
+                                   f"{UTF8_ID_PREFIX}<its UTF-8 bytes percent-encoded> (RFC 8187)")
+    if not value.upper().startswith(UTF8_ID_PREFIX.upper()):
+        return value
+    try:
+        return unquote_to_bytes(value[len(UTF8_ID_PREFIX):]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidIdentityError(f"{name} header: its percent-encoded bytes are not UTF-8") from None
 
 
 def validate_seq(value: object, field: str) -> int:

@@ -30,7 +30,7 @@ from lightmetrics.accept import AcceptContext, AcceptResult, AcceptStatus, accep
 from lightmetrics.auth import CachedTokenKeys, bearer_token, verify_token
 from lightmetrics.denylist import DenylistCache
 from lightmetrics.errors import AuthError, ConfigError, InvalidIdentityError
-from lightmetrics.identity import BatchIdentity
+from lightmetrics.identity import BatchIdentity, id_from_header
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,8 @@ class IngestService:
         try:
             token = bearer_token(request.headers.get("authorization"))
             identity = BatchIdentity.create(
-                request.headers.get(H_AGENT),
-                request.headers.get(H_BOOT),
+                id_from_header(request.headers.get(H_AGENT), "agent_id"),
+                id_from_header(request.headers.get(H_BOOT), "boot_id"),
                 request.headers.get(H_START),
                 request.headers.get(H_END),
             )

@@ -57,7 +57,7 @@ from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, T
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.frame import validate_frame
 from lightmetrics.errors import FrameError, InvalidIdentityError
-from lightmetrics.identity import BatchIdentity, validate_id
+from lightmetrics.identity import BatchIdentity, id_header_value, validate_id
 
 log = logging.getLogger(__name__)
 
@@ -221,19 +221,6 @@ class _Delivery:
     error: str | None = None
 
 
-def _header_problem(identity: BatchIdentity) -> str | None:
-    """Why ``identity`` cannot travel in the ``X-Lm-*`` headers, or None.
-
-    HTTP header values are ISO-8859-1 on the wire and §14 does not say how a non-ASCII id is
-    carried there, so the client sends ASCII ids only rather than guess an encoding that ingest
-    might decode differently (a 400, or worse, another identity).
-    """
-    for value in (identity.agent_id, identity.boot_id):
-        if not value.isascii():
-            return f"{identity}: agent/boot id {value!r} is not ASCII; it cannot be sent in an X-Lm-* header"
-    return None
-
-
 class AgentClient:
     """Sends one agent's spooled batches to ingest. Use from one thread at a time (methods take
     a lock, so a second thread waits rather than interleaves).
@@ -307,9 +294,6 @@ class AgentClient:
         the same bytes, :class:`SpoolConflictError` for different bytes under a held identity."""
         if identity.agent_id != self.agent_id:
             raise SpoolError(f"{identity}: this client sends for agent {self.agent_id!r} only")
-        problem = _header_problem(identity)
-        if problem:
-            raise SpoolError(problem)
         if self.validate_frames:
             validate_frame(frame_bytes, identity)  # FrameError: never spool what ingest must refuse
         return self.spool.put(identity, frame_bytes)
@@ -325,8 +309,9 @@ class AgentClient:
     # ------------------------------------------------------------------ sending
     def _headers(self, identity: BatchIdentity) -> dict[str, str]:
         return {
-            "X-Lm-Agent-Id": identity.agent_id,
-            "X-Lm-Boot-Id": identity.boot_id,
+            # A non-ASCII id travels percent-encoded (protocol §7): header values are ISO-8859-1.
+            "X-Lm-Agent-Id": id_header_value(identity.agent_id),
+            "X-Lm-Boot-Id": id_header_value(identity.boot_id),
             "X-Lm-Seq-Start": str(identity.seq_start),
             "X-Lm-Seq-End": str(identity.seq_end),
             "Authorization": f"Bearer {self._token}",
@@ -482,13 +467,6 @@ class AgentClient:
                 self._set_aside(batch.path, f"not a valid frame of {batch.identity}: {exc}", report)
                 return None
         sha = hashlib.sha256(data).hexdigest()
-        problem = _header_problem(batch.identity)
-        if problem:  # spooled by another writer: keep it, out of the way, and say why
-            now = self.clock.now_ns()
-            d = _Delivery("rejected", None, None, 0, now, now, error=problem)
-            parked = self.spool.park(batch, self._record(d, "invalid"))
-            self._alert("parked", parked)
-            return self._outcome(batch.identity, "parked", sha, d)
         boot = (batch.identity.agent_id, batch.identity.boot_id)
         if boot in denied_boots:  # denied in this pass: the same denylist entry refuses this batch too
             d = dataclasses.replace(denied_boots[boot], attempts=0)
