@@ -19,7 +19,7 @@ NODE_MAJOR  := $(shell node --version 2>/dev/null | sed 's/^v\([0-9]*\).*/\1/')
 CDK_ENV     := JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=$(NODE_MAJOR) \
                CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: demo demo-small test install clean layer cdk-cli synth
+.PHONY: demo demo-small demo-full test install clean layer cdk-cli synth
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ demo: $(STAMP)
 
 demo-small: $(STAMP)
 	LM_DEMO_SCALE=small $(BIN)/lmctl demo
+
+demo-full: $(STAMP)
+	LM_DEMO_SCALE=full $(BIN)/lmctl demo
 
 # Third-party wheels for the Lambda platform: re-installed only when pyproject.toml changes.
 $(LAYER_STAMP): pyproject.toml | $(STAMP)

@@ -59,7 +59,8 @@ class DemoScale:
         return self.agents * self.batches_per_agent
 
 
-SCALES = {"small": DemoScale(agents=10, batches_per_agent=100), "full": DemoScale(agents=10, batches_per_agent=300)}
+SCALES = {"quick": DemoScale(agents=10, batches_per_agent=25), "small": DemoScale(agents=10, batches_per_agent=100),
+          "full": DemoScale(agents=10, batches_per_agent=300)}
 
 
 @dataclass
@@ -381,7 +382,7 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
     t0 = time.monotonic()
     # Full: entries deleted behind the system's back hide behind a present accepted-by-time entry
     # (a default walk checks only that one, docs/walks.md); verify reports them, a full walk repairs them.
-    started = control.start(full=True, page_size=50, parallelism=4, max_rounds=3)
+    started = control.start(full=True, page_size=50, parallelism=4, max_rounds=2)  # spans executions at every scale
     with Progress(TextColumn("[bold]walking"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
                   TimeElapsedColumn(), disable=not show_progress) as progress:
         task = progress.add_task("walk", total=None)
