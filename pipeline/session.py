@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,8 @@ LOCAL_CONF: dict[str, str] = {
 }
 
 LOCAL_MASTER = "local[2]"
+#: The local session's logging: errors only, on stderr.
+LOG4J2_FILE = Path(__file__).with_name("log4j2.properties")
 
 
 #: The Java release PySpark 4 needs (the JVM that runs Spark locally).
@@ -109,11 +112,14 @@ def get_spark(
         # The workers must run this interpreter: it has pyarrow, pandas and our packages.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local[2]: no "hostname resolves to loopback" warning
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
         for key, value in LOCAL_CONF.items():
             builder = builder.config(key, value)
+        # Errors only, on stderr (the JVM starts with these options: the session is created here).
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J2_FILE}")
     for key, value in {**BASE_CONF, **{k: str(v) for k, v in (conf or {}).items()}}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

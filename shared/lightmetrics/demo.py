@@ -59,6 +59,13 @@ class DemoScale:
         return self.agents * self.batches_per_agent
 
 
+#: What the demo breaks on purpose; each is checked in the report.
+PLANTED_FAULTS = ("The demo plants faults on purpose, each checked in the report: a collector is killed mid-accept "
+                  "(its agents fail over); an agent sends other content for an accepted batch (a conflict an "
+                  "operator resolves); an acceptance record is poisoned (its indexer logs 'blocked', and the "
+                  "operator skips it); an S3 event is dropped (the reconciler repairs it); derived entries are "
+                  "deleted behind the system's back (verify finds them, the walk restores them); orphan blobs "
+                  "and an expired hour are reaped.")
 SCALES = {"quick": DemoScale(agents=10, batches_per_agent=25), "small": DemoScale(agents=10, batches_per_agent=100),
           "full": DemoScale(agents=10, batches_per_agent=300)}
 
@@ -176,9 +183,10 @@ class DemoReport:
              f"{len(self.walk.get('executions', []))}, {self.walk.get('keys', 0)}, {self.walk.get('repairs', 0)}"),
             ("walk keys/s; S3 requests per walked key",
              f"{self.walk.get('keys_per_s')}; {self.walk.get('s3_requests_per_key')}"),
+            # "acknowledged" above is an agent's 200; here it is a finding an operator skipped
             ("lmctl verify (strict)", ("clean" if self.verify.get("ok") else
                                        f"{len(self.verify.get('violations', []))} violations")
-             + f", {len(self.verify.get('acknowledged', []))} acknowledged"),
+             + f", {len(self.verify.get('acknowledged', []))} skipped by the operator (the poisoned record)"),
             summary_row(self),
             *reap_rows(self),
             ("violations", len(self.violations)),
@@ -456,6 +464,10 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
 
     report = DemoReport(scale)
     started = time.monotonic()
+    if show_progress:  # said first, so that the faults' own log lines surprise nobody
+        from lightmetrics.cli.output import err_console
+
+        err_console.print(PLANTED_FAULTS, markup=False)
     # moto gets a process (and a core) of its own; the state machines' Lambda tasks (the walk)
     # run in that process too, configured by these LM_* variables.
     hosted = {"LM_BUCKET": BUCKET, "LM_TABLE": TABLE, "LM_AUTH_SECRET_ID": SECRET, "LM_PREFIX": ""}

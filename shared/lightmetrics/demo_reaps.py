@@ -129,7 +129,8 @@ def summary_rows(report: Any) -> list[tuple[str, Any]]:
     gc, ret = r.get("gc") or {}, r.get("retention") or {}
     return [
         ("reap gc (Step Functions): examined, purged, restored, kept",
-         f"{gc.get('examined', 0)}, {gc.get('purged', 0)}, {gc.get('restored', 0)}, {gc.get('kept', {})}"),
+         f"{gc.get('examined', 0)}, {gc.get('purged', 0)}, {gc.get('restored', 0)}, "
+         + (", ".join(f"{n} {why}" for why, n in sorted((gc.get("kept") or {}).items())) or "0")),
         ("reap retention: hour reaped, blobs purged; verify",
          f"{', '.join(ret.get('hours_reaped') or []) or 'NONE'}, {ret.get('purged', 0)}; "
          + ("clean" if r.get("verify_ok") else "VIOLATIONS")),
