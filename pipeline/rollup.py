@@ -219,8 +219,6 @@ def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: An
     def run(batches: Any) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
-        import pandas as pd
-
         from pipeline import s3io
 
         codec = access.codec
