@@ -71,11 +71,18 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
             conn.close()
             assert (resp.status, body["status"]) == (200, expected)
 
-        # The event pump indexes what ingest accepted; `local drain` and `status` use the exports.
+        # The event pump indexes what ingest accepted; `local drain` and `status` use the exports,
+        # which `lmctl env --local PORT` prints as long as the runtime runs (issue 17).
         shell = dict(env)
         for line in info["exports"]:
             name, _, value = line.removeprefix("export ").partition("=")
             shell[name] = shlex.split(value)[0] if value else ""
+        printed = subprocess.run(LMCTL + ["env", "--local", str(port)], capture_output=True, text=True, env=env,
+                                 timeout=60)
+        assert printed.returncode == 0 and printed.stdout.splitlines() == info["exports"], printed.stderr
+        as_json = subprocess.run(LMCTL + ["env", "--local", str(port), "--json"], capture_output=True, text=True,
+                                 env=env, timeout=60)
+        assert json.loads(as_json.stdout) == {k: v for k, v in shell.items() if k not in env}
         drained = subprocess.run(LMCTL + ["local", "drain", "--timeout", "60", "--json"], capture_output=True,
                                  text=True, env=shell, timeout=120)
         assert drained.returncode == 0, drained.stdout + drained.stderr
@@ -101,6 +108,8 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
     with socket.socket() as s:  # a new server can take the port again (TIME_WAIT allowed)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+    gone = subprocess.run(LMCTL + ["env", "--local", str(port)], capture_output=True, text=True, env=env, timeout=60)
+    assert gone.returncode == 2 and "no local runtime" in gone.stderr  # its exports went with it
 
 
 def test_demo_quick_scale_end_to_end():  # type: ignore[no-untyped-def]

@@ -18,14 +18,22 @@ from lightmetrics.cli.output import EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, emit_
 
 
 @click.command("env")
-@click.option("--stack", "stack_name", required=True, help="The CloudFormation stack's name (cdk deploy's stack).")
+@click.option("--stack", "stack_name", default=None, help="The CloudFormation stack's name (cdk deploy's stack).")
+@click.option("--local", "local_port", type=int, default=None, is_flag=False, flag_value=4566,
+              help="Instead of a stack: the local runtime `lmctl local up` runs on this port (default 4566).")
 @click.option("--region", default=None, help="Its region (default: AWS_REGION, AWS_DEFAULT_REGION or the profile's).")
 @click.option("--profile", default=None, help="The AWS profile to read it with, exported as AWS_PROFILE too.")
 @click.option("--json", "as_json", is_flag=True, help="The settings as one JSON object instead of export lines.")
-def env_cmd(stack_name: str, region: str | None, profile: str | None, as_json: bool) -> None:
+def env_cmd(stack_name: str | None, local_port: int | None, region: str | None, profile: str | None,
+            as_json: bool) -> None:
     """Print `export` lines for every setting lmctl needs, read from the stack's outputs:
     eval "$(lmctl env --stack Lightmetrics)" configures this shell (exit 2 if the stack or one of
-    its outputs is missing, 4 if AWS is unavailable)."""
+    its outputs is missing, 4 if AWS is unavailable); eval "$(lmctl env --local)" does the same
+    for a running `lmctl local up`."""
+    if (stack_name is None) == (local_port is None):
+        fail("give --stack NAME (a deployed stack) or --local [PORT] (lmctl local up)", EXIT_USAGE, as_json=as_json)
+    if local_port is not None:
+        _local(local_port, as_json)
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
@@ -61,6 +69,23 @@ def env_cmd(stack_name: str, region: str | None, profile: str | None, as_json: b
         emit_json(env)
     else:
         click.echo("\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
+    sys.exit(EXIT_OK)
+
+
+def _local(port: int, as_json: bool) -> None:
+    from lightmetrics.local.environment import local_env_file
+
+    path = local_env_file(port)
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("export ")]
+    except FileNotFoundError:
+        fail(f"no local runtime on port {port} ({path} is absent): start one with `lmctl local up --port {port}`",
+             EXIT_USAGE, as_json=as_json)
+    if as_json:
+        emit_json({name: (shlex.split(value)[0] if value else "") for name, _, value in
+                   (line.removeprefix("export ").partition("=") for line in lines)})
+    else:
+        click.echo("\n".join(lines))
     sys.exit(EXIT_OK)
 
 

@@ -44,6 +44,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     schedule. Prints `export ...` lines that point lmctl and any boto3 client here.
     """
     from lightmetrics.errors import ConfigError
+    from lightmetrics.local.environment import local_env_file
     from lightmetrics.local.server import IngestHTTPServer, LocalRuntime, env_exports
     from lightmetrics.local.system import LocalSystem
 
@@ -70,6 +71,9 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
         values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
         exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
+        env_file = local_env_file(runtime.port)  # `lmctl env --local` prints it while this runs
+        env_file.parent.mkdir(parents=True, exist_ok=True)
+        env_file.write_text("\n".join(exports) + "\n", encoding="utf-8")
         if as_json:
             emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "admin_url": admin.url,
                        "exports": exports, **system.made})
@@ -82,6 +86,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         sys.stdout.flush()
         _wait_for_signal()
     finally:
+        local_env_file(runtime.port).unlink(missing_ok=True)
         system.stop()
         if ingest is not None:
             ingest.stop()

@@ -7,7 +7,9 @@ resources, and Powertools stays quiet (no X-Ray daemon, metrics not flushed to s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from lightmetrics.local.server import ACCOUNT_ID, REGION
 
@@ -36,3 +38,12 @@ def local_environment(endpoint_url: str, settings: Mapping[str, object]) -> dict
         if value is not None:
             env[f"LM_{name.upper()}"] = str(value)
     return env
+
+
+def local_env_file(port: int) -> Path:
+    """Where ``lmctl local up --port PORT`` keeps its ``export`` lines while it runs (``lmctl env
+    --local`` prints them): ``$XDG_STATE_HOME/lightmetrics/local-<port>.env``, else under
+    ``~/.local/state``."""
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "lightmetrics" / f"local-{port}.env"
+
