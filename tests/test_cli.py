@@ -220,3 +220,29 @@ def test_tables_never_cut_an_identifier_when_piped():  # type: ignore[no-untyped
                        env={**os.environ, "COLUMNS": "60"})
     assert r.returncode == 0, r.stderr
     assert any(key in line for line in r.stdout.splitlines()), r.stdout
+
+
+def test_invoke_says_when_a_sample_event_opened_blockers(runtime):  # type: ignore[no-untyped-def]
+    """Issue 17: a sample event run against a live runtime may leave blockers; invoke says which."""
+    import uuid
+
+    from click.testing import CliRunner
+
+    from lightmetrics.cli.main import cli
+    from lightmetrics.local.system import LocalSystem
+
+    tag = uuid.uuid4().hex[:10]
+    system = LocalSystem(runtime, bucket=f"lm-inv-{tag}", table=f"lm-inv-{tag}", secret_name=f"lm-inv/{tag}",
+                         queue_name_prefix=f"inv{tag}-").provision()
+    try:
+        env = system.environment()
+        r = CliRunner().invoke(cli, ["invoke", "index_accepted", "--event", "events/index_accepted/poisoned-body.json",
+                                     "--json"], env=env)
+        assert r.exit_code == 0, r.output
+        json.loads(r.stdout)  # stdout stays the handler's result
+        assert "this event opened 1 blocker(s)" in r.stderr and "lmctl blockers list" in r.stderr, r.stderr
+        quiet = CliRunner().invoke(cli, ["invoke", "index_accepted", "--event", "events/index_accepted/s3-test-event.json",
+                                         "--json"], env=env)
+        assert quiet.exit_code == 0 and "blocker" not in quiet.stderr
+    finally:
+        system.stop()

@@ -18,6 +18,7 @@ from lightmetrics.cli.output import (
     EXIT_VIOLATIONS,
     console,
     emit_json,
+    err_console,
     fail,
     kv_table,
 )
@@ -239,11 +240,28 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     import importlib
 
     handler = getattr(importlib.import_module(spec.module), spec.attr)
+    blockers_before = _open_blockers()
     try:
         result = handler(event, LambdaContext(function))
     except LightmetricsError as exc:
         fail(f"{function} failed: {exc}", EXIT_VIOLATIONS, as_json=as_json)
+    opened = sorted((_open_blockers() or set()) - (blockers_before or set()))
+    if opened:  # a sample event names objects a live bucket may not hold: say what it left behind
+        err_console.print(f"note: this event opened {len(opened)} blocker(s) in the configured control table: "
+                          f"{', '.join(opened)} (lmctl blockers list; lmctl blockers skip WORK_KEY --reason ...)",
+                          markup=False)
     emit_json(result) if as_json else console.print_json(json.dumps(result, default=str))
+
+
+def _open_blockers() -> set[str] | None:
+    """The open blockers' work keys of the configured system, or None when none is configured or
+    reachable (``lmctl invoke`` without a runtime: nothing to compare)."""
+    try:
+        from lightmetrics.services import work_context
+
+        return {b.work_key for b in work_context(Settings.from_env(), component="cli").blockers.list()}
+    except Exception:
+        return None
 
 
 # ------------------------------------------------------------------- the other command groups
