@@ -75,19 +75,12 @@ class RangePlan:
         """The range holding entry name ``name``."""
         return bisect.bisect_left(self.cuts, name)
 
-    def holds(self, i: int, name: str) -> bool:
-        return 0 <= i < self.ranges and self.range_of(name) == i
-
     def key_bounds(self, hour_prefix: str, i: int) -> tuple[str | None, str | None]:
         """Range ``i`` as full keys under ``hour_prefix``: ``(start_after, end_at)`` for
         :meth:`~lightmetrics.store.ObjectStore.list_modified`."""
         low, high = self.bounds(i)
         return (hour_prefix + low if low is not None else None,
                 hour_prefix + high if high is not None else None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"effective_from": str(self.effective_from) if self.effective_from else None,
-                "ranges": self.ranges, "cuts": list(self.cuts)}
 
 
 def check_cuts(cuts: Sequence[str]) -> tuple[str, ...]:
@@ -120,6 +113,26 @@ def equal_count_cuts(names: Sequence[str], ranges: int) -> tuple[str, ...]:
         if 0 <= at < len(names) - 1 and (not cuts or names[at] > cuts[-1]):
             cuts.append(names[at])
     return check_cuts(cuts)
+
+
+class TooFewEntries(RangePlanError):
+    """The listed hour has fewer distinct entries than the ranges asked for (a plan is permanent)."""
+
+
+def hour_entry_names(store: Any, codec: Any, hour: UtcHour) -> list[str]:
+    """The names (``<manifest-id>.json``) of ``hour``'s ``accepted-by-time`` entries: only keys of
+    the layout (a stray key under the hour is never a cut)."""
+    from lightmetrics.keys import KeyKind, KeyLayoutError
+
+    prefix = codec.accepted_by_time_hour(hour)
+    names = []
+    for key in store.list_keys(prefix, limit=10**9):
+        try:
+            if codec.parse(key).kind is KeyKind.ACCEPTED_BY_TIME:
+                names.append(key[len(prefix):])
+        except KeyLayoutError:
+            continue
+    return names
 
 
 class RangePlans:
@@ -175,6 +188,25 @@ class RangePlans:
         self._plans = None
         return RangePlan(effective_from, cuts)
 
+    def earliest(self, now_ns: int) -> UtcHour:
+        """The first hour a new plan may govern: :data:`MIN_LEAD_HOURS` on, and after every plan written."""
+        earliest = UtcHour.of_unix_ns(now_ns) + MIN_LEAD_HOURS
+        latest = max((p.effective_from for p in self.all() if p.effective_from is not None),
+                     key=lambda h: h.start_unix_s, default=None)
+        return latest + 1 if latest is not None and earliest < latest + 1 else earliest
 
-__all__ = ["MAX_RANGES", "MIN_LEAD_HOURS", "PLAN_PK", "RangePlan", "RangePlanError", "RangePlans", "check_cuts",
-           "equal_count_cuts"]
+    def propose_from_hour(self, store: Any, codec: Any, *, hour: UtcHour, ranges: int, effective_from: UtcHour,
+                          now_ns: int) -> tuple[RangePlan, list[str]]:
+        """Equal-count cuts of ``hour``'s entries into ``ranges`` ranges, written as the plan from
+        ``effective_from`` (:meth:`propose`); the plan and the names it was cut from.
+        :class:`TooFewEntries` (nothing written) when the hour cannot give that many ranges."""
+        names = hour_entry_names(store, codec, hour)
+        cuts = equal_count_cuts(names, ranges)
+        if len(cuts) + 1 < ranges:
+            raise TooFewEntries(f"{hour} has {len(names)} accepted-by-time entries, too few for {ranges} "
+                                f"equal-count ranges; list a busier hour")
+        return self.propose(cuts, effective_from=effective_from, now_ns=now_ns), names
+
+
+__all__ = ["MAX_RANGES", "MIN_LEAD_HOURS", "PLAN_PK", "RangePlan", "RangePlanError", "RangePlans", "TooFewEntries",
+           "check_cuts", "equal_count_cuts", "hour_entry_names"]

@@ -300,6 +300,11 @@ class IndexedBlobs:
         record)? Only hours already listed are consulted: no request."""
         return any(sha in (self.listed(h) or ()) for h in (near, near + -1))
 
+    def known(self, sha: str, hour: UtcHour) -> bool | None:
+        """Whether this run saw ``sha`` indexed in ``hour`` (None: it did not list that hour)."""
+        listed = self.listed(hour)
+        return None if listed is None else sha in listed
+
     @property
     def hours_listed(self) -> int:
         with self._lock:
@@ -331,24 +336,28 @@ class HeadedBlobs:
     def __init__(self, ctx: WorkContext) -> None:
         self.ctx = ctx
         self._heads = 0
+        self._answers: dict[tuple[UtcHour, str], bool] = {}  # what each HEAD said: the repair asks again
         self._lock = threading.Lock()
 
     def load(self, hour: UtcHour) -> frozenset[str]:
         """Nothing to list: every lookup is its own HEAD."""
         return frozenset()
 
-    def listed(self, hour: UtcHour) -> frozenset[str] | None:
-        """No hour is listed (None): the repair HEADs the blob's entry before it writes one."""
-        return None
-
     def holds(self, sha: str, *, near: UtcHour) -> bool:
         """Is ``sha`` indexed in hour ``near`` or the hour before? One HEAD, two if the first misses."""
         for hour in (near, near + -1):
+            present = self.ctx.store.head(self.ctx.codec.raw_blobs_by_time(hour, sha)) is not None
             with self._lock:
                 self._heads += 1
-            if self.ctx.store.head(self.ctx.codec.raw_blobs_by_time(hour, sha)) is not None:
+                self._answers[(hour, sha)] = present
+            if present:
                 return True
         return False
+
+    def known(self, sha: str, hour: UtcHour) -> bool | None:
+        """What this run's HEAD of ``sha`` in ``hour`` said (None: it sent none)."""
+        with self._lock:
+            return self._answers.get((hour, sha))
 
     @property
     def hours_listed(self) -> int:
@@ -394,7 +403,7 @@ def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | 
 
 
 def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by_time_present: bool,
-            indexed: IndexedBlobs | None) -> Outcome:
+            indexed: IndexedBlobs | HeadedBlobs | None) -> Outcome:
     """The repair behind :func:`repair_accepted` and :func:`verify_time_entry`. With
     ``by_time_present`` (the caller listed the ``accepted-by-time`` entry) it checks before it
     writes: a HEAD (read class) where the entry is most likely present, instead of a PUT's 412."""
@@ -420,10 +429,10 @@ def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by
     # without one, the size is all a HEAD can tell.
     check_blob_checksum(head, m.frame_sha256, manifest_key)
     blob_hour, _ = raw_blob_entry(ctx, head, m.frame_sha256)
-    listed = indexed.listed(blob_hour) if indexed is not None else None
-    if listed is not None and m.frame_sha256 in listed:
+    known = indexed.known(m.frame_sha256, blob_hour) if indexed is not None else None
+    if known:
         blob_outcome = Outcome.NOOP_RESOLVED
-    elif listed is None and by_time_present and ctx.store.head(
+    elif known is None and by_time_present and ctx.store.head(
             ctx.codec.raw_blobs_by_time(blob_hour, m.frame_sha256)) is not None:
         blob_outcome = Outcome.NOOP_RESOLVED  # indexed in an hour this run did not list
     else:

@@ -233,15 +233,6 @@ def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
     sys.exit(EXIT_VIOLATIONS if blocked or unowned else EXIT_OK)
 
 
-def _is_time_entry(ctx: Any, key: str) -> bool:
-    from lightmetrics.keys import KeyKind, KeyLayoutError
-
-    try:
-        return ctx.codec.parse(key).kind is KeyKind.ACCEPTED_BY_TIME
-    except KeyLayoutError:
-        return False
-
-
 @reconcile_cmd.command("plan")
 @click.option("--ranges", type=click.IntRange(min=1), required=True,
               help="Key ranges per hour (at most LM_RECONCILE_SHARDS: one shard checks each).")
@@ -259,7 +250,7 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
     from botocore.exceptions import BotoCoreError, ClientError
 
     from lightmetrics.errors import LightmetricsError
-    from lightmetrics.hour_ranges import MIN_LEAD_HOURS, RangePlan, RangePlanError, RangePlans, equal_count_cuts
+    from lightmetrics.hour_ranges import MIN_LEAD_HOURS, RangePlanError, RangePlans, TooFewEntries
     from lightmetrics.keys import UtcHour
 
     if ranges > settings.reconcile_shards:
@@ -276,20 +267,14 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
     earliest = UtcHour.of_unix_ns(now) + MIN_LEAD_HOURS
     listed_hour = listed_hour or UtcHour.of_unix_ns(now) + -1
     start = asked_from if asked_from is not None and earliest < asked_from else earliest
-    prefix = ctx.codec.accepted_by_time_hour(listed_hour)
     plans = RangePlans(ctx.extras["table"])
     try:
-        # Only the layout's entry names may be cuts (a stray key under the hour is not one).
-        names = [key[len(prefix):] for key in ctx.store.list_keys(prefix, limit=10**9) if _is_time_entry(ctx, key)]
-        cuts = equal_count_cuts(names, ranges)
-        if len(cuts) + 1 < ranges:  # a plan is permanent: never write fewer ranges than asked
-            fail(f"{listed_hour} has {len(names)} accepted-by-time entries, too few for {ranges} equal-count ranges; "
-                 f"list a busier hour (--hour)", EXIT_USAGE, as_json=as_json)
-        plan = plans.propose(cuts, effective_from=start, now_ns=now)
+        plan, names = plans.propose_from_hour(ctx.store, ctx.codec, hour=listed_hour, ranges=ranges,
+                                              effective_from=start, now_ns=now)
+    except TooFewEntries as exc:
+        fail(f"{exc} (--hour)", EXIT_USAGE, as_json=as_json)
     except RangePlanError as exc:
-        latest = max((p.effective_from for p in plans.all() if p.effective_from is not None),
-                     key=lambda h: h.start_unix_s, default=None)
-        first_free = latest + 1 if latest is not None and earliest < latest + 1 else earliest
+        first_free = plans.earliest(now)
         fail(f"{exc}; the earliest hour a new plan can take effect is {first_free} (--effective-from {first_free})",
              EXIT_USAGE, as_json=as_json)
     except (LightmetricsError, ClientError, BotoCoreError) as exc:
@@ -306,6 +291,6 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
         console.print(kv_table("[green]range plan written[/]", [(k, v) for k, v in out.items()
                                                                  if k not in ("cuts", "counts")]))
         console.print(grid(f"ranges of {listed_hour}", ["range", "after", "up to", "#entries"],
-                           [(i, *(b or "-" for b in RangePlan(None, plan.cuts).bounds(i)), counts[i])
+                           [(i, *(b or "-" for b in plan.bounds(i)), counts[i])
                             for i in range(plan.ranges)]))
 
