@@ -161,6 +161,42 @@ def test_missing_region_or_credentials_exit_2_naming_the_setting():  # type: ign
     assert r.returncode == 2 and "AWS_ACCESS_KEY_ID" in r.stderr + r.stdout
 
 
+def test_profile_and_region_pass_through_from_lmctl_itself():  # type: ignore[no-untyped-def]
+    """Issue 17: ``--profile``/``--region`` on ``lmctl`` reach boto3; an unknown profile exits 2 naming it."""
+    bare = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "LM_BUCKET": "bucket-x", "LM_TABLE": "table-x",
+            "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+            "AWS_EC2_METADATA_DISABLED": "true"}
+    r = run("--region", "eu-west-1", "status", "--json", env=bare)  # the region is taken: credentials are next
+    assert r.returncode == 2 and "no AWS credentials" in json.loads(r.stdout)["reason"], r.stdout + r.stderr
+    r = run("--region", "eu-west-1", "--profile", "no-such-profile", "status", "--json", env=bare)
+    reason = json.loads(r.stdout)["reason"]
+    assert r.returncode == 2 and "no-such-profile" in reason and "AWS_PROFILE" in reason, r.stdout + r.stderr
+
+
+def _commands(group, path=()):  # type: ignore[no-untyped-def]
+    import click
+
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand():  # type: ignore[no-untyped-def]
+    """Issue 17: the configuration flags are listed once, on ``lmctl``; no subcommand's help repeats them."""
+    from lightmetrics.cli.main import cli
+    from lightmetrics.config import Settings
+
+    flags = {f"--{name.replace('_', '-')}" for name in Settings.model_fields}
+    assert flags <= {o for p in cli.params for o in p.opts}
+    # `local up --bucket` names the bucket to provision (a different option that shares the flag).
+    own_option = {("local", "up"): {"--bucket", "--table", "--prefix"}}
+    repeated = {" ".join(path): sorted(shown) for path, command in _commands(cli)
+                if (shown := {o for p in command.params if not getattr(p, "hidden", False) for o in p.opts}
+                    & flags - own_option.get(path, set()))}
+    assert not repeated, repeated
+
+
 def test_env_configures_lmctl_from_the_stack_outputs(runtime):  # type: ignore[no-untyped-def]
     """Issue 17: eval "$(lmctl env --stack X)" points lmctl at a deployed stack; here a stack on the
     local runtime whose outputs are the ones infra/stack.py declares (lightmetrics.stack_outputs),

@@ -135,7 +135,7 @@ def test_property_10_every_operator_surface_exits_2_naming_a_missing_bucket(syst
 @pytest.mark.parametrize("surface", sorted(SURFACES))
 def test_property_10_every_operator_surface_exits_2_naming_a_missing_table(system, surface):  # type: ignore[no-untyped-def]
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
-    code, out = lmctl(system, *SURFACES[surface], "--table", missing)
+    code, out = lmctl(system, "--table", missing, *SURFACES[surface])  # given on lmctl itself (issue 17)
     assert code == 2, (surface, out)
     assert missing in out["reason"] and "LM_TABLE" in out["reason"], out
 

@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import boto3
+from botocore.exceptions import ProfileNotFound
 
 from lightmetrics.accept import AcceptContext, MetricsSink, NoMetrics
 from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
@@ -43,15 +44,19 @@ def aws_session() -> Any:
     """A boto3 session whose region and credentials are known, else :class:`ConfigError` naming
     what to set (checked locally, before any request). ``AWS_REGION`` counts as well as
     ``AWS_DEFAULT_REGION``: Lambda and the AWS CLI v2 set it, botocore alone does not read it."""
-    session = boto3.session.Session()
-    if session.region_name is None and os.environ.get("AWS_REGION"):
-        session = boto3.session.Session(region_name=os.environ["AWS_REGION"])
+    try:
+        session = boto3.session.Session()
+        if session.region_name is None and os.environ.get("AWS_REGION"):
+            session = boto3.session.Session(region_name=os.environ["AWS_REGION"])
+        credentials = session.get_credentials() if session.region_name else None
+    except ProfileNotFound as exc:
+        raise ConfigError(f"{exc}: set AWS_PROFILE (lmctl --profile) to a profile of ~/.aws/config") from None
     if session.region_name is None:
-        raise ConfigError("no AWS region: set AWS_REGION (or AWS_DEFAULT_REGION, or a profile's region) to the "
-                          "stack's region")
-    if session.get_credentials() is None:
-        raise ConfigError("no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                          "(for the local runtime: the exports `lmctl local up` prints)")
+        raise ConfigError("no AWS region: set AWS_REGION (lmctl --region; or AWS_DEFAULT_REGION, or a profile's "
+                          "region) to the stack's region")
+    if credentials is None:
+        raise ConfigError("no AWS credentials: set AWS_PROFILE (lmctl --profile), or AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (for the local runtime: the exports `lmctl local up` prints)")
     return session
 
 

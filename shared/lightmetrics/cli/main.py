@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import AS_JSON_META, config_options, identity_options, json_option
+from lightmetrics.cli.options import AS_JSON_META, config_options, identity_options, json_option, settings_options
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -40,10 +40,12 @@ class Lmctl(click.Group):
 
 @click.group(cls=Lmctl, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="lightmetrics-ingest")
+@settings_options
 def cli() -> None:
     """Operate the Lightmetrics acceptance plane (AWS or the embedded local runtime).
 
-    Configuration comes from LM_* variables or the matching flags (--bucket = LM_BUCKET).
+    Configuration comes from LM_* variables or the matching flags given before the command
+    (lmctl --bucket B status = LM_BUCKET=B lmctl status); `lmctl env` prints the exports.
     AWS_ENDPOINT_URL points every AWS call at the local runtime.
     Exit codes: 0 ok, 1 violations/failed, 2 invalid input or configuration (also a configured
     bucket, table or queue that does not exist or refuses access), 3 identity conflict,

@@ -1,4 +1,6 @@
-"""Shared click options: ``--json`` and one flag per configuration variable (``--bucket`` ≡ LM_BUCKET)."""
+"""Shared click options: ``--json``, and the settings: one flag per configuration variable
+(``lmctl --bucket B status`` ≡ ``LM_BUCKET=B lmctl status``) plus ``--profile``/``--region``, given
+once on ``lmctl`` itself rather than repeated on every subcommand."""
 
 from __future__ import annotations
 
@@ -56,8 +58,48 @@ def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn
     fail(f"{doing}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
 
 
+#: What a configured subcommand's help says of its settings (they are listed once, on ``lmctl``).
+SETTINGS_HELP = "\n\n    Settings: LM_* variables, or lmctl's flags before the command (lmctl --help)."
+
+
+def _setting_flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+def _export(*variables: str) -> Callable[[click.Context, click.Parameter, str | None], None]:
+    """A callback that exports a given flag's value as environment variables of this process, so
+    every reader sees it alike: settings, boto3, and a Lambda handler run by ``lmctl invoke``."""
+    def export(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        for variable in variables if value is not None else ():
+            os.environ[variable] = value  # type: ignore[assignment]
+    return export
+
+
+def settings_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add, to the ``lmctl`` group, ``--<setting>`` for every configuration variable and
+    ``--profile``/``--region`` (exported as ``AWS_PROFILE``, ``AWS_REGION`` + ``AWS_DEFAULT_REGION``).
+
+    Example: ``lmctl --region eu-west-1 --bucket lm-prod status``.
+    """
+    for name in reversed(_CONFIG_FIELDS):
+        env, described = Settings.env_name(name), Settings.model_fields[name].description or ""
+        fn = click.option(_setting_flag(name), name, default=None, expose_value=False, is_eager=True,
+                          callback=_export(env), metavar="TEXT",
+                          help=described if env in described else f"{env}: {described}")(fn)
+    fn = click.option("--region", default=None, expose_value=False, is_eager=True,
+                      callback=_export("AWS_REGION", "AWS_DEFAULT_REGION"),
+                      help="AWS region of the stack [AWS_REGION].")(fn)
+    return click.option("--profile", default=None, expose_value=False, is_eager=True,
+                        callback=_export("AWS_PROFILE"), help="AWS profile to use [AWS_PROFILE].")(fn)
+
+
 def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--<field>`` for every setting; the command receives ``settings: Settings``."""
+    """The command receives ``settings: Settings``: the environment, which includes the settings
+    given on ``lmctl`` itself (:func:`settings_options`).
+
+    The same flags after the subcommand (``lmctl status --bucket B``, how earlier releases took
+    them) are still accepted but not listed in the subcommand's help, and win over the group's.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -68,15 +110,9 @@ def config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(exc), EXIT_USAGE, as_json=kwargs.get("as_json", False))
         return fn(*args, **kwargs)
 
+    wrapper.__doc__ = (fn.__doc__ or "").rstrip() + SETTINGS_HELP
     for name in reversed(_CONFIG_FIELDS):
-        field = Settings.model_fields[name]
-        wrapper = click.option(
-            f"--{name.replace('_', '-')}",
-            f"cfg_{name}",
-            default=None,
-            help=field.description,
-            show_envvar=False,
-        )(wrapper)
+        wrapper = click.option(_setting_flag(name), f"cfg_{name}", default=None, hidden=True)(wrapper)
     return wrapper
 
 
