@@ -102,7 +102,7 @@ class World:
         return keys
 
     def cover_watermark(self) -> None:
-        table = self.ctx.extras["table"]
+        table = self.ctx.table
         for index in INDEXES:
             set_watermark(table, index, self.clock.now_ns() - 3600 * _NS, epoch=1, now_ns=self.clock.now_ns())
 

@@ -103,7 +103,7 @@ def seed(system: LocalSystem, runtime: Any, shape: Shape) -> None:
                                 for k in range(shape.per_hour)]))
     now = system.clock.now_ns()
     for index in INDEXES:  # retention needs W over the old hours; the walk raises it again
-        set_watermark(ctx.extras["table"], index, now - 3600 * _NS, epoch=1, now_ns=now)
+        set_watermark(ctx.table, index, now - 3600 * _NS, epoch=1, now_ns=now)
 
 
 def gc_tombstone_checks(system: LocalSystem, page_size: int) -> int:

@@ -168,7 +168,7 @@ def test_property_10_walk_and_reap_tasks_fail_on_a_missing_bucket_instead_of_fin
     with pytest.raises(ResourceAccessError, match=system.bucket):
         walker.plan({"walk": begun["walk"]})
     walker.end({"walk": begun["walk"], "outcome": "failed", "error": {"Error": "StoreAccessError"}})  # the ASL's Abort
-    assert set(read_watermarks(ctx.extras["table"]).values()) == {None}
+    assert set(read_watermarks(ctx.table).values()) == {None}
     reaper = Reaper(ctx, system.settings)
     with pytest.raises(ResourceAccessError, match=system.bucket):
         step = reaper.begin({"input": {"mode": "gc", "dry_run": True}, "execution_arn": "console"})

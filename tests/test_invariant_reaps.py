@@ -178,7 +178,7 @@ def test_property_2_a_lease_shorter_than_the_longest_task_is_refused_at_start(bu
 
     access = S3Access(bucket)
     with pytest.raises(ValueError, match="L1"):
-        RollupJob(None, access, table=w.ctx.extras["table"], lease_s=commit_step_s(access))
+        RollupJob(None, access, table=w.ctx.table, lease_s=commit_step_s(access))
 
 
 # --------------------------------------------------------------------------------- property 3
@@ -232,7 +232,7 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
     out = reaper.begin({"input": {**GC, "page_size": page_size}, "execution_arn": "big"})
     out = reaper.gc({"reap": out["reap"]})  # one page: intent recorded, markers, marks recorded
     assert marked_seen == [page_size]
-    items = w.ctx.extras["table"].query(CHECKPOINT_PK)  # the items as stored (every page of the Query)
+    items = w.ctx.table.query(CHECKPOINT_PK)  # the items as stored (every page of the Query)
     marks_items = [i for i in items if str(i["sk"]).startswith("marks#")]
     assert sum(len(i["marks"]) for i in marks_items) == page_size
     # every mark recorded with its marker (stored compactly: gc.encode_mark, rule G-I7)
@@ -265,7 +265,7 @@ def test_property_3_an_audit_part_larger_than_a_page_is_consumed_in_several_page
     cursors: list[str] = []
 
     def before_task(_next: str, _event: dict[str, Any]) -> None:
-        cp = w.ctx.extras["table"].get(CHECKPOINT_PK, "current")
+        cp = w.ctx.table.get(CHECKPOINT_PK, "current")
         cursors.append(str(cp.get("after") or ""))
 
     report = drive(w.reaper(), {**GC, "source": "audit", "audit_run": "big-part", "page_size": 3}, w.clock,
@@ -287,7 +287,7 @@ def test_property_3_a_page_split_over_several_marks_items_settles_every_mark(
     parts: list[int] = []
 
     def before_task(_next: str, _event: dict[str, Any]) -> None:
-        items = [i for i in w.ctx.extras["table"].query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
+        items = [i for i in w.ctx.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
         parts.append(len(items))
 
     report = drive(w.reaper(), {**GC, "page_size": 10}, w.clock, before_task=before_task)
@@ -366,7 +366,7 @@ def test_property_7_retention_that_failed_part_way_is_finished_by_a_later_run(
     report = drive(w.reaper(), {"mode": "retention", "dry_run": False, "tombstone_wait_s": 0}, w.clock)
     assert report["hours"] == [str(HOUR)] and report["hours_reaped"] == [str(HOUR)], report
     assert w.ctx.store.head(codec.retention_reaped("raw", HOUR)) is not None
-    record = w.ctx.extras["table"].get("retention#raw", str(HOUR))
+    record = w.ctx.table.get("retention#raw", str(HOUR))
     assert record["status"] == "reaped"
 
 
@@ -472,7 +472,7 @@ def test_property_7_hours_held_by_blockers_never_take_every_slot_of_a_run(bucket
     from lightmetrics.retention import expired_hours
 
     w = make_world(bucket)
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     stuck = [UtcHour(HOUR.start_unix_s - 3600 * (10 + n)) for n in range(4)]
     for h in stuck:
         table.put({"pk": "retention#raw", "sk": str(h), "status": "tombstoned"})

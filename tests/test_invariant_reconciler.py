@@ -233,7 +233,7 @@ def atomic_dynamodb_writes(monkeypatch):  # type: ignore[no-untyped-def]
 
 def test_property_5_an_expired_budget_item_counts_as_absent(world, clock, atomic_dynamodb_writes):  # type: ignore[no-untyped-def]
     system = world()
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     budget = RetryBudget(table, max_count=5, max_age_s=3600, clock=clock)
     first = budget.record_failure("k:stale-by-age", "503")
     assert (first.count, first.exhausted) == (1, False)

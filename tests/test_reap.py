@@ -157,7 +157,7 @@ def test_retention_of_an_hour_then_a_late_retry(bucket: str) -> None:
     assert again.status.value == "duplicate"
     # The indexer's negative tombstone answer is cached for 60 s; the reap's tombstone_wait_s (default
     # 120, 0 here) outlasts it. A fresh context stands for an indexer after that wait.
-    w.ctx.extras.pop("tombstones", None)
+    w.ctx.tombstones = None
     index_accepted(w.ctx, again.manifest_key or "")
     assert w.ctx.store.list_keys(codec.accepted_by_time_hour(hour)) == []
     assert w.ctx.store.list_keys(codec.prefix + "accepted-by-blob/v1/") == []

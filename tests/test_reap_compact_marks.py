@@ -18,7 +18,7 @@ HOUR = UtcHour.of_unix_ns(OLD_NS)
 
 
 def stored_marks(w: Any) -> list[dict[str, Any]]:
-    return [m for i in w.ctx.extras["table"].query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)
+    return [m for i in w.ctx.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)
             for m in i["marks"]]
 
 
@@ -51,7 +51,7 @@ def test_retention_reads_each_record_once_before_the_derived_phase_and_marks_car
 def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> None:
     w = make_world(bucket)
     orphans = [w.orphan(ident(n)) for n in range(3)]
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     reaper = w.reaper()
     out = reaper.begin({"input": {**GC, "page_size": 10}, "execution_arn": "old"})
     reaper.gc({"reap": out["reap"]})  # marked and recorded; then the reap "crashes"

@@ -43,7 +43,7 @@ def move_entry(w: World, blob_key: str, hours_later: int) -> None:
 
 
 def cursor(w: World) -> dict[str, Any]:
-    return dict(w.ctx.extras["table"].get(CHECKPOINT_PK, source_cursor_sk("by-time")) or {})
+    return dict(w.ctx.table.get(CHECKPOINT_PK, source_cursor_sk("by-time")) or {})
 
 
 def test_by_time_proves_each_blob_once_then_only_hours_that_became_due(bucket: str) -> None:
@@ -81,7 +81,7 @@ def test_gc_runs_are_bounded_and_retention_runs_between_them(bucket: str) -> Non
     budget = {**BY_TIME, "page_size": 2, "max_pages": 1}
     first = drive(w.reaper(), budget, w.clock)
     assert first["status"] == "finished" and first["more"] is True and first["examined"] == 2
-    assert int(w.ctx.extras["table"].get(LEASE_PK, "lease")["expires_at_ns"]) == 0  # released
+    assert int(w.ctx.table.get(LEASE_PK, "lease")["expires_at_ns"]) == 0  # released
     # The GC backlog is unfinished, and retention starts and finishes at once.
     retention = drive(w.reaper(), {"mode": "retention", "dry_run": False, "hour": str(HOUR),
                                    "tombstone_wait_s": 0}, w.clock)
@@ -128,11 +128,11 @@ def test_a_reap_spanning_executions_equals_one_execution(runtime: Any, source: s
     assert len(owners) == 1  # one lease, epoch and owner across every execution (L1-L3 carry over)
     assert _outcome(single, one) == _outcome(split, many)
     # A continuation or task of a reap that ended (its lease released) changes nothing.
-    before = split.ctx.extras["table"].get(CHECKPOINT_PK, "current")
+    before = split.ctx.table.get(CHECKPOINT_PK, "current")
     stale = Reaper(split.ctx, split.settings)
     with pytest.raises(LeaseLost):
         stale.begin({"input": stale.continuation(first_event[0]["reap"]), "execution_arn": "late"})
-    assert split.ctx.extras["table"].get(CHECKPOINT_PK, "current") == before
+    assert split.ctx.table.get(CHECKPOINT_PK, "current") == before
 
 
 def _seed(w: World, keys: list[str]) -> None:
@@ -155,7 +155,7 @@ def _gc_counts(runtime: Any, history: int) -> dict[str, int]:
     keys = sorted(codec.raw_blobs_by_time(old_hour + i % 24, hashlib.sha256(b"%d" % i).hexdigest())
                   for i in range(history))
     _seed(w, keys)
-    w.ctx.extras["table"].put({"pk": CHECKPOINT_PK, "sk": source_cursor_sk("by-time"), "after": keys[-1]})
+    w.ctx.table.put({"pk": CHECKPOINT_PK, "sk": source_cursor_sk("by-time"), "after": keys[-1]})
     for n in range(2):
         w.accept(ident(n))
         w.orphan(ident(10 + n))

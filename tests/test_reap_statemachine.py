@@ -64,7 +64,7 @@ def plant(system: LocalSystem, runtime: Any) -> tuple[list[Any], str]:
     index_raw_blob(ctx, orphan.blob_key)
     now = system.clock.now_ns()
     for index in INDEXES:  # as a clean full walk would (the demo runs a real one)
-        set_watermark(ctx.extras["table"], index, now - 3600 * _NS, epoch=1, now_ns=now)
+        set_watermark(ctx.table, index, now - 3600 * _NS, epoch=1, now_ns=now)
     return results, orphan.blob_key or ""
 
 

@@ -166,7 +166,7 @@ def test_the_checkpoint_with_every_failure_it_may_list_stays_far_below_the_item_
     keys = sorted(codec.accepted_by_time(H0, BatchIdentity.create(longest, f"{n:0{MAX_ID_BYTES}d}", n, n))
                   for n in range(FAILED_ENTRIES_MAX + 10))
     table = RecordingTable()
-    ctx = SimpleNamespace(extras={"table": table}, codec=codec)
+    ctx = SimpleNamespace(table=table, codec=codec)
     rec = reconcile.Reconciler(ctx, None, None)  # type: ignore[arg-type]
     # every checked entry failed (RETRY_LATER): the cursor stops before the first one the checkpoint cannot list
     cursor = rec._cursor_listing_failures(keys, set(keys))

@@ -60,7 +60,7 @@ def plan_of_entries(system, hour: UtcHour, ranges: int) -> RangePlan:  # type: i
     """Equal-count cuts of ``hour``'s entries, effective from ``hour``, written two hours before it
     (the earliest a plan may be written)."""
     _, names = entry_names(system, hour)
-    plans = RangePlans(system.work_context().extras["table"])
+    plans = RangePlans(system.work_context().table)
     return plans.propose(equal_count_cuts(names, ranges), effective_from=hour, now_ns=hour.start_ns - 2 * HOUR_NS)
 
 
@@ -161,7 +161,7 @@ def test_every_entry_of_a_three_range_hour_is_checked_by_exactly_one_shard(runti
         union = sorted(k for shard in range(3) for k in listed[shard] if k.startswith(prefix))
         assert union == [prefix + n for n in names]  # the ranges cover the hour, none twice
         assert ctx.store.head(lost) is not None
-        assert read_shard_checkpoints(ctx.extras["table"], 3).hour == H0 + 1
+        assert read_shard_checkpoints(ctx.table, 3).hour == H0 + 1
     finally:
         system.stop()
 
@@ -176,7 +176,7 @@ def test_a_plan_for_two_hours_on_leaves_the_open_hour_alone_and_misses_nothing(r
         codec = system.work_context().codec
         later_ids = [ident(k, agent="later") for k in range(9)]
         later_names = [codec.accepted_by_time(H0 + 2, i).rsplit("/", 1)[1] for i in later_ids]
-        plans = RangePlans(system.work_context().extras["table"])
+        plans = RangePlans(system.work_context().table)
         plan = plans.propose(equal_count_cuts(later_names, 3), effective_from=H0 + 2, now_ns=clock.now_ns())
         assert plans.plan_for(H0).ranges == 1 and plan.ranges == 3  # written while hour 16 is open
         clock.advance(seconds=3600 + 900)  # 17:15
@@ -264,7 +264,7 @@ def test_shards_close_hours_on_their_own_and_a_crashed_shard_disturbs_no_other(r
         clock.advance(seconds=3600 + 900)  # 17:15
         checkpoints_at(system, H0, clock.now_ns())
         ctx = system.work_context(policy=FAST)
-        table = ctx.extras["table"]
+        table = ctx.table
 
         def status() -> dict[str, Any]:
             return system_status(ctx, system.settings, runtime.boto3_client("sqs"))["reconciler"]
@@ -318,7 +318,7 @@ def test_a_plan_with_more_ranges_than_shards_keeps_its_hour_open_and_names_the_r
             assert report.outcomes == {"NOOP_RESOLVED": 3}  # its own range is checked all the same
             assert report.closed == [] and "range 2 of 3 has no shard" in report.not_closed_because
             assert system.reconciler(shard=shard).checkpoint().hour == H0
-        assert read_shard_checkpoints(system.work_context().extras["table"], 2).hour == H0
+        assert read_shard_checkpoints(system.work_context().table, 2).hour == H0
     finally:
         system.stop()
 
@@ -349,7 +349,7 @@ def test_one_shard_reads_no_plan_and_checks_every_range(runtime, clock, monkeypa
 def test_a_plan_too_soon_out_of_order_or_twice_is_refused(runtime, clock):  # type: ignore[no-untyped-def]
     system = sharded_system(runtime, clock, 2)
     try:
-        plans = RangePlans(system.work_context().extras["table"])
+        plans = RangePlans(system.work_context().table)
         with pytest.raises(RangePlanError, match=f"the earliest is {H0 + 2}"):
             plans.propose(("m.json",), effective_from=H0 + 1, now_ns=T0_NS)
         plans.propose(("m.json",), effective_from=H0 + 5, now_ns=T0_NS)
@@ -403,7 +403,7 @@ def test_plan_through_the_cli(runtime, clock):  # type: ignore[no-untyped-def]
         code, out = lmctl(system, "reconcile", "plan", "--ranges", "3", "--hour", hour,
                           "--effective-from", str(first + 2), shards=3)
         assert code == 2 and "in order" in out["reason"] and f"--effective-from {first + 5}" in out["reason"], out
-        plans = RangePlans(system.work_context().extras["table"]).all()
+        plans = RangePlans(system.work_context().table).all()
         assert [(p.effective_from, p.ranges) for p in plans] == [(first, 3), (first + 4, 2)]
         code, text = lmctl(system, "reconcile", "plan", "--ranges", "2", "--hour", hour,
                            "--effective-from", str(first + 5), shards=3, as_json=False)
@@ -419,7 +419,7 @@ def test_plan_through_the_cli(runtime, clock):  # type: ignore[no-untyped-def]
         code, out = lmctl(system, "reconcile", "plan", "--ranges", "3", "--hour", str(H0 + -5),
                           "--effective-from", str(first + 7), shards=3)
         assert code == 2 and "too few for 3" in out["reason"], out
-        assert [p.effective_from for p in RangePlans(ctx.extras["table"]).all()][-1] == first + 6  # none written
+        assert [p.effective_from for p in RangePlans(ctx.table).all()][-1] == first + 6  # none written
     finally:
         system.stop()
 

@@ -41,7 +41,7 @@ def stale_writer(w: World) -> WorkContext:
     ctx = work_context(w.settings, session=session(), clock=w.clock, policy=FAST, component="late-writer")
     cache = TombstoneCache(ctx.store, ctx.codec, now=lambda: 0.0)
     assert not cache.is_tombstoned("raw", HOUR)
-    ctx.extras["tombstones"] = cache
+    ctx.tombstones = cache
     return ctx
 
 
@@ -171,7 +171,7 @@ def test_a_retention_page_reads_concurrently_and_deletes_in_batches_each_after_a
 
     hr.fence = lambda: fenced.append(threading.current_thread().name)  # type: ignore[method-assign]
     deleted: list[list[str]] = []
-    send = hr.s3.delete_objects
+    send = hr.ctx.store.client.delete_objects
 
     def delete_objects(**kw: Any) -> Any:
         with lock:
@@ -179,7 +179,7 @@ def test_a_retention_page_reads_concurrently_and_deletes_in_batches_each_after_a
             deleted.append([o["Key"] for o in kw["Delete"]["Objects"]])
         return send(**kw)
 
-    monkeypatch.setattr(hr.s3, "delete_objects", delete_objects)
+    monkeypatch.setattr(hr.ctx.store.client, "delete_objects", delete_objects)
     assert hr.delete_page(keys) == 6
     assert [len(d) for d in deleted] == [6, 6] and len(fenced) == 2
     codec = w.ctx.codec
@@ -215,7 +215,7 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
     monkeypatch.setattr(BlobCollector, "mark", lambda self, intents: [{**m, "marker_version_id": "m" * 32}
                                                                        for m in intents])
     sent: list[int] = []
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     transact = table.transact
 
     def measured(ops: list[Any]) -> Any:
@@ -255,7 +255,7 @@ def test_a_checkpoint_left_in_the_by_time_phase_by_an_older_version_is_finished(
     results = [w.accept(ident(n)) for n in range(3)]
     w.cover_watermark()
     records = [record(w, r.manifest_key) for r in results]
-    table, rewritten = w.ctx.extras["table"], []
+    table, rewritten = w.ctx.table, []
 
     def older_checkpoint(task: str, event: dict[str, Any]) -> None:
         cp = table.get(CHECKPOINT_PK, CHECKPOINT_SK)

@@ -70,7 +70,7 @@ def entry_names(ctx: Any, hour: UtcHour = HOUR) -> list[str]:
 def plan(ctx: Any, ranges: int, names: list[str] | None = None) -> Any:
     """A plan of ``ranges`` equal-count ranges for HOUR, written as an operator would (two hours ahead)."""
     cuts = equal_count_cuts(names if names is not None else entry_names(ctx), ranges)
-    written = RangePlans(ctx.extras["table"]).propose(cuts, effective_from=HOUR, now_ns=(HOUR + -2).start_ns)
+    written = RangePlans(ctx.table).propose(cuts, effective_from=HOUR, now_ns=(HOUR + -2).start_ns)
     assert written.ranges == ranges
     return written
 
@@ -152,7 +152,7 @@ def test_every_entry_blob_and_derived_entry_of_four_ranges_is_deleted_exactly_on
     assert w.ctx.store.head(codec.retention_reaped("raw", HOUR)) is not None
     assert derived_left(w, results) == []
     # the ranges' items are gone with the pass; their marks were settled
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     assert table.query(RANGE_PK) == [] and not [i for i in table.query(CHECKPOINT_PK) if i["sk"].startswith("marks#")]
     assert verify(w.ctx, strict=True).ok
 
@@ -190,7 +190,7 @@ def seed(system: LocalSystem, runtime: Any, n: int, ranges: int) -> list[Any]:
         results = list(pool.map(one, [ident(k, agent=f"agent-{k // 8}") for k in range(n)]))
     now = system.clock.now_ns()
     for index in INDEXES:  # as a clean full walk would
-        set_watermark(ctx.extras["table"], index, now - 3600 * _NS, epoch=1, now_ns=now)
+        set_watermark(ctx.table, index, now - 3600 * _NS, epoch=1, now_ns=now)
     if ranges > 1:
         plan(ctx, ranges)
     return results
@@ -396,7 +396,7 @@ class InRangeTask:
 # --------------------------------------------------- (c) a range task that lost the lease (rule L2)
 def control_items(w: World) -> list[dict[str, Any]]:
     """The range items and every marks item, as stored (what a range task writes)."""
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     marks = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
     return sorted((plain(i) for i in [*table.query(RANGE_PK), *marks]), key=lambda i: (i["pk"], i["sk"]))
 
@@ -464,7 +464,7 @@ def test_an_entry_written_late_in_range_two_is_found_by_verify_and_reaped(bucket
     assert the_plan.range_of(late_name) == 2, "the test needs the late entry in range 2"
     writer = stale_writer(w)
     record = AcceptedBatchManifest.from_bytes(w.ctx.store.get(late.manifest_key))
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     written: list[str] = []
 
     def late_write(name: str) -> None:
@@ -506,7 +506,7 @@ def test_two_range_tasks_proving_marking_and_settling_one_blob_at_once_end_clean
     w.cover_watermark()
     names = sorted(entry_names(w.ctx))
     name_a, name_b = (codec.accepted_by_time(HOUR, ident(n)).rsplit("/", 1)[1] for n in (1, 2))
-    the_plan = RangePlans(w.ctx.extras["table"]).propose([min(name_a, name_b)], effective_from=HOUR,
+    the_plan = RangePlans(w.ctx.table).propose([min(name_a, name_b)], effective_from=HOUR,
                                                          now_ns=(HOUR + -2).start_ns)
     assert the_plan.range_of(name_a) != the_plan.range_of(name_b) and len(names) == 3
     together = {p: threading.Barrier(2, timeout=30) for p in ("gc.proved", "gc.rechecked")}
@@ -585,7 +585,7 @@ def test_a_crash_at_every_step_of_a_range_reap_then_the_retry_loses_and_repeats_
         assert w.ctx.store.get(r.manifest_key) is not None and w.versions(r.blob_key) == ([], []), r.blob_key
     assert derived_left(w, results) == []
     assert w.blob_exists(kept.blob_key) and w.ctx.store.head(w.ctx.codec.accepted_by_time(HOUR + 1, ident(99)))
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     assert not [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
     report_ok = verify(w.ctx, strict=True)
     assert report_ok.ok, report_ok.violations
@@ -644,7 +644,7 @@ def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
 
     with crashpoints.hooked(die), pytest.raises(crashpoints.InjectedCrash):
         drive(w.reaper(), {**RETENTION, "page_size": 2}, w.clock, attempts=1)
-    table = w.ctx.extras["table"]
+    table = w.ctx.table
     [first_owner] = {i["owner"] for i in table.query(RANGE_PK)}
     intents = [plain(i)["intent"] for i in table.query(RANGE_PK) if "intent" in i]
     intended = {m["key"] for intent in intents for k in range(int(intent["n"]))

@@ -144,14 +144,14 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
     assert after.counts["accepted/v1/"] == 30 and after.counts["quarantine/v1/"] == 1
     assert after.counts["accepted-by-time/v1/"] == after.counts["accepted-by-blob/v1/"] == 30
     # A clean full walk sets W = walk start - settle window, for every index.
-    assert read_watermarks(ctx.extras["table"]) == {i: W_EXPECTED for i in INDEXES}
+    assert read_watermarks(ctx.table) == {i: W_EXPECTED for i in INDEXES}
     assert s["watermark_ns"] == W_EXPECTED
 
     # The watermark is monotonic: an earlier W never lowers it; W is what verify requires.
     from lightmetrics.walk import set_watermark
 
-    assert set_watermark(ctx.extras["table"], "accepted-by-time", W_EXPECTED - 1, epoch=99, now_ns=T0_NS) is False
-    assert read_watermarks(ctx.extras["table"])["accepted-by-time"] == W_EXPECTED
+    assert set_watermark(ctx.table, "accepted-by-time", W_EXPECTED - 1, epoch=99, now_ns=T0_NS) is False
+    assert read_watermarks(ctx.table)["accepted-by-time"] == W_EXPECTED
     old = next(r for r in results)
     s3.delete_object(Bucket=system.bucket, Key=ctx.codec.accepted_by_blob(old.frame_sha256, idents[0]))
     relaxed = verify(ctx)  # accepted at T0, after W: only pending, not a violation
@@ -159,7 +159,7 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
     clock.advance(seconds=SETTLE_S + 1)
     second = run_walk(system, page_size=1000)
     assert second.status == "finished" and second.summary["repairs"] == 1
-    assert read_watermarks(ctx.extras["table"])["accepted-by-time"] == T0_NS + 1_000_000_000  # moved forward
+    assert read_watermarks(ctx.table)["accepted-by-time"] == T0_NS + 1_000_000_000  # moved forward
 
 
 def test_verify_overlaps_are_warnings_and_a_reaped_hour_is_fine(system, runtime, clock):  # type: ignore[no-untyped-def]
@@ -294,7 +294,7 @@ def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime
     (execution,) = failed.executions
     d = runtime.boto3_client("stepfunctions").describe_execution(executionArn=execution)
     assert (d["status"], d["error"]) == ("FAILED", "WalkFailed")
-    lease = system.work_context().extras["table"].get(LEASE_PK, "lease")
+    lease = system.work_context().table.get(LEASE_PK, "lease")
     assert lease["expires_at_ns"] == 0  # released by the Abort task: resumable without waiting
     resumed = control.start(resume=True)
     result = control.follow(resumed, poll_s=0.05, timeout_s=60)
@@ -316,7 +316,7 @@ def test_retry_later_holds_the_cursor_until_the_budget_makes_blockers(system, ru
     walk = walker.begin({"input": {"page_size": 10}, "execution_arn": "manual", "state_machine_arn": "-"})["walk"]
     plan = walker.plan({"walk": walk})
     (item,) = plan["work"]
-    table = ctx.extras["table"]
+    table = ctx.table
     budget = system.settings.retry_budget_count
     for attempt in range(budget - 1):
         with pytest.raises(WalkRetryLater):
@@ -419,7 +419,7 @@ def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(syst
     s = result.summary
     assert s["outcomes"]["BLOCKED"] == 2 and s["outcomes"]["DONE"] == 8
     assert "BLOCKED: 2" in s["watermark_withheld"] and s["watermark_ns"] is None
-    assert read_watermarks(ctx.extras["table"]) == {i: None for i in INDEXES}
+    assert read_watermarks(ctx.table) == {i: None for i in INDEXES}
     blockers = {b.object_key: b for b in ctx.blockers.list()}
     assert set(blockers) == {poison, stray}
     assert blockers[poison].kind == "repair-accepted" and blockers[poison].source == "walk"

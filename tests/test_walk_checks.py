@@ -184,7 +184,7 @@ def test_a_full_walk_repairs_an_entry_deleted_behind_a_present_time_entry(system
     default, _ = walk_in_process(system)
     assert default["status"] == "finished" and default["keys_present"] == 3
     # a default walk vouches only for what it checked (W3, W5): the time and quarantine indexes
-    marks = read_watermarks(system.work_context().extras["table"])
+    marks = read_watermarks(system.work_context().table)
     assert marks["accepted-by-time"] and marks["quarantine-by-blob"]
     assert marks["accepted-by-blob"] is None and marks["raw-blobs-by-time"] is None
     assert by_blob[1] not in keys_under(runtime, system.bucket, codec.prefix + "accepted-by-blob/v1/")  # not seen: verify's to report
@@ -192,7 +192,7 @@ def test_a_full_walk_repairs_an_entry_deleted_behind_a_present_time_entry(system
     assert full["status"] == "finished" and full["outcomes"].get("DONE") == 1
     assert set(by_blob) <= set(keys_under(runtime, system.bucket, codec.prefix + "accepted-by-blob/v1/"))
     assert requests["s3.GetObject"] == 3  # every record read: the full repair
-    assert all(read_watermarks(system.work_context().extras["table"]).values())  # a full walk: every index
+    assert all(read_watermarks(system.work_context().table).values())  # a full walk: every index
 
 
 def test_an_end_that_lost_the_walk_moves_no_watermark(system, runtime):  # type: ignore[no-untyped-def]
@@ -208,7 +208,7 @@ def test_an_end_that_lost_the_walk_moves_no_watermark(system, runtime):  # type:
             walker.page({"walk": out["walk"], "item": item, "retry_count": 0})
     assert out["next"] == "finish"
     # The lease expired and another run took it after this End read its checkpoint (still its own).
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     lease = table.get("lease#walk", "lease")
     table.put({**lease, "owner": "another-run", "epoch": int(lease["epoch"]) + 1})
     assert walker.end({"walk": out["walk"], "outcome": "finished"})["status"] == "lease-lost"

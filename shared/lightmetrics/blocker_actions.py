@@ -46,18 +46,8 @@ class ActionResult:
         return {"work_key": self.work_key, "action": self.action, "status": self.status, "detail": self.detail}
 
 
-def _sqs(ctx: WorkContext) -> Any:
-    client = ctx.extras.get("sqs")
-    if client is None:
-        import boto3
-
-        session = ctx.extras.get("session") or boto3.session.Session()
-        client = ctx.extras["sqs"] = session.client("sqs")
-    return client
-
-
 def _queue_urls(ctx: WorkContext) -> dict[str, str]:
-    return dict(ctx.extras["settings"].queue_urls)
+    return dict(ctx.settings.queue_urls)
 
 
 def sweep_dlqs(ctx: WorkContext, *, max_messages: int = 1000) -> dict[str, int]:
@@ -69,7 +59,7 @@ def sweep_dlqs(ctx: WorkContext, *, max_messages: int = 1000) -> dict[str, int]:
         source = name[: -len(DLQ_SUFFIX)]
         made[name] = 0
         while made[name] < max_messages:
-            batch = _sqs(ctx).receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
+            batch = ctx.sqs().receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
                                               AttributeNames=["All"]).get("Messages", [])
             if not batch:
                 break
@@ -80,7 +70,7 @@ def sweep_dlqs(ctx: WorkContext, *, max_messages: int = 1000) -> dict[str, int]:
                     reason=f"message exhausted its receives on {source} and reached {name}", source="dlq",
                     payload={"queue": source, "body": msg.get("Body", "")},
                 )  # durable first ...
-                _sqs(ctx).delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])  # ... then forget
+                ctx.sqs().delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])  # ... then forget
                 made[name] += 1
     return made
 
@@ -100,7 +90,7 @@ def _send_back(ctx: WorkContext, blocker: Blocker) -> str:
     url = _queue_urls(ctx).get(queue)
     if url is None:
         raise ActionError(f"queue {queue!r} is not configured (LM_QUEUE_URLS)")
-    _sqs(ctx).send_message(QueueUrl=url, MessageBody=blocker.payload["body"])
+    ctx.sqs().send_message(QueueUrl=url, MessageBody=blocker.payload["body"])
     return f"re-enqueued on {queue}"
 
 
@@ -111,7 +101,7 @@ def retry(ctx: WorkContext, work_key: str, *, who: str) -> ActionResult:
         if kind is None:
             raise ActionError(f"{work_key}: no indexer for queue {blocker.payload.get('queue')!r}")
         results = process_sqs_record(ctx, {"body": blocker.payload["body"], "messageId": work_key}, kind=kind,
-                                     bucket=ctx.extras["settings"].bucket, queue=blocker.payload["queue"])
+                                     bucket=ctx.settings.bucket, queue=blocker.payload["queue"])
         outcome = _worst(results)
         detail = "; ".join(f"{r.work_key}: {r.outcome.value} {r.detail}".strip() for r in results)
     else:

@@ -37,7 +37,7 @@ from pydantic import Field
 from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.cas import ConditionalCreateOutcome, create_object
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.control_table import ConditionFailed, ControlTable, from_item, to_item
+from lightmetrics.control_table import ConditionFailed, ControlTable
 from lightmetrics.denylist import MAX_REASON, DenylistStore, entry_sk, operator_reason
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, LightmetricsError, ManifestError
 from lightmetrics.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
@@ -276,7 +276,7 @@ class ConflictRegistry:
         if not 1 <= limit <= 1000:
             raise InvalidResolution("limit must be 1-1000")
         names: dict[str, str] = {}
-        values: dict[str, Any] = {":pk": CONFLICTS_PK}
+        values: dict[str, Any] = {}
         filters = []
         if agent:
             names["#a"], values[":a"] = "agent_id", agent
@@ -284,25 +284,19 @@ class ConflictRegistry:
         if status != "all":
             names["#r"], values[":u"] = "resolution", UNRESOLVED
             filters.append("#r = :u" if status == "unresolved" else "#r <> :u")
-        kwargs: dict[str, Any] = {"TableName": self.table.name, "KeyConditionExpression": "pk = :pk",
-                                  "ScanIndexForward": not newest_first, "Limit": limit, "ConsistentRead": True}
-        if filters:
-            kwargs["FilterExpression"] = " AND ".join(filters)
-            kwargs["ExpressionAttributeNames"] = names
-        kwargs["ExpressionAttributeValues"] = to_item(values)
-        if next_token:
-            kwargs["ExclusiveStartKey"] = to_item({"pk": CONFLICTS_PK, "sk": _decode_token(next_token)})
+        after = _decode_token(next_token) if next_token else None
         items: list[ConflictEntry] = []
         while True:
-            r = self.table.client.query(**kwargs)
-            for raw in r.get("Items", []):
-                items.append(ConflictEntry.from_item(from_item(raw)))
+            page, after = self.table.query_page(CONFLICTS_PK, limit=limit, newest_first=newest_first,
+                                                filter_expression=" AND ".join(filters) or None, names=names or None,
+                                                values=values, start_after_sk=after)
+            for n, item in enumerate(page):
+                items.append(ConflictEntry.from_item(item))
                 if len(items) == limit:
-                    more = "LastEvaluatedKey" in r or raw is not r["Items"][-1]
+                    more = after is not None or n < len(page) - 1
                     return ConflictPage(items, _encode_token(items[-1].sk) if more else None)
-            if "LastEvaluatedKey" not in r:
+            if after is None:
                 return ConflictPage(items, None)
-            kwargs["ExclusiveStartKey"] = r["LastEvaluatedKey"]
 
     # -- show ------------------------------------------------------------------------------------
     def _evidence(self, ident: BatchIdentity, sha: str) -> ConflictEntry:
@@ -336,7 +330,7 @@ class ConflictRegistry:
             return text
         if not re.fullmatch(r"[0-9a-f]+(\.[0-9a-f-]*){0,3}", text):
             raise InvalidConflictId(f"{text!r} is neither a conflict id nor the start of one (see `lmctl conflicts list`)")
-        page = self.store.list_page(self.codec.quarantine_id_prefix(text), max_keys=3)  # type: ignore[attr-defined]
+        page = self.store.list_page(self.codec.quarantine_id_prefix(text), max_keys=3)
         ids = []
         for key in page.keys:
             ident, sha = parse_conflict_id(key, self.codec)

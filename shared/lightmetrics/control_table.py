@@ -165,8 +165,15 @@ class ControlTable:
             kwargs["ConditionExpression"] = condition
         return from_item(self._call("update_item", **kwargs)["Attributes"])
 
-    def delete(self, pk: str, sk: str) -> None:
-        self._call("delete_item", Key=to_item({"pk": pk, "sk": sk}))
+    def delete(self, pk: str, sk: str, *, condition: str | None = None,
+               values_for_condition: dict[str, Any] | None = None) -> None:
+        """Delete an item; with ``condition``, only if it holds (else :class:`ConditionFailed`)."""
+        kwargs: dict[str, Any] = {"Key": to_item({"pk": pk, "sk": sk})}
+        if condition:
+            kwargs["ConditionExpression"] = condition
+        if values_for_condition:
+            kwargs["ExpressionAttributeValues"] = to_item(values_for_condition)
+        self._call("delete_item", **kwargs)
 
     def transact(self, ops: list[Op]) -> None:
         """All operations or none (``TransactWriteItems``, at most 100); raises
@@ -185,6 +192,29 @@ class ControlTable:
             if not any(failed):
                 raise
             raise TransactionCancelled(failed + [False] * (len(ops) - len(failed))) from None
+
+    def query_page(self, pk: str, *, limit: int, newest_first: bool = False, filter_expression: str | None = None,
+                   names: dict[str, str] | None = None, values: dict[str, Any] | None = None,
+                   start_after_sk: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """One ``Query`` request of partition ``pk`` (strongly consistent): the items that pass
+        ``filter_expression`` among the next ``limit`` sort keys after ``start_after_sk``, and the
+        sort key to continue after (None: the partition ended). ``:pk`` is reserved in ``values``.
+
+        Example:
+            >>> items, after = table.query_page("conflicts", limit=50, newest_first=True)   # doctest: +SKIP
+        """
+        kwargs: dict[str, Any] = {"KeyConditionExpression": "pk = :pk", "ScanIndexForward": not newest_first,
+                                  "Limit": limit, "ConsistentRead": True,
+                                  "ExpressionAttributeValues": to_item({**(values or {}), ":pk": pk})}
+        if filter_expression:
+            kwargs["FilterExpression"] = filter_expression
+        if names:
+            kwargs["ExpressionAttributeNames"] = names
+        if start_after_sk is not None:
+            kwargs["ExclusiveStartKey"] = to_item({"pk": pk, "sk": start_after_sk})
+        r = self._call("query", **kwargs)
+        last = r.get("LastEvaluatedKey")
+        return [from_item(i) for i in r.get("Items", [])], (str(from_item(last)["sk"]) if last else None)
 
     def query(self, pk: str, *, limit: int | None = None, sk_prefix: str | None = None) -> list[dict[str, Any]]:
         """The items of partition ``pk`` (strongly consistent, every page), only those whose sort

@@ -376,7 +376,7 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
     for prefix in ("accepted-by-time/v1/", "accepted-by-blob/v1/"):
         keys = sorted(store.list_keys(codec.prefix + prefix, limit=10**7))
         for key in rng.sample(keys, min(WALK_SAMPLE, len(keys))):
-            store.client.delete_object(Bucket=BUCKET, Key=key)  # versioned: a delete marker
+            store.delete(key)  # versioned: a delete marker
             deleted.append(key)
     ctx = system.work_context()
     # The poisoned record is a blocker; the operator skips it (audited, with a reason), so the

@@ -68,7 +68,7 @@ def _run(system: Any, runtime: Any, show_progress: bool) -> dict[str, Any]:
                     "candidates": audit.candidates, "confirmed": audit.confirmed, "seconds": round(audit.seconds, 1)}
 
     # 3. rollup of the demo's acceptance hours (open: see the module docstring)
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     first_open = closed_boundary(settings, table)
     now_hour = UtcHour.of_unix_ns(now_ns)
     job = RollupJob(spark, access, table=table, owner="demo")

@@ -83,7 +83,7 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
     t0 = time.monotonic()
     planted = plant(system, runtime)
     ctx = system.work_context()
-    table = ctx.extras["table"]
+    table = ctx.table
     pre = verify(ctx, strict=True)
     w_source = "walk"
     if pre.ok and not any(w for w in pre.watermarks.values()):

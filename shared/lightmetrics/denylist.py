@@ -34,10 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.control_table import ConditionFailed, ControlTable, to_item
+from lightmetrics.control_table import ConditionFailed, ControlTable
 from lightmetrics.errors import InvalidIdentityError, LightmetricsError
 from lightmetrics.identity import BatchIdentity, id_to_hex, validate_id
 
@@ -228,12 +226,9 @@ class DenylistStore:
             if existing is not None:
                 lift = DenylistLift.from_item(existing)
         try:
-            self.table.client.delete_item(
-                TableName=self.table.name, Key=to_item({"pk": DENYLIST_PK, "sk": sk}),
-                ConditionExpression="at_unix_ns = :at", ExpressionAttributeValues=to_item({":at": entry.at_unix_ns}))
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
+            self.table.delete(DENYLIST_PK, sk, condition="at_unix_ns = :at",
+                              values_for_condition={":at": entry.at_unix_ns})
+        except ConditionFailed:
             log.info("denylist entry %s changed since it was read; the newer denial stays", sk)
         return lift
 

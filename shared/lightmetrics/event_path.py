@@ -67,8 +67,10 @@ def process_sqs_record(ctx: WorkContext, record: dict[str, Any], *, kind: str, b
     try:
         objects = parse_notification(body)
     except PermanentWorkError as exc:
+        error = exc  # the closure outlives the except block's name
+
         def poisoned() -> Outcome:
-            raise exc
+            raise error
         return [run_unit(ctx, kind="event-parse", object_key=message_key, source="event", fn=poisoned,
                          payload=payload)]
     if objects is None:

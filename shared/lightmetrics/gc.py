@@ -26,7 +26,7 @@ timeout plus clock skew); with accept step 6 there is then no window (docs/proto
 
 Cost per candidate (docs/protocol.md §15): HEAD blob + GET manifest + HEAD quarantine; before the
 purge GET manifest + HEAD quarantine again. The deletes go in ``DeleteObjects`` requests of up to
-1,000 keys (:func:`lightmetrics.store.delete_objects`), each right after the fence: one a page for
+1,000 keys (:meth:`lightmetrics.store.ObjectStore.delete_objects`), each right after the fence: one a page for
 its markers, then three a settle — the captured versions, the markers (and restores), the blobs'
 ``raw-blobs-by-time`` hints — each request only after the one before it answered, so every key
 keeps its order. Tombstone checks are cached per hour (a tombstone is permanent).
@@ -53,7 +53,6 @@ from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import KIND_REPAIR, TombstoneCache, parse_record
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
-from lightmetrics.store import delete_objects
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
@@ -185,8 +184,6 @@ class BlobCollector:
         # §13 L2). None: nothing to fence (a collector driven directly, as in the race tests).
         self.fence = fence or (lambda: None)
         self.codec = ctx.codec
-        self.s3 = ctx.store.client  # type: ignore[attr-defined]  # versioned deletes need the client
-        self.bucket = ctx.store.bucket
         self.horizon_ns = int(settings.retry_horizon_s) * _NS
         self.evidence_ns = int(settings.retry_horizon_s) * _NS
         self.grace_ns = int(settings.gc_grace_s) * _NS
@@ -357,14 +354,12 @@ class BlobCollector:
     def find_markers(self, m: dict[str, Any]) -> tuple[list[str], bool]:
         """Crash recovery: the delete markers newer than the captured version, and whether the
         captured version still exists (one ListObjectVersions of the key)."""
-        r = self.s3.list_object_versions(Bucket=self.bucket, Prefix=m["key"])
-        versions = [v for v in r.get("Versions", []) if v["Key"] == m["key"]]
-        markers = [d for d in r.get("DeleteMarkers", []) if d["Key"] == m["key"]]
-        captured = [v for v in versions if v.get("VersionId") == m.get("version_id")]
+        versions = self.ctx.store.versions_of(m["key"])
+        captured = [v for v in versions if not v.delete_marker and v.version_id == m.get("version_id")]
         if not captured:
             return [], False
-        after = captured[0]["LastModified"]
-        return [d["VersionId"] for d in markers if d["LastModified"] >= after], True
+        after = captured[0].last_modified
+        return [v.version_id for v in versions if v.delete_marker and v.last_modified >= after], True
 
     # -- settle --------------------------------------------------------------------------------------
     def due(self, m: dict[str, Any], now_ns: int) -> bool:
@@ -445,8 +440,8 @@ class BlobCollector:
     def _delete_objects(self, objects: list[tuple[str, str | None]], point: str) -> Any:
         """The one place GC deletes: DeleteObjects of up to 1,000 ``(key, version id or None)``
         each, every request right after the fence, the crash point ``point`` after each answer."""
-        return delete_objects(self.s3, self.bucket, objects, fence=self.fence,
-                              after_request=lambda: crashpoints.point(point))
+        return self.ctx.store.delete_objects(objects, fence=self.fence,
+                                             after_request=lambda: crashpoints.point(point))
 
 
 @dataclass(frozen=True)

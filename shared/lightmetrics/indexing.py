@@ -86,10 +86,9 @@ class TombstoneCache:
 
 
 def tombstones(ctx: WorkContext) -> TombstoneCache:
-    cache = ctx.extras.get("tombstones")
-    if cache is None:
-        cache = ctx.extras["tombstones"] = TombstoneCache(ctx.store, ctx.codec)
-    return cache
+    if ctx.tombstones is None:
+        ctx.tombstones = TombstoneCache(ctx.store, ctx.codec)
+    return ctx.tombstones
 
 
 def _create(ctx: WorkContext, key: str, body: bytes) -> bool:

@@ -432,7 +432,7 @@ class Reconciler:
 
     def __init__(self, ctx: WorkContext, settings: Settings, probe: QueueProbe, shard: int = 0) -> None:
         self.ctx, self.settings, self.probe = ctx, settings, probe
-        self.table = ctx.extras["table"]
+        self.table = ctx.table
         # Shard 0 exists in every deployment: a checkpoint reader may come without settings.
         self.shard = check_shard(shard, settings.reconcile_shards if settings is not None else 1)
         self.checkpoint_sk = checkpoint_sk(self.shard)

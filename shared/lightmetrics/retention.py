@@ -32,7 +32,7 @@ bound, and the range's cursor starts at its lower one. Steps 1, 5 and 6 stay the
 
 Every delete request is preceded by the reap's fence (``fence``; docs/protocol.md §13 L2). A page's
 records' GETs run on ``concurrency`` threads; its deletes go in ``DeleteObjects`` requests of up to
-1,000 keys (:func:`lightmetrics.store.delete_objects`): the page's ``accepted-by-blob`` entries, then,
+1,000 keys (:meth:`lightmetrics.store.ObjectStore.delete_objects`): the page's ``accepted-by-blob`` entries, then,
 once that answered, the ``accepted-by-time`` entries whose ``accepted-by-blob`` delete succeeded or
 was not needed.
 
@@ -69,7 +69,7 @@ from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
-from lightmetrics.store import DeleteOutcome, delete_objects
+from lightmetrics.store import DeleteOutcome
 from lightmetrics.work import WorkContext, run_unit, work_key
 
 TOMBSTONE_SCHEMA = "lightmetrics.retention_tombstone.v1"
@@ -141,14 +141,14 @@ def expired_hours(ctx: WorkContext, *, retention_s: int, now_ns: int, limit: int
     unfinished one (:func:`unfinished_hours` — never from a listing: real S3 does not list a prefix
     whose keys are all deleted), then hours of ``accepted-by-time`` (scope ``rollup``: of
     ``manifests/v1/``) that ended more than ``retention_s`` ago and are not reaped yet."""
-    unfinished = unfinished_hours(ctx.extras["table"], scope)
+    unfinished = unfinished_hours(ctx.table, scope)
     new: list[UtcHour] = []
     root = ctx.codec.prefix + ("accepted-by-time/v1/" if scope == "raw" else "manifests/v1/")
     cutoff = now_ns - retention_s * 1_000_000_000
 
     def listed() -> None:
-        for date_prefix in ctx.store.list_page(root, delimiter="/").prefixes:  # type: ignore[attr-defined]
-            for hour_prefix in ctx.store.list_page(date_prefix, delimiter="/").prefixes:  # type: ignore[attr-defined]
+        for date_prefix in ctx.store.list_page(root, delimiter="/").prefixes:
+            for hour_prefix in ctx.store.list_page(date_prefix, delimiter="/").prefixes:
                 rel = hour_prefix[len(root):].rstrip("/")
                 try:
                     date, hour = rel.split("/")
@@ -193,8 +193,7 @@ class HourRetention:
         self.ctx, self.hour, self.scope = ctx, hour, scope
         self.record_pk = f"retention#{scope}"
         self.codec = ctx.codec
-        self.table: ControlTable = ctx.extras["table"]
-        self.s3 = ctx.store.client  # type: ignore[attr-defined]
+        self.table: ControlTable = ctx.table
         self.fence = fence or (lambda: None)
         self.concurrency = max(1, concurrency)
 
@@ -212,14 +211,14 @@ class HourRetention:
     def _delete(self, key: str) -> None:
         """A rollup object's ``DeleteObject``: only right after the fence."""
         self.fence()
-        self.s3.delete_object(Bucket=self.ctx.store.bucket, Key=key)
+        self.ctx.store.delete(key)
 
     def _delete_objects(self, keys: list[str], point: str) -> DeleteOutcome:
         """The one place retention deletes derived entries: the keys (no version id: a delete
         marker each) in DeleteObjects requests of up to 1,000, each right after the fence, crash
         point ``point`` after each answer. Nothing to delete: no request."""
-        return delete_objects(self.s3, self.ctx.store.bucket, [(k, None) for k in keys], fence=self.fence,
-                              after_request=lambda: crashpoints.point(point))
+        return self.ctx.store.delete_objects([(k, None) for k in keys], fence=self.fence,
+                                             after_request=lambda: crashpoints.point(point))
 
     @property
     def by_time_prefix(self) -> str:
@@ -253,7 +252,7 @@ class HourRetention:
         a key range's upper bound, :meth:`~lightmetrics.hour_ranges.RangePlan.key_bounds`); and
         whether more follow. A range's last page costs no extra listing unless it ends exactly at a
         page's end with keys of the next range after it (then one empty page)."""
-        listing = self.ctx.store.list_page(self.by_time_prefix, max_keys=limit,  # type: ignore[attr-defined]
+        listing = self.ctx.store.list_page(self.by_time_prefix, max_keys=limit,
                                            start_after=after or None)
         if end_at is None:
             return listing.keys, listing.truncated
@@ -406,7 +405,7 @@ class HourRetention:
         """Delete up to ``limit`` objects under the first non-empty prefix; ``(deleted, more)`` —
         ``more`` stays true until a call finds every prefix empty (deleted keys no longer list)."""
         for prefix in prefixes:
-            keys = self.ctx.store.list_page(prefix, max_keys=limit).keys  # type: ignore[attr-defined]
+            keys = self.ctx.store.list_page(prefix, max_keys=limit).keys
             if keys:
                 for key in keys:
                     self._delete(key)
@@ -416,7 +415,7 @@ class HourRetention:
 
     def rollup_empty(self) -> bool:
         prefixes = self.chunk_prefixes() + [self.codec.rollup_manifest_hour(self.hour)]
-        return all(not self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes)  # type: ignore[attr-defined]
+        return all(not self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes)
 
 
 __all__ = ["HourRetention", "KIND_RETENTION", "PageRecords", "ReapedMarker", "RetentionTombstone", "WatermarkBehind",

@@ -151,7 +151,9 @@ def work_context(
         clock=clock,
         metrics=metrics or NoMetrics(),
         policy=policy,
-        extras={"table": table, "settings": settings, "session": session},
+        table=table,
+        settings=settings,
+        sqs_factory=lambda: (session or aws_session()).client("sqs"),
     )
 
 

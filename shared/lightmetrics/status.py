@@ -33,7 +33,7 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     table = ctx.blockers.table
     # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
     # is a prefix every caller of status (the admin function, operators) may list.
-    ctx.store.require_bucket(ctx.codec.prefix + "quarantine/v1/")  # type: ignore[attr-defined]
+    ctx.store.require_bucket(ctx.codec.prefix + "quarantine/v1/")
     depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
     shards = read_shard_checkpoints(table, settings.reconcile_shards)  # overall = the slowest shard (R8)
     cp = shards.checkpoints[shards.slowest]

@@ -13,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from botocore.config import Config as BotoConfig
@@ -70,8 +72,23 @@ class ObjectHead:
     checksum_sha256_b64: str | None = None
 
 
+@dataclass(frozen=True)
+class ObjectVersion:
+    """One version of a key, or one delete marker (``ListObjectVersions``)."""
+
+    key: str
+    version_id: str
+    last_modified: datetime
+    delete_marker: bool
+
+
 class ObjectStore(Protocol):
-    """What the core needs from object storage: conditional create, GET, HEAD, LIST."""
+    """Everything the core and the background jobs need from object storage: conditional create,
+    GET, HEAD, LIST (pages, keys, key ranges), the versions of a key, and deletes.
+
+    Deletes are never retried by the store: a repeated delete without a version id would place a
+    second delete marker. Reads are retried on transient failures.
+    """
 
     bucket: str
 
@@ -87,12 +104,26 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
 
+    def lines_from(self, key: str, offset: int) -> Iterator[bytes]: ...
+
     def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None: ...
+
+    def require_bucket(self, prefix: str) -> None: ...
+
+    def list_page(self, prefix: str, *, max_keys: int = 1000, start_after: str | None = None,
+                  delimiter: str | None = None, continuation_token: str | None = None) -> ListPage: ...
 
     def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
 
     def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
                       end_at: str | None = None) -> list[tuple[str, int]]: ...
+
+    def versions_of(self, key: str) -> list[ObjectVersion]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
+                       after_request: Callable[[], None] | None = None) -> DeleteOutcome: ...
 
 
 _NS = 1_000_000_000
@@ -249,6 +280,20 @@ class S3ObjectStore:
 
         return self._read(op, key)
 
+    def lines_from(self, key: str, offset: int) -> Iterator[bytes]:
+        """The object's lines (each with its line end) from byte ``offset``, read only as far as the
+        caller iterates (close the generator to stop early); none when ``offset`` is its end."""
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-")["Body"]
+        except ClientError as exc:
+            if _code(exc) == "InvalidRange":  # the offset is the object's end
+                return
+            raise
+        try:
+            yield from body.iter_lines(keepends=True)
+        finally:
+            body.close()
+
     def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None:
         """HEAD ``key``; ``checksum=True`` also asks for its stored checksum (``ChecksumMode``:
         the same one request)."""
@@ -342,6 +387,22 @@ class S3ObjectStore:
                 break
         return entries
 
+
+    def versions_of(self, key: str) -> list[ObjectVersion]:
+        """The versions and delete markers of exactly ``key`` (one ``ListObjectVersions``)."""
+        r = self._read(lambda: self.client.list_object_versions(Bucket=self.bucket, Prefix=key), key) or {}
+        return [ObjectVersion(v["Key"], v["VersionId"], v["LastModified"], marker)
+                for marker, group in ((False, r.get("Versions", [])), (True, r.get("DeleteMarkers", [])))
+                for v in group if v["Key"] == key]
+
+    def delete(self, key: str) -> None:
+        """One ``DeleteObject`` without a version id (a delete marker on a versioned bucket)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
+                       after_request: Callable[[], None] | None = None) -> DeleteOutcome:
+        """:func:`delete_objects` on this bucket."""
+        return delete_objects(self.client, self.bucket, objects, fence=fence, after_request=after_request)
 
 # --- DeleteObjects: up to 1,000 keys a request ------------------------------------------------------
 #: S3's limit of keys per DeleteObjects request.

@@ -109,7 +109,7 @@ def _list_all(ctx: WorkContext, prefix: str) -> dict[str, int]:
     out: dict[str, int] = {}
     token: str | None = None
     while True:
-        page = ctx.store.list_page(prefix, continuation_token=token)  # type: ignore[attr-defined]
+        page = ctx.store.list_page(prefix, continuation_token=token)
         out.update(zip(page.keys, page.sizes))
         if not (page.truncated and page.next_token):
             return out
@@ -132,7 +132,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         listed = {p: f.result() for p, f in {p: call(_list_all, ctx, codec.prefix + p) for p in LAYOUT_PREFIXES}.items()}
         report.counts = {p: len(v) for p, v in listed.items()}
         say(f"listed {sum(report.counts.values()):,} objects")
-        table = ctx.extras.get("table")
+        table = ctx.table
         if watermarks is None:
             watermarks = read_watermarks(table) if table is not None else {i: None for i in _DERIVED_OF.values()}
         report.watermarks = dict(watermarks)

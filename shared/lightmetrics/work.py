@@ -21,18 +21,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lightmetrics.accept import MetricsSink, NoMetrics
 from lightmetrics.blockers import BlockerStore
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.config import Settings
+from lightmetrics.control_table import ControlTable
 from lightmetrics.keys import KeyCodec
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
 from lightmetrics.retry import RetryPolicy
 from lightmetrics.retry_budget import RetryBudget
 from lightmetrics.store import ObjectStore, StoreAccessError, TransientStoreError
+
+if TYPE_CHECKING:
+    from lightmetrics.indexing import TombstoneCache
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +53,32 @@ class WorkContext:
     codec: KeyCodec
     budget: RetryBudget
     blockers: BlockerStore
+    #: checkpoints, leases, watermarks, plans, registries
+    table: ControlTable
+    settings: Settings
     clock: Clock = DEFAULT_CLOCK
     metrics: MetricsSink = field(default_factory=NoMetrics)
     policy: RetryPolicy = field(default_factory=RetryPolicy)
-    #: extra collaborators by name (tombstone cache, SQS client, queue urls, ...)
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: makes the SQS client on first use (blocker retries and DLQ sweeps only), so the functions
+    #: that never touch a queue never build one
+    sqs_factory: Callable[[], Any] | None = None
+    #: hours found tombstoned by retention, as seen by this process (made on first use)
+    tombstones: "TombstoneCache | None" = None
+    _sqs: Any = field(default=None, repr=False)
+
+    def sqs(self) -> Any:
+        """The SQS client (made once, by :attr:`sqs_factory`)."""
+        if self._sqs is None:
+            if self.sqs_factory is None:
+                raise RuntimeError("this work context has no SQS client")
+            self._sqs = self.sqs_factory()
+        return self._sqs
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The collaborators by name, as contexts once carried them (read-only; kept for tests
+        written against it)."""
+        return {"table": self.table, "settings": self.settings, "tombstones": self.tombstones}
 
 
 def work_key(kind: str, object_key: str) -> str:

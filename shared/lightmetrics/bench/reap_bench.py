@@ -61,7 +61,7 @@ def seed_expired_hours(env: BenchEnv, system: LocalSystem, tag: str, *, hours: i
     for h in range(hours):
         work = [b for a in range(agents) for b in batch_frames(f"reap-{tag}-{a}", "boot-1", per, start=h * per)]
         blobs += len(seed_indexed(system, env.raw_s3(), work, accepted_at_ns=_old_hour_ns(h))["blobs"])
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     now = system.clock.now_ns()
     for index in INDEXES:
         set_watermark(table, index, now - 3600 * _NS, epoch=1, now_ns=now)

@@ -51,7 +51,7 @@ def sequential_walk(system: LocalSystem, counter: RequestCounter) -> dict[str, A
     outcomes: dict[str, int] = {}
     while True:
         with counter.operation("sequential-list"):
-            page = ctx.store.list_page(root, max_keys=1000, start_after=after)  # type: ignore[attr-defined]
+            page = ctx.store.list_page(root, max_keys=1000, start_after=after)
         for key in page.keys:
             with counter.operation("sequential-repair"):
                 outcome = run_unit(ctx, kind=KIND_REPAIR, object_key=key, source="bench",

@@ -267,7 +267,7 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
     earliest = UtcHour.of_unix_ns(now) + MIN_LEAD_HOURS
     listed_hour = listed_hour or UtcHour.of_unix_ns(now) + -1
     start = asked_from if asked_from is not None and earliest < asked_from else earliest
-    plans = RangePlans(ctx.extras["table"])
+    plans = RangePlans(ctx.table)
     try:
         plan, names = plans.propose_from_hour(ctx.store, ctx.codec, hour=listed_hour, ranges=ranges,
                                               effective_from=start, now_ns=now)

@@ -39,7 +39,7 @@ class ReapControl:
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
-        self.table: ControlTable = ctx.extras["table"]
+        self.table: ControlTable = ctx.table
 
     def lease_live(self) -> dict[str, Any] | None:
         lease = read_lease(self.table)

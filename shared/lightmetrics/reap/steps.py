@@ -51,9 +51,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from contextlib import closing
 from typing import Any
-
-from botocore.exceptions import ClientError
 
 from lightmetrics import crashpoints, leases
 from lightmetrics.config import longest_reap_task_s
@@ -116,7 +115,7 @@ class Reaper:
 
     def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
         self.ctx, self.settings, self._sfn = ctx, settings, sfn_client
-        self.table: ControlTable = ctx.extras["table"]
+        self.table: ControlTable = ctx.table
         self.codec = ctx.codec
         #: the acceptance records the current retention page read (record key -> record), for its proof
         self.records_read: dict[str, Any] = {}
@@ -374,7 +373,7 @@ class Reaper:
         if cp["source"] == "by-time":  # raw-blobs-by-time hours older than the retry horizon
             root = self.codec.prefix + "raw-blobs-by-time/v1/"
             prefix = self.codec.raw_blobs_by_time_hour(UtcHour.parse(cp["hour"])) if cp.get("hour") else root
-            listing = self.ctx.store.list_page(prefix, max_keys=limit, start_after=after)  # type: ignore[attr-defined]
+            listing = self.ctx.store.list_page(prefix, max_keys=limit, start_after=after)
             horizon = UtcHour.of_unix_ns(self.now() - int(self.settings.retry_horizon_s) * _NS)
             out, last = [], after or ""
             for key in listing.keys:
@@ -397,7 +396,7 @@ class Reaper:
             except KeyLayoutError:
                 through = None
             return out, last, True, {"through": str(through)} if through else {}
-        listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,  # type: ignore[attr-defined]
+        listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,
                                            start_after=after)
         return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated, {}
 
@@ -412,29 +411,22 @@ class Reaper:
         after = cp.get("after") or ""
         part, _, offset = after.rpartition("#")
         if not (part.startswith(parts_prefix) and offset.isdigit()):
-            listing = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=after or None)  # type: ignore[attr-defined]
+            listing = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=after or None)
             if not listing.keys:
                 return [], after, False
             part, offset = listing.keys[0], "0"
         keys, end, finished = self._audit_lines(part, int(offset), int(cp["page_size"]))
         if not finished:
             return keys, f"{part}#{end}", True
-        following = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=part)  # type: ignore[attr-defined]
+        following = self.ctx.store.list_page(parts_prefix, max_keys=1, start_after=part)
         return keys, part, bool(following.keys)
 
     def _audit_lines(self, part: str, offset: int, limit: int) -> tuple[list[str], int, bool]:
         """Up to ``limit`` blob keys of the part file from byte ``offset``: ``(keys, offset after
         them, whether the file ended)``; reads only as far as it needs."""
-        try:
-            body = self.ctx.store.client.get_object(Bucket=self.ctx.store.bucket, Key=part,  # type: ignore[attr-defined]
-                                                    Range=f"bytes={offset}-")["Body"]
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "InvalidRange":  # the offset is the file's end
-                return [], offset, True
-            raise
         keys: list[str] = []
-        try:
-            for line in body.iter_lines(keepends=True):
+        with closing(self.ctx.store.lines_from(part, offset)) as lines:
+            for line in lines:
                 if len(keys) >= limit:
                     return keys, offset, False
                 start, offset = offset, offset + len(line)
@@ -443,8 +435,6 @@ class Reaper:
                         keys.append(str(json.loads(line)["blob_key"]))
                     except (ValueError, KeyError, TypeError):
                         keys.append(f"{part}#{start}")  # not a blob key: GC blocks it and goes on
-        finally:
-            body.close()
         return keys, offset, True
 
     def _mark_page(self, reap: dict[str, Any], cp: dict[str, Any], collector: BlobCollector) -> dict[str, Any]:
@@ -603,7 +593,7 @@ class Reaper:
                     keys, _ = hr.page("", 1000)
                 else:
                     keys = [k for p in hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
-                            for k in self.ctx.store.list_page(p, max_keys=1000).keys]  # type: ignore[attr-defined]
+                            for k in self.ctx.store.list_page(p, max_keys=1000).keys]
                 add = {"c_examined": len(keys), "c_deletable": len(keys)}
                 set_ = self._next_hour(cp, hour, "would-reap")
             else:

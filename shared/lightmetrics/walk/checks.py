@@ -121,7 +121,7 @@ class RecordChecks:
         found: set[str] = set()
         after = first[:-1]  # a proper prefix of ``first``: sorts right before it
         while True:
-            page = self.store.list_page(prefix, max_keys=1000, start_after=after)  # type: ignore[attr-defined]
+            page = self.store.list_page(prefix, max_keys=1000, start_after=after)
             found.update(page.keys)
             if not page.truncated or not page.keys or page.keys[-1] >= last:
                 return found

@@ -49,7 +49,7 @@ class WalkControl:
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.state_machine_arn = ctx, sfn_client, state_machine_arn
-        self.table: ControlTable = ctx.extras["table"]
+        self.table: ControlTable = ctx.table
         self.sleep = sleep
 
     def lease(self) -> dict[str, Any] | None:
@@ -84,7 +84,7 @@ class WalkControl:
         if params.agent_hex is not None and not resume:
             prefixes = [f"{root}agent={params.agent_hex}/" for root in (self.ctx.codec.accepted_root(),
                                                                         self.ctx.codec.quarantine_root())]
-            if not any(self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes):  # type: ignore[attr-defined]
+            if not any(self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes):
                 raise NothingToWalk(f"agent {params.agent!r} has no acceptance records and no conflict evidence "
                                     f"(nothing under {' or '.join(prefixes)}): nothing to walk")
         if resume:

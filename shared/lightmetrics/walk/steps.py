@@ -94,7 +94,7 @@ class Walker:
 
     def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
         self.ctx, self.settings = ctx, settings
-        self.table: ControlTable = ctx.extras["table"]
+        self.table: ControlTable = ctx.table
         self.codec = ctx.codec
         self._sfn = sfn_client
 
@@ -295,7 +295,7 @@ class Walker:
         while len(out) < need and queue:
             head = queue[0]
             boots = head["level"] == "boots"
-            page = self.ctx.store.list_page(  # type: ignore[attr-defined]
+            page = self.ctx.store.list_page(
                 head["prefix"], delimiter="/", max_keys=(need - len(out)) if boots else 100,
                 continuation_token=head.get("token"),
             )
@@ -326,7 +326,7 @@ class Walker:
         sizes: list[int] = []
         modified: list[int] = []
         while True:
-            part = self.ctx.store.list_page(  # type: ignore[attr-defined]
+            part = self.ctx.store.list_page(
                 partition, max_keys=min(LIST_MAX_KEYS, page_size - len(keys)), start_after=(keys[-1] if keys else after) or None)
             keys += part.keys
             sizes += part.sizes
