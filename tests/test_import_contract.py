@@ -78,9 +78,20 @@ def test_services_reach_storage_only_through_the_ports() -> None:
     found = [f"{p.relative_to(ROOT)}:{line}" for p in services for line in client_reach_throughs(p)]
     assert found == []
     ignored = [f"{p.relative_to(ROOT)}:{n}" for p in services
-               for n, text in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "ignore[attr-defined]" in text
-               and "handler.reset" not in text]  # a function attribute for tests: the handler-state idiom
+               for n, text in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "ignore[attr-defined]" in text]
     assert ignored == []
+
+
+def test_functions_keep_their_state_one_way() -> None:
+    """Issue 16: every function builds what it keeps per container with
+    :class:`lightmetrics.per_container.PerContainer` — no ``global`` rebinding, no state dicts."""
+    found = []
+    for p in sorted((ROOT / "functions").rglob("*.py")):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        found += [f"{p.relative_to(ROOT)}:{n.lineno} global" for n in ast.walk(tree) if isinstance(n, ast.Global)]
+        found += [f"{p.relative_to(ROOT)}:{n.lineno} state dict" for n in tree.body
+                  if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Dict)]
+    assert found == []
 
 
 def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:

@@ -16,32 +16,25 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.admin_api import AdminCore, build_resolver
 from lightmetrics.observability import SwitchableMetrics
+from lightmetrics.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-admin")
 metrics = SwitchableMetrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="admin")
 tracer = Tracer(service="lightmetrics-admin")
 
-_core: AdminCore | None = None
 
 
-def core() -> AdminCore:
-    global _core
-    if _core is None:
-        import boto3
+def _build_core() -> AdminCore:
+    from lightmetrics.config import Settings
+    from lightmetrics.services import work_context
 
-        from lightmetrics.config import Settings
-        from lightmetrics.services import work_context
-
-        settings = Settings.from_env()
-        _core = AdminCore(work_context(settings, metrics=metrics, component="admin"), settings,
-                          boto3.session.Session().client("sqs"))
-    return _core
+    settings = Settings.from_env()
+    ctx = work_context(settings, metrics=metrics, component="admin")
+    return AdminCore(ctx, settings, ctx.sqs())
 
 
-def reset() -> None:
-    """Forget the cached core (tests change the environment between cases)."""
-    global _core
-    _core = None
+core = PerContainer(_build_core)
+reset = core.reset
 
 
 app = build_resolver(core)

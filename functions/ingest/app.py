@@ -18,6 +18,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from lightmetrics.config import Settings
 from lightmetrics.errors import InvalidIdentityError
 from lightmetrics.ingest_http import HttpResponse, IngestService, parse_lambda_event
+from lightmetrics.per_container import PerContainer
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import ingest_service
 
@@ -25,21 +26,10 @@ logger = Logger(service="lightmetrics-ingest")
 metrics = SwitchableMetrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="ingest")
 tracer = Tracer(service="lightmetrics-ingest")
 
-_service: IngestService | None = None
 _counter = RequestCounter()
-
-
-def service() -> IngestService:
-    global _service
-    if _service is None:
-        _service = ingest_service(Settings.from_env(), counter=_counter, metrics=metrics)
-    return _service
-
-
-def reset() -> None:
-    """Forget the cached service (tests change the environment between cases)."""
-    global _service
-    _service = None
+service: PerContainer[IngestService] = PerContainer(
+    lambda: ingest_service(Settings.from_env(), counter=_counter, metrics=metrics))
+reset = service.reset
 
 
 @metrics.log_metrics

@@ -14,29 +14,38 @@ from aws_lambda_powertools import Logger
 from lightmetrics.observability import SwitchableMetrics
 
 from lightmetrics.config import Settings
+from lightmetrics.per_container import PerContainer
 from lightmetrics.reconcile import Reconciler, UnownedRangesError, check_shard
 
 logger = Logger(service="lightmetrics-reconcile")
 metrics = SwitchableMetrics(namespace="Lightmetrics", service="reconcile")
-_state: dict[str, Any] = {}
+
+
+class _Shards:
+    """The settings, work context and queue probe of this container, and each shard's reconciler
+    as it is first asked for (one schedule per shard: a container usually serves one)."""
+
+    def __init__(self) -> None:
+        from lightmetrics.services import queue_probe, work_context
+
+        self.settings = Settings.from_env()
+        self.ctx, self.probe = work_context(self.settings, metrics=metrics), queue_probe(self.settings)
+        self.built: dict[int, Reconciler] = {}
+
+    def reconciler(self, shard: object) -> Reconciler:
+        shard = check_shard(shard, self.settings.reconcile_shards)
+        if shard not in self.built:
+            self.built[shard] = Reconciler(self.ctx, self.settings, self.probe, shard=shard)
+        return self.built[shard]
+
+
+shards = PerContainer(_Shards)
+reset = shards.reset
 
 
 def reconciler(shard: object = 0) -> Reconciler:
-    """Shard ``shard``'s reconciler; the settings, work context and probe are built once per container."""
-    if "settings" not in _state:
-        from lightmetrics.services import queue_probe, work_context
-
-        settings = Settings.from_env()
-        _state.update(settings=settings, ctx=work_context(settings, metrics=metrics), probe=queue_probe(settings),
-                      shards={})
-    shard = check_shard(shard, _state["settings"].reconcile_shards)
-    if shard not in _state["shards"]:
-        _state["shards"][shard] = Reconciler(_state["ctx"], _state["settings"], _state["probe"], shard=shard)
-    return _state["shards"][shard]
-
-
-def reset() -> None:
-    _state.clear()
+    """Shard ``shard``'s reconciler (built once per container)."""
+    return shards().reconciler(shard)
 
 
 @metrics.log_metrics

@@ -11,24 +11,26 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.blocker_actions import sweep_dlqs
 from lightmetrics.config import Settings
+from lightmetrics.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-sweep-dlq")
 metrics = SwitchableMetrics(namespace="Lightmetrics", service="sweep-dlq")
-_state: dict[str, Any] = {}
 
 
-def reset() -> None:
-    _state.clear()
+def _build_context() -> Any:
+    from lightmetrics.services import work_context
+
+    return work_context(Settings.from_env(), metrics=metrics)
+
+
+work = PerContainer(_build_context)
+reset = work.reset
 
 
 @metrics.log_metrics
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    if "ctx" not in _state:
-        from lightmetrics.services import work_context
-
-        _state["ctx"] = work_context(Settings.from_env(), metrics=metrics)
-    made = sweep_dlqs(_state["ctx"])
+    made = sweep_dlqs(work())
     metrics.add_metric(name="DlqMessagesSwept", unit=MetricUnit.Count, value=sum(made.values()))
     logger.info("swept DLQs", extra={"blockers_made": made})
     return {"blockers_made": made}

@@ -27,6 +27,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from lightmetrics.event_path import process_sqs_record
 from lightmetrics.outcome import Outcome
+from lightmetrics.per_container import LambdaHandler, PerContainer
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=10, thread_name_prefix="lm-sqs-record")
 
@@ -37,7 +38,7 @@ class RetryLater(Exception):
 
 def sqs_index_handler(
     *, kind: str, queue: str, settings_factory: Callable[[], Any] | None = None, work_context_factory: Any = None
-) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+) -> LambdaHandler:
     """Build the Lambda handler of one indexer queue.
 
     Configuration comes from the environment (``LM_*``) unless ``settings_factory`` is given —
@@ -45,17 +46,15 @@ def sqs_index_handler(
     """
     logger = Logger(service=f"lightmetrics-{queue}")
     metrics = SwitchableMetrics(namespace="Lightmetrics", service=queue)
-    state: dict[str, Any] = {}
 
-    def context():  # type: ignore[no-untyped-def]
-        if "ctx" not in state:
-            from lightmetrics.config import Settings
-            from lightmetrics.services import work_context
+    def build() -> tuple[Any, Any]:
+        from lightmetrics.config import Settings
+        from lightmetrics.services import work_context
 
-            settings = settings_factory() if settings_factory else Settings.from_env()
-            state["settings"] = settings
-            state["ctx"] = (work_context_factory or work_context)(settings, metrics=metrics)
-        return state["ctx"], state["settings"]
+        settings = settings_factory() if settings_factory else Settings.from_env()
+        return (work_context_factory or work_context)(settings, metrics=metrics), settings
+
+    context = PerContainer(build)
 
     async def record_handler(record: SQSRecord) -> None:
         ctx, settings = context()
@@ -80,5 +79,4 @@ def sqs_index_handler(
             event=event, record_handler=record_handler, processor=processor, context=lambda_context
         )
 
-    handler.reset = state.clear  # type: ignore[attr-defined]  # tests change the environment
-    return handler
+    return LambdaHandler(handler, context)

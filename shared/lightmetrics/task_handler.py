@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lightmetrics.per_container import LambdaHandler, PerContainer
 from lightmetrics.work import TRANSIENT
 
 
 def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Callable[[Any], Any],
                  passthrough: tuple[type[BaseException], ...], transient: type[Exception]
-                 ) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+                 ) -> LambdaHandler:
     """``steps`` maps step names to worker methods; ``build(metrics)`` makes the worker (lazily)."""
     from aws_lambda_powertools import Logger
 
@@ -33,12 +34,7 @@ def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Ca
         raise ValueError(f"unknown {machine} step {step!r}; one of {sorted(steps)}")
     logger = Logger(service=f"lightmetrics-{machine}-{step}")
     metrics = SwitchableMetrics(namespace="Lightmetrics", service=f"{machine}-{step}")
-    state: dict[str, Any] = {}
-
-    def worker() -> Any:
-        if "worker" not in state:
-            state["worker"] = build(metrics)
-        return state["worker"]
+    worker = PerContainer(lambda: build(metrics))
 
     @metrics.log_metrics
     @logger.inject_lambda_context
@@ -51,5 +47,4 @@ def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Ca
         except TRANSIENT as exc:
             raise transient(f"{type(exc).__name__}: {exc}") from exc
 
-    handler.reset = state.clear  # type: ignore[attr-defined]
-    return handler
+    return LambdaHandler(handler, worker)
