@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 #: Settings every session gets (local and EMR).
@@ -60,8 +60,8 @@ def require_java(*, environ: Mapping[str, str] | None = None) -> str:
     >>> try:
     ...     require_java(environ={"PATH": "", "JAVA_HOME": "/nowhere"})
     ... except JavaMissing as exc:
-    ...     print(exc)
-    Spark needs Java 17 or later and none was found (JAVA_HOME=/nowhere, not on PATH): install a JDK 17 (e.g. apt install openjdk-17-jre-headless) or set JAVA_HOME
+    ...     print(exc)  # doctest: +ELLIPSIS
+    Spark needs Java 17 or later and none was found (JAVA_HOME=/nowhere, not on PATH): install a JDK 17 ... or set JAVA_HOME
     """
     import re
     import shutil

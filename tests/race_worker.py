@@ -16,6 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 from conftest import ident, make_frame  # noqa: E402
+
 from lightmetrics.accept import accept_batch  # noqa: E402
 from lightmetrics.config import Settings  # noqa: E402
 from lightmetrics.services import accept_context  # noqa: E402

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
-
 from conftest import FAST, make_frame
+
 from lightmetrics import crashpoints
 from lightmetrics.accept import AcceptContext, accept_batch
 from lightmetrics.clock import FrozenClock

@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-
 from conftest import ident, make_frame
+
 from lightmetrics.accept import RESOLUTION_METADATA_KEY, AcceptStatus, accept_batch
 from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.testing.faults import FaultRule

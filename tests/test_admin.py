@@ -8,8 +8,8 @@ import uuid
 from typing import Any
 
 import pytest
-
 from conftest import FAST, make_frame
+
 from functions.admin import app as admin_app
 from lightmetrics.accept import accept_batch
 from lightmetrics.clock import FrozenClock

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import T0_NS, make_frame
+
 from lightmetrics.accept import RESOLUTION_METADATA_KEY, accept_batch
 from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
 from lightmetrics.client import (
@@ -360,8 +360,8 @@ def test_non_ascii_ids_travel_percent_encoded_end_to_end(real: RealIngest, tmp_p
     m = manifest(real.ctx, odd)
     assert m is not None and (m.agent_id, m.boot_id) == (agent, boot)
     # Raw non-ASCII in a header is refused with a message saying how to send it.
-    from lightmetrics.identity import id_from_header
     from lightmetrics.errors import InvalidIdentityError
+    from lightmetrics.identity import id_from_header
 
     with pytest.raises(InvalidIdentityError, match="UTF-8''"):
         id_from_header("boot-\u00e9", "boot_id")

@@ -16,9 +16,13 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-
 from conftest import ident
-from lightmetrics import crashpoints, gc as gc_module, retention as retention_module, store as store_module
+from reap_support import OLD_NS, World, drive, make_world
+
+from lightmetrics import crashpoints
+from lightmetrics import gc as gc_module
+from lightmetrics import retention as retention_module
+from lightmetrics import store as store_module
 from lightmetrics.gc import BlobCollector
 from lightmetrics.keys import UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
@@ -26,7 +30,6 @@ from lightmetrics.request_counter import RequestCounter
 from lightmetrics.retention import HourRetention
 from lightmetrics.store import StoreAccessError, bucket_refusal, delete_objects
 from lightmetrics.verify import verify
-from reap_support import OLD_NS, World, drive, make_world
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}

@@ -8,16 +8,16 @@ import subprocess
 import uuid
 
 import pytest
-
 from conftest import FAST, consume_all, ident, make_frame
+from test_cli import LMCTL
+from test_event_path import s3_record
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import sweep_dlqs
 from lightmetrics.event_path import process_sqs_record
 from lightmetrics.indexing import KIND_ACCEPTED
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.services import accept_context
-from test_cli import LMCTL
-from test_event_path import s3_record
 
 
 @pytest.fixture

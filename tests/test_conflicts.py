@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FAST, RecordingMetrics, make_frame
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
 from lightmetrics.clock import FrozenClock

@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import ident, make_frame
+
 from lightmetrics.accept import AcceptStatus, accept_batch
 
 DEPTHS = (10, 100, 1000)

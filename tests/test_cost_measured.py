@@ -11,16 +11,18 @@ a job changes its request mix, this fails until ``JOB_REQUESTS`` says what the j
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
+from reap_support import OLD_NS
+from walk_support import set_last_modified
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.bench.cost_table import measure_reap, measure_reconcile, measure_walk
 from lightmetrics.clock import FrozenClock, OffsetClock
@@ -30,8 +32,6 @@ from lightmetrics.keys import UtcHour
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.services import accept_context
 from lightmetrics.walk import INDEXES, set_watermark
-from reap_support import OLD_NS
-from walk_support import set_last_modified
 
 _NS = 1_000_000_000
 WAIT_S = 3  # the GC grace and the tombstone wait of the measured reaps

@@ -12,8 +12,16 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from lightmetrics.cost_model import (JOB_REQUESTS, MONTH_DAYS, MONTH_S, Assumptions, estimate, job_requests, job_units,
-                                     traffic_lines)
+from lightmetrics.cost_model import (
+    JOB_REQUESTS,
+    MONTH_DAYS,
+    MONTH_S,
+    Assumptions,
+    estimate,
+    job_requests,
+    job_units,
+    traffic_lines,
+)
 from lightmetrics.pricing import PRICE_TABLE, PRICES, PriceTable
 
 # A world that is easy to do by hand: 10 batches/s (26,298,000 a month), one month of retention,

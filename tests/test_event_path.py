@@ -8,8 +8,8 @@ import time
 import uuid
 
 import pytest
-
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
 from lightmetrics.event_path import process_sqs_record
@@ -164,8 +164,8 @@ def test_records_of_one_batch_are_processed_concurrently(system, actx, runtime):
     handler.reset()
     event = lambda_sqs_event([{"MessageId": f"m{k}", "ReceiptHandle": "r", "Body": s3_record(system.bucket, key)["body"]}
                               for k, key in enumerate(manifests)], "arn:aws:sqs:us-east-1:123456789012:q")
-    from lightmetrics.sqs_batch import sqs_index_handler
     from lightmetrics.local.function_host import LambdaContext
+    from lightmetrics.sqs_batch import sqs_index_handler
 
     h = sqs_index_handler(kind=KIND_ACCEPTED, queue="index-accepted", settings_factory=lambda: system.settings,
                           work_context_factory=lambda s, **kw: ctx)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lightmetrics.resources import SPEC
 from test_infra import render, resources
+
+from lightmetrics.resources import SPEC
 
 
 def _function_ids(cdk_synth: Any) -> dict[str, str]:

@@ -20,8 +20,12 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import make_frame
+from test_admin import admin, call  # noqa: F401  (admin: the signed admin endpoint fixture)
+from test_cli import LMCTL
+from test_conflicts import FakeMonotonic, actx, clock, registry, system  # noqa: F401  (fixtures)
+from test_conflicts import make_conflict as make_evidence
+
 from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
 from lightmetrics.cli.main import cli
 from lightmetrics.client import AgentClient, AuthRejected, Spool
@@ -32,10 +36,6 @@ from lightmetrics.identity import BatchIdentity
 from lightmetrics.ingest_http import HttpRequest, IngestService, parse_lambda_event
 from lightmetrics.local.server import IngestHTTPServer
 from lightmetrics.local.system import LocalSystem
-from test_admin import admin, call  # noqa: F401  (admin: the signed admin endpoint fixture)
-from test_cli import LMCTL
-from test_conflicts import FakeMonotonic, actx, clock, registry, system  # noqa: F401  (fixtures)
-from test_conflicts import make_conflict as make_evidence
 
 KEYS = TokenKeys.generate("k1")
 

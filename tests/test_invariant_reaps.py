@@ -16,8 +16,9 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-
 from conftest import ident
+from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
+
 from lightmetrics import crashpoints
 from lightmetrics.blocker_actions import resume, skip
 from lightmetrics.gc import BlobCollector, Proof, decode_mark
@@ -25,7 +26,6 @@ from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import UtcHour
 from lightmetrics.reap import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
 from lightmetrics.walk import InvalidWalkInput, WalkParams
-from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)

@@ -11,8 +11,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import retry
 from lightmetrics.clock import FrozenClock

@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 import pytest
-
 from conftest import ident, make_frame
+from reap_support import OLD_NS, World, drive, make_world
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import skip
 from lightmetrics.derived import AcceptedByTimeEntry
@@ -26,7 +27,6 @@ from lightmetrics.outcome import Outcome
 from lightmetrics.retention import ReapedMarker, RetentionTombstone
 from lightmetrics.verify import verify
 from lightmetrics.work import run_unit, work_key
-from reap_support import OLD_NS, World, drive, make_world
 
 _NS = 1_000_000_000
 

@@ -6,8 +6,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import ident, make_frame
+
 from lightmetrics.accept import AcceptStatus, accept_batch
 from lightmetrics.config import Settings
 from lightmetrics.hosting import hosted

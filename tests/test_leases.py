@@ -8,12 +8,11 @@ import uuid
 from typing import Any
 
 import pytest
+from reap_support import make_table, session
 
 from lightmetrics.clock import FrozenClock
 from lightmetrics.control_table import ControlTable, Op, TransactionCancelled
-from lightmetrics.leases import (Fence, Lease, LeaseHeld, LeaseLost, lease_pk, lease_rule_broken, release, renewal,
-                                 take)
-from reap_support import make_table, session
+from lightmetrics.leases import Fence, Lease, LeaseHeld, LeaseLost, lease_pk, lease_rule_broken, release, renewal, take
 
 _NS = 1_000_000_000
 PK = lease_pk("test")

@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from werkzeug.test import Client
 from werkzeug.wrappers import Response
 
+from lightmetrics.auth import TokenKeys
 from lightmetrics.local import (
     FunctionHost,
     IngestHTTPServer,
@@ -26,7 +27,6 @@ from lightmetrics.local import (
     function_name_from,
     provision,
 )
-from lightmetrics.auth import TokenKeys
 from lightmetrics.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec
 
 BUCKET = "lightmetrics-local"

@@ -9,8 +9,9 @@ import json
 import time
 
 from click.testing import CliRunner
-
 from conftest import FAST, T0_NS, ident, make_frame
+from pipeline_support import access_for, make_system
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.clock import FrozenClock
 from lightmetrics.derived import AcceptedByTimeEntry
@@ -21,7 +22,6 @@ from lightmetrics.services import accept_context
 from pipeline import inventory as inv
 from pipeline.audit import read_findings, run_audit
 from pipeline.synthetic import generate_inventory
-from pipeline_support import access_for, make_system
 
 HORIZON_S = 7 * 86400
 

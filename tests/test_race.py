@@ -10,6 +10,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from conftest import ident
+
 from lightmetrics.keys import KeyCodec
 from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.store import S3ObjectStore

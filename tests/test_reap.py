@@ -11,13 +11,14 @@ import json
 import time
 
 from conftest import ident, make_frame
+from reap_support import OLD_NS, World, drive, make_world
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.gc import BlobCollector
 from lightmetrics.indexing import index_accepted, index_quarantine
 from lightmetrics.keys import UtcHour
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.verify import verify
-from reap_support import OLD_NS, World, drive, make_world
 
 _NS = 1_000_000_000
 

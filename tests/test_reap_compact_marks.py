@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from conftest import ident
+from reap_support import OLD_NS, drive, make_world
+
 from lightmetrics.gc import BlobCollector, decode_mark, encode_mark
 from lightmetrics.keys import UtcHour
 from lightmetrics.reap import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
 from lightmetrics.request_counter import RequestCounter
-from reap_support import OLD_NS, drive, make_world
 
 GC = {"mode": "gc", "dry_run": False}
 HOUR = UtcHour.of_unix_ns(OLD_NS)

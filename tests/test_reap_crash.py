@@ -20,16 +20,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ident
+from reap_support import OLD_NS, World, drive, drive_from, make_world
+
+import lightmetrics.reap  # noqa: F401  (registers the reap's points)
 from lightmetrics import crashpoints
 from lightmetrics.blocker_actions import skip
 from lightmetrics.keys import UtcHour
 from lightmetrics.testing.crashes import CRASH_ENV
 from lightmetrics.verify import verify
-from reap_support import OLD_NS, World, drive, drive_from, make_world
-
-import lightmetrics.reap  # noqa: F401  (registers the reap's points)
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 BLOCKED_HOUR = HOUR + 1  # its one record vanished: a reap-retention blocker

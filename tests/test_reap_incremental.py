@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-
 from conftest import FAST, ident, make_bucket
+from reap_support import OLD_NS, World, drive, hour_of, make_world, session
+
 from lightmetrics.reap import CHECKPOINT_PK, LEASE_PK, LeaseLost, Reaper, source_cursor_sk
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import work_context
-from reap_support import OLD_NS, World, drive, hour_of, make_world, session
 
 _NS = 1_000_000_000
 BY_TIME = {"mode": "gc", "dry_run": False, "source": "by-time"}

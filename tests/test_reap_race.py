@@ -22,13 +22,14 @@ import threading
 from typing import Any
 
 import pytest
-
 from conftest import FAST, ident, make_frame
-from lightmetrics import crashpoints, gc as gc_module
+from reap_support import make_world
+
+from lightmetrics import crashpoints
+from lightmetrics import gc as gc_module
 from lightmetrics.accept import AcceptContext, accept_batch
 from lightmetrics.gc import BlobCollector
 from lightmetrics.store import ObjectStore
-from reap_support import make_world
 
 ACCEPT_POINTS = ("accept.before-blob-put", "accept.after-blob-put", "accept.after-manifest-put",
                  "accept.after-blob-head")

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FAST, ident, make_frame
+from reap_support import OLD_NS
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.clock import FrozenClock, OffsetClock
 from lightmetrics.indexing import index_accepted, index_raw_blob
@@ -25,7 +26,6 @@ from lightmetrics.services import accept_context
 from lightmetrics.testing.faults import FaultInjector, FaultRule
 from lightmetrics.verify import verify
 from lightmetrics.walk import INDEXES, set_watermark
-from reap_support import OLD_NS
 
 _NS = 1_000_000_000
 

@@ -7,8 +7,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob, write_raw_blob_entry
 from lightmetrics.keys import UtcHour

@@ -10,13 +10,13 @@ import threading
 from typing import Any
 
 import pytest
-
 from conftest import FAST
-from lightmetrics import blocker_actions, reconcile
-from lightmetrics.indexing import KIND_REPAIR
 from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed
 from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
+
+from lightmetrics import blocker_actions, reconcile
+from lightmetrics.indexing import KIND_REPAIR
 
 ENTRIES = 12
 CAP = 4  # entries per run

@@ -9,8 +9,10 @@ import hashlib
 import time
 
 import pytest
-
 from conftest import FAST, T0_NS, ident, make_frame
+from test_reconcile import H0, index_blob_in_record_hour, make_system, purge
+from walk_support import set_last_modified
+
 from lightmetrics import crashpoints
 from lightmetrics.accept import accept_batch
 from lightmetrics.indexing import CP_BY_BLOB_WRITTEN, index_accepted, index_raw_blob
@@ -19,8 +21,6 @@ from lightmetrics.outcome import PermanentWorkError
 from lightmetrics.reconcile import CP_HOUR_SAVED
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
-from test_reconcile import H0, index_blob_in_record_hour, make_system, purge
-from walk_support import set_last_modified
 
 _NS = 1_000_000_000
 

@@ -9,12 +9,13 @@ import time
 from typing import Any
 
 from conftest import FAST
-from lightmetrics import reconcile
-from lightmetrics.indexing import KIND_REPAIR
-from lightmetrics.store import TransientStoreError
 from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, measured_run
 from walk_support import set_last_modified
+
+from lightmetrics import reconcile
+from lightmetrics.indexing import KIND_REPAIR
+from lightmetrics.store import TransientStoreError
 
 _NS = 1_000_000_000
 

@@ -12,16 +12,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from conftest import FAST
+from test_reconcile import H0, make_system, purge
+from test_reconcile_bounded import accept_indexed, measured_run
+from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
+
 from lightmetrics import crashpoints, reconcile
 from lightmetrics.identity import MAX_ID_BYTES, BatchIdentity
 from lightmetrics.keys import KeyCodec
 from lightmetrics.reconcile import CP_PROGRESS_SAVED, FAILED_ENTRIES_MAX
 from lightmetrics.request_counter import RequestCounter
-from test_reconcile import H0, make_system, purge
-from test_reconcile_bounded import accept_indexed, measured_run
-from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
 
 #: saves inside an hour every N checked entries, in these tests
 N = 4

@@ -15,8 +15,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-
 from conftest import FAST, T0_NS, ident
+from test_cli import LMCTL
+from test_reconcile import H0, make_system, purge
+from test_reconcile_bounded import accept_indexed, seed_history
+from walk_support import set_last_modified
+
 from lightmetrics import crashpoints, reconcile
 from lightmetrics.config import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.errors import ConfigError
@@ -32,10 +36,6 @@ from lightmetrics.reconcile import (
 )
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.status import system_status
-from test_cli import LMCTL
-from test_reconcile import H0, make_system, purge
-from test_reconcile_bounded import accept_indexed, seed_history
-from walk_support import set_last_modified
 
 _NS = 1_000_000_000
 HOUR_NS = 3600 * _NS

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from conftest import FAST, ident
+from reap_support import OLD_NS, World, drive, make_world, session
+
 from lightmetrics import crashpoints
 from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, BlobCollector, Proof
 from lightmetrics.indexing import TombstoneCache, write_accepted_entries
@@ -26,7 +27,6 @@ from lightmetrics.reap import CHECKPOINT_PK
 from lightmetrics.retention import HourRetention, PageRecords
 from lightmetrics.services import work_context
 from lightmetrics.work import WorkContext
-from reap_support import OLD_NS, World, drive, make_world, session
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -192,8 +192,9 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
         bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A blobs page of 1000 records (the schedule's page_size) with 128-byte agent and boot ids:
     every marks item under 400 KB, the page's transaction under 4 MB."""
-    from lightmetrics.identity import BatchIdentity
     from test_invariant_reaps import dynamodb_item_size
+
+    from lightmetrics.identity import BatchIdentity
 
     w = make_world(bucket)
     w.cover_watermark()

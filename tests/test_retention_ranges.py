@@ -29,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-
 from conftest import FAST, ident, make_bucket, make_frame
+from reap_support import OLD_NS, World, drive, make_world, request_recorder
+from test_retention_late import stale_writer
+
 from lightmetrics import crashpoints
 from lightmetrics.accept import accept_batch
 from lightmetrics.bench.cost_table import execution_counts
@@ -55,8 +57,6 @@ from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
 from lightmetrics.verify import verify
 from lightmetrics.walk import INDEXES, set_watermark
-from reap_support import OLD_NS, World, drive, make_world, request_recorder
-from test_retention_late import stale_writer
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)

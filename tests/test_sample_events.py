@@ -7,14 +7,14 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import FAST
+from test_cli import LMCTL
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.services import accept_context
 from lightmetrics.testing import sample_events
-from test_cli import LMCTL
 
 EVENTS = os.path.join(os.path.dirname(__file__), "..", "events")
 

@@ -18,9 +18,11 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
-
 from conftest import T0_NS, ident, make_frame
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
 from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token, verify_token
 from lightmetrics.errors import AuthError, InvalidIdentityError
 from lightmetrics.identity import MAX_SEQ, BatchIdentity

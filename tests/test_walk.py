@@ -20,14 +20,16 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import FAST, T0_NS, ident, make_frame
+from walk_support import record_times_as_s3_would
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.blocker_actions import skip
 from lightmetrics.clock import SystemClock
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
 from lightmetrics.keys import UtcHour
+from lightmetrics.leases import min_lease_s
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
@@ -42,8 +44,6 @@ from lightmetrics.walk import (
     history_bound,
     read_watermarks,
 )
-from lightmetrics.leases import min_lease_s
-from walk_support import record_times_as_s3_would
 
 SETTLE_S = 600
 W_EXPECTED = T0_NS - SETTLE_S * 1_000_000_000
@@ -306,7 +306,7 @@ def test_retry_later_holds_the_cursor_until_the_budget_makes_blockers(system, ru
     """The page task itself (no interpreter): RETRY_LATER keys fail the page and keep its cursor;
     the retries count against the keys' budgets, which turn them into blockers; then it moves."""
     from lightmetrics.testing.faults import FaultInjector, FaultRule
-    from lightmetrics.walk import PART_PREFIX, WalkRetryLater, Walker
+    from lightmetrics.walk import PART_PREFIX, Walker, WalkRetryLater
 
     accept_all(system, runtime, clock, [ident(n, agent="a0") for n in range(2)])
     ctx = system.work_context(policy=FAST)

@@ -7,12 +7,12 @@ import dataclasses
 from typing import Any
 
 import pytest
-
 from conftest import FAST, ident
+from test_reconcile_budget import FailingGets
+from test_walk_checks import _NS, HOUR, accept_at, system  # noqa: F401  (the fixture)
+
 from lightmetrics.indexing import KIND_REPAIR, index_accepted
 from lightmetrics.walk import Walker, WalkRetryLater
-from test_reconcile_budget import FailingGets
-from test_walk_checks import HOUR, _NS, accept_at, system  # noqa: F401  (the fixture)
 
 
 def resume_to_the_end(system) -> None:  # type: ignore[no-untyped-def]

@@ -11,8 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-
 from conftest import FAST, T0_NS, ident, make_frame
+from test_walk import keys_under, make_system
+from walk_support import record_times_as_s3_would
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.clock import FrozenClock
 from lightmetrics.identity import BatchIdentity
@@ -22,8 +24,6 @@ from lightmetrics.local.system import LocalSystem
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import accept_context
 from lightmetrics.walk import Walker, boundary_margin_ns, candidate_hours, list_beats_heads, read_watermarks
-from test_walk import keys_under, make_system
-from walk_support import record_times_as_s3_would
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(T0_NS)  # 16:00; retained records are accepted ten minutes in

@@ -11,13 +11,12 @@ import os
 from typing import Any
 
 from aws_lambda_powertools import Logger, Tracer
-
-from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.config import Settings
 from lightmetrics.errors import InvalidIdentityError
 from lightmetrics.ingest_http import HttpResponse, IngestService, parse_lambda_event
+from lightmetrics.observability import SwitchableMetrics
 from lightmetrics.per_container import PerContainer
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.services import ingest_service

@@ -11,9 +11,8 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lightmetrics.observability import SwitchableMetrics
-
 from lightmetrics.config import Settings
+from lightmetrics.observability import SwitchableMetrics
 from lightmetrics.per_container import PerContainer
 from lightmetrics.reconcile import Reconciler, UnownedRangesError, check_shard
 

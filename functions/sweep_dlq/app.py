@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from aws_lambda_powertools import Logger
-
-from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.blocker_actions import sweep_dlqs
 from lightmetrics.config import Settings
+from lightmetrics.observability import SwitchableMetrics
 from lightmetrics.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-sweep-dlq")

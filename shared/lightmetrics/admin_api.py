@@ -111,7 +111,7 @@ class AdminCore:
         return ConflictRegistry(c.store, c.codec, c.blockers.table, clock=c.clock, policy=c.policy)
 
 
-def _json(status: int, body: dict[str, Any]) -> Response:
+def _json(status: int, body: dict[str, Any]) -> Response[str]:
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON,
                     body=json.dumps(body, sort_keys=True, default=str))
 
@@ -130,7 +130,7 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         return dict(app.current_event.query_string_parameters or {})
 
     @app.get("/conflicts")
-    def list_conflicts() -> Response:
+    def list_conflicts() -> Response[str]:
         q = query()
         try:
             limit = int(q.get("limit", "50"))
@@ -141,11 +141,11 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         return _json(200, page.to_json())
 
     @app.get("/conflicts/<conflict_id>")
-    def show_conflict(conflict_id: str) -> Response:
+    def show_conflict(conflict_id: str) -> Response[str]:
         return _json(200, core().registry.show(conflict_id).to_json())
 
     @app.post("/conflicts/<conflict_id>/resolve")
-    def resolve_conflict(conflict_id: str) -> Response:
+    def resolve_conflict(conflict_id: str) -> Response[str]:
         body = json_fields(app.current_event.decoded_body,
                            {"resolution": (str, True), "reason": (str, True), "whole_agent": (bool, False)})
         record = core().registry.resolve(
@@ -159,13 +159,13 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         return DenylistStore(c.blockers.table, c.clock)
 
     @app.get("/denylist")
-    def denylist() -> Response:
+    def denylist() -> Response[str]:
         store = denylist_store()
         return _json(200, {"denylist": [e.to_json() for e in store.list()],
                            "lifted": [lift.to_json() for lift in store.lifts()]})
 
     @app.post("/denylist/remove")
-    def remove_denial() -> Response:
+    def remove_denial() -> Response[str]:
         body = json_fields(app.current_event.decoded_body, {"agent_id": (str, True), "boot_id": (str, False),
                                                             "whole_agent": (bool, False), "reason": (str, True)})
         lift = denylist_store().remove(body["agent_id"], body.get("boot_id"), whole_agent=body.get("whole_agent", False),
@@ -173,46 +173,46 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         return _json(200, {"status": "lifted", "lift": lift.to_json()})
 
     @app.get("/blockers")
-    def blockers() -> Response:
+    def blockers() -> Response[str]:
         show_all = query_flag(query(), "all")
         items = core().ctx.blockers.list(status=None if show_all else "open")
         return _json(200, {"blockers": [b.to_json() for b in items], "open": sum(b.status == "open" for b in items)})
 
     @app.get("/status")
-    def status() -> Response:
+    def status() -> Response[str]:
         from lightmetrics.status import system_status
 
         c = core()
         return _json(200, system_status(c.ctx, c.settings, c.sqs))
 
     @app.exception_handler(ConflictAlreadyResolved)
-    def already(exc: ConflictAlreadyResolved) -> Response:
+    def already(exc: ConflictAlreadyResolved) -> Response[str]:
         return _json(409, {"status": "already_resolved", "reason": str(exc),
                            "record": exc.record.model_dump(mode="json", by_alias=True)})
 
     @app.exception_handler(ConflictNotFound)
-    def not_found(exc: ConflictNotFound) -> Response:
+    def not_found(exc: ConflictNotFound) -> Response[str]:
         return _json(404, {"status": "not_found", "reason": str(exc.args[0] if exc.args else exc)})
 
     @app.exception_handler(NotDenied)
-    def not_denied(exc: NotDenied) -> Response:
+    def not_denied(exc: NotDenied) -> Response[str]:
         return _json(404, {"status": "not_denied", "reason": str(exc)})
 
     @app.exception_handler(InvalidConflictId)
     @app.exception_handler(InvalidResolution)
     @app.exception_handler(InvalidLift)
     @app.exception_handler(InvalidRequest)
-    def invalid(exc: Exception) -> Response:
+    def invalid(exc: Exception) -> Response[str]:
         return _json(400, {"status": "invalid", "reason": str(exc)})
 
     @app.exception_handler(ConflictStoreUnavailable)
     @app.exception_handler(TransientStoreError)
     @app.exception_handler(StoreAccessError)
-    def unavailable(exc: Exception) -> Response:
+    def unavailable(exc: Exception) -> Response[str]:
         return _json(503, {"status": "unavailable", "reason": str(exc), "retry_after_s": 2})
 
     @app.exception_handler(ConflictError)
-    def other(exc: ConflictError) -> Response:
+    def other(exc: ConflictError) -> Response[str]:
         return _json(500, {"status": "error", "reason": str(exc)})
 
     return app

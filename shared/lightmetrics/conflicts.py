@@ -30,7 +30,7 @@ import base64
 import binascii
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import Field
 
@@ -47,7 +47,7 @@ from lightmetrics.retry import RetryPolicy
 from lightmetrics.store import ObjectStore
 
 CONFLICTS_PK = "conflicts"
-RESOLUTION_SCHEMA = "lightmetrics.conflict_resolution.v1"
+RESOLUTION_SCHEMA: Final = "lightmetrics.conflict_resolution.v1"
 UNRESOLVED, ACCEPT_EXISTING, DENY_IDENTITY = "unresolved", "accept_existing", "deny_identity"
 RESOLUTIONS = (ACCEPT_EXISTING, DENY_IDENTITY)
 STATUS_FILTERS = ("all", "unresolved", "resolved")
@@ -384,7 +384,8 @@ class ConflictRegistry:
             agent_id=ident.agent_id, boot_id=ident.boot_id, seq_start=ident.seq_start, seq_end=ident.seq_end,
             conflict_id=entry.conflict_id, quarantine_key=entry.quarantine_key,
             accepted_manifest_key=entry.accepted_manifest_key, accepted_frame_sha256=entry.accepted_frame_sha256,
-            submitted_frame_sha256=sha, resolution=resolution, reason=reason, resolved_by=who.strip(),
+            submitted_frame_sha256=sha, resolution=cast(Literal["accept_existing", "deny_identity"], resolution),
+            reason=reason, resolved_by=who.strip(),
             resolved_at_unix_ns=self.clock.now_ns(), denylist_entries=denied,
         )
         body = record.to_bytes()

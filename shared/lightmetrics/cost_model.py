@@ -33,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -303,10 +302,10 @@ def job_requests(job: str, units: Mapping[str, float]) -> dict[str, float]:
     unknown = set(units) - set(table)
     if unknown:
         raise ValueError(f"{job} has no units {sorted(unknown)}; known: {sorted(table)}")
-    total: Counter[str] = Counter()
+    total: dict[str, float] = {}
     for unit, n in units.items():
         for api, k in table[unit].items():
-            total[api] += k * n
+            total[api] = total.get(api, 0) + k * n
     return {api: n for api, n in sorted(total.items()) if n}
 
 
@@ -454,10 +453,11 @@ def _per_batch(requests: Mapping[str, float], batches_per_month: float) -> dict[
 def _hot_path(a: Assumptions) -> dict[str, dict[str, float]]:
     """Per-batch requests of ingest and indexing."""
     m = MEASURED_REQUESTS
-    ingest = {**m["accept.new"], "lambda.Invoke": 1}
-    indexing: Counter[str] = Counter()
+    ingest: dict[str, float] = {**m["accept.new"], "lambda.Invoke": 1}
+    indexing: dict[str, float] = {}
     for op in ("index.accepted_manifest", "index.raw_blob"):
-        indexing.update(m[op])
+        for api, n in m[op].items():
+            indexing[api] = indexing.get(api, 0) + n
     # 2 notifications (manifest, blob): a SendMessage by S3 each, and per SQS batch one
     # ReceiveMessage and one DeleteMessageBatch by the event source mapping
     indexing["sqs.messages"] = 2 * (1 + 2 / a.sqs_batch_size)

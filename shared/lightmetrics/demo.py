@@ -30,8 +30,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote_plus
 from typing import Any
+from urllib.parse import unquote_plus
 
 from lightmetrics.auth import TokenKeys, mint_token
 from lightmetrics.frame import Sample, encode_frame

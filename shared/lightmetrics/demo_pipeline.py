@@ -38,7 +38,6 @@ def run_pipeline_phase(system: Any, runtime: Any, report: Any, show_progress: bo
 
 def _run(system: Any, runtime: Any, show_progress: bool) -> dict[str, Any]:
     from lightmetrics.keys import UtcHour
-
     from pipeline import inventory as inv
     from pipeline.audit import run_audit
     from pipeline.jobs import closed_boundary

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import time
@@ -191,7 +192,7 @@ class DenylistStore:
     def list(self) -> list[DenylistEntry]:
         return [DenylistEntry.from_item(i) for i in self.table.query(DENYLIST_PK)]
 
-    def lifts(self) -> list[DenylistLift]:
+    def lifts(self) -> builtins.list[DenylistLift]:
         """Every lift record, by entry then denial time."""
         return [DenylistLift.from_item(i) for i in self.table.query(LIFTS_PK)]
 

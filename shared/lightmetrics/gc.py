@@ -45,7 +45,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.pool import map_in_context
 from lightmetrics import crashpoints
 from lightmetrics.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
@@ -53,6 +52,7 @@ from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import KIND_REPAIR, TombstoneCache, parse_record
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
+from lightmetrics.pool import map_in_context
 from lightmetrics.work import WorkContext, work_key
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ class BlobCollector:
         if hour_tombstoned:
             return True, DELETE_HOUR_TOMBSTONED  # evidence of a conflict in a reaped hour
         resolution = self.ctx.store.head(self.codec.conflict_resolution(identity, sha))
-        if not resolution_settles(resolution):
+        if resolution is None or not resolution_settles(resolution):
             return False, KEEP_CONFLICT
         if now_ns - int(resolution.last_modified_unix_s) * _NS < self.evidence_ns:
             return False, KEEP_EVIDENCE_WINDOW
@@ -258,8 +258,9 @@ class BlobCollector:
 
     def _record(self, identity: BatchIdentity) -> Any:
         """The acceptance record, ``None`` if there is none, or ``_UNREADABLE``: a record that does
-        not parse or validate (its content must match its key), or that a newer writer wrote (G2a) — it may name this blob, so it is never read
-        as "absent"; its blocker is opened here (the walk and the reconciler open the same one)."""
+        not parse or validate (its content must match its key), or that a newer writer wrote (G2a) —
+        it may name this blob, so it is never read as "absent"; its blocker is opened here (the
+        walk and the reconciler open the same one)."""
         key = self.codec.accepted(identity)
         if key in self.records_read:
             return self.records_read[key]

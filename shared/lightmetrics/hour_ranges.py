@@ -122,7 +122,8 @@ class TooFewEntries(RangePlanError):
 def hour_entry_names(store: Any, codec: Any, hour: UtcHour) -> list[str]:
     """The names (``<manifest-id>.json``) of ``hour``'s ``accepted-by-time`` entries: only keys of
     the layout (a stray key under the hour is never a cut)."""
-    from lightmetrics.keys import KeyKind, KeyLayoutError
+    from lightmetrics.errors import KeyLayoutError
+    from lightmetrics.keys import KeyKind
 
     prefix = codec.accepted_by_time_hour(hour)
     names = []

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightmetrics.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.identity import BatchIdentity
 
-ACCEPTED_BATCH_SCHEMA = "lightmetrics.accepted_batch.v1"
-IDENTITY_CONFLICT_SCHEMA = "lightmetrics.identity_conflict.v1"
+ACCEPTED_BATCH_SCHEMA: Final = "lightmetrics.accepted_batch.v1"
+IDENTITY_CONFLICT_SCHEMA: Final = "lightmetrics.identity_conflict.v1"
 
 _Sha = Field(pattern=r"^[0-9a-f]{64}$")
 _Seq = Field(ge=0, le=2**64 - 1)

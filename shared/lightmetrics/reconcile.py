@@ -90,10 +90,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lightmetrics.pool import map_in_context
+from lightmetrics import crashpoints
 from lightmetrics.config import Settings
 from lightmetrics.control_table import ConditionFailed, ControlTable
-from lightmetrics import crashpoints
 from lightmetrics.errors import LightmetricsError
 from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.indexing import (
@@ -106,6 +105,7 @@ from lightmetrics.indexing import (
 )
 from lightmetrics.keys import UtcHour
 from lightmetrics.outcome import Outcome, PermanentWorkError
+from lightmetrics.pool import map_in_context
 from lightmetrics.work import WorkContext, run_unit
 
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lm-reconcile")
@@ -693,7 +693,8 @@ class Reconciler:
 
     def _failed_after(self, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
                       new_open: UtcHour, covered_all: bool, *,
-                      retry_now: set[str] | frozenset[str] = frozenset(), cursor: tuple[UtcHour, str] | None = None) -> tuple[tuple[str, ...], bool, bool]:
+                      retry_now: set[str] | frozenset[str] = frozenset(), cursor: tuple[UtcHour, str] | None = None
+                      ) -> tuple[tuple[str, ...], bool, bool]:
         """The failed entries the next run must know of, whether some were left out, and whether a
         failure behind ``cursor`` was: this run's, plus earlier ones of hours this run did not scan
         that are still open (keys sort by hour, so prefixes bound them). With ``cursor`` (the hour
@@ -740,9 +741,10 @@ class Reconciler:
         run that stopped inside this hour), at most ``budget`` of them, re-checks included, but at
         least one past the cursor (R7). Every ``save_every`` checks, unless the hour is done,
         ``save_inside(hour, cursor key, cursor bound, the scan so far)`` saves the progress; False
-        (another run wrote the checkpoint) ends the scan. A cursor it places never moves back. An entry whose key is outside the layout
-        is a unit too: it ends BLOCKED (kind ``accepted-by-time-entry``), never skipped. Only this
-        shard's range of ``plan`` is listed (R8); a shard past the plan's ranges lists nothing."""
+        (another run wrote the checkpoint) ends the scan. A cursor it places never moves back. An
+        entry whose key is outside the layout is a unit too: it ends BLOCKED (kind
+        ``accepted-by-time-entry``), never skipped. Only this shard's range of ``plan`` is listed
+        (R8); a shard past the plan's ranges lists nothing."""
         report.hours_scanned.append(str(hour))
         if self.shard >= plan.ranges:
             return _HourScan()  # nothing of this hour is this shard's
@@ -808,12 +810,12 @@ class Reconciler:
             done = first + len(part)
             if done == len(units):
                 break  # the hour's save, or the run's, follows
-            key = self._cursor_listing_failures(units[:done], scan.retry_later_entries, floor=saved_after)
-            if key is not None and key != saved_after:
-                if not save_inside(hour, key, scan.cursor_bound_ns, scan):
+            cursor_key = self._cursor_listing_failures(units[:done], scan.retry_later_entries, floor=saved_after)
+            if cursor_key is not None and cursor_key != saved_after:
+                if not save_inside(hour, cursor_key, scan.cursor_bound_ns, scan):
                     scan.moved_by_other_run = True
                     return scan
-                saved_after = key
+                saved_after = cursor_key
         if scan.stopped:
             scan.stopped_after = self._cursor_listing_failures(units, scan.retry_later_entries, floor=saved_after)
         return scan

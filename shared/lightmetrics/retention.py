@@ -55,11 +55,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field
 
-from lightmetrics.pool import map_in_context
 from lightmetrics import crashpoints
 from lightmetrics.cas import create_object
 from lightmetrics.control_table import ControlTable
@@ -69,11 +68,12 @@ from lightmetrics.hour_ranges import RangePlan, RangePlans
 from lightmetrics.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.pool import map_in_context
 from lightmetrics.store import DeleteOutcome
 from lightmetrics.work import WorkContext, run_unit, work_key
 
-TOMBSTONE_SCHEMA = "lightmetrics.retention_tombstone.v1"
-REAPED_SCHEMA = "lightmetrics.retention_reaped.v1"
+TOMBSTONE_SCHEMA: Final = "lightmetrics.retention_tombstone.v1"
+REAPED_SCHEMA: Final = "lightmetrics.retention_reaped.v1"
 RECORD_PK = "retention#raw"  # the rollup scope: retention#rollup
 #: The blocker kind of an ``accepted-by-time`` entry whose record retention cannot read.
 KIND_RETENTION = "reap-retention"
@@ -85,8 +85,8 @@ DEFAULT_CONCURRENCY = 8
 CP_TOMBSTONED = crashpoints.register("retention.tombstoned", "tombstone object written, control record not yet")
 CP_COMMITTED = crashpoints.register("retention.committed", "tombstone and control record written")
 # A "batch" is one DeleteObjects request (up to 1,000 keys); each point follows its answer.
-CP_DERIVED_ONE = crashpoints.register("retention.derived-one",
-                                      "a batch of a page's accepted-by-blob entries deleted, its accepted-by-time entries not yet")
+CP_DERIVED_ONE = crashpoints.register(
+    "retention.derived-one", "a batch of a page's accepted-by-blob entries deleted, its accepted-by-time entries not yet")
 CP_BY_TIME_ONE = crashpoints.register("retention.by-time-one", "a batch of a page's accepted-by-time entries deleted")
 CP_REAPED_MARKER = crashpoints.register("retention.reaped-marker", "reaped marker written, control record not yet")
 CP_ROLLUP_ONE = crashpoints.register("retention.rollup-object-one", "one rollup chunk, index or manifest deleted")

@@ -40,9 +40,9 @@ class RetryPolicy:
 
     def delays(self, rng: random.Random | None = None) -> Iterator[float]:
         """The ``max_attempts - 1`` pauses between attempts."""
-        rng = rng or random
+        source: Any = rng or random  # the module's shared generator unless one is given
         for n in range(self.max_attempts - 1):
-            yield full_jitter(n, self.base_delay_s, self.max_delay_s, rng)
+            yield full_jitter(n, self.base_delay_s, self.max_delay_s, source)
 
     def attempts(self, rng: random.Random | None = None) -> Iterator[int]:
         """Yield attempt numbers 1..max_attempts, sleeping between them."""

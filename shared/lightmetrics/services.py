@@ -22,10 +22,10 @@ from botocore.exceptions import ProfileNotFound
 from lightmetrics.accept import AcceptContext, MetricsSink, NoMetrics
 from lightmetrics.auth import CachedTokenKeys, secrets_manager_loader
 from lightmetrics.blockers import BlockerStore
-from lightmetrics.control_table import ControlTable
-from lightmetrics.denylist import DenylistCache
 from lightmetrics.clock import Clock
 from lightmetrics.config import Settings
+from lightmetrics.control_table import ControlTable
+from lightmetrics.denylist import DenylistCache
 from lightmetrics.errors import ConfigError
 from lightmetrics.hosting import current as current_host
 from lightmetrics.ingest_http import IngestService

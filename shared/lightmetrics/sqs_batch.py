@@ -19,13 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aws_lambda_powertools import Logger
-
-from lightmetrics.observability import SwitchableMetrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import AsyncBatchProcessor, EventType, async_process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from lightmetrics.event_path import process_sqs_record
+from lightmetrics.observability import SwitchableMetrics
 from lightmetrics.outcome import Outcome
 from lightmetrics.per_container import LambdaHandler, PerContainer
 
@@ -75,8 +74,8 @@ def sqs_index_handler(
     def handler(event: dict[str, Any], lambda_context: Any) -> dict[str, Any]:
         context()  # configuration errors fail the invocation, not each record
         processor = AsyncBatchProcessor(event_type=EventType.SQS)
-        return async_process_partial_response(
+        return dict(async_process_partial_response(
             event=event, record_handler=record_handler, processor=processor, context=lambda_context
-        )
+        ))
 
     return LambdaHandler(handler, context)

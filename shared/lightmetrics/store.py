@@ -13,17 +13,19 @@ Example:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionError as BotoConnectionError,
     HTTPClientError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
 )
 
 from lightmetrics.cas import ConditionalCreateOutcome
@@ -104,7 +106,7 @@ class ObjectStore(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
 
-    def lines_from(self, key: str, offset: int) -> Iterator[bytes]: ...
+    def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]: ...
 
     def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None: ...
 
@@ -127,6 +129,7 @@ class ObjectStore(Protocol):
 
 
 _NS = 1_000_000_000
+_T = TypeVar("_T")
 
 _RETRYABLE_CODES = {
     "SlowDown",
@@ -254,7 +257,7 @@ class S3ObjectStore:
             return classify_put_error(exc, self.bucket)
         return ConditionalCreateOutcome.CREATED, ""
 
-    def _read(self, fn, key: str):  # type: ignore[no-untyped-def]
+    def _read(self, fn: Callable[[], _T], key: str) -> _T | None:
         last: Exception | None = None
         for _attempt in self.read_policy.attempts(self._rng):
             try:
@@ -276,11 +279,11 @@ class S3ObjectStore:
 
     def get(self, key: str) -> bytes | None:
         def op() -> bytes:
-            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
 
         return self._read(op, key)
 
-    def lines_from(self, key: str, offset: int) -> Iterator[bytes]:
+    def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]:
         """The object's lines (each with its line end) from byte ``offset``, read only as far as the
         caller iterates (close the generator to stop early); none when ``offset`` is its end."""
         try:

@@ -41,7 +41,8 @@ def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Ca
     def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         w = worker()
         try:
-            return getattr(w, steps[step])(event)
+            result: dict[str, Any] = getattr(w, steps[step])(event)
+            return result
         except passthrough:
             raise
         except TRANSIENT as exc:

@@ -37,17 +37,17 @@ from __future__ import annotations
 
 import contextvars
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.pool import map_in_context
 from lightmetrics.errors import KeyLayoutError, ManifestError
 from lightmetrics.indexing import load_manifest
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.outcome import PermanentWorkError
+from lightmetrics.pool import map_in_context
 from lightmetrics.resources import LAYOUT_PREFIXES
 from lightmetrics.work import WorkContext
 
@@ -126,7 +126,10 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
     codec = ctx.codec
     report = VerifyReport(strict=strict)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-verify")
-    call = lambda fn, *a: pool.submit(contextvars.copy_context().run, fn, *a)  # noqa: E731
+
+    def call(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        return pool.submit(contextvars.copy_context().run, fn, *args)
+
     try:
         say(f"listing {len(LAYOUT_PREFIXES)} prefixes")
         listed = {p: f.result() for p, f in {p: call(_list_all, ctx, codec.prefix + p) for p in LAYOUT_PREFIXES}.items()}

@@ -4,8 +4,9 @@ Per caller count and repeat: every caller accepts its own new batches through th
 accept path (:func:`lightmetrics.accept.accept_batch`, latency-injected S3 client). Figures:
 batches/s, p50/p99 latency, p50 latency divided by the injected RTT (2 sequential round trips on
 the happy path: target about 2; also divided by the effective RTT, one conditional PUT on one
-caller measured in the same repeat, which adds this machine's per-request cost), and throughput against the local ceiling — the conditional-PUT
-rate of the same runtime, same client, same callers, measured in the same repeat, divided by 2
+caller measured in the same repeat, which adds this machine's per-request cost), and throughput
+against the local ceiling — the conditional-PUT rate of the same runtime, same client, same
+callers, measured in the same repeat, divided by 2
 (an accept is two conditional PUTs).
 
 Example:

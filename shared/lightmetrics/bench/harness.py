@@ -197,7 +197,7 @@ def _chart(path: Path, title: str, bars: list[tuple[str, dict[str, Any], dict[st
 
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(bars) + 2), 4.5), dpi=100)
     width = 0.38
-    for i, (label, measured, baseline) in enumerate(bars):
+    for i, (_label, measured, baseline) in enumerate(bars):
         for offset, summary, colour, name in ((-width / 2, measured, "tab:blue", "lightmetrics"),
                                               (width / 2, baseline, "tab:grey", baseline_label)):
             if not summary:

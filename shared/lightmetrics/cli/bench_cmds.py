@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid
 from lightmetrics.cli.options import json_option
+from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid
 from lightmetrics.cli.pipeline_cmds import bench
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import click
 
-from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
+from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 
 

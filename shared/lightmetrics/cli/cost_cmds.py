@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.output import EXIT_USAGE, console, emit_json, fail, grid, kv_table
 from lightmetrics.cli.options import json_option
+from lightmetrics.cli.output import EXIT_USAGE, console, emit_json, fail, grid, kv_table
 
 
 @click.command("cost")

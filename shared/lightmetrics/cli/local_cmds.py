@@ -40,8 +40,9 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     """Run the whole system locally until Ctrl-C/SIGTERM.
 
     moto as AWS (S3, SQS, DynamoDB, Secrets Manager, Step Functions) on --port, the ingest endpoint
-    on port + 1, the admin API on port + 2 (SigV4-signed requests only), the event pump feeding the indexers, and the reconciler and DLQ sweeper on a
-    schedule. Prints `export ...` lines that point lmctl and any boto3 client here.
+    on port + 1, the admin API on port + 2 (SigV4-signed requests only), the event pump feeding the
+    indexers, and the reconciler and DLQ sweeper on a schedule. Prints `export ...` lines that
+    point lmctl and any boto3 client here.
     """
     from lightmetrics.errors import ConfigError
     from lightmetrics.local.environment import local_env_file

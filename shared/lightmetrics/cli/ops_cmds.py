@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import (
     EXIT_OK,
@@ -20,6 +19,7 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
+from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 
 

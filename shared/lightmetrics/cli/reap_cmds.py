@@ -13,7 +13,6 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
@@ -27,6 +26,7 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
+from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 
 STATE_MACHINE = "reap"

@@ -13,7 +13,6 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.clock import utc_text
 from lightmetrics.cli.options import config_options, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
@@ -28,13 +27,14 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
+from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 
 STATE_MACHINE = "bootstrap-walk"
 _SUMMARY_FIELDS = ("scope", "epoch", "status", "started_at_ns", "updated_at_ns", "executions", "resumes", "execution",
                    "partitions_found", "partitions_done", "enumeration_complete", "in_progress", "keys",
-                   "keys_accepted", "keys_quarantine", "keys_present", "keys_reaped", "pages", "repairs", "outcomes", "keys_per_s", "eta_s",
-                   "watermark_ns", "watermark_withheld", "error")
+                   "keys_accepted", "keys_quarantine", "keys_present", "keys_reaped", "pages", "repairs", "outcomes",
+                   "keys_per_s", "eta_s", "watermark_ns", "watermark_withheld", "error")
 
 
 def _duration(seconds: Any) -> str | None:

@@ -55,8 +55,8 @@ from lightmetrics.client.errors import AuthRejected, ClientConfigError, SpoolErr
 from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile
 from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, Transport, TransportError
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.frame import validate_frame
 from lightmetrics.errors import FrameError, InvalidIdentityError
+from lightmetrics.frame import validate_frame
 from lightmetrics.identity import BatchIdentity, id_header_value, validate_id
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class AgentClient:
         token: str,
         endpoints: Sequence[str],
         spool: Spool | str | os.PathLike[str],
-        backoff: BackoffPolicy = BackoffPolicy(),
+        backoff: BackoffPolicy = BackoffPolicy(),  # noqa: B008  (frozen: one shared default is safe)
         parked_retry_s: float = 300.0,
         request_timeout_s: float = 10.0,
         on_alert: Callable[[Alert], None] | None = None,

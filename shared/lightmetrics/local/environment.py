@@ -13,7 +13,6 @@ from pathlib import Path
 
 from lightmetrics.local.server import ACCOUNT_ID, REGION
 
-
 #: Powertools settings for handlers running inside a local process (no X-Ray, no EMF on stdout)
 QUIET_POWERTOOLS = {
     "POWERTOOLS_TRACE_DISABLED": "true",

@@ -19,10 +19,10 @@ import json
 import logging
 import re
 import threading
-from collections import Counter
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote

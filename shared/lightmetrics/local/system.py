@@ -105,7 +105,8 @@ class LocalSystem:
                     shared.append(self.work_context(component="walk", counter=counter, **kw))
                 return shared[0]
 
-        from lightmetrics.reap import TASK_STEPS as REAP_STEPS, reap_task_handler
+        from lightmetrics.reap import TASK_STEPS as REAP_STEPS
+        from lightmetrics.reap import reap_task_handler
 
         names = []
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):

@@ -57,8 +57,8 @@ class ReapControl:
         inp = {k: v for k, v in inp.items() if v is not None}
         ReapParams.parse(inp)
         name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        arn = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
-                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
+        arn: str = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
+                                            input=json.dumps(inp, sort_keys=True))["executionArn"]
         deadline = time.monotonic() + timeout_s
         while True:
             lease = read_lease(self.table)

@@ -41,7 +41,8 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
         return Reaper(ctx, settings, sfn_client=sfn)
 
     return task_handler("reap", step, STEPS, build=build,
-                        passthrough=(ReapError, LeaseError, crashpoints.InjectedCrash, PermanentWorkError), transient=ReapTransient)
+                        passthrough=(ReapError, LeaseError, crashpoints.InjectedCrash, PermanentWorkError),
+                        transient=ReapTransient)
 
 
 __all__ = ["reap_task_handler"]

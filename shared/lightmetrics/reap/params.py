@@ -18,7 +18,8 @@ from typing import Any
 
 from lightmetrics import leases
 from lightmetrics.control_table import ControlTable
-from lightmetrics.keys import RUN_ID_RE, KeyLayoutError, UtcHour
+from lightmetrics.errors import KeyLayoutError
+from lightmetrics.keys import RUN_ID_RE, UtcHour
 from lightmetrics.leases import task_lease_rule_broken
 from lightmetrics.reap.errors import InvalidReapInput
 from lightmetrics.step_functions import HISTORY_BUDGET, ExecutionInput
@@ -34,8 +35,8 @@ def read_lease(table: ControlTable) -> dict[str, Any] | None:
 
 MODES = ("gc", "retention")
 SOURCES = ("scan", "by-time", "audit")
-INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency", "max_pending_pages",
-                "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution",
+INPUT_FIELDS = ("mode", "dry_run", "hour", "scope", "source", "audit_run", "resume", "page_size", "concurrency",
+                "max_pending_pages", "tombstone_wait_s", "verify_passes", "lease_seconds", "max_pages", "max_tasks_per_execution",
                 "range_parallelism")
 #: Durable per-source GC cursors: ``checkpoint#reap``/``gc#by-time``, ``gc#scan``, ``gc#audit#<run>``.
 SOURCE_CURSOR_PREFIX = "gc#"

@@ -31,7 +31,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from lightmetrics import crashpoints
 from lightmetrics.control_table import ConditionFailed, ControlTable, Op, plain
@@ -138,7 +138,7 @@ class RangeTask:
     def _load(self) -> dict[str, Any]:
         found = self.table.get(RANGE_PK, self.sk)
         if found is not None:
-            return plain(found)
+            return cast(dict[str, Any], plain(found))
         plan = self.hr.plan()  # the first task of this range and pass: its bounds
         if plan.ranges != int(self.job["ranges"]) or not 0 <= self.r < plan.ranges:
             raise InvalidReapInput(f"range {self.r} of {self.job['ranges']}: the plan of {self.job['hour']} "

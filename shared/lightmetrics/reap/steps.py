@@ -52,13 +52,14 @@ import json
 import logging
 import uuid
 from contextlib import closing
-from typing import Any
+from typing import Any, cast
 
 from lightmetrics import crashpoints, leases
 from lightmetrics.config import longest_reap_task_s
 from lightmetrics.control_table import ControlTable, Op, TransactionCancelled, plain
+from lightmetrics.errors import KeyLayoutError
 from lightmetrics.gc import BlobCollector
-from lightmetrics.keys import KeyLayoutError, UtcHour
+from lightmetrics.keys import UtcHour
 from lightmetrics.leases import OWNED, Fence, LeaseHeld, LeaseLost
 from lightmetrics.reap.errors import InvalidReapInput
 from lightmetrics.reap.marks import page_of, page_ops, page_prefix, read_marks_items
@@ -134,7 +135,7 @@ class Reaper:
         cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         if cp is None or cp.get("owner") != reap["owner"] or int(cp.get("epoch", -1)) != int(reap["epoch"]):
             raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
-        return plain(cp)
+        return cast(dict[str, Any], plain(cp))
 
     def _commit(self, reap: dict[str, Any], *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
                 remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
@@ -357,8 +358,9 @@ class Reaper:
         finally:
             collector.close()
 
-    def _candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool, dict[str, int]]:
-        """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more, counts)``."""
+    def _candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool, dict[str, Any]]:
+        """One page of candidate blob keys after the cursor: ``(blob keys, new cursor, more, counts)``
+        (counts by kept reason, and ``through``: the first hour not yet proven)."""
         limit, after = int(cp["page_size"]), cp.get("after") or None
         if cp["phase"] == "blobs":  # retention: the blobs of the hour's accepted manifests
             hr = HourRetention(self.ctx, UtcHour.parse(cp["hours"][int(cp["hour_index"])]),
@@ -471,13 +473,13 @@ class Reaper:
         return self._record_page(reap, cp, marks, cursor, more, counts, replaces=[op.sk for op in ops])
 
     def _record_page(self, reap: dict[str, Any], cp: dict[str, Any], marks: list[dict[str, Any]], cursor: str,
-                     more: bool, counts: dict[str, int], *, write_marks: bool = True,
+                     more: bool, counts: dict[str, Any], *, write_marks: bool = True,
                      replaces: list[str] | None = None) -> dict[str, Any]:
         """The page's marks (replacing its intent items) and the cursor, in one transaction."""
         page = int(cp["page"])
         replaces = replaces or []
         counts = dict(counts)
-        through = counts.pop("through", None)
+        through: str | None = counts.pop("through", None)
         # Rule G-B1: a GC run marks at most max_pages pages, then settles and ends.
         exhausted = (cp["mode"] == "gc" and more
                      and page + 1 >= int(cp.get("max_pages") or DEFAULT_MAX_PAGES))

@@ -34,7 +34,14 @@ from __future__ import annotations
 from lightmetrics.leases import LeaseHeld, LeaseLost
 from lightmetrics.walk.checks import RecordChecks, boundary_margin_ns, candidate_hours, list_beats_heads
 from lightmetrics.walk.control import Followed, Started, WalkControl
-from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk, WalkError, WalkRetryLater, WalkTransient
+from lightmetrics.walk.errors import (
+    InvalidWalkInput,
+    NothingToResume,
+    NothingToWalk,
+    WalkError,
+    WalkRetryLater,
+    WalkTransient,
+)
 from lightmetrics.walk.handler import walk_task_handler
 from lightmetrics.walk.params import (
     DEFAULT_LEASE_S,

@@ -17,7 +17,7 @@ from typing import Any
 
 from lightmetrics.identity import id_to_hex, validate_id
 from lightmetrics.leases import task_lease_rule_broken
-from lightmetrics.step_functions import HISTORY_BUDGET, ExecutionInput, HISTORY_LIMIT
+from lightmetrics.step_functions import HISTORY_BUDGET, HISTORY_LIMIT, ExecutionInput
 from lightmetrics.walk.errors import InvalidWalkInput
 
 # --- input limits and defaults (docs/walks.md, "Console input") --------------------------------------

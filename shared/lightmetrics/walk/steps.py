@@ -32,25 +32,38 @@ import json
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from lightmetrics.pool import map_in_context
 from lightmetrics import leases
 from lightmetrics.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
 from lightmetrics.identity import id_to_hex
 from lightmetrics.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
 from lightmetrics.leases import OWNED, Fence, LeaseHeld, LeaseLost
 from lightmetrics.outcome import Outcome
+from lightmetrics.pool import map_in_context
 from lightmetrics.step_functions import start_continuation
 from lightmetrics.store import ListPage
 from lightmetrics.walk.checks import RecordChecks
 from lightmetrics.walk.errors import InvalidWalkInput, NothingToResume, WalkRetryLater
 from lightmetrics.walk.params import LIST_MAX_KEYS, WalkParams
-from lightmetrics.walk.state import (CHECKPOINT_SK, INDEXES, KEY_CHECKS, LEASE_PK, OUTCOMES, PART_PREFIX,
-                                     PRESENCE_WALK_INDEXES, checkpoint_pk, describe_lease, read_lease, read_walk,
-                                     set_watermark, summarize, watermark_blocker)
+from lightmetrics.walk.state import (
+    CHECKPOINT_SK,
+    INDEXES,
+    KEY_CHECKS,
+    LEASE_PK,
+    OUTCOMES,
+    PART_PREFIX,
+    PRESENCE_WALK_INDEXES,
+    checkpoint_pk,
+    describe_lease,
+    read_lease,
+    read_walk,
+    set_watermark,
+    summarize,
+    watermark_blocker,
+)
 from lightmetrics.work import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
@@ -152,7 +165,8 @@ class Walker:
         walk = {
             "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
             "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
-            "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine, "execution_arn": execution, "round": 0,
+            "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine,
+            "execution_arn": execution, "round": 0,
         }
         if params.resume:
             assert cp is not None
@@ -237,7 +251,7 @@ class Walker:
 
         # Fold finished partitions (and the strays) into the summary, start the new ones.
         folded = Counter({o: sum(int(p["outcomes"].get(o, 0)) for p in finished) for o in OUTCOMES}) + strays
-        by_kind = Counter()
+        by_kind: Counter[str] = Counter()
         for p in finished:
             by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
         names, values = _owned(walk)
@@ -268,8 +282,8 @@ class Walker:
             self.table.transact(ops)
         except TransactionCancelled:
             raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
-        for p in new:
-            active[p] = {"partition": p, "after": ""}
+        for partition in new:
+            active[partition] = {"partition": partition, "after": ""}
         if not active:
             return {"walk": walk, "next": "finish", "work": []}
         if int(walk["round"]) >= int(walk["max_rounds"]):
@@ -312,6 +326,7 @@ class Walker:
         return out, strays
 
     def _repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
+        fn: Callable[[WorkContext, str], Outcome]
         if key.startswith(self.codec.quarantine_root()):
             kind, fn = KIND_QUARANTINE, index_quarantine
         else:
