@@ -12,6 +12,13 @@ LAYER_PLATFORM := manylinux2014_aarch64
 LAYER_PYTHON   := 3.12
 LAYER_STAMP    := $(LAYER_DIR)/.deps-$(LAYER_ARCH)-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
+# The EMR Serverless job's bundle (infra/pipeline_bundle.py, docs/pipeline.md §7): third-party wheels for
+# the job's platform, fetched without Docker like the layer's; re-installed only when the job's requirements
+# (printed by the stdlib-only builder) or the builder change, not on every pyproject.toml edit.
+EMR_DIR   := .emr
+EMR_STAMP := $(EMR_DIR)/.deps-$(shell ($(PYTHON) -m infra.pipeline_bundle requirements 2>/dev/null || cat pyproject.toml) \
+               | cat - infra/pipeline_bundle.py | sha256sum | cut -c1-12)
+
 # The CDK CLI (Node), installed locally from npm; never committed.
 CDK_CLI_DIR := .cdk-cli
 CDK_CLI     := $(CDK_CLI_DIR)/node_modules/.bin/cdk
@@ -19,7 +26,7 @@ NODE_MAJOR  := $(shell node --version 2>/dev/null | sed 's/^v\([0-9]*\).*/\1/')
 CDK_ENV     := JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=$(NODE_MAJOR) \
                CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: demo demo-small demo-full test install clean layer cdk-cli synth
+.PHONY: demo demo-small demo-full test install clean layer emr-bundle cdk-cli synth scan-tools scan
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,23 +59,48 @@ $(LAYER_STAMP): pyproject.toml | $(STAMP)
 	echo $(LAYER_ARCH) > $(LAYER_DIR)/ARCH
 	touch $@
 
-# The lightmetrics package is copied fresh every time (synth refuses a stale copy).
+# The lightmetrics package is copied fresh every time (synth refuses a stale copy): what functions
+# run of it, without the local runtime, CLI and harnesses (infra/layer_contents.py).
 layer: $(LAYER_STAMP)
-	rm -rf $(LAYER_DIR)/python/lightmetrics
-	cp -R shared/lightmetrics $(LAYER_DIR)/python/lightmetrics
-	find $(LAYER_DIR)/python/lightmetrics -name __pycache__ -type d -prune -exec rm -rf {} +
+	$(BIN)/python -m infra.layer_contents $(LAYER_DIR)/python/lightmetrics
+
+$(EMR_STAMP): | $(STAMP)
+	rm -f $(EMR_DIR)/.deps-*
+	$(BIN)/python -m infra.pipeline_bundle deps
+	touch $@
+
+# The code zip (lightmetrics + pipeline) is rebuilt whenever the sources differ (synth does the same).
+emr-bundle: $(EMR_STAMP)
+	$(BIN)/python -m infra.pipeline_bundle app
 
 $(CDK_CLI):
 	npm install --no-save --no-audit --no-fund --loglevel=error --prefix $(CDK_CLI_DIR) aws-cdk@2
 
 cdk-cli: $(CDK_CLI)
 
-synth: $(STAMP) layer cdk-cli
+# The security scanners, in a venv of their own (infra/scan-requirements.txt says why).
+SCAN_VENV  := .venv-scan
+SCAN_STAMP := $(SCAN_VENV)/.installed-$(shell cat infra/scan-requirements.txt | sha256sum | cut -c1-12)
+
+$(SCAN_STAMP): infra/scan-requirements.txt
+	test -x $(SCAN_VENV)/bin/python || $(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SCAN_VENV)/bin/python -m pip install --quiet -r infra/scan-requirements.txt
+	rm -f $(SCAN_VENV)/.installed-*
+	touch $@
+
+scan-tools: $(SCAN_STAMP)
+
+# checkov and cfn-lint on a fresh synth; skips and their reasons: .checkov.yaml, .cfnlintrc.yaml, infra/scanners.py.
+scan: synth scan-tools
+	$(BIN)/python -m infra.scanners cdk.out
+
+synth: $(STAMP) layer emr-bundle cdk-cli
 	$(CDK_ENV) $(CDK_CLI) synth --quiet
 
 # pytest exits 5 when it collected no tests: that is a failure here, like any non-zero code.
-test: $(STAMP) layer cdk-cli
+test: $(STAMP) layer emr-bundle cdk-cli scan-tools
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(LAYER_DIR) $(CDK_CLI_DIR) cdk.out
+	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache .hypothesis $(LAYER_DIR) $(EMR_DIR) $(CDK_CLI_DIR) cdk.out

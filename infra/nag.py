@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 from aws_cdk import Stack
 from cdk_nag import NagPackSuppression, NagSuppressions
 
+from infra.components.queues import NOTIFICATIONS_HANDLER_ID
+
 if TYPE_CHECKING:
     from infra.stack import LightmetricsStack
-
-#: CDK's singleton that writes bucket notification configurations (exists when QUEUES is non-empty).
-NOTIFICATIONS_HANDLER_ID = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
 
 
 @dataclass(frozen=True)

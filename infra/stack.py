@@ -16,7 +16,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from infra.components.control_table import ControlTable
-from infra.components.functions import Functions
+from infra.components.functions import Functions, log_retention
 from infra.components.layer import LAYER_DIR, SharedLayer
 from infra.components.observability import Observability
 from infra.components.pipeline import Pipeline
@@ -25,8 +25,9 @@ from infra.components.statemachines import StateMachines, state_machine_arn
 from infra.components.storage import Storage
 from infra.config import InfraConfig
 from infra.nag import NagSuppressionRecord, apply_suppressions
-from lightmetrics.stack_outputs import EMPTY_PREFIX, SCALAR_OUTPUTS, queue_output_key, state_machine_output_key
+from infra.scanners import apply_checkov_skips
 from lightmetrics.resources import SPEC, ResourceSpec
+from lightmetrics.stack_outputs import EMPTY_PREFIX, SCALAR_OUTPUTS, queue_output_key, state_machine_output_key
 
 
 class LightmetricsStack(Stack):
@@ -63,7 +64,8 @@ class LightmetricsStack(Stack):
         self.control = ControlTable(self, "Control", spec=spec.table, table_name=config.table_name)
         self.layer = SharedLayer(self, "Layer", layer_dir=layer_dir)
         self.queues = IndexQueues(
-            self, "Queues", specs=spec.queues, bucket=self.storage.bucket, namespace=config.prefix
+            self, "Queues", specs=spec.queues, bucket=self.storage.bucket, namespace=config.prefix,
+            log_retention=log_retention(config.log_retention_days),
         )
         self.functions = Functions(
             self,
@@ -110,3 +112,4 @@ class LightmetricsStack(Stack):
         CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 
         self.nag_suppressions: list[NagSuppressionRecord] = apply_suppressions(self)
+        apply_checkov_skips(self)  # checkov's per-resource exceptions, each with its reason

@@ -1,7 +1,9 @@
 """The EMR Serverless ``entryPoint`` (``sparkSubmit.entryPoint`` = s3://.../emr_main.py).
 
-The job's dependency archive (venv-pack, docs/pipeline.md) provides ``pipeline`` and
-``lightmetrics``; this file only hands the ``entryPointArguments`` to :func:`pipeline.jobs.main`.
+Shipped by ``cdk synth`` as a file asset (``infra/pipeline_bundle.py``): ``spark.submit.pyFiles`` (the code
+zip) provides ``pipeline`` and ``lightmetrics``, ``spark.archives`` (the dependency zip, ``./deps``
+on ``PYTHONPATH``) their third-party packages; this file only hands the ``entryPointArguments`` to
+:func:`pipeline.jobs.main`, e.g. ``rollup --lookback-hours 24`` (docs/pipeline.md §7).
 """
 
 import sys

@@ -8,14 +8,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from infra import layer_contents
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shared" / "lightmetrics"
-#: the outer shells: what only operators, tests and benchmarks run
-OUTER_MODULES = ("lightmetrics.local", "lightmetrics.cli", "lightmetrics.testing", "lightmetrics.bench",
-                 "lightmetrics.client", "lightmetrics.demo", "lightmetrics.demo_conflicts", "lightmetrics.demo_reaps",
-                 "lightmetrics.demo_pipeline", "lightmetrics.soak", "lightmetrics.ledger", "pipeline")
-OUTER_PATHS = {"local", "cli", "testing", "bench", "client"}
-OUTER_FILES = {"demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py"}
+# The outer shells (what only operators, tests and benchmarks run) are what the layer leaves out:
+# one list, infra/layer_contents.py; and the pipeline, which no function runs.
+OUTER_PATHS = set(layer_contents.OUTER_PACKAGES)
+OUTER_FILES = set(layer_contents.OUTER_MODULES)
+OUTER_MODULES = (*(f"lightmetrics.{p}" for p in sorted(OUTER_PATHS)),
+                 *(f"lightmetrics.{f.removesuffix('.py')}" for f in sorted(OUTER_FILES)), "pipeline")
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:

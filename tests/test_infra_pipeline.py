@@ -39,6 +39,14 @@ def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
     role = t["Resources"][role_id]["Properties"]
     (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Principal"] == {"Service": "emr-serverless.amazonaws.com"} and "ManagedPolicyArns" not in role
+    # Only this application's job runs assume it (the confused-deputy guard), in this account.
+    app_id = cdk_synth.stack.pipeline.get_logical_id(cdk_synth.stack.pipeline.application)
+    assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    arns = trust["Condition"]["ArnLike"]["aws:SourceArn"]
+    app_ref = _flat({"Fn::GetAtt": [app_id, "ApplicationId"]})
+    for arn in map(_flat, arns):  # this application, or one of its job runs: nothing else
+        assert ":emr-serverless:" in arn and ":/applications/" in arn and app_ref in arn
+        assert arn.endswith(app_ref + "]]}") or arn.endswith(app_ref + ', "/jobruns/*"]]}')
     policies = [r["Properties"] for r in _of(t, "AWS::IAM::Policy").values()
                 if any(x.get("Ref") == role_id for x in r["Properties"]["Roles"])]
     statements = [s for p in policies for s in p["PolicyDocument"]["Statement"]]
@@ -92,7 +100,10 @@ def test_state_machine_starts_the_jobs_from_its_asl_file(cdk_synth: Any) -> None
     assert {s["Resource"] for s in tasks} == {"arn:aws:states:::emr-serverless:startJobRun.sync"}
     assert p["TracingConfiguration"] == {"Enabled": True} and p["LoggingConfiguration"]["Level"] == "ALL"
     submit = _flat(p["DefinitionSubstitutions"]["SparkSubmitParameters"])
-    assert "spark.archives=" in submit and "PYSPARK_PYTHON=./environment/bin/python" in submit
+    from infra.pipeline_bundle import JOB_PYTHON_PATH
+
+    assert "spark.archives=" in submit and f"spark.executorEnv.PYSPARK_PYTHON={JOB_PYTHON_PATH}" in submit
+    assert "spark.executorEnv.PYTHONPATH=./deps" in submit and "spark.emr-serverless.driverEnv.PYTHONPATH=./deps" in submit
     assert "spark.executorEnv.LM_BUCKET=" in submit and f"LM_PREFIX={NS}" in submit
     # Its role: start runs of this application, watch them, pass exactly the job role.
     role_id = cdk_synth.stack.pipeline.get_logical_id(cdk_synth.stack.pipeline.machine_role.node.default_child)
@@ -142,3 +153,58 @@ def test_nag_findings_of_the_pipeline_are_all_suppressed_with_reasons(cdk_synth:
     t = _template(cdk_synth)
     reasons = [s for r in t["Resources"].values() for s in r.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])]
     assert reasons and all(len(s["reason"]) >= 40 for s in reasons)
+
+
+def _assets(cdk_synth: Any) -> dict[str, Any]:
+    """The assembly's file assets by object key (``<hash>.<ext>``) -> the staged file."""
+    (manifest,) = cdk_synth.outdir.glob("*.assets.json")
+    files = json.loads(manifest.read_text())["files"].values()
+    return {next(iter(f["destinations"].values()))["objectKey"]: cdk_synth.outdir / f["source"]["path"] for f in files}
+
+
+def _asset_key(url: Any) -> str:
+    """``<hash>.<ext>`` of an asset's ``s3://`` URL as the template holds it (an Fn::Sub)."""
+    (key,) = re.findall(r"s3://cdk-[a-z0-9]+-assets-\$\{AWS::AccountId\}-\$\{AWS::Region\}/([0-9a-f]{64}\.\w+)", _flat(url))
+    return key
+
+
+def test_the_jobs_bundle_is_synthesized_as_assets(cdk_synth: Any) -> None:
+    """Entry point, code zip and dependency zip are CDK assets (content-hashed keys in the bootstrap
+    bucket, not the ops bucket whose lifecycle expires objects); the job's parameters reference
+    exactly them, and the job role may read exactly them."""
+    import zipfile
+
+    from infra.pipeline_bundle import DEPS_ZIP, ENTRY_POINT, JOB_PYTHON, ROOT
+
+    t = _template(cdk_synth)
+    (sm,) = _of(t, "AWS::StepFunctions::StateMachine").values()
+    subs = sm["Properties"]["DefinitionSubstitutions"]
+    assets = _assets(cdk_synth)
+    entry = _asset_key(subs["EntryPoint"])
+    assert entry.endswith(".py") and assets[entry].read_bytes() == ENTRY_POINT.read_bytes()
+    submit = subs["SparkSubmitParameters"]["Fn::Join"][1]
+    flat = "".join(p if isinstance(p, str) else "{}" for p in submit)
+    assert flat.startswith("--conf spark.submit.pyFiles={} --conf spark.archives={}#deps ")
+    py_files, archive = _asset_key(submit[1]), _asset_key(submit[3])
+    assert assets[archive].read_bytes() == DEPS_ZIP.read_bytes()
+
+    # The code zip: our packages at the root as in the source tree (synth builds it: bundle.ensure_app_zip),
+    # pure Python. Compared by names and one file: other sources may change after the session's synth.
+    with zipfile.ZipFile(assets[py_files]) as zf:
+        names = zf.namelist()
+        assert zf.read("pipeline/jobs.py") == (ROOT / "pipeline" / "jobs.py").read_bytes()
+    assert {"lightmetrics/leases.py", "pipeline/jobs.py"} <= set(names) and "pipeline/emr_main.py" in names
+    assert not any(n.endswith((".so", ".pyc")) or "__pycache__" in n for n in names)
+    with zipfile.ZipFile(assets[archive]) as zf:  # wheels for the job's Python and platform, no Spark
+        tops = {n.split("/")[0] for n in zf.namelist()}
+        natives = [n for n in zf.namelist() if n.startswith("pydantic_core/") and n.endswith(".so")]
+    assert {"pydantic", "pyarrow", "pandas", "zstandard", "ddsketch", "boto3"} <= tops and "pyspark" not in tops
+    tag = JOB_PYTHON.replace(".", "")
+    assert natives and all(f"cpython-{tag}-x86_64-linux-gnu" in n for n in natives)
+
+    role_id = cdk_synth.stack.pipeline.get_logical_id(cdk_synth.stack.pipeline.job_role.node.default_child)
+    statements = [s for r in _of(t, "AWS::IAM::Policy").values() if any(x.get("Ref") == role_id for x in r["Properties"]["Roles"])
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    (read,) = [s for s in statements if s.get("Sid") == "ReadJobBundle"]
+    assert read["Action"] == "s3:GetObject"
+    assert sorted(_flat(r).split("/")[-1].split('"')[0] for r in read["Resource"]) == sorted([entry, py_files, archive])

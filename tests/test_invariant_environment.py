@@ -246,14 +246,17 @@ def top_level_entries(dist: Any) -> set[str]:
 
 def build_layer_sandbox(directory: Path) -> Path:
     """A directory holding only the layer: the runtime dependencies' top-level packages, ``lightmetrics``
-    (``make layer`` copies shared/lightmetrics) and ``functions`` (each function's code asset)."""
+    as ``make layer`` copies it (infra.layer_contents: without the outer shells) and ``functions``
+    (each function's code asset)."""
+    from infra.layer_contents import copy_shared_package
+
     directory.mkdir(parents=True, exist_ok=True)
     for dist in layer_distributions().values():
         for top in top_level_entries(dist):
             target = Path(dist.locate_file(top))
             if target.exists() and not (directory / top).exists():
                 (directory / top).symlink_to(target)
-    (directory / "lightmetrics").symlink_to(ROOT / "shared" / "lightmetrics")
+    copy_shared_package(directory / "lightmetrics")
     (directory / "functions").symlink_to(ROOT / "functions")
     return directory
 
@@ -419,6 +422,18 @@ def test_property_12_every_import_a_deployed_function_can_reach_is_in_the_layer(
     assert not missing, f"deployed code imports packages the layer does not ship: {sorted(missing)}"
     local = sorted(m for m in closure if m.startswith(("lightmetrics.local", "lightmetrics.cli", "lightmetrics.bench")))
     assert not local, f"deployed code reaches the local runtime / CLI: {local}"
+
+
+def test_property_12_the_layer_ships_exactly_what_functions_reach() -> None:
+    """Issue 16: the layer's lightmetrics modules are the deployed functions' import closure — no
+    local runtime, CLI, harness or operator-only module rides along, and nothing they reach is left out."""
+    from infra.layer_contents import shipped
+
+    modules = {"lightmetrics." + ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+               for rel in shipped() if rel.suffix == ".py"}
+    modules = {m.removesuffix(".__init__") for m in modules}
+    reached = {m for m in deployed_closure() if m == "lightmetrics" or m.startswith("lightmetrics.")}
+    assert modules == reached, (sorted(modules - reached), sorted(reached - modules))
 
 
 # ============================================================================ property 13

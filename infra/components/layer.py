@@ -1,14 +1,14 @@
 """The shared Lambda layer: third-party dependencies plus the ``lightmetrics`` package.
 
 Built by ``make layer`` without Docker (``pip install --platform ... --only-binary=:all:``) into
-``.layer/python``; synth only packages that directory. It refuses to synthesize when the
-directory is missing, was built for another architecture, or holds a ``lightmetrics`` that
-differs from ``shared/lightmetrics`` (a stale layer would deploy old protocol code).
+``.layer/python``; synth only packages that directory. ``lightmetrics`` there is what functions run
+of ``shared/lightmetrics`` (:mod:`infra.layer_contents`: no local runtime, CLI or harnesses). Synth
+refuses when the directory is missing, was built for another architecture, or holds a
+``lightmetrics`` that differs from that (a stale layer would deploy old protocol code).
 """
 
 from __future__ import annotations
 
-import filecmp
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +17,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from infra.config import ROOT
+from infra.layer_contents import copy_shared_package, differences
 
 LAYER_DIR = ROOT / ".layer"
 SHARED_PACKAGE = ROOT / "shared" / "lightmetrics"
@@ -29,22 +30,6 @@ RUNTIME = lambda_.Runtime.PYTHON_3_12
 
 class LayerMissingError(RuntimeError):
     """``.layer/python`` is missing, stale or built for another architecture."""
-
-
-def _diff(src: Path, dst: Path) -> list[str]:
-    """Relative paths of .py files that differ between ``src`` and its copy ``dst``."""
-    out = []
-    for path in sorted(src.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        rel = path.relative_to(src)
-        copy = dst / rel
-        if not copy.is_file() or not filecmp.cmp(path, copy, shallow=False):
-            out.append(str(rel))
-    for path in sorted(dst.rglob("*.py")):
-        if "__pycache__" not in path.parts and not (src / path.relative_to(dst)).is_file():
-            out.append(str(path.relative_to(dst)))
-    return out
 
 
 def check_layer_dir(layer_dir: Path = LAYER_DIR) -> Path:
@@ -62,7 +47,7 @@ def check_layer_dir(layer_dir: Path = LAYER_DIR) -> Path:
             f"Lambda layer in {layer_dir} was built for {built_for!r}, the functions run on {ARCH_NAME!r}: "
             "run `make layer`"
         )
-    stale = _diff(SHARED_PACKAGE, python / "lightmetrics")
+    stale = differences(python / "lightmetrics", SHARED_PACKAGE)
     if stale:
         shown = ", ".join(stale[:5]) + (" ..." if len(stale) > 5 else "")
         raise LayerMissingError(
@@ -78,11 +63,10 @@ def refresh_shared_package(layer_dir: Path = LAYER_DIR) -> bool:
     directory is left missing (synth then says to run ``make layer``).
     """
     python = layer_dir / "python"
-    if not python.is_dir() or not _diff(SHARED_PACKAGE, python / "lightmetrics"):
+    if not python.is_dir() or not differences(python / "lightmetrics", SHARED_PACKAGE):
         return False
     staging = python / f".lightmetrics-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(SHARED_PACKAGE, staging, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    copy_shared_package(staging, SHARED_PACKAGE)
     old = python / f".lightmetrics-old-{os.getpid()}"
     if (python / "lightmetrics").exists():
         (python / "lightmetrics").rename(old)

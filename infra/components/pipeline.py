@@ -7,13 +7,20 @@ their own template, wired to the main stack's bucket, ops bucket, control table 
 
 * ``Application`` — ``AWS::EMRServerless::Application``, Spark, release ``emr-spark-8.0.0``
   (Apache Spark 4.0), auto-start on submission, auto-stop when idle, a maximum capacity.
-* ``JobRole`` — assumed by ``emr-serverless.amazonaws.com`` (scoped to this account). Exactly
+* The job's bundle as CDK assets (``infra/pipeline_bundle.py``, built by ``make emr-bundle`` without
+  Docker): the entry point ``pipeline/emr_main.py``, ``app.zip`` (``lightmetrics`` + ``pipeline``,
+  ``spark.submit.pyFiles``) and ``deps.zip`` (third-party wheels, ``spark.archives`` ``#deps`` on ``PYTHONPATH``).
+  They live in the CDK bootstrap's asset bucket under content-hashed keys, which no lifecycle rule of
+  ours expires; a new deploy of changed code gets new keys.
+* ``JobRole`` — assumed by ``emr-serverless.amazonaws.com`` for this application only
+  (``aws:SourceArn``, ``aws:SourceAccount``). Exactly
   what the jobs do: GET/HEAD under the layout prefixes they read, PUT (conditional creates — the
   bucket policy enforces it) under ``rollup/v1/``, ``index/v1/``, ``manifests/v1/`` and
   ``audit/v1/`` only, LIST with an ``s3:prefix`` condition (a HEAD of a missing key must be a
-  404, not a 403), the inventory reports and job artifacts in the ops bucket, job logs under
-  ``emr/logs/``, and on the control table GetItem/PutItem/UpdateItem limited by
-  ``dynamodb:LeadingKeys`` to ``lease#rollup`` and ``checkpoint#reconcile``. No delete anywhere.
+  404, not a 403), the inventory reports in the ops bucket, the three bundle objects, job logs under
+  ``emr/logs/``; on the control table GetItem/PutItem/UpdateItem limited by ``dynamodb:LeadingKeys``
+  to ``lease#rollup`` (the only item the jobs write) and GetItem/Query on ``checkpoint#reconcile``
+  and ``checkpoint#reap`` (read only). No delete anywhere.
 * ``Machine`` — from ``infra/statemachines/pipeline.asl.json`` with ``${Placeholders}`` filled by
   CloudFormation's DefinitionSubstitutions (the pattern of the other state machines); its task
   is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and weekly audit
@@ -39,16 +46,18 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
+from infra import pipeline_bundle as bundle
 from infra.config import InfraConfig
 
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
 RELEASE_LABEL = "emr-spark-8.0.0"
-ARTIFACTS_PREFIX = "emr/"  # in the ops bucket: emr_main.py, the dependency archive, logs/
+LOGS_PREFIX = "emr/logs/"  # in the ops bucket: the job runs' logs (expire with the ops data)
 INVENTORY_ID = "weekly-parquet"  # storage.INVENTORY_ID
 INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
 
@@ -67,19 +76,29 @@ PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParamet
 
 
 def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horizon_s: int, archive_uri: str,
-                            reconcile_shards: int = 1, region: str | None = None) -> str:
-    """``--conf`` flags of every job: the packed virtualenv as Python, and the LM_* settings (the
-    reconciler's shard count: the rollup reads every shard's checkpoint, protocol §12 R8) and the
-    region the job's AWS clients use."""
-    env = {"LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table, "LM_RETRY_HORIZON_S": str(retry_horizon_s),
-           "LM_RECONCILE_SHARDS": str(reconcile_shards)}
+                            py_files_uri: str, reconcile_shards: int = 1, region: str | None = None,
+                            python: str = bundle.JOB_PYTHON_PATH) -> str:
+    """The job's ``sparkSubmitParameters``: our code zip as ``spark.submit.pyFiles`` (what
+    ``--py-files`` sets; a plain conf, as every other setting here), the dependency zip
+    unpacked as ``./deps`` (``spark.archives``) on ``PYTHONPATH``, the image's ``python`` for the
+    driver and the workers, and the LM_* settings (the reconciler's shard count: the rollup reads
+    every shard's checkpoint, protocol §12 R8) and the region the job's AWS clients use.
+
+    >>> p = spark_submit_parameters(bucket="b", prefix="", table="t", retry_horizon_s=60,
+    ...                             archive_uri="s3://a/deps.zip", py_files_uri="s3://a/app.zip", region="eu-west-1")
+    >>> p.split()[:2], "--conf spark.executorEnv.AWS_REGION=eu-west-1" in p
+    (['--conf', 'spark.submit.pyFiles=s3://a/app.zip'], True)
+    """
+    env = {"PYTHONPATH": f"./{bundle.DEPS_ALIAS}", "LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table,
+           "LM_RETRY_HORIZON_S": str(retry_horizon_s), "LM_RECONCILE_SHARDS": str(reconcile_shards)}
     if region:
         env.update(AWS_REGION=region, AWS_DEFAULT_REGION=region)
     confs = [
-        f"spark.archives={archive_uri}#environment",
-        "spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON=./environment/bin/python",
-        "spark.emr-serverless.driverEnv.PYSPARK_PYTHON=./environment/bin/python",
-        "spark.executorEnv.PYSPARK_PYTHON=./environment/bin/python",
+        f"spark.submit.pyFiles={py_files_uri}",
+        f"spark.archives={archive_uri}#{bundle.DEPS_ALIAS}",
+        f"spark.emr-serverless.driverEnv.PYSPARK_DRIVER_PYTHON={python}",
+        f"spark.emr-serverless.driverEnv.PYSPARK_PYTHON={python}",
+        f"spark.executorEnv.PYSPARK_PYTHON={python}",
         "spark.sql.execution.arrow.pyspark.enabled=true",
     ]
     for k, v in env.items():
@@ -109,11 +128,24 @@ class Pipeline(NestedStack):
                                                                                  disk="200 GB"),
         )
 
+        app_arn = stack.format_arn(service="emr-serverless", resource="/applications",
+                                   resource_name=self.application.attr_application_id,
+                                   arn_format=ArnFormat.SLASH_RESOURCE_NAME)
+
+        # -- the job's bundle (make emr-bundle; synth refuses a missing or stale dependency zip) ----------
+        self.bundle = {
+            "entry_point": s3_assets.Asset(self, "JobEntryPoint", path=str(bundle.ENTRY_POINT)),
+            "py_files": s3_assets.Asset(self, "JobCode", path=str(bundle.ensure_app_zip())),
+            "archive": s3_assets.Asset(self, "JobDependencies", path=str(bundle.check_deps())),
+        }
+
         # -- the jobs' role: exactly what audit and rollup do -------------------------------------------
         self.job_role = iam.Role(
             self, "JobRole",
             assumed_by=iam.ServicePrincipal("emr-serverless.amazonaws.com", conditions={
-                "StringEquals": {"aws:SourceAccount": stack.account}}),
+                # the application's ARN; its job runs' ARNs too, should the service name a run (still this application)
+                "StringEquals": {"aws:SourceAccount": stack.account},
+                "ArnLike": {"aws:SourceArn": [app_arn, f"{app_arn}/jobruns/*"]}}),
             description="Lightmetrics pipeline jobs (EMR Serverless): read the layout, create rollups and audits",
         )
         obj = lambda b, prefixes: [f"{b.bucket_arn}/{p}*" for p in prefixes]  # noqa: E731
@@ -126,13 +158,15 @@ class Pipeline(NestedStack):
             sid="ListLayout", actions=["s3:ListBucket"], resources=[bucket.bucket_arn],
             conditions={"StringLike": {"s3:prefix": [ns + p + "*" for p in READ_PREFIXES]}}))
         self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadInventoryAndArtifacts", actions=["s3:GetObject"],
-            resources=obj(ops_bucket, [f"{INVENTORY_PREFIX}/*", ARTIFACTS_PREFIX])))
+            sid="ReadInventory", actions=["s3:GetObject"], resources=obj(ops_bucket, [f"{INVENTORY_PREFIX}/"])))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="ReadJobBundle", actions=["s3:GetObject"],
+            resources=[f"arn:{stack.partition}:s3:::{a.s3_bucket_name}/{a.s3_object_key}" for a in self.bundle.values()]))
         self.job_role.add_to_policy(iam.PolicyStatement(
             sid="ListInventory", actions=["s3:ListBucket"], resources=[ops_bucket.bucket_arn],
             conditions={"StringLike": {"s3:prefix": [f"{INVENTORY_PREFIX}/*"]}}))
         self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="WriteJobLogs", actions=["s3:PutObject"], resources=obj(ops_bucket, [f"{ARTIFACTS_PREFIX}logs/"])))
+            sid="WriteJobLogs", actions=["s3:PutObject"], resources=obj(ops_bucket, [LOGS_PREFIX])))
         self.job_role.add_to_policy(iam.PolicyStatement(
             sid="RollupLease", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
             resources=[table_arn],
@@ -145,24 +179,21 @@ class Pipeline(NestedStack):
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(READ_KEYS)}}))
 
         # -- the state machine that starts the jobs ---------------------------------------------------------
-        artifacts = f"s3://{ops_bucket.bucket_name}/{ARTIFACTS_PREFIX}"
         substitutions = {
             "ApplicationId": self.application.attr_application_id,
             "JobRoleArn": self.job_role.role_arn,
-            "EntryPoint": f"{artifacts}emr_main.py",
+            "EntryPoint": self.bundle["entry_point"].s3_object_url,
             "SparkSubmitParameters": spark_submit_parameters(
                 bucket=bucket.bucket_name, prefix=ns, table=table_name,
-                retry_horizon_s=config.settings.retry_horizon_s, archive_uri=f"{artifacts}pipeline_venv.tar.gz",
+                retry_horizon_s=config.settings.retry_horizon_s, archive_uri=self.bundle["archive"].s3_object_url,
+                py_files_uri=self.bundle["py_files"].s3_object_url,
                 reconcile_shards=config.settings.reconcile_shards, region=Stack.of(self).region),
-            "LogUri": f"{artifacts}logs/",
+            "LogUri": f"s3://{ops_bucket.bucket_name}/{LOGS_PREFIX}",
             "InventoryLocation": f"s3://{ops_bucket.bucket_name}/{INVENTORY_PREFIX}/{bucket.bucket_name}/{INVENTORY_ID}/",
         }
         text = ASL_FILE.read_text()
         self.definition = text
         self.substitutions = substitutions
-        app_arn = stack.format_arn(service="emr-serverless", resource="/applications",
-                                   resource_name=self.application.attr_application_id,
-                                   arn_format=ArnFormat.SLASH_RESOURCE_NAME)
         self.machine_role = iam.Role(
             self, "MachineRole", assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
             description="Lightmetrics pipeline state machine: starts and watches the EMR Serverless job runs")

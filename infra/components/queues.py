@@ -1,10 +1,16 @@
-"""SQS queues with DLQs and the S3 notifications that feed them, one per ``QueueSpec`` of the spec."""
+"""SQS queues with DLQs and the S3 notifications that feed them, one per ``QueueSpec`` of the spec.
+
+Every queue and DLQ has SSE-SQS (S3 cannot notify a queue under the AWS-managed ``aws/sqs`` key) and
+refuses requests without TLS. CDK's handler that applies the notification configuration at deploy
+time logs to a group of its own with the stack's retention.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import Duration
+from aws_cdk import CfnResource, Duration, Stack
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sqs as sqs
@@ -17,6 +23,9 @@ _EVENTS = {
     "s3:ObjectCreated:Put": s3.EventType.OBJECT_CREATED_PUT,
     "s3:ObjectCreated:CompleteMultipartUpload": s3.EventType.OBJECT_CREATED_COMPLETE_MULTIPART_UPLOAD,
 }
+
+#: CDK's singleton that writes bucket notification configurations (exists when QUEUES is non-empty).
+NOTIFICATIONS_HANDLER_ID = "BucketNotificationsHandler050a0587b7544547bf325f094a3db834"
 
 #: Dead letters wait this long for the sweeper (which turns each one into a blocker).
 DLQ_RETENTION = Duration.days(14)
@@ -40,6 +49,7 @@ class IndexQueues(Construct):
         specs: tuple[QueueSpec, ...],
         bucket: s3.Bucket,
         namespace: str,
+        log_retention: logs.RetentionDays,
     ) -> None:
         super().__init__(scope, construct_id)
         self.built: list[BuiltQueue] = []
@@ -71,3 +81,12 @@ class IndexQueues(Construct):
             self.built.append(BuiltQueue(spec, queue, dlq))
             self.by_name[spec.name] = queue
             self.by_name[spec.dlq_name] = dlq
+        self.handler_log_group = self._handler_logs(log_retention) if self.built else None
+
+    def _handler_logs(self, retention: logs.RetentionDays) -> logs.LogGroup:
+        """Without it, Lambda creates the handler's log group on first run, and that one never expires."""
+        handler = Stack.of(self).node.find_child(NOTIFICATIONS_HANDLER_ID).node.find_child("Resource")
+        assert isinstance(handler, CfnResource)
+        log_group = logs.LogGroup(self, "NotificationsHandlerLogs", retention=retention)
+        handler.add_property_override("LoggingConfig", {"LogGroup": log_group.log_group_name})
+        return log_group

@@ -1,0 +1,70 @@
+"""What of ``shared/lightmetrics`` the Lambda layer ships: everything a function runs, nothing more.
+
+The outer shells — the local runtime, the CLI, the harnesses (demo, soak, ledger, benchmarks), the
+test switches and the agent client — stay out: no function imports them
+(``tests/test_import_contract.py``), and the layer-only sandbox test runs every handler with
+exactly this copy. ``make layer`` copies with :func:`copy_shared_package`; synth refuses a layer
+whose copy differs (:func:`differences`).
+
+Example:
+    >>> "cli/main.py" in {str(p) for p in shipped()}
+    False
+    >>> "store.py" in {str(p) for p in shipped()}
+    True
+
+Run as ``python -m infra.layer_contents DEST`` to (re)write the copy at ``DEST``.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import shutil
+import sys
+from pathlib import Path
+
+SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
+
+#: Subpackages of ``lightmetrics`` the layer leaves out (the outer shells).
+OUTER_PACKAGES = ("local", "cli", "testing", "bench", "client")
+#: Top-level modules of ``lightmetrics`` the layer leaves out (the harnesses).
+OUTER_MODULES = ("demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py")
+#: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``,
+#: ``cost``, ``conflicts show``, ``env --stack``; the state machines' definitions are rendered at
+#: synth and by the local runtime). A test keeps this list equal to what no function reaches.
+OPERATOR_MODULES = ("verify.py", "cost_model.py", "identity_view.py", "stack_outputs.py", "statemachines.py")
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p.relative_to(root) for p in root.rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+
+
+def is_outer(rel: Path) -> bool:
+    """Whether a path relative to the package belongs to an outer shell."""
+    return rel.parts[0] in OUTER_PACKAGES or (len(rel.parts) == 1 and rel.name in OUTER_MODULES)
+
+
+def shipped(src: Path = SHARED_PACKAGE) -> list[Path]:
+    """The files of ``src`` the layer ships, relative to it."""
+    return [rel for rel in _files(src) if not is_outer(rel) and not (len(rel.parts) == 1 and rel.name in OPERATOR_MODULES)]
+
+
+def differences(dest: Path, src: Path = SHARED_PACKAGE) -> list[str]:
+    """Relative paths where the copy at ``dest`` is not exactly :func:`shipped` (missing, changed
+    or extra files)."""
+    want = shipped(src)
+    out = [str(rel) for rel in want if not (dest / rel).is_file() or not filecmp.cmp(src / rel, dest / rel, shallow=False)]
+    extra = set(_files(dest)) - set(want) if dest.is_dir() else set()
+    return out + sorted(str(rel) for rel in extra)
+
+
+def copy_shared_package(dest: Path, src: Path = SHARED_PACKAGE) -> None:
+    """Write the shipped files of ``src`` to ``dest`` (replacing whatever was there)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel in shipped(src):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src / rel, dest / rel)
+
+
+if __name__ == "__main__":
+    copy_shared_package(Path(sys.argv[1]))
