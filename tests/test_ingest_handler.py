@@ -91,3 +91,16 @@ def test_bad_configuration_fails_the_cold_start_loudly(monkeypatch):  # type: ig
     with pytest.raises(ConfigError, match="LM_BUCKET"):
         invoke("accepted.json")
     app.reset()
+
+
+def test_an_empty_body_is_400_saying_so(ingest_env, runtime):  # type: ignore[no-untyped-def]
+    """Issue 17: an empty POST (no frame) is answered 400 invalid, ``duplicate`` false, with a reason
+    that says the body is empty (not the frame decoder's "truncated in magic"), one content-type."""
+    event = json.loads((EVENTS / "accepted.json").read_text())
+    event["body"], event["isBase64Encoded"] = "", False
+    out = app.handler(event, LambdaContext("ingest"))
+    body = json.loads(out["body"])
+    assert out["statusCode"] == 400 and body["status"] == "invalid" and body["duplicate"] is False, out
+    assert body["reason"].startswith("empty body"), body
+    assert [k for k in out["headers"] if k.lower() == "content-type"] == ["content-type"]
+    assert runtime.boto3_client("s3").list_objects_v2(Bucket=ingest_env).get("KeyCount") == 0

@@ -181,3 +181,12 @@ def test_token_keys_cache_bounds_staleness():  # type: ignore[no-untyped-def]
     assert loads == [0.0]
     now[0] = 300; cache.get()
     assert loads == [0.0, 300]
+
+
+def test_the_stacks_empty_prefix_output_is_accepted_as_no_prefix() -> None:
+    """Issue 17: the stack's ``Prefix`` output is the literal ``(empty)`` when there is no prefix
+    (CloudFormation refuses an empty output); ``LM_PREFIX`` takes that value as ""."""
+    from lightmetrics.config import EMPTY_PREFIX, Settings
+
+    assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": EMPTY_PREFIX}).prefix == ""
+    assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": "prod/"}).prefix == "prod/"

@@ -29,6 +29,9 @@ from lightmetrics.errors import ConfigError
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 ENV_PREFIX = "LM_"
+#: How the stack's ``Prefix`` output writes an empty prefix (a CloudFormation output cannot be empty);
+#: ``LM_PREFIX`` accepts it as "".
+EMPTY_PREFIX = "(empty)"
 
 #: Default ``LM_CLOCK_SKEW_S``: how far two hosts' clocks may disagree (H1's allowance).
 DEFAULT_CLOCK_SKEW_S = 60
@@ -86,7 +89,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bucket: str = Field(description="LM_BUCKET: the acceptance authority's bucket")
-    prefix: str = Field("", description="LM_PREFIX: prefix namespace inside the bucket")
+    prefix: str = Field("", description="LM_PREFIX: prefix namespace inside the bucket ('(empty)' = none)")
     table: str = Field("lightmetrics-control", description="LM_TABLE: DynamoDB control table")
     collector_id: str = Field("collector-1", description="LM_COLLECTOR_ID: recorded in manifests")
     ingest_url: str | None = Field(None, description="LM_INGEST_URL: ingest endpoint for clients")
@@ -143,6 +146,8 @@ class Settings(BaseModel):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
+        if v == EMPTY_PREFIX:  # the stack's Prefix output for "" (CloudFormation outputs cannot be empty)
+            return ""
         if v and (not v.endswith("/") or v.startswith("/") or "//" in v):
             raise ValueError("must be empty or end with '/' (e.g. 'prod/'), without a leading '/'")
         return v

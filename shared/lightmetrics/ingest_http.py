@@ -113,6 +113,8 @@ class IngestService:
                 f"body is {len(request.body)} bytes, over the {self.ctx.max_frame_bytes} byte limit",
                 413,
             )
+        if not request.body:  # before authentication too: nothing was sent that could be accepted
+            return _error(AcceptStatus.INVALID, "empty body: POST one Lightmetrics frame (docs/frame-format.md)")
         try:
             token = bearer_token(request.headers.get("authorization"))
             identity = BatchIdentity.create(
