@@ -546,12 +546,15 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
 
             # -- 3. reconcile: the lost event's entry is repaired; the poison stays a blocker
             ctx = system.work_context()
-            lost_sha = dropped[0].rsplit("/", 1)[-1].split(".")[0] if dropped else ""
-            present_before = any(k.endswith(f"sha256={lost_sha}.json") for k in
-                                 store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+            lost_sha = codec.parse(dropped[0]).sha256 if dropped else ""
+
+            def entry_present() -> bool:
+                return any(codec.parse(k).sha256 == lost_sha for k in
+                           store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+
+            present_before = entry_present()
             rec = system.reconciler(ctx).run()
-            present_after = any(k.endswith(f"sha256={lost_sha}.json") for k in
-                                store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+            present_after = entry_present()
             report.dropped_event = {"blob_key": dropped[0] if dropped else None, "entry_before_reconcile": present_before,
                                     "entry_after_reconcile": present_after,
                                     "repaired": bool(dropped) and not present_before and present_after,

@@ -28,8 +28,9 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from lightmetrics.errors import KeyLayoutError
 from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import KeyCodec, UtcHour
+from lightmetrics.keys import KeyCodec, KeyKind, ParsedKey, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
 from lightmetrics.store import S3ObjectStore
 
@@ -48,10 +49,18 @@ def tombstoned_hours(store: S3ObjectStore, codec: KeyCodec, scope: str = "raw") 
     """Every hour with a retention tombstone (one listing)."""
     hours = set()
     for key in store.list_keys(codec.prefix + f"retention/v1/{scope}/", limit=_ALL):
-        if key.endswith("/tombstone.json"):
-            parts = key.split("/")
-            hours.add(UtcHour.from_parts(parts[-3].removeprefix("date="), parts[-2].removeprefix("hour=")))
+        parsed = _parsed(codec, key)
+        if parsed is not None and parsed.kind is KeyKind.RETENTION_TOMBSTONE and parsed.hour is not None:
+            hours.add(parsed.hour)
     return hours
+
+
+def _parsed(codec: KeyCodec, key: str) -> ParsedKey | None:
+    """The key's fields, or None for a key outside the layout (not this check's to judge)."""
+    try:
+        return codec.parse(key)
+    except KeyLayoutError:
+        return None
 
 
 def check_acknowledged(store: S3ObjectStore, codec: KeyCodec, acked: Mapping[BatchIdentity, Collection[str]],
@@ -90,8 +99,8 @@ def missing_derived(store: S3ObjectStore, codec: KeyCodec,
     """How many of ``manifests`` lack each derived entry (hours tombstoned by retention excused)."""
     by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=_ALL))
     by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=_ALL))
-    blob_shas = {k.rsplit("sha256=", 1)[-1][:64] for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/",
-                                                                          limit=_ALL)}
+    blob_shas = {p.sha256 for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=_ALL)
+                 if (p := _parsed(codec, k)) is not None}
     tombstoned = tombstoned_hours(store, codec)
     missing: Counter[str] = Counter()
     for ident, m in manifests.items():
