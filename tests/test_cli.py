@@ -197,10 +197,10 @@ def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand(): 
     assert not repeated, repeated
 
 
-def test_env_configures_lmctl_from_the_stack_outputs(runtime):  # type: ignore[no-untyped-def]
-    """Issue 17: eval "$(lmctl env --stack X)" points lmctl at a deployed stack; here a stack on the
-    local runtime whose outputs are the ones infra/stack.py declares (lightmetrics.stack_outputs),
-    naming a provisioned local system."""
+@pytest.fixture(scope="module")
+def stack(runtime):  # type: ignore[no-untyped-def]
+    """A stack on the local runtime whose outputs are the ones infra/stack.py declares
+    (lightmetrics.stack_outputs), naming a provisioned local system: (stack name, settings, outputs)."""
     import uuid
 
     from lightmetrics.local.system import LocalSystem
@@ -213,38 +213,76 @@ def test_env_configures_lmctl_from_the_stack_outputs(runtime):  # type: ignore[n
     try:
         st = system.settings
         values = {"BucketName": st.bucket, "Prefix": st.prefix or EMPTY_PREFIX, "TableName": st.table,
-                  "SecretName": st.auth_secret_id}
+                  "SecretName": st.auth_secret_id, "IngestUrl": f"https://{tag}.lambda-url.us-east-1.on.aws/"}
         values.update({queue_output_key(n): st.queue_urls[n] for q in SPEC.queues for n in (q.name, q.dlq_name)})
         values.update({state_machine_output_key(sm.logical_name): st.state_machine_arns[sm.name]
                        for sm in SPEC.state_machines})
         template = {"Resources": {"Anchor": {"Type": "AWS::SQS::Queue"}},
                     "Outputs": {k: {"Value": v} for k, v in values.items()}}
-        cfn = runtime.boto3_client("cloudformation")
-        cfn.create_stack(StackName=f"lm-env-{tag}", TemplateBody=json.dumps(template))
-        aws_only = {k: v for k, v in os.environ.items() if not k.startswith("LM_")}
-        r = run("env", "--stack", f"lm-env-{tag}", "--json", env=aws_only)
-        assert r.returncode == 0, r.stderr
-        got = json.loads(r.stdout)
-        assert (got["LM_BUCKET"], got["LM_PREFIX"], got["LM_TABLE"]) == (st.bucket, "", st.table)
-        assert json.loads(got["LM_STATE_MACHINE_ARNS"]) == {sm.name: st.state_machine_arns[sm.name]
-                                                           for sm in SPEC.state_machines}
-        assert json.loads(got["LM_QUEUE_URLS"]) == st.queue_urls
-        exports = run("env", "--stack", f"lm-env-{tag}", env=aws_only)
-        assert exports.returncode == 0 and "export LM_PREFIX=''" in exports.stdout.splitlines()
-        # The exports configure lmctl: status reads the bucket, table and queues they name.
-        lmctl = " ".join(LMCTL)
-        shell = subprocess.run(["bash", "-c", f'eval "$({lmctl} env --stack lm-env-{tag})" && {lmctl} status --json'],
-                               capture_output=True, text=True, env=aws_only, timeout=120)
-        assert shell.returncode == 0, shell.stdout + shell.stderr
-        assert json.loads(shell.stdout)["queues"].keys() == st.queue_urls.keys()  # every queue reached
-        r = run("env", "--stack", "no-such-stack", env=aws_only)
-        assert r.returncode == 2 and "no stack 'no-such-stack'" in r.stderr
-        cfn.create_stack(StackName=f"lm-env-old-{tag}", TemplateBody=json.dumps(
-            {"Resources": template["Resources"], "Outputs": {"BucketName": {"Value": st.bucket}}}))
-        r = run("env", "--stack", f"lm-env-old-{tag}", env=aws_only)
-        assert r.returncode == 2 and "has no output" in r.stderr and "TableName" in r.stderr
+        runtime.boto3_client("cloudformation").create_stack(StackName=f"lm-env-{tag}", TemplateBody=json.dumps(template))
+        yield f"lm-env-{tag}", st, values
     finally:
         system.stop()
+
+
+def test_env_configures_lmctl_from_the_stack_outputs(runtime, stack):  # type: ignore[no-untyped-def]
+    """Issue 17: eval "$(lmctl env --stack X)" points lmctl at a deployed stack."""
+    from lightmetrics.resources import SPEC
+
+    name, st, values = stack
+    aws_only = {k: v for k, v in os.environ.items() if not k.startswith("LM_")}
+    r = run("env", "--stack", name, "--json", env=aws_only)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert (got["LM_BUCKET"], got["LM_PREFIX"], got["LM_TABLE"]) == (st.bucket, "", st.table)
+    assert json.loads(got["LM_STATE_MACHINE_ARNS"]) == {sm.name: st.state_machine_arns[sm.name]
+                                                       for sm in SPEC.state_machines}
+    assert json.loads(got["LM_QUEUE_URLS"]) == st.queue_urls
+    assert got["LM_INGEST_URL"] == values["IngestUrl"]  # what `lmctl agent run` sends to
+    exports = run("env", "--stack", name, env=aws_only)
+    assert exports.returncode == 0 and "export LM_PREFIX=''" in exports.stdout.splitlines()
+    # The exports configure lmctl: status reads the bucket, table and queues they name.
+    lmctl = " ".join(LMCTL)
+    shell = subprocess.run(["bash", "-c", f'eval "$({lmctl} env --stack {name})" && {lmctl} status --json'],
+                           capture_output=True, text=True, env=aws_only, timeout=120)
+    assert shell.returncode == 0, shell.stdout + shell.stderr
+    assert json.loads(shell.stdout)["queues"].keys() == st.queue_urls.keys()  # every queue reached
+    r = run("env", "--stack", "no-such-stack", env=aws_only)
+    assert r.returncode == 2 and "no stack 'no-such-stack'" in r.stderr
+    cfn = runtime.boto3_client("cloudformation")
+    cfn.create_stack(StackName=f"{name}-old", TemplateBody=json.dumps(
+        {"Resources": {"Anchor": {"Type": "AWS::SQS::Queue"}}, "Outputs": {"BucketName": {"Value": st.bucket}}}))
+    r = run("env", "--stack", f"{name}-old", env=aws_only)
+    assert r.returncode == 2 and "has no output" in r.stderr and "TableName" in r.stderr
+
+
+def test_env_exports_the_profile_and_region_given_to_lmctl_itself(stack, tmp_path):  # type: ignore[no-untyped-def]
+    """Issue 17: `lmctl --profile P --region R env --stack S` reads with P in R and exports both,
+    as `lmctl env --stack S --profile P --region R` does: the next command uses the same account."""
+    name, _, _ = stack
+    config = tmp_path / "config"
+    config.write_text("[profile p1]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("LM_", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
+                                 "AWS_SECRET_ACCESS_KEY"))}
+    base.update(AWS_CONFIG_FILE=str(config), AWS_SHARED_CREDENTIALS_FILE="/nonexistent")
+    for args in (["--profile", "p1", "--region", "us-east-1", "env", "--stack", name, "--json"],
+                 ["env", "--stack", name, "--profile", "p1", "--region", "us-east-1", "--json"]):
+        r = run(*args, env=base)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        got = json.loads(r.stdout)
+        assert (got.get("AWS_PROFILE"), got["AWS_REGION"]) == ("p1", "us-east-1"), args
+
+
+def test_env_with_an_unknown_profile_names_the_setting(tmp_path):  # type: ignore[no-untyped-def]
+    """Issue 17: `lmctl env --stack S --profile nope` exits 2 saying what to set, like `lmctl --profile nope`."""
+    bare = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true"}
+    for args in (["env", "--stack", "L", "--profile", "nope", "--region", "eu-west-1"],
+                 ["--profile", "nope", "env", "--stack", "L", "--region", "eu-west-1"]):
+        r = run(*args, "--json", env=bare)
+        reason = json.loads(r.stdout)["reason"]
+        assert r.returncode == 2 and "nope" in reason and "AWS_PROFILE" in reason, (args, r.stdout, r.stderr)
 
 
 def test_tables_never_cut_an_identifier_when_piped():  # type: ignore[no-untyped-def]
@@ -282,3 +320,90 @@ def test_invoke_says_when_a_sample_event_opened_blockers(runtime):  # type: igno
         assert quiet.exit_code == 0 and "blocker" not in quiet.stderr
     finally:
         system.stop()
+
+
+def test_invoke_json_is_the_handler_result_alone_with_real_powertools_output(env):  # type: ignore[no-untyped-def]
+    """Issue 17: without the quiet Powertools settings (as an operator's shell has them), the
+    handler's log lines and EMF metrics go to stderr; stdout is one JSON document."""
+    from lightmetrics.local.environment import QUIET_POWERTOOLS
+
+    loud = {k: v for k, v in env.items() if k not in QUIET_POWERTOOLS}
+    loud.update(POWERTOOLS_LOG_LEVEL="INFO", POWERTOOLS_TRACE_DISABLED="true")  # no X-Ray daemon here
+    for function, event in (("ingest", "events/ingest/missing-token.json"),
+                            ("index_accepted", "events/index_accepted/s3-test-event.json")):
+        r = run("invoke", function, "--event", event, "--json", env=loud)
+        assert r.returncode == 0, r.stderr
+        json.loads(r.stdout)  # nothing but the result
+        assert '"level"' in r.stderr or '"_aws"' in r.stderr, r.stderr  # the handler did log: on stderr
+    r = run("invoke", "ingest", "--event", "events/ingest/missing-token.json", "--json", env=loud)
+    assert json.loads(r.stdout)["statusCode"] == 401 and '"_aws"' in r.stderr  # EMF metrics too
+
+
+def test_human_tables_print_nested_values_as_json():  # type: ignore[no-untyped-def]
+    """Issue 17: lists, dicts, booleans and None in a table are JSON, never Python's repr."""
+    from rich.console import Console
+
+    from lightmetrics.cli.output import grid, kv_table
+
+    out = Console(width=200, record=True, file=open(os.devnull, "w"))
+    out.print(kv_table("t", [("metrics", ["cpu.usage"]), ("answers", {"accepted": 1}), ("compressed", False),
+                             ("span", (1, 2)), ("gone", None), ("name", "x")]))
+    out.print(grid("g", ["a", "b"], [(["x"], True)]))
+    text = out.export_text()
+    for shown in ('["cpu.usage"]', '{"accepted": 1}', "false", "[1, 2]", "null", '["x"]', "true"):
+        assert shown in text, (shown, text)
+    for repr_ in ("['cpu.usage']", "{'accepted': 1}", "False", "None", "(1, 2)", "True"):
+        assert repr_ not in text, (repr_, text)
+
+
+def test_agent_parked_shows_the_whole_frame_hash(capsys):  # type: ignore[no-untyped-def]
+    """Issue 17: no identifier is cut in a table; a parked batch's frame sha256 is printed whole."""
+    from types import SimpleNamespace
+
+    from lightmetrics.cli.agent_cmds import _print_parked
+
+    sha = "ab" * 32
+    _print_parked([SimpleNamespace(identity="a/b/1-2", kind="conflict", http_status=409, resolution=None,
+                                   attempts=3, frame_sha256=sha)], [])
+    assert sha in capsys.readouterr().out
+
+
+def test_configuration_errors_exit_2_naming_the_setting(runtime, env):  # type: ignore[no-untyped-def]
+    """Issue 17: a token secret or state machine that does not exist, or a region that is no region
+    name, is a configuration error: exit 2 naming its setting, not 4 ("retry")."""
+    import uuid
+
+    from lightmetrics.local.system import LocalSystem
+
+    r = run("--auth-secret-id", f"nope/{uuid.uuid4().hex}", "agent-token", "--agent-id", "a1", "--json", env=env)
+    assert r.returncode == 2 and "LM_AUTH_SECRET_ID" in json.loads(r.stdout)["reason"], r.stdout + r.stderr
+    bare = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent",
+            "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    r = run("--region", "x", "--bucket", "mybucket", "status", "--json", env=bare)
+    reason = json.loads(r.stdout)["reason"]
+    assert r.returncode == 2 and "AWS_REGION" in reason and "'x'" in reason, r.stdout + r.stderr
+    tag = uuid.uuid4().hex[:10]
+    system = LocalSystem(runtime, bucket=f"lm-cfg-{tag}", table=f"lm-cfg-{tag}", secret_name=f"lm-cfg/{tag}",
+                         queue_name_prefix=f"cfg{tag}-").provision()
+    try:
+        arns = json.dumps({"bootstrap-walk": "arn:aws:states:us-east-1:123456789012:stateMachine:Nope",
+                           "reap": "arn:aws:states:us-east-1:123456789012:stateMachine:Nope2"})
+        e = {**os.environ, **system.environment(), "LM_STATE_MACHINE_ARNS": arns}
+        r = run("walk", "start", "--json", env=e)
+        reason = json.loads(r.stdout)["reason"]
+        assert r.returncode == 2 and "LM_STATE_MACHINE_ARNS" in reason, r.stdout + r.stderr
+    finally:
+        system.stop()
+
+
+def test_usage_errors_with_json_answer_one_json_document():  # type: ignore[no-untyped-def]
+    """Issue 17: a click usage error under --json is the same error document `fail` prints, exit 2;
+    without --json the usage text stays on stderr."""
+    for args in (["conflicts", "show", "--json"], ["frame", "inspect", "--json", "--nope", "x"],
+                 ["no-such-command", "--json"]):
+        r = run(*args)
+        doc = json.loads(r.stdout)
+        assert r.returncode == 2 and doc["status"] == "error" and doc["exit_code"] == 2 and doc["reason"], args
+    r = run("conflicts", "show")
+    assert r.returncode == 2 and r.stdout == "" and "Usage:" in r.stderr and "Missing argument" in r.stderr

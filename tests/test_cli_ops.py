@@ -92,3 +92,17 @@ def test_status_redrive_and_reconcile(system, runtime):  # type: ignore[no-untyp
     assert code == 0 and report["entries"] == 0 and report["checkpoint_after"]
     code, status = lmctl(system, "status")
     assert status["reconciler"]["checkpoint"] == report["checkpoint_after"]
+
+
+def test_blockers_list_prints_the_whole_reason(system):  # type: ignore[no-untyped-def]
+    """Issue 17: no identifier is cut: a blocker's reason (which names its object key) is printed whole."""
+    ctx = system.work_context(policy=FAST)
+    key = ctx.codec.accepted(ident(7, agent="agent-" + "x" * 90))
+    process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
+                       queue="index-accepted")
+    _, listed = lmctl(system, "blockers", "list")
+    reason = listed["blockers"][0]["reason"]
+    assert len(reason) > 120 and key in reason
+    env = {**os.environ, **system.environment()}
+    r = subprocess.run(LMCTL + ["blockers", "list"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and reason in r.stdout, r.stdout

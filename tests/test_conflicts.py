@@ -398,6 +398,35 @@ def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, c
     assert r.exit_code == 2 and "no conflict id starts with" in json.loads(r.stdout)["reason"]
 
 
+def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hashes(system, runtime, clock):  # type: ignore[no-untyped-def]
+    """Issue 17: the prefix `conflicts show` takes works for `conflicts resolve` too (an ambiguous or
+    unknown one exits 2 saying so, changing nothing), and `conflicts list` prints both sha256 whole."""
+    from lightmetrics.cli.main import cli
+    from lightmetrics.conflicts import conflict_id
+
+    made = [make_conflict(system, runtime, clock, BatchIdentity.create("agent-rpx", b, 0, 9)) for b in ("boot-1", "boot-2")]
+    ids = [conflict_id(BatchIdentity.create("agent-rpx", b, 0, 9), r.frame_sha256)
+           for b, (_, r) in zip(("boot-1", "boot-2"), made)]
+    env = {**system.environment(), "LM_OPERATOR": "operator-1"}
+    runner = CliRunner()
+    table = runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx"], env=env)
+    listed = json.loads(runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx", "--json"], env=env).stdout)
+    for entry in listed["conflicts"]:
+        assert entry["accepted_frame_sha256"] in table.stdout and entry["submitted_frame_sha256"] in table.stdout
+    agent_only = ids[0][:ids[0].index(".")]
+    r = runner.invoke(cli, ["conflicts", "resolve", agent_only, "--accept-existing", "--reason", "x", "--json"], env=env)
+    assert r.exit_code == 2 and "several" in json.loads(r.stdout)["reason"], r.output
+    r = runner.invoke(cli, ["conflicts", "resolve", "ffff0000", "--accept-existing", "--reason", "x", "--json"], env=env)
+    assert r.exit_code == 2 and "no conflict id starts with" in json.loads(r.stdout)["reason"], r.output
+    prefix = ids[0][:ids[0].index(".") + 1 + len(ids[0].split(".")[1])]  # <agent-hex>.<boot-hex>: boot-1's only
+    r = runner.invoke(cli, ["conflicts", "resolve", prefix, "--accept-existing", "--reason", "stale", "--json"], env=env)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["record"]["conflict_id"] == ids[0]
+    r = runner.invoke(cli, ["conflicts", "resolve", prefix, "--deny-identity", "--reason", "x", "--yes", "--json"],
+                      env=env)
+    assert r.exit_code == 2 and json.loads(r.stdout)["status"] == "already_resolved", r.output
+
+
 def test_walk_rebuilds_a_missing_registry_item(system, runtime, clock):  # type: ignore[no-untyped-def]
     ident = BatchIdentity.create("agent-walk", "boot-1", 0, 9)
     _, second = make_conflict(system, runtime, clock, ident)

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -40,24 +41,45 @@ if TYPE_CHECKING:
     from lightmetrics.reconcile import QueueProbe
 
 
-def aws_session() -> Any:
+def aws_session(*, profile_name: str | None = None, region_name: str | None = None) -> Any:
     """A boto3 session whose region and credentials are known, else :class:`ConfigError` naming
     what to set (checked locally, before any request). ``AWS_REGION`` counts as well as
-    ``AWS_DEFAULT_REGION``: Lambda and the AWS CLI v2 set it, botocore alone does not read it."""
+    ``AWS_DEFAULT_REGION``: Lambda and the AWS CLI v2 set it, botocore alone does not read it.
+    ``profile_name``/``region_name`` win over the environment (``lmctl env --profile/--region``).
+
+    A region that is no region name (``x``) is a configuration error here: botocore would build an
+    endpoint from it and retry connecting to a host that does not exist.
+
+    >>> aws_session(region_name="eu-west-1").region_name               # doctest: +SKIP
+    'eu-west-1'
+    """
     try:
-        session = boto3.session.Session()
+        session = boto3.session.Session(profile_name=profile_name, region_name=region_name)
         if session.region_name is None and os.environ.get("AWS_REGION"):
-            session = boto3.session.Session(region_name=os.environ["AWS_REGION"])
+            session = boto3.session.Session(profile_name=profile_name, region_name=os.environ["AWS_REGION"])
         credentials = session.get_credentials() if session.region_name else None
     except ProfileNotFound as exc:
         raise ConfigError(f"{exc}: set AWS_PROFILE (lmctl --profile) to a profile of ~/.aws/config") from None
     if session.region_name is None:
         raise ConfigError("no AWS region: set AWS_REGION (lmctl --region; or AWS_DEFAULT_REGION, or a profile's "
                           "region) to the stack's region")
+    if not _is_region_name(session, session.region_name):
+        raise ConfigError(f"AWS region {session.region_name!r} is not a region name (like eu-west-1): set AWS_REGION "
+                          f"(lmctl --region; or AWS_DEFAULT_REGION, or a profile's region) to the stack's region")
     if credentials is None:
         raise ConfigError("no AWS credentials: set AWS_PROFILE (lmctl --profile), or AWS_ACCESS_KEY_ID and "
                           "AWS_SECRET_ACCESS_KEY (for the local runtime: the exports `lmctl local up` prints)")
     return session
+
+
+#: The form every AWS region name has (``eu-west-1``, ``us-gov-west-1``, ``cn-north-1``)
+_REGION_FORM = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
+
+
+def _is_region_name(session: Any, region: str) -> bool:
+    """``region`` has the form every region name has. Only the form: a region newer than this
+    botocore must still pass, and a well-formed name that does not exist fails at the first request."""
+    return bool(_REGION_FORM.match(region))
 
 
 def s3_client(

@@ -161,7 +161,7 @@ def agent_run(agent_id: str, token_file: str, spool_dir: str, endpoints: tuple[s
 def _print_parked(parked: list[Any], unreadable: list[Any]) -> None:
     if parked:
         console.print(grid("parked batches", ["identity", "kind", "http", "resolution", "attempts", "frame_sha256"],
-                           [(str(p.identity), p.kind, p.http_status, p.resolution, p.attempts, p.frame_sha256[:16])
+                           [(str(p.identity), p.kind, p.http_status, p.resolution, p.attempts, p.frame_sha256)
                             for p in parked]))
     if unreadable:
         console.print(grid("unreadable files (set aside)", ["original name", "reason", "bytes", "path"],

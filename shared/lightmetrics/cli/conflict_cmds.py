@@ -85,10 +85,6 @@ def _scope(agent_id: str, boot_id: str | None) -> str:
     return f"every boot of agent {agent_id!r}" if boot_id is None else f"agent {agent_id!r} boot {boot_id!r}"
 
 
-def _short(sha: str) -> str:
-    return sha[:12] + "…"
-
-
 @click.group()
 def conflicts() -> None:
     """Identity conflicts: the same identity submitted with different content (list, show, resolve)."""
@@ -112,12 +108,11 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
         emit_json({**page.to_json(), "unresolved": unresolved})
     else:
         rows = [(e.conflict_id, f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
-                 _short(e.accepted_frame_sha256), _short(e.submitted_frame_sha256), utc_text(e.first_seen_unix_ns),
+                 e.accepted_frame_sha256, e.submitted_frame_sha256, utc_text(e.first_seen_unix_ns),
                  ", ".join(e.collectors), e.resolution) for e in page.items]
         table = grid(f"identity conflicts ({unresolved} unresolved)",
                      ["id", "agent/boot", "seq", "accepted sha256", "submitted sha256", "first seen",
                       "collectors", "resolution"], rows)
-        table.columns[0].overflow = "fold"  # operators copy the id: never cut it short
         console.print(table)
         if page.next_token:
             console.print(f"more: --next-token {page.next_token}")
@@ -171,7 +166,8 @@ def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
 @json_option
 def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bool, whole_agent: bool, reason: str,
                       yes: bool, settings: Settings, as_json: bool) -> None:
-    """Record the operator's decision once (exit 2 if the conflict was already resolved)."""
+    """Record the operator's decision once (exit 2 if the conflict was already resolved).
+    CONFLICT_ID may be the start of an id that no other conflict's id starts with."""
     if accept_existing and deny_identity:
         fail("choose one decision: --accept-existing or --deny-identity, not both; nothing was changed",
              EXIT_USAGE, as_json=as_json)
@@ -179,6 +175,7 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
         fail("choose --accept-existing or --deny-identity", EXIT_USAGE, as_json=as_json)
     decision = "deny_identity" if deny_identity else "accept_existing"
     registry = _registry(settings, as_json)
+    conflict_id = _run(lambda: registry.complete_id(conflict_id), as_json)  # the prefix `show` takes too
     if deny_identity:
         from lightmetrics.conflicts import parse_conflict_id
 

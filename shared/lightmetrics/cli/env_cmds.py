@@ -34,23 +34,20 @@ def env_cmd(stack_name: str | None, local_port: int | None, region: str | None, 
         fail("give --stack NAME (a deployed stack) or --local [PORT] (lmctl local up)", EXIT_USAGE, as_json=as_json)
     if local_port is not None:
         _local(local_port, as_json)
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
+    from botocore.exceptions import BotoCoreError, ClientError
 
+    from lightmetrics.errors import ConfigError
+    from lightmetrics.services import aws_session
     from lightmetrics.stack_outputs import MissingStackOutput, settings_from_outputs
 
-    try:
-        session = boto3.session.Session(profile_name=profile,
-                                        region_name=region or os.environ.get("AWS_REGION") or None)
-    except ProfileNotFound as exc:
+    # `lmctl --profile P env` exported P as AWS_PROFILE: read with it, and export it again below
+    profile = profile or os.environ.get("AWS_PROFILE") or None
+    try:  # a missing or unknown profile, region or credentials: exit 2 naming what to set
+        session = aws_session(profile_name=profile, region_name=region)
+    except ConfigError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
-    if session.region_name is None:
-        fail("no AWS region: pass --region or set AWS_REGION to the stack's region", EXIT_USAGE, as_json=as_json)
     try:
         stacks = session.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"]
-    except NoCredentialsError as exc:
-        fail(f"{exc}: pass --profile, or set AWS_PROFILE or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", EXIT_USAGE,
-             as_json=as_json)
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ValidationError":  # CloudFormation's "does not exist"
             fail(f"no stack {stack_name!r} in {session.region_name}: {exc.response['Error'].get('Message', '')}",

@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import AS_JSON_META, config_options, identity_options, json_option, settings_options
+from lightmetrics.cli.options import (
+    AS_JSON_META,
+    config_options,
+    exit_for_error,
+    identity_options,
+    json_option,
+    settings_options,
+)
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -21,6 +28,7 @@ from lightmetrics.cli.output import (
     err_console,
     fail,
     kv_table,
+    stdout_to_stderr,
 )
 from lightmetrics.config import Settings
 from lightmetrics.errors import FrameError, InvalidIdentityError, LightmetricsError, ResourceAccessError
@@ -206,8 +214,9 @@ def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_js
         keys = token_keys(settings).get()
     except LightmetricsError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
-    except Exception as exc:  # Secrets Manager unreachable or secret missing
-        fail(f"cannot read secret {settings.auth_secret_id}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+    except Exception as exc:  # a missing secret: exit 2 naming LM_AUTH_SECRET_ID; unreachable: 4
+        exit_for_error(exc, f"cannot read secret {settings.auth_secret_id}", as_json=as_json,
+                       setting="LM_AUTH_SECRET_ID")
     try:
         token = mint_token(keys, agent_id, key_id)
     except LightmetricsError as exc:
@@ -241,12 +250,17 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
     import importlib
 
-    handler = getattr(importlib.import_module(spec.module), spec.attr)
     blockers_before = _open_blockers()
-    try:
-        result = handler(event, LambdaContext(function))
-    except LightmetricsError as exc:
-        fail(f"{function} failed: {exc}", EXIT_VIOLATIONS, as_json=as_json)
+    failure: LightmetricsError | None = None
+    # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
+    with stdout_to_stderr():
+        handler = getattr(importlib.import_module(spec.module), spec.attr)
+        try:
+            result = handler(event, LambdaContext(function))
+        except LightmetricsError as exc:
+            failure = exc
+    if failure is not None:
+        fail(f"{function} failed: {failure}", EXIT_VIOLATIONS, as_json=as_json)
     opened = sorted((_open_blockers() or set()) - (blockers_before or set()))
     if opened:  # a sample event names objects a live bucket may not hold: say what it left behind
         err_console.print(f"note: this event opened {len(opened)} blocker(s) in the configured control table: "
@@ -285,8 +299,27 @@ for command in (local, demo_cmd, soak_cmd, blockers, status_cmd, reconcile_cmd, 
     cli.add_command(command)
 
 
-def main() -> None:
-    cli(prog_name="lmctl")
+def main(args: list[str] | None = None) -> None:
+    """Run lmctl; a usage error under ``--json`` answers the same error document :func:`fail`
+    prints (exit 2), otherwise click's usage text on stderr."""
+    argv = sys.argv[1:] if args is None else args
+    as_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
+    try:
+        code = cli.main(args=argv, prog_name="lmctl", standalone_mode=False)
+    except click.ClickException as exc:  # a usage error (exit 2), a file argument that cannot be opened
+        if not as_json:
+            exc.show()
+            sys.exit(exc.exit_code)
+        ctx = getattr(exc, "ctx", None)
+        fail(exc.format_message() + (f" (see `{ctx.command_path} --help`)" if ctx is not None else ""),
+             exc.exit_code, as_json=True)
+    except click.Abort:  # Ctrl-C, or the end of input at a prompt
+        if as_json:
+            fail("aborted", EXIT_VIOLATIONS, as_json=True)
+        err_console.print("Aborted!", markup=False)
+        sys.exit(EXIT_VIOLATIONS)
+    # click returns a command's return value, or the code of click.exceptions.Exit (--help, --version)
+    sys.exit(code if type(code) is int else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
     if as_json:
         emit_json({"blockers": [b.to_json() for b in items], "open": open_count})
     else:
-        rows = [(b.status, b.kind, b.object_key, b.attempts, utc_text(b.first_seen_ns), b.reason[:120]) for b in items]
+        rows = [(b.status, b.kind, b.object_key, b.attempts, utc_text(b.first_seen_ns), b.reason) for b in items]
         console.print(grid(f"blockers ({open_count} open)", ["status", "kind", "object", "#attempts", "first seen",
                                                              "reason"], rows))
         if items:

@@ -41,10 +41,32 @@ def operator_name() -> str:
         return "operator"
 
 
-def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn:
+#: AWS error codes that mean a configured resource does not exist or refuses us: retrying will not help
+_CONFIGURATION_ERROR_CODES = frozenset({"ResourceNotFoundException", "StateMachineDoesNotExist", "InvalidArn",
+                                        "AccessDeniedException", "AccessDenied"})
+
+
+def _configuration_error_code(exc: BaseException) -> str | None:
+    """The AWS error code of ``exc`` or of an error it was raised from (Powertools wraps the
+    client's), when that code says a configured resource is missing or refuses us."""
+    from botocore.exceptions import ClientError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ClientError):
+            code = seen.response.get("Error", {}).get("Code", "")
+            return code if code in _CONFIGURATION_ERROR_CODES else None
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def exit_for_error(exc: BaseException, doing: str, *, as_json: bool, setting: str | None = None) -> NoReturn:
     """Exit for an error met while ``doing`` something with AWS: 2 naming the resource and its
-    setting when a configured bucket, table or queue is missing or refuses us (retrying will not
-    help), else 4 (unavailable: retry)."""
+    setting when a configured bucket, table or queue (or, given ``setting``, the resource that
+    setting names) is missing or refuses us (retrying will not help), else 4 (unavailable: retry).
+
+    Example: ``exit_for_error(exc, "cannot start the walk", as_json=False, setting="LM_STATE_MACHINE_ARNS")``.
+    """
     from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
 
     if isinstance(exc, (ResourceAccessError, ConfigError)):
@@ -55,6 +77,9 @@ def exit_for_error(exc: BaseException, doing: str, *, as_json: bool) -> NoReturn
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         fail(f"AWS credentials: {exc}; set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", EXIT_USAGE,
              as_json=as_json)
+    if setting is not None and _configuration_error_code(exc) is not None:
+        fail(f"{doing}: {exc}; check {setting}, which names it (the stack's outputs: `lmctl env --stack`)",
+             EXIT_USAGE, as_json=as_json)
     fail(f"{doing}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
 
 

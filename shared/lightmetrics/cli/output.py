@@ -15,11 +15,12 @@ Exit codes (README, "Exit codes"), the same for every command:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Any, NoReturn
 
 import click
@@ -76,12 +77,28 @@ def progress_lines(what: str) -> Iterator[Callable[[str], None]]:
     yield line
 
 
+def cell_text(value: Any) -> str:
+    """How one value reads in a human table: text and numbers as they are, anything else (a list,
+    dict, tuple, boolean or None) as JSON, never Python's repr.
+
+    >>> [cell_text(v) for v in ("k/1", 3, ["cpu.usage"], {"accepted": 1}, False, None)]
+    ['k/1', '3', '["cpu.usage"]', '{"accepted": 1}', 'false', 'null']
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (list, tuple, dict, bool)) or value is None:
+        return json.dumps(strict_json(value), sort_keys=True, default=str, ensure_ascii=False)
+    return str(value)
+
+
 def kv_table(title: str, rows: Iterable[tuple[str, Any]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     for key, value in rows:
-        table.add_row(key, "" if value is None else str(value))
+        table.add_row(key, cell_text(value))
     return table
 
 
@@ -91,8 +108,35 @@ def grid(title: str, headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> T
         # fold, never "…": an identifier must survive a narrow terminal whole
         table.add_column(h, justify="right" if h[:1].isdigit() or h.startswith("#") else "left", overflow="fold")
     for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+        table.add_row(*(cell_text(v) for v in row))
     return table
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send what in-process code writes to stdout (a Lambda handler's Powertools log lines and EMF
+    metrics) to stderr, so stdout stays lmctl's own output: one JSON document under ``--json``.
+
+    Powertools' ``Logger`` binds ``sys.stdout`` when it is constructed, so a module imported inside
+    this block logs to stderr for good, and a logging handler already bound to stdout is switched to
+    stderr for the block's duration.
+
+    >>> with stdout_to_stderr():                                   # doctest: +SKIP
+    ...     result = handler(event, context)
+    """
+    stdout = sys.stdout
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    switched = [(h, h.stream) for lg in loggers for h in lg.handlers
+                if type(h) is logging.StreamHandler and h.stream in (stdout, sys.__stdout__)]
+    for handler, _ in switched:
+        handler.setStream(sys.stderr)
+    try:
+        with redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for handler, stream in switched:
+            handler.setStream(stream)
 
 
 def fail(message: str, code: int = EXIT_USAGE, *, as_json: bool = False) -> NoReturn:

@@ -103,7 +103,7 @@ def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str |
     except InvalidReapInput as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except (ClientError, BotoCoreError, TimeoutError) as exc:
-        fail(f"cannot start the reap: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot start the reap", as_json=as_json, setting="LM_STATE_MACHINE_ARNS")
     info: dict[str, Any] = {"execution_arn": arn, "mode": mode, "dry_run": not execute}
     if not wait:
         if as_json:

@@ -151,7 +151,7 @@ def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_siz
     except (InvalidWalkInput, NothingToResume, NothingToWalk) as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except (ClientError, BotoCoreError, TimeoutError) as exc:
-        fail(f"cannot start the walk: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+        exit_for_error(exc, "cannot start the walk", as_json=as_json, setting="LM_STATE_MACHINE_ARNS")
     info: dict[str, Any] = {"execution_arn": started.execution_arn, "epoch": started.epoch, "scope": started.scope,
                             "resumed": resume}
     if not wait:
