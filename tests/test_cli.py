@@ -318,6 +318,17 @@ def test_invoke_says_when_a_sample_event_opened_blockers(runtime):  # type: igno
         quiet = CliRunner().invoke(cli, ["invoke", "index_accepted", "--event", "events/index_accepted/s3-test-event.json",
                                          "--json"], env=env)
         assert quiet.exit_code == 0 and "blocker" not in quiet.stderr
+        # the object-created sample names an acceptance record this bucket does not hold: said before the
+        # run (the note comes first on stderr), and the run's blocker is reported after it
+        before = CliRunner().invoke(cli, ["invoke", "index_accepted", "--event",
+                                          "events/index_accepted/object-created.json", "--json"], env=env)
+        assert before.exit_code == 0, before.output
+        said, opened = before.stderr.find("does not hold"), before.stderr.find("this event opened")
+        assert 0 <= said < opened and "accepted/v1/" in before.stderr, before.stderr
+        # the sample ingest events' tokens are signed with events/ingest/secret.json's keys: a 401 says so
+        refused = CliRunner().invoke(cli, ["invoke", "ingest", "--event", "events/ingest/accepted.json", "--json"],
+                                     env=env)
+        assert json.loads(refused.stdout)["statusCode"] == 401 and "events/ingest/secret.json" in refused.stderr
     finally:
         system.stop()
 

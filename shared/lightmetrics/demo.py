@@ -198,6 +198,13 @@ class DemoReport:
         console.print("[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]")
 
 
+def _progress_console() -> Any:
+    """Where the demo's progress bars go: stderr, like every log line (stdout is the report)."""
+    from lightmetrics.cli.output import err_console
+
+    return err_console
+
+
 def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0) -> list[Sample]:
     rng = random.Random(agent * 1_000_003 + batch)
     return [
@@ -392,7 +399,7 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
     # (a default walk checks only that one, docs/walks.md); verify reports them, a full walk repairs them.
     started = control.start(full=True, page_size=50, parallelism=4, max_rounds=2)  # spans executions at every scale
     with Progress(TextColumn("[bold]walking"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
-                  TimeElapsedColumn(), disable=not show_progress) as progress:
+                  TimeElapsedColumn(), disable=not show_progress, console=_progress_console()) as progress:
         task = progress.add_task("walk", total=None)
 
         def update(summary: dict[str, Any]) -> None:
@@ -504,7 +511,7 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             mark = time.monotonic()
             with Progress(
                 TextColumn("[bold]accepting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                disable=not show_progress, transient=False,
+                disable=not show_progress, transient=False, console=_progress_console(),
             ) as progress:
                 task = progress.add_task("batches", total=scale.batches)
                 lock = threading.Lock()
@@ -528,7 +535,8 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             mark = time.monotonic()
 
             # -- 2. index: wait until the pump has delivered everything that was queued
-            with Progress(TextColumn("[bold]indexing"), TimeElapsedColumn(), disable=not show_progress) as progress:
+            with Progress(TextColumn("[bold]indexing"), TimeElapsedColumn(), disable=not show_progress,
+                          console=_progress_console()) as progress:
                 progress.add_task("drain", total=None)
                 drained = system.drain(timeout_s=300)
             report.index_s3_requests = runtime.request_count("s3", "index")

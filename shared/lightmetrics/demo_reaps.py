@@ -93,7 +93,10 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
         w_source = "strict verify (the walk withheld W: an operator-skipped item)"
     control = system.reap_control(ctx)
     runs: dict[str, Any] = {}
-    with Progress(TextColumn("[bold]reaping {task.fields[mode]}"), TimeElapsedColumn(), disable=not show_progress) as p:
+    from lightmetrics.cli.output import err_console
+
+    with Progress(TextColumn("[bold]reaping {task.fields[mode]}"), TimeElapsedColumn(), disable=not show_progress,
+                  console=err_console) as p:
         for mode, inp in (("gc", {"mode": "gc", "dry_run": False}),
                           ("retention", {"mode": "retention", "dry_run": False, "hour": planted["hour"],
                                          "tombstone_wait_s": 1})):

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
 
 from lightmetrics.cli.options import config_options, json_option
-from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail
+from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, strict_json
 
 
 def _wait_for_signal() -> None:
@@ -166,8 +168,10 @@ def local_collector(port: int, ready_file: str | None) -> None:
          "Default from LM_DEMO_SCALE, else quick.",
 )
 @click.option("--port", default=0, type=click.IntRange(0, 65530), help="moto's port (0 = any free port).")
+@click.option("--report-json", "report_json", default=None, type=click.Path(dir_okay=False),
+              help="Also write the report as one JSON document to this file (a CI artifact).")
 @json_option
-def demo_cmd(scale: str | None, port: int, as_json: bool) -> None:
+def demo_cmd(scale: str | None, port: int, report_json: str | None, as_json: bool) -> None:
     """The main job: collectors, agents, resends, a conflict and a killed collector, then a ledger check.
 
     Exit 0 when every acknowledged batch has its manifest (same hash) and blob; 1 otherwise.
@@ -184,6 +188,9 @@ def demo_cmd(scale: str | None, port: int, as_json: bool) -> None:
     except JavaMissing as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     report = run_demo(SCALES[scale], port=port, show_progress=not as_json)
+    if report_json:
+        Path(report_json).write_text(json.dumps(strict_json(report.to_json()), sort_keys=True, default=str,
+                                                allow_nan=False) + "\n", encoding="utf-8")
     if as_json:
         emit_json(report.to_json())
     else:

@@ -250,6 +250,11 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
     import importlib
 
+    absent = _absent_objects(event)
+    if absent:  # said before the run: the handler will not find them, and records that as a blocker
+        err_console.print(f"note: this event names {len(absent)} object(s) the configured bucket does not hold "
+                          f"({', '.join(absent)}): the handler will report each as a blocker (a sample event "
+                          f"names the objects of the sample bucket)", markup=False)
     blockers_before = _open_blockers()
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
@@ -266,7 +271,28 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         err_console.print(f"note: this event opened {len(opened)} blocker(s) in the configured control table: "
                           f"{', '.join(opened)} (lmctl blockers list; lmctl blockers skip WORK_KEY --reason ...)",
                           markup=False)
+    if isinstance(result, dict) and result.get("statusCode") == 401 and "ingest" in Path(event_path).parts:
+        err_console.print("note: the sample ingest events carry tokens signed with the keys of "
+                          "events/ingest/secret.json; to replay them, put that JSON (without _comment) in the "
+                          "configured LM_AUTH_SECRET_ID secret, or mint a token with lmctl agent-token", markup=False)
     emit_json(result) if as_json else console.print_json(json.dumps(result, default=str))
+
+
+def _absent_objects(event: Any) -> list[str]:
+    """The S3 objects an SQS-wrapped S3 notification event names that the configured bucket does
+    not hold (HEAD each); [] for any other event, or when no bucket is configured or reachable."""
+    records = event.get("Records") if isinstance(event, dict) else None
+    if not isinstance(records, list) or not all(isinstance(r, dict) and "body" in r for r in records):
+        return []
+    try:
+        from lightmetrics.event_path import parse_notification
+        from lightmetrics.services import work_context
+
+        store = work_context(Settings.from_env(), component="cli").store
+        named = [o for r in records for o in (parse_notification(r["body"]) or [])]
+        return [f"s3://{o.bucket}/{o.key}" for o in named if o.bucket != store.bucket or store.head(o.key) is None]
+    except Exception:  # no runtime, no bucket, not a notification: nothing to say before the run
+        return []
 
 
 def _open_blockers() -> set[str] | None:
