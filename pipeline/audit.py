@@ -25,7 +25,9 @@ executors, because inventory lags — only confirmed findings are written):
 A missing blob that GC has marked is **in GC's hands** (docs/protocol.md §15: the intent is
 recorded in the reap's ``marks#`` items before the delete marker; the settle purges it or, if it is
 referenced, restores it): neither ``integrity`` nor ``derived-without-source``. The marked keys are
-read once, from the control table, by the driver (at most the reap's pending pages of marks).
+read from the control table by the driver (at most the reap's pending pages of marks) at the start,
+and again once the candidates are confirmed for the blobs found missing — a GC run may have marked
+them meanwhile (:class:`MarkedBlobs`).
 
 ``orphan-blob-candidates``
     raw blobs older than ``LM_RETRY_HORIZON_S`` that no ``accepted-by-blob`` entry references
@@ -37,9 +39,10 @@ read once, from the control table, by the driver (at most the reap's pending pag
     acceptance records of one boot whose sequence ranges overlap (legal, but those samples would
     be counted twice). Confirmed by HEADs of both records.
 
-Outputs go to ``audit/v1/run=<id>/<category>/part-NNNNN.jsonl`` (canonical JSON lines) by
-conditional create, then ``audit/v1/run=<id>/summary.json`` last: the summary is the run's commit
-point (readers ignore a run without one).
+Outputs go to ``audit/v1/run=<id>/<category>/part-NNNNN.jsonl`` (canonical JSON lines, at most
+``ROWS_PER_PART`` per file, each file written by its own task) by conditional create, then
+``audit/v1/run=<id>/summary.json`` last: the summary is the run's commit point (readers ignore a
+run without one).
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.indexing import parse_record
 from lightmetrics.keys import UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest, canonical_json
-
 from pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 
 CATEGORIES = ("repair", "derived-without-source", "integrity", "orphan-blob-candidates", "overlapping-ranges")
@@ -101,6 +103,7 @@ class AuditReport:
     summary_key: str = ""
     output_prefix: str = ""
     phases: dict[str, float] = field(default_factory=dict)
+    write_tasks: int = 0
 
     @property
     def violations(self) -> int:
@@ -117,6 +120,7 @@ class AuditReport:
             "candidates": self.candidates,
             "confirmed": self.confirmed,
             "files": self.files,
+            "write_tasks": self.write_tasks,
             "s3_requests": self.requests.to_json(),
             "seconds": round(self.seconds, 2),
             "phase_seconds": {k: round(v, 2) for k, v in self.phases.items()},
@@ -127,92 +131,88 @@ class AuditReport:
 # ------------------------------------------------------------------------------ classification
 
 
-def _fields(kind: str, parts: Any) -> dict[str, Any]:
-    """Field expressions of a *valid* key of ``kind`` (``parts`` = the key split on ``/``): once the
-    kind's regular expression has matched, every field sits at a fixed place, so plain substrings
-    extract it (one regex evaluation per key instead of one per field)."""
-    from pyspark.sql import functions as F
+#: The fields a key can carry, in the order of the classification's field string.
+FIELD_NAMES = ("agent", "boot", "s", "e", "sha", "date", "hh")
+#: Starts a valid key's field string (never the start of a layout key, so it also says "valid").
+_FIELDS_MARK = "|"
 
-    def part(i: int) -> Any:
-        return F.element_at(parts, i)
 
-    def after(i: int, skip: int) -> Any:  # "agent=6162" -> "6162"
-        return F.expr(f"substring(element_at(parts, {i}), {skip + 1})")
+def _field_template(groups: dict[str, int]) -> str:
+    """The ``regexp_replace`` replacement that turns a valid key of a kind into its field string:
+    ``|agent|boot|s|e|sha|date|hh`` (empty where the kind has no such field).
 
-    def seq(col: Any) -> tuple[Any, Any]:
-        return F.substring(col, 1, 20), F.substring(col, 22, 20)
-
-    if kind == "accepted":  # accepted/v1/agent=A/boot=B/S-E.json
-        s, e = seq(part(5))
-        return {"agent": after(3, 6), "boot": after(4, 5), "s": s, "e": e}
-    if kind == "by_time":  # accepted-by-time/v1/date=D/hour=H/A.B.S-E.json
-        mid = F.split(part(5), r"\.")
-        s, e = seq(F.element_at(mid, 3))
-        return {"date": after(3, 5), "hh": after(4, 5), "agent": F.element_at(mid, 1), "boot": F.element_at(mid, 2),
-                "s": s, "e": e}
-    if kind in ("by_blob", "quarantine_by_blob"):  # .../sha256/h1/h2/SHA/agent=A/boot=B/S-E.json
-        s, e = seq(part(9))
-        return {"sha": part(6), "agent": after(7, 6), "boot": after(8, 5), "s": s, "e": e}
-    if kind == "blob":  # raw-blobs/v1/sha256/h1/h2/SHA.lmbatch
-        return {"sha": F.substring(part(6), 1, 64)}
-    if kind == "blob_by_time":  # raw-blobs-by-time/v1/date=D/hour=H/sha256=SHA.json
-        return {"date": after(3, 5), "hh": after(4, 5), "sha": F.substring(part(5), 8, 64)}
-    if kind == "quarantine":  # quarantine/v1/identity-conflict/agent=A/boot=B/S-E/SHA.json
-        s, e = seq(part(6))
-        return {"agent": after(4, 6), "boot": after(5, 5), "s": s, "e": e, "sha": F.substring(part(7), 1, 64)}
-    if kind == "tombstone":  # retention/v1/raw/date=D/hour=H/tombstone.json
-        return {"date": after(4, 5), "hh": after(5, 5)}
-    raise ValueError(kind)
+    >>> _field_template({"sha": 3})
+    '|||||$3||'
+    """
+    return _FIELDS_MARK + "|".join(f"${groups[f]}" if f in groups else "" for f in FIELD_NAMES)
 
 
 def classify(inventory: Any, prefix: str) -> Any:
     """Current, non-delete-marker rows of the namespace, one per key, with extracted fields.
 
     Columns: kind, key, size, lm (LastModified, unix s), valid, agent, boot, s, e, sha, mid, hour_s.
-    The kind comes from the prefix, validity from the kind's regular expression (the key codec's
-    layout, in Java syntax), the fields from fixed positions. JVM string functions only.
+    The kind comes from the prefix; then **one** regular expression per key (its kind's, the key
+    codec's layout in Java syntax) both validates it and rewrites it into its field string
+    (:func:`_field_template`), which is split into the fields. JVM string functions only; the
+    expressions stay small, so the generated code stays under the JIT's method size limit (nested
+    per-field, per-kind conditions made it run interpreted, several times slower).
     """
     from pyspark.sql import functions as F
 
     cur = inventory.where(F.coalesce(F.col("is_latest"), F.lit(True)) & ~F.coalesce(F.col("is_delete_marker"), F.lit(False)))
     if prefix:
         cur = cur.where(F.col("key").startswith(prefix))
-    cur = cur.select(F.col("key"), F.substring(F.col("key"), len(prefix) + 1, 1 << 20).alias("rel"),
-                     F.col("size"), F.col("last_modified_date").cast("long").alias("lm"))
+    rel = F.substring(F.col("key"), len(prefix) + 1, 1 << 20) if prefix else F.col("key")
+    cur = cur.select(F.col("key"), rel.alias("rel"), F.col("size"), F.col("last_modified_date").cast("long").alias("lm"))
     kind = F.lit(None).cast("string")
     for pfx in OTHER_PREFIXES:
         kind = F.when(F.col("rel").startswith(pfx), F.lit("other")).otherwise(kind)
     for name, (pfx, _, _) in reversed(list(KINDS.items())):
         kind = F.when(F.col("rel").startswith(pfx), F.lit(name)).otherwise(kind)
-    cur = cur.withColumn("kind", kind).withColumn("parts", F.split("rel", "/"))
-    valid = F.lit(False)
-    for name, (_, pattern, _) in KINDS.items():
-        valid = F.when(F.col("kind") == name, F.col("rel").rlike(pattern)).otherwise(valid)
-    cur = cur.withColumn("valid", valid)
-    names = ("agent", "boot", "s", "e", "sha", "date", "hh")
-    exprs = {}
-    for f in names:
-        expr = F.lit("")
-        for kind_name in KINDS:
-            got = _fields(kind_name, F.col("parts")).get(f)
-            if got is not None:
-                expr = F.when(F.col("valid") & (F.col("kind") == kind_name), got).otherwise(expr)
-        exprs[f] = expr
-    cur = cur.select("kind", "key", "size", "lm", "valid", F.col("parts"), *[v.alias(k) for k, v in exprs.items()])
+    fields = F.lit("")
+    for name, (_, pattern, groups) in KINDS.items():
+        fields = F.when(F.col("kind") == name, F.regexp_replace("rel", pattern, _field_template(groups))).otherwise(fields)
+    cur = cur.withColumn("kind", kind).withColumn("fields", fields)
+    valid = F.col("fields").startswith(_FIELDS_MARK)
+    parts = F.split(F.when(valid, F.substring("fields", 2, 1 << 20)).otherwise(F.lit("|" * (len(FIELD_NAMES) - 1))),
+                    r"\|")
+    cur = cur.select("kind", "key", "size", "lm", valid.alias("valid"),
+                     *[F.element_at(parts, i + 1).alias(f) for i, f in enumerate(FIELD_NAMES)])
     mid = F.when(F.col("agent") != "", F.concat_ws(".", "agent", "boot", F.concat("s", F.lit("-"), "e")))
     hour_s = F.when(F.col("date") != "", F.unix_timestamp(F.concat_ws(" ", "date", "hh"), "yyyy-MM-dd HH"))
-    return cur.withColumn("mid", mid).withColumn("hour_s", hour_s).drop("date", "hh", "parts")
+    return cur.withColumn("mid", mid).withColumn("hour_s", hour_s).drop("date", "hh")
 
 
 # ------------------------------------------------------------------------------ confirmation
 
 
-def gc_marked_blobs(table: Any, codec: Any) -> frozenset[str]:
+class MarkedBlobs(frozenset):  # type: ignore[type-arg]
+    """The blob keys in GC's recorded marks as read at one instant, and how to read them again.
+
+    Every delete marker GC places is recorded in a ``marks#`` item *before* it is placed, and the
+    item is deleted only once the mark is settled (docs/protocol.md §15, G-I3). So a blob the
+    audit found missing under a marker GC placed after the first read is in a read taken after that
+    HEAD, or its settle has finished (a referenced blob is current again; a purged blob's
+    ``raw-blobs-by-time`` entry is gone) — :meth:`read_again` is that later read.
+
+    >>> MarkedBlobs({"raw-blobs/v1/sha256/ab/cd/abcd.lmbatch"}).read_again()
+    MarkedBlobs({'raw-blobs/v1/sha256/ab/cd/abcd.lmbatch'})
+    """
+
+    reader: Any = None
+
+    def read_again(self) -> "MarkedBlobs":
+        return self if self.reader is None else self.reader()
+
+
+def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
     """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
-    §15): one Query of the reap's checkpoint items."""
+    §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
     from lightmetrics.reap.marks import read_marks_items
 
-    return frozenset(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
+    marked = MarkedBlobs(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
+    marked.reader = lambda: gc_marked_blobs(table, codec)
+    return marked
 
 
 def _identity(agent_hex: str, boot_hex: str, s: Any, e: Any) -> BatchIdentity:
@@ -273,8 +273,9 @@ def _check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) -
         head = live.store.head(m.raw_blob_key)
         if head is None and m.raw_blob_key in gc_marked:
             pass  # GC's settle restores a referenced blob it marked (§15): not missing
-        elif head is None:
-            out.append({**base, "category": "integrity", "missing": "", "detail": "blob missing, hour not tombstoned"})
+        elif head is None:  # held: GC may have marked it since the marks were read (run_audit reads again)
+            out.append({**base, "category": "integrity", "missing": "", "detail": "blob missing, hour not tombstoned",
+                        "held_blob": m.raw_blob_key})
         elif head.size != m.frame_bytes:
             out.append({**base, "category": "integrity", "missing": "",
                         "detail": f"blob is {head.size} bytes, the record says {m.frame_bytes}"})
@@ -329,8 +330,10 @@ def _check_derived(access: S3Access, gc_marked: frozenset[str] = frozenset()) ->
                 pass
         elif live.store.head(row["entry_key"]) is None:
             return []
+        held = {"held_blob": row["source_key"], "held_entry": row["entry_key"]} \
+            if row["entry_kind"] == "raw-blobs-by-time" else {}  # as for a missing blob, see run_audit
         return [{"entry_key": row["entry_key"], "entry_kind": row["entry_kind"], "source_key": row["source_key"],
-                 "detail": "its source does not exist"}]
+                 "detail": "its source does not exist", **held}]
 
     return check
 
@@ -390,13 +393,57 @@ def _check_overlap(access: S3Access) -> Any:
 
 # ------------------------------------------------------------------------------ the job
 
+#: One schema for every candidate (the columns a check reads; null where its check has none).
+CANDIDATE_COLUMNS = ["check", "cand", "key", "sha", "agent", "boot", "s", "e", "entry_key", "entry_kind", "source_key",
+                     "prev_key", "prev_range"]
+#: A confirmed finding: its category, its canonical-JSON line, and for a missing blob the keys
+#: GC's marks are read again for (``held_blob``; ``held_entry`` for a ``raw-blobs-by-time`` entry).
+FINDING_SCHEMA = "category string, doc string, held_blob string, held_entry string"
+#: Rows per output part file: a category's rows are split over ceil(rows / this) files, each
+#: written by its own task.
+ROWS_PER_PART = 50_000
 
-def _schema(columns: list[str], ints: tuple[str, ...] = ()) -> str:
-    return ", ".join(f"`{c}` {'long' if c in ints else 'string'}" for c in columns)
+
+def _confirm(access: S3Access, gc_marked: frozenset[str], horizon_before_s: int) -> Any:
+    """The live confirmation of every candidate, one function for all categories (one Python stage):
+    ``row["check"]`` picks the check; each confirmed row becomes ``(category, canonical JSON line)``."""
+    checks = {
+        "manifest": (_check_manifest(access, gc_marked), None, MANIFEST_CHECK_COLUMNS),
+        "quarantine": (_check_quarantine(access), None, MANIFEST_CHECK_COLUMNS),
+        "derived": (_check_derived(access, gc_marked), "derived-without-source", DERIVED_COLUMNS),
+        "orphan": (_check_orphan(access, horizon_before_s), "orphan-blob-candidates", ORPHAN_COLUMNS),
+        "overlap": (_check_overlap(access), "overlapping-ranges", OVERLAP_COLUMNS),
+    }
+
+    def confirm(row: dict[str, Any]) -> list[dict[str, Any]]:
+        check, category, columns = checks[row["check"]]
+        return [{"category": category or found["category"],
+                 "doc": canonical_json({c: found.get(c) for c in columns if c != "category"}).decode(),
+                 "held_blob": found.get("held_blob"), "held_entry": found.get("held_entry")}
+                for found in check(row)]
+
+    return confirm
+
+
+def _recheck_held(access: S3Access, marked_again: frozenset[str]) -> Any:
+    """A missing blob, looked at again after GC's marks were read again: in the marks (GC holds it
+    under its grace), current again (GC restored it), or its ``raw-blobs-by-time`` entry gone
+    (GC purged both) — not a finding; otherwise the finding stands."""
+
+    def recheck(row: dict[str, Any]) -> list[dict[str, Any]]:
+        live = _Live(access)
+        if row["held_blob"] in marked_again or live.store.head(row["held_blob"]) is not None:
+            return []
+        if row["held_entry"] and live.store.head(row["held_entry"]) is None:
+            return []
+        return [row]
+
+    return recheck
 
 
 def _writer(access: S3Access, prefix_key: str, accumulator: Any) -> Any:
-    """``mapInPandas``: this partition's documents of each category as one JSON-lines file."""
+    """``mapInPandas``: each ``(category, part)`` of this partition as one JSON-lines file, its
+    lines sorted (the same findings make the same files)."""
 
     def write(batches: Any) -> Any:
         import pandas as pd
@@ -404,22 +451,46 @@ def _writer(access: S3Access, prefix_key: str, accumulator: Any) -> Any:
 
         from pipeline import s3io
 
-        by_category: dict[str, list[bytes]] = {}
+        by_file: dict[tuple[str, int], list[str]] = {}
         for pdf in batches:
-            for category, doc in zip(pdf["category"], pdf["doc"]):
-                by_category.setdefault(category, []).append(canonical_json(json.loads(doc)) + b"\n")
-        part = TaskContext.get().partitionId()
+            for category, part, doc in zip(pdf["category"], pdf["part"], pdf["doc"]):
+                by_file.setdefault((category, int(part)), []).append(doc + "\n")
+        task = TaskContext.get().partitionId()
         out = []
         with s3io.task_tally() as tally:
-            for category, lines in sorted(by_category.items()):
+            for (category, part), lines in sorted(by_file.items()):
                 key = f"{prefix_key}{category}/part-{part:05d}.jsonl"
-                outcome = s3io.put_if_absent(access, key, b"".join(sorted(lines)), content_type="application/x-ndjson")
-                out.append((category, key, len(lines), outcome))
+                body = "".join(sorted(lines)).encode()
+                outcome = s3io.put_if_absent(access, key, body, content_type="application/x-ndjson")
+                out.append((category, key, len(lines), outcome, task))
         accumulator.add(tally.counts)
         if out:
-            yield pd.DataFrame(out, columns=["category", "key", "rows", "outcome"])
+            yield pd.DataFrame(out, columns=["category", "key", "rows", "outcome", "task"])
 
     return write
+
+
+def output_parts(counts: dict[str, int], rows_per_part: int = ROWS_PER_PART) -> dict[str, int]:
+    """Part files per category: enough that none holds more than ``rows_per_part`` rows.
+
+    >>> output_parts({"orphan-blob-candidates": 360_000, "repair": 3, "integrity": 0})
+    {'integrity': 0, 'orphan-blob-candidates': 8, 'repair': 1}
+    """
+    return {c: math.ceil(n / rows_per_part) for c, n in sorted(counts.items())}
+
+
+def _routes(spark: Any, partitions: int) -> list[int]:
+    """For each partition ``j`` of ``repartition(partitions, col)``, a value of ``col`` Spark sends
+    to ``j`` (its hash partitioning is ``pmod(hash(col), partitions)``, evaluated here by Spark
+    itself): rows routed by these values land one file group per partition, none shared."""
+    from pyspark.sql import functions as F
+
+    found = spark.range(0, 64 * partitions).select(F.expr(f"pmod(hash(id), {partitions})").alias("p"), "id") \
+        .groupBy("p").agg(F.min("id").alias("id")).collect()
+    by_partition = {int(r["p"]): int(r["id"]) for r in found}
+    if len(by_partition) != partitions:  # 64 draws per partition: practically impossible
+        raise RuntimeError(f"no route to {partitions - len(by_partition)} of {partitions} partitions")
+    return [by_partition[j] for j in range(partitions)]
 
 
 def run_audit(
@@ -434,9 +505,15 @@ def run_audit(
     workers: int = 16,
     gc_marked: frozenset[str] = frozenset(),
     progress: Any = None,
+    rows_per_part: int = ROWS_PER_PART,
 ) -> AuditReport:
     """Run the audit over ``inventory`` (a DataFrame with the inventory columns) and write its outputs.
-    ``gc_marked``: the blob keys GC has marked and not settled (:func:`gc_marked_blobs`), not missing."""
+
+    ``gc_marked``: the blob keys GC has marked and not settled (:func:`gc_marked_blobs`), not
+    missing; a blob found missing that is not among them is looked at again after GC's marks are
+    read again (:meth:`MarkedBlobs.read_again`), since a GC run may have marked it meanwhile.
+    ``rows_per_part``: the most rows of one output file (a category's files are written in
+    parallel, one task each)."""
     from pyspark import StorageLevel
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -456,8 +533,11 @@ def run_audit(
     report = AuditReport(run_id, inventory_info or {}, output_prefix=out_prefix)
     acc = counter_accumulator(spark)
     ns = access.prefix
+    marked_at_start = frozenset(gc_marked)  # shipped to executors: a plain set
 
-    cl = classify(inventory, ns).persist(StorageLevel.MEMORY_AND_DISK)
+    # Cached narrow: an identity's fields are the manifest-id's parts (with_identity), not stored twice.
+    cl = classify(inventory, ns).select("kind", "key", "lm", "valid", "sha", "mid", "hour_s") \
+        .persist(StorageLevel.MEMORY_AND_DISK)
     cached: list[Any] = [cl]
     try:
         stats = cl.groupBy("kind", "valid").count().collect()  # one row per kind: small
@@ -471,13 +551,26 @@ def run_audit(
         ok = cl.where("valid")
         mark("classify")
 
-        def of(kind: str, *cols: Any) -> Any:
-            return ok.where(F.col("kind") == kind).select(*cols)
+        # The kinds that are few in a healthy bucket (quarantine, its index, tombstones): one scan
+        # of the classified rows, then every join reads this small copy.
+        few = ok.where(F.col("kind").isin("quarantine", "quarantine_by_blob", "tombstone")) \
+            .select("kind", "key", "mid", "sha", "hour_s").persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(few)
+        few.count()  # filled now, once: otherwise each join's stage would run into it at the same time
 
-        A = of("accepted", "key", "mid", "agent", "boot", "s", "e")
+        def with_identity(df: Any) -> Any:
+            """``df`` with agent, boot, s, e: the parts of its manifest-id ``agent.boot.s-e``."""
+            parts = F.split("mid", r"\.")
+            return df.withColumn("agent", F.element_at(parts, 1)).withColumn("boot", F.element_at(parts, 2)) \
+                .withColumn("s", F.substring(F.element_at(parts, 3), 1, 20)) \
+                .withColumn("e", F.substring(F.element_at(parts, 3), 22, 20))
+
+        def of(kind: str, *cols: Any) -> Any:
+            return with_identity(few.where(F.col("kind") == kind)).select(*cols)
+
         Q = of("quarantine", "key", "mid", "sha", "agent", "boot", "s", "e")
         QB = of("quarantine_by_blob", "key", "mid", "sha", "agent", "boot", "s", "e")
-        TS = F.broadcast(ok.where((F.col("kind") == "tombstone") & F.col("key").endswith("/tombstone.json"))
+        TS = F.broadcast(few.where((F.col("kind") == "tombstone") & F.col("key").endswith("/tombstone.json"))
                          .select(F.col("hour_s").alias("th")).distinct())
         null_s, null_l = F.lit(None).cast("string"), F.lit(None).cast("long")
 
@@ -489,6 +582,12 @@ def run_audit(
             return F.concat(F.lit(ns + "raw-blobs/v1/sha256/"), F.substring(sha, 1, 2), F.lit("/"),
                             F.substring(sha, 3, 2), F.lit("/"), sha, F.lit(".lmbatch"))
 
+        def candidates(df: Any, check: str, **cols: Any) -> Any:
+            """``df``'s rows in :data:`CANDIDATE_COLUMNS` (``cols``: name -> column; others null)."""
+            return df.select(F.lit(check).alias("check"), *[
+                (cols[c] if c in cols else F.col(c) if c in df.columns else null_s).cast("string").alias(c)
+                for c in CANDIDATE_COLUMNS[1:]])
+
         # -- pass 1, by manifest-id: acceptance records vs accepted-by-time / accepted-by-blob -------
         by_mid = ok.where(F.col("kind").isin("accepted", "by_time", "by_blob")).groupBy("mid").agg(
             F.max(F.when(F.col("kind") == "accepted", 1).otherwise(0)).alias("a"),
@@ -499,10 +598,10 @@ def run_audit(
             F.collect_list(F.when(F.col("kind") == "by_blob", F.col("key"))).alias("b_keys"),
             F.min(F.when(F.col("kind") == "by_time", F.col("hour_s"))).alias("acc_hour"),
             F.first(F.when(F.col("kind") == "by_blob", F.col("sha")), ignorenulls=True).alias("sha"),
-            F.first("agent").alias("agent"), F.first("boot").alias("boot"), F.first("s").alias("s"),
-            F.first("e").alias("e"),
         ).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(by_mid)
+        by_mid.count()  # filled once (four consumers below)
+        by_mid = with_identity(by_mid)
         mid_repair = by_mid.where((F.col("a") == 1) & ((F.col("t") == 0) | (F.col("b") == 0))) \
             .select(F.col("a_key").alias("key"), "acc_hour", F.lit("repair").alias("cand"))
 
@@ -524,6 +623,7 @@ def run_audit(
             F.max(F.when(F.col("kind") == "quarantine_by_blob", 1).otherwise(0)).alias("qb"),
         ).persist(StorageLevel.MEMORY_AND_DISK)
         cached.append(by_sha)
+        by_sha.count()  # filled once (four consumers below)
         has_a = F.col("a_key").isNotNull()
         sha_repair = by_sha.where(has_a & (F.col("r") == 1) & (F.size("rts") == 0)) \
             .select(F.col("a_key").alias("key"), "acc_hour", F.lit("repair").alias("cand"))
@@ -534,14 +634,7 @@ def run_audit(
         manifest_cands = mid_repair.unionByName(sha_repair).unionByName(sha_integrity) \
             .join(TS, F.col("acc_hour") == F.col("th"), "left_anti") \
             .groupBy("key").agg(F.concat_ws(",", F.array_sort(F.collect_set("cand"))).alias("cand"))
-        checked = manifest_cands.mapInPandas(
-            row_mapper(_check_manifest(access, gc_marked), MANIFEST_CHECK_COLUMNS, acc, workers=workers, tag="cand"),
-            _schema(MANIFEST_CHECK_COLUMNS))
-        q_missing = Q.join(QB.select("mid", "sha"), ["mid", "sha"], "left_anti")
-        q_checked = q_missing.select("key", "sha", "agent", "boot", "s", "e", F.lit("repair").alias("cand")).mapInPandas(
-            row_mapper(_check_quarantine(access), MANIFEST_CHECK_COLUMNS, acc, workers=workers, tag="cand"),
-            _schema(MANIFEST_CHECK_COLUMNS))
-        manifest_findings = checked.union(q_checked)
+        q_missing = Q.join(F.broadcast(QB.select("mid", "sha")), ["mid", "sha"], "left_anti")
 
         # -- derived entries without their source ----------------------------------------------------
         no_a = by_mid.where(F.col("a") == 0)
@@ -552,67 +645,89 @@ def run_audit(
                         accepted_key(no_a).alias("source_key"))
             .union(no_a.select(F.explode("b_keys"), F.lit("accepted-by-blob"), accepted_key(no_a)))
             .union(rt_gone.select(F.col("rt.key"), F.lit("raw-blobs-by-time"), blob_key(F.col("sha"))))
-            .union(QB.join(Q.select("mid", "sha"), ["mid", "sha"], "left_anti")
+            .union(QB.join(F.broadcast(Q.select("mid", "sha")), ["mid", "sha"], "left_anti")
                    .select("key", F.lit("quarantine-by-blob"),
                            F.concat(F.lit(ns + "quarantine/v1/identity-conflict/agent="), F.col("agent"),
                                     F.lit("/boot="), F.col("boot"), F.lit("/"), F.col("s"), F.lit("-"), F.col("e"),
                                     F.lit("/"), F.col("sha"), F.lit(".json"))))
-            .withColumn("cand", F.lit("derived-without-source"))
         )
-        derived_findings = derived.mapInPandas(
-            row_mapper(_check_derived(access, gc_marked), DERIVED_COLUMNS, acc, workers=workers, tag="cand"),
-            _schema(DERIVED_COLUMNS))
 
         # -- orphan blobs past the retry horizon -------------------------------------------------------
         horizon_before = now_s - retry_horizon_s
         # Conflict evidence (named by quarantine-by-blob) too: a resolved one is collected (G3).
         orphans = by_sha.where((F.col("r") == 1) & (F.col("ref") == 0) & (F.col("lm") < horizon_before))
-        orphan_findings = orphans.select(F.col("r_key").alias("key"), "sha",
-                                         F.lit("orphan-blob-candidates").alias("cand")).mapInPandas(
-            row_mapper(_check_orphan(access, horizon_before), ORPHAN_COLUMNS, acc, workers=workers, tag="cand"),
-            _schema(ORPHAN_COLUMNS, ints=("size", "last_modified_unix_s")))
 
-        # -- overlapping sequence ranges within one boot ------------------------------------------------
+        # -- overlapping sequence ranges within one boot (records from pass 1: no new scan) ------------
         w = Window.partitionBy("agent", "boot").orderBy("sn", "en", "key").rowsBetween(Window.unboundedPreceding, -1)
-        ranges = A.select("key", "agent", "boot", F.col("s").cast("decimal(20,0)").alias("sn"),
-                          F.col("e").cast("decimal(20,0)").alias("en"), "s", "e")
+        ranges = by_mid.where(F.col("a") == 1).select(
+            F.col("a_key").alias("key"), "agent", "boot", F.col("s").cast("decimal(20,0)").alias("sn"),
+            F.col("e").cast("decimal(20,0)").alias("en"), "s", "e")
         prev = ranges.withColumn("prev", F.max(F.struct("en", "key", "sn")).over(w))
         overlaps = prev.where(F.col("prev").isNotNull() & (F.col("sn") <= F.col("prev.en"))).select(
             "key", "s", "e", F.col("prev.key").alias("prev_key"),
-            F.concat(F.col("prev.sn").cast("string"), F.lit("-"), F.col("prev.en").cast("string")).alias("prev_range"),
-            F.lit("overlapping-ranges").alias("cand"))
-        overlap_findings = overlaps.mapInPandas(
-            row_mapper(_check_overlap(access), OVERLAP_COLUMNS, acc, workers=workers, tag="cand"),
-            _schema(OVERLAP_COLUMNS))
+            F.concat(F.col("prev.sn").cast("string"), F.lit("-"), F.col("prev.en").cast("string")).alias("prev_range"))
 
-        # -- one DataFrame of confirmed findings: (category, document) ----------------------------------
-        def docs(df: Any, category: Any, cols: list[str]) -> Any:
-            return df.select(category.alias("category"), F.to_json(F.struct(*cols), {"ignoreNullFields": "false"}).alias("doc"))
+        # -- every candidate confirmed in one Python stage: (category, canonical JSON line) -------------
+        all_candidates = (
+            candidates(manifest_cands, "manifest")
+            .union(candidates(q_missing, "quarantine", cand=F.lit("repair")))
+            .union(candidates(derived, "derived", cand=F.lit("derived-without-source")))
+            .union(candidates(orphans, "orphan", key=F.col("r_key"), cand=F.lit("orphan-blob-candidates")))
+            .union(candidates(overlaps, "overlap", cand=F.lit("overlapping-ranges")))
+        )
+        # As many confirmation tasks as the session has cores (each runs `workers` requests at once),
+        # not one per partition of every candidate source (dozens of mostly empty Python tasks).
+        findings = all_candidates.coalesce(spark.sparkContext.defaultParallelism).mapInPandas(
+            row_mapper(_confirm(access, marked_at_start, horizon_before), ["category", "doc", "held_blob", "held_entry"],
+                       acc, workers=workers, tag="cand"), FINDING_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(findings)
+        held = findings.where(F.col("held_blob").isNotNull()).count()
+        if held:
+            # GC may have marked a blob after the marks were read: read them again, after every HEAD
+            # that found a blob missing, and look at those blobs once more (MarkedBlobs).
+            again = frozenset(gc_marked.read_again()) if isinstance(gc_marked, MarkedBlobs) else marked_at_start
+            rechecked = findings.where(F.col("held_blob").isNotNull()).mapInPandas(
+                row_mapper(_recheck_held(access, again), ["category", "doc", "held_blob", "held_entry"], acc,
+                           workers=workers), FINDING_SCHEMA)
+            findings = findings.where(F.col("held_blob").isNull()).union(rechecked) \
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(findings)
+        counts = {r["category"]: int(r["count"]) for r in findings.groupBy("category").count().collect()}
+        mark("join+confirm")
 
-        findings = (
-            docs(manifest_findings, F.col("category"), [c for c in MANIFEST_CHECK_COLUMNS if c != "category"])
-            .union(docs(derived_findings, F.lit("derived-without-source"), DERIVED_COLUMNS))
-            .union(docs(orphan_findings, F.lit("orphan-blob-candidates"), ORPHAN_COLUMNS))
-            .union(docs(overlap_findings, F.lit("overlapping-ranges"), OVERLAP_COLUMNS))
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            counts = {r["category"]: int(r["count"]) for r in findings.groupBy("category").count().collect()}
-            mark("join+confirm")
-            # -- write the confirmed findings, then the summary (the commit point) -------------------
-            report.confirmed = {c: counts.get(c, 0) for c in CATEGORIES}
-            report.files = {c: [] for c in CATEGORIES}
-            total = sum(counts.values())
-            if total:
-                parts = max(1, min(64, math.ceil(total / 200_000)))
-                written = findings.repartition(parts, "category").mapInPandas(
-                    _writer(access, out_prefix, acc), "category string, key string, rows long, outcome string").collect()
-                for r in written:
-                    report.files[r["category"]].append(r["key"])
-                for files in report.files.values():
-                    files.sort()
-            mark("write")
-        finally:
-            findings.unpersist()
+        # -- write the confirmed findings, then the summary (the commit point) -------------------------
+        report.confirmed = {c: counts.get(c, 0) for c in CATEGORIES}
+        report.files = {c: [] for c in CATEGORIES}
+        parts = output_parts(counts, rows_per_part)
+        total = sum(parts.values())
+        if total:
+            # Each (category, part) is one file and one task: a category's part is a hash of the line
+            # (the same findings, the same files); Spark's own hash routes each to its partition.
+            offset, first = 0, {}
+            for category, n in parts.items():
+                first[category] = offset
+                offset += n
+            routes = _routes(spark, total)
+            part = F.expr("pmod(xxhash64(doc), n)")
+            to_write = findings.join(F.broadcast(spark.createDataFrame(
+                [(c, n, first[c]) for c, n in parts.items() if n], "category string, n long, first long")), "category") \
+                .withColumn("part", part)
+            # bigint, as in _routes: Spark hashes an int and a bigint of one value differently
+            route = F.element_at(F.array(*[F.lit(r).cast("long") for r in routes]),
+                                 (F.col("first") + F.col("part") + 1).cast("int"))
+            written = to_write.repartition(total, route.alias("route")).select("category", "part", "doc").mapInPandas(
+                _writer(access, out_prefix, acc), "category string, key string, rows long, outcome string, task int"
+            ).collect()
+            report.write_tasks = len({r["task"] for r in written})
+            rows_written = {c: 0 for c in CATEGORIES}
+            for r in written:
+                report.files[r["category"]].append(r["key"])
+                rows_written[r["category"]] += r["rows"]
+            for files in report.files.values():
+                files.sort()
+            if rows_written != report.confirmed:  # the summary commits exactly what the files hold
+                raise RuntimeError(f"audit {run_id}: rows written {rows_written} != confirmed {report.confirmed}")
+        mark("write")
     finally:
         for df in cached:
             df.unpersist()
@@ -646,4 +761,5 @@ def read_findings(access: S3Access, run_id: str, category: str) -> list[dict[str
     return rows
 
 
-__all__ = ["CATEGORIES", "AuditReport", "classify", "read_findings", "run_audit"]
+__all__ = ["CATEGORIES", "AuditReport", "MarkedBlobs", "classify", "gc_marked_blobs", "output_parts", "read_findings",
+           "run_audit"]

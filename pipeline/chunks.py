@@ -29,13 +29,19 @@ from typing import Any
 
 import zstandard
 
-from lightmetrics.keys import ROLLUP_WINDOWS, UtcHour
 from lightmetrics.errors import ManifestError, UnsupportedVersionError
+from lightmetrics.keys import ROLLUP_WINDOWS, UtcHour
 from lightmetrics.manifests import canonical_json, check_schema
 
 CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
-MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v1"
+MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v2"
+MANIFEST_SCHEMA_V1 = "lightmetrics.rollup_manifest.v1"  # chunks inline; still read, no longer written
+CHUNK_LIST_SCHEMA = "lightmetrics.rollup_chunk_list.v1"
+#: A generation's chunk entries are split into ceil(chunks / CHUNKS_PER_LIST) chunk lists, by metric.
+CHUNKS_PER_LIST = 20_000
+#: The manifest names at most this many skipped inputs (the first by manifest-id) and counts them all.
+SKIPPED_SAMPLE = 100
 CHUNK_MAGIC = b"LMRC"
 CHUNK_VERSION = 1
 SKETCH_VERSION = 1
@@ -73,6 +79,101 @@ def sketch_of(values: Iterable[float]) -> Any:
         if math.isfinite(v):
             add(v)
     return sk
+
+
+def sketch_keys(values: Any) -> tuple[Any, Any]:
+    """``(store, key)`` arrays for float64 ``values``, exactly as :func:`sketch_of` bins them:
+    store 1 (positive bins), -1 (negative bins), 0 (the zero count) or -2 (not binned: NaN, ±inf),
+    and the bin key — in the zero store: -1 for -0.0, 1 for 0.0, 0 for a tiny non-zero value (the
+    aggregation reads the sign of a zero ``min``/``max`` from it); 0 for NaN and ±inf.
+
+    The logarithm is taken with numpy; where the scaled logarithm lies within 1e-6 of an integer
+    (numpy's and the C library's ``log`` may differ in the last bit there, which would move the
+    ceiling), the key is recomputed with the library's own scalar mapping, so every key is the
+    library's.
+
+    >>> [k.tolist() for k in sketch_keys(__import__("numpy").array([1.0, -2.0, 0.0, float("nan")]))]
+    [[1, -1, 0, -2], [0, 35, 1, 0]]
+    """
+    import numpy as np
+
+    mapping = new_sketch()._mapping
+    v = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(v)
+    limit = mapping.min_possible
+    store = np.where(~finite, -2, np.where(v > limit, 1, np.where(v < -limit, -1, 0))).astype(np.int8)
+    binned = (store == 1) | (store == -1)
+    mag = np.where(binned, np.abs(np.where(finite, v, 1.0)), 1.0)
+    with np.errstate(all="ignore"):
+        scaled = np.log(mag) / math.log(2.0) * mapping._multiplier
+    keys = np.ceil(scaled)
+    near = binned & (np.abs(scaled - np.rint(scaled)) < 1e-6)
+    for i in np.flatnonzero(near):
+        keys[i] = mapping.key(float(mag[i]))
+    zero_sign = np.where(v == 0, np.where(np.signbit(v), -1, 1), 0)
+    return store, np.where(binned, keys, np.where(store == 0, zero_sign, 0)).astype(np.int32)
+
+
+#: Exact sums: a finite non-zero value is ``mant × 2^(32·exp_b + shift)`` with ``|mant| < 2^53`` and
+#: ``0 <= shift < 32``, so ``mant × 2^shift`` (< 2^85) sums exactly as DECIMAL(38, 0) per ``exp_b``.
+SUM_BUCKET_BITS = 32
+
+
+def exact_parts(values: Any) -> tuple[Any, Any, Any]:
+    """``(exp_b, mant, shift)`` arrays for float64 ``values``, with ``exp_b = -2^31`` where a value
+    is zero or not finite (it adds nothing to an exact sum: zeros add 0, infinities are counted).
+
+    >>> [a.tolist() for a in exact_parts(__import__("numpy").array([1.0, -0.75, 0.0]))]
+    [[-2, -2, -2147483648], [4503599627370496, -6755399441055744, 0], [12, 11, 0]]
+    """
+    import numpy as np
+
+    v = np.asarray(values, dtype=np.float64)
+    used = np.isfinite(v) & (v != 0)
+    m, e = np.frexp(np.where(used, v, 1.0))
+    mant = (m * 2.0 ** 53).astype(np.int64)  # exact: |m| in [0.5, 1)
+    q = e.astype(np.int64) - 53  # v = mant × 2^q
+    exp_b = q >> 5  # floor(q / 32)
+    shift = q - exp_b * SUM_BUCKET_BITS
+    none = np.int64(-2**31)
+    return (np.where(used, exp_b, none).astype(np.int32), np.where(used, mant, 0),
+            np.where(used, shift, 0).astype(np.int32))
+
+
+def sum_from_parts(parts: Iterable[tuple[int, int]], positive_inf: bool, negative_inf: bool) -> float:
+    """:func:`exact_sum` from ``(exp_b, Σ mant × 2^shift)`` partial sums (any grouping, any order)
+    and whether +inf / -inf were among the values: the exact total, correctly rounded.
+
+    >>> import numpy as np; b, m, s = exact_parts(np.array([0.1] * 10))
+    >>> sum_from_parts([(int(x), int(y) << int(z)) for x, y, z in zip(b, m, s)], False, False)
+    1.0
+    """
+    if positive_inf or negative_inf:
+        return math.nan if positive_inf and negative_inf else (math.inf if positive_inf else -math.inf)
+    by_bucket: dict[int, int] = {}
+    for b, total in parts:
+        by_bucket[int(b)] = by_bucket.get(int(b), 0) + int(total)
+    if not by_bucket:
+        return 0.0
+    low = min(by_bucket)
+    total = sum(t << (SUM_BUCKET_BITS * (b - low)) for b, t in by_bucket.items())
+    scale = SUM_BUCKET_BITS * low
+    try:  # int -> float and int / int are correctly rounded in CPython (subnormals included)
+        return float(total << scale) if scale >= 0 else total / (1 << -scale)
+    except OverflowError:
+        return math.inf if total > 0 else -math.inf
+
+
+def sketch_from_bins(zero_count: float, positive: Iterable[tuple[int, float]],
+                     negative: Iterable[tuple[int, float]]) -> bytes:
+    """The serialized sketch (:func:`serialize_sketch`) of grouped bin counts: equal, byte for
+    byte, to the sketch built by adding the values one by one (bins only add)."""
+    def store(bins: Iterable[tuple[int, float]]) -> bytes:
+        kept = sorted((int(k), float(c)) for k, c in bins if c)
+        return _U32.pack(len(kept)) + b"".join(_BIN.pack(k, c) for k, c in kept)
+
+    return (_SKETCH_HEAD.pack(SKETCH_VERSION, SKETCH_RELATIVE_ACCURACY, float(zero_count))
+            + store(positive) + store(negative))
 
 
 def merge_sketches(sketches: Iterable[Any]) -> Any:
@@ -145,7 +246,8 @@ class WindowAgg:
     """The aggregates of one series in one sample-time window.
 
     ``count`` counts every sample; ``nan_count`` those whose value is NaN. ``sum``/``min``/``max``
-    are over the non-NaN values (``min``/``max`` are NaN when there are none; ±inf take part).
+    are over the non-NaN values (``min``/``max`` are NaN when there are none; ±inf take part;
+    :func:`exact_sum`, :func:`signed_extreme`).
     ``last`` is the value of the latest sample by ``(ts_unix_ns, manifest-id, sample index)``, so
     it is deterministic when timestamps tie. ``sketch`` covers the finite values.
     """
@@ -168,11 +270,38 @@ class WindowAgg:
 
 
 def exact_sum(values: Sequence[float]) -> float:
-    """The rollup's ``sum``: correctly rounded (``math.fsum``) and so independent of the order in
-    which samples arrive; with an infinity present, IEEE addition (inf, -inf or NaN)."""
-    if all(math.isfinite(v) for v in values):
+    """The rollup's ``sum`` of non-NaN values, independent of their order: correctly rounded
+    (``math.fsum``; an exact sum beyond the double range is ±inf); with infinities present, inf
+    or -inf, or NaN when both signs are there.
+
+    >>> exact_sum([0.1] * 10), exact_sum([1e308, 1e308, -1e308]), exact_sum([1e308, 1e308]), exact_sum([1.0, -math.inf])
+    (1.0, 1e+308, inf, -inf)
+    """
+    infinite = {v for v in values if math.isinf(v)}
+    if infinite:
+        return infinite.pop() if len(infinite) == 1 else math.nan
+    try:
         return float(math.fsum(values))
-    return float(sum(values))
+    except OverflowError:
+        from fractions import Fraction
+
+        exact = sum(Fraction(v) for v in values)  # fsum gives up on intermediate overflow
+        try:
+            return float(exact)  # correctly rounded
+        except OverflowError:
+            return math.inf if exact > 0 else -math.inf
+
+
+def signed_extreme(extreme: float, values: Iterable[float], lowest: bool) -> float:
+    """``min``/``max`` as the rollup stores them: -0.0 and 0.0 compare equal, so a zero extreme is
+    -0.0 for ``min`` when a -0.0 is among the values, 0.0 for ``max`` when a 0.0 is (else the other
+    zero) — the same bits whatever the order of the samples."""
+    if extreme != 0:
+        return extreme
+    signs = {math.copysign(1.0, v) for v in values if v == 0}
+    if lowest:
+        return -0.0 if -1.0 in signs else 0.0
+    return 0.0 if 1.0 in signs else -0.0
 
 
 def _last_key(ts: int, manifest_id: str, ordinal: int) -> tuple[int, str, int]:
@@ -190,8 +319,8 @@ def aggregate_window(values: Sequence[float], ts: Sequence[int], manifest_ids: S
         count=len(values),
         nan_count=len(values) - len(finite_or_inf),
         sum=exact_sum(finite_or_inf),
-        min=min(finite_or_inf) if finite_or_inf else math.nan,
-        max=max(finite_or_inf) if finite_or_inf else math.nan,
+        min=signed_extreme(min(finite_or_inf), finite_or_inf, True) if finite_or_inf else math.nan,
+        max=signed_extreme(max(finite_or_inf), finite_or_inf, False) if finite_or_inf else math.nan,
         last=float(values[best]),
         last_ts_ns=int(ts[best]),
         sketch=serialize_sketch(sk),
@@ -367,31 +496,102 @@ def decode_index_entry(data: bytes) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ the manifest
 
 
+def chunk_order(c: dict[str, Any]) -> tuple[str, str, str]:
+    """The order of chunk entries in a chunk list (and in a v1 manifest)."""
+    return (c["metric"], json.dumps(c["labels"]), c["window"])
+
+
+def chunk_list_parts(chunks: int) -> int:
+    """How many chunk lists a generation of ``chunks`` chunks has (a function of its content)."""
+    return max(1, -(-chunks // CHUNKS_PER_LIST))
+
+
+def chunk_list_part(metric: str, parts: int) -> int:
+    """The chunk list holding ``metric``'s chunks: the first 32 bits of sha256(metric) mod
+    ``parts`` — a query for one metric reads one list. Spark computes the same with
+    ``pmod(conv(substr(sha2(metric, 256), 1, 8), 16, 10), parts)``.
+
+    >>> chunk_list_part("cpu.usage", 1)
+    0
+    """
+    return int(hashlib.sha256(metric.encode("utf-8")).hexdigest()[:8], 16) % parts
+
+
+def chunk_list_bytes(*, hour: UtcHour, generation: int, part: int, parts: int,
+                     chunks: Sequence[dict[str, Any]]) -> bytes:
+    """One chunk list (``lightmetrics.rollup_chunk_list.v1``, zstd of canonical JSON): the entries of
+    the chunks of generation ``generation`` whose metric falls in ``part``, in :func:`chunk_order`."""
+    doc = {"schema": CHUNK_LIST_SCHEMA, "hour": str(hour), "generation": generation, "part": part, "parts": parts,
+           "chunks": sorted(chunks, key=chunk_order)}
+    return _zstd(canonical_json(doc))
+
+
+def parse_chunk_list(data: bytes) -> dict[str, Any]:
+    doc = json.loads(_unzstd(data, "chunk list"))
+    _schema(doc.get("schema") if isinstance(doc, dict) else None, CHUNK_LIST_SCHEMA, "rollup chunk list")
+    return doc
+
+
+def chunk_lists(*, hour: UtcHour, generation: int, chunks: Sequence[dict[str, Any]]) -> list[tuple[int, bytes]]:
+    """``(part, bytes)`` of every non-empty chunk list of a generation whose entries are all at hand
+    (the job builds each list in an executor from its part alone; this is the same function)."""
+    parts = chunk_list_parts(len(chunks))
+    by_part: dict[int, list[dict[str, Any]]] = {}
+    for c in chunks:
+        by_part.setdefault(chunk_list_part(c["metric"], parts), []).append(c)
+    return [(p, chunk_list_bytes(hour=hour, generation=generation, part=p, parts=parts, chunks=cs))
+            for p, cs in sorted(by_part.items())]
+
+
+def chunk_list_ref(part: int, key: str, data: bytes, chunks: int) -> dict[str, Any]:
+    """The manifest's reference to one chunk list."""
+    return {"part": part, "key": key, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "chunks": chunks}
+
+
 def manifest_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int, input_sha256: str,
-                   skipped: Sequence[dict[str, str]], chunks: Sequence[dict[str, Any]]) -> bytes:
-    """The hour's commit point. Its content is a pure function of the inputs: no wall-clock, no
-    owner, so a rerun of the same generation produces the same bytes."""
-    ordered = sorted(chunks, key=lambda c: (c["metric"], json.dumps(c["labels"]), c["window"]))
+                   skipped: Sequence[dict[str, str]], skipped_count: int, parts: int,
+                   lists: Sequence[dict[str, Any]], totals: dict[str, int]) -> bytes:
+    """The hour's commit point (``lightmetrics.rollup_manifest.v2``). Its content is a pure function
+    of the inputs: no wall-clock, no owner, so a rerun of the same generation produces the same
+    bytes. Its size does not grow with the chunks: they are named by the chunk lists it references
+    (key + sha256), and skipped inputs are counted, with the first :data:`SKIPPED_SAMPLE` named."""
     doc = {
         "schema": MANIFEST_SCHEMA,
         "hour": str(hour),
         "generation": generation,
         "supersedes": supersedes,
         "inputs": {"count": input_count, "sha256": input_sha256},
-        "skipped": sorted(skipped, key=lambda s: s["manifest_id"]),
-        "chunks": ordered,
-        "totals": {"chunks": len(ordered), "series": len({c["series"] for c in ordered}),
-                   "samples": sum(c["samples"] for c in ordered if c["window"] == "1h")},
+        "skipped": {"count": skipped_count,
+                    "first": sorted(skipped, key=lambda s: s["manifest_id"])[:SKIPPED_SAMPLE]},
+        "chunk_lists": {"parts": parts, "lists": sorted(lists, key=lambda r: r["part"])},
+        "totals": {"chunks": int(totals["chunks"]), "series": int(totals["series"]),
+                   "samples": int(totals["samples"])},
     }
     return canonical_json(doc)
 
 
+def manifest_v1_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int,
+                      input_sha256: str, skipped: Sequence[dict[str, str]], chunks: Sequence[dict[str, Any]]) -> bytes:
+    """A v1 manifest (chunks inline), as written before v2: kept for the readers' tests."""
+    ordered = sorted(chunks, key=chunk_order)
+    return canonical_json({
+        "schema": MANIFEST_SCHEMA_V1, "hour": str(hour), "generation": generation, "supersedes": supersedes,
+        "inputs": {"count": input_count, "sha256": input_sha256},
+        "skipped": sorted(skipped, key=lambda s: s["manifest_id"]), "chunks": ordered,
+        "totals": {"chunks": len(ordered), "series": len({c["series"] for c in ordered}),
+                   "samples": sum(c["samples"] for c in ordered if c["window"] == "1h")},
+    })
+
+
 def parse_manifest(data: bytes) -> dict[str, Any]:
+    """A rollup manifest, v2 or v1 (v1 lists its chunks inline). A newer version is refused."""
     try:
         doc = json.loads(data)
     except ValueError:
         raise ChunkFormatError("rollup manifest is not JSON") from None
-    _schema(doc.get("schema") if isinstance(doc, dict) else None, MANIFEST_SCHEMA, "rollup manifest")
+    stored = doc.get("schema") if isinstance(doc, dict) else None
+    if stored != MANIFEST_SCHEMA_V1:
+        _schema(stored, MANIFEST_SCHEMA, "rollup manifest")
     return doc
 
 
@@ -407,7 +607,10 @@ def _schema(stored: object, known: str, what: str) -> None:
 
 
 __all__ = [
-    "CHUNK_SCHEMA", "INDEX_SCHEMA", "MANIFEST_SCHEMA", "SKETCH_RELATIVE_ACCURACY", "WINDOW_NS",
+    "CHUNK_LIST_SCHEMA", "CHUNK_SCHEMA", "CHUNKS_PER_LIST", "INDEX_SCHEMA", "MANIFEST_SCHEMA", "MANIFEST_SCHEMA_V1",
+    "SKETCH_RELATIVE_ACCURACY", "SKIPPED_SAMPLE", "WINDOW_NS", "chunk_list_bytes", "chunk_list_part",
+    "chunk_list_parts", "chunk_list_ref", "chunk_lists", "chunk_order", "exact_sum", "manifest_v1_bytes",
+    "parse_chunk_list", "signed_extreme", "sketch_from_bins", "sketch_keys", "exact_parts", "sum_from_parts",
     "Chunk", "ChunkFormatError", "WindowAgg", "aggregate_window", "chunk_header", "chunk_id", "decode_chunk",
     "decode_index_entry", "deserialize_sketch", "encode_chunk", "encode_index_entry", "inputs_digest",
     "manifest_bytes", "merge_aggs", "merge_sketches", "new_sketch", "parse_manifest", "parse_series", "quantile",

@@ -23,13 +23,17 @@ from lightmetrics.errors import FrameError, ManifestError, UnsupportedVersionErr
 from lightmetrics.frame import decode_frame, samples_block
 from lightmetrics.identity import BatchIdentity, hex_to_id
 from lightmetrics.manifests import AcceptedBatchManifest
-
-from pipeline.chunks import series_key
+from pipeline.chunks import exact_parts, series_key, sketch_keys
 from pipeline.s3io import S3Access
 
-SAMPLE_COLUMNS = ["hour_s", "manifest_id", "series", "ts_ns", "value", "ord", "error"]
+SAMPLE_COLUMNS = ["hour_s", "manifest_id", "series", "ts_ns", "value", "ord", "sk_store", "sk_key", "exp_b", "mant",
+                  "shift", "error"]
+#: ``sk_store``/``sk_key``: the value's DDSketch bin (:func:`pipeline.chunks.sketch_keys`);
+#: ``exp_b``/``mant``/``shift``: its exact integer parts (:func:`pipeline.chunks.exact_parts`, null
+#: for zeros and non-finite values) — computed here with numpy, so the aggregation is a grouped
+#: count of keys and a DECIMAL sum in Spark.
 SAMPLE_SCHEMA = ("hour_s long, manifest_id string, series string, ts_ns long, value double, ord long, "
-                 "error string")
+                 "sk_store byte, sk_key int, exp_b int, mant long, shift int, error string")
 FRAME_SAMPLE_SCHEMA = "manifest_id string, series string, ts_ns long, value double, ord long"
 
 
@@ -218,13 +222,23 @@ def fetch_and_decode(access: S3Access, accumulator: Any, workers: int = 16) -> A
                     data = np.concatenate([part[name] for part in parts] + [np.zeros(n_err, np.int64)])
                     return pd.arrays.IntegerArray(data.astype(np.int64), missing)
 
+                values = np.concatenate([part["value"] for part in parts] + [np.full(n_err, np.nan)])
+                store, key = sketch_keys(values)
+                exp_b, mant, shift = exact_parts(values)
+                no_parts = missing | (exp_b == -2**31)
+
                 out = s3io.pandas_frame({
                     "hour_s": np.array(tags, dtype="int64"),
                     "manifest_id": [m for part in parts for m in part["manifest_id"]] + err_rows["manifest_id"],
                     "series": [x for part in parts for x in part["series"]] + err_rows["series"],
                     "ts_ns": ints("ts_ns"),
-                    "value": np.concatenate([part["value"] for part in parts] + [np.full(n_err, np.nan)]),
+                    "value": values,
                     "ord": ints("ord"),
+                    "sk_store": pd.arrays.IntegerArray(store, missing),
+                    "sk_key": pd.arrays.IntegerArray(key, missing),
+                    "exp_b": pd.arrays.IntegerArray(exp_b, no_parts),
+                    "mant": pd.arrays.IntegerArray(mant, no_parts),
+                    "shift": pd.arrays.IntegerArray(shift, no_parts),
                     "error": [None] * (len(tags) - n_err) + err_rows["error"],
                 })
                 yield out

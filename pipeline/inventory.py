@@ -20,9 +20,10 @@ exactly these optional fields and all object versions.
 * :func:`write_report` writes such a report from listing rows (``lmctl inventory snapshot``), into
   a bucket or a local directory, so local runs and tests read the real format;
 * :func:`open_report` finds and parses a report (latest under a prefix, or a given manifest);
-* :func:`inventory_dataframe` reads its data files as data: local Parquet with Spark's reader,
-  anything in S3 (and CSV.gz) by GETting each file inside an executor (``mapInPandas``), checking
-  the manifest's MD5 — no Hadoop S3A connector.
+* :func:`inventory_dataframe` reads its data files as data: local files, and ``s3://`` where the
+  session has a Hadoop file system for it (EMRFS on EMR), with Spark's Parquet and CSV readers;
+  otherwise (S3 of the local runtime: no Hadoop S3A connector here) by GETting each file inside an
+  executor (``mapInPandas``). The manifest's MD5 of each file is checked either way.
 
 Example:
     >>> report = open_report("s3://ops/inventory/lm-bucket/weekly-parquet/", access)   # doctest: +SKIP
@@ -452,6 +453,13 @@ def _normalize(pdf: Any) -> Any:
     return out
 
 
+def _csv_columns(file_schema: str) -> list[str]:
+    """The columns of a CSV report's fields, in ``fileSchema`` order (``LastModifiedDate`` ->
+    ``last_modified_date``; a field this reader does not know keeps its snake_case name)."""
+    return [_CSV_TO_COLUMN.get(n.strip(), re.sub(r"(?<!^)(?=[A-Z])", "_", n.strip()).lower())
+            for n in file_schema.split(",")]
+
+
 def read_data_file(data: bytes, file_format: str, file_schema: str) -> Any:
     """One data file's rows as a normalized pandas frame."""
     import pandas as pd
@@ -461,8 +469,7 @@ def read_data_file(data: bytes, file_format: str, file_schema: str) -> Any:
 
         pdf = pq.read_table(io.BytesIO(data)).to_pandas()
         return _normalize(pdf)
-    names = [_CSV_TO_COLUMN.get(n.strip(), re.sub(r"(?<!^)(?=[A-Z])", "_", n.strip()).lower())
-             for n in file_schema.split(",")]
+    names = _csv_columns(file_schema)
     pdf = pd.read_csv(io.BytesIO(gzip.decompress(data)), header=None, names=names, dtype=str, keep_default_na=False)
     if "key" in pdf.columns:
         pdf["key"] = pdf["key"].map(unquote_plus)
@@ -488,26 +495,115 @@ def _read_files_udf(file_format: str, file_schema: str, access: S3Access | None)
     return read
 
 
-def inventory_dataframe(spark: Any, report: InventoryReport, access: S3Access | None = None) -> Any:
-    """The report's rows as a DataFrame with :data:`SPARK_SCHEMA` (read as data, in executors)."""
+def _spark_type(col: str) -> str:
+    return {"string": "string", "bool": "boolean", "long": "long", "timestamp": "timestamp"}[_KIND[col]]
+
+
+def _spark_csv(spark: Any, paths: list[str], file_schema: str) -> Any:
+    """CSV data files through Spark's CSV reader (gzip from the ``.gz`` name), normalized exactly
+    as :func:`read_data_file` does: keys URL-decoded (``+`` is a space), empty values empty strings
+    in string columns and nulls elsewhere, unparseable numbers and times null."""
     from pyspark.sql import functions as F
 
-    local = all(f.bucket is None for f in report.files)
+    names = _csv_columns(file_schema)
+    raw = spark.read.csv(paths, schema=", ".join(f"`{n}` string" for n in names), header=False, quote='"',
+                         escape='"', mode="FAILFAST")
+    cols = []
+    for col in COLUMNS:
+        if col not in names:
+            cols.append(F.lit(None).cast(_spark_type(col)).alias(col))
+            continue
+        value = F.coalesce(F.col(col), F.lit(""))
+        kind = _KIND[col]
+        if col == "key":
+            out = F.url_decode(value)
+        elif kind == "string":
+            out = value
+        elif kind == "bool":
+            out = F.when(value == "", F.lit(None).cast("boolean")).otherwise(F.lower(value) == "true")
+        else:  # long, timestamp: what does not parse is null (pandas' errors="coerce")
+            out = F.when(value == "", F.lit(None)).otherwise(value).try_cast(_spark_type(col))
+        cols.append(out.alias(col))
+    return raw.select(*cols)
+
+
+def _typed(df: Any) -> Any:
+    """A Parquet report's columns as :data:`SPARK_SCHEMA` (a column the file lacks is null)."""
+    from pyspark.sql import functions as F
+
+    return df.select(*[(F.col(col) if col in df.columns else F.lit(None)).cast(_spark_type(col)).alias(col)
+                       for col in COLUMNS])
+
+
+def spark_reads_s3(spark: Any, access: S3Access | None) -> bool:
+    """Whether this session reads ``s3://`` itself: it runs against AWS (no endpoint override, so not
+    the local runtime) and Hadoop has a file system for the ``s3`` scheme (EMRFS on EMR; no such
+    jars locally, where data files are fetched by executors with boto3 instead)."""
+    if access is not None and access.endpoint_url:
+        return False
+    try:
+        jvm = spark.sparkContext._jvm
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass("s3", spark.sparkContext._jsc.hadoopConfiguration())
+        return True
+    except Exception:  # py4j: UnsupportedFileSystemException (no s3 scheme), or no JVM view
+        return False
+
+
+def _check_s3_md5(spark: Any, report: InventoryReport, access: S3Access) -> None:
+    """The manifest's MD5 of each data file in S3: the ETag of a single-part upload is its MD5 (one
+    HEAD per file, on the driver); a multipart one is hashed by Spark's ``md5`` in the executors."""
+    from pyspark.sql import functions as F
+
+    unsure = []
+    for f in report.files:
+        if not f.md5:
+            continue
+        assert f.bucket is not None
+        etag = str(client(access.with_bucket(f.bucket)).head_object(Bucket=f.bucket, Key=f.ref)["ETag"]).strip('"')
+        if "-" in etag:
+            unsure.append(f)
+        elif etag != f.md5:
+            raise InventoryError(f"inventory data file s3://{f.bucket}/{f.ref}: MD5 does not match the manifest")
+    if unsure:
+        got = {r["path"]: r["md5"] for r in spark.read.format("binaryFile").load(
+            [f"s3://{f.bucket}/{f.ref}" for f in unsure]).select("path", F.md5("content").alias("md5")).collect()}
+        for f in unsure:
+            if got.get(f"s3://{f.bucket}/{f.ref}") != f.md5:
+                raise InventoryError(f"inventory data file s3://{f.bucket}/{f.ref}: MD5 does not match the manifest")
+
+
+def inventory_dataframe(spark: Any, report: InventoryReport, access: S3Access | None = None, *,
+                        spark_reader: bool | None = None) -> Any:
+    """The report's rows as a DataFrame with :data:`SPARK_SCHEMA`.
+
+    Local data files, and ``s3://`` ones where the session can read S3 (:func:`spark_reads_s3`, or
+    ``spark_reader``), are read by Spark's Parquet or CSV reader (column pruning, no Python); the
+    manifest's MD5 of each file is checked first (local: hashed on the driver; S3: the ETag). Data
+    files in S3 otherwise (the local runtime) are fetched and parsed inside executors
+    (``mapInPandas``), their MD5 checked there; ``spark_reader`` forces one way (tests). The rows
+    and columns are the same either way."""
     if not report.files:
         return spark.createDataFrame([], SPARK_SCHEMA)
-    if local and report.file_format == "Parquet":
+    local = all(f.bucket is None for f in report.files)
+    in_s3 = all(f.bucket is not None for f in report.files)
+    use_spark = (local or (in_s3 and spark_reads_s3(spark, access))) if spark_reader is None else spark_reader
+    if not use_spark:
+        refs = spark.createDataFrame([(f.ref, f.bucket, f.md5) for f in report.files],
+                                     "ref string, bucket string, md5 string")
+        refs = refs.repartition(min(len(report.files), 64))
+        return refs.mapInPandas(_read_files_udf(report.file_format, report.manifest["fileSchema"], access), SPARK_SCHEMA)
+    if local:
         for f in report.files:  # the manifest's MD5s, checked where the files are
             if f.md5 and _md5_file(f.ref) != f.md5:
                 raise InventoryError(f"inventory data file {f.ref}: MD5 does not match the manifest")
-        df = spark.read.parquet(*[f.ref for f in report.files])
-        cols = []
-        for col in COLUMNS:
-            dtype = SPARK_SCHEMA.split(f"{col} ", 1)[1].split(",", 1)[0].strip()
-            cols.append((F.col(col) if col in df.columns else F.lit(None)).cast(dtype).alias(col))
-        return df.select(*cols)
-    refs = spark.createDataFrame([(f.ref, f.bucket, f.md5) for f in report.files], "ref string, bucket string, md5 string")
-    refs = refs.repartition(min(len(report.files), 64))
-    return refs.mapInPandas(_read_files_udf(report.file_format, report.manifest["fileSchema"], access), SPARK_SCHEMA)
+        paths = [f.ref for f in report.files]
+    else:
+        assert access is not None
+        _check_s3_md5(spark, report, access)
+        paths = [f"s3://{f.bucket}/{f.ref}" for f in report.files]
+    if report.file_format == "Parquet":
+        return _typed(spark.read.parquet(*paths))
+    return _spark_csv(spark, paths, report.manifest["fileSchema"])
 
 
 def _md5_file(path: str) -> str:
@@ -549,7 +645,7 @@ def snapshot(access: S3Access, destination: Destination, *, file_format: str = "
 __all__ = [
     "COLUMNS", "CONFIG_ID", "CSV_FILE_SCHEMA", "DEST_PREFIX", "PARQUET_FILE_SCHEMA", "SPARK_SCHEMA",
     "DataFile", "Destination", "InventoryError", "InventoryReport", "WrittenReport", "inventory_dataframe",
-    "listing_rows", "open_report", "parquet_table_bytes", "read_data_file", "snapshot", "write_report",
+    "listing_rows", "open_report", "parquet_table_bytes", "read_data_file", "snapshot", "spark_reads_s3", "write_report",
     "write_report_files",
 ]
 

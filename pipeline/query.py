@@ -6,7 +6,8 @@ most the agents' retry horizon later, plus clock skew), so the reader looks at a
 from ``hour(from) - 1`` to ``hour(to) + accept_lag``. For each hour it takes the **highest
 committed generation** — the largest ``generation=N`` listed under ``manifests/v1/<hour>/``
 (a manifest is written after all its chunks, so a listed one is complete; lower generations are
-superseded and ignored) — selects the chunks of that manifest whose metric, window, labels and
+superseded and ignored) — reads the one chunk list of that manifest that holds the metric (v2;
+a v1 manifest lists its chunks inline), selects the chunks whose metric, window, labels and
 sample-time range match, GETs and decodes them, and merges the rows of the same series and
 window start across hours (counts and sums add, min/max combine, ``last`` is the latest sample,
 sketches merge exactly).
@@ -24,9 +25,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lightmetrics.keys import UtcHour, hours_between
-
 from pipeline import chunks as C
-from pipeline.rollup import read_committed
+from pipeline.rollup import committed_chunks, read_committed
 from pipeline.s3io import S3Access, Tally, store, task_tally
 
 STATS = ("mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99")
@@ -125,7 +125,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                     result.uncommitted_hours.append(str(hour))
                 continue
             result.generations[str(hour)] = int(doc["generation"])
-            for c in doc["chunks"]:
+            for c in committed_chunks(access, doc, metric):  # one chunk list: the metric's
                 if c["metric"] != metric or c["window"] != window:
                     continue
                 chunk_labels = {k: v for k, v in c["labels"]}

@@ -2,19 +2,24 @@
 
 For each hour H (an *acceptance* hour, UTC) the reconciler has closed — hours before its checkpoint —:
 
-1. list ``accepted-by-time/v1/<H>/`` in executors (16 shards by the first hex digit of the
-   agent), giving the hour's input manifest-ids; their sorted list's sha256 is the *inputs digest*;
+1. list ``accepted-by-time/v1/<H>/`` in executors: one delimited listing per hour finds its agents
+   (``<agent-hex>.``), then contiguous ranges of agents are listed in parallel (``StartAfter``),
+   giving the hour's input manifest-ids; their sorted list's sha256 is the *inputs digest*;
 2. find the highest committed generation G of H (LIST ``manifests/v1/<H>/`` + GET). Same digest:
    H is up to date (``--recompute`` re-issues G's writes, which must all answer 412). Otherwise
    the job builds generation G+1 (1 if none): a late batch in a rolled-up hour supersedes, never mutates;
 3. read each batch (acceptance record -> blob, sha256 checked) and decode its frame in Arrow
-   batches (``mapInPandas``), aggregate per series and window (1m, 5m, 1h) with
-   ``applyInPandas`` (count, nan_count, sum, min, max, last, DDSketch), encode one chunk per
+   batches (``mapInPandas``, tasks sized from the number of inputs), aggregate per series and
+   window (1m, 5m, 1h) in Spark SQL (:mod:`pipeline.aggregate`), encode one chunk per
    (series, window);
-4. write every chunk, then its index entry, by conditional create (executors);
+4. write every chunk, then its index entry, by conditional create (executors, tasks sized from the
+   number of series), then the generation's chunk lists (one executor task per list);
 5. renew the lease, then create ``manifests/v1/<H>/generation=<N>.json`` — **last**, the commit
-   point. A 412 there with other bytes means another owner committed N first: refused
-   (:class:`GenerationTaken`), and its chunks stay unreferenced.
+   point, naming the chunk lists by key and sha256. A 412 there with other bytes means another
+   owner committed N first: refused (:class:`GenerationTaken`), and its chunks stay unreferenced.
+
+The driver collects only bounded summaries: per hour (counts, the first skipped inputs) and per
+chunk list; nothing it holds grows with the chunks or the series.
 
 Chunk ids are deterministic (hour, window, series, generation, sorted manifest-ids), and so are
 chunk bytes and the manifest, so a rerun is a no-op: every write answers 412.
@@ -28,28 +33,37 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.keys import KeyKind, UtcHour
 from lightmetrics.leases import lease_rule_broken
-
 from pipeline import chunks as C
 from pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from pipeline.lease import Lease
 from pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
-SHARDS = "0123456789abcdef"
-CHUNK_META_COLUMNS = ["hour_s", "series", "window", "chunk_id", "metric", "labels_json", "ts_min", "ts_max",
-                      "samples", "rows", "sha256", "bytes", "manifest_ids_n"]
-CHUNK_SCHEMA = ("hour_s long, series string, window string, chunk_id string, metric string, labels_json string, "
-                "ts_min long, ts_max long, samples long, rows long, sha256 string, bytes long, manifest_ids_n long, "
-                "chunk binary")
-WRITTEN_SCHEMA = ("hour_s long, series string, window string, chunk_id string, metric string, labels_json string, "
-                  "ts_min long, ts_max long, samples long, rows long, sha256 string, bytes long, manifest_ids_n long, "
+#: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
+#: (batches) per decode task, chunks per write task; each count is capped.
+AGENTS_PER_LIST_TASK = 64
+INPUTS_PER_DECODE_TASK = 32
+CHUNKS_PER_WRITE_TASK = 2_000
+SAMPLES_PER_AGGREGATE_TASK = 25_000  # the aggregation runs in the write tasks: at least this many
+MAX_TASKS = 2_000
+WRITTEN_SCHEMA = ("hour_s long, metric string, series string, window string, samples long, doc string, "
                   "chunk_outcome string, index_outcome string")
+LIST_SCHEMA = "hour_s long, part int, parts int, key string, sha256 string, bytes long, chunks long, outcome string"
+
+
+def tasks_for(units: int, per_task: int) -> int:
+    """``ceil(units / per_task)`` tasks, at least 1, at most :data:`MAX_TASKS`.
+
+    >>> tasks_for(0, 32), tasks_for(100, 32), tasks_for(10**9, 32)
+    (1, 4, 2000)
+    """
+    return max(1, min(MAX_TASKS, -(-units // per_task)))
 
 
 class GenerationTaken(Exception):
@@ -94,7 +108,8 @@ class HourResult:
     generation: int | None = None
     supersedes: int | None = None
     inputs: int = 0
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)  # the first SKIPPED_SAMPLE, by manifest-id
+    skipped_count: int = 0
     chunks: int = 0
     series: int = 0
     samples: int = 0
@@ -104,7 +119,8 @@ class HourResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"hour": self.hour, "status": self.status, "generation": self.generation, "supersedes": self.supersedes,
-                "inputs": self.inputs, "skipped": self.skipped, "chunks": self.chunks, "series": self.series,
+                "inputs": self.inputs, "skipped": self.skipped, "skipped_count": self.skipped_count,
+                "chunks": self.chunks, "series": self.series,
                 "samples": self.samples, "writes": dict(self.writes), "manifest_key": self.manifest_key,
                 "manifest_outcome": self.manifest_outcome}
 
@@ -115,6 +131,7 @@ class RollupReport:
     hours: list[HourResult] = field(default_factory=list)
     requests: Tally = field(default_factory=Tally)
     seconds: float = 0.0
+    tasks: dict[str, int] = field(default_factory=dict)  # Spark tasks that got input, by stage
 
     @property
     def samples(self) -> int:
@@ -122,7 +139,7 @@ class RollupReport:
 
     @property
     def skipped(self) -> int:
-        return sum(len(h.skipped) for h in self.hours)
+        return sum(h.skipped_count for h in self.hours)
 
     @property
     def created(self) -> int:
@@ -131,138 +148,203 @@ class RollupReport:
     def to_json(self) -> dict[str, Any]:
         return {"owner": self.owner, "hours": [h.to_json() for h in self.hours], "samples": self.samples,
                 "skipped_inputs": self.skipped, "objects_created": self.created,
-                "s3_requests": self.requests.to_json(), "seconds": round(self.seconds, 2)}
+                "s3_requests": self.requests.to_json(), "tasks": dict(sorted(self.tasks.items())),
+                "seconds": round(self.seconds, 2)}
 
 
 # ------------------------------------------------------------------------- executor functions
 
 
-def _list_entries(access: S3Access, accumulator: Any) -> Any:
+def _list_agents(access: S3Access, accumulator: Any) -> Any:
+    """``mapInPandas``: per hour, a listing delimited by ``.`` — one common prefix per agent
+    (``<agent-hex>.``), not one key per batch — so the batches can be listed in agent ranges."""
+
+    def run(batches: Any) -> Any:
+        import numpy as np
+
+        from pipeline import s3io
+
+        for pdf in batches:
+            hours, agents = [], []
+            with s3io.task_tally() as tally:
+                for hour_s in pdf["hour_s"]:
+                    prefix = access.codec.accepted_by_time_hour(UtcHour(int(hour_s)))
+                    for common in s3io.list_all(access, prefix, delimiter=".")[1]:
+                        hours.append(int(hour_s))
+                        agents.append(common[len(prefix):])
+            accumulator.add(tally.counts)
+            yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "agent": agents})
+
+    return run
+
+
+def _list_ranges(access: S3Access, accumulator: Any) -> Any:
+    """``mapInPandas`` over ``(hour_s, first, last)`` agent ranges: list from just before ``first``
+    (``StartAfter`` = its hex without the dot: below all its keys, above every earlier agent's)
+    until the keys pass ``last``'s."""
+
     def run(batches: Any) -> Any:
         import numpy as np
 
         from pipeline import s3io
 
         codec = access.codec
+        st = s3io.store(access)
         for pdf in batches:
             hours, mids = [], []
             with s3io.task_tally() as tally:
-                for hour_s, shard in zip(pdf["hour_s"], pdf["shard"]):
-                    prefix = codec.accepted_by_time_hour(UtcHour(int(hour_s))) + shard
-                    for key, _ in s3io.list_all(access, prefix)[0]:
-                        try:
-                            parsed = codec.parse(key)
-                        except Exception:
-                            continue  # not ours: the audit reports keys outside the layout
-                        if parsed.kind is KeyKind.ACCEPTED_BY_TIME and parsed.identity is not None:
-                            hours.append(int(hour_s))
-                            mids.append(parsed.identity.manifest_id)
+                for hour_s, first, last in zip(pdf["hour_s"], pdf["first"], pdf["last"]):
+                    prefix = codec.accepted_by_time_hour(UtcHour(int(hour_s)))
+                    start_after: str | None = prefix + first[:-1]
+                    token: str | None = None
+                    done = False
+                    while not done:
+                        page = st.list_page(prefix, start_after=None if token else start_after,
+                                            continuation_token=token)
+                        for key in page.keys:
+                            rel = key[len(prefix):]
+                            if rel > last and not rel.startswith(last):
+                                done = True  # the next range's agents
+                                break
+                            try:
+                                parsed = codec.parse(key)
+                            except Exception:
+                                continue  # not ours: the audit reports keys outside the layout
+                            if parsed.kind is KeyKind.ACCEPTED_BY_TIME and parsed.identity is not None:
+                                hours.append(int(hour_s))
+                                mids.append(parsed.identity.manifest_id)
+                        token = page.next_token if page.truncated else None
+                        done = done or token is None
             accumulator.add(tally.counts)
             yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "manifest_id": mids})
 
     return run
 
 
-def _build_chunks(generations: dict[int, int]) -> Any:
-    """``applyInPandas`` per (hour, series): every window's rows, encoded as chunks."""
-
-    def build(pdf: Any) -> Any:
-        import numpy as np
-        import pandas as pd
-
-        hour_s = int(pdf["hour_s"].iloc[0])
-        hour = UtcHour(hour_s)
-        series = str(pdf["series"].iloc[0])
-        generation = generations[hour_s]
-        ts = pdf["ts_ns"].to_numpy(dtype="int64")
-        values = pdf["value"].to_numpy(dtype="float64")
-        mids = pdf["manifest_id"].to_numpy(dtype=object)
-        ords = pdf["ord"].to_numpy(dtype="int64")
-        contributors = sorted(set(mids.tolist()))
-        ts_min, ts_max = int(ts.min()), int(ts.max())
-        out: dict[str, list[Any]] = {c: [] for c in CHUNK_META_COLUMNS + ["chunk"]}
-        fine: dict[int, Any] = {}  # 1m window start -> DDSketch (merged into 5m and 1h)
-        metric, labels = C.parse_series(series)
-        for window in C.WINDOW_NS:  # 1m first: 5m and 1h merge its sketches
-            w = C.WINDOW_NS[window]
-            starts = (ts // w) * w
-            order = np.argsort(starts, kind="stable")
-            uniq, first = np.unique(starts[order], return_index=True)
-            bounds = list(first[1:]) + [len(order)]
-            rows = []
-            for ws, lo, hi in zip(uniq.tolist(), first.tolist(), bounds):
-                idx = order[lo:hi]
-                if window == "1m":
-                    sk = C.sketch_of(values[idx].tolist())
-                    fine[ws] = sk
-                else:
-                    sk = C.merge_sketches(s for k, s in fine.items() if ws <= k < ws + w)
-                rows.append(C.aggregate_window(values[idx].tolist(), ts[idx].tolist(), mids[idx].tolist(),
-                                               ords[idx].tolist(), ws, sketch=sk))
-            cid = C.chunk_id(hour, window, series, generation, contributors)
-            header = C.chunk_header(hour=hour, window=window, series=series, generation=generation, chunk_id_=cid,
-                                    manifest_ids=contributors, ts_min=ts_min, ts_max=ts_max, samples=len(ts),
-                                    rows=len(rows))
-            data = C.encode_chunk(header, rows)
-            for col, v in zip(CHUNK_META_COLUMNS + ["chunk"],
-                              (hour_s, series, window, cid, metric, json.dumps([list(p) for p in labels]), ts_min, ts_max,
-                               len(ts), len(rows), hashlib.sha256(data).hexdigest(), len(data), len(contributors), data)):
-                out[col].append(v)
-        return pd.DataFrame(out)
-
-    return build
-
-
 def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: Any, workers: int = 16) -> Any:
-    """``mapInPandas``: conditional create of each chunk, then of its index entry."""
+    """``mapInArrow`` over :func:`pipeline.aggregate.chunk_rows`: encode each chunk, then
+    conditionally create it and its index entry. Out: one small row per chunk (its manifest
+    entry as JSON and the outcomes), never the bytes."""
 
     def run(batches: Any) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
+        import pyarrow as pa
+
         from pipeline import s3io
+        from pipeline.aggregate import encode_chunk_row
 
         codec = access.codec
 
-        def write(row: dict[str, Any]) -> tuple[str, str]:
-            hour = UtcHour(int(row["hour_s"]))
-            key = codec.rollup_chunk(row["window"], hour, row["metric"], row["chunk_id"])
-            chunk_outcome = s3io.put_if_absent(access, key, bytes(row["chunk"]), content_type="application/zstd")
-            entry = {"chunk_key": key, "chunk_id": row["chunk_id"], "chunk_sha256": row["sha256"],
-                     "chunk_bytes": int(row["bytes"]), "hour": str(hour), "window": row["window"],
-                     "metric": row["metric"], "labels": json.loads(row["labels_json"]), "series": row["series"],
-                     "generation": generations[int(row["hour_s"])], "sample_ts_min_ns": int(row["ts_min"]),
-                     "sample_ts_max_ns": int(row["ts_max"]), "samples": int(row["samples"]), "rows": int(row["rows"])}
-            index_outcome = s3io.put_if_absent(access, codec.rollup_index(hour, row["chunk_id"]),
-                                               C.encode_index_entry(entry), content_type="application/zstd")
-            return chunk_outcome, index_outcome
+        def write(row: dict[str, Any]) -> tuple[Any, ...]:
+            hour_s = int(row["hour_s"])
+            hour = UtcHour(hour_s)
+            header, _aggs, data = encode_chunk_row(row, generations[hour_s])
+            metric, cid = header["metric"], header["chunk_id"]
+            key = codec.rollup_chunk(header["window"], hour, metric, cid)
+            sha = hashlib.sha256(data).hexdigest()
+            chunk_outcome = s3io.put_if_absent(access, key, data, content_type="application/zstd")
+            doc = {"chunk_id": cid, "window": header["window"], "metric": metric, "labels": header["labels"],
+                   "series": header["series"], "sample_ts_min_ns": header["sample_ts_min_ns"],
+                   "sample_ts_max_ns": header["sample_ts_max_ns"], "samples": header["samples"],
+                   "rows": header["rows"], "sha256": sha, "bytes": len(data)}
+            entry = {"chunk_key": key, "chunk_id": cid, "chunk_sha256": sha, "chunk_bytes": len(data),
+                     "hour": str(hour), "window": header["window"], "metric": metric, "labels": header["labels"],
+                     "series": header["series"], "generation": generations[hour_s],
+                     "sample_ts_min_ns": header["sample_ts_min_ns"], "sample_ts_max_ns": header["sample_ts_max_ns"],
+                     "samples": header["samples"], "rows": header["rows"]}
+            index_outcome = s3io.put_if_absent(access, codec.rollup_index(hour, cid), C.encode_index_entry(entry),
+                                               content_type="application/zstd")
+            return (hour_s, metric, header["series"], header["window"], header["samples"], json.dumps(doc),
+                    chunk_outcome, index_outcome)
 
+        schema = pa.schema([("hour_s", pa.int64()), ("metric", pa.string()), ("series", pa.string()),
+                            ("window", pa.string()), ("samples", pa.int64()), ("doc", pa.string()),
+                            ("chunk_outcome", pa.string()), ("index_outcome", pa.string())])
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-rollup-write") as pool:
-            for pdf in batches:
-                records = pdf.to_dict("records")
+            for batch in batches:  # Arrow record batches: the nested rows arrive as plain dicts and lists
                 with s3io.task_tally() as tally:
-                    outcomes = list(pool.map(write, records))
+                    out = list(pool.map(write, batch.to_pylist()))
                 accumulator.add(tally.counts)
-                meta = pdf.drop(columns=["chunk"])
-                meta["chunk_outcome"] = [o[0] for o in outcomes]
-                meta["index_outcome"] = [o[1] for o in outcomes]
-                yield meta
+                yield pa.RecordBatch.from_arrays([pa.array([o[i] for o in out], type=f.type)
+                                                  for i, f in enumerate(schema)], schema=schema)
 
     return run
+
+
+def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any) -> Any:
+    """``applyInPandas`` per (hour, chunk-list part): the list's bytes, created under its sha256."""
+
+    def build(pdf: Any) -> Any:
+        import pandas as pd
+
+        from pipeline import s3io
+
+        hour_s, part, parts = int(pdf["hour_s"].iloc[0]), int(pdf["part"].iloc[0]), int(pdf["parts"].iloc[0])
+        hour = UtcHour(hour_s)
+        data = C.chunk_list_bytes(hour=hour, generation=generations[hour_s], part=part, parts=parts,
+                                  chunks=[json.loads(d) for d in pdf["doc"]])
+        key = access.codec.rollup_chunk_list(hour, hashlib.sha256(data).hexdigest())
+        with s3io.task_tally() as tally:
+            outcome = s3io.put_if_absent(access, key, data, content_type="application/zstd")
+        accumulator.add(tally.counts)
+        ref = C.chunk_list_ref(part, key, data, len(pdf))
+        return pd.DataFrame([{"hour_s": hour_s, "part": part, "parts": parts, "key": key, "sha256": ref["sha256"],
+                              "bytes": ref["bytes"], "chunks": ref["chunks"], "outcome": outcome}])
+
+    return build
+
+
+def _count_tasks(tasks: Any, name: str, fn: Any) -> Any:
+    """Wrap a ``mapInPandas``/``mapInArrow`` function: each task that receives rows adds 1 to
+    ``tasks[name]`` (what a test asserts the parallelism with)."""
+
+    def run(batches: Any) -> Any:
+        counted = False
+        for batch in batches:
+            if not counted and len(batch):
+                counted = True
+                tasks.add({name: 1})
+            yield batch
+    return lambda batches: fn(run(batches))
 
 
 # ------------------------------------------------------------------------------- the job
 
 
-def rollup_dataframe(entries: Any, access: S3Access, generations: dict[int, int], accumulator: Any) -> tuple[Any, Any]:
-    """``(samples, chunks)`` for the hours in ``generations``: the decode and aggregation plan."""
+def decode_samples(entries: Any, access: S3Access, generations: dict[int, int], accumulator: Any,
+                   tasks: Any, inputs: int) -> Any:
+    """The hours' decoded samples (:data:`pipeline.decode.SAMPLE_SCHEMA`), in
+    ``tasks_for(inputs, INPUTS_PER_DECODE_TASK)`` decode tasks (an explicit count: adaptive
+    execution does not coalesce it)."""
     from pyspark.sql import functions as F
 
     work = entries.where(F.col("hour_s").isin(list(generations)))
-    samples = work.repartition(max(2, min(64, len(generations) * 4)), "manifest_id") \
-        .mapInPandas(fetch_and_decode(access, accumulator), SAMPLE_SCHEMA)
-    chunks = samples.where(F.col("error").isNull()).drop("error") \
-        .groupBy("hour_s", "series").applyInPandas(_build_chunks(generations), CHUNK_SCHEMA)
-    return samples, chunks
+    return work.repartitionByRange(tasks_for(inputs, INPUTS_PER_DECODE_TASK), "manifest_id") \
+        .mapInPandas(_count_tasks(tasks, "decode", fetch_and_decode(access, accumulator)), SAMPLE_SCHEMA)
+
+
+def rollup_dataframe(entries: Any, access: S3Access, generations: dict[int, int], accumulator: Any,
+                     *, tasks: Any = None, inputs: int = 1, write_tasks: int = 1) -> tuple[Any, Any]:
+    """``(samples, written)`` for the hours in ``generations``: the decode, aggregation and chunk
+    write plan (lazy: nothing runs, nothing is written until an action)."""
+    tasks = tasks if tasks is not None else counter_accumulator(entries.sparkSession)
+    samples = decode_samples(entries, access, generations, accumulator, tasks, inputs)
+    return samples, chunk_writes(samples, access, generations, accumulator, tasks, write_tasks)
+
+
+def chunk_writes(samples: Any, access: S3Access, generations: dict[int, int], accumulator: Any, tasks: Any,
+                 write_tasks: int) -> Any:
+    """The chunks of the decoded ``samples`` (error rows left out), aggregated in Spark SQL and
+    written in ``write_tasks`` tasks: the aggregation's repartition by (hour, series) has that
+    explicit count, and nothing shuffles after it, so the writes run in exactly that many tasks."""
+    from pyspark.sql import functions as F
+
+    from pipeline.aggregate import chunk_rows
+
+    rows = chunk_rows(samples.where(F.col("error").isNull()).drop("error"), write_tasks)
+    return rows.mapInArrow(_count_tasks(tasks, "write", _write_chunks(access, generations, accumulator)),
+                           WRITTEN_SCHEMA)
 
 
 def commit_step_s(access: S3Access) -> int:
@@ -288,6 +370,7 @@ class RollupJob:
         self.owner = owner or f"rollup-{uuid.uuid4().hex[:12]}"
         self.lease = Lease(table, "rollup", self.owner, clock, lease_s) if table is not None else None
         self.workers = workers
+        self.tasks = counter_accumulator(spark)  # tasks per stage, this job's whole life
         self.say = progress or (lambda _: None)  # phases of a run, for lmctl's progress lines
 
     # -- planning ---------------------------------------------------------------------------
@@ -329,15 +412,13 @@ class RollupJob:
         entries = None
         digests: dict[int, tuple[int, str]] = {}
         if eligible:
-            shards = self.spark.createDataFrame([(h.start_unix_s, s) for h in eligible for s in SHARDS],
-                                                "hour_s long, shard string").repartition(min(len(eligible) * 16, 32))
-            entries = shards.mapInPandas(_list_entries(self.access, acc), "hour_s long, manifest_id string") \
-                .persist(StorageLevel.MEMORY_AND_DISK)
+            entries = self._list_inputs(eligible, acc).persist(StorageLevel.MEMORY_AND_DISK)
             rows = entries.groupBy("hour_s").agg(
                 F.count("*").alias("n"),
                 F.sha2(F.concat_ws("\n", F.array_sort(F.collect_list("manifest_id"))), 256).alias("digest"),
             ).collect()  # one row per hour
             digests = {int(r["hour_s"]): (int(r["n"]), str(r["digest"])) for r in rows}
+            self._ranges.unpersist()
         for h in eligible:
             n, digest = digests.get(h.start_unix_s, (0, C.inputs_digest([])))
             committed = self.committed(h, requests)
@@ -351,11 +432,30 @@ class RollupJob:
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
 
-    # -- execution ---------------------------------------------------------------------------
-    def execute(self, plan: RollupPlan) -> RollupReport:
-        from pyspark import StorageLevel
+    def _list_inputs(self, hours: list[UtcHour], acc: Any) -> Any:
+        """``(hour_s, manifest_id)`` of every input of ``hours``, listed in executors: the agents of
+        each hour (one delimited listing), then ranges of ``AGENTS_PER_LIST_TASK`` consecutive
+        agents, one listing task each. Agent ids are text, so their hex is not uniform (most start
+        with ``6``/``7``): ranges of the agents actually present spread them whatever they are."""
+        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
+        agents = self.spark.createDataFrame([(h.start_unix_s,) for h in hours], "hour_s long") \
+            .repartition(len(hours)).mapInPandas(_list_agents(self.access, acc), "hour_s long, agent string")
+        ranked = agents.withColumn("range", F.floor((F.row_number().over(
+            Window.partitionBy("hour_s").orderBy("agent")) - 1) / AGENTS_PER_LIST_TASK))
+        from pyspark import StorageLevel
+
+        ranges = ranked.groupBy("hour_s", "range").agg(F.min("agent").alias("first"), F.max("agent").alias("last")) \
+            .persist(StorageLevel.MEMORY_AND_DISK)  # listed once; released once the inputs are
+        self._ranges = ranges
+        counts = int(ranges.count())  # one number: how many listing tasks
+        return ranges.repartitionByRange(max(1, min(MAX_TASKS, counts)), "hour_s", "range") \
+            .mapInPandas(_count_tasks(self.tasks, "listing", _list_ranges(self.access, acc)),
+                         "hour_s long, manifest_id string")
+
+    # -- execution ---------------------------------------------------------------------------
+    def execute(self, plan: RollupPlan) -> RollupReport:
         started = time.monotonic()
         report = RollupReport(self.owner)
         generations = plan.work()
@@ -364,22 +464,11 @@ class RollupJob:
         acc = counter_accumulator(self.spark)
         try:
             if generations:
-                samples, chunk_df = rollup_dataframe(plan.entries, self.access, generations, acc)
-                samples.persist(StorageLevel.MEMORY_AND_DISK)
-                try:
-                    errors = samples.where(F.col("error").isNotNull()).select("hour_s", "manifest_id", "error").collect()
-                    written = chunk_df.mapInPandas(_write_chunks(self.access, generations, acc, self.workers), WRITTEN_SCHEMA).collect()
-                finally:
-                    samples.unpersist()
-                for e in errors:
-                    results[int(e["hour_s"])].skipped.append({"manifest_id": e["manifest_id"], "reason": e["error"]})
-                by_hour: dict[int, list[Any]] = {}
-                for r in written:
-                    by_hour.setdefault(int(r["hour_s"]), []).append(r)
+                summary = self._build(plan, generations, acc, results)
                 for p in plan.hours:
                     if p.hour.start_unix_s in generations:
                         self.say(f"committing {p.hour}")
-                        self._commit(p, by_hour.get(p.hour.start_unix_s, []), results[p.hour.start_unix_s],
+                        self._commit(p, summary.get(p.hour.start_unix_s, ([], {})), results[p.hour.start_unix_s],
                                      report.requests)
         finally:
             if plan.entries is not None:
@@ -387,43 +476,103 @@ class RollupJob:
         report.hours = [results[p.hour.start_unix_s] for p in plan.hours]
         report.requests.add(plan.requests)
         report.requests.add(dict(acc.value))
+        report.tasks = dict(self.tasks.value)
         report.seconds = time.monotonic() - started
         return report
 
-    def _commit(self, p: HourPlan, rows: list[Any], result: HourResult, requests: Tally) -> None:
+    def _build(self, plan: RollupPlan, generations: dict[int, int], acc: Any,
+               results: dict[int, HourResult]) -> dict[int, tuple[list[dict[str, Any]], dict[str, int]]]:
+        """Decode, aggregate, write chunks and chunk lists; per hour: ``(list refs, totals)``.
+        Everything collected is bounded: a row per hour, per chunk list, per skipped input shown."""
+        from pyspark import StorageLevel
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        inputs = sum(p.input_count for p in plan.hours if p.hour.start_unix_s in generations)
+        samples = decode_samples(plan.entries, self.access, generations, acc, self.tasks, inputs) \
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        written = None
+        try:
+            failed = F.col("error").isNotNull()
+            stats = samples.groupBy("hour_s").agg(
+                F.count(F.when(failed, 1)).alias("skipped"),
+                F.count(F.when(~failed, 1)).alias("samples"),
+                F.approx_count_distinct(F.when(~failed, F.col("series"))).alias("series")).collect()
+            first = samples.where(failed).select("hour_s", "manifest_id", "error") \
+                .withColumn("n", F.row_number().over(Window.partitionBy("hour_s").orderBy("manifest_id"))) \
+                .where(F.col("n") <= C.SKIPPED_SAMPLE).collect()
+            for r in stats:
+                results[int(r["hour_s"])].skipped_count = int(r["skipped"])
+            for e in first:
+                results[int(e["hour_s"])].skipped.append({"manifest_id": e["manifest_id"], "reason": e["error"]})
+            chunks_estimate = 3 * sum(int(r["series"]) for r in stats)
+            # the chunk writes run once (persisted); the rows are the chunks' manifest entries, no bytes
+            write_tasks = max(tasks_for(chunks_estimate, CHUNKS_PER_WRITE_TASK),
+                              tasks_for(sum(int(r["samples"]) for r in stats), SAMPLES_PER_AGGREGATE_TASK))
+            written = chunk_writes(samples, self.access, generations, acc, self.tasks, write_tasks) \
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            per_hour = written.groupBy("hour_s").agg(
+                F.count("*").alias("chunks"),
+                F.count(F.when(F.col("window") == "1h", 1)).alias("series"),
+                F.sum(F.when(F.col("window") == "1h", F.col("samples")).otherwise(0)).alias("samples"),
+                *[F.count(F.when(F.col(c) == o, 1)).alias(f"{c} {o}") for c in ("chunk_outcome", "index_outcome")
+                  for o in ("created", "exists")]).collect()
+            totals = {int(r["hour_s"]): r.asDict() for r in per_hour}
+            parts = {h: C.chunk_list_parts(int(t["chunks"])) for h, t in totals.items()}
+            if not parts:
+                return {}
+            parts_of = F.create_map(*[F.lit(x) for h, n in parts.items() for x in (h, n)])[F.col("hour_s")]
+            part = F.pmod(F.conv(F.substring(F.sha2(F.col("metric"), 256), 1, 8), 16, 10).cast("long"),
+                          parts_of.cast("long")).cast("int")
+            lists = written.select("hour_s", "doc", parts_of.cast("int").alias("parts"), part.alias("part")) \
+                .groupBy("hour_s", "part").applyInPandas(_write_lists(self.access, generations, acc), LIST_SCHEMA) \
+                .collect()  # one row per chunk list
+        finally:
+            samples.unpersist()
+            if written is not None:
+                written.unpersist()
+        out: dict[int, tuple[list[dict[str, Any]], dict[str, int]]] = {}
+        for h, t in totals.items():
+            res = results[h]
+            for name in ("chunk_outcome", "index_outcome"):
+                for o in ("created", "exists"):
+                    res.writes[o] += int(t[f"{name} {o}"])
+            out[h] = ([], {"chunks": int(t["chunks"]), "series": int(t["series"]), "samples": int(t["samples"]),
+                           "parts": parts[h]})
+        for r in lists:
+            res = results[int(r["hour_s"])]
+            res.writes[r["outcome"]] += 1
+            out[int(r["hour_s"])][0].append({"part": int(r["part"]), "key": r["key"], "sha256": r["sha256"],
+                                             "bytes": int(r["bytes"]), "chunks": int(r["chunks"])})
+        return out
+
+    def _commit(self, p: HourPlan, built: tuple[list[dict[str, Any]], dict[str, int]], result: HourResult,
+                requests: Tally) -> None:
         from pipeline import s3io
 
         assert p.generation is not None
         codec = self.access.codec
-        chunk_docs = [{"chunk_id": r["chunk_id"], "window": r["window"], "metric": r["metric"],
-                       "labels": json.loads(r["labels_json"]), "series": r["series"],
-                       "sample_ts_min_ns": int(r["ts_min"]), "sample_ts_max_ns": int(r["ts_max"]),
-                       "samples": int(r["samples"]), "rows": int(r["rows"]), "sha256": r["sha256"],
-                       "bytes": int(r["bytes"])} for r in rows]
-        for r in rows:
-            result.writes[r["chunk_outcome"]] += 1
-            result.writes[r["index_outcome"]] += 1
-        result.chunks = len(chunk_docs)
-        result.series = len({c["series"] for c in chunk_docs})
-        result.samples = sum(c["samples"] for c in chunk_docs if c["window"] == "1h")
+        lists, totals = built
+        totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
+        result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]
         body = C.manifest_bytes(hour=p.hour, generation=p.generation, supersedes=p.supersedes,
                                 input_count=p.input_count, input_sha256=p.input_sha256, skipped=result.skipped,
-                                chunks=chunk_docs)
+                                skipped_count=result.skipped_count, parts=totals["parts"], lists=lists, totals=totals)
         key = codec.rollup_manifest(p.hour, p.generation)
         result.manifest_key = key
-        if p.status == "recompute" and p.committed is not None:
-            committed = {c["chunk_id"]: c["sha256"] for c in p.committed["chunks"]}
-            mine = {c["chunk_id"]: c["sha256"] for c in chunk_docs}
-            if committed != mine:
-                raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed chunks differ from the "
-                                             "committed ones")
+        mine = C.parse_manifest(body)
+        if p.status == "recompute" and p.committed is not None and not same_chunks(codec, p.committed, mine):
+            raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed chunks differ from the "
+                                         "committed ones")
         if self.lease is not None:
             self.lease.renew()  # LeaseLost: stop before committing anything else
         with task_tally() as tally:
             outcome = s3io.put_if_absent(self.access, key, body)
             if outcome == "exists":
                 existing = s3io.store(self.access).get(key)
-                if existing != body:
+                # A generation committed as a v1 manifest (chunks inline) names the same chunks in
+                # other bytes: that is this generation, not another owner's.
+                if existing != body and not same_chunks(codec, C.parse_manifest(existing or b"{}"), mine):
                     requests.add(tally)
                     raise GenerationTaken(f"{p.hour}: generation {p.generation} was committed by another owner "
                                           f"({key}); this run's chunks stay unreferenced")
@@ -450,13 +599,31 @@ class RollupJob:
                 self.lease.release()
 
 
+def list_refs(codec: Any, doc: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """``(parts, chunk list refs)`` of a manifest; for a v1 manifest (chunks inline), the lists a
+    v2 manifest of the same chunks references (built here: its chunks are in memory already)."""
+    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
+        hour = UtcHour.parse(doc["hour"])
+        built = C.chunk_lists(hour=hour, generation=int(doc["generation"]), chunks=doc["chunks"])
+        refs = [C.chunk_list_ref(part, codec.rollup_chunk_list(hour, hashlib.sha256(data).hexdigest()), data,
+                                 len(C.parse_chunk_list(data)["chunks"])) for part, data in built]
+        return C.chunk_list_parts(len(doc["chunks"])), refs
+    return int(doc["chunk_lists"]["parts"]), list(doc["chunk_lists"]["lists"])
+
+
+def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two manifests of one generation name the same chunks (same ids and bytes)."""
+    return list_refs(codec, a) == list_refs(codec, b)
+
+
 def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     """What readers do: the highest generation listed under ``manifests/v1/<hour>/`` (every listed
-    manifest is complete — it is written after all its chunks)."""
+    manifest is complete — it is written after all its chunks and chunk lists). The listing is
+    delimited by ``/``: the chunk lists, in their own folder, are not listed."""
     from pipeline import s3io
 
     codec = access.codec
-    keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour))
+    keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour), delimiter="/")
     best: tuple[int, str] | None = None
     for key, _size in keys:
         try:
@@ -473,5 +640,28 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     return doc
 
 
+def committed_chunks(access: S3Access, doc: dict[str, Any], metric: str | None = None) -> list[dict[str, Any]]:
+    """The chunk entries a committed manifest names — of ``metric`` only if given (then one chunk
+    list is read: the metric's part) — each list checked against the sha256 the manifest records."""
+    from pipeline import s3io
+
+    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
+        return [c for c in doc["chunks"] if metric is None or c["metric"] == metric]
+    parts = int(doc["chunk_lists"]["parts"])
+    wanted = None if metric is None else C.chunk_list_part(metric, parts)
+    out: list[dict[str, Any]] = []
+    st = s3io.store(access)
+    for ref in doc["chunk_lists"]["lists"]:
+        if wanted is not None and int(ref["part"]) != wanted:
+            continue
+        data = st.get(ref["key"])
+        if data is None or hashlib.sha256(data).hexdigest() != ref["sha256"]:
+            raise C.ChunkFormatError(f"chunk list {ref['key']} of {doc.get('_key', 'a manifest')} is missing or "
+                                     "does not match its sha256")
+        out.extend(c for c in C.parse_chunk_list(data)["chunks"] if metric is None or c["metric"] == metric)
+    return out
+
+
 __all__ = ["GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupJob", "RollupPlan",
-           "RollupReport", "read_committed", "rollup_dataframe"]
+           "RollupReport", "chunk_writes", "committed_chunks", "decode_samples", "read_committed", "rollup_dataframe",
+           "same_chunks", "tasks_for"]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -22,7 +23,6 @@ from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec, UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
-
 from pipeline.inventory import Destination, WrittenReport, parquet_table_bytes, write_report_files
 
 
@@ -83,15 +83,32 @@ def frame_samples(agent: int, batch: int, n: int, base_ns: int) -> list[Sample]:
                    value=float((agent * 31 + batch * 7 + i) % 1000) / 10.0) for i in range(n)]
 
 
+def series_samples(k: int, *, series: int, per_series: int, per_batch: int, base_ns: int) -> list[Sample]:
+    """Batch ``k`` of an hour of ``series`` series × ``per_series`` samples each, spread evenly over
+    the hour, in time order, ``per_batch`` samples per batch (the rollup benchmark's shapes: many
+    series with few samples, few series with many)."""
+    step = 3600 * 1_000_000_000 // per_series
+    out = []
+    for j in range(k * per_batch, min(series * per_series, (k + 1) * per_batch)):
+        t, i = divmod(j, series)
+        out.append(Sample(f"bench.m{i % 4}", {"host": f"h{i // 4:05d}"}, base_ns + t * step,
+                          float((i * 7 + t) % 1000) / 10.0))
+    return out
+
+
 def load_batches(s3: Any, bucket: str, codec: KeyCodec, *, batches: int, samples_per_batch: int, accepted_at_ns: int,
-                 base_ns: int, agents: int = 10, workers: int = 32) -> int:
-    """Write ``batches`` accepted batches of one hour directly (blob, record, accepted-by-time); returns samples."""
+                 base_ns: int, agents: int = 10, workers: int = 32,
+                 samples_of: Callable[[int], list[Sample]] | None = None, agent_prefix: str = "bench-agent") -> int:
+    """Write ``batches`` accepted batches of one hour directly (blob, record, accepted-by-time); returns
+    samples. ``samples_of(k)``: the samples of batch ``k`` (default :func:`frame_samples`); agents are
+    ``<agent_prefix>-NN`` (another prefix: other identities, in the same bucket)."""
 
     def one(k: int) -> int:
         agent, batch = k % agents, k // agents
-        ident = BatchIdentity.create(f"bench-agent-{agent:02d}", "boot-1", batch * samples_per_batch,
+        ident = BatchIdentity.create(f"{agent_prefix}-{agent:02d}", "boot-1", batch * samples_per_batch,
                                      batch * samples_per_batch + samples_per_batch - 1)
-        data = encode_frame(ident, frame_samples(agent, batch, samples_per_batch, base_ns), compress=True)
+        samples = samples_of(k) if samples_of else frame_samples(agent, batch, samples_per_batch, base_ns)
+        data = encode_frame(ident, samples, compress=True)
         sha = hashlib.sha256(data).hexdigest()
         blob_key, manifest_key = codec.raw_blob(sha), codec.accepted(ident)
         m = AcceptedBatchManifest(agent_id=ident.agent_id, boot_id=ident.boot_id, seq_start=ident.seq_start,
@@ -104,10 +121,10 @@ def load_batches(s3: Any, bucket: str, codec: KeyCodec, *, batches: int, samples
                                     frame_bytes=len(data), accepted_at_unix_ns=accepted_at_ns)
         s3.put_object(Bucket=bucket, Key=codec.accepted_by_time(UtcHour.of_unix_ns(accepted_at_ns), ident),
                       Body=entry.to_bytes(), IfNoneMatch="*")
-        return samples_per_batch
+        return len(samples)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return sum(pool.map(one, range(batches)))
 
 
-__all__ = ["GeneratedInventory", "frame_samples", "generate_inventory", "load_batches"]
+__all__ = ["GeneratedInventory", "frame_samples", "generate_inventory", "load_batches", "series_samples"]

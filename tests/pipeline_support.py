@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from conftest import FAST, T0_NS
+
 from lightmetrics.accept import accept_batch
 from lightmetrics.frame import Sample, decode_frame, encode_frame
 from lightmetrics.identity import BatchIdentity
@@ -84,4 +85,56 @@ def reference_rollup(frames: dict[str, bytes]) -> dict[tuple[str, str, int], dic
             "min": min(non_nan) if non_nan else math.nan, "max": max(non_nan) if non_nan else math.nan,
             "last": latest[3], "last_ts_ns": latest[0], "values": [v for v in non_nan if math.isfinite(v)],
         }
+    return out
+
+
+# ------------------------------------------------------------------ the aggregation's oracle (issue 15)
+
+SampleRow = tuple[int, str, str, int, float, int]  # hour_s, manifest_id, series, ts_ns, value, ord
+
+
+def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
+    """Decoded sample rows as the rollup sees them (``SAMPLE_SCHEMA`` without errors), each value's
+    sketch bin computed as ``pipeline.decode`` does, and NaN as null — what a NaN becomes when
+    ``mapInPandas`` hands pandas output to Spark."""
+    import numpy as np
+
+    from pipeline.chunks import exact_parts, sketch_keys
+    from pipeline.decode import SAMPLE_SCHEMA
+
+    values = np.array([r[4] for r in rows], dtype=np.float64)
+    store, key = sketch_keys(values)
+    parts = zip(*(a.tolist() for a in exact_parts(values)))
+    data = [(*r[:4], None if math.isnan(r[4]) else r[4], r[5], int(s), int(k),
+             *((None, None, None) if b == -2**31 else (b, m, sh)), None)
+            for r, s, k, (b, m, sh) in zip(rows, store.tolist(), key.tolist(), parts)]
+    return spark.createDataFrame(data, SAMPLE_SCHEMA)
+
+
+def oracle_chunks(rows: list[SampleRow], generation: int, seed: int = 0) -> dict[tuple[int, str, str], bytes]:
+    """(hour_s, series, window) -> chunk bytes, computed per series and window by the reference
+    Python (``chunks.aggregate_window`` and ``sketch_of``), from the samples in a shuffled order."""
+    from pipeline import chunks as C
+
+    shuffled = list(rows)
+    random.Random(seed).shuffle(shuffled)
+    groups: dict[tuple[int, str], list[SampleRow]] = defaultdict(list)
+    for r in shuffled:
+        groups[(r[0], r[2])].append(r)
+    out = {}
+    for (hour_s, series), items in groups.items():
+        hour = UtcHour(hour_s)
+        contributors = sorted({r[1] for r in items})
+        ts = [r[3] for r in items]
+        for window, w in WINDOWS.items():
+            by_start: dict[int, list[SampleRow]] = defaultdict(list)
+            for r in items:
+                by_start[(r[3] // w) * w].append(r)
+            aggs = [C.aggregate_window([r[4] for r in rs], [r[3] for r in rs], [r[1] for r in rs], [r[5] for r in rs], ws)
+                    for ws, rs in sorted(by_start.items())]
+            cid = C.chunk_id(hour, window, series, generation, contributors)
+            header = C.chunk_header(hour=hour, window=window, series=series, generation=generation, chunk_id_=cid,
+                                    manifest_ids=contributors, ts_min=min(ts), ts_max=max(ts), samples=len(items),
+                                    rows=len(aggs))
+            out[(hour_s, series, window)] = C.encode_chunk(header, aggs)
     return out

@@ -6,16 +6,17 @@ import hashlib
 import math
 
 import pytest
-
 from conftest import T0_NS
+from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
+
 from lightmetrics.identity import BatchIdentity
 from pipeline import chunks as C
+from pipeline.aggregate import chunk_rows
 from pipeline.decode import per_row_udf
 from pipeline.lease import LeaseHeld
 from pipeline.query import plot, run_query
-from pipeline.rollup import GenerationTaken, RollupJob, read_committed, rollup_dataframe
+from pipeline.rollup import GenerationTaken, RollupJob, committed_chunks, read_committed, rollup_dataframe
 from pipeline.s3io import counter_accumulator, store
-from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
 
 NEXT = H0.next()  # the reconciler's checkpoint in these tests: H0 is closed
 
@@ -33,7 +34,7 @@ def _committed_chunks(access, hour):  # type: ignore[no-untyped-def]
     doc = read_committed(access, hour)
     st = store(access)
     out = {}
-    for c in doc["chunks"]:
+    for c in committed_chunks(access, doc):
         body = st.get(access.codec.rollup_chunk(c["window"], hour, c["metric"], c["chunk_id"]))
         assert body is not None and hashlib.sha256(body).hexdigest() == c["sha256"]
         out[(c["metric"], tuple(tuple(p) for p in c["labels"]), c["window"])] = C.decode_chunk(body)
@@ -91,7 +92,8 @@ def test_rollup_equals_a_plain_python_computation_and_rerun_is_a_noop(system, ru
     recomputed = job.run([H0], first_open=NEXT, recompute=True)
     assert recomputed.hours[0].status == "recomputed"
     puts = recomputed.requests.statuses("PutObject")
-    assert set(puts) == {"412"} and puts["412"] == 2 * h0.chunks + 1  # chunks, index entries, the manifest
+    lists = len(doc["chunk_lists"]["lists"])
+    assert set(puts) == {"412"} and puts["412"] == 2 * h0.chunks + lists + 1  # chunks, index entries, lists, manifest
     assert recomputed.created == 0
     # Every request of both reruns (driver and executors) was counted: moto saw exactly as many.
     after = runtime.request_count("s3", "pipeline-rollup")
@@ -110,7 +112,8 @@ def test_late_batch_makes_a_new_generation_that_supersedes(system, runtime, cloc
     doc = read_committed(access, H0)  # what every reader does: the highest listed generation
     assert doc["generation"] == 2 and doc["inputs"]["count"] == 3
     g1 = C.parse_manifest(store(access).get(access.codec.rollup_manifest(H0, 1)) or b"")  # stays, superseded
-    assert g1["inputs"]["count"] == 2 and not {c["chunk_id"] for c in g1["chunks"]} & {c["chunk_id"] for c in doc["chunks"]}
+    assert g1["inputs"]["count"] == 2
+    assert not {c["chunk_id"] for c in committed_chunks(access, g1)} & {c["chunk_id"] for c in committed_chunks(access, doc)}
     st = store(access)
     ref = reference_rollup({_mid(r): st.get(r.blob_key) for r in [*first, late]})
     total = sum(v["count"] for k, v in ref.items() if k[2] == "1h")
@@ -155,11 +158,14 @@ def test_the_decoder_is_vectorized_in_the_physical_plan(system, runtime, clock, 
     accept_indexed(system, runtime, clock, _ident(1), varied_samples(1, n=5))
     access = access_for(system, runtime)
     entries = spark.createDataFrame([(H0.start_unix_s, _ident(1).manifest_id)], "hour_s long, manifest_id string")
-    samples, chunks = rollup_dataframe(entries, access, {H0.start_unix_s: 1}, counter_accumulator(spark))
-    plan = chunks._jdf.queryExecution().executedPlan().toString()
-    assert "MapInPandas" in plan and "FlatMapGroupsInPandas" in plan
-    assert "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
-    assert chunks.count() == 3 * len({(s.metric, s.labels) for s in varied_samples(1, n=5)})
+    samples, written = rollup_dataframe(entries, access, {H0.start_unix_s: 1}, counter_accumulator(spark))
+    plan = written._jdf.queryExecution().executedPlan().toString()
+    # decode in Arrow batches; aggregation in the JVM (no per-group Python); the write in Arrow batches
+    assert "MapInPandas" in plan and "MapInArrow" in plan
+    assert "SortAggregate" in plan or "ObjectHashAggregate" in plan  # collect_list / max_by buffers: JVM, not Python
+    assert "FlatMapGroupsInPandas" not in plan and "BatchEvalPython" not in plan and "ArrowEvalPython" not in plan
+    assert chunk_rows(samples.where("error is null").drop("error"), 2).count() == \
+        3 * len({(s.metric, s.labels) for s in varied_samples(1, n=5)})
     # The check means something: the per-row baseline does show up as BatchEvalPython.
     frames = spark.createDataFrame([("m", b"x")], "manifest_id string, frame binary")
     baseline = frames.select(per_row_udf()("frame").alias("s"))

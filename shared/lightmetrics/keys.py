@@ -117,6 +117,7 @@ class KeyKind(str, Enum):
     ROLLUP_MANIFEST = "rollup-manifest"
     ROLLUP_CHUNK = "rollup-chunk"
     ROLLUP_INDEX = "rollup-index"
+    ROLLUP_CHUNK_LIST = "rollup-chunk-list"
     RETENTION_TOMBSTONE = "retention-tombstone"
     RETENTION_REAPED = "retention-reaped"
     CONFLICT_RESOLUTION = "conflict-resolution"
@@ -135,6 +136,7 @@ PREFIXES: dict[KeyKind, str] = {
     KeyKind.ROLLUP_MANIFEST: "manifests/v1/",
     KeyKind.ROLLUP_CHUNK: "rollup/v1/",
     KeyKind.ROLLUP_INDEX: "index/v1/",
+    KeyKind.ROLLUP_CHUNK_LIST: "manifests/v1/",
     KeyKind.RETENTION_TOMBSTONE: "retention/v1/",
     KeyKind.RETENTION_REAPED: "retention/v1/",
     KeyKind.CONFLICT_RESOLUTION: "conflict-resolutions/v1/",
@@ -180,6 +182,7 @@ _PATTERNS: list[tuple[KeyKind, re.Pattern[str]]] = [
         ),
     ),
     (KeyKind.ROLLUP_INDEX, re.compile(rf"index/v1/{_HOUR}/(?P<chunk>[0-9a-f]{{64}})\.lmindex\.zst")),
+    (KeyKind.ROLLUP_CHUNK_LIST, re.compile(rf"manifests/v1/{_HOUR}/chunk-lists/(?P<sha>[0-9a-f]{{64}})\.json\.zst")),
     (KeyKind.RETENTION_TOMBSTONE, re.compile(rf"retention/v1/(?P<scope>raw|rollup)/{_HOUR}/tombstone\.json")),
     (KeyKind.RETENTION_REAPED, re.compile(rf"retention/v1/(?P<scope>raw|rollup)/{_HOUR}/reaped\.json")),
     (KeyKind.CONFLICT_RESOLUTION, re.compile(rf"conflict-resolutions/v1/{_ID}/(?P<sha>[0-9a-f]{{64}})\.json")),
@@ -283,6 +286,11 @@ class KeyCodec:
     def rollup_manifest_hour(self, hour: UtcHour) -> str:
         """Prefix of every generation manifest of one hour."""
         return f"{self.prefix}manifests/v1/{hour.partition}/"
+
+    def rollup_chunk_list(self, hour: UtcHour, sha256: str) -> str:
+        """A generation's chunk list, named by the sha256 of its bytes (under the hour's manifests,
+        in a folder of its own: a delimited listing of the manifests does not return it)."""
+        return f"{self.prefix}manifests/v1/{hour.partition}/chunk-lists/{validate_sha256(sha256)}.json.zst"
 
     def rollup_chunk(self, window: str, hour: UtcHour, metric: str, chunk_id: str) -> str:
         if window not in ROLLUP_WINDOWS:

@@ -6,6 +6,11 @@
 2. **rollup samples/s** — ``batches`` accepted batches of ``samples_per_batch`` samples written
    into the embedded runtime (moto), rolled up end to end (listing, acceptance records, blobs,
    decode, aggregation, chunk + index + manifest writes);
+2b. **rollup shapes** — an hour of 10,000 series × 5 samples and one of 40 series × 12,500 (both
+   with ``spark.driver.maxResultSize=1m``): end to end, then the aggregation alone on the same
+   decoded samples — Spark SQL (``pipeline.aggregate``) against the per-series Python the rollup
+   used before (``applyInPandas`` per series, ``chunks.aggregate_window``; kept here only as the
+   baseline), both encoding the chunks, neither writing;
 3. **decoder** — the same frames, already in a DataFrame (S3 out of the picture): the vectorized
    ``mapInPandas`` decoder against a per-row Python UDF returning an array of structs (once with
    the same parser, once with the core's object-building ``decode_frame``), each followed by the
@@ -24,6 +29,7 @@ _NS = 1_000_000_000
 
 
 def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_per_batch: int = 500,
+              rollup_shapes: tuple[tuple[int, int], ...] = ((10_000, 5), (40, 12_500)),
               progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     import os
     import uuid
@@ -34,7 +40,6 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
     from lightmetrics.keys import KeyCodec, UtcHour
     from lightmetrics.local.environment import local_environment
     from lightmetrics.local.server import LocalRuntime
-
     from pipeline import inventory as inv
     from pipeline.audit import run_audit
     from pipeline.decode import FRAME_SAMPLE_SCHEMA, decode_batches, per_row_udf
@@ -56,7 +61,7 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
         settings = Settings.from_env({}, bucket=bucket)
         access = S3Access.from_settings(settings, endpoint_url=runtime.endpoint_url, component="bench")
         t = time.monotonic()
-        spark = get_spark("lightmetrics-bench")
+        spark = get_spark("lightmetrics-bench", conf={"spark.driver.maxResultSize": "1m"})
         out["spark_start_s"] = round(time.monotonic() - t, 1)
 
         # -- 1. audit ------------------------------------------------------------------------------
@@ -80,6 +85,8 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
         out["audit_rows_per_s"] = round(gen.rows / secs)
         out["audit_phase_seconds"] = {k: round(v, 1) for k, v in audit.phases.items()}
         out["audit_confirmed"] = audit.confirmed
+        out["audit_write_tasks"] = audit.write_tasks
+        out["audit_cold_session"] = True  # the session's first job: JIT and Python workers start cold
 
         # -- 2. rollup -----------------------------------------------------------------------------
         say(f"writing {batches:,} batches x {samples_per_batch} samples ...")
@@ -98,6 +105,16 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
         out["rollup_seconds"] = round(secs, 1)
         out["rollup_samples_per_s"] = round(samples / secs)
         out["rollup_chunks"] = rollup.hours[0].chunks
+
+        # -- 2b. rollup shapes: high and low cardinality ------------------------------------------------
+        for i, (series, per_series) in enumerate(rollup_shapes):
+            say(f"rollup of {series:,} series x {per_series:,} samples ...")
+            shape_bucket = f"{bucket}-s{i}"  # its own bucket: the decoder section reads every blob of this one
+            s3.create_bucket(Bucket=shape_bucket)
+            shape = out[f"rollup_{series}x{per_series}"] = rollup_shape(
+                spark, s3, shape_bucket, access.with_bucket(shape_bucket), UtcHour.of_unix_ns(accepted_at) + (-1 - i),
+                series, per_series)
+            say(f"  {series:,} x {per_series:,}: {shape}")
 
         # -- 3. decoder: vectorized vs per-row UDF on the same frames --------------------------------
         say("decoder: vectorized vs per-row UDF ...")
@@ -144,4 +161,114 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
     return out
 
 
-__all__ = ["run_bench"]
+# ------------------------------------------------------------------------------ rollup shapes
+
+
+def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, series: int, per_series: int,
+                 per_batch: int = 500) -> dict[str, Any]:
+    """One hour of ``series`` × ``per_series`` samples: the rollup end to end, then its aggregation
+    alone (SQL vs the previous per-series Python) on the same decoded samples."""
+    from functools import partial
+
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pipeline.rollup import RollupJob, decode_samples, tasks_for
+    from pipeline.s3io import counter_accumulator
+    from pipeline.synthetic import load_batches, series_samples
+
+    accepted_at = (hour.start_unix_s + 1800) * _NS
+    base = hour.start_unix_s * _NS - 3600 * _NS
+    total = series * per_series
+    batches = -(-total // per_batch)
+    load_batches(s3, bucket, access.codec, batches=batches, samples_per_batch=per_batch, accepted_at_ns=accepted_at,
+                 base_ns=base, agent_prefix=f"shape-{series}x{per_series}",
+                 samples_of=partial(series_samples, series=series, per_series=per_series, per_batch=per_batch,
+                                    base_ns=base))
+    job = RollupJob(spark, access, table=None)
+    t = time.monotonic()
+    report = job.run([hour], first_open=hour.next())
+    secs = time.monotonic() - t
+    h = report.hours[0]
+    out: dict[str, Any] = {"samples": total, "batches": batches, "seconds": round(secs, 1),
+                           "samples_per_s": round(total / secs), "chunks": h.chunks, "status": h.status,
+                           "put_requests": report.requests.total("PutObject"), "tasks": report.tasks,
+                           "driver_max_result_size": spark.conf.get("spark.driver.maxResultSize")}
+    # The aggregation alone, on the same decoded samples (persisted first), encoding but not writing.
+    plan = job.plan([hour], first_open=hour.next())
+    acc = counter_accumulator(spark)
+    samples = decode_samples(plan.entries, access, {hour.start_unix_s: 1}, acc, counter_accumulator(spark), batches) \
+        .where(F.col("error").isNull()).drop("error").persist(StorageLevel.MEMORY_AND_DISK)
+    samples.count()
+    timings = {}
+    for name, df in (("sql", _sql_chunks(samples, tasks_for(3 * series, 2_000))),
+                     ("per_series_python", _per_series_python_chunks(samples))):
+        t = time.monotonic()
+        n = df.agg(F.count("*"), F.sum("bytes")).collect()[0][0]
+        timings[name] = time.monotonic() - t
+        assert n == h.chunks, (name, n, h.chunks)
+    samples.unpersist()
+    plan.entries.unpersist()
+    out["aggregate_sql_s"] = round(timings["sql"], 1)
+    out["aggregate_per_series_python_s"] = round(timings["per_series_python"], 1)
+    out["aggregate_speedup"] = round(timings["per_series_python"] / timings["sql"], 1)
+    return out
+
+
+def _sql_chunks(samples: Any, partitions: int) -> Any:
+    """Chunks (hour, size) from ``pipeline.aggregate``: the rollup's aggregation and encoding."""
+    def encode(batches: Any) -> Any:
+        import pyarrow as pa
+
+        from pipeline.aggregate import encode_chunk_row
+
+        for batch in batches:
+            sizes = [len(encode_chunk_row(r, 1)[2]) for r in batch.to_pylist()]
+            yield pa.RecordBatch.from_pydict({"bytes": pa.array(sizes, pa.int64())})
+
+    from pipeline.aggregate import chunk_rows
+
+    return chunk_rows(samples, partitions).mapInArrow(encode, "bytes long")
+
+
+def _per_series_python_chunks(samples: Any) -> Any:
+    """The baseline: the rollup's aggregation before issue 15 — ``applyInPandas`` per (hour, series),
+    a Python loop per window, DDSketch fed one value at a time (``chunks.aggregate_window``)."""
+    def build(pdf: Any) -> Any:
+        import numpy as np
+        import pandas as pd
+
+        from lightmetrics.keys import UtcHour
+        from pipeline import chunks as C
+
+        hour = UtcHour(int(pdf["hour_s"].iloc[0]))
+        series = str(pdf["series"].iloc[0])
+        ts = pdf["ts_ns"].to_numpy(dtype="int64")
+        values = pdf["value"].to_numpy(dtype="float64")
+        mids, ords = pdf["manifest_id"].to_numpy(dtype=object), pdf["ord"].to_numpy(dtype="int64")
+        contributors = sorted(set(mids.tolist()))
+        sizes, fine = [], {}
+        for window, w in C.WINDOW_NS.items():
+            starts = (ts // w) * w
+            order = np.argsort(starts, kind="stable")
+            uniq, first = np.unique(starts[order], return_index=True)
+            rows = []
+            for ws, lo, hi in zip(uniq.tolist(), first.tolist(), list(first[1:]) + [len(order)]):
+                idx = order[lo:hi]
+                if window == "1m":
+                    sk = fine[ws] = C.sketch_of(values[idx].tolist())
+                else:
+                    sk = C.merge_sketches(s for k, s in fine.items() if ws <= k < ws + w)
+                rows.append(C.aggregate_window(values[idx].tolist(), ts[idx].tolist(), mids[idx].tolist(),
+                                               ords[idx].tolist(), ws, sketch=sk))
+            cid = C.chunk_id(hour, window, series, 1, contributors)
+            header = C.chunk_header(hour=hour, window=window, series=series, generation=1, chunk_id_=cid,
+                                    manifest_ids=contributors, ts_min=int(ts.min()), ts_max=int(ts.max()),
+                                    samples=len(ts), rows=len(rows))
+            sizes.append(len(C.encode_chunk(header, rows)))
+        return pd.DataFrame({"bytes": sizes})
+
+    return samples.groupBy("hour_s", "series").applyInPandas(build, "bytes long")
+
+
+__all__ = ["rollup_shape", "run_bench"]

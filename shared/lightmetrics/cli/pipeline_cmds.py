@@ -110,8 +110,8 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
     import secrets
     from datetime import datetime, timezone
 
-    from pipeline.jobs import audit_job
     from pipeline.inventory import InventoryError
+    from pipeline.jobs import audit_job
 
     now_ns = _now_ns(as_of, as_json)
     run_id = run_id or datetime.fromtimestamp(now_ns / 1e9, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ") + \
@@ -172,7 +172,7 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
     else:
-        rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.chunks, h.samples, len(h.skipped),
+        rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.chunks, h.samples, h.skipped_count,
                  ", ".join(f"{k} {v}" for k, v in sorted(h.writes.items()))) for h in report.hours]
         console.print(grid(f"rollup ({report.seconds:.1f} s, owner {report.owner})",
                            ["hour", "status", "generation", "#inputs", "#series", "#chunks", "#samples", "#skipped",
@@ -253,14 +253,25 @@ def bench() -> None:
 @click.option("--inventory-keys", type=click.IntRange(min=1000), default=1_000_000, show_default=True)
 @click.option("--batches", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--samples-per-batch", type=click.IntRange(1, 200_000), default=500, show_default=True)
+@click.option("--rollup-shape", "rollup_shapes", multiple=True, metavar="SERIESxSAMPLES",
+              help="An hour of SERIES series x SAMPLES samples each to roll up (repeatable; default 10000x5 and "
+                   "40x12500; 'none' for no shape).")
 @json_option
-def bench_pipeline(inventory_keys: int, batches: int, samples_per_batch: int, as_json: bool) -> None:
-    """Audit rows/s on a generated inventory, rollup samples/s, and the vectorized decoder against
+def bench_pipeline(inventory_keys: int, batches: int, samples_per_batch: int, rollup_shapes: tuple[str, ...],
+                   as_json: bool) -> None:
+    """Audit rows/s on a generated inventory, rollup samples/s (also at high and low cardinality,
+    SQL aggregation against the previous per-series Python), and the vectorized decoder against
     a per-row UDF baseline — on an embedded local runtime started for the run."""
     from lightmetrics.bench.pipeline_bench import run_bench
 
+    shapes: tuple[tuple[int, int], ...] = ((10_000, 5), (40, 12_500))
+    if rollup_shapes:
+        try:
+            shapes = tuple((int(a), int(b)) for a, b in (x.lower().split("x") for x in rollup_shapes if x != "none"))
+        except ValueError:
+            raise click.BadParameter("use SERIESxSAMPLES, e.g. 10000x5", param_hint="--rollup-shape") from None
     result = run_bench(inventory_keys=inventory_keys, batches=batches, samples_per_batch=samples_per_batch,
-                       progress=None if as_json else console.print)
+                       rollup_shapes=shapes, progress=None if as_json else console.print)
     if as_json:
         emit_json(result)
     else:
