@@ -173,6 +173,15 @@ def test_profile_and_region_pass_through_from_lmctl_itself():  # type: ignore[no
     assert r.returncode == 2 and "no-such-profile" in reason and "AWS_PROFILE" in reason, r.stdout + r.stderr
 
 
+def test_invoke_with_an_invalid_setting_exits_2_naming_it():  # type: ignore[no-untyped-def]
+    """Issue 17: a handler that cannot start because of the configuration is the operator's to fix:
+    exit 2 naming the setting (as every other command), not 1 ("the run failed")."""
+    r = run("--prefix", "bad", "invoke", "index_accepted", "--event", "events/index_accepted/object-created.json",
+            "--json", env={**os.environ, "LM_BUCKET": "lm-bucket", "LM_TABLE": "lm-table"})
+    out = json.loads(r.stdout)
+    assert r.returncode == 2 and out["exit_code"] == 2 and "LM_PREFIX" in out["reason"], r.stdout + r.stderr
+
+
 def _commands(group, path=()):  # type: ignore[no-untyped-def]
     import click
 

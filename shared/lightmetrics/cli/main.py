@@ -31,7 +31,7 @@ from lightmetrics.cli.output import (
     stdout_to_stderr,
 )
 from lightmetrics.config import Settings
-from lightmetrics.errors import FrameError, InvalidIdentityError, LightmetricsError, ResourceAccessError
+from lightmetrics.errors import ConfigError, FrameError, InvalidIdentityError, LightmetricsError, ResourceAccessError
 from lightmetrics.identity import BatchIdentity
 
 
@@ -253,8 +253,9 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     absent = _absent_objects(event)
     if absent:  # said before the run: the handler will not find them, and records that as a blocker
         err_console.print(f"note: this event names {len(absent)} object(s) the configured bucket does not hold "
-                          f"({', '.join(absent)}): the handler will report each as a blocker (a sample event "
-                          f"names the objects of the sample bucket)", markup=False)
+                          f"({', '.join(absent)}): the handler will report each as an invariant violation and "
+                          f"open a blocker for it — on a deployed stack that raises the InvariantViolation alarm "
+                          f"(a sample event names the objects of the sample bucket)", markup=False)
     blockers_before = _open_blockers()
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
@@ -264,8 +265,9 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
             result = handler(event, LambdaContext(function))
         except LightmetricsError as exc:
             failure = exc
-    if failure is not None:
-        fail(f"{function} failed: {failure}", EXIT_VIOLATIONS, as_json=as_json)
+    if failure is not None:  # configuration is the operator's to fix (2); anything else failed the run (1)
+        fail(f"{function} failed: {failure}", EXIT_USAGE if isinstance(failure, ConfigError) else EXIT_VIOLATIONS,
+             as_json=as_json)
     opened = sorted((_open_blockers() or set()) - (blockers_before or set()))
     if opened:  # a sample event names objects a live bucket may not hold: say what it left behind
         err_console.print(f"note: this event opened {len(opened)} blocker(s) in the configured control table: "
