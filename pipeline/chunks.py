@@ -183,19 +183,20 @@ def merge_sketches(sketches: Iterable[Any]) -> Any:
     return out
 
 
-def _store_bytes(store: Any) -> bytes:
-    """``u32 n | n × (i32 key, f64 count)``: the non-empty bins in increasing key order."""
+def _bins(store: Any) -> list[tuple[int, float]]:
+    """A ddsketch store's bins as ``(key, count)``, in key order."""
     if not store.count:
-        return _U32.pack(0)
-    bins = [(k, store.bins[k - store.offset]) for k in range(store.min_key, store.max_key + 1)]
-    bins = [(k, c) for k, c in bins if c]
-    return _U32.pack(len(bins)) + b"".join(_BIN.pack(k, c) for k, c in bins)
+        return []
+    return [(k, store.bins[k - store.offset]) for k in range(store.min_key, store.max_key + 1)]
 
 
 def serialize_sketch(sk: Any) -> bytes:
-    """``u8 version | f64 relative_accuracy | f64 zero_count | store(+) | store(-)`` (docs/pipeline.md)."""
-    return (_SKETCH_HEAD.pack(SKETCH_VERSION, sk._mapping.relative_accuracy, float(sk._zero_count))
-            + _store_bytes(sk._store) + _store_bytes(sk._negative_store))
+    """``u8 version | f64 relative_accuracy | f64 zero_count | store(+) | store(-)`` (docs/pipeline.md),
+    where a store is ``u32 n | n × (i32 key, f64 count)``, its non-empty bins in increasing key order:
+    one encoder with :func:`sketch_from_bins`, so the two paths cannot drift apart."""
+    if sk._mapping.relative_accuracy != SKETCH_RELATIVE_ACCURACY:
+        raise ValueError(f"a rollup sketch has relative accuracy {SKETCH_RELATIVE_ACCURACY}")
+    return sketch_from_bins(sk._zero_count, _bins(sk._store), _bins(sk._negative_store))
 
 
 def _read_store(data: bytes, pos: int, store: Any) -> int:
@@ -508,13 +509,19 @@ def chunk_list_parts(chunks: int) -> int:
 
 def chunk_list_part(metric: str, parts: int) -> int:
     """The chunk list holding ``metric``'s chunks: the first 32 bits of sha256(metric) mod
-    ``parts`` — a query for one metric reads one list. Spark computes the same with
-    ``pmod(conv(substr(sha2(metric, 256), 1, 8), 16, 10), parts)``.
+    ``parts`` — a query for one metric reads one list (in Spark: :func:`chunk_list_part_col`).
 
     >>> chunk_list_part("cpu.usage", 1)
     0
     """
     return int(hashlib.sha256(metric.encode("utf-8")).hexdigest()[:8], 16) % parts
+
+
+def chunk_list_part_col(metric: Any, parts: Any) -> Any:
+    """:func:`chunk_list_part` as a Spark column of the columns ``metric`` and ``parts``."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.conv(F.substring(F.sha2(metric, 256), 1, 8), 16, 10).cast("long"), parts.cast("long")).cast("int")
 
 
 def chunk_list_bytes(*, hour: UtcHour, generation: int, part: int, parts: int,
@@ -532,20 +539,23 @@ def parse_chunk_list(data: bytes) -> dict[str, Any]:
     return doc
 
 
-def chunk_lists(*, hour: UtcHour, generation: int, chunks: Sequence[dict[str, Any]]) -> list[tuple[int, bytes]]:
-    """``(part, bytes)`` of every non-empty chunk list of a generation whose entries are all at hand
-    (the job builds each list in an executor from its part alone; this is the same function)."""
+def chunk_lists(*, hour: UtcHour, generation: int,
+                chunks: Sequence[dict[str, Any]]) -> list[tuple[int, bytes, int]]:
+    """``(part, bytes, chunks in it)`` of every non-empty chunk list of a generation whose entries
+    are all at hand (the job builds each list in an executor from its part alone; the same function)."""
     parts = chunk_list_parts(len(chunks))
     by_part: dict[int, list[dict[str, Any]]] = {}
     for c in chunks:
         by_part.setdefault(chunk_list_part(c["metric"], parts), []).append(c)
-    return [(p, chunk_list_bytes(hour=hour, generation=generation, part=p, parts=parts, chunks=cs))
+    return [(p, chunk_list_bytes(hour=hour, generation=generation, part=p, parts=parts, chunks=cs), len(cs))
             for p, cs in sorted(by_part.items())]
 
 
-def chunk_list_ref(part: int, key: str, data: bytes, chunks: int) -> dict[str, Any]:
-    """The manifest's reference to one chunk list."""
-    return {"part": part, "key": key, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "chunks": chunks}
+def chunk_list_ref(codec: Any, hour: UtcHour, part: int, data: bytes, chunks: int) -> dict[str, Any]:
+    """The manifest's reference to one chunk list: its key (named by its sha256), sha256, size."""
+    sha = hashlib.sha256(data).hexdigest()
+    return {"part": part, "key": codec.rollup_chunk_list(hour, sha), "sha256": sha, "bytes": len(data),
+            "chunks": chunks}
 
 
 def manifest_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int, input_sha256: str,

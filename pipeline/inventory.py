@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
-from pipeline.s3io import S3Access, client, put_if_absent, s3_errors
+from pipeline.s3io import S3Access, client, put_if_absent, s3_errors, store
 
 VERSION = "2016-11-30"
 CONFIG_ID = "weekly-parquet"  # infra/components/storage.py INVENTORY_ID
@@ -559,7 +559,10 @@ def _check_s3_md5(spark: Any, report: InventoryReport, access: S3Access) -> None
         if not f.md5:
             continue
         assert f.bucket is not None
-        etag = str(client(access.with_bucket(f.bucket)).head_object(Bucket=f.bucket, Key=f.ref)["ETag"]).strip('"')
+        head = store(access.with_bucket(f.bucket)).head(f.ref)
+        if head is None:
+            raise InventoryError(f"inventory data file s3://{f.bucket}/{f.ref} named by the manifest does not exist")
+        etag = head.etag
         if "-" in etag:
             unsure.append(f)
         elif etag != f.md5:

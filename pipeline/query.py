@@ -126,7 +126,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                 continue
             result.generations[str(hour)] = int(doc["generation"])
             for c in committed_chunks(access, doc, metric):  # one chunk list: the metric's
-                if c["metric"] != metric or c["window"] != window:
+                if c["window"] != window:  # committed_chunks gave this metric's alone
                     continue
                 chunk_labels = {k: v for k, v in c["labels"]}
                 if any(chunk_labels.get(k) != v for k, v in labels.items()):

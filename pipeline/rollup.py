@@ -284,12 +284,11 @@ def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any
         hour = UtcHour(hour_s)
         data = C.chunk_list_bytes(hour=hour, generation=generations[hour_s], part=part, parts=parts,
                                   chunks=[json.loads(d) for d in pdf["doc"]])
-        key = access.codec.rollup_chunk_list(hour, hashlib.sha256(data).hexdigest())
+        ref = C.chunk_list_ref(access.codec, hour, part, data, len(pdf))
         with s3io.task_tally() as tally:
-            outcome = s3io.put_if_absent(access, key, data, content_type="application/zstd")
+            outcome = s3io.put_if_absent(access, ref["key"], data, content_type="application/zstd")
         accumulator.add(tally.counts)
-        ref = C.chunk_list_ref(part, key, data, len(pdf))
-        return pd.DataFrame([{"hour_s": hour_s, "part": part, "parts": parts, "key": key, "sha256": ref["sha256"],
+        return pd.DataFrame([{"hour_s": hour_s, "part": part, "parts": parts, "key": ref["key"], "sha256": ref["sha256"],
                               "bytes": ref["bytes"], "chunks": ref["chunks"], "outcome": outcome}])
 
     return build
@@ -500,7 +499,7 @@ class RollupJob:
                 F.approx_count_distinct(F.when(~failed, F.col("series"))).alias("series")).collect()
             first = samples.where(failed).select("hour_s", "manifest_id", "error") \
                 .withColumn("n", F.row_number().over(Window.partitionBy("hour_s").orderBy("manifest_id"))) \
-                .where(F.col("n") <= C.SKIPPED_SAMPLE).collect()
+                .where(F.col("n") <= C.SKIPPED_SAMPLE).collect() if any(int(r["skipped"]) for r in stats) else []
             for r in stats:
                 results[int(r["hour_s"])].skipped_count = int(r["skipped"])
             for e in first:
@@ -522,8 +521,7 @@ class RollupJob:
             if not parts:
                 return {}
             parts_of = F.create_map(*[F.lit(x) for h, n in parts.items() for x in (h, n)])[F.col("hour_s")]
-            part = F.pmod(F.conv(F.substring(F.sha2(F.col("metric"), 256), 1, 8), 16, 10).cast("long"),
-                          parts_of.cast("long")).cast("int")
+            part = C.chunk_list_part_col(F.col("metric"), parts_of)
             lists = written.select("hour_s", "doc", parts_of.cast("int").alias("parts"), part.alias("part")) \
                 .groupBy("hour_s", "part").applyInPandas(_write_lists(self.access, generations, acc), LIST_SCHEMA) \
                 .collect()  # one row per chunk list
@@ -605,8 +603,7 @@ def list_refs(codec: Any, doc: dict[str, Any]) -> tuple[int, list[dict[str, Any]
     if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
         hour = UtcHour.parse(doc["hour"])
         built = C.chunk_lists(hour=hour, generation=int(doc["generation"]), chunks=doc["chunks"])
-        refs = [C.chunk_list_ref(part, codec.rollup_chunk_list(hour, hashlib.sha256(data).hexdigest()), data,
-                                 len(C.parse_chunk_list(data)["chunks"])) for part, data in built]
+        refs = [C.chunk_list_ref(codec, hour, part, data, n) for part, data, n in built]
         return C.chunk_list_parts(len(doc["chunks"])), refs
     return int(doc["chunk_lists"]["parts"]), list(doc["chunk_lists"]["lists"])
 

@@ -190,7 +190,7 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     s3 = runtime.boto3_client("s3")
     B = system.bucket
     ctx = system.work_context(policy=FAST)
-    table = ctx.extras["table"]
+    table = ctx.table
     actx = accept_context(system.settings, client=s3, clock=clock, policy=FAST)
     r = accept_batch(actx, ident(1), make_frame(ident(1)))
     index_accepted(ctx, r.manifest_key)

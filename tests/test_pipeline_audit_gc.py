@@ -26,7 +26,7 @@ def test_a_blob_gc_marks_while_the_audit_runs_is_not_a_violation(runtime, clock,
     s3 = runtime.boto3_client("s3")
     B = system.bucket
     ctx = system.work_context(policy=FAST)
-    table, codec = ctx.extras["table"], ctx.codec
+    table, codec = ctx.table, ctx.codec
     actx = accept_context(system.settings, client=s3, clock=clock, policy=FAST)
     # A referenced blob (GC marked it racing an accept: its settle restores it) ...
     ref = accept_batch(actx, ident(1), make_frame(ident(1)))

@@ -55,7 +55,7 @@ def test_rollup_equals_a_plain_python_computation_and_rerun_is_a_noop(system, ru
     results = [accept_indexed(system, runtime, clock, _ident(n), varied_samples(n), compress=n % 2 == 0)
                for n in range(4)]
     access = access_for(system, runtime, "pipeline-rollup")
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     job = RollupJob(spark, access, table=table, clock=clock)
     report = job.run([H0, NEXT], first_open=NEXT)
     (h0, h1) = report.hours
@@ -103,7 +103,7 @@ def test_rollup_equals_a_plain_python_computation_and_rerun_is_a_noop(system, ru
 def test_late_batch_makes_a_new_generation_that_supersedes(system, runtime, clock, spark):  # type: ignore[no-untyped-def]
     first = [accept_indexed(system, runtime, clock, _ident(n), varied_samples(n)) for n in range(2)]
     access = access_for(system, runtime)
-    job = RollupJob(spark, access, table=system.work_context().extras["table"], clock=clock)
+    job = RollupJob(spark, access, table=system.work_context().table, clock=clock)
     assert job.run([H0], first_open=NEXT).hours[0].generation == 1
     late = accept_indexed(system, runtime, clock, _ident(7), varied_samples(7))  # an entry appears in a closed hour
     report = job.run([H0], first_open=NEXT)
@@ -127,7 +127,7 @@ def test_late_batch_makes_a_new_generation_that_supersedes(system, runtime, cloc
 def test_a_second_owner_is_refused(system, runtime, clock, spark):  # type: ignore[no-untyped-def]
     accept_indexed(system, runtime, clock, _ident(1), varied_samples(1))
     access = access_for(system, runtime)
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     a = RollupJob(spark, access, table=table, clock=clock, owner="owner-a")
     b = RollupJob(spark, access, table=table, clock=clock, owner="owner-b")
 
@@ -175,7 +175,7 @@ def test_the_decoder_is_vectorized_in_the_physical_plan(system, runtime, clock, 
 def test_query_reads_back_and_plots(system, runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]
     results = [accept_indexed(system, runtime, clock, _ident(n), varied_samples(n, n=60)) for n in range(3)]
     access = access_for(system, runtime)
-    RollupJob(spark, access, table=system.work_context().extras["table"], clock=clock).run([H0], first_open=NEXT)
+    RollupJob(spark, access, table=system.work_context().table, clock=clock).run([H0], first_open=NEXT)
     st = store(access)
     ref = reference_rollup({_mid(r): st.get(r.blob_key) for r in results})
     start, end = T0_NS - 80 * 60 * 10**9, T0_NS
@@ -217,7 +217,7 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     from pipeline.lease import Lease
 
     accept_indexed(system, runtime, clock, _ident(3), varied_samples(3))
-    table = system.work_context().extras["table"]
+    table = system.work_context().table
     table.put({"pk": "checkpoint#reconcile", "sk": "current", "hour_start_s": NEXT.start_unix_s, "hour": str(NEXT),
                "version": 1, "last_run_ns": T0_NS})  # the reconciler has closed H0
     for name, value in system.environment().items():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
@@ -59,8 +57,7 @@ def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
              "samples": 5, "rows": 1, "sha256": "ab" * 32, "bytes": 100} for i in range(7) for w in ("1m", "5m", "1h")]
     common = {"hour": H0, "generation": 3, "supersedes": 2, "input_count": 4, "input_sha256": "cd" * 32}
     v1 = C.parse_manifest(C.manifest_v1_bytes(**common, skipped=[], chunks=docs))
-    lists = [C.chunk_list_ref(part, codec.rollup_chunk_list(H0, hashlib.sha256(data).hexdigest()), data,
-                              len(C.parse_chunk_list(data)["chunks"])) for part, data in C.chunk_lists(
+    lists = [C.chunk_list_ref(codec, H0, part, data, n) for part, data, n in C.chunk_lists(
                                   hour=H0, generation=3, chunks=list(reversed(docs)))]
     v2 = C.parse_manifest(C.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
                                            totals={"chunks": 21, "series": 7, "samples": 35}))

@@ -30,7 +30,7 @@ def _build_core() -> AdminCore:
 
     settings = Settings.from_env()
     ctx = work_context(settings, metrics=metrics, component="admin")
-    return AdminCore(ctx, settings, ctx.sqs())
+    return AdminCore(ctx, settings)  # its SQS client is made by the first status request
 
 
 core = PerContainer(_build_core)

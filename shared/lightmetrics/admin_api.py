@@ -24,7 +24,7 @@ body carries the existing record), 503 S3 did not confirm a write (retry). The c
 (``requestContext.authorizer.iam.userArn``).
 
 Example:
-    >>> app = build_resolver(lambda: AdminCore(ctx, settings, sqs))        # doctest: +SKIP
+    >>> app = build_resolver(lambda: AdminCore(ctx, settings))             # doctest: +SKIP
     >>> app.resolve(function_url_event, context)                            # doctest: +SKIP
 """
 
@@ -103,7 +103,6 @@ class AdminCore:
 
     ctx: WorkContext
     settings: Settings
-    sqs: Any = None
 
     @property
     def registry(self) -> ConflictRegistry:
@@ -183,7 +182,7 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         from lightmetrics.status import system_status
 
         c = core()
-        return _json(200, system_status(c.ctx, c.settings, c.sqs))
+        return _json(200, system_status(c.ctx, c.settings, c.ctx.sqs()))
 
     @app.exception_handler(ConflictAlreadyResolved)
     def already(exc: ConflictAlreadyResolved) -> Response[str]:

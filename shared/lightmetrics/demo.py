@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from lightmetrics.auth import TokenKeys, mint_token
+from lightmetrics.cli.output import err_console, grid
 from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec
@@ -154,7 +155,6 @@ class DemoReport:
         }
 
     def print(self, console: Any) -> None:
-        from lightmetrics.cli.output import grid
         from lightmetrics.demo_conflicts import summary_row
         from lightmetrics.demo_reaps import summary_rows as reap_rows
 
@@ -196,13 +196,6 @@ class DemoReport:
         for v in self.violations[:20]:
             console.print(f"[red]violation:[/] {v}")
         console.print("[bold green]OK[/]" if self.ok else "[bold red]FAILED[/]")
-
-
-def _progress_console() -> Any:
-    """Where the demo's progress bars go: stderr, like every log line (stdout is the report)."""
-    from lightmetrics.cli.output import err_console
-
-    return err_console
 
 
 def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0) -> list[Sample]:
@@ -399,7 +392,7 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
     # (a default walk checks only that one, docs/walks.md); verify reports them, a full walk repairs them.
     started = control.start(full=True, page_size=50, parallelism=4, max_rounds=2)  # spans executions at every scale
     with Progress(TextColumn("[bold]walking"), BarColumn(), MofNCompleteColumn(), TextColumn("partitions"),
-                  TimeElapsedColumn(), disable=not show_progress, console=_progress_console()) as progress:
+                  TimeElapsedColumn(), disable=not show_progress, console=err_console) as progress:
         task = progress.add_task("walk", total=None)
 
         def update(summary: dict[str, Any]) -> None:
@@ -472,8 +465,6 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
     report = DemoReport(scale)
     started = time.monotonic()
     if show_progress:  # said first, so that the faults' own log lines surprise nobody
-        from lightmetrics.cli.output import err_console
-
         err_console.print(PLANTED_FAULTS, markup=False)
     # moto gets a process (and a core) of its own; the state machines' Lambda tasks (the walk)
     # run in that process too, configured by these LM_* variables.
@@ -511,7 +502,7 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             mark = time.monotonic()
             with Progress(
                 TextColumn("[bold]accepting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                disable=not show_progress, transient=False, console=_progress_console(),
+                disable=not show_progress, transient=False, console=err_console,
             ) as progress:
                 task = progress.add_task("batches", total=scale.batches)
                 lock = threading.Lock()
@@ -536,7 +527,7 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
 
             # -- 2. index: wait until the pump has delivered everything that was queued
             with Progress(TextColumn("[bold]indexing"), TimeElapsedColumn(), disable=not show_progress,
-                          console=_progress_console()) as progress:
+                          console=err_console) as progress:
                 progress.add_task("drain", total=None)
                 drained = system.drain(timeout_s=300)
             report.index_s3_requests = runtime.request_count("s3", "index")
@@ -585,7 +576,7 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             report.phases["derived check"] = time.monotonic() - mark
             from lightmetrics.demo_pipeline import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
 
-            run_pipeline_phase(system, runtime, report, show_progress)
+            run_pipeline_phase(system, runtime, report)
             mark = time.monotonic()
             from lightmetrics.demo_reaps import run_reap_phase  # issue 6: orphans + expired hour, both reaps
 

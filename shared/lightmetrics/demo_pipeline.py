@@ -20,12 +20,12 @@ from typing import Any
 _NS = 1_000_000_000
 
 
-def run_pipeline_phase(system: Any, runtime: Any, report: Any, show_progress: bool = True) -> dict[str, Any]:
+def run_pipeline_phase(system: Any, runtime: Any, report: Any) -> dict[str, Any]:
     """Run the phase and attach its result to the demo ``report`` (its JSON and its printed table)."""
     started = time.monotonic()
     result: dict[str, Any] = {"ok": False}
     try:
-        result = _run(system, runtime, show_progress)
+        result = _run(system, runtime)
     except Exception as exc:  # the demo reports, it does not crash
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     result["seconds"] = round(time.monotonic() - started, 1)
@@ -36,7 +36,7 @@ def run_pipeline_phase(system: Any, runtime: Any, report: Any, show_progress: bo
     return result
 
 
-def _run(system: Any, runtime: Any, show_progress: bool) -> dict[str, Any]:
+def _run(system: Any, runtime: Any) -> dict[str, Any]:
     from lightmetrics.keys import UtcHour
     from pipeline import inventory as inv
     from pipeline.audit import run_audit

@@ -63,7 +63,7 @@ def aws_session(*, profile_name: str | None = None, region_name: str | None = No
     if session.region_name is None:
         raise ConfigError("no AWS region: set AWS_REGION (lmctl --region; or AWS_DEFAULT_REGION, or a profile's "
                           "region) to the stack's region")
-    if not _is_region_name(session, session.region_name):
+    if not _REGION_FORM.match(session.region_name):
         raise ConfigError(f"AWS region {session.region_name!r} is not a region name (like eu-west-1): set AWS_REGION "
                           f"(lmctl --region; or AWS_DEFAULT_REGION, or a profile's region) to the stack's region")
     if credentials is None:
@@ -72,14 +72,9 @@ def aws_session(*, profile_name: str | None = None, region_name: str | None = No
     return session
 
 
-#: The form every AWS region name has (``eu-west-1``, ``us-gov-west-1``, ``cn-north-1``)
+#: The form every AWS region name has (``eu-west-1``, ``us-gov-west-1``, ``cn-north-1``). Only the form:
+#: a region newer than this botocore passes; a well-formed one that does not exist fails at the first request.
 _REGION_FORM = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d+$")
-
-
-def _is_region_name(session: Any, region: str) -> bool:
-    """``region`` has the form every region name has. Only the form: a region newer than this
-    botocore must still pass, and a well-formed name that does not exist fails at the first request."""
-    return bool(_REGION_FORM.match(region))
 
 
 def s3_client(

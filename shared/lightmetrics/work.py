@@ -74,12 +74,6 @@ class WorkContext:
             self._sqs = self.sqs_factory()
         return self._sqs
 
-    @property
-    def extras(self) -> dict[str, Any]:
-        """The collaborators by name, as contexts once carried them (read-only; kept for tests
-        written against it)."""
-        return {"table": self.table, "settings": self.settings, "tombstones": self.tombstones}
-
 
 def work_key(kind: str, object_key: str) -> str:
     return f"{kind}:{object_key}"

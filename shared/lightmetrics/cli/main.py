@@ -250,13 +250,14 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
     import importlib
 
-    absent = _absent_objects(event)
+    system = _configured_context()  # one context for the looks before and after the run
+    absent = _absent_objects(system, event)
     if absent:  # said before the run: the handler will not find them, and records that as a blocker
         err_console.print(f"note: this event names {len(absent)} object(s) the configured bucket does not hold "
                           f"({', '.join(absent)}): the handler will report each as an invariant violation and "
                           f"open a blocker for it — on a deployed stack that raises the InvariantViolation alarm "
                           f"(a sample event names the objects of the sample bucket)", markup=False)
-    blockers_before = _open_blockers()
+    blockers_before = _open_blockers(system)
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
     with stdout_to_stderr():
@@ -268,7 +269,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     if failure is not None:  # configuration is the operator's to fix (2); anything else failed the run (1)
         fail(f"{function} failed: {failure}", EXIT_USAGE if isinstance(failure, ConfigError) else EXIT_VIOLATIONS,
              as_json=as_json)
-    opened = sorted((_open_blockers() or set()) - (blockers_before or set()))
+    opened = sorted((_open_blockers(system) or set()) - (blockers_before or set()))
     if opened:  # a sample event names objects a live bucket may not hold: say what it left behind
         err_console.print(f"note: this event opened {len(opened)} blocker(s) in the configured control table: "
                           f"{', '.join(opened)} (lmctl blockers list; lmctl blockers skip WORK_KEY --reason ...)",
@@ -280,30 +281,38 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     emit_json(result) if as_json else console.print_json(json.dumps(result, default=str))
 
 
-def _absent_objects(event: Any) -> list[str]:
+def _configured_context() -> Any:
+    """The work context of the configured system, or None when none is configured (``lmctl
+    invoke`` without a runtime: nothing to look at before or after the run)."""
+    try:
+        from lightmetrics.services import work_context
+
+        return work_context(Settings.from_env(), component="cli")
+    except Exception:
+        return None
+
+
+def _absent_objects(ctx: Any, event: Any) -> list[str]:
     """The S3 objects an SQS-wrapped S3 notification event names that the configured bucket does
     not hold (HEAD each); [] for any other event, or when no bucket is configured or reachable."""
     records = event.get("Records") if isinstance(event, dict) else None
-    if not isinstance(records, list) or not all(isinstance(r, dict) and "body" in r for r in records):
+    if ctx is None or not isinstance(records, list) or not all(isinstance(r, dict) and "body" in r for r in records):
         return []
     try:
         from lightmetrics.event_path import parse_notification
-        from lightmetrics.services import work_context
 
-        store = work_context(Settings.from_env(), component="cli").store
         named = [o for r in records for o in (parse_notification(r["body"]) or [])]
-        return [f"s3://{o.bucket}/{o.key}" for o in named if o.bucket != store.bucket or store.head(o.key) is None]
-    except Exception:  # no runtime, no bucket, not a notification: nothing to say before the run
+        return [f"s3://{o.bucket}/{o.key}" for o in named
+                if o.bucket != ctx.store.bucket or ctx.store.head(o.key) is None]
+    except Exception:  # unreachable, or not a notification: nothing to say before the run
         return []
 
 
-def _open_blockers() -> set[str] | None:
-    """The open blockers' work keys of the configured system, or None when none is configured or
-    reachable (``lmctl invoke`` without a runtime: nothing to compare)."""
+def _open_blockers(ctx: Any) -> set[str] | None:
+    """The open blockers' work keys of the configured system, or None when there is none or it
+    cannot be read."""
     try:
-        from lightmetrics.services import work_context
-
-        return {b.work_key for b in work_context(Settings.from_env(), component="cli").blockers.list()}
+        return {b.work_key for b in ctx.blockers.list()} if ctx is not None else None
     except Exception:
         return None
 

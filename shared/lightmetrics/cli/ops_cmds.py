@@ -123,13 +123,11 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 def status_cmd(settings: Settings, as_json: bool) -> None:
     """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks
     (exit 1 if anything is stuck)."""
-    import boto3
-
     from lightmetrics.status import system_status
 
     ctx = _ctx(settings, as_json)
     try:
-        info = system_status(ctx, settings, boto3.session.Session().client("sqs"))
+        info = system_status(ctx, settings, ctx.sqs())
     except Exception as exc:
         exit_for_error(exc, "cannot read status", as_json=as_json)
     stuck = not info.pop("ok")

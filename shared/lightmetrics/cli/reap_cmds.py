@@ -33,10 +33,8 @@ STATE_MACHINE = "reap"
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    import boto3
-
     from lightmetrics.reap import ReapControl
-    from lightmetrics.services import work_context
+    from lightmetrics.services import aws_session, work_context
 
     arn = settings.state_machine_arns.get(STATE_MACHINE)
     if not arn:
@@ -46,7 +44,7 @@ def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
         ctx = work_context(settings, component="cli")
     except Exception as exc:
         exit_for_error(exc, "cannot reach AWS", as_json=as_json)
-    return ReapControl(ctx, boto3.session.Session().client("stepfunctions"), arn)
+    return ReapControl(ctx, aws_session().client("stepfunctions"), arn)
 
 
 def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -54,15 +54,14 @@ def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    import boto3
-
+    from lightmetrics.services import aws_session
     from lightmetrics.walk import WalkControl
 
     arn = settings.state_machine_arns.get(STATE_MACHINE)
     if not arn:
         fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
              '{"bootstrap-walk": "<stack output BootstrapWalkArn>"}', EXIT_USAGE, as_json=as_json)
-    return WalkControl(_ctx(settings, as_json), boto3.session.Session().client("stepfunctions"), arn)
+    return WalkControl(_ctx(settings, as_json), aws_session().client("stepfunctions"), arn)
 
 
 @click.group()
