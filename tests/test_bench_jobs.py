@@ -1,9 +1,10 @@
 """The background jobs' benchmarks (issue 14 target 4): ``lmctl bench reconcile``, ``bench reap`` and
 ``bench walk`` run at tiny sizes, report what they claim, and their baselines do the same work.
 
-Timings are noisy, so the only timing assertion is the one a broken design would fail: where the
-job runs its units concurrently, it beats the same work done one request (or one key) at a time.
-The baselines are checked by counting: the same requests per unit as the job, and (reconcile, reap)
+Nothing here is timed (the speedups are the benchmarks' figures, for ``lmctl bench``; under load a
+ratio can lose). What a broken design would fail is counted instead: the job overlaps its round trips
+(the latency injector saw more than one S3 request in flight at once during its run) while its
+baseline never does, and the baseline does the same requests per unit as the job — (reconcile, reap)
 every S3 request of the baseline through an injector whose cap is one.
 """
 
@@ -25,7 +26,7 @@ def _s3(by_api: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in by_api.items() if k.startswith("s3.")}
 
 
-def test_bench_reconcile_cli_prints_strict_json_and_beats_one_request_at_a_time(tmp_path):  # type: ignore[no-untyped-def]
+def test_bench_reconcile_cli_prints_strict_json_and_overlaps_what_its_baseline_sends_one_at_a_time(tmp_path):  # type: ignore[no-untyped-def]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LM_", "MOTO_"))}
     proc = subprocess.run(
         [sys.executable, "-m", "lightmetrics.cli.main", "bench", "reconcile", "--quick", "--latency-ms", "20",
@@ -47,7 +48,7 @@ def test_bench_reconcile_cli_prints_strict_json_and_beats_one_request_at_a_time(
     assert run["sequential"]["one_at_a_time_requests"] == sum(_s3(run["sequential_requests"]).values())
     # a healthy entry costs one GET plus its share of the listings, not a repair
     assert run["reconciler_requests"]["s3.GetObject"] == 40 and "s3.PutObject" not in run["reconciler_requests"]
-    assert f["speedup"]["median"] > 1.0, f
+    assert run["reconciler"]["peak_inflight"] > 1 and run["sequential"]["peak_inflight"] == 1, run
 
 
 def test_bench_reap_runs_gc_by_time_and_retention_with_the_same_requests_as_its_baseline(runtime):  # type: ignore[no-untyped-def]
@@ -68,11 +69,11 @@ def test_bench_reap_runs_gc_by_time_and_retention_with_the_same_requests_as_its_
         assert len(run[f"{name}.hours_reaped"]) == 1 and run[f"{name}.retention_purged"] == 16
     for job in ("gc", "retention"):
         assert _s3(run[f"reap.{job}_requests"]) == _s3(run[f"sequential.{job}_requests"]), job
-    # retention's blobs go through GC's concurrent collector: one request at a time must be slower
-    assert f["retention_speedup"]["median"] > 1.0, f
+    # retention's blobs go through GC's concurrent collector: its requests overlap, the baseline's never
+    assert run["reap.peak_inflight"] > 1 and run["sequential.peak_inflight"] == 1, run
 
 
-def test_bench_walk_repairs_the_same_per_key_as_its_sequential_walker_and_beats_it(runtime):  # type: ignore[no-untyped-def]
+def test_bench_walk_repairs_the_same_per_key_as_its_sequential_walker_and_overlaps_its_requests(runtime):  # type: ignore[no-untyped-def]
     from lightmetrics.bench.walk_bench import run_walk
 
     with BenchEnv(latency_ms=20, max_inflight=32, runtime=runtime) as env:
@@ -84,4 +85,4 @@ def test_bench_walk_repairs_the_same_per_key_as_its_sequential_walker_and_beats_
     assert run["per_key_requests"]["walk"] == run["per_key_requests"]["sequential"] == {
         "s3.GetObject": 1.0, "s3.PutObject": 3.0}
     assert report["params"]["parallelism"] == 4
-    assert report["figures"]["speedup"]["median"] > 1.0, report["figures"]
+    assert run["peak_inflight"]["walk"] > 1 and run["peak_inflight"]["sequential"] == 1, run["peak_inflight"]

@@ -85,3 +85,24 @@ def test_env_configures_one_injector_per_process(runtime, bucket):  # type: igno
     a.head_bucket(Bucket=bucket)
     b.head_bucket(Bucket=bucket)
     assert inj.requests == before + 2
+
+
+def test_a_window_counts_only_its_own_requests_and_their_peak_in_flight() -> None:
+    """What the job benchmarks assert instead of timings: the peak in flight inside a block."""
+    inj = LatencyInjector(delay_s=0.0, max_inflight=4)
+    inside = threading.Barrier(3)
+
+    def overlapped() -> None:
+        inj.through(lambda: inside.wait(timeout=10))  # three calls hold their slots at once
+
+    inj.through(lambda: None)  # before the windows: counted by the injector, by no window
+    with inj.window() as outer:
+        with inj.window() as one_at_a_time:
+            inj.through(lambda: None)
+            inj.through(lambda: None)
+        with ThreadPoolExecutor(3) as pool:
+            for f in [pool.submit(overlapped) for _ in range(3)]:
+                f.result()
+    assert one_at_a_time == {"requests": 2, "peak_inflight": 1}
+    assert outer == {"requests": 5, "peak_inflight": 3}
+    assert inj.requests == 6 and inj.peak_inflight == 3

@@ -113,10 +113,12 @@ def run_reap(env: BenchEnv, *, hours: int = 2, batches_per_hour: int = 40, agent
             print(f"reap repeat {rep + 1}/{repeat}: {name}: GC by-time, then retention of {hours} hour(s)",
                   file=sys.stderr, flush=True)
             if name == "sequential":
-                with env.one_request_at_a_time():
+                with env.one_request_at_a_time() as injector, injector.window() as seen:
                     out[name] = _both(systems[name])
             else:
-                out[name] = _both(systems[name])
+                with env.injector.window() as seen:
+                    out[name] = _both(systems[name])
+            out[name]["peak_inflight"] = seen["peak_inflight"]
         batches = seeded["reap"]["batches"]
         for job, unit, seconds_key, units in (("gc", "blobs", "gc_seconds", "gc_examined"),
                                               ("retention", "batches", "retention_seconds", None)):

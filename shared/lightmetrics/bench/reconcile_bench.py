@@ -77,13 +77,14 @@ def run_reconcile(env: BenchEnv, *, batches: int = 200, agents: int = 4, repeat:
         for name in order:
             _progress(f"reconcile repeat {rep + 1}/{repeat}: {name} over {per * agents} entries")
             if name == "sequential":
-                with env.one_request_at_a_time() as injector:
-                    before = injector.snapshot()["requests"]
+                with env.one_request_at_a_time() as injector, injector.window() as seen:
                     result = reconcile_until_caught_up(systems[name], counters[name])
-                    # every S3 request of the baseline went through the cap of one
-                    result["one_at_a_time_requests"] = injector.snapshot()["requests"] - before
+                # every S3 request of the baseline went through the cap of one
+                result["one_at_a_time_requests"] = seen["requests"]
             else:
-                result = reconcile_until_caught_up(systems[name], counters[name])
+                with env.injector.window() as seen:
+                    result = reconcile_until_caught_up(systems[name], counters[name])
+            result["peak_inflight"] = seen["peak_inflight"]
             runs[name] = (result.pop("seconds"), result)
         (rec_s, rec), (seq_s, seq) = runs["reconciler"], runs["sequential"]
         rate, base = rec["entries"] / rec_s, seq["entries"] / seq_s

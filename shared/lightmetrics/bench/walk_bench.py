@@ -97,13 +97,16 @@ def run_walk(env: BenchEnv, *, batches: int = 400, agents: int = 4, page_size: i
             return result
 
         runs: dict[str, tuple[float, Any]] = {}
+        peaks: dict[str, int] = {}
         order = ("walk", "sequential") if rep % 2 == 0 else ("sequential", "walk")
         for name in order:
             print(f"walk repeat {rep + 1}/{repeat}: {name} over {per * agents} keys", file=sys.stderr, flush=True)
-            if name == "walk":
-                runs[name] = _timed(real_walk)
-            else:
-                runs[name] = _timed(lambda: sequential_walk(systems["sequential"], seq_counter))
+            with env.injector.window() as seen:
+                if name == "walk":
+                    runs[name] = _timed(real_walk)
+                else:
+                    runs[name] = _timed(lambda: sequential_walk(systems["sequential"], seq_counter))
+            peaks[name] = seen["peak_inflight"]
         walk_s, walk_result = runs["walk"]
         seq_s, seq_result = runs["sequential"]
         walked = int(walk_result.summary.get("keys", per * agents))
@@ -112,7 +115,7 @@ def run_walk(env: BenchEnv, *, batches: int = 400, agents: int = 4, page_size: i
         figures.add("speedup", (walked / walk_s) / (seq_result["keys"] / seq_s))
         details.append({"order": list(order), "seeded": seeds, "walk_seconds": round(walk_s, 3),
                         "sequential_seconds": round(seq_s, 3), "walk_keys": walked, "sequential_keys": seq_result["keys"],
-                        "walk_outcomes": walk_result.summary.get("outcomes"),
+                        "walk_outcomes": walk_result.summary.get("outcomes"), "peak_inflight": peaks,
                         "sequential_outcomes": seq_result["outcomes"],
                         "walk_requests_per_key": round(walk_counter.totals.total() / max(1, walked), 2),
                         "walk_requests": dict(walk_counter.totals),

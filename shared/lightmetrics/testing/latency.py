@@ -26,7 +26,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 ENV_LATENCY_MS = "LM_INJECT_LATENCY_MS"
@@ -57,6 +58,7 @@ class LatencyInjector:
         self.inflight = 0
         self.peak_inflight = 0
         self.delays = 0
+        self._windows: list[dict[str, int]] = []
 
     def attach(self, client: Any) -> Any:
         """Route ``client``'s outgoing requests through this injector (idempotent per client)."""
@@ -82,6 +84,9 @@ class LatencyInjector:
                 self.requests += 1
                 self.inflight += 1
                 self.peak_inflight = max(self.peak_inflight, self.inflight)
+                for window in self._windows:
+                    window["peak_inflight"] = max(window["peak_inflight"], self.inflight)
+                    window["requests"] += 1
             try:
                 if self.delay_s:
                     self._sleep(self.delay_s)
@@ -91,6 +96,27 @@ class LatencyInjector:
             finally:
                 with self._lock:
                     self.inflight -= 1
+
+    @contextmanager
+    def window(self) -> Iterator[dict[str, int]]:
+        """Count what goes through inside the block: yields a dict whose ``requests`` and
+        ``peak_inflight`` (the most requests in flight at once, counted from the block's start) grow
+        while it runs. Whether a job overlaps its round trips is then a count, not a timing.
+
+        Example:
+            >>> with inj.window() as seen:                                  # doctest: +SKIP
+            ...     run_job()
+            >>> seen["peak_inflight"] > 1                                   # doctest: +SKIP
+            True
+        """
+        seen = {"requests": 0, "peak_inflight": 0}
+        with self._lock:
+            self._windows.append(seen)
+        try:
+            yield seen
+        finally:
+            with self._lock:
+                self._windows = [w for w in self._windows if w is not seen]  # by identity: equal dicts may differ
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
