@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
+from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
 from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
@@ -32,12 +32,8 @@ from lightmetrics.config import Settings
 
 def _registry(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     from lightmetrics.conflicts import ConflictRegistry
-    from lightmetrics.services import work_context
 
-    try:
-        ctx = work_context(settings, component="admin")
-    except Exception as exc:
-        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
+    ctx = configured_context(settings, as_json=as_json, component="admin")
     return ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
 
 

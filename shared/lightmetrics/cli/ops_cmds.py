@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, exit_for_error, json_option, operator_name
+from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_USAGE,
@@ -23,15 +23,6 @@ from lightmetrics.clock import utc_text
 from lightmetrics.config import Settings
 
 
-def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.services import work_context
-
-    try:
-        return work_context(settings)
-    except Exception as exc:
-        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
-
-
 @click.group()
 def blockers() -> None:
     """Work that stopped: list it and decide (retry, resume, skip, redrive)."""
@@ -43,7 +34,7 @@ def blockers() -> None:
 @json_option
 def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
     """Open blockers (exit 1 if there are any, so scripts can gate on it)."""
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     items = ctx.blockers.list(status=None if show_all else "open")
     open_count = sum(1 for b in items if b.status == "open")
     if as_json:
@@ -61,7 +52,7 @@ def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwarg
     from lightmetrics import blocker_actions
     from lightmetrics.blockers import BlockerNotFound
 
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     try:
         result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
     except BlockerNotFound:
@@ -110,7 +101,7 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
     """Send every open DLQ blocker's message back to its queue."""
     from lightmetrics.blocker_actions import redrive
 
-    results = redrive(_ctx(settings, as_json), who=operator_name())
+    results = redrive(configured_context(settings, as_json=as_json), who=operator_name())
     if as_json:
         emit_json({"redriven": [r.to_json() for r in results]})
     else:
@@ -125,7 +116,7 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     (exit 1 if anything is stuck)."""
     from lightmetrics.status import system_status
 
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     try:
         info = system_status(ctx, settings, ctx.sqs())
     except Exception as exc:
@@ -199,7 +190,7 @@ def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
             range(settings.reconcile_shards))
     except ShardError as exc:
         fail(f"--shard: {exc}", EXIT_USAGE, as_json=as_json)
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     reports, unowned = [], []
     try:
         probe = queue_probe(settings)
@@ -260,7 +251,7 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
         asked_from = UtcHour.parse(effective_from) if effective_from else None
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     now = ctx.clock.now_ns()
     earliest = UtcHour.of_unix_ns(now) + MIN_LEAD_HOURS
     listed_hour = listed_hour or UtcHour.of_unix_ns(now) + -1

@@ -8,13 +8,16 @@ import functools
 import getpass
 import os
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from lightmetrics.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, fail
 from lightmetrics.config import Settings
 from lightmetrics.errors import ConfigError, ResourceAccessError
+
+if TYPE_CHECKING:
+    from lightmetrics.work import WorkContext
 
 _CONFIG_FIELDS = list(Settings.model_fields)
 
@@ -81,6 +84,20 @@ def exit_for_error(exc: BaseException, doing: str, *, as_json: bool, setting: st
         fail(f"{doing}: {exc}; check {setting}, which names it (the stack's outputs: `lmctl env --stack`)",
              EXIT_USAGE, as_json=as_json)
     fail(f"{doing}: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
+
+
+def configured_context(settings: Settings, *, as_json: bool, component: str = "cli") -> WorkContext:
+    """The work context of the configured system, or exit as :func:`exit_for_error` says (2 naming
+    the setting of a missing bucket, table or queue; 4 when AWS cannot be reached).
+
+    Example: ``ctx = configured_context(settings, as_json=as_json)`` at the top of a command.
+    """
+    from lightmetrics.services import work_context
+
+    try:
+        return work_context(settings, component=component)
+    except Exception as exc:
+        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
 #: What a configured subcommand's help says of its settings (they are listed once, on ``lmctl``).

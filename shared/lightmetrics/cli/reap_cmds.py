@@ -13,7 +13,7 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.cli.options import config_options, exit_for_error, json_option
+from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -34,17 +34,13 @@ STATE_MACHINE = "reap"
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     from lightmetrics.reap import ReapControl
-    from lightmetrics.services import aws_session, work_context
+    from lightmetrics.services import aws_session
 
     arn = settings.state_machine_arns.get(STATE_MACHINE)
     if not arn:
         fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
              '{"reap": "<stack output ReapArn>", ...}', EXIT_USAGE, as_json=as_json)
-    try:
-        ctx = work_context(settings, component="cli")
-    except Exception as exc:
-        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
-    return ReapControl(ctx, aws_session().client("stepfunctions"), arn)
+    return ReapControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
 
 
 def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.cli.options import config_options, exit_for_error, json_option
+from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -44,15 +44,6 @@ def _duration(seconds: Any) -> str | None:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _ctx(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.services import work_context
-
-    try:
-        return work_context(settings, component="cli")
-    except Exception as exc:
-        exit_for_error(exc, "cannot reach AWS", as_json=as_json)
-
-
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     from lightmetrics.services import aws_session
     from lightmetrics.walk import WalkControl
@@ -61,7 +52,7 @@ def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     if not arn:
         fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
              '{"bootstrap-walk": "<stack output BootstrapWalkArn>"}', EXIT_USAGE, as_json=as_json)
-    return WalkControl(_ctx(settings, as_json), aws_session().client("stepfunctions"), arn)
+    return WalkControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
 
 
 @click.group()
@@ -232,7 +223,7 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
     from lightmetrics.errors import LightmetricsError
     from lightmetrics.verify import verify
 
-    ctx = _ctx(settings, as_json)
+    ctx = configured_context(settings, as_json=as_json)
     try:
         with progress_lines("verify") as say:
             report = verify(ctx, strict=strict, progress=say)
