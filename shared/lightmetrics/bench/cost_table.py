@@ -34,6 +34,7 @@ from lightmetrics.local.system import LocalSystem
 from lightmetrics.request_counter import RequestCounter
 from lightmetrics.retry import RetryPolicy
 from lightmetrics.services import accept_context, work_context
+from lightmetrics.step_functions import execution_history
 from lightmetrics.store import s3_client_config
 
 DEPTHS = (10, 1000, 10_000)
@@ -127,15 +128,9 @@ def execution_counts(sfn: Any, execution_arns: list[str]) -> dict[str, int]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"execution {arn} still running 60 s after its job finished")
             time.sleep(0.05)
-        kwargs: dict[str, Any] = {"executionArn": arn, "maxResults": 1000}
-        while True:
-            page = sfn.get_execution_history(**kwargs)
-            for event in page["events"]:
-                entered += event["type"].endswith("StateEntered")
-                tasks += event["type"] == "TaskStateEntered"
-            if not page.get("nextToken"):
-                break
-            kwargs["nextToken"] = page["nextToken"]
+        for event in execution_history(sfn, arn):
+            entered += event["type"].endswith("StateEntered")
+            tasks += event["type"] == "TaskStateEntered"
     return {"sfn.transitions": entered, "lambda.Invoke": tasks}
 
 
