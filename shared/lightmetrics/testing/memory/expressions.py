@@ -346,7 +346,7 @@ class Update:
         for p, v in self.adds:
             path, add, old = p.resolve(b), v.get(item, b), p.get(item, b)
             writes.append((path, _added(old, add)))
-        new = _deep_copy(item)
+        new: dict[str, Any] = _deep_copy(item)
         for path, value in writes:
             _parent(new, path)[path[-1]] = value
         for path in (p.resolve(b) for p in self.removes):
