@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.aws_errors import is_not_found, is_transient
 from lightmetrics.cas import ConditionalCreateOutcome
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.retry import RetryPolicy
@@ -46,8 +47,6 @@ from lightmetrics.store import (
     ObjectVersion,
     StoreAccessError,
     TransientStoreError,
-    _is_not_found,
-    _transient,
     bucket_refusal,
     classify_put_error,
 )
@@ -113,6 +112,9 @@ class InMemoryObjectStore:
         ``DeleteObjects`` with ``key_contains`` fails only the matching keys, in the response, as S3
         does. ``landed``: the request is applied first."""
         self._faults.append(_Fault(operation, code, key_contains, times, landed))
+
+    def clear_faults(self) -> None:
+        self._faults.clear()
 
     def set_last_modified(self, key: str, unix_ns: int) -> None:
         """Back-date the current version of ``key`` (history written directly, as S3 would have)."""
@@ -182,9 +184,9 @@ class InMemoryObjectStore:
                 refused = bucket_refusal(exc, self.bucket)
                 if refused is not None:
                     raise refused from exc
-                if _is_not_found(exc):
+                if is_not_found(exc):
                     return None
-                if not _transient(exc):
+                if not is_transient(exc):
                     raise StoreAccessError(self.bucket, f"refused reading {key}: {exc}") from exc
                 last = exc
         raise TransientStoreError(f"reading {key} failed after {self.read_policy.max_attempts} attempts: {last}")
