@@ -143,7 +143,7 @@ def test_listing_is_in_byte_order_and_pages_by_token_or_start_after(store):  # t
     page = store.list_page("p/", max_keys=1000)
     assert page.keys == want and not page.truncated and page.sizes == [len(k) for k in want]
     got, token, pages = [], None, 0
-    while True:
+    for _ in range(20):  # bounded: a token that does not move on fails here, never hangs
         page = store.list_page("p/", max_keys=3, continuation_token=token)
         got += page.keys
         pages += 1
@@ -152,7 +152,7 @@ def test_listing_is_in_byte_order_and_pages_by_token_or_start_after(store):  # t
         assert page.next_token and len(page.keys) == 3
         token = page.next_token
     assert got == want and pages == 3
-    assert store.list_page("p/", max_keys=2, start_after="p/a0").keys == ["p/a/1", "p/a/2"][:0] + want[want.index("p/a0") + 1:][:2]
+    assert store.list_page("p/", max_keys=2, start_after="p/a0").keys == want[want.index("p/a0") + 1:][:2]
     assert store.list_keys("p/", limit=4) == want[:4]
     assert store.list_modified("p/", start_after="p/a0", end_at="p/b/x/1")[-1][0] == "p/b/x/1"
     assert [k for k, _ in store.list_modified("p/", end_at="p/a0")] == want[:want.index("p/a0") + 1]
@@ -163,7 +163,7 @@ def test_a_delimiter_rolls_keys_up_and_prefixes_count_towards_max_keys(store):  
     page = store.list_page("p/", delimiter="/")
     assert page.prefixes == ["p/a/", "p/b/"] and page.keys == ["p/B", "p/a-b", "p/a0", "p/ab", "p/c"]
     seen, token = [], None
-    while True:
+    for _ in range(20):  # bounded: a token that does not move on fails here, never hangs
         page = store.list_page("p/", delimiter="/", max_keys=1, continuation_token=token)
         assert len(page.keys) + len(page.prefixes) == 1
         seen += page.keys + page.prefixes
