@@ -30,7 +30,8 @@ from lightmetrics.cas import ConditionalCreateOutcome as CC
 from lightmetrics.clock import SystemClock
 from lightmetrics.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
 from lightmetrics.errors import ResourceAccessError
-from lightmetrics.store import S3ObjectStore, StoreAccessError, s3_client_config
+from lightmetrics.store import S3ObjectStore, StoreAccessError, TransientStoreError, s3_client_config
+from lightmetrics.testing.faults import FaultInjector, FaultRule
 from lightmetrics.testing.memory import InMemoryControlTable, InMemoryObjectStore
 from lightmetrics.testing.memory.expressions import UnsupportedExpression
 
@@ -218,6 +219,60 @@ def test_a_missing_bucket_is_refused_never_read_as_empty(no_bucket):  # type: ig
     with pytest.raises(StoreAccessError):
         no_bucket.put_if_absent("k", b"x")
     assert no_bucket.head("k") is None  # a HEAD cannot tell (why require_bucket lists)
+
+
+# ---------------------------------------------------------------------------- injected faults, classified alike
+#: FaultInjector's faults (tests/..., at the boto3 client) and the in-memory store's equivalent error codes
+_MEMORY_FAULT = {"503": "SlowDown", "500": "InternalError", "409": "ConditionalRequestConflict", "403": "AccessDenied",
+                 "timeout": "RequestTimeout", "timeout_after_landing": "RequestTimeout"}
+
+
+def inject(store: Any, fault: str, operation: str, *, times: int = 1) -> None:
+    if isinstance(store, InMemoryObjectStore):
+        store.fail(operation, _MEMORY_FAULT[fault], times=times, landed=fault == "timeout_after_landing")
+    else:
+        FaultInjector(store.client).add(FaultRule(fault=fault, operation=operation, times=times))
+
+
+@pytest.mark.parametrize("fault, outcome, landed", [
+    ("503", CC.UNKNOWN, False), ("500", CC.UNKNOWN, False), ("409", CC.CONFLICT, False), ("timeout", CC.UNKNOWN, False),
+    ("timeout_after_landing", CC.UNKNOWN, True),
+])
+def test_a_failed_conditional_create_has_the_same_outcome(store, fault, outcome, landed):  # type: ignore[no-untyped-def]
+    inject(store, fault, "PutObject")
+    assert store.put_if_absent("f", b"body")[0] is outcome
+    assert (store.get("f") == b"body") is landed
+    assert store.put_if_absent("f", b"body")[0] is (CC.EXISTS if landed else CC.CREATED)
+
+
+def test_a_refused_write_and_refused_or_failing_reads_are_classified_alike(store):  # type: ignore[no-untyped-def]
+    inject(store, "403", "PutObject")
+    with pytest.raises(StoreAccessError):
+        store.put_if_absent("f", b"x")
+    store.put_if_absent("f", b"x")
+    inject(store, "503", "GetObject")  # once: the read is retried
+    assert store.get("f") == b"x"
+    inject(store, "503", "GetObject", times=-1)
+    with pytest.raises(TransientStoreError):
+        store.get("f")
+    inject(store, "403", "HeadObject")
+    with pytest.raises(StoreAccessError):
+        store.head("f")
+    inject(store, "500", "ListObjectsV2", times=-1)
+    with pytest.raises(TransientStoreError):
+        store.list_page("")
+
+
+def test_a_failed_delete_raises_its_client_error_unclassified(store):  # type: ignore[no-untyped-def]
+    store.put_if_absent("f", b"x")
+    inject(store, "503", "DeleteObject")
+    with pytest.raises(ClientError) as err:
+        store.delete("f")
+    assert err.value.response["Error"]["Code"] == "SlowDown" and store.get("f") == b"x"
+    inject(store, "503", "DeleteObjects")
+    with pytest.raises(ClientError):
+        store.delete_objects([("f", None)])
+    assert store.get("f") == b"x"
 
 
 # ============================================================================ the control table
