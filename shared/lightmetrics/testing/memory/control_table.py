@@ -34,13 +34,8 @@ from lightmetrics.control_table import (
     table_error,
     to_item,
 )
-from lightmetrics.testing.memory.expressions import (
-    Bindings,
-    ExpressionInvalid,
-    dynamo_type,
-    parse_condition,
-    parse_update,
-)
+from lightmetrics.testing.memory.dynamo_values import dynamo_type
+from lightmetrics.testing.memory.expressions import Bindings, ExpressionInvalid, parse_condition, parse_update
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
 KEY = ("pk", "sk")

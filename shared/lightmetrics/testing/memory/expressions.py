@@ -7,10 +7,10 @@ and ``begins_with``; update expressions with ``SET`` (``=``, ``+``, ``-``, ``if_
 dots. Anything else — ``size``, ``contains``, list indexes, ``DELETE`` — raises
 :class:`UnsupportedExpression` rather than being ignored.
 
-The DynamoDB rules our code depends on are kept: a comparison with a missing attribute or a value
-of another type is false (``<>``: true); every ``#name``/``:value`` must be defined and every one
-given must be used (DynamoDB answers ``ValidationException`` for both); right-hand sides read the
-item as it was before the update; two actions on overlapping paths are refused; the key is
+The DynamoDB rules our code depends on are kept: values compare as
+:mod:`lightmetrics.testing.memory.dynamo_values` says; every ``#name``/``:value`` must be defined and
+every one given must be used (DynamoDB answers ``ValidationException`` for both); right-hand sides
+read the item as it was before the update; two actions on overlapping paths are refused; the key is
 read-only.
 
 Example:
@@ -22,12 +22,11 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal  # noqa: F401 - the doctest's
 from typing import Any
 
-MISSING: Any = object()
+from lightmetrics.testing.memory.dynamo_values import COMPARE, MISSING, dynamo_type, equal, ordered, sort_key
 
 
 class UnsupportedExpression(Exception):
@@ -86,52 +85,6 @@ class Bindings:
         if set(self.values) - values:
             raise ExpressionInvalid(f"Value provided in ExpressionAttributeValues unused in expressions: "
                                     f"keys: {{{', '.join(sorted(set(self.values) - values))}}}")
-
-
-# -- values ------------------------------------------------------------------------------------------
-def dynamo_type(v: Any) -> str:
-    """The DynamoDB type of a deserialized value (``bool`` is not a number there)."""
-    if isinstance(v, bool):
-        return "BOOL"
-    if isinstance(v, Decimal):
-        return "N"
-    if isinstance(v, str):
-        return "S"
-    if isinstance(v, (bytes, bytearray)) or type(v).__name__ == "Binary":
-        return "B"
-    if v is None:
-        return "NULL"
-    if isinstance(v, list):
-        return "L"
-    if isinstance(v, dict):
-        return "M"
-    if isinstance(v, set):
-        kinds = {dynamo_type(x) for x in v}
-        return {"S": "SS", "N": "NS", "B": "BS"}.get(kinds.pop() if len(kinds) == 1 else "", "SET")
-    raise UnsupportedExpression(f"a value of type {type(v).__name__}")
-
-
-def _ordered(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` can be ordered (both present, both S, N or B)."""
-    return a is not MISSING and b is not MISSING and dynamo_type(a) == dynamo_type(b) in ("S", "N", "B")
-
-
-def _key(v: Any) -> Any:
-    return v.encode() if isinstance(v, str) else bytes(v) if dynamo_type(v) == "B" else v
-
-
-def _equal(a: Any, b: Any) -> bool:
-    return a is not MISSING and b is not MISSING and dynamo_type(a) == dynamo_type(b) and a == b
-
-
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    "=": _equal,
-    "<>": lambda a, b: not _equal(a, b),
-    "<": lambda a, b: _ordered(a, b) and _key(a) < _key(b),
-    "<=": lambda a, b: _ordered(a, b) and _key(a) <= _key(b),
-    ">": lambda a, b: _ordered(a, b) and _key(a) > _key(b),
-    ">=": lambda a, b: _ordered(a, b) and _key(a) >= _key(b),
-}
 
 
 # -- the AST -----------------------------------------------------------------------------------------
@@ -200,14 +153,14 @@ class Condition:
             return a[0].get(item, b) is MISSING
         vals = [x.get(item, b) for x in a]
         if self.op == "begins_with":
-            return _ordered(vals[0], vals[1]) and dynamo_type(vals[0]) in ("S", "B") \
-                and _key(vals[0]).startswith(_key(vals[1]))
+            return ordered(vals[0], vals[1]) and dynamo_type(vals[0]) in ("S", "B") \
+                and sort_key(vals[0]).startswith(sort_key(vals[1]))
         if self.op == "BETWEEN":
-            return _ordered(vals[0], vals[1]) and _ordered(vals[0], vals[2]) \
-                and _key(vals[1]) <= _key(vals[0]) <= _key(vals[2])
+            return ordered(vals[0], vals[1]) and ordered(vals[0], vals[2]) \
+                and sort_key(vals[1]) <= sort_key(vals[0]) <= sort_key(vals[2])
         if self.op == "IN":
-            return any(_equal(vals[0], v) for v in vals[1:])
-        return _COMPARE[self.op](vals[0], vals[1])
+            return any(equal(vals[0], v) for v in vals[1:])
+        return COMPARE[self.op](vals[0], vals[1])
 
 
 # -- the parser --------------------------------------------------------------------------------------
@@ -275,7 +228,7 @@ class _Parser:
             return Condition("BETWEEN", (left, low, self.operand()))
         if op == "IN":
             return Condition("IN", (left, *self.arguments()))
-        if op not in _COMPARE:
+        if op not in COMPARE:
             raise ExpressionInvalid(f"Invalid expression: {op!r} is not a comparator")
         return Condition(op, (left, self.operand()))
 
