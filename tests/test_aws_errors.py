@@ -11,8 +11,10 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
+from lightmetrics.aws_errors import is_transient
 from lightmetrics.control_table import ControlTable
 from lightmetrics.errors import ResourceAccessError
 from lightmetrics.outcome import Outcome
@@ -90,6 +92,12 @@ def test_a_control_table_error_is_retried_or_blocks(code: str, status: int, outc
     assert result.outcome.value == outcome
     if outcome == PERMANENT:
         assert f"UpdateItem answered {code} ({status})" in result.detail
+
+
+def test_sqs_throttling_is_transient_though_it_answers_403() -> None:
+    throttled = ClientError({"Error": {"Code": "RequestThrottled"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+                            "SendMessage")
+    assert is_transient(throttled)
 
 
 @pytest.mark.parametrize("code", ["ResourceNotFoundException", "AccessDeniedException"])

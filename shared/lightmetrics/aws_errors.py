@@ -29,6 +29,8 @@ TRANSIENT_CODES = frozenset({
     # DynamoDB (a TransactionCanceledException reaches here only without a failed condition: a conflict)
     "ProvisionedThroughputExceededException", "RequestLimitExceeded", "InternalServerError",
     "TransactionConflictException", "TransactionInProgressException", "TransactionCanceledException",
+    # SQS (its throttling answers 403)
+    "RequestThrottled",
 })
 #: Statuses that are transient whatever the code: server errors, a conflicting request, too many requests.
 TRANSIENT_STATUSES = frozenset({409, 429})
