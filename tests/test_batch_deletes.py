@@ -23,6 +23,7 @@ from lightmetrics import crashpoints
 from lightmetrics import gc as gc_module
 from lightmetrics import retention as retention_module
 from lightmetrics import store as store_module
+from lightmetrics.aws_errors import is_transient
 from lightmetrics.gc import BlobCollector
 from lightmetrics.keys import UtcHour
 from lightmetrics.manifests import AcceptedBatchManifest
@@ -104,7 +105,7 @@ def test_a_per_key_error_is_the_client_error_its_delete_object_would_have_been(b
     assert set(out.deleted) == {(keys[2], None)}
     slow, denied = out.error_for(keys[0], None), out.error_for(keys[1], None)
     assert isinstance(slow, ClientError) and slow.response["ResponseMetadata"]["HTTPStatusCode"] == 503
-    assert store_module._transient(slow)  # retried as a transient failure, as a SlowDown DeleteObject
+    assert is_transient(slow)  # retried as a transient failure, as a SlowDown DeleteObject
     assert isinstance(bucket_refusal(denied, bucket), StoreAccessError)  # access denied surfaces as one
     assert out.error_for(keys[2], None) is None and out.error_for(keys[0], None, tolerate=("SlowDown",)) is None
 

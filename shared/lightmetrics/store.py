@@ -28,6 +28,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from lightmetrics.aws_errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
 from lightmetrics.cas import ConditionalCreateOutcome
 from lightmetrics.errors import LightmetricsError, ResourceAccessError
 from lightmetrics.retry import RetryPolicy
@@ -131,27 +132,6 @@ class ObjectStore(Protocol):
 _NS = 1_000_000_000
 _T = TypeVar("_T")
 
-_RETRYABLE_CODES = {
-    "SlowDown",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "RequestTimeTooSkewed",
-    "Throttling",
-    "ThrottlingException",
-    "OperationAborted",
-    "ConditionalRequestConflict",
-}
-
-
-def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> StoreAccessError | None:
     """The error for an S3 answer that says the bucket itself is unusable — it does not exist
     (``NoSuchBucket``) or refuses us (403) — or None. Any S3 client (a raw boto3 one too) maps
@@ -159,7 +139,7 @@ def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> S
     ``setting`` names what configured the bucket."""
     if not isinstance(exc, ClientError):
         return None
-    status, code = _status(exc), _code(exc)
+    status, code = http_status(exc), error_code(exc)
     if code == "NoSuchBucket":
         return StoreAccessError(bucket, "does not exist", setting)
     if status == 403 or code in ("AccessDenied", "AllAccessDisabled"):
@@ -170,28 +150,17 @@ def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> S
 def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOutcome, str]:
     """Map one failed conditional PUT to its outcome (see :mod:`lightmetrics.cas`)."""
     if isinstance(exc, ClientError):
-        status, code = _status(exc), _code(exc)
+        status, code = http_status(exc), error_code(exc)
         if status == 412 or code == "PreconditionFailed":
             return ConditionalCreateOutcome.EXISTS, code or "412"
         if status == 409 or code == "ConditionalRequestConflict":
             return ConditionalCreateOutcome.CONFLICT, code or "409"
-        if status >= 500 or status == 429 or code in _RETRYABLE_CODES:
+        if status >= 500 or status == 429 or code in TRANSIENT_CODES:
             return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
         raise bucket_refusal(exc, bucket) or StoreAccessError(bucket, f"refused the write: {status} {code}") from exc
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
         return ConditionalCreateOutcome.UNKNOWN, type(exc).__name__
     raise exc
-
-
-def _is_not_found(exc: ClientError) -> bool:
-    return _status(exc) == 404 or _code(exc) in ("NoSuchKey", "404", "NotFound")
-
-
-def _transient(exc: Exception) -> bool:
-    if isinstance(exc, ClientError):
-        status, code = _status(exc), _code(exc)
-        return status >= 500 or status in (409, 429) or code in _RETRYABLE_CODES
-    return isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError))
 
 
 def s3_client_config(timeout_s: int = 5, max_pool: int = 50, component: str = "core") -> BotoConfig:
@@ -266,13 +235,13 @@ class S3ObjectStore:
                 refused = bucket_refusal(exc, self.bucket)  # before the 404 test: NoSuchBucket is a 404 too
                 if refused is not None:
                     raise refused from exc
-                if _is_not_found(exc):
+                if is_not_found(exc):
                     return None
-                if not _transient(exc):
-                    raise StoreAccessError(self.bucket, f"refused reading {key}: {_status(exc)} {_code(exc)}") from exc
+                if not is_transient(exc):
+                    raise StoreAccessError(self.bucket, f"refused reading {key}: {http_status(exc)} {error_code(exc)}") from exc
                 last = exc
             except Exception as exc:
-                if not _transient(exc):
+                if not is_transient(exc):
                     raise
                 last = exc
         raise TransientStoreError(f"reading {key} failed after {self.read_policy.max_attempts} attempts: {last}")
@@ -289,7 +258,7 @@ class S3ObjectStore:
         try:
             body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-")["Body"]
         except ClientError as exc:
-            if _code(exc) == "InvalidRange":  # the offset is the object's end
+            if error_code(exc) == "InvalidRange":  # the offset is the object's end
                 return
             raise
         try:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lightmetrics.accept import MetricsSink, NoMetrics
+from lightmetrics.aws_errors import describe, is_transient
 from lightmetrics.blockers import BlockerStore
 from lightmetrics.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.config import Settings
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Failures that say nothing about the work itself: try again later.
+#: Failures that say nothing about the work itself: try again later — a ``ClientError`` only when
+#: :func:`lightmetrics.aws_errors.is_transient` says so (a refusal blocks the unit at once).
 TRANSIENT = (TransientWorkError, TransientStoreError, BotoCoreError, ClientError, OSError)
 
 
@@ -101,6 +103,8 @@ def run_unit(
     except StoreAccessError as exc:  # 403 and friends: a retry will not fix permissions
         return _block(ctx, key, kind, object_key, f"access: {exc}", source, payload)
     except TRANSIENT as exc:
+        if isinstance(exc, ClientError) and not is_transient(exc):  # AccessDenied, ValidationException, ...
+            return _block(ctx, key, kind, object_key, f"refused: {describe(exc)}", source, payload)
         reason = f"{type(exc).__name__}: {exc}"
         try:
             state = ctx.budget.record_failure(key, reason)
