@@ -139,7 +139,6 @@ def run_audit(
     ``rows_per_part``: the most rows of one output file (a category's files are written in
     parallel, one task each)."""
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     started = time.monotonic()
     last = [started]
@@ -156,7 +155,6 @@ def run_audit(
     report = AuditReport(run_id, inventory_info or {}, output_prefix=out_prefix)
     acc = counter_accumulator(spark)
     ns = access.prefix
-    marked_at_start = frozenset(gc_marked)  # shipped to executors: a plain set
 
     # Cached narrow: an identity's fields are the manifest-id's parts, not stored twice.
     cl = classify(inventory, ns).select("kind", "key", "lm", "valid", "sha", "mid", "hour_s") \
@@ -166,23 +164,8 @@ def run_audit(
         _count_kinds(report, cl.groupBy("kind", "valid").count().collect())  # one row per kind: small
         mark("classify")
         horizon_before = now_s - retry_horizon_s
-        # Every candidate confirmed in one Python stage: (category, rule, canonical JSON line). As
-        # many confirmation tasks as the session has cores (each runs `workers` requests at once),
-        # not one per partition of every candidate source (dozens of mostly empty Python tasks).
-        findings = candidate_rows(cl.where("valid"), ns, horizon_before, cached) \
-            .coalesce(spark.sparkContext.defaultParallelism).mapInPandas(
-                row_mapper(confirm(access, marked_at_start, horizon_before), FINDING_COLUMNS, acc, workers=workers,
-                           tag="cand"), FINDING_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(findings)
-        if findings.where(F.col("held_blob").isNotNull()).count():
-            # GC may have marked a blob after the marks were read: read them again, after every HEAD
-            # that found a blob missing, and look at those blobs once more (MarkedBlobs).
-            again = frozenset(gc_marked.read_again()) if isinstance(gc_marked, MarkedBlobs) else marked_at_start
-            rechecked = findings.where(F.col("held_blob").isNotNull()).mapInPandas(
-                row_mapper(recheck_held(access, again), FINDING_COLUMNS, acc, workers=workers), FINDING_SCHEMA)
-            findings = findings.where(F.col("held_blob").isNull()).union(rechecked) \
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            cached.append(findings)
+        candidates = candidate_rows(cl.where("valid"), ns, horizon_before, cached)
+        findings = _confirmed(spark, candidates, access, gc_marked, horizon_before, acc, workers, cached)
         by_rule = findings.groupBy("category", "rule").count().collect()
         counts = {c: sum(int(r["count"]) for r in by_rule if r["category"] == c) for c in CATEGORIES}
         report.confirmed_by_rule = {r["rule"]: int(r["count"]) for r in sorted(by_rule, key=lambda r: r["rule"])}
@@ -205,6 +188,31 @@ def run_audit(
     report.seconds = time.monotonic() - started
     _commit(access, report, out_prefix, run_id, now_s)
     return report
+
+
+def _confirmed(spark: Any, candidates: Any, access: S3Access, gc_marked: frozenset[str], horizon_before_s: int,
+               acc: Any, workers: int, cached: list[Any]) -> Any:
+    """Every candidate confirmed in one Python stage: (category, rule, canonical JSON line), then the
+    missing blobs looked at again after GC's marks are read again."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    marked_at_start = frozenset(gc_marked)  # shipped to executors: a plain set
+    # As many confirmation tasks as the session has cores (each runs `workers` requests at once),
+    # not one per partition of every candidate source (dozens of mostly empty Python tasks).
+    findings = candidates.coalesce(spark.sparkContext.defaultParallelism).mapInPandas(
+        row_mapper(confirm(access, marked_at_start, horizon_before_s), FINDING_COLUMNS, acc, workers=workers,
+                   tag="cand"), FINDING_SCHEMA).persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(findings)
+    if findings.where(F.col("held_blob").isNotNull()).count():
+        # GC may have marked a blob after the marks were read: read them again, after every HEAD
+        # that found a blob missing, and look at those blobs once more (MarkedBlobs).
+        again = frozenset(gc_marked.read_again()) if isinstance(gc_marked, MarkedBlobs) else marked_at_start
+        rechecked = findings.where(F.col("held_blob").isNotNull()).mapInPandas(
+            row_mapper(recheck_held(access, again), FINDING_COLUMNS, acc, workers=workers), FINDING_SCHEMA)
+        findings = findings.where(F.col("held_blob").isNull()).union(rechecked).persist(StorageLevel.MEMORY_AND_DISK)
+        cached.append(findings)
+    return findings
 
 
 def _count_kinds(report: AuditReport, stats: list[Any]) -> None:
