@@ -534,6 +534,9 @@ def test_agent_scoped_walk_never_moves_the_watermark_and_the_cli(runtime):  # ty
         r = runner.invoke(cli, ["verify", "--strict", "--json"], env=env)
         assert r.exit_code == 1 and json.loads(r.stdout)["violation_counts"] == {"missing-derived": 18}
         assert "verify: reading 6 acceptance records" in r.stderr  # progress on stderr, stdout one JSON document
+        r = runner.invoke(cli, ["verify", "--strict", "--max-listed", "1"], env=env)  # the people's form: rule names
+        assert r.exit_code == 1 and "violation missing-derived: no accepted-by-time entry" in r.stdout
+        assert "... and 17 more missing-derived violations" in r.stdout
 
         r = runner.invoke(cli, ["walk", "start", "--agent", "no-such-agent", "--json"], env=env)
         assert r.exit_code == 2 and "no acceptance records" in json.loads(r.stdout)["reason"]
