@@ -28,10 +28,12 @@ SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
 OUTER_PACKAGES = ("local", "cli", "testing", "bench", "client")
 #: Top-level modules of ``lightmetrics`` the layer leaves out (the harnesses).
 OUTER_MODULES = ("demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py")
-#: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``,
-#: ``cost``, ``conflicts show``, ``env --stack``; the state machines' definitions are rendered at
-#: synth and by the local runtime). A test keeps this list equal to what no function reaches.
-OPERATOR_MODULES = ("verify.py", "cost_model.py", "identity_view.py", "stack_outputs.py", "statemachines.py")
+#: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``
+#: and its invariant catalogue, ``cost``, ``conflicts show``, ``env --stack``; the state machines'
+#: definitions are rendered at synth and by the local runtime). A test keeps this list equal to what
+#: no function reaches.
+OPERATOR_MODULES = ("verify.py", "invariants.py", "cost_model.py", "identity_view.py", "stack_outputs.py",
+                    "statemachines.py")
 
 
 def _files(root: Path) -> list[Path]:

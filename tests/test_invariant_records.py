@@ -106,7 +106,7 @@ def test_property_1_gc_never_deletes_or_hides_a_blob_that_an_acceptance_record_n
 
 
 def test_property_1_the_audit_never_lists_a_blob_of_an_unreadable_record_as_an_orphan(bucket: str, runtime) -> None:  # type: ignore[no-untyped-def]
-    from pipeline.audit import _check_orphan
+    from pipeline.audit_confirm import check_orphan
     from pipeline.s3io import S3Access
 
     w = make_world(bucket)
@@ -118,7 +118,7 @@ def test_property_1_the_audit_never_lists_a_blob_of_an_unreadable_record_as_an_o
     rows.append({"key": orphan, "sha": w.ctx.codec.parse(orphan).sha256})
     access = S3Access(bucket=bucket, endpoint_url=runtime.endpoint_url, region="us-east-1",
                       access_key="testing", secret_key="testing")
-    check = _check_orphan(access, horizon_before_s=w.clock.now_ns() // _NS)
+    check = check_orphan(access, horizon_before_s=w.clock.now_ns() // _NS)
     candidates = [r["blob_key"] for row in rows for r in check(row)]
     assert candidates == [orphan]
 

@@ -173,23 +173,23 @@ def test_verify_overlaps_are_warnings_and_a_reaped_hour_is_fine(system, runtime,
         index_accepted(ctx, r.manifest_key)
         index_raw_blob(ctx, r.blob_key)
     report = verify(ctx, strict=True)
-    assert report.ok and [w.kind for w in report.warnings] == ["overlap"]
+    assert report.ok and [w.rule for w in report.warnings] == ["overlapping-ranges"]
     assert set(report.warnings[0].keys) == {results[0].manifest_key, results[1].manifest_key}
     assert report.counts["accepted/v1/"] == 3 and report.counts["raw-blobs/v1/"] == 3
 
     s3 = runtime.boto3_client("s3")
     s3.delete_object(Bucket=system.bucket, Key=results[2].blob_key)
     missing = verify(ctx, strict=True)
-    assert {(v.kind, v.keys[0]) for v in missing.violations} == {
+    assert {(v.rule, v.keys[0]) for v in missing.violations} == {
         ("blob-missing", results[2].manifest_key),  # the record's blob is gone ...
-        ("orphan-derived", next(k for k in keys_under(runtime, system.bucket, "raw-blobs-by-time/v1/")
-                                if results[2].frame_sha256 in k)),  # ... and its index entry dangles
+        ("derived-without-source", next(k for k in keys_under(runtime, system.bucket, "raw-blobs-by-time/v1/")
+                                        if results[2].frame_sha256 in k)),  # ... and its index entry dangles
     }
     # Retention tombstoned the hour: "manifest present, blob gone, hour tombstoned" is the reaped state.
     tombstone = ctx.codec.retention_tombstone("raw", UtcHour.of_unix_ns(T0_NS))
     s3.put_object(Bucket=system.bucket, Key=tombstone, Body=b"{}", IfNoneMatch="*")
     reaped = verify(ctx, strict=True)
-    assert reaped.ok and reaped.checked["reaped (blob gone, hour tombstoned)"] == 1
+    assert reaped.ok and reaped.expected["reaped"] == 1
 
 
 # --------------------------------------------------------------------------- kill, stop, resume
@@ -426,7 +426,7 @@ def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(syst
     assert "invalid-manifest" in blockers[poison].reason and "layout" in blockers[stray].reason
 
     report = verify(ctx, strict=True)
-    assert {v.kind for v in report.violations} == {"invalid-manifest"}
+    assert {v.rule for v in report.violations} == {"invalid-manifest"}
     assert {v.keys[0] for v in report.violations} == {poison, stray}
     # The operator skips them (audited): verify acknowledges them, the next walk skips them and,
     # having skipped items, still withholds the watermark.
@@ -534,6 +534,9 @@ def test_agent_scoped_walk_never_moves_the_watermark_and_the_cli(runtime):  # ty
         r = runner.invoke(cli, ["verify", "--strict", "--json"], env=env)
         assert r.exit_code == 1 and json.loads(r.stdout)["violation_counts"] == {"missing-derived": 18}
         assert "verify: reading 6 acceptance records" in r.stderr  # progress on stderr, stdout one JSON document
+        r = runner.invoke(cli, ["verify", "--strict", "--max-listed", "1"], env=env)  # the people's form: rule names
+        assert r.exit_code == 1 and "violation missing-derived: no accepted-by-time entry" in r.stdout
+        assert "... and 17 more missing-derived violations" in r.stdout
 
         r = runner.invoke(cli, ["walk", "start", "--agent", "no-such-agent", "--json"], env=env)
         assert r.exit_code == 2 and "no acceptance records" in json.loads(r.stdout)["reason"]

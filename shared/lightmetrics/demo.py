@@ -38,7 +38,7 @@ from lightmetrics.cli.output import err_console, grid
 from lightmetrics.frame import Sample, encode_frame
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec
-from lightmetrics.ledger import check_acknowledged, missing_derived
+from lightmetrics.ledger import check_acknowledged, missing_derived, missing_derived_lines
 from lightmetrics.local.collectors import CollectorFleet, collector_environment
 from lightmetrics.manifests import AcceptedBatchManifest
 from lightmetrics.store import S3ObjectStore, s3_client_config
@@ -355,8 +355,7 @@ def _check_derived(report: DemoReport, store: S3ObjectStore, codec: KeyCodec, ma
     """Every accepted batch has all its derived entries (three LISTs, not a request per batch)."""
     missing = missing_derived(store, codec, manifests)
     report.derived = {"batches": len(manifests), "missing": dict(missing), "complete": not missing}
-    for kind, n in missing.items():
-        report.violations.append(f"{n} accepted batches lack their {kind} entry")
+    report.violations += missing_derived_lines(missing)
 
 
 #: how many entries of each accepted-* index the walk phase deletes
@@ -440,7 +439,7 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
         "acknowledged": [a.to_json() for a in checked.acknowledged],
     }
     for v in checked.violations[:20]:
-        report.violations.append(f"verify: {v.kind}: {v.detail}: {', '.join(v.keys)}")
+        report.violations.append(f"verify: {v.rule}: {v.detail}: {', '.join(v.keys)}")
 
 
 def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:

@@ -64,7 +64,8 @@ def _run(system: Any, runtime: Any) -> dict[str, Any]:
     audit = run_audit(spark, inv.inventory_dataframe(spark, report_inv, access), access, run_id=run_id,
                       now_s=now_ns // _NS, retry_horizon_s=settings.retry_horizon_s, inventory_info=report_inv.to_json())
     out["audit"] = {"run_id": run_id, "summary": f"s3://{settings.bucket}/{audit.summary_key}",
-                    "candidates": audit.candidates, "confirmed": audit.confirmed, "seconds": round(audit.seconds, 1)}
+                    "candidates": audit.candidates, "confirmed": audit.confirmed,
+                    "confirmed_by_rule": audit.confirmed_by_rule, "seconds": round(audit.seconds, 1)}
 
     # 3. rollup of the demo's acceptance hours (open: see the module docstring)
     table = system.work_context().table
@@ -124,6 +125,7 @@ def _attach(report: Any, result: dict[str, Any]) -> None:
         rows = [
             ("inventory rows (snapshot)", result.get("inventory", {}).get("rows")),
             ("audit findings confirmed", json.dumps(audit.get("confirmed", {}), sort_keys=True)),
+            ("audit findings by rule", json.dumps(audit.get("confirmed_by_rule", {}), sort_keys=True)),
             ("audit summary", audit.get("summary")),
             ("rollup hours", ", ".join(f"{h['hour']} gen {h['generation']} ({h['status']})" for h in rollup.get("hours", []))),
             ("open hours rolled up (demo only)", ", ".join(rollup.get("open_hours_rolled_up", [])) or "none"),

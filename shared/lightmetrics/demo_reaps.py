@@ -114,7 +114,7 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
         "orphans": len(planted["orphans"]), "orphans_purged": orphans_gone, "expired_hour": planted["hour"],
         "expired_batches": len(planted["expired"]), "expired_blobs_purged_manifests_kept": expired_ok,
         "watermark_from": w_source, "gc": runs.get("gc"), "retention": runs.get("retention"),
-        "verify_ok": checked.ok, "verify_reaped": checked.checked.get("reaped (blob gone, hour tombstoned)", 0),
+        "verify_ok": checked.ok, "verify_reaped": checked.expected.get("reaped", 0),
         "seconds": round(time.monotonic() - t0, 1),
     }
     report.reaps["ok"] = bool(
@@ -124,7 +124,7 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
     if not report.reaps["ok"]:
         report.violations.append(f"reaps: {report.reaps}")
     for v in checked.violations[:20]:
-        report.violations.append(f"verify after reaps: {v.kind}: {v.detail}: {', '.join(v.keys)}")
+        report.violations.append(f"verify after reaps: {v.rule}: {v.detail}: {', '.join(v.keys)}")
 
 
 def summary_rows(report: Any) -> list[tuple[str, Any]]:

@@ -12,6 +12,9 @@ duplicate) and the batches they still hold. The check, from authoritative reads:
 * every accepted batch has its three derived entries (after the indexers drained, one reconcile
   and one walk).
 
+Each decision is a predicate of :mod:`lightmetrics.invariants`, and each violation line starts
+with its rule's name (``blob-missing: ...``), the names ``lmctl verify`` and the audit use.
+
 Blob presence and derived entries come from listings (one LIST pass per prefix), records from
 concurrent GETs: the check costs a request per identity, not per object in the bucket.
 
@@ -28,6 +31,7 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from lightmetrics import invariants as inv
 from lightmetrics.errors import KeyLayoutError
 from lightmetrics.identity import BatchIdentity
 from lightmetrics.keys import KeyCodec, KeyKind, ParsedKey, UtcHour
@@ -42,7 +46,12 @@ class LedgerCheck:
     verified: int = 0
     reaped: int = 0  # acknowledged, record present, blob gone because its hour was reaped
     manifests: dict[BatchIdentity, AcceptedBatchManifest] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)  # "<rule>: <identity>: <detail>"
+    rules: Counter[str] = field(default_factory=Counter)  # violations per rule name
+
+    def violate(self, rule: inv.Rule, ident: BatchIdentity, detail: str) -> None:
+        self.rules[rule.name] += 1
+        self.violations.append(f"{rule.name}: {ident}: {detail}")
 
 
 def tombstoned_hours(store: S3ObjectStore, codec: KeyCodec, scope: str = "raw") -> set[UtcHour]:
@@ -72,31 +81,33 @@ def check_acknowledged(store: S3ObjectStore, codec: KeyCodec, acked: Mapping[Bat
     with ThreadPoolExecutor(workers) as pool:
         records = dict(zip(acked, pool.map(lambda i: store.get(codec.accepted(i)), acked)))
     for ident, hashes in acked.items():
-        hashes = set(hashes)
-        if len(hashes) != 1:
-            check.violations.append(f"{ident}: acknowledged with {len(hashes)} different hashes")
-            continue
         raw = records[ident]
-        if raw is None:
-            check.violations.append(f"{ident}: acknowledged but no acceptance record")
+        manifest = AcceptedBatchManifest.from_bytes(raw) if raw is not None else None
+        rule = inv.acknowledged_state(hashes=hashes, record_sha=manifest.frame_sha256 if manifest else None)
+        if rule is not None:
+            check.violate(rule, ident, {
+                inv.ACKNOWLEDGED_TWICE: f"acknowledged with {len(set(hashes))} different hashes",
+                inv.ACKNOWLEDGED_NOT_ACCEPTED: "acknowledged but no acceptance record",
+            }.get(rule, f"record hash {manifest and manifest.frame_sha256} differs from the acknowledged one"))
             continue
-        manifest = AcceptedBatchManifest.from_bytes(raw)
-        if manifest.frame_sha256 not in hashes:
-            check.violations.append(f"{ident}: record hash {manifest.frame_sha256} differs from the acknowledged one")
-            continue
+        assert manifest is not None  # acknowledged_state: no record is a rule
         check.manifests[ident] = manifest
-        if manifest.raw_blob_key in blobs:
+        # Presence only (blob_size 0 for "there"): verify and the audit compare sizes too.
+        state = inv.blob_state(blob_size=0 if manifest.raw_blob_key in blobs else None, record_bytes=None,
+                               hour_tombstoned=UtcHour.of_unix_ns(manifest.accepted_at_unix_ns) in tombstoned)
+        if state is None:
             check.verified += 1
-        elif UtcHour.of_unix_ns(manifest.accepted_at_unix_ns) in tombstoned:
+        elif state is inv.REAPED:
             check.reaped += 1
         else:
-            check.violations.append(f"{ident}: blob {manifest.raw_blob_key} missing and its hour is not reaped")
+            check.violate(state, ident, f"blob {manifest.raw_blob_key} missing and its hour is not reaped")
     return check
 
 
 def missing_derived(store: S3ObjectStore, codec: KeyCodec,
                     manifests: Mapping[BatchIdentity, AcceptedBatchManifest]) -> Counter[str]:
-    """How many of ``manifests`` lack each derived entry (hours tombstoned by retention excused)."""
+    """How many of ``manifests`` lack each derived entry, per index (each one a ``missing-derived``
+    violation; hours tombstoned by retention excused: :func:`lightmetrics.invariants.derived_entry_state`)."""
     by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=_ALL))
     by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=_ALL))
     blob_shas = {p.sha256 for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=_ALL)
@@ -105,12 +116,16 @@ def missing_derived(store: S3ObjectStore, codec: KeyCodec,
     missing: Counter[str] = Counter()
     for ident, m in manifests.items():
         hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
-        if hour in tombstoned:
-            continue
-        if codec.accepted_by_time(hour, ident) not in by_time:
-            missing["accepted-by-time"] += 1
-        if codec.accepted_by_blob(m.frame_sha256, ident) not in by_blob:
-            missing["accepted-by-blob"] += 1
-        if m.frame_sha256 not in blob_shas:
-            missing["raw-blobs-by-time"] += 1
+        present = {"accepted-by-time": codec.accepted_by_time(hour, ident) in by_time,
+                   "accepted-by-blob": codec.accepted_by_blob(m.frame_sha256, ident) in by_blob,
+                   "raw-blobs-by-time": m.frame_sha256 in blob_shas}
+        for index, ok in present.items():
+            if inv.is_violation(inv.derived_entry_state(entry_present=ok, hour_tombstoned=hour in tombstoned)):
+                missing[index] += 1
     return missing
+
+
+def missing_derived_lines(missing: Mapping[str, int]) -> list[str]:
+    """:func:`missing_derived`'s counts as violation lines, named by their rule."""
+    return [f"{inv.MISSING_DERIVED.name}: {n} accepted batches lack their {index} entry"
+            for index, n in sorted(missing.items()) if n]

@@ -251,7 +251,7 @@ def _periodic(stop: threading.Event, every_s: float, job: Any, first_after_s: fl
 def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> SoakReport:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lightmetrics.ledger import check_acknowledged, missing_derived
+    from lightmetrics.ledger import check_acknowledged, missing_derived, missing_derived_lines
     from lightmetrics.local.collectors import CollectorFleet, collector_environment
     from lightmetrics.local.server import RemoteRuntime
     from lightmetrics.local.system import LocalSystem
@@ -401,7 +401,7 @@ def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> So
                              "violations": [v.to_json() for v in checked.violations[:20]],
                              "acknowledged": len(checked.acknowledged)}
             for v in checked.violations[:20]:
-                report.violations.append(f"verify: {v.kind}: {v.detail}")
+                report.violations.append(f"verify: {v.rule}: {v.detail}")
             acked: dict[BatchIdentity, set[str]] = {}
             for a in agents:
                 for o in a.outcomes:
@@ -423,8 +423,7 @@ def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> So
                     if ident in acked and acked[ident] != {sha}:
                         report.violations.append(f"{ident}: acknowledged {acked[ident]} but the spool held {sha}")
             missing = missing_derived(store, codec, ledger.manifests)
-            for kind, n in missing.items():
-                report.violations.append(f"{n} accepted batches lack their {kind} entry")
+            report.violations += missing_derived_lines(missing)
             report.counters["S3 requests (all components)"] = runtime.request_count("s3")
             report.phases["verdict"] = time.monotonic() - mark
             for a in agents:

@@ -129,7 +129,10 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
         rows = [(c, report.candidates.get(c, 0), report.confirmed.get(c, 0), len(report.files.get(c, [])))
                 for c in report.candidates]
         console.print(grid(f"audit run {report.run_id} ({report.rows_scanned} inventory rows, {report.seconds:.1f} s)",
-                           ["finding", "#candidates", "#confirmed", "#files"], rows))
+                           ["category (folder)", "#candidates", "#confirmed", "#files"], rows))
+        if report.confirmed_by_rule:
+            console.print(grid("confirmed by rule (docs/protocol.md §13.1)", ["rule", "#confirmed"],
+                               sorted(report.confirmed_by_rule.items())))
         console.print(f"summary: s3://{settings.bucket}/{report.summary_key}")
     sys.exit(code)
 

@@ -215,7 +215,7 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
 @click.command("verify")
 @click.option("--strict", is_flag=True, help="Require every derived entry, not only those before the watermark "
                                              "(for a quiet system, e.g. right after a walk).")
-@click.option("--max-listed", type=int, default=20, show_default=True, help="Violations printed per kind.")
+@click.option("--max-listed", type=int, default=20, show_default=True, help="Violations printed per rule.")
 @config_options
 @json_option
 def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool) -> None:
@@ -233,24 +233,25 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
         emit_json(report.to_json())
         sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)
     console.print(grid("objects per prefix", ["prefix", "#objects"], sorted(report.counts.items())))
-    console.print(kv_table("checked", list(report.checked.items()) + [(f"pending ({k}, after W)", v)
-                                                                      for k, v in sorted(report.pending.items())]))
+    console.print(kv_table("checked", list(report.checked.items())
+                           + [(f"expected: {k}", v) for k, v in sorted(report.expected.items())]
+                           + [(f"pending ({k}, after W)", v) for k, v in sorted(report.pending.items())]))
     console.print(grid("completeness watermarks", ["index", "W"],
                        [(k, utc_text(v) or "(none yet)") for k, v in report.watermarks.items()]))
     shown: dict[str, int] = {}
     for v in report.violations:
-        shown[v.kind] = shown.get(v.kind, 0) + 1
-        if shown[v.kind] <= max_listed:
-            console.print(f"[red]violation[/] {v.kind}: {v.detail}")
+        shown[v.rule] = shown.get(v.rule, 0) + 1
+        if shown[v.rule] <= max_listed:
+            console.print(f"[red]violation[/] {v.rule}: {v.detail}")
             for key in v.keys:
                 console.print(f"    {key}")
-    for kind, n in shown.items():
+    for rule, n in shown.items():
         if n > max_listed:
-            console.print(f"[red]... and {n - max_listed} more {kind} violations (--json lists all)[/]")
+            console.print(f"[red]... and {n - max_listed} more {rule} violations (--json lists all)[/]")
     for w in report.warnings[:max_listed]:
-        console.print(f"[yellow]warning[/] {w.kind}: {w.detail}: {', '.join(w.keys)}")
+        console.print(f"[yellow]warning[/] {w.rule}: {w.detail}: {', '.join(w.keys)}")
     for a in report.acknowledged:
-        console.print(f"[dim]acknowledged (blocker skipped)[/] {a.kind}: {a.detail}: {', '.join(a.keys)}")
+        console.print(f"[dim]acknowledged (blocker skipped)[/] {a.rule}: {a.detail}: {', '.join(a.keys)}")
     label = "[bold green]no violations[/]" if report.ok else f"[bold red]{len(report.violations)} violations[/]"
     console.print(f"{label}, {len(report.warnings)} warnings, {len(report.acknowledged)} acknowledged")
     sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)
