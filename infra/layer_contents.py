@@ -9,7 +9,7 @@ whose copy differs (:func:`differences`).
 Example:
     >>> "cli/main.py" in {str(p) for p in shipped()}
     False
-    >>> "store.py" in {str(p) for p in shipped()}
+    >>> "aws/s3_store.py" in {str(p) for p in shipped()}
     True
 
 Run as ``python -m infra.layer_contents DEST`` to (re)write the copy at ``DEST``.
@@ -27,11 +27,11 @@ SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
 #: Subpackages of ``lightmetrics`` the layer leaves out (the outer shells).
 OUTER_PACKAGES = ("local", "cli", "testing", "bench", "client")
 #: Top-level modules of ``lightmetrics`` the layer leaves out (the harnesses).
-OUTER_MODULES = ("demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py")
+OUTER_MODULES = ("harness/demo.py", "harness/demo_conflicts.py", "harness/demo_reaps.py", "harness/demo_pipeline.py", "harness/soak.py", "harness/ledger.py")
 #: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``,
 #: ``cost``, ``conflicts show``, ``env --stack``; the state machines' definitions are rendered at
 #: synth and by the local runtime). A test keeps this list equal to what no function reaches.
-OPERATOR_MODULES = ("verify.py", "cost_model.py", "identity_view.py", "stack_outputs.py", "statemachines.py")
+OPERATOR_MODULES = ("derived/verify.py", "deployment/cost_model.py", "ops/identity_view.py", "deployment/stack_outputs.py", "deployment/statemachines.py")
 
 
 def _files(root: Path) -> list[Path]:

@@ -53,13 +53,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.errors import ManifestError
-from lightmetrics.gc import resolution_settles
-from lightmetrics.identity import BatchIdentity, hex_to_id
-from lightmetrics.indexing import parse_record
-from lightmetrics.keys import UtcHour
-from lightmetrics.manifests import AcceptedBatchManifest, canonical_json
-from pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
+from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
+
+from lightmetrics.derived.indexing import parse_record
+from lightmetrics.protocol.errors import ManifestError
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
+from lightmetrics.reaps.gc import resolution_settles
 
 CATEGORIES = ("repair", "derived-without-source", "integrity", "orphan-blob-candidates", "overlapping-ranges")
 
@@ -208,7 +209,7 @@ class MarkedBlobs(frozenset):  # type: ignore[type-arg]
 def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
     """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
     §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
-    from lightmetrics.reap.marks import read_marks_items
+    from lightmetrics.reaps.gc_marks import read_marks_items
 
     marked = MarkedBlobs(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
     marked.reader = lambda: gc_marked_blobs(table, codec)
@@ -223,7 +224,7 @@ class _Live:
     """Live reads inside an executor (one per task; tombstone HEADs cached per hour)."""
 
     def __init__(self, access: S3Access) -> None:
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         self.store = s3io.store(access)
         self.codec = access.codec
@@ -447,9 +448,8 @@ def _writer(access: S3Access, prefix_key: str, accumulator: Any) -> Any:
 
     def write(batches: Any) -> Any:
         import pandas as pd
+        from lightmetrics_pipeline import s3io
         from pyspark import TaskContext
-
-        from pipeline import s3io
 
         by_file: dict[tuple[str, int], list[str]] = {}
         for pdf in batches:
@@ -748,7 +748,7 @@ def run_audit(
 
 def read_findings(access: S3Access, run_id: str, category: str) -> list[dict[str, Any]]:
     """Every row of one category of a committed run (the walk and the GC read these)."""
-    from pipeline import s3io
+    from lightmetrics_pipeline import s3io
 
     st = s3io.store(access)
     prefix = access.codec.audit_run(run_id)

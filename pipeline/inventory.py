@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
 
-from pipeline.s3io import S3Access, client, put_if_absent, s3_errors, store
+from lightmetrics_pipeline.s3io import S3Access, client, put_if_absent, s3_errors, store
 
 VERSION = "2016-11-30"
 CONFIG_ID = "weekly-parquet"  # infra/components/storage.py INVENTORY_ID
@@ -478,7 +478,7 @@ def read_data_file(data: bytes, file_format: str, file_schema: str) -> Any:
 
 def _read_files_udf(file_format: str, file_schema: str, access: S3Access | None) -> Any:
     def read(batches: Iterator[Any]) -> Iterator[Any]:
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         for pdf in batches:
             for ref, bucket, md5 in zip(pdf["ref"], pdf["bucket"], pdf["md5"]):
@@ -633,7 +633,7 @@ def snapshot(access: S3Access, destination: Destination, *, file_format: str = "
     report; ``progress`` is told each prefix and every 100,000 versions listed."""
     from itertools import chain
 
-    from lightmetrics.resources import LAYOUT_PREFIXES
+    from lightmetrics.deployment.resources import LAYOUT_PREFIXES
 
     # The key layout of the namespace (docs/protocol.md §3); anything else in the bucket — such as
     # earlier reports written next to it locally — is not part of the authority's inventory.

@@ -86,7 +86,7 @@ def test_services_reach_storage_only_through_the_ports() -> None:
 
 def test_functions_keep_their_state_one_way() -> None:
     """Issue 16: every function builds what it keeps per container with
-    :class:`lightmetrics.per_container.PerContainer` — no ``global`` rebinding, no state dicts."""
+    :class:`lightmetrics.lambda_shell.per_container.PerContainer` — no ``global`` rebinding, no state dicts."""
     found = []
     for p in sorted((ROOT / "functions").rglob("*.py")):
         tree = ast.parse(p.read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@
 * The GC role is the only role allowed to delete under ``raw-blobs/v1/`` (versions included); the
   retention role deletes derived prefixes only.
 * The reap state machine's schedules: daily GC with an explicit ``dry_run``; retention disabled.
-* The GcRestored alarm reads the metric lightmetrics.gc emits.
+* The GcRestored alarm reads the metric lightmetrics.reaps.gc emits.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from test_infra import BUCKET, NS, as_list, logical_id, render, resources
 
-from lightmetrics.resources import SPEC
+from lightmetrics.deployment.resources import SPEC
 
 PROTECTED = ("accepted/v1/", "quarantine/v1/", "conflict-resolutions/v1/", "retention/v1/")
 DERIVED = ("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/",

@@ -13,9 +13,9 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, measured_run
 from walk_support import set_last_modified
 
-from lightmetrics import reconcile
-from lightmetrics.indexing import KIND_REPAIR
-from lightmetrics.store import TransientStoreError
+from lightmetrics.derived.indexing import KIND_REPAIR
+from lightmetrics.protocol.derived_entries import reconcile
+from lightmetrics.protocol.object_store import TransientStoreError
 
 _NS = 1_000_000_000
 

@@ -17,11 +17,12 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, measured_run
 from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
 
-from lightmetrics import crashpoints, reconcile
-from lightmetrics.identity import MAX_ID_BYTES, BatchIdentity
-from lightmetrics.keys import KeyCodec
-from lightmetrics.reconcile import CP_PROGRESS_SAVED, FAILED_ENTRIES_MAX
-from lightmetrics.request_counter import RequestCounter
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED, FAILED_ENTRIES_MAX
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.derived_entries import reconcile
+from lightmetrics.protocol.identity import MAX_ID_BYTES, BatchIdentity
+from lightmetrics.protocol.keys import KeyCodec
 
 #: saves inside an hour every N checked entries, in these tests
 N = 4
@@ -183,6 +184,6 @@ def test_the_checkpoint_with_every_failure_it_may_list_stays_far_below_the_item_
 
 
 def test_the_cost_model_saves_as_often_as_the_reconciler():  # type: ignore[no-untyped-def]
-    from lightmetrics.cost_model import Assumptions
+    from lightmetrics.deployment.cost_model import Assumptions
 
     assert Assumptions().reconcile_save_every == reconcile.SAVE_EVERY_ENTRIES

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token, verify_token
-from lightmetrics.errors import AuthError, InvalidIdentityError
-from lightmetrics.identity import MAX_SEQ, BatchIdentity
-from lightmetrics.ingest_http import HttpRequest, IngestService
-from lightmetrics.keys import PREFIXES, KeyCodec, UtcHour
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token, verify_token
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
+from lightmetrics.protocol.errors import AuthError, InvalidIdentityError
+from lightmetrics.protocol.identity import MAX_SEQ, BatchIdentity
+from lightmetrics.protocol.keys import PREFIXES, KeyCodec, UtcHour
 
 K1, K2 = "1" * 64, "2" * 64
 LIMIT = 4096

@@ -46,10 +46,10 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     indexers, and the reconciler and DLQ sweeper on a schedule. Prints `export ...` lines that
     point lmctl and any boto3 client here.
     """
-    from lightmetrics.errors import ConfigError
     from lightmetrics.local.environment import local_env_file
     from lightmetrics.local.server import IngestHTTPServer, LocalRuntime, env_exports
     from lightmetrics.local.system import LocalSystem
+    from lightmetrics.protocol.errors import ConfigError
 
     try:
         runtime = LocalRuntime(port=port).start()
@@ -136,10 +136,10 @@ def local_collector(port: int, ready_file: str | None) -> None:
 
     Configured entirely by LM_* variables, like the Lambda. Used by the demo's collector processes.
     """
-    from lightmetrics.config import Settings
-    from lightmetrics.errors import ConfigError
+    from lightmetrics.composition.config import Settings
     from lightmetrics.local.hosting import install_from_env
     from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.protocol.errors import ConfigError
 
     try:
         install_from_env()  # this process hosts the ingest function: LM_FAULTS etc. are read here
@@ -176,12 +176,12 @@ def demo_cmd(scale: str | None, port: int, report_json: str | None, as_json: boo
 
     Exit 0 when every acknowledged batch has its manifest (same hash) and blob; 1 otherwise.
     """
-    from lightmetrics.demo import SCALES, run_demo
+    from lightmetrics.harness.demo import SCALES, run_demo
 
     scale = scale or os.environ.get("LM_DEMO_SCALE") or "quick"
     if scale not in SCALES:
         fail(f"LM_DEMO_SCALE must be one of {sorted(SCALES)}, got {scale!r}", EXIT_USAGE, as_json=as_json)
-    from pipeline.session import JavaMissing, require_java
+    from lightmetrics_pipeline.session import JavaMissing, require_java
 
     try:
         require_java()  # the pipeline phase needs it: say so before minutes of work, not after

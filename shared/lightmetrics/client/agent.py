@@ -54,10 +54,10 @@ from lightmetrics.client.backoff import BackoffPolicy
 from lightmetrics.client.errors import AuthRejected, ClientConfigError, SpoolError
 from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile
 from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, Transport, TransportError
-from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.errors import FrameError, InvalidIdentityError
-from lightmetrics.frame import validate_frame
-from lightmetrics.identity import BatchIdentity, id_header_value, validate_id
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.errors import FrameError, InvalidIdentityError
+from lightmetrics.protocol.frame import validate_frame
+from lightmetrics.protocol.identity import BatchIdentity, id_header_value, validate_id
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Example::
 
     >>> from lightmetrics.local import LocalRuntime, provision
-    >>> from lightmetrics.resources import SPEC
+    >>> from lightmetrics.deployment.resources import SPEC
     >>> with LocalRuntime(port=4566) as rt:                                  # doctest: +SKIP
     ...     provision(rt, SPEC, bucket="lightmetrics-local", table="lightmetrics-control",
     ...               secret_name="lightmetrics/ingest-tokens")

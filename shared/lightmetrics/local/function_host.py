@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
 
-from lightmetrics.resources import SPEC, FunctionSpec
+from lightmetrics.deployment.resources import SPEC, FunctionSpec
 
 __all__ = ["FunctionHost", "Handler", "LambdaContext", "function_name_from", "invoke_handler"]
 

@@ -38,10 +38,10 @@ from urllib.parse import parse_qsl
 
 from werkzeug.serving import ThreadedWSGIServer
 
-from lightmetrics.hosting import Host, install
+from lightmetrics.composition.hosting import Host, install
+from lightmetrics.deployment.resources import SPEC, ResourceSpec
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler, LambdaContext
 from lightmetrics.local.hosting import install_from_env
-from lightmetrics.resources import SPEC, ResourceSpec
 
 __all__ = [
     "ACCOUNT_ID",
