@@ -19,9 +19,9 @@ Spark's double ``sum`` is not. Each value arrives split into exact integer parts
 (:func:`lightmetrics_pipeline.chunks.exact_parts`: ``mant × 2^shift`` per exponent bucket ``exp_b``), summed
 exactly as DECIMAL(38, 0) per bucket in SQL; the encoding step (:func:`encode_chunk_row`) adds
 the few bucket sums of a window as Python integers and rounds once
-(:func:`lightmetrics_pipeline.chunks.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark compares -0.0
-and 0.0 equal) comes from the zero store's key. The per-series Python of :func:`lightmetrics_pipeline.chunks.aggregate_window` stays as the
-reference the tests compare this against, bit for bit.
+(:func:`lightmetrics_pipeline.chunks.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark
+compares -0.0 and 0.0 equal) comes from the zero store's key. The per-series Python of
+:func:`lightmetrics_pipeline.chunks.aggregate_window` stays as the reference the tests compare this against, bit for bit.
 
 Example:
     >>> rows = chunk_rows(samples, partitions=8)                      # doctest: +SKIP
@@ -33,9 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightmetrics_pipeline import chunks as C
-
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline import chunks as C
 
 #: ``chunk_rows`` output: one row per (hour, series, window).
 CHUNK_ROW_COLUMNS = ("hour_s", "series", "window", "rows", "ts_min", "ts_max", "manifest_ids")

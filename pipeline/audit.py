@@ -53,14 +53,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
-
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.protocol.errors import ManifestError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
 from lightmetrics.reaps.gc import resolution_settles
+from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 
 CATEGORIES = ("repair", "derived-without-source", "integrity", "orphan-blob-candidates", "overlapping-ranges")
 
@@ -448,8 +447,9 @@ def _writer(access: S3Access, prefix_key: str, accumulator: Any) -> Any:
 
     def write(batches: Any) -> Any:
         import pandas as pd
-        from lightmetrics_pipeline import s3io
         from pyspark import TaskContext
+
+        from lightmetrics_pipeline import s3io
 
         by_file: dict[tuple[str, int], list[str]] = {}
         for pdf in batches:

@@ -19,13 +19,12 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from lightmetrics_pipeline.chunks import exact_parts, series_key, sketch_keys
-from lightmetrics_pipeline.s3io import S3Access
-
 from lightmetrics.protocol.errors import FrameError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.frame import decode_frame, samples_block
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics_pipeline.chunks import exact_parts, series_key, sketch_keys
+from lightmetrics_pipeline.s3io import S3Access
 
 SAMPLE_COLUMNS = ["hour_s", "manifest_id", "series", "ts_ns", "value", "ord", "sk_store", "sk_key", "exp_b", "mant",
                   "shift", "error"]
@@ -187,6 +186,7 @@ def fetch_and_decode(access: S3Access, accumulator: Any, workers: int = 16) -> A
 
         import numpy as np
         import pandas as pd
+
         from lightmetrics_pipeline import s3io
 
         cache: dict[bytes, str] = {}

@@ -15,11 +15,10 @@ import sys
 import time
 from typing import Any
 
-from lightmetrics_pipeline.s3io import S3Access
-
 from lightmetrics.composition.config import Settings
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import UtcHour, hours_between
+from lightmetrics_pipeline.s3io import S3Access
 
 
 def _spark(master: str | None) -> Any:
@@ -31,10 +30,9 @@ def _spark(master: str | None) -> Any:
 def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_ns: int | None = None,
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
               table: Any = None, progress: Any = None) -> Any:
+    from lightmetrics.composition.services import control_table
     from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
     from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
-
-    from lightmetrics.composition.services import control_table
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
     spark = spark or _spark(master)
@@ -62,9 +60,8 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
                recompute: bool = False, owner: str | None = None, access: S3Access | None = None, spark: Any = None,
                clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]",
                progress: Any = None) -> Any:
-    from lightmetrics_pipeline.rollup import RollupJob
-
     from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline.rollup import RollupJob
 
     access = access or S3Access.from_settings(settings, component="pipeline-rollup")
     table = table or control_table(settings)
@@ -99,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         report = audit_job(settings, args.inventory, run_id=args.run_id, master=None)
         print(json.dumps(report.to_json(), sort_keys=True))
         return 1 if report.violations else 0
-    from lightmetrics_pipeline.lease import LeaseHeld
-
     from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline.lease import LeaseHeld
 
     table = control_table(settings)
     try:

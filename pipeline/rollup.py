@@ -37,14 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.ops.leases import lease_rule_broken
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics_pipeline import chunks as C
 from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from lightmetrics_pipeline.lease import Lease
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
-
-from lightmetrics.ops.leases import lease_rule_broken
-from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.protocol.keys import KeyKind, UtcHour
 
 #: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
 #: (batches) per decode task, chunks per write task; each count is capped.
@@ -162,6 +161,7 @@ def _list_agents(access: S3Access, accumulator: Any) -> Any:
 
     def run(batches: Any) -> Any:
         import numpy as np
+
         from lightmetrics_pipeline import s3io
 
         for pdf in batches:
@@ -185,6 +185,7 @@ def _list_ranges(access: S3Access, accumulator: Any) -> Any:
 
     def run(batches: Any) -> Any:
         import numpy as np
+
         from lightmetrics_pipeline import s3io
 
         codec = access.codec
@@ -229,6 +230,7 @@ def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: An
         from concurrent.futures import ThreadPoolExecutor
 
         import pyarrow as pa
+
         from lightmetrics_pipeline import s3io
         from lightmetrics_pipeline.aggregate import encode_chunk_row
 
@@ -275,6 +277,7 @@ def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any
 
     def build(pdf: Any) -> Any:
         import pandas as pd
+
         from lightmetrics_pipeline import s3io
 
         hour_s, part, parts = int(pdf["hour_s"].iloc[0]), int(pdf["part"].iloc[0]), int(pdf["parts"].iloc[0])
@@ -334,8 +337,9 @@ def chunk_writes(samples: Any, access: S3Access, generations: dict[int, int], ac
     """The chunks of the decoded ``samples`` (error rows left out), aggregated in Spark SQL and
     written in ``write_tasks`` tasks: the aggregation's repartition by (hour, series) has that
     explicit count, and nothing shuffles after it, so the writes run in exactly that many tasks."""
-    from lightmetrics_pipeline.aggregate import chunk_rows
     from pyspark.sql import functions as F
+
+    from lightmetrics_pipeline.aggregate import chunk_rows
 
     rows = chunk_rows(samples.where(F.col("error").isNull()).drop("error"), write_tasks)
     return rows.mapInArrow(_count_tasks(tasks, "write", _write_chunks(access, generations, accumulator)),
@@ -378,9 +382,10 @@ class RollupJob:
 
     def plan(self, hours: list[UtcHour], *, first_open: UtcHour | None, allow_open: bool = False,
              recompute: bool = False) -> RollupPlan:
-        from lightmetrics_pipeline import s3io
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
+
+        from lightmetrics_pipeline import s3io
 
         acc = counter_accumulator(self.spark)
         requests = Tally()

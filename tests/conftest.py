@@ -16,11 +16,15 @@ from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import accept_context
 from lightmetrics.harness.testing.faults import FaultInjector
 from lightmetrics.local.environment import local_environment
+from lightmetrics.local.function_code import import_functions
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.retry import RetryPolicy
+
+# functions/ is the Lambda code asset, not an installed package: tests import it under its Lambda name
+import_functions()
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
 

@@ -10,7 +10,6 @@ from collections import defaultdict
 from typing import Any
 
 from conftest import FAST, T0_NS
-from lightmetrics_pipeline.s3io import S3Access
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
@@ -19,6 +18,7 @@ from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline.s3io import S3Access
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
 WINDOWS = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
@@ -98,6 +98,7 @@ def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
     sketch bin computed as ``lightmetrics_pipeline.decode`` does, and NaN as null — what a NaN becomes when
     ``mapInPandas`` hands pandas output to Spark."""
     import numpy as np
+
     from lightmetrics_pipeline.chunks import exact_parts, sketch_keys
     from lightmetrics_pipeline.decode import SAMPLE_SCHEMA
 

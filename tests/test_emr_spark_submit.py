@@ -30,13 +30,13 @@ from typing import Any
 
 import pytest
 from conftest import T0_NS
-from lightmetrics_pipeline.rollup import read_committed
 from pipeline_support import H0, accept_indexed, access_for, varied_samples
 from test_infra_pipeline import _assets, _of, _template
 
 from lightmetrics.local.environment import local_environment
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline.rollup import read_committed
 
 NEXT = H0.next()
 DEPLOYED = "<deployed>"  # a reference the deployment resolves (a bucket or table name)
@@ -84,6 +84,7 @@ def _job_python(path: str) -> str:
 def test_emr_main_runs_under_spark_submit_with_the_synthesized_bundle_and_arguments(
         cdk_synth, runtime, clock, tmp_path):  # type: ignore[no-untyped-def]
     import pyspark
+
     from lightmetrics_pipeline.session import LOCAL_CONF, LOG4J2_FILE
 
     args, entry_point, parameters = _rollup_job_run(cdk_synth)

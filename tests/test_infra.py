@@ -610,13 +610,13 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
 
 def test_alarm_metric_names_are_the_ones_the_code_emits() -> None:
     handler = (ROOT / "functions" / "ingest" / "app.py").read_text()
-    accept = (ROOT / "shared" / "lightmetrics" / "accept.py").read_text()
+    accept = (ROOT / "shared" / "lightmetrics" / "acceptance" / "accept.py").read_text()
     assert 'name="Ingest5xx"' in handler and 'service="ingest"' in handler
     assert 'os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics")' in handler
     assert 'name="InvariantViolation"' in accept
-    work = (ROOT / "shared" / "lightmetrics" / "work.py").read_text()
-    reconcile = (ROOT / "shared" / "lightmetrics" / "reconcile.py").read_text()
-    indexing = (ROOT / "shared" / "lightmetrics" / "indexing.py").read_text()
+    work = (ROOT / "shared" / "lightmetrics" / "ops" / "work.py").read_text()
+    reconcile = (ROOT / "shared" / "lightmetrics" / "derived" / "reconcile.py").read_text()
+    indexing = (ROOT / "shared" / "lightmetrics" / "derived" / "indexing.py").read_text()
     assert 'name="BlockersOpened"' in work and 'name="ReconcilerLagSeconds"' in reconcile
     assert 'alarm="IntegrityViolation"' in indexing and 'alarm="InvariantViolation"' in indexing
 

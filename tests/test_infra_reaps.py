@@ -105,5 +105,5 @@ def test_gc_restored_alarm_reads_the_metric_gc_emits(cdk_synth: Any) -> None:
     assert (restored["MetricName"], restored["Namespace"]) == ("GcRestored", "Lightmetrics")
     assert restored["Dimensions"] == [{"Name": "service", "Value": SPEC.function("reap-gc").service}]
     assert "Lightmetrics-ReapExecutionsFailed" in alarms
-    gc_source = (Path(__file__).parents[1] / "shared" / "lightmetrics" / "gc.py").read_text()
+    gc_source = (Path(__file__).parents[1] / "shared" / "lightmetrics" / "reaps" / "gc.py").read_text()
     assert 'name="GcRestored"' in gc_source

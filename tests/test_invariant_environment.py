@@ -176,9 +176,8 @@ def test_property_10_walk_and_reap_tasks_fail_on_a_missing_bucket_instead_of_fin
 
 
 def test_property_10_pipeline_listings_raise_for_a_missing_bucket(runtime):  # type: ignore[no-untyped-def]
-    from lightmetrics_pipeline import inventory, s3io
-
     from lightmetrics.protocol.errors import ResourceAccessError
+    from lightmetrics_pipeline import inventory, s3io
 
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
     access = s3io.S3Access(bucket=missing, endpoint_url=runtime.endpoint_url, region="us-east-1",

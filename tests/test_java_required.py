@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from lightmetrics_pipeline.session import JavaMissing, require_java
 
 from lightmetrics.cli.main import cli
+from lightmetrics_pipeline.session import JavaMissing, require_java
 
 
 def fake_java(tmp_path: Path, version_line: str) -> Path:

@@ -10,9 +10,6 @@ import time
 
 from click.testing import CliRunner
 from conftest import FAST, T0_NS, ident, make_frame
-from lightmetrics_pipeline import inventory as inv
-from lightmetrics_pipeline.audit import read_findings, run_audit
-from lightmetrics_pipeline.synthetic import generate_inventory
 from pipeline_support import access_for, make_system
 
 from lightmetrics.acceptance.accept import accept_batch
@@ -22,6 +19,9 @@ from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.audit import read_findings, run_audit
+from lightmetrics_pipeline.synthetic import generate_inventory
 
 HORIZON_S = 7 * 86400
 
@@ -183,9 +183,8 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     marks items, then the delete marker) is not a missing blob — neither for the record that names it
     (the settle restores a referenced blob) nor for its raw-blobs-by-time entry (the purge removes it).
     The same deletions without GC's recorded marks are violations."""
-    from lightmetrics_pipeline.jobs import audit_job
-
     from lightmetrics.reaps.gc_marks import page_ops
+    from lightmetrics_pipeline.jobs import audit_job
 
     system = make_system(runtime, clock)
     s3 = runtime.boto3_client("s3")
@@ -265,10 +264,9 @@ def test_audit_key_patterns_agree_with_the_key_codec() -> None:
     the groups give back the codec's fields."""
     import re
 
-    from lightmetrics_pipeline.audit import KINDS
-
     from lightmetrics.protocol.identity import BatchIdentity, id_to_hex
     from lightmetrics.protocol.keys import KeyCodec, UtcHour
+    from lightmetrics_pipeline.audit import KINDS
 
     codec = KeyCodec()
     ident = BatchIdentity.create("agent-é", "boot/ish".replace("/", "-"), 7, 10**19)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import hashlib
 
 from conftest import FAST, T0_NS, ident, make_frame
-from lightmetrics_pipeline import inventory as inv
-from lightmetrics_pipeline.audit import MarkedBlobs, gc_marked_blobs, run_audit
 from pipeline_support import access_for, make_system
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.reaps.gc_marks import page_ops
+from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.audit import MarkedBlobs, gc_marked_blobs, run_audit
 
 VIOLATIONS = ("integrity", "derived-without-source")
 

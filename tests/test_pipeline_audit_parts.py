@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 from conftest import T0_NS
+from pipeline_support import access_for, make_system
+
 from lightmetrics_pipeline import inventory as inv
 from lightmetrics_pipeline.audit import read_findings, run_audit
 from lightmetrics_pipeline.synthetic import generate_inventory
-from pipeline_support import access_for, make_system
 
 
 def test_a_big_category_is_written_as_many_parts_by_as_many_tasks(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]

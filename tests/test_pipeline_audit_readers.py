@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import pytest
+
 from lightmetrics_pipeline import inventory as inv
 
 KEYS = [

@@ -7,6 +7,9 @@ import math
 
 import pytest
 from conftest import T0_NS
+from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
+
+from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline import chunks as C
 from lightmetrics_pipeline.aggregate import chunk_rows
 from lightmetrics_pipeline.decode import per_row_udf
@@ -14,9 +17,6 @@ from lightmetrics_pipeline.lease import LeaseHeld
 from lightmetrics_pipeline.query import plot, run_query
 from lightmetrics_pipeline.rollup import GenerationTaken, RollupJob, committed_chunks, read_committed, rollup_dataframe
 from lightmetrics_pipeline.s3io import counter_accumulator, store
-from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
-
-from lightmetrics.protocol.identity import BatchIdentity
 
 NEXT = H0.next()  # the reconciler's checkpoint in these tests: H0 is closed
 
@@ -212,9 +212,9 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     import json
 
     from click.testing import CliRunner
-    from lightmetrics_pipeline.lease import Lease
 
     from lightmetrics.cli.main import cli
+    from lightmetrics_pipeline.lease import Lease
 
     accept_indexed(system, runtime, clock, _ident(3), varied_samples(3))
     table = system.work_context().table
@@ -263,9 +263,8 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
 def test_fast_frame_columns_equal_the_validating_decoder() -> None:
     import random
 
-    from lightmetrics_pipeline.decode import decode_columns, frame_columns
-
     from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
+    from lightmetrics_pipeline.decode import decode_columns, frame_columns
 
     rng = random.Random(3)
     for trial in range(150):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from lightmetrics_pipeline import rollup as R
-from lightmetrics_pipeline.rollup import RollupJob, committed_chunks, read_committed, tasks_for
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
 from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline import rollup as R
+from lightmetrics_pipeline.rollup import RollupJob, committed_chunks, read_committed, tasks_for
 
 NEXT = H0.next()
 
@@ -47,10 +47,9 @@ def test_tasks_for() -> None:
 def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
     import json
 
+    from lightmetrics.protocol.keys import KeyCodec
     from lightmetrics_pipeline import chunks as C
     from lightmetrics_pipeline.rollup import same_chunks
-
-    from lightmetrics.protocol.keys import KeyCodec
 
     codec = KeyCodec("")
     docs = [{"chunk_id": f"{i:064x}", "window": w, "metric": f"m{i % 3}", "labels": [["host", f"h{i}"]],

@@ -14,6 +14,7 @@ import click
 
 from lightmetrics.cli.options import config_options, json_option
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, strict_json
+from lightmetrics.local.function_code import import_functions
 
 
 def _wait_for_signal() -> None:
@@ -63,6 +64,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         except ConfigError as exc:
             fail(str(exc), EXIT_USAGE, as_json=as_json)
         os.environ.update(system.environment())
+        import_functions()
         from functions.ingest.app import handler
 
         assert system.settings is not None
@@ -146,6 +148,7 @@ def local_collector(port: int, ready_file: str | None) -> None:
         settings = Settings.from_env()
     except (ConfigError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
+    import_functions()
     from functions.ingest.app import handler, service
 
     service()  # fail fast on configuration, before taking traffic

@@ -254,7 +254,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
-    import importlib
+    from lightmetrics.local.function_code import import_handler_module
 
     system = _configured_context()  # one context for the looks before and after the run
     absent = _absent_objects(system, event)
@@ -267,7 +267,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
     with stdout_to_stderr():
-        handler = getattr(importlib.import_module(spec.module), spec.attr)
+        handler = getattr(import_handler_module(spec.module), spec.attr)
         try:
             result = handler(event, LambdaContext(function))
         except LightmetricsError as exc:

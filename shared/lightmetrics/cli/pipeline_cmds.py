@@ -150,11 +150,10 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
                     owner: str | None, settings: Settings, as_json: bool) -> None:
     """Roll closed acceptance hours up into rollup/v1/ chunks, index/v1/ entries and a committed
     manifests/v1/ generation (exit 5 if another run holds the lease or committed first)."""
+    from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline.jobs import rollup_job
     from lightmetrics_pipeline.lease import LeaseHeld, LeaseLost
     from lightmetrics_pipeline.rollup import GenerationTaken, NondeterministicRollup
-
-    from lightmetrics.protocol.keys import UtcHour
 
     try:
         wanted = [UtcHour.parse(h) for h in hours]

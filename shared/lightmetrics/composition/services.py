@@ -186,3 +186,8 @@ def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
         return SqsCountProbe(sqs, list(queues.values()), dlqs)
     names = [u.rstrip("/").rsplit("/", 1)[-1] for u in queues.values()]
     return CloudWatchAgeProbe(sqs, session.client("cloudwatch"), names, list(queues.values()), dlqs)
+
+
+def step_functions_client(*, session: Any = None) -> Any:
+    """A Step Functions client: the walk's and the reap's ``continue`` tasks start their next execution."""
+    return (session or boto3.session.Session()).client("stepfunctions")

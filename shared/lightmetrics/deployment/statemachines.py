@@ -58,7 +58,7 @@ def definitions_dir() -> Path:
     override = os.environ.get(DEFINITIONS_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "infra" / "statemachines"
+    return Path(__file__).resolve().parents[3] / "infra" / "statemachines"
 
 
 def load_definition(spec: StateMachineSpec) -> str:

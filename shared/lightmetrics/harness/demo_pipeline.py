@@ -37,6 +37,7 @@ def run_pipeline_phase(system: Any, runtime: Any, report: Any) -> dict[str, Any]
 
 
 def _run(system: Any, runtime: Any) -> dict[str, Any]:
+    from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline import inventory as inv
     from lightmetrics_pipeline.audit import run_audit
     from lightmetrics_pipeline.jobs import closed_boundary
@@ -44,8 +45,6 @@ def _run(system: Any, runtime: Any) -> dict[str, Any]:
     from lightmetrics_pipeline.rollup import RollupJob
     from lightmetrics_pipeline.s3io import S3Access
     from lightmetrics_pipeline.session import get_spark
-
-    from lightmetrics.protocol.keys import UtcHour
 
     settings = system.settings
     access = S3Access.from_settings(settings, endpoint_url=runtime.endpoint_url, component="pipeline-demo")

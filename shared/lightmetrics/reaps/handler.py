@@ -28,16 +28,14 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
 
     def build(metrics: Any) -> Reaper:
         from lightmetrics.composition.config import Settings
-        from lightmetrics.composition.services import work_context
+        from lightmetrics.composition.services import step_functions_client, work_context
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
                else work_context(settings, metrics=metrics, component="reap"))  # the host's clock
         sfn = None
         if step == "continue":
-            import boto3
-
-            sfn = sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")
+            sfn = sfn_factory() if sfn_factory else step_functions_client()
         return Reaper(ctx, settings, sfn_client=sfn)
 
     return task_handler("reap", step, STEPS, build=build,

@@ -29,17 +29,15 @@ def walk_task_handler(
     from lightmetrics.lambda_shell.task_handler import task_handler
 
     def build(metrics: Any) -> Walker:
-        import boto3
-
         from lightmetrics.composition.config import Settings
-        from lightmetrics.composition.services import work_context
+        from lightmetrics.composition.services import step_functions_client, work_context
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         if work_context_factory:
             ctx = work_context_factory(settings, metrics=metrics)
         else:
             ctx = work_context(settings, metrics=metrics, component="walk")
-        sfn = (sfn_factory() if sfn_factory else boto3.session.Session().client("stepfunctions")) \
+        sfn = (sfn_factory() if sfn_factory else step_functions_client()) \
             if step == "continue" else None
         return Walker(ctx, settings, sfn_client=sfn)
 

@@ -34,6 +34,12 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
     import os
     import uuid
 
+    from pyspark.sql import functions as F
+
+    from lightmetrics.composition.config import Settings
+    from lightmetrics.local.environment import local_environment
+    from lightmetrics.local.server import LocalRuntime
+    from lightmetrics.protocol.keys import KeyCodec, UtcHour
     from lightmetrics_pipeline import inventory as inv
     from lightmetrics_pipeline.audit import run_audit
     from lightmetrics_pipeline.decode import FRAME_SAMPLE_SCHEMA, decode_batches, per_row_udf
@@ -41,12 +47,6 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
     from lightmetrics_pipeline.s3io import S3Access
     from lightmetrics_pipeline.session import get_spark
     from lightmetrics_pipeline.synthetic import generate_inventory, load_batches
-    from pyspark.sql import functions as F
-
-    from lightmetrics.composition.config import Settings
-    from lightmetrics.local.environment import local_environment
-    from lightmetrics.local.server import LocalRuntime
-    from lightmetrics.protocol.keys import KeyCodec, UtcHour
 
     say = progress or (lambda _m: None)
     out: dict[str, Any] = {"cores": os.cpu_count(), "spark_master": "local[2]"}
@@ -170,11 +170,12 @@ def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, serie
     alone (SQL vs the previous per-series Python) on the same decoded samples."""
     from functools import partial
 
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     from lightmetrics_pipeline.rollup import RollupJob, decode_samples, tasks_for
     from lightmetrics_pipeline.s3io import counter_accumulator
     from lightmetrics_pipeline.synthetic import load_batches, series_samples
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
     accepted_at = (hour.start_unix_s + 1800) * _NS
     base = hour.start_unix_s * _NS - 3600 * _NS
@@ -218,6 +219,7 @@ def _sql_chunks(samples: Any, partitions: int) -> Any:
     """Chunks (hour, size) from ``lightmetrics_pipeline.aggregate``: the rollup's aggregation and encoding."""
     def encode(batches: Any) -> Any:
         import pyarrow as pa
+
         from lightmetrics_pipeline.aggregate import encode_chunk_row
 
         for batch in batches:
@@ -235,9 +237,9 @@ def _per_series_python_chunks(samples: Any) -> Any:
     def build(pdf: Any) -> Any:
         import numpy as np
         import pandas as pd
-        from lightmetrics_pipeline import chunks as C
 
         from lightmetrics.protocol.keys import UtcHour
+        from lightmetrics_pipeline import chunks as C
 
         hour = UtcHour(int(pdf["hour_s"].iloc[0]))
         series = str(pdf["series"].iloc[0])
