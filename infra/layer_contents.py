@@ -34,6 +34,7 @@ OUTER_PACKAGES = ("local", "cli", "client", "harness")
 OPERATOR_MODULES = (
     "derived/verify.py",
     "deployment/cost_model.py",
+    "deployment/cost_workload.py",
     "deployment/stack_outputs.py",
     "deployment/statemachines.py",
     "ops/identity_view.py",

@@ -26,7 +26,8 @@ from infra.components.storage import Storage
 from infra.config import InfraConfig
 from infra.nag import NagSuppressionRecord, apply_suppressions
 from infra.scanners import apply_checkov_skips
-from lightmetrics.deployment.resources import SPEC, ResourceSpec
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.deployment.stack_outputs import (
     EMPTY_PREFIX,
     SCALAR_OUTPUTS,

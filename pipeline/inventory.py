@@ -633,7 +633,7 @@ def snapshot(access: S3Access, destination: Destination, *, file_format: str = "
     report; ``progress`` is told each prefix and every 100,000 versions listed."""
     from itertools import chain
 
-    from lightmetrics.deployment.resources import LAYOUT_PREFIXES
+    from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 
     # The key layout of the namespace (docs/protocol.md §3); anything else in the bucket — such as
     # earlier reports written next to it locally — is not part of the authority's inventory.

@@ -51,7 +51,7 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
     """The reconciler's checkpoint: the first hour not yet closed (hours before it are closed) — by
     every shard: the slowest shard's (docs/protocol.md §12 R8)."""
-    from lightmetrics.derived.reconcile import read_shard_checkpoints
+    from lightmetrics.derived.reconcile_state import read_shard_checkpoints
 
     return read_shard_checkpoints(table, settings.reconcile_shards).hour
 

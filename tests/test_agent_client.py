@@ -38,7 +38,7 @@ from lightmetrics.client import (
     SpoolConflictError,
     identity_from_spool_name,
 )
-from lightmetrics.local.server import IngestHTTPServer
+from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.manifests import AcceptedBatchManifest

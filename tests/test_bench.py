@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from lightmetrics.aws.s3_store import s3_client_config
-from lightmetrics.deployment.cost_model import MEASURED_REQUESTS
+from lightmetrics.deployment.cost_workload import MEASURED_REQUESTS
 from lightmetrics.harness.bench.cost_table import OPERATIONS, measure_operation_costs
 from lightmetrics.local.system import LocalSystem
 

@@ -451,7 +451,7 @@ def test_demo_conflict_phase_with_the_agent_client(system, runtime, clock, tmp_p
     from lightmetrics.acceptance.http_contract import parse_lambda_event
     from lightmetrics.client import AgentClient, BackoffPolicy
     from lightmetrics.harness.demo_conflicts import run_conflict_phase, summary_row
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 
     keys = TokenKeys.generate("k1")
     svc = _service(system, runtime, clock, keys, FakeMonotonic())

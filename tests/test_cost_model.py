@@ -12,15 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from lightmetrics.deployment.cost_model import (
+from lightmetrics.deployment.cost_model import estimate, traffic_lines
+from lightmetrics.deployment.cost_workload import (
     JOB_REQUESTS,
     MONTH_DAYS,
     MONTH_S,
     Assumptions,
-    estimate,
     job_requests,
     job_units,
-    traffic_lines,
 )
 from lightmetrics.deployment.pricing import PRICE_TABLE, PRICES, PriceTable
 

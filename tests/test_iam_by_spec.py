@@ -16,10 +16,11 @@ from conftest import FAST, ident, make_frame
 from test_walk import make_system
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.queue_probes import SqsCountProbe
 from lightmetrics.composition.services import accept_context
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
-from lightmetrics.derived.reconcile import Reconciler, SqsCountProbe
+from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.derived.walk import Walker
 
 _ALLOWED = {"GetObject": "s3_read", "HeadObject": "s3_read", "PutObject": "s3_write",

@@ -24,7 +24,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from lightmetrics.composition.config import Settings  # noqa: E402
-from lightmetrics.deployment.resources import LAYOUT_PREFIXES, SPEC, FunctionSpec  # noqa: E402
+from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
+from lightmetrics.deployment.resources import SPEC  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
 from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
 
@@ -171,7 +172,7 @@ def test_function_spec_validation() -> None:
 
 
 def test_state_machine_spec_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightmetrics.deployment.resources import ResourceSpec, StateMachineSpec
+    from lightmetrics.deployment.resource_types import ResourceSpec, StateMachineSpec
     from lightmetrics.deployment.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
 
     task = FunctionSpec("t", "m")

@@ -32,7 +32,7 @@ from lightmetrics.acceptance.http_contract import HttpRequest, IngestService, pa
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.cli.main import cli
 from lightmetrics.client import AgentClient, AuthRejected, Spool
-from lightmetrics.local.server import IngestHTTPServer
+from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity

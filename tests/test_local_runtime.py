@@ -19,7 +19,8 @@ from werkzeug.test import Client
 from werkzeug.wrappers import Response
 
 from lightmetrics.acceptance.auth import TokenKeys
-from lightmetrics.deployment.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec
+from lightmetrics.deployment.resource_types import FunctionSpec, QueueSpec, ResourceSpec
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local import (
     FunctionHost,
     IngestHTTPServer,

@@ -23,10 +23,11 @@ from walk_support import set_last_modified
 
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.config import MAX_RECONCILE_SHARDS, Settings
+from lightmetrics.derived import reconcile
 from lightmetrics.derived.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
-from lightmetrics.derived.reconcile import (
+from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED
+from lightmetrics.derived.reconcile_state import (
     CHECKPOINT_PK,
-    CP_PROGRESS_SAVED,
     ShardError,
     UnownedRangesError,
     checkpoint_sk,
@@ -34,7 +35,6 @@ from lightmetrics.derived.reconcile import (
 )
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.status import system_status
-from lightmetrics.protocol.derived_entries import reconcile
 from lightmetrics.protocol.errors import ConfigError
 from lightmetrics.protocol.keys import UtcHour
 

@@ -302,7 +302,7 @@ def test_local_server_refuses_oversize_with_413_before_reading_the_body(runtime,
     """The real ingest handler behind the local HTTP endpoint: the client declares a body one byte
     over the limit and sends none of it; a server that read before deciding would wait forever."""
     from functions.ingest import app
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 
     sm = runtime.boto3_client("secretsmanager")
     name = f"lm-sec/{uuid.uuid4().hex[:8]}"

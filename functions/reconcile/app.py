@@ -13,7 +13,8 @@ from aws_lambda_powertools import Logger
 
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.composition.config import Settings
-from lightmetrics.derived.reconcile import Reconciler, UnownedRangesError, check_shard
+from lightmetrics.derived.reconcile import Reconciler
+from lightmetrics.derived.reconcile_state import UnownedRangesError, check_shard
 from lightmetrics.lambda_shell.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-reconcile")

@@ -28,7 +28,7 @@ from constructs import Construct
 
 from infra.components.functions import BuiltFunction, log_retention
 from infra.config import InfraConfig
-from lightmetrics.deployment.resources import StateMachineSpec
+from lightmetrics.deployment.resource_types import StateMachineSpec
 from lightmetrics.deployment.statemachines import definition_and_substitutions
 
 

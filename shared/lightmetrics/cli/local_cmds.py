@@ -48,7 +48,8 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     point lmctl and any boto3 client here.
     """
     from lightmetrics.local.environment import local_env_file
-    from lightmetrics.local.server import IngestHTTPServer, LocalRuntime, env_exports
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
+    from lightmetrics.local.server import LocalRuntime, env_exports
     from lightmetrics.local.system import LocalSystem
     from lightmetrics.protocol.errors import ConfigError
 
@@ -140,7 +141,7 @@ def local_collector(port: int, ready_file: str | None) -> None:
     """
     from lightmetrics.composition.config import Settings
     from lightmetrics.local.hosting import install_from_env
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
     from lightmetrics.protocol.errors import ConfigError
 
     try:

@@ -182,7 +182,8 @@ def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from lightmetrics.composition.services import queue_probe
-    from lightmetrics.derived.reconcile import Reconciler, ShardError, UnownedRangesError, check_shard
+    from lightmetrics.derived.reconcile import Reconciler
+    from lightmetrics.derived.reconcile_state import ShardError, UnownedRangesError, check_shard
     from lightmetrics.protocol.errors import LightmetricsError
 
     try:

@@ -38,7 +38,7 @@ from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from lightmetrics.derived.reconcile import QueueProbe
+    from lightmetrics.aws.queue_probes import QueueProbe
 
 
 def aws_session(*, profile_name: str | None = None, region_name: str | None = None) -> Any:
@@ -176,7 +176,7 @@ def work_context(
 
 def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
     """The reconciler's view of the index queues (``LM_QUEUE_PROBE``)."""
-    from lightmetrics.derived.reconcile import CloudWatchAgeProbe, SqsCountProbe
+    from lightmetrics.aws.queue_probes import CloudWatchAgeProbe, SqsCountProbe
 
     session = session or aws_session()
     sqs = session.client("sqs")

@@ -20,7 +20,8 @@ import json
 from collections.abc import Mapping
 
 from lightmetrics.composition.config import EMPTY_PREFIX
-from lightmetrics.deployment.resources import SPEC, ResourceSpec
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
 
 #: output key -> setting, for the outputs that are one setting each
 SCALAR_OUTPUTS = {"BucketName": "LM_BUCKET", "Prefix": "LM_PREFIX", "TableName": "LM_TABLE",

@@ -1,6 +1,6 @@
 """State machine definitions: one loader and one substitution for CDK and the local runtime.
 
-The ASL of every :class:`~lightmetrics.deployment.resources.StateMachineSpec` lives in
+The ASL of every :class:`~lightmetrics.deployment.resource_types.StateMachineSpec` lives in
 ``infra/statemachines/<definition>`` with ``${Placeholder}`` markers (docs/walks.md, docs/reaps.md). The spec's
 ``substitutions`` map each placeholder to a function of the resource spec; this module is the
 only code that reads the files and resolves that map:
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from lightmetrics.deployment.resources import StateMachineSpec
+from lightmetrics.deployment.resource_types import StateMachineSpec
 
 __all__ = [
     "DEFINITIONS_ENV",

@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.deployment.resources import LAYOUT_PREFIXES
+from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 from lightmetrics.derived.indexing import load_manifest
 from lightmetrics.ops.outcome import PermanentWorkError
 from lightmetrics.ops.pool import map_in_context

@@ -10,16 +10,9 @@ Example::
 """
 
 from lightmetrics.local.function_host import FunctionHost, LambdaContext, function_name_from
+from lightmetrics.local.ingest_endpoint import DEFAULT_MAX_BODY_BYTES, IngestHTTPServer
 from lightmetrics.local.provision import ProvisionError, provision
-from lightmetrics.local.server import (
-    ACCOUNT_ID,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_PORT,
-    REGION,
-    IngestHTTPServer,
-    LocalRuntime,
-    env_exports,
-)
+from lightmetrics.local.server import ACCOUNT_ID, DEFAULT_PORT, REGION, LocalRuntime, env_exports
 
 __all__ = [
     "ACCOUNT_ID",

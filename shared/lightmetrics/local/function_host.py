@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
 
-from lightmetrics.deployment.resources import SPEC, FunctionSpec
+from lightmetrics.deployment.resource_types import FunctionSpec
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_code import import_handler_module
 
 __all__ = ["FunctionHost", "Handler", "LambdaContext", "function_name_from", "invoke_handler"]

@@ -1,4 +1,4 @@
-"""Create the resources of a :class:`~lightmetrics.deployment.resources.ResourceSpec`, idempotently.
+"""Create the resources of a :class:`~lightmetrics.deployment.resource_types.ResourceSpec`, idempotently.
 
 The local counterpart of the CDK stack: it reads the same spec and converges an account (moto
 locally, though nothing here is moto-specific) to it. Running it twice changes nothing; an
@@ -22,7 +22,7 @@ from typing import Any, cast
 from botocore.exceptions import ClientError
 
 from lightmetrics.acceptance.auth import TokenKeys
-from lightmetrics.deployment.resources import ResourceSpec
+from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.local.function_host import ACCOUNT_ID
 
 __all__ = ["ProvisionError", "provision", "queue_urls_setting", "state_machine_arns_setting"]

@@ -23,11 +23,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from lightmetrics.aws.queue_probes import SqsCountProbe
 from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import work_context
-from lightmetrics.deployment.resources import SPEC, ResourceSpec
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
-from lightmetrics.derived.reconcile import Reconciler, SqsCountProbe
+from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting

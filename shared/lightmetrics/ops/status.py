@@ -26,7 +26,7 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     shard —, two Queries); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
     from lightmetrics.aws.sqs_queues import queue_depth
-    from lightmetrics.derived.reconcile import read_shard_checkpoints
+    from lightmetrics.derived.reconcile_state import read_shard_checkpoints
     from lightmetrics.derived.walk import read_watermarks
     from lightmetrics.ops.conflicts import CONFLICTS_PK, UNRESOLVED
 

@@ -58,9 +58,7 @@ from lightmetrics.reaps.params import (
     source_cursor_sk,
     tombstone_wait,
 )
-from lightmetrics.reaps.report import COUNTERS, report_of
-from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
-from lightmetrics.reaps.steps import (
+from lightmetrics.reaps.reaper_base import (
     CP_CONTINUATION_BEGUN,
     CP_CONTINUED,
     CP_INTENT,
@@ -68,8 +66,10 @@ from lightmetrics.reaps.steps import (
     CP_SETTLE_RECORDED,
     CP_STEP_DONE,
     REPORT_BLOCKED_MAX,
-    Reaper,
 )
+from lightmetrics.reaps.report import COUNTERS, report_of
+from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
+from lightmetrics.reaps.steps import Reaper
 
 __all__ = [
     "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",

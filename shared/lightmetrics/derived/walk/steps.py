@@ -29,19 +29,15 @@ Example (the local runtime drives the tasks the same way)::
 from __future__ import annotations
 
 import json
-import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
+from lightmetrics.aws.control_table import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.aws.step_functions import start_continuation
-from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
-from lightmetrics.derived.walk.checks import RecordChecks
-from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, WalkRetryLater
-from lightmetrics.derived.walk.params import LIST_MAX_KEYS, WalkParams
+from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
+from lightmetrics.derived.walk.page_task import PageTask
+from lightmetrics.derived.walk.params import WalkParams
 from lightmetrics.derived.walk.state import (
     CHECKPOINT_SK,
     INDEXES,
@@ -51,51 +47,18 @@ from lightmetrics.derived.walk.state import (
     PART_PREFIX,
     PRESENCE_WALK_INDEXES,
     checkpoint_pk,
-    describe_lease,
-    read_lease,
     read_walk,
     set_watermark,
     summarize,
     watermark_blocker,
 )
+from lightmetrics.derived.walk.walker_base import NS, add_counts, counters, log, owned
 from lightmetrics.ops import leases
-from lightmetrics.ops.leases import OWNED, Fence, LeaseHeld, LeaseLost
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, run_unit
+from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.identity import id_to_hex
-from lightmetrics.protocol.object_store import ListPage
-
-log = logging.getLogger(__name__)
-#: One pool for every page task of the process: a page repairs up to 16 keys at a time.
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-walk")
-_NS = 1_000_000_000
-_OWNED = OWNED
 
 
-def _owned(walk: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    return {"#own": "owner", "#ep": "epoch"}, {":own": walk["owner"], ":ep": walk["epoch"]}
-
-
-def _counters() -> dict[str, Any]:
-    return {"keys": 0, "pages": 0, "outcomes": {o: 0 for o in OUTCOMES}, **{f"keys_{c}": 0 for c in KEY_CHECKS}}
-
-
-def _add_counts(names: dict[str, str], values: dict[str, Any], adds: list[str], settled: Mapping[str, int],
-                outcomes: Mapping[str, int]) -> None:
-    """The ``ADD`` clauses (appended to ``adds``) of a summary's or partition's counters: the keys
-    settled by each check (``keys_<check>``) and the outcomes (a map attribute, by outcome)."""
-    for check in KEY_CHECKS:
-        names[f"#c{check}"], values[f":c{check}"] = f"keys_{check}", settled[check]
-        adds.append(f"#c{check} :c{check}")
-    if outcomes:
-        names["#o"] = "outcomes"
-    for i, (outcome, n) in enumerate(sorted(outcomes.items())):
-        names[f"#oc{i}"], values[f":oc{i}"] = outcome, n
-        adds.append(f"#o.#oc{i} :oc{i}")
-
-
-class Walker:
+class Walker(PageTask):
     """The walk's Lambda tasks (one method each) over a :class:`WorkContext`.
 
     Checkpoint layout: the summary ``checkpoint#walk[...]``/``current`` (epoch, owner, status,
@@ -104,35 +67,6 @@ class Walker:
     cursor and counters, written by its page task only, so concurrent pages never contend for one
     item; Plan folds a finished partition into the summary and deletes its item, atomically.
     """
-
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
-        self.ctx, self.settings = ctx, settings
-        self.table: ControlTable = ctx.table
-        self.codec = ctx.codec
-        self._sfn = sfn_client
-
-    # -- helpers -----------------------------------------------------------------------------------
-    def now(self) -> int:
-        return self.ctx.clock.now_ns()
-
-    def lease(self) -> dict[str, Any] | None:
-        return read_lease(self.table)
-
-    def _renew(self, walk: dict[str, Any], now: int, **extra: Any) -> Op:
-        return leases.renewal_of(LEASE_PK, walk, now, **extra)
-
-    def _roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
-        """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""
-        roots = [self.codec.accepted_root(), self.codec.quarantine_root()]
-        if agent_hex is None:
-            return [{"prefix": r, "level": "agents", "token": None} for r in roots]
-        return [{"prefix": f"{r}agent={agent_hex}/", "level": "boots", "token": None} for r in roots]
-
-    def _describe_lease(self, lease: dict[str, Any]) -> str:
-        return describe_lease(lease, self.now())
-
-    def _kind(self, partition: str) -> str:
-        return "quarantine" if partition.startswith(self.codec.quarantine_root()) else "accepted"
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -204,7 +138,7 @@ class Walker:
             "full": bool(walk.get("full", False)),
             "parallelism": walk["parallelism"], "execution": walk["execution_arn"], "executions": 1, "resumes": 0,
             "enum": {"queue": self._roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
-            "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **_counters(),
+            "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **counters(),
         }
 
     def _begin_continuation(self, cont: Any, execution: str) -> dict[str, Any]:
@@ -216,13 +150,13 @@ class Walker:
         walk["full"] = bool(cont.get("full", False))
         now = self.now()
         walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
-        names, values = _owned(walk)
+        names, values = owned(walk)
         try:
             self.table.transact([
                 self._renew(walk, now, execution=execution),
                 Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
                    {**names, "#x": "execution", "#u": "updated_at_ns", "#n": "executions"},
-                   {**values, ":x": execution, ":now": now, ":one": 1}, _OWNED),
+                   {**values, ":x": execution, ":now": now, ":one": 1}, OWNED),
             ])
         except TransactionCancelled:
             raise LeaseLost(f"epoch {walk['epoch']} no longer owns the walk lease; not continuing") from None
@@ -254,7 +188,7 @@ class Walker:
         by_kind: Counter[str] = Counter()
         for p in finished:
             by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
-        names, values = _owned(walk)
+        names, values = owned(walk)
         names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
                       "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
         values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": len(new),
@@ -262,20 +196,20 @@ class Walker:
                        ":pg": sum(int(p.get("pages", 0)) for p in finished),
                        ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
         adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
-        _add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
+        add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
                                           for check in KEY_CHECKS}, folded)
         ops = [self._renew(walk, now),
                Op("Update", pk, CHECKPOINT_SK, "SET #en = :en, #u = :now ADD " + ", ".join(adds), names, values,
-                  _OWNED)]
-        pnames, pvalues = _owned(walk)
-        ops += [Op("Delete", pk, p["sk"], names=pnames, values=pvalues, condition=_OWNED) for p in finished]
+                  OWNED)]
+        pnames, pvalues = owned(walk)
+        ops += [Op("Delete", pk, p["sk"], names=pnames, values=pvalues, condition=OWNED) for p in finished]
         new_sks = {PART_PREFIX + p for p in new}
         for partition in new:
             ops.append(Op("Put", pk, PART_PREFIX + partition, names={"#ep": "epoch"}, values={":ep": walk["epoch"]},
                           condition="attribute_not_exists(pk) OR #ep < :ep",
                           item={"partition": partition, "kind": self._kind(partition), "after": "", "done": False,
                                 "epoch": walk["epoch"], "owner": walk["owner"], "updated_at_ns": now,
-                                **_counters()}))
+                                **counters()}))
         room = 90 - len(ops)
         ops += [Op("Delete", pk, p["sk"]) for p in leftovers if p["sk"] not in new_sks][:max(0, room)]
         try:
@@ -325,117 +259,6 @@ class Walker:
         enum["done"] = not queue
         return out, strays
 
-    def _repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
-        fn: Callable[[WorkContext, str], Outcome]
-        if key.startswith(self.codec.quarantine_root()):
-            kind, fn = KIND_QUARANTINE, index_quarantine
-        else:
-            kind, fn = KIND_REPAIR, repair_accepted
-        return run_unit(self.ctx, kind=kind, object_key=key, source="walk", fn=lambda: fn(self.ctx, key),
-                        previously_failed=previously_failed).outcome
-
-    # -- page --------------------------------------------------------------------------------------
-    def _list(self, partition: str, page_size: int, after: str) -> ListPage:
-        """Up to ``page_size`` keys of ``partition`` after ``after``, in listings of at most 1,000."""
-        keys: list[str] = []
-        sizes: list[int] = []
-        modified: list[int] = []
-        while True:
-            part = self.ctx.store.list_page(
-                partition, max_keys=min(LIST_MAX_KEYS, page_size - len(keys)), start_after=(keys[-1] if keys else after) or None)
-            keys += part.keys
-            sizes += part.sizes
-            modified += part.last_modified_ns if len(part.last_modified_ns) == len(part.keys) else []
-            if not part.truncated or len(keys) >= page_size or not part.keys:
-                truncated = part.truncated and bool(part.keys)
-                break
-        if len(modified) != len(keys):
-            modified = []  # a listing without LastModified: every key is repaired in full
-        return ListPage(keys=keys, sizes=sizes, prefixes=[], truncated=truncated, last_modified_ns=modified)
-
-    def page(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk, item = event["walk"], event["item"]
-        partition, after = item["partition"], item.get("after") or ""
-        pk, sk = walk["checkpoint_pk"], PART_PREFIX + partition
-        retried = int(event.get("retry_count") or 0) > 0
-        # O1a: the last key of a page of this partition that ended RETRY_LATER in this epoch (an
-        # earlier execution's, before a resume): keys up to it may have a failure on record.
-        failed_through = item.get("failed_through") or ""
-        skipped = set(item.get("skipped") or ())
-        listing = self._list(partition, int(walk["page_size"]), after)
-        keys = listing.keys
-        if retried and keys and keys[-1] > failed_through:
-            # An earlier attempt of this page died (a timeout, a crash) after its units may have
-            # recorded failures: say so before the work, so that if this attempt dies too, a resumed
-            # walk still repairs these keys in full (O1a). One write, on retries only.
-            try:
-                self.table.update(pk, sk, "SET #ft = :ft", names={**_owned(walk)[0], "#ft": "failed_through"},
-                                  values={**_owned(walk)[1], ":ft": keys[-1]}, condition=_OWNED)
-            except ConditionFailed:
-                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
-            failed_through = keys[-1]
-
-        def failed_before(key: str) -> bool:
-            return retried or key <= failed_through
-
-        # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a key
-        # that may have failed before (a retried page, or up to ``failed_through``) is repaired in
-        # full, so its success clears its budget (O1a).
-        checks = RecordChecks(self, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns)
-                                     if k not in skipped and not failed_before(k)]) \
-            if not retried and not walk.get("full") and self._kind(partition) == "accepted" \
-            and len(listing.last_modified_ns) == len(keys) else None
-
-        def one(key: str) -> tuple[str, str | None]:
-            if key in skipped:
-                return "SKIPPED", None  # an operator decided; counted, so no watermark from this walk
-            settled = checks.settle(key) if checks is not None and not failed_before(key) else None
-            if settled is not None:
-                return Outcome.NOOP_RESOLVED.value, settled
-            return self._repair(key, previously_failed=failed_before(key)).value, None
-
-        if len(keys) > 1:
-            results = map_in_context(_POOL, one, keys)
-        else:
-            results = [one(k) for k in keys]
-        outcomes = Counter(outcome for outcome, _ in results)
-        settled_by = Counter(check for _, check in results if check is not None)
-        names, values = _owned(walk)
-        now = self.now()
-        if outcomes["RETRY_LATER"]:
-            try:
-                # ``failed_through`` survives the execution: a resumed page repairs those keys in
-                # full, whichever page size it runs with (O1a).
-                self.table.update(pk, sk, "ADD #o.#r :n SET #u = :now, #ft = :ft",
-                                  names={**names, "#o": "outcomes", "#r": "RETRY_LATER", "#u": "updated_at_ns",
-                                         "#ft": "failed_through"},
-                                  values={**values, ":n": outcomes["RETRY_LATER"], ":now": now,
-                                          ":ft": max(failed_through, keys[-1])}, condition=_OWNED)
-            except ConditionFailed:
-                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
-            raise WalkRetryLater(f"{outcomes['RETRY_LATER']} of {len(keys)} keys in {partition} are RETRY_LATER; "
-                                 "the cursor stays before them")
-        done = not listing.truncated
-        last = keys[-1] if keys else after
-        names.update({"#a": "after", "#d": "done", "#pg": "pages", "#u": "updated_at_ns", "#k": "keys"})
-        values.update({":last": last, ":done": done, ":prev": after, ":one": 1, ":n": len(keys), ":now": now})
-        adds = ["#pg :one", "#k :n"]
-        _add_counts(names, values, adds, settled_by, outcomes)
-        # Rule L2: the page commits only right after a fence (which also renews the lease).
-        Fence(self.table, LEASE_PK, walk, self.ctx.clock, LeaseLost).renew()
-        try:
-            # Only after every key's repair finished: the cursor (compare-and-set) and the counters.
-            self.table.update(pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),
-                              names=names, values=values, condition=_OWNED + " AND #a = :prev")
-        except ConditionFailed:
-            current = self.table.get(pk, sk)
-            if current is None or current.get("owner") != walk["owner"] or int(current.get("epoch", -1)) != walk["epoch"]:
-                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
-            # The cursor moved already: this page was walked twice (a retried task); nothing to count.
-            return {"partition": partition, "keys": len(keys), "stale": True}
-        return {"partition": partition, "keys": len(keys), "done": done, "outcomes": dict(outcomes),
-                **{f"keys_{c}": settled_by[c] for c in KEY_CHECKS if settled_by[c]}}
-
     # -- continue ----------------------------------------------------------------------------------
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
         walk = event["walk"]
@@ -448,11 +271,11 @@ class Walker:
                                          "parallelism", "max_rounds", "full", "lease_seconds",
                                          "state_machine_arn", "executions") if k in walk}
         arn = start_continuation(self._sfn, walk["state_machine_arn"], name, {"continuation": carried})
-        names, values = _owned(walk)
+        names, values = owned(walk)
         try:
             self.table.update(walk["checkpoint_pk"], CHECKPOINT_SK, "SET #nx = :nx, #u = :now",
                               names={**names, "#nx": "next_execution", "#u": "updated_at_ns"},
-                              values={**values, ":nx": arn, ":now": self.now()}, condition=_OWNED)
+                              values={**values, ":nx": arn, ":now": self.now()}, condition=OWNED)
         except ConditionFailed:
             raise LeaseLost(f"epoch {walk['epoch']} lost the walk checkpoint") from None
         return {"next_execution": arn}
@@ -464,13 +287,13 @@ class Walker:
         if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
             return {"status": "lease-lost", "epoch": walk["epoch"]}
         now = self.now()
-        names, values = _owned(walk)
+        names, values = owned(walk)
         summary = summarize(cp, parts, now)
         watermark: int | None = None
         if outcome == "finished":
             reason = watermark_blocker(cp, parts)
             if not reason:
-                watermark = int(cp["started_at_ns"]) - int(self.settings.settle_s) * _NS
+                watermark = int(cp["started_at_ns"]) - int(self.settings.settle_s) * NS
             names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
             values.update({":st": "finished", ":now": now})
             expr = "SET #st = :st, #fa = :now, #u = :now"
@@ -480,14 +303,14 @@ class Walker:
             if reason is not None:
                 names["#wr"], values[":wr"] = "watermark_withheld", reason
                 expr += ", #wr = :wr"
-            update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, expr, names, values, _OWNED)
+            update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, expr, names, values, OWNED)
             summary.update(status="finished", watermark_ns=watermark, watermark_withheld=reason)
         else:
             error = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
             update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK,
                         "SET #st = :st, #fa = :now, #u = :now, #err = :err",
                         {**names, "#st": "status", "#fa": "failed_at_ns", "#u": "updated_at_ns", "#err": "error"},
-                        {**values, ":st": "failed", ":now": now, ":err": error}, _OWNED)
+                        {**values, ":st": "failed", ":now": now, ":err": error}, OWNED)
             summary.update(status="failed", error=error)
         release = leases.release(LEASE_PK, walk["owner"], walk["epoch"], now)
         try:
