@@ -1,15 +1,15 @@
 """What of ``shared/lightmetrics`` the Lambda layer ships: everything a function runs, nothing more.
 
-The outer shells — the local runtime, the CLI, the harnesses (demo, soak, ledger, benchmarks), the
-test switches and the agent client — stay out: no function imports them
-(``tests/test_import_contract.py``), and the layer-only sandbox test runs every handler with
+The outer shells — whole folders: ``local/`` (the local runtime), ``cli/``, ``client/`` (the agent
+client) and ``harness/`` (demo, soak, ledger, benchmarks, test switches) — stay out: no function
+imports them (``tests/test_import_contract.py``), and the layer-only sandbox test runs every handler with
 exactly this copy. ``make layer`` copies with :func:`copy_shared_package`; synth refuses a layer
 whose copy differs (:func:`differences`).
 
 Example:
-    >>> "cli/main.py" in {str(p) for p in shipped()}
-    False
-    >>> "store.py" in {str(p) for p in shipped()}
+    >>> "cli/main.py" in {str(p) for p in shipped()}, "harness/demo.py" in {str(p) for p in shipped()}
+    (False, False)
+    >>> "aws/s3_store.py" in {str(p) for p in shipped()}
     True
 
 Run as ``python -m infra.layer_contents DEST`` to (re)write the copy at ``DEST``.
@@ -24,16 +24,22 @@ from pathlib import Path
 
 SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
 
-#: Subpackages of ``lightmetrics`` the layer leaves out (the outer shells).
-OUTER_PACKAGES = ("local", "cli", "testing", "bench", "client")
-#: Top-level modules of ``lightmetrics`` the layer leaves out (the harnesses).
-OUTER_MODULES = ("demo.py", "demo_conflicts.py", "demo_reaps.py", "demo_pipeline.py", "soak.py", "ledger.py")
+#: Folders of ``lightmetrics`` the layer leaves out: the outer shells (the local runtime, the CLI, the
+#: agent client, and the harnesses — demo, soak, ledger, benchmarks, test switches).
+OUTER_PACKAGES = ("local", "cli", "client", "harness")
 #: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``
 #: and its invariant catalogue, ``cost``, ``conflicts show``, ``env --stack``; the state machines'
-#: definitions are rendered at synth and by the local runtime). A test keeps this list equal to what
-#: no function reaches.
-OPERATOR_MODULES = ("verify.py", "invariants.py", "cost_model.py", "identity_view.py", "stack_outputs.py",
-                    "statemachines.py")
+#: definitions are rendered at synth and by the local runtime), relative to the package. A test keeps this list equal to what no
+#: function reaches.
+OPERATOR_MODULES = (
+    "derived/verify.py",
+    "deployment/cost_model.py",
+    "deployment/cost_workload.py",
+    "deployment/stack_outputs.py",
+    "deployment/statemachines.py",
+    "ops/identity_view.py",
+    "protocol/invariants.py",
+)
 
 
 def _files(root: Path) -> list[Path]:
@@ -43,12 +49,12 @@ def _files(root: Path) -> list[Path]:
 
 def is_outer(rel: Path) -> bool:
     """Whether a path relative to the package belongs to an outer shell."""
-    return rel.parts[0] in OUTER_PACKAGES or (len(rel.parts) == 1 and rel.name in OUTER_MODULES)
+    return rel.parts[0] in OUTER_PACKAGES
 
 
 def shipped(src: Path = SHARED_PACKAGE) -> list[Path]:
     """The files of ``src`` the layer ships, relative to it."""
-    return [rel for rel in _files(src) if not is_outer(rel) and not (len(rel.parts) == 1 and rel.name in OPERATOR_MODULES)]
+    return [rel for rel in _files(src) if not is_outer(rel) and rel.as_posix() not in OPERATOR_MODULES]
 
 
 def differences(dest: Path, src: Path = SHARED_PACKAGE) -> list[str]:

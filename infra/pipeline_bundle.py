@@ -3,7 +3,8 @@
 Three files, all under ``.emr/`` (docs/pipeline.md §7, "Packaging"):
 
 * ``pipeline/emr_main.py`` — the ``entryPoint`` (shipped from the source tree as it is);
-* ``.emr/app.zip`` — our pure-Python packages ``lightmetrics`` and ``pipeline``, for ``spark.submit.pyFiles`` (``--py-files``);
+* ``.emr/app.zip`` — our pure-Python packages ``lightmetrics`` and ``lightmetrics_pipeline`` (the
+  ``pipeline/`` folder), for ``spark.submit.pyFiles`` (``--py-files``);
   rebuilt by synth whenever the sources differ (it needs no pip), byte-identical for identical sources
   so the asset's hash only changes with the code;
 * ``.emr/deps.zip`` — the third-party wheels the job imports and the runtime does not provide,
@@ -50,7 +51,7 @@ DEPS_ALIAS = "deps"
 #: Provided by the release (Spark) or not imported by the jobs (``lmctl query --plot`` only).
 NOT_BUNDLED = ("pyspark", "matplotlib")
 #: our packages, at the zip's root: (source directory, name in the zip)
-APP_PACKAGES = ((ROOT / "shared" / "lightmetrics", "lightmetrics"), (ROOT / "pipeline", "pipeline"))
+APP_PACKAGES = ((ROOT / "shared" / "lightmetrics", "lightmetrics"), (ROOT / "pipeline", "lightmetrics_pipeline"))
 #: parts of installed wheels the job never loads (tests, C headers, Cython sources, scripts)
 _PRUNED_DIRS = {"__pycache__", "tests", "include", "bin"}
 _PRUNED_SUFFIXES = (".pyc", ".pxd", ".pyx", ".pxi", ".h", ".hpp", ".cc", ".c")
@@ -109,7 +110,7 @@ def _tree(src: Path, prefix: str) -> list[tuple[str, bytes]]:
 
 
 def app_files() -> list[tuple[str, bytes]]:
-    """``lightmetrics/…`` and ``pipeline/…`` as they are in the source tree (no caches)."""
+    """``lightmetrics/…`` and ``lightmetrics_pipeline/…`` (the ``pipeline/`` folder) as in the source tree (no caches)."""
     return [f for src, name in APP_PACKAGES for f in _tree(src, f"{name}/")]
 
 

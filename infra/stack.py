@@ -1,4 +1,4 @@
-"""The main stack: everything is derived from ``lightmetrics.resources.SPEC``.
+"""The main stack: everything is derived from ``lightmetrics.deployment.resources.SPEC``.
 
 Constructs: ``Storage`` (authority bucket, bucket policy, GC role, ops bucket), ``Control``
 (DynamoDB control table), ``Layer`` (shared Lambda layer), ``Queues`` (SQS + DLQ + S3
@@ -26,8 +26,14 @@ from infra.components.storage import Storage
 from infra.config import InfraConfig
 from infra.nag import NagSuppressionRecord, apply_suppressions
 from infra.scanners import apply_checkov_skips
-from lightmetrics.resources import SPEC, ResourceSpec
-from lightmetrics.stack_outputs import EMPTY_PREFIX, SCALAR_OUTPUTS, queue_output_key, state_machine_output_key
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.deployment.stack_outputs import (
+    EMPTY_PREFIX,
+    SCALAR_OUTPUTS,
+    queue_output_key,
+    state_machine_output_key,
+)
 
 
 class LightmetricsStack(Stack):
@@ -94,7 +100,7 @@ class LightmetricsStack(Stack):
                                  table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
                                  alarm_topic=self.observability.topic)
 
-        # What `lmctl env --stack <name>` reads back (lightmetrics.stack_outputs: one list of them).
+        # What `lmctl env --stack <name>` reads back (lightmetrics.deployment.stack_outputs: one list of them).
         scalar = {"BucketName": self.storage.bucket.bucket_name, "Prefix": config.prefix or EMPTY_PREFIX,
                   "TableName": self.control.table.table_name, "SecretName": config.secret_name}
         for key, setting in SCALAR_OUTPUTS.items():

@@ -1,8 +1,8 @@
 """The audit's candidate selection, in Spark SQL: which keys *may* break a rule of the invariant
-catalogue (:mod:`lightmetrics.invariants`), found by joins over the classified inventory.
+catalogue (:mod:`lightmetrics.protocol.invariants`), found by joins over the classified inventory.
 
 Inventory lags and has no content, so nothing here decides: every candidate row names the check
-(``pipeline.audit_confirm``) that confirms it with live requests and the catalogue's predicate.
+(``lightmetrics_pipeline.audit_confirm``) that confirms it with live requests and the catalogue's predicate.
 The queries, and the rule each is for:
 
 =====================  ===================================================  ==============================
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.audit_confirm import CANDIDATE_COLUMNS
+from lightmetrics_pipeline.audit_confirm import CANDIDATE_COLUMNS
 
 
 class _Sql:

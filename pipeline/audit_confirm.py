@@ -1,6 +1,6 @@
 """The audit's live confirmation: each candidate the Spark SQL joins found is looked at again with
 requests inside the executors (inventory lags), and decided by a predicate of the one invariant
-catalogue, :mod:`lightmetrics.invariants` — the same predicates ``lmctl verify`` and the ledger
+catalogue, :mod:`lightmetrics.protocol.invariants` — the same predicates ``lmctl verify`` and the ledger
 use, so every confirmed finding carries the ``rule`` they would name it by.
 
 A rule's finding is written under its consumer's folder (:data:`CATEGORY_OF_RULE`; the folders are
@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lightmetrics import invariants as inv
-from lightmetrics.errors import ManifestError
-from lightmetrics.gc import resolution_settles
-from lightmetrics.identity import BatchIdentity, hex_to_id
-from lightmetrics.indexing import parse_record
-from lightmetrics.keys import UtcHour
-from lightmetrics.manifests import AcceptedBatchManifest, canonical_json
-from pipeline.s3io import S3Access
+from lightmetrics.protocol import invariants as inv
+from lightmetrics.protocol.errors import ManifestError
+from lightmetrics.reaps.gc import resolution_settles
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.derived.indexing import parse_record
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
+from lightmetrics_pipeline.s3io import S3Access
 
 #: rule -> the output folder (category) its confirmed findings go to, and who reads it there
 CATEGORY_OF_RULE = {
@@ -53,7 +53,7 @@ class MarkedBlobs(frozenset):  # type: ignore[type-arg]
 def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
     """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
     §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
-    from lightmetrics.reap.marks import read_marks_items
+    from lightmetrics.reaps.gc_marks import read_marks_items
 
     marked = MarkedBlobs(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
     marked.reader = lambda: gc_marked_blobs(table, codec)
@@ -68,7 +68,7 @@ class LiveReads:
     """Live reads inside an executor (one per task; tombstone HEADs cached per hour)."""
 
     def __init__(self, access: S3Access) -> None:
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         self.store = s3io.store(access)
         self.codec = access.codec

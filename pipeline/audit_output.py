@@ -8,7 +8,7 @@ import json
 import math
 from typing import Any
 
-from pipeline.s3io import S3Access
+from lightmetrics_pipeline.s3io import S3Access
 
 #: Rows per output part file: a category's rows are split over ceil(rows / this) files, each
 #: written by its own task.
@@ -23,7 +23,7 @@ def writer(access: S3Access, prefix_key: str, accumulator: Any) -> Any:
         import pandas as pd
         from pyspark import TaskContext
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         by_file: dict[tuple[str, int], list[str]] = {}
         for pdf in batches:
@@ -108,7 +108,7 @@ def write_findings(spark: Any, findings: Any, counts: dict[str, int], access: S3
 
 def read_findings(access: S3Access, run_id: str, category: str) -> list[dict[str, Any]]:
     """Every row of one category of a committed run (the walk and the GC read these)."""
-    from pipeline import s3io
+    from lightmetrics_pipeline import s3io
 
     st = s3io.store(access)
     prefix = access.codec.audit_run(run_id)

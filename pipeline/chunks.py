@@ -29,9 +29,9 @@ from typing import Any
 
 import zstandard
 
-from lightmetrics.errors import ManifestError, UnsupportedVersionError
-from lightmetrics.keys import ROLLUP_WINDOWS, UtcHour
-from lightmetrics.manifests import canonical_json, check_schema
+from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.keys import ROLLUP_WINDOWS, UtcHour
+from lightmetrics.protocol.manifests import canonical_json, check_schema
 
 CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"

@@ -3,7 +3,7 @@
 The rollup reads an hour's accepted batches as rows ``(hour_s, manifest_id)`` and turns them
 into sample rows with ``mapInPandas``: each Arrow batch of manifest-ids is fetched with a thread
 pool (acceptance record GET, blob GET, sha256 check) and decoded with the core's
-:func:`lightmetrics.frame.decode_frame` (full validation), and the samples leave the Python
+:func:`lightmetrics.protocol.frame.decode_frame` (full validation), and the samples leave the Python
 worker as one columnar batch — no per-row Python UDF (``BatchEvalPython``) anywhere. A row that
 cannot be read (record gone, blob gone, hash or frame invalid) becomes an *error row* (``series``
 null, ``error`` set) so the job can report it instead of failing.
@@ -19,17 +19,17 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from lightmetrics.errors import FrameError, ManifestError, UnsupportedVersionError
-from lightmetrics.frame import decode_frame, samples_block
-from lightmetrics.identity import BatchIdentity, hex_to_id
-from lightmetrics.manifests import AcceptedBatchManifest
-from pipeline.chunks import exact_parts, series_key, sketch_keys
-from pipeline.s3io import S3Access
+from lightmetrics.protocol.errors import FrameError, ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.frame import decode_frame, samples_block
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics_pipeline.chunks import exact_parts, series_key, sketch_keys
+from lightmetrics_pipeline.s3io import S3Access
 
 SAMPLE_COLUMNS = ["hour_s", "manifest_id", "series", "ts_ns", "value", "ord", "sk_store", "sk_key", "exp_b", "mant",
                   "shift", "error"]
-#: ``sk_store``/``sk_key``: the value's DDSketch bin (:func:`pipeline.chunks.sketch_keys`);
-#: ``exp_b``/``mant``/``shift``: its exact integer parts (:func:`pipeline.chunks.exact_parts`, null
+#: ``sk_store``/``sk_key``: the value's DDSketch bin (:func:`lightmetrics_pipeline.chunks.sketch_keys`);
+#: ``exp_b``/``mant``/``shift``: its exact integer parts (:func:`lightmetrics_pipeline.chunks.exact_parts`, null
 #: for zeros and non-finite values) — computed here with numpy, so the aggregation is a grouped
 #: count of keys and a DECIMAL sum in Spark.
 SAMPLE_SCHEMA = ("hour_s long, manifest_id string, series string, ts_ns long, value double, ord long, "
@@ -151,7 +151,7 @@ def decode_columns(frames: list[tuple[Any, str, bytes]], cache: Any = None) -> d
 
 def fetch_frame(access: S3Access, manifest_id: str) -> tuple[bytes | None, str | None]:
     """The frame of one accepted batch, read through its acceptance record; ``(None, reason)`` if not."""
-    from pipeline import s3io
+    from lightmetrics_pipeline import s3io
 
     st = s3io.store(access)
     codec = access.codec
@@ -187,7 +187,7 @@ def fetch_and_decode(access: S3Access, accumulator: Any, workers: int = 16) -> A
         import numpy as np
         import pandas as pd
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         cache: dict[bytes, str] = {}
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-decode") as pool:

@@ -1,6 +1,6 @@
 """S3 Inventory's report format: the fields, schemas and destinations (AWS "Locating your inventory
-list"); :mod:`pipeline.inventory` describes the layout, :mod:`pipeline.inventory_writer` writes
-reports and :mod:`pipeline.inventory_reader` reads them."""
+list"); :mod:`lightmetrics_pipeline.inventory` describes the layout, :mod:`lightmetrics_pipeline.inventory_writer` writes
+reports and :mod:`lightmetrics_pipeline.inventory_reader` reads them."""
 
 from __future__ import annotations
 

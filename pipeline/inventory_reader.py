@@ -18,15 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
 
-from pipeline.inventory_format import (
-    COLUMN_OF_CSV_FIELD,
-    COLUMNS,
-    INVENTORY_SETTING,
-    KIND_OF_COLUMN,
-    SPARK_SCHEMA,
-    InventoryError,
-)
-from pipeline.s3io import S3Access, client, s3_errors, store
+from lightmetrics_pipeline.inventory_format import COLUMN_OF_CSV_FIELD, COLUMNS, INVENTORY_SETTING, KIND_OF_COLUMN, SPARK_SCHEMA, InventoryError
+from lightmetrics_pipeline.s3io import S3Access, client, s3_errors, store
 
 _TS_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z$")
 
@@ -204,7 +197,7 @@ def read_data_file(data: bytes, file_format: str, file_schema: str) -> Any:
 
 def _read_files_udf(file_format: str, file_schema: str, access: S3Access | None) -> Any:
     def read(batches: Iterator[Any]) -> Iterator[Any]:
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         for pdf in batches:
             for ref, bucket, md5 in zip(pdf["ref"], pdf["bucket"], pdf["md5"]):

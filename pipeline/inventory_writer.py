@@ -1,5 +1,5 @@
 """Writing S3 Inventory reports from listings (``lmctl inventory snapshot``), in the format AWS
-writes them (:mod:`pipeline.inventory_format`), into a bucket or a local directory, so local runs
+writes them (:mod:`lightmetrics_pipeline.inventory_format`), into a bucket or a local directory, so local runs
 and tests read the real format."""
 
 from __future__ import annotations
@@ -16,18 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote_plus
 
-from pipeline.inventory_format import (
-    COLUMNS,
-    CONFIG_ID,
-    CSV_FILE_SCHEMA,
-    KIND_OF_COLUMN,
-    PARQUET_FILE_SCHEMA,
-    VERSION,
-    Destination,
-    InventoryError,
-    arrow_schema,
-)
-from pipeline.s3io import S3Access, client, put_if_absent, s3_errors
+from lightmetrics_pipeline.inventory_format import COLUMNS, CONFIG_ID, CSV_FILE_SCHEMA, KIND_OF_COLUMN, PARQUET_FILE_SCHEMA, VERSION, Destination, InventoryError, arrow_schema
+from lightmetrics_pipeline.s3io import S3Access, client, put_if_absent, s3_errors
 
 # ----------------------------------------------------------------------------------- listing
 
@@ -228,7 +218,7 @@ def snapshot(access: S3Access, destination: Destination, *, file_format: str = "
     report; ``progress`` is told each prefix and every 100,000 versions listed."""
     from itertools import chain
 
-    from lightmetrics.resources import LAYOUT_PREFIXES
+    from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 
     # The key layout of the namespace (docs/protocol.md §3); anything else in the bucket — such as
     # earlier reports written next to it locally — is not part of the authority's inventory.

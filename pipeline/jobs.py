@@ -15,14 +15,14 @@ import sys
 import time
 from typing import Any
 
-from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.config import Settings
-from lightmetrics.keys import UtcHour, hours_between
-from pipeline.s3io import S3Access
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.keys import UtcHour, hours_between
+from lightmetrics_pipeline.s3io import S3Access
 
 
 def _spark(master: str | None) -> Any:
-    from pipeline.session import get_spark
+    from lightmetrics_pipeline.session import get_spark
 
     return get_spark("lightmetrics-pipeline", master=master)
 
@@ -30,15 +30,15 @@ def _spark(master: str | None) -> Any:
 def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_ns: int | None = None,
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
               table: Any = None, progress: Any = None) -> Any:
-    from lightmetrics.services import control_table
-    from pipeline.audit import gc_marked_blobs, run_audit
-    from pipeline.inventory import inventory_dataframe, open_report
+    from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
+    from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
     spark = spark or _spark(master)
     report = open_report(inventory_location, access)
     if report.source_bucket != access.bucket:
-        from pipeline.inventory import InventoryError
+        from lightmetrics_pipeline.inventory import InventoryError
 
         raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
     df = inventory_dataframe(spark, report, access)
@@ -51,7 +51,7 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:
     """The reconciler's checkpoint: the first hour not yet closed (hours before it are closed) — by
     every shard: the slowest shard's (docs/protocol.md §12 R8)."""
-    from lightmetrics.reconcile import read_shard_checkpoints
+    from lightmetrics.derived.reconcile_state import read_shard_checkpoints
 
     return read_shard_checkpoints(table, settings.reconcile_shards).hour
 
@@ -60,8 +60,8 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
                recompute: bool = False, owner: str | None = None, access: S3Access | None = None, spark: Any = None,
                clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]",
                progress: Any = None) -> Any:
-    from lightmetrics.services import control_table
-    from pipeline.rollup import RollupJob
+    from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline.rollup import RollupJob
 
     access = access or S3Access.from_settings(settings, component="pipeline-rollup")
     table = table or control_table(settings)
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         report = audit_job(settings, args.inventory, run_id=args.run_id, master=None)
         print(json.dumps(report.to_json(), sort_keys=True))
         return 1 if report.violations else 0
-    from lightmetrics.services import control_table
-    from pipeline.lease import LeaseHeld
+    from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline.lease import LeaseHeld
 
     table = control_table(settings)
     try:
@@ -120,8 +120,8 @@ def lease_held_line(table: Any, exc: Exception) -> str:
     >>> lease_held_line(Table(), Exception("held"))
     'rollup: not run: the rollup lease is held by owner 3f2a9c1d-77 (epoch 4) until 2026-01-01 00:00:00Z; exit 0'
     """
-    from lightmetrics.clock import utc_text
-    from lightmetrics.leases import lease_pk, read
+    from lightmetrics.ops.leases import lease_pk, read
+    from lightmetrics.protocol.clock import utc_text
 
     item = read(table, lease_pk("rollup"))
     if not item:

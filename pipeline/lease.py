@@ -1,14 +1,14 @@
-"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.leases.Lease`, the one lease
+"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.ops.leases.Lease`, the one lease
 implementation of the walks, the reaps and the rollup.
 
 The lease avoids wasted work; it is not what makes a rollup correct (S3 cannot check a fencing
 token). Correctness comes from conditional creates on keys that carry the generation number: of
 two owners that both get past an expired lease, exactly one creates ``generation=N`` and the
-other is refused (:class:`pipeline.rollup.GenerationTaken`).
+other is refused (:class:`lightmetrics_pipeline.rollup.GenerationTaken`).
 """
 
 from __future__ import annotations
 
-from lightmetrics.leases import Lease, LeaseHeld, LeaseLost
+from lightmetrics.ops.leases import Lease, LeaseHeld, LeaseLost
 
 __all__ = ["Lease", "LeaseHeld", "LeaseLost"]

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from lightmetrics.keys import UtcHour, hours_between
-from pipeline import chunks as C
-from pipeline.rollup import committed_chunks, read_committed
-from pipeline.s3io import S3Access, Tally, store, task_tally
+from lightmetrics.protocol.keys import UtcHour, hours_between
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.rollup import committed_chunks, read_committed
+from lightmetrics_pipeline.s3io import S3Access, Tally, store, task_tally
 
 STATS = ("mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99")
 _NS = 1_000_000_000

@@ -10,7 +10,7 @@ For each hour H (an *acceptance* hour, UTC) the reconciler has closed — hours 
    the job builds generation G+1 (1 if none): a late batch in a rolled-up hour supersedes, never mutates;
 3. read each batch (acceptance record -> blob, sha256 checked) and decode its frame in Arrow
    batches (``mapInPandas``, tasks sized from the number of inputs), aggregate per series and
-   window (1m, 5m, 1h) in Spark SQL (:mod:`pipeline.aggregate`), encode one chunk per
+   window (1m, 5m, 1h) in Spark SQL (:mod:`lightmetrics_pipeline.aggregate`), encode one chunk per
    (series, window);
 4. write every chunk, then its index entry, by conditional create (executors, tasks sized from the
    number of series), then the generation's chunk lists (one executor task per list);
@@ -37,13 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.keys import KeyKind, UtcHour
-from lightmetrics.leases import lease_rule_broken
-from pipeline import chunks as C
-from pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
-from pipeline.lease import Lease
-from pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
+from lightmetrics.ops.leases import lease_rule_broken
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
+from lightmetrics_pipeline.lease import Lease
+from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
 #: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
 #: (batches) per decode task, chunks per write task; each count is capped.
@@ -162,7 +162,7 @@ def _list_agents(access: S3Access, accumulator: Any) -> Any:
     def run(batches: Any) -> Any:
         import numpy as np
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         for pdf in batches:
             hours, agents = [], []
@@ -186,7 +186,7 @@ def _list_ranges(access: S3Access, accumulator: Any) -> Any:
     def run(batches: Any) -> Any:
         import numpy as np
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         codec = access.codec
         st = s3io.store(access)
@@ -222,7 +222,7 @@ def _list_ranges(access: S3Access, accumulator: Any) -> Any:
 
 
 def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: Any, workers: int = 16) -> Any:
-    """``mapInArrow`` over :func:`pipeline.aggregate.chunk_rows`: encode each chunk, then
+    """``mapInArrow`` over :func:`lightmetrics_pipeline.aggregate.chunk_rows`: encode each chunk, then
     conditionally create it and its index entry. Out: one small row per chunk (its manifest
     entry as JSON and the outcomes), never the bytes."""
 
@@ -231,8 +231,8 @@ def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: An
 
         import pyarrow as pa
 
-        from pipeline import s3io
-        from pipeline.aggregate import encode_chunk_row
+        from lightmetrics_pipeline import s3io
+        from lightmetrics_pipeline.aggregate import encode_chunk_row
 
         codec = access.codec
 
@@ -278,7 +278,7 @@ def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any
     def build(pdf: Any) -> Any:
         import pandas as pd
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         hour_s, part, parts = int(pdf["hour_s"].iloc[0]), int(pdf["part"].iloc[0]), int(pdf["parts"].iloc[0])
         hour = UtcHour(hour_s)
@@ -313,7 +313,7 @@ def _count_tasks(tasks: Any, name: str, fn: Any) -> Any:
 
 def decode_samples(entries: Any, access: S3Access, generations: dict[int, int], accumulator: Any,
                    tasks: Any, inputs: int) -> Any:
-    """The hours' decoded samples (:data:`pipeline.decode.SAMPLE_SCHEMA`), in
+    """The hours' decoded samples (:data:`lightmetrics_pipeline.decode.SAMPLE_SCHEMA`), in
     ``tasks_for(inputs, INPUTS_PER_DECODE_TASK)`` decode tasks (an explicit count: adaptive
     execution does not coalesce it)."""
     from pyspark.sql import functions as F
@@ -339,7 +339,7 @@ def chunk_writes(samples: Any, access: S3Access, generations: dict[int, int], ac
     explicit count, and nothing shuffles after it, so the writes run in exactly that many tasks."""
     from pyspark.sql import functions as F
 
-    from pipeline.aggregate import chunk_rows
+    from lightmetrics_pipeline.aggregate import chunk_rows
 
     rows = chunk_rows(samples.where(F.col("error").isNull()).drop("error"), write_tasks)
     return rows.mapInArrow(_count_tasks(tasks, "write", _write_chunks(access, generations, accumulator)),
@@ -385,7 +385,7 @@ class RollupJob:
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         acc = counter_accumulator(self.spark)
         requests = Tally()
@@ -546,7 +546,7 @@ class RollupJob:
 
     def _commit(self, p: HourPlan, built: tuple[list[dict[str, Any]], dict[str, int]], result: HourResult,
                 requests: Tally) -> None:
-        from pipeline import s3io
+        from lightmetrics_pipeline import s3io
 
         assert p.generation is not None
         codec = self.access.codec
@@ -617,7 +617,7 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     """What readers do: the highest generation listed under ``manifests/v1/<hour>/`` (every listed
     manifest is complete — it is written after all its chunks and chunk lists). The listing is
     delimited by ``/``: the chunk lists, in their own folder, are not listed."""
-    from pipeline import s3io
+    from lightmetrics_pipeline import s3io
 
     codec = access.codec
     keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour), delimiter="/")
@@ -640,7 +640,7 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
 def committed_chunks(access: S3Access, doc: dict[str, Any], metric: str | None = None) -> list[dict[str, Any]]:
     """The chunk entries a committed manifest names — of ``metric`` only if given (then one chunk
     list is read: the metric's part) — each list checked against the sha256 the manifest records."""
-    from pipeline import s3io
+    from lightmetrics_pipeline import s3io
 
     if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
         return [c for c in doc["chunks"] if metric is None or c["metric"] == metric]

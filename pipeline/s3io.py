@@ -28,10 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.cas import ConditionalCreateOutcome, create_object
-from lightmetrics.keys import KeyCodec
-from lightmetrics.retry import RetryPolicy
-from lightmetrics.store import S3ObjectStore, bucket_refusal, s3_client_config
+from lightmetrics.aws.s3_store import S3ObjectStore, bucket_refusal, s3_client_config
+from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.retry import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def store(access: S3Access) -> S3ObjectStore:
 @contextmanager
 def s3_errors(bucket: str, setting: str = "LM_BUCKET") -> Iterator[None]:
     """Calls of a raw client (not through :func:`store`) inside the block: a missing bucket or
-    denied access raises :class:`~lightmetrics.store.StoreAccessError` naming it and ``setting``."""
+    denied access raises :class:`~lightmetrics.protocol.object_store.StoreAccessError` naming it and ``setting``."""
     from botocore.exceptions import ClientError
 
     try:

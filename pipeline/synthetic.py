@@ -18,12 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from lightmetrics.derived import AcceptedByTimeEntry
-from lightmetrics.frame import Sample, encode_frame
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import KeyCodec, UtcHour
-from lightmetrics.manifests import AcceptedBatchManifest
-from pipeline.inventory import Destination, WrittenReport, parquet_table_bytes, write_report_files
+from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
+from lightmetrics.protocol.frame import Sample, encode_frame
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import KeyCodec, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics_pipeline.inventory import Destination, WrittenReport, parquet_table_bytes, write_report_files
 
 
 @dataclass

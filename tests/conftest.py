@@ -9,18 +9,22 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from lightmetrics.accept import AcceptContext
-from lightmetrics.clock import FrozenClock
-from lightmetrics.config import Settings
-from lightmetrics.frame import Sample, encode_frame
-from lightmetrics.identity import BatchIdentity
+from lightmetrics.acceptance.accept import AcceptContext
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.aws.s3_store import s3_client_config
+from lightmetrics.composition.config import Settings
+from lightmetrics.composition.services import accept_context
+from lightmetrics.harness.testing.faults import FaultInjector
 from lightmetrics.local.environment import local_environment
+from lightmetrics.local.function_code import import_functions
 from lightmetrics.local.server import LocalRuntime
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.retry import RetryPolicy
-from lightmetrics.services import accept_context
-from lightmetrics.store import s3_client_config
-from lightmetrics.testing.faults import FaultInjector
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.frame import Sample, encode_frame
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.retry import RetryPolicy
+
+# functions/ is the Lambda code asset, not an installed package: tests import it under its Lambda name
+import_functions()
 
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
 
@@ -170,7 +174,7 @@ def cdk_synth(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
 def spark():  # type: ignore[no-untyped-def]
     """ONE local SparkSession per test run (local[2], Arrow on), with a 1 MB driver result limit so
     no pipeline job can quietly collect a key set."""
-    from pipeline.session import get_spark
+    from lightmetrics_pipeline.session import get_spark
 
     session = get_spark("lightmetrics-tests", conf={"spark.driver.maxResultSize": "1m"})
     yield session

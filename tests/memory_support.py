@@ -1,4 +1,4 @@
-"""A world on the in-memory adapters (:mod:`lightmetrics.testing.memory`) for the fast unit tests
+"""A world on the in-memory adapters (:mod:`lightmetrics.harness.testing.memory`) for the fast unit tests
 of the decisions (tests/test_memory_*.py): accepted batches, orphans, and the walk's loop.
 
 The moto-backed tests (tests/test_reap.py, tests/test_walk.py, ...) stay: these run the same task
@@ -12,12 +12,12 @@ from typing import Any
 
 from conftest import make_frame
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.clock import FrozenClock
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.testing.memory import T0_NS, MemorySystem, memory_system
-from lightmetrics.walk import INDEXES, Walker, set_watermark
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.harness.testing.memory import T0_NS, MemorySystem, memory_system
+from lightmetrics.derived.walk import INDEXES, Walker, set_watermark
 
 _NS = 1_000_000_000
 HORIZON_S = 60

@@ -11,14 +11,14 @@ from typing import Any
 
 from conftest import FAST, T0_NS
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.frame import Sample, decode_frame, encode_frame
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.services import accept_context
-from pipeline.s3io import S3Access
+from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline.s3io import S3Access
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
 WINDOWS = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
@@ -95,12 +95,12 @@ SampleRow = tuple[int, str, str, int, float, int]  # hour_s, manifest_id, series
 
 def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
     """Decoded sample rows as the rollup sees them (``SAMPLE_SCHEMA`` without errors), each value's
-    sketch bin computed as ``pipeline.decode`` does, and NaN as null — what a NaN becomes when
+    sketch bin computed as ``lightmetrics_pipeline.decode`` does, and NaN as null — what a NaN becomes when
     ``mapInPandas`` hands pandas output to Spark."""
     import numpy as np
 
-    from pipeline.chunks import exact_parts, sketch_keys
-    from pipeline.decode import SAMPLE_SCHEMA
+    from lightmetrics_pipeline.chunks import exact_parts, sketch_keys
+    from lightmetrics_pipeline.decode import SAMPLE_SCHEMA
 
     values = np.array([r[4] for r in rows], dtype=np.float64)
     store, key = sketch_keys(values)
@@ -114,7 +114,7 @@ def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
 def oracle_chunks(rows: list[SampleRow], generation: int, seed: int = 0) -> dict[tuple[int, str, str], bytes]:
     """(hour_s, series, window) -> chunk bytes, computed per series and window by the reference
     Python (``chunks.aggregate_window`` and ``sketch_of``), from the samples in a shuffled order."""
-    from pipeline import chunks as C
+    from lightmetrics_pipeline import chunks as C
 
     shuffled = list(rows)
     random.Random(seed).shuffle(shuffled)

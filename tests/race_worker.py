@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from conftest import ident, make_frame  # noqa: E402
 
-from lightmetrics.accept import accept_batch  # noqa: E402
-from lightmetrics.config import Settings  # noqa: E402
-from lightmetrics.services import accept_context  # noqa: E402
+from lightmetrics.acceptance.accept import accept_batch  # noqa: E402
+from lightmetrics.composition.config import Settings  # noqa: E402
+from lightmetrics.composition.services import accept_context  # noqa: E402
 
 
 def main() -> None:

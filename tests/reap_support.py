@@ -14,18 +14,18 @@ from typing import Any
 import boto3
 from conftest import FAST, make_frame
 
-from lightmetrics import crashpoints
-from lightmetrics.accept import AcceptContext, accept_batch
-from lightmetrics.clock import FrozenClock
-from lightmetrics.config import Settings
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
-from lightmetrics.reap import Reaper
-from lightmetrics.services import accept_context, work_context
-from lightmetrics.testing.faults import FaultInjector, FaultRule
-from lightmetrics.walk import INDEXES, set_watermark
-from lightmetrics.work import WorkContext
+from lightmetrics.acceptance.accept import AcceptContext, accept_batch
+from lightmetrics.composition.config import Settings
+from lightmetrics.composition.services import accept_context, work_context
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps import Reaper
 
 _NS = 1_000_000_000
 HORIZON_S = 60

@@ -16,11 +16,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import FAST  # noqa: E402
 from reap_support import drive, world_settings  # noqa: E402
 
-from lightmetrics.clock import FrozenClock  # noqa: E402
+from lightmetrics.composition.services import work_context  # noqa: E402
+from lightmetrics.harness.testing.crashes import killed_at_from_env  # noqa: E402
 from lightmetrics.local.hosting import install_from_env  # noqa: E402
-from lightmetrics.reap import Reaper  # noqa: E402
-from lightmetrics.services import work_context  # noqa: E402
-from lightmetrics.testing.crashes import killed_at_from_env  # noqa: E402
+from lightmetrics.protocol.clock import FrozenClock  # noqa: E402
+from lightmetrics.reaps import Reaper  # noqa: E402
 
 
 def main() -> None:

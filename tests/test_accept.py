@@ -7,9 +7,9 @@ import hashlib
 import pytest
 from conftest import ident, make_frame
 
-from lightmetrics.accept import RESOLUTION_METADATA_KEY, AcceptStatus, accept_batch
-from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
-from lightmetrics.testing.faults import FaultRule
+from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY, AcceptStatus, accept_batch
+from lightmetrics.harness.testing.faults import FaultRule
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 
 
 def keys(s3, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]

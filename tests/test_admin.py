@@ -11,14 +11,14 @@ import pytest
 from conftest import FAST, make_frame
 
 from functions.admin import app as admin_app
-from lightmetrics.accept import accept_batch
-from lightmetrics.clock import FrozenClock
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_quarantine
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_quarantine
 from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
 from lightmetrics.local.sigv4 import SigV4Error, sign_headers, verify_sigv4
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.services import accept_context
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
 
 T0 = 1_764_000_000_000_000_000
 

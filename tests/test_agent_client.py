@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from conftest import T0_NS, make_frame
 
-from lightmetrics.accept import RESOLUTION_METADATA_KEY, accept_batch
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
+from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY, accept_batch
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
+from lightmetrics.acceptance.http_contract import IngestService, parse_lambda_event
 from lightmetrics.client import (
     AgentClient,
     Alert,
@@ -37,11 +38,10 @@ from lightmetrics.client import (
     SpoolConflictError,
     identity_from_spool_name,
 )
-from lightmetrics.clock import FrozenClock
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.ingest_http import IngestService, parse_lambda_event
-from lightmetrics.local.server import IngestHTTPServer
-from lightmetrics.manifests import AcceptedBatchManifest
+from lightmetrics.local.ingest_endpoint import IngestHTTPServer
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
 
 KEYS = TokenKeys.generate("k1")
 AGENT = "agent-A.1"
@@ -360,8 +360,8 @@ def test_non_ascii_ids_travel_percent_encoded_end_to_end(real: RealIngest, tmp_p
     m = manifest(real.ctx, odd)
     assert m is not None and (m.agent_id, m.boot_id) == (agent, boot)
     # Raw non-ASCII in a header is refused with a message saying how to send it.
-    from lightmetrics.errors import InvalidIdentityError
-    from lightmetrics.identity import id_from_header
+    from lightmetrics.protocol.errors import InvalidIdentityError
+    from lightmetrics.protocol.identity import id_from_header
 
     with pytest.raises(InvalidIdentityError, match="UTF-8''"):
         id_from_header("boot-\u00e9", "boot_id")

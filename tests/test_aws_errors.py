@@ -1,4 +1,4 @@
-"""ClientError classification (lightmetrics.aws_errors): each AWS error code, injected at a real
+"""ClientError classification (lightmetrics.aws.errors): each AWS error code, injected at a real
 botocore client (``botocore.stub.Stubber``: the response is parsed as the service's), ends as it
 should — a transient one is retried later under the retry budget, a refusal blocks its unit at once
 with a message naming the operation and the code, and a missing bucket or table names its setting.
@@ -14,13 +14,13 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from lightmetrics.aws_errors import is_transient
-from lightmetrics.control_table import ControlTable
-from lightmetrics.errors import ResourceAccessError
-from lightmetrics.outcome import Outcome
-from lightmetrics.store import S3ObjectStore
-from lightmetrics.testing.memory import NO_WAIT, memory_system
-from lightmetrics.work import run_unit
+from lightmetrics.aws.errors import is_transient
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.protocol.errors import ResourceAccessError
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.aws.s3_store import S3ObjectStore
+from lightmetrics.harness.testing.memory import NO_WAIT, memory_system
+from lightmetrics.ops.work import run_unit
 
 TRANSIENT = "RETRY_LATER"
 PERMANENT = "BLOCKED"

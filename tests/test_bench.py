@@ -10,10 +10,10 @@ import sys
 import uuid
 from pathlib import Path
 
-from lightmetrics.bench.cost_table import OPERATIONS, measure_operation_costs
-from lightmetrics.cost_model import MEASURED_REQUESTS
+from lightmetrics.aws.s3_store import s3_client_config
+from lightmetrics.deployment.cost_workload import MEASURED_REQUESTS
+from lightmetrics.harness.bench.cost_table import OPERATIONS, measure_operation_costs
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.store import s3_client_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,7 +55,7 @@ def test_cost_table_is_flat_and_matches_the_cost_models_table(runtime):  # type:
     assert all(costs["flat"].values()), costs["operations"]
     for op, by_depth in costs["operations"].items():
         for depth, measured in by_depth.items():
-            # The checked-in table the cost model prices (lightmetrics.cost_model) is the live count.
+            # The checked-in table the cost model prices (lightmetrics.deployment.cost_model) is the live count.
             assert measured["by_api"] == MEASURED_REQUESTS[op], (op, depth)
     assert costs["operations"]["accept.new"]["30"] == {"total": 2, "by_api": {"s3.PutObject": 2}}
     assert [s["depth"] for s in costs["seeding"]] == [10, 30]
@@ -63,9 +63,9 @@ def test_cost_table_is_flat_and_matches_the_cost_models_table(runtime):  # type:
 
 def test_indexing_and_walk_benches_count_what_they_claim(runtime):  # type: ignore[no-untyped-def]
     """Small in-process runs on the session runtime: structure and request counts, not timings."""
-    from lightmetrics.bench.harness import BenchEnv
-    from lightmetrics.bench.indexing_bench import run_indexing
-    from lightmetrics.bench.walk_bench import run_walk
+    from lightmetrics.harness.bench.harness import BenchEnv
+    from lightmetrics.harness.bench.indexing_bench import run_indexing
+    from lightmetrics.harness.bench.walk_bench import run_walk
 
     with BenchEnv(latency_ms=2, max_inflight=8, runtime=runtime) as env:
         indexing = run_indexing(env, batches=20, repeat=1)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightmetrics.bench.harness import BenchEnv
+from lightmetrics.harness.bench.harness import BenchEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY = {"median", "min", "max", "spread", "runs"}
@@ -52,7 +52,7 @@ def test_bench_reconcile_cli_prints_strict_json_and_overlaps_what_its_baseline_s
 
 
 def test_bench_reap_runs_gc_by_time_and_retention_with_the_same_requests_as_its_baseline(runtime):  # type: ignore[no-untyped-def]
-    from lightmetrics.bench.reap_bench import run_reap
+    from lightmetrics.harness.bench.reap_bench import run_reap
 
     with BenchEnv(latency_ms=20, max_inflight=8, runtime=runtime) as env:
         report = run_reap(env, hours=1, batches_per_hour=16, agents=2, repeat=1)
@@ -74,7 +74,7 @@ def test_bench_reap_runs_gc_by_time_and_retention_with_the_same_requests_as_its_
 
 
 def test_bench_walk_repairs_the_same_per_key_as_its_sequential_walker_and_overlaps_its_requests(runtime):  # type: ignore[no-untyped-def]
-    from lightmetrics.bench.walk_bench import run_walk
+    from lightmetrics.harness.bench.walk_bench import run_walk
 
     with BenchEnv(latency_ms=20, max_inflight=32, runtime=runtime) as env:
         report = run_walk(env, batches=40, agents=4, page_size=100, repeat=1)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.pump import EventPump, Route, queue_depth
 from lightmetrics.local.server import LocalRuntime
-from lightmetrics.testing.faults import FaultInjector, FaultRule
 
 
 def test_fault_rule_every_fires_on_every_nth_match_after_the_skip() -> None:

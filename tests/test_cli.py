@@ -111,7 +111,7 @@ def test_accept_when_s3_is_down_is_exit_4(tmp_path, samples, env):  # type: igno
 
 
 def test_agent_token_matches_what_ingest_verifies(runtime, env):  # type: ignore[no-untyped-def]
-    from lightmetrics.auth import TokenKeys, verify_token
+    from lightmetrics.acceptance.auth import TokenKeys, verify_token
 
     keys = TokenKeys.generate("k7")
     runtime.boto3_client("secretsmanager").create_secret(Name=f"tok-{env['LM_BUCKET']}", SecretString=keys.model_dump_json())
@@ -194,7 +194,7 @@ def _commands(group, path=()):  # type: ignore[no-untyped-def]
 def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand():  # type: ignore[no-untyped-def]
     """Issue 17: the configuration flags are listed once, on ``lmctl``; no subcommand's help repeats them."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.config import Settings
+    from lightmetrics.composition.config import Settings
 
     flags = {f"--{name.replace('_', '-')}" for name in Settings.model_fields}
     assert flags <= {o for p in cli.params for o in p.opts}
@@ -209,12 +209,12 @@ def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand(): 
 @pytest.fixture(scope="module")
 def stack(runtime):  # type: ignore[no-untyped-def]
     """A stack on the local runtime whose outputs are the ones infra/stack.py declares
-    (lightmetrics.stack_outputs), naming a provisioned local system: (stack name, settings, outputs)."""
+    (lightmetrics.deployment.stack_outputs), naming a provisioned local system: (stack name, settings, outputs)."""
     import uuid
 
+    from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.deployment.stack_outputs import EMPTY_PREFIX, queue_output_key, state_machine_output_key
     from lightmetrics.local.system import LocalSystem
-    from lightmetrics.resources import SPEC
-    from lightmetrics.stack_outputs import EMPTY_PREFIX, queue_output_key, state_machine_output_key
 
     tag = uuid.uuid4().hex[:10]
     system = LocalSystem(runtime, bucket=f"lm-env-{tag}", table=f"lm-env-{tag}", secret_name=f"lm-env/{tag}",
@@ -236,7 +236,7 @@ def stack(runtime):  # type: ignore[no-untyped-def]
 
 def test_env_configures_lmctl_from_the_stack_outputs(runtime, stack):  # type: ignore[no-untyped-def]
     """Issue 17: eval "$(lmctl env --stack X)" points lmctl at a deployed stack."""
-    from lightmetrics.resources import SPEC
+    from lightmetrics.deployment.resources import SPEC
 
     name, st, values = stack
     aws_only = {k: v for k, v in os.environ.items() if not k.startswith("LM_")}

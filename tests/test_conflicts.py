@@ -12,10 +12,16 @@ import pytest
 from click.testing import CliRunner
 from conftest import FAST, RecordingMetrics, make_frame
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
-from lightmetrics.clock import FrozenClock
-from lightmetrics.conflicts import (
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
+from lightmetrics.acceptance.denylist import DENYLIST_PK, DenylistCache
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_quarantine
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.ops.conflicts import (
     ACCEPT_EXISTING,
     CONFLICTS_PK,
     DENY_IDENTITY,
@@ -27,15 +33,9 @@ from lightmetrics.conflicts import (
     conflict_id,
     parse_conflict_id,
 )
-from lightmetrics.control_table import ControlTable
-from lightmetrics.denylist import DENYLIST_PK, DenylistCache
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_quarantine
-from lightmetrics.ingest_http import HttpRequest, IngestService
-from lightmetrics.local.system import LocalSystem
-from lightmetrics.outcome import Outcome
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
 
 T0 = 1_764_000_000_000_000_000
 
@@ -378,7 +378,7 @@ def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, c
     """Issue 17: an operator copies the start of an id; a prefix of one conflict shows it, a prefix
     of several names them and exits 2, a prefix of none exits 2."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.conflicts import conflict_id
+    from lightmetrics.ops.conflicts import conflict_id
 
     _, one = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-1", 0, 9))
     _, two = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-2", 0, 9))
@@ -402,7 +402,7 @@ def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hash
     """Issue 17: the prefix `conflicts show` takes works for `conflicts resolve` too (an ambiguous or
     unknown one exits 2 saying so, changing nothing), and `conflicts list` prints both sha256 whole."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.conflicts import conflict_id
+    from lightmetrics.ops.conflicts import conflict_id
 
     made = [make_conflict(system, runtime, clock, BatchIdentity.create("agent-rpx", b, 0, 9)) for b in ("boot-1", "boot-2")]
     ids = [conflict_id(BatchIdentity.create("agent-rpx", b, 0, 9), r.frame_sha256)
@@ -448,10 +448,10 @@ def test_demo_conflict_phase_with_the_agent_client(system, runtime, clock, tmp_p
     """The demo phase on a real AgentClient over HTTP: listed, parked batch visible, resolved, dropped."""
     from types import SimpleNamespace
 
+    from lightmetrics.acceptance.http_contract import parse_lambda_event
     from lightmetrics.client import AgentClient, BackoffPolicy
-    from lightmetrics.demo_conflicts import run_conflict_phase, summary_row
-    from lightmetrics.ingest_http import parse_lambda_event
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.harness.demo_conflicts import run_conflict_phase, summary_row
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 
     keys = TokenKeys.generate("k1")
     svc = _service(system, runtime, clock, keys, FakeMonotonic())

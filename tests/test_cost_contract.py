@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from conftest import ident, make_frame
 
-from lightmetrics.accept import AcceptStatus, accept_batch
+from lightmetrics.acceptance.accept import AcceptStatus, accept_batch
 
 DEPTHS = (10, 100, 1000)
 

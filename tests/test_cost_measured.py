@@ -4,7 +4,7 @@ Each job runs whole, through its public entry point: the walk and the reaps as e
 state machines on moto's Step Functions interpreter (tasks in the runtime's function host, their
 S3 and DynamoDB clients counted; states entered and Lambda tasks read from the execution history),
 the reconciler as ``Reconciler.run``. Every run happens at two history depths, and its total must
-equal :func:`lightmetrics.cost_model.job_requests` of the units the run did (keys, pages, rounds,
+equal :func:`lightmetrics.deployment.cost_workload.job_requests` of the units the run did (keys, pages, rounds,
 partitions, blobs, batches, hours ...), counted from the world the test built: no tolerance. When
 a job changes its request mix, this fails until ``JOB_REQUESTS`` says what the job now costs.
 """
@@ -23,15 +23,15 @@ from conftest import FAST, T0_NS, consume_all, ident, make_frame
 from reap_support import OLD_NS
 from walk_support import set_last_modified
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.bench.cost_table import measure_reap, measure_reconcile, measure_walk
-from lightmetrics.clock import FrozenClock, OffsetClock
-from lightmetrics.cost_model import JOB_REQUESTS, job_requests
-from lightmetrics.indexing import index_accepted, index_raw_blob, write_raw_blob_entry
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.deployment.cost_workload import JOB_REQUESTS, job_requests
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob, write_raw_blob_entry
+from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.bench.cost_table import measure_reap, measure_reconcile, measure_walk
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.services import accept_context
-from lightmetrics.walk import INDEXES, set_watermark
+from lightmetrics.protocol.clock import FrozenClock, OffsetClock
+from lightmetrics.protocol.keys import UtcHour
 
 _NS = 1_000_000_000
 WAIT_S = 3  # the GC grace and the tombstone wait of the measured reaps
@@ -109,7 +109,7 @@ def seed(system: LocalSystem, runtime: Any, shape: Shape) -> None:
 def gc_tombstone_checks(system: LocalSystem, page_size: int) -> int:
     """The tombstone HEADs of a by-time GC over every blob: one per acceptance hour of a page's
     referenced blobs (each page is one task, and a task caches its answers, rule G-R1)."""
-    from lightmetrics.indexing import parse_record
+    from lightmetrics.derived.indexing import parse_record
 
     ctx = system.work_context(policy=FAST)
     hour_of = {}
@@ -235,7 +235,7 @@ def test_the_scheduled_gc_costs_what_the_model_says_per_orphan(runtime: Any, orp
     """The daily GC (rule G-B3: the newest committed audit's orphan candidates): its cost follows
     the orphans the audit found, whatever the number of blobs; a day without a new audit costs
     one run of the state machine and one listing."""
-    from lightmetrics.testing.faults import FaultInjector, FaultRule
+    from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 
     system = make_system(runtime, OffsetClock(2 * 3600 * _NS), retry_horizon_s=60, gc_grace_s=WAIT_S)
     try:

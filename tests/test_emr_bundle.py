@@ -30,12 +30,13 @@ def test_the_code_zip_is_byte_identical_for_identical_sources_and_follows_them(t
     assert a.read_bytes() == b.read_bytes()
     with zipfile.ZipFile(a) as zf:
         names = set(zf.namelist())
-        assert zf.read("pipeline/jobs.py") == (bundle.ROOT / "pipeline" / "jobs.py").read_bytes()
-    assert {"lightmetrics/__init__.py", "pipeline/__init__.py", "pipeline/emr_main.py"} <= names
+        assert zf.read("lightmetrics_pipeline/jobs.py") == (bundle.ROOT / "pipeline" / "jobs.py").read_bytes()
+    assert {"lightmetrics/__init__.py", "lightmetrics_pipeline/__init__.py", "lightmetrics_pipeline/emr_main.py"} <= names
+    assert not any(n.startswith("pipeline/") for n in names)
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
     stale = tmp_path / "stale.zip"
-    bundle._write_zip(stale, [("pipeline/jobs.py", b"old")])
+    bundle._write_zip(stale, [("lightmetrics_pipeline/jobs.py", b"old")])
     bundle.ensure_app_zip(stale)
     assert stale.read_bytes() == a.read_bytes()
 

@@ -9,11 +9,11 @@ import re
 import pytest
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
-from lightmetrics.clock import SystemClock, utc_text
-from lightmetrics.identity import BatchIdentity
-from pipeline.jobs import main
-from pipeline.lease import Lease
-from pipeline.rollup import read_committed
+from lightmetrics.protocol.clock import SystemClock, utc_text
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline.jobs import main
+from lightmetrics_pipeline.lease import Lease
+from lightmetrics_pipeline.rollup import read_committed
 
 NEXT = H0.next()  # the reconciler's checkpoint: H0 is closed
 

@@ -8,7 +8,7 @@ deploy-time references (bucket, table, region) become the local system's; the EM
 is done by hand — ``spark.emr-serverless.driverEnv.*`` become the driver's environment and the
 dependency zip is unpacked as ``./deps`` in the driver's working directory (the archive alias Spark
 unpacks there on a cluster driver); and local-only additions: the master, the local session's
-sizing (``pipeline.session.LOCAL_CONF``), quiet logs, and the moto endpoint and test credentials
+sizing (``lightmetrics_pipeline.session.LOCAL_CONF``), quiet logs, and the moto endpoint and test credentials
 (on EMR the job role's credentials come from the default chain).
 
 Set ``LM_SPARK_SUBMIT_TRANSCRIPT=<file>`` to keep the run's command line and output.
@@ -33,10 +33,10 @@ from conftest import T0_NS
 from pipeline_support import H0, accept_indexed, access_for, varied_samples
 from test_infra_pipeline import _assets, _of, _template
 
-from lightmetrics.identity import BatchIdentity
 from lightmetrics.local.environment import local_environment
 from lightmetrics.local.system import LocalSystem
-from pipeline.rollup import read_committed
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline.rollup import read_committed
 
 NEXT = H0.next()
 DEPLOYED = "<deployed>"  # a reference the deployment resolves (a bucket or table name)
@@ -85,7 +85,7 @@ def test_emr_main_runs_under_spark_submit_with_the_synthesized_bundle_and_argume
         cdk_synth, runtime, clock, tmp_path):  # type: ignore[no-untyped-def]
     import pyspark
 
-    from pipeline.session import LOCAL_CONF, LOG4J2_FILE
+    from lightmetrics_pipeline.session import LOCAL_CONF, LOG4J2_FILE
 
     args, entry_point, parameters = _rollup_job_run(cdk_synth)
     assets = _assets(cdk_synth)

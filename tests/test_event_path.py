@@ -10,17 +10,17 @@ import uuid
 import pytest
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
-from lightmetrics.event_path import process_sqs_record
-from lightmetrics.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB, index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.event_path import process_sqs_record
+from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB, index_accepted, index_raw_blob
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.pump import lambda_sqs_event
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.outcome import Outcome
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
-from lightmetrics.testing.faults import FaultInjector, FaultRule
+from lightmetrics.ops.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.protocol.keys import UtcHour
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_exact_cost_of_indexing_one_manifest_and_one_blob(wctx, actx, counter): 
     i = ident(3)
     r = accept_batch(actx, i, make_frame(i))
     hour = UtcHour.of_unix_ns(T0_NS)
-    from lightmetrics.indexing import tombstones
+    from lightmetrics.derived.indexing import tombstones
 
     blob_hour = UtcHour(int(wctx.store.head(r.blob_key).last_modified_unix_s) // 3600 * 3600)
     for h in (hour, blob_hour):  # warm the per-hour cache, as in steady state
@@ -164,8 +164,8 @@ def test_records_of_one_batch_are_processed_concurrently(system, actx, runtime):
     handler.reset()
     event = lambda_sqs_event([{"MessageId": f"m{k}", "ReceiptHandle": "r", "Body": s3_record(system.bucket, key)["body"]}
                               for k, key in enumerate(manifests)], "arn:aws:sqs:us-east-1:123456789012:q")
+    from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
     from lightmetrics.local.function_host import LambdaContext
-    from lightmetrics.sqs_batch import sqs_index_handler
 
     h = sqs_index_handler(kind=KIND_ACCEPTED, queue="index-accepted", settings_factory=lambda: system.settings,
                           work_context_factory=lambda s, **kw: ctx)
@@ -178,8 +178,8 @@ def test_retry_later_records_are_partial_batch_failures(system, actx, runtime): 
     bad = accept_batch(actx, ident(2), make_frame(ident(2))).manifest_key
     ctx = system.work_context(policy=FAST)
     FaultInjector(ctx.store.client).add(FaultRule(fault="503", operation="GetObject", key_contains=bad, times=-1))
+    from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
     from lightmetrics.local.function_host import LambdaContext
-    from lightmetrics.sqs_batch import sqs_index_handler
 
     h = sqs_index_handler(kind=KIND_ACCEPTED, queue="index-accepted", settings_factory=lambda: system.settings,
                           work_context_factory=lambda s, **kw: ctx)

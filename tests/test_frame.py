@@ -1,4 +1,4 @@
-"""Tests of Lightmetrics frame v1 (shared/lightmetrics/frame.py, docs/frame-format.md)."""
+"""Tests of Lightmetrics frame v1 (shared/lightmetrics/protocol/frame.py, docs/frame-format.md)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightmetrics import frame as frame_mod
-from lightmetrics.errors import FrameError
-from lightmetrics.frame import (
+from lightmetrics.protocol import frame as frame_mod
+from lightmetrics.protocol.errors import FrameError
+from lightmetrics.protocol.frame import (
     FLAG_ZSTD,
     MAGIC,
     MAX_DECODED_PAYLOAD_BYTES,
@@ -37,7 +37,7 @@ from lightmetrics.frame import (
     summarize_frame,
     validate_frame,
 )
-from lightmetrics.identity import MAX_ID_BYTES, BatchIdentity
+from lightmetrics.protocol.identity import MAX_ID_BYTES, BatchIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = json.loads((ROOT / "tests" / "golden" / "frame_v1.json").read_text(encoding="utf-8"))["vectors"]

@@ -15,12 +15,13 @@ from typing import Any
 from conftest import FAST, ident, make_frame
 from test_walk import make_system
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
-from lightmetrics.reconcile import Reconciler, SqsCountProbe
-from lightmetrics.resources import SPEC
-from lightmetrics.services import accept_context
-from lightmetrics.walk import Walker
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.queue_probes import SqsCountProbe
+from lightmetrics.composition.services import accept_context
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
+from lightmetrics.derived.reconcile import Reconciler
+from lightmetrics.derived.walk import Walker
 
 _ALLOWED = {"GetObject": "s3_read", "HeadObject": "s3_read", "PutObject": "s3_write",
             "ListObjectsV2": "s3_list", "ListObjectVersions": "s3_list", "DeleteObject": "s3_delete"}

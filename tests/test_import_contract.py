@@ -1,11 +1,14 @@
-"""The layers' import rules (issue 16), checked on the source: the protocol core and the services in
-the Lambda layer never import the outer shells (the local runtime, the CLI, the harnesses, the test
-switches, the pipeline), handlers import only the layer, and no module imports another's private
-names. A short AST walk, no import is executed."""
+"""The layers' import rules (issue 16), checked on the source: the folders of ``shared/lightmetrics``
+are the architecture, and these rules keep them honest. The protocol core imports only itself;
+nothing outside the adapters (``aws/``) and the composition root (``composition/``) imports boto3 or
+botocore; the Lambda layer and the handlers never import the outer shells (the local runtime, the
+CLI, the agent client, the harnesses, the pipeline); no module imports another's private names.
+A short AST walk, no import is executed."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 from infra import layer_contents
@@ -15,9 +18,20 @@ PACKAGE = ROOT / "shared" / "lightmetrics"
 # The outer shells (what only operators, tests and benchmarks run) are what the layer leaves out:
 # one list, infra/layer_contents.py; and the pipeline, which no function runs.
 OUTER_PATHS = set(layer_contents.OUTER_PACKAGES)
-OUTER_FILES = set(layer_contents.OUTER_MODULES)
-OUTER_MODULES = (*(f"lightmetrics.{p}" for p in sorted(OUTER_PATHS)),
-                 *(f"lightmetrics.{f.removesuffix('.py')}" for f in sorted(OUTER_FILES)), "pipeline")
+OUTER_MODULES = (*(f"lightmetrics.{p}" for p in sorted(OUTER_PATHS)), "lightmetrics_pipeline", "pipeline")
+#: the adapters and the composition root: the only folders that may import boto3/botocore
+BOTO_FOLDERS = {"aws", "composition"}
+#: modules outside those folders that import boto3/botocore, each with its reason
+BOTO_EXCEPTIONS = {
+    "ops/work.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
+                   "blocks on them); it imports the exception classes only, never builds a client",
+}
+#: imports of the protocol core from outside it, each with its reason
+PROTOCOL_EXCEPTIONS = {
+    ("protocol/object_store.py", "lightmetrics.aws.s3_store"):
+        "DeleteOutcome carries botocore's ClientError per key, so it stays with the adapter; the port "
+        "names it for the type checker only (under TYPE_CHECKING)",
+}
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -36,8 +50,53 @@ def is_outer(module: str) -> bool:
 
 
 def inner_modules() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if p.relative_to(PACKAGE).parts[0] not in OUTER_PATHS and p.name not in OUTER_FILES]
+    return [p for p in sorted(PACKAGE.rglob("*.py")) if p.relative_to(PACKAGE).parts[0] not in OUTER_PATHS]
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def test_the_package_root_holds_folders_only() -> None:
+    """The layout is the architecture: every module lives in the folder of its role."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert loose == []
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert {"protocol", "acceptance", "derived", "reaps", "ops", "aws", "composition", "lambda_shell"} <= folders
+
+
+def test_the_protocol_core_imports_only_itself() -> None:
+    """protocol/ is pure: no boto3/botocore, no service, no adapter (docs/protocol.md is its spec)."""
+    core = sorted((PACKAGE / "protocol").glob("*.py"))
+    assert len(core) > 8
+    found = [f"{rel(p)} imports {m}" for p in core for m, _, _ in imports(p)
+             if (m.split(".")[0] in ("boto3", "botocore") or m.startswith("lightmetrics")
+                 and not m.startswith("lightmetrics.protocol")) and (rel(p), m) not in PROTOCOL_EXCEPTIONS]
+    assert found == []
+
+
+def test_only_the_adapters_and_the_composition_root_import_boto3() -> None:
+    """Services reach AWS through the adapters in aws/, wired by composition/; the handlers too."""
+    modules = [p for p in inner_modules() if p.relative_to(PACKAGE).parts[0] not in BOTO_FOLDERS]
+    found = [f"{rel(p)} imports {m}" for p in modules for m, _, _ in imports(p)
+             if m.split(".")[0] in ("boto3", "botocore") and rel(p) not in BOTO_EXCEPTIONS]
+    found += [f"{p.relative_to(ROOT)} imports {m}" for p in sorted((ROOT / "functions").rglob("*.py"))
+              for m, _, _ in imports(p) if m.split(".")[0] in ("boto3", "botocore")]
+    assert found == []
+    stale = [f for f in BOTO_EXCEPTIONS
+             if not any(m.split(".")[0] in ("boto3", "botocore") for m, _, _ in imports(PACKAGE / f))]
+    assert stale == [], "an exception no longer needed"
+
+
+def test_every_package_is_installed_under_a_lightmetrics_name() -> None:
+    """Issue 16 item 8: no generic top-level names (``functions``, ``pipeline``) in site-packages, and the
+    explicit package list of pyproject.toml names every folder (setuptools' find cannot rename one)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    folders = {"lightmetrics." + ".".join(p.parent.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("__init__.py")}
+    folders = {f.rstrip(".") for f in folders} | {"lightmetrics_pipeline"}
+    assert listed == folders
+    assert setuptools["package-dir"] == {"lightmetrics": "shared/lightmetrics", "lightmetrics_pipeline": "pipeline"}
 
 
 def test_the_layer_core_never_imports_an_outer_shell() -> None:
@@ -59,10 +118,6 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert found == []
 
 
-#: the adapters and the composition root: the only modules that may touch a boto3 client
-ADAPTERS = {"store.py", "control_table.py", "services.py"}
-
-
 def client_reach_throughs(path: Path) -> list[int]:
     """Lines where ``<x>.store.client``/``<x>.table.client`` (or ``store.client``) is used: a
     service reaching past the port to the boto3 client behind it."""
@@ -76,7 +131,7 @@ def test_services_reach_storage_only_through_the_ports() -> None:
     """Issue 16: the object store and control table ports are complete, so no service in the layer
     reaches through them to the boto3 client (listing, versions, deletes and ranged reads are port
     operations), and nothing asks the type checker to look away (``type: ignore[attr-defined]``)."""
-    services = [p for p in inner_modules() if p.name not in ADAPTERS]
+    services = [p for p in inner_modules() if p.relative_to(PACKAGE).parts[0] not in BOTO_FOLDERS]
     found = [f"{p.relative_to(ROOT)}:{line}" for p in services for line in client_reach_throughs(p)]
     assert found == []
     ignored = [f"{p.relative_to(ROOT)}:{n}" for p in services
@@ -86,7 +141,7 @@ def test_services_reach_storage_only_through_the_ports() -> None:
 
 def test_functions_keep_their_state_one_way() -> None:
     """Issue 16: every function builds what it keeps per container with
-    :class:`lightmetrics.per_container.PerContainer` — no ``global`` rebinding, no state dicts."""
+    :class:`lightmetrics.lambda_shell.per_container.PerContainer` — no ``global`` rebinding, no state dicts."""
     found = []
     for p in sorted((ROOT / "functions").rglob("*.py")):
         tree = ast.parse(p.read_text(encoding="utf-8"))
@@ -99,10 +154,13 @@ def test_functions_keep_their_state_one_way() -> None:
 def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     """The walk is not vacuous: a planted violation of each kind is found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from lightmetrics.local.server import LocalRuntime\nfrom lightmetrics.cli.ops_cmds import _who\n")
+    bad.write_text("from lightmetrics.local.server import LocalRuntime\nfrom lightmetrics.cli.ops_cmds import _who\n"
+                   "from lightmetrics_pipeline.audit import run_audit\nfrom lightmetrics.harness.demo import run_demo\n")
     found = imports(bad)
-    assert any(is_outer(m) for m, _, _ in found)
+    assert sum(is_outer(m) for m, _, _ in found) == 4
     assert any(n.startswith("_") for _, names, _ in found for n in names)
     assert len(inner_modules()) > 40
+    bad.write_text("def f():\n    import boto3\n    from botocore.exceptions import ClientError\n")
+    assert [m for m, _, _ in imports(bad)] == ["boto3", "botocore.exceptions"]
     bad.write_text("def f(ctx):\n    return ctx.store.client.get_object(Bucket='b', Key='k')\n")
     assert client_reach_throughs(bad) == [2]

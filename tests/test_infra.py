@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lightmetrics.config import Settings  # noqa: E402
-from lightmetrics.keys import PREFIXES  # noqa: E402
+from lightmetrics.composition.config import Settings  # noqa: E402
+from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
+from lightmetrics.deployment.resources import SPEC  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
-from lightmetrics.resources import LAYOUT_PREFIXES, SPEC, FunctionSpec  # noqa: E402
+from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
 
 NS = "lm-test/"  # conftest.INFRA_TEST_CONTEXT["prefix"]
 BUCKET = f"<{SPEC.bucket.logical_name}.Arn>"
@@ -171,8 +172,8 @@ def test_function_spec_validation() -> None:
 
 
 def test_state_machine_spec_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lightmetrics.resources import ResourceSpec, StateMachineSpec
-    from lightmetrics.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
+    from lightmetrics.deployment.resource_types import ResourceSpec, StateMachineSpec
+    from lightmetrics.deployment.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
 
     task = FunctionSpec("t", "m")
     with pytest.raises(ValueError, match=".asl.json"):
@@ -250,7 +251,7 @@ def test_template_inventory(cdk_synth: Any) -> None:
     outputs = set(cdk_synth.json["Outputs"])
     assert {"BucketName", "Prefix", "TableName", "SecretName", "GcRoleArn", "AlarmTopicArn", "IngestUrl"} <= outputs
     # Everything `lmctl env --stack` reads back is an output (issue 17): every queue URL, every state machine.
-    from lightmetrics.stack_outputs import settings_from_outputs
+    from lightmetrics.deployment.stack_outputs import settings_from_outputs
 
     settings = settings_from_outputs({k: "x" for k in outputs})
     assert set(json.loads(settings["LM_QUEUE_URLS"])) == {n for q in SPEC.queues for n in (q.name, q.dlq_name)}
@@ -610,13 +611,13 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
 
 def test_alarm_metric_names_are_the_ones_the_code_emits() -> None:
     handler = (ROOT / "functions" / "ingest" / "app.py").read_text()
-    accept = (ROOT / "shared" / "lightmetrics" / "accept.py").read_text()
+    accept = (ROOT / "shared" / "lightmetrics" / "acceptance" / "accept.py").read_text()
     assert 'name="Ingest5xx"' in handler and 'service="ingest"' in handler
     assert 'os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics")' in handler
     assert 'name="InvariantViolation"' in accept
-    work = (ROOT / "shared" / "lightmetrics" / "work.py").read_text()
-    reconcile = (ROOT / "shared" / "lightmetrics" / "reconcile.py").read_text()
-    indexing = (ROOT / "shared" / "lightmetrics" / "indexing.py").read_text()
+    work = (ROOT / "shared" / "lightmetrics" / "ops" / "work.py").read_text()
+    reconcile = (ROOT / "shared" / "lightmetrics" / "derived" / "reconcile.py").read_text()
+    indexing = (ROOT / "shared" / "lightmetrics" / "derived" / "indexing.py").read_text()
     assert 'name="BlockersOpened"' in work and 'name="ReconcilerLagSeconds"' in reconcile
     assert 'alarm="IntegrityViolation"' in indexing and 'alarm="InvariantViolation"' in indexing
 
@@ -862,7 +863,7 @@ def test_deployed_definition_equals_what_the_local_runtime_loaded(runtime: Any, 
         spec = next(sm for sm in SPEC.state_machines if p["StateMachineName"] == f"Lightmetrics-{sm.logical_name}")
         # The file itself is what CDK deploys (substitution happens in CloudFormation).
         assert p["DefinitionString"] == (ROOT / "infra" / "statemachines" / spec.definition).read_text()
-        # CloudFormation's DefinitionSubstitutions, done here independently of lightmetrics.statemachines.
+        # CloudFormation's DefinitionSubstitutions, done here independently of lightmetrics.deployment.statemachines.
         names = {ph: fn_by_id[v["Fn::GetAtt"][0]] for ph, v in p["DefinitionSubstitutions"].items()}
         deployed = json.loads(re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: f"function:{names[m.group(1)]}",
                                      p["DefinitionString"]))

@@ -18,8 +18,8 @@ from test_infra import (
     role_grants,
 )
 
-from lightmetrics.indexing import CONFLICTS_REGISTERED_METRIC
-from lightmetrics.resources import SPEC
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.derived.indexing import CONFLICTS_REGISTERED_METRIC
 
 
 def test_admin_function_url_requires_iam(cdk_synth: Any) -> None:

@@ -7,7 +7,7 @@
 * The GC role is the only role allowed to delete under ``raw-blobs/v1/`` (versions included); the
   retention role deletes derived prefixes only.
 * The reap state machine's schedules: daily GC with an explicit ``dry_run``; retention disabled.
-* The GcRestored alarm reads the metric lightmetrics.gc emits.
+* The GcRestored alarm reads the metric lightmetrics.reaps.gc emits.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from test_infra import BUCKET, NS, as_list, logical_id, render, resources
 
-from lightmetrics.resources import SPEC
+from lightmetrics.deployment.resources import SPEC
 
 PROTECTED = ("accepted/v1/", "quarantine/v1/", "conflict-resolutions/v1/", "retention/v1/")
 DERIVED = ("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/",
@@ -105,5 +105,5 @@ def test_gc_restored_alarm_reads_the_metric_gc_emits(cdk_synth: Any) -> None:
     assert (restored["MetricName"], restored["Namespace"]) == ("GcRestored", "Lightmetrics")
     assert restored["Dimensions"] == [{"Name": "service", "Value": SPEC.function("reap-gc").service}]
     assert "Lightmetrics-ReapExecutionsFailed" in alarms
-    gc_source = (Path(__file__).parents[1] / "shared" / "lightmetrics" / "gc.py").read_text()
+    gc_source = (Path(__file__).parents[1] / "shared" / "lightmetrics" / "reaps" / "gc.py").read_text()
     assert 'name="GcRestored"' in gc_source

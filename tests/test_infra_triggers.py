@@ -7,7 +7,7 @@ from typing import Any
 
 from test_infra import render, resources
 
-from lightmetrics.resources import SPEC
+from lightmetrics.deployment.resources import SPEC
 
 
 def _function_ids(cdk_synth: Any) -> dict[str, str]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from functions.ingest import app
+from lightmetrics.harness.testing import sample_events
 from lightmetrics.local.function_host import LambdaContext
-from lightmetrics.testing import sample_events
 
 EVENTS = Path(__file__).resolve().parent.parent / "events" / "ingest"
 
@@ -71,7 +71,7 @@ def test_refused_requests_write_nothing(ingest_env, runtime):  # type: ignore[no
 
 
 def test_s3_failing_is_503_with_retry_after(ingest_env):  # type: ignore[no-untyped-def]
-    from lightmetrics.hosting import hosted
+    from lightmetrics.composition.hosting import hosted
     from lightmetrics.local.hosting import host_from_env
 
     app.reset()
@@ -84,7 +84,7 @@ def test_s3_failing_is_503_with_retry_after(ingest_env):  # type: ignore[no-unty
 
 
 def test_bad_configuration_fails_the_cold_start_loudly(monkeypatch):  # type: ignore[no-untyped-def]
-    from lightmetrics.errors import ConfigError
+    from lightmetrics.protocol.errors import ConfigError
 
     monkeypatch.setenv("LM_BUCKET", "Not_A_Bucket")
     app.reset()

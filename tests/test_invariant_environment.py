@@ -52,9 +52,9 @@ def lmctl(system: LocalSystem, *args: str, **env: str) -> tuple[int, dict[str, A
 
 
 def test_property_10_the_store_raises_for_a_missing_bucket_and_answers_none_for_a_missing_key(runtime, bucket):  # type: ignore[no-untyped-def]
-    from lightmetrics.errors import ResourceAccessError
-    from lightmetrics.store import S3ObjectStore, s3_client_config
-    from lightmetrics.testing.faults import FaultInjector, FaultRule
+    from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
+    from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+    from lightmetrics.protocol.errors import ResourceAccessError
 
     client = runtime.boto3_client("s3", config=s3_client_config())
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
@@ -80,9 +80,9 @@ def test_property_10_the_store_raises_for_a_missing_bucket_and_answers_none_for_
 def test_property_10_the_control_table_and_queues_raise_for_a_missing_resource(runtime):  # type: ignore[no-untyped-def]
     from botocore.exceptions import ClientError
 
-    from lightmetrics.control_table import ControlTable
-    from lightmetrics.errors import ResourceAccessError
-    from lightmetrics.queues import queue_depth
+    from lightmetrics.aws.control_table import ControlTable
+    from lightmetrics.aws.sqs_queues import queue_depth
+    from lightmetrics.protocol.errors import ResourceAccessError
 
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
     table = ControlTable(runtime.boto3_client("dynamodb"), missing)
@@ -154,9 +154,9 @@ def test_property_10_status_and_the_reconciler_exit_2_naming_a_missing_queue(sys
 def test_property_10_walk_and_reap_tasks_fail_on_a_missing_bucket_instead_of_finding_nothing(runtime):  # type: ignore[no-untyped-def]
     """What a console start of the state machines (no CLI check first) meets: the task that lists
     fails, so the walk ends failed without a watermark and the reap ends without a proof."""
-    from lightmetrics.errors import ResourceAccessError
-    from lightmetrics.reap import Reaper
-    from lightmetrics.walk import Walker, read_watermarks
+    from lightmetrics.derived.walk import Walker, read_watermarks
+    from lightmetrics.protocol.errors import ResourceAccessError
+    from lightmetrics.reaps import Reaper
 
     tag = uuid.uuid4().hex[:10]
     system = LocalSystem(runtime, bucket=f"lm-gone-{tag}", table=f"lm-gone-{tag}", secret_name=f"lm-gone/{tag}",
@@ -176,8 +176,8 @@ def test_property_10_walk_and_reap_tasks_fail_on_a_missing_bucket_instead_of_fin
 
 
 def test_property_10_pipeline_listings_raise_for_a_missing_bucket(runtime):  # type: ignore[no-untyped-def]
-    from lightmetrics.errors import ResourceAccessError
-    from pipeline import inventory, s3io
+    from lightmetrics.protocol.errors import ResourceAccessError
+    from lightmetrics_pipeline import inventory, s3io
 
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
     access = s3io.S3Access(bucket=missing, endpoint_url=runtime.endpoint_url, region="us-east-1",
@@ -292,13 +292,13 @@ def sample_keys_secret(system: LocalSystem, runtime: Any) -> None:
 
 
 def layer_env(system: LocalSystem) -> dict[str, str]:
-    from lightmetrics.testing import sample_events
+    from lightmetrics.harness.testing import sample_events
 
     return {**system.environment(), "LM_MAX_FRAME_BYTES": str(sample_events.SAMPLE_MAX_FRAME_BYTES)}
 
 
 def test_property_12_deployed_functions_import_only_what_the_layer_ships(system, runtime, tmp_path):  # type: ignore[no-untyped-def]
-    from lightmetrics.resources import SPEC
+    from lightmetrics.deployment.resources import SPEC
 
     sample_keys_secret(system, runtime)
     bucket = system.bucket
@@ -417,10 +417,10 @@ def test_property_12_every_import_a_deployed_function_can_reach_is_in_the_layer(
     """The static side of the sandbox test: lazy imports on paths no sample event takes count too."""
     shipped = {top.removesuffix(".py").split(".")[0] for d in layer_distributions().values() for top in top_level_entries(d)}
     closure = deployed_closure()
-    assert "lightmetrics.status" in closure and "lightmetrics.reap" in closure  # the walk reaches lazy imports
+    assert "lightmetrics.ops.status" in closure and "lightmetrics.reaps" in closure  # the walk reaches lazy imports
     missing = third_party_imports(closure) - shipped
     assert not missing, f"deployed code imports packages the layer does not ship: {sorted(missing)}"
-    local = sorted(m for m in closure if m.startswith(("lightmetrics.local", "lightmetrics.cli", "lightmetrics.bench")))
+    local = sorted(m for m in closure if m.startswith(("lightmetrics.local", "lightmetrics.cli", "lightmetrics.harness.bench")))
     assert not local, f"deployed code reaches the local runtime / CLI: {local}"
 
 
@@ -443,7 +443,7 @@ TEST_SWITCHES = ("LM_FAULTS", "LM_CLOCK_OFFSET_S", "LM_INJECT_LATENCY_MS", "LM_I
 
 def test_property_13_no_module_a_deployed_function_reaches_imports_test_code_or_reads_a_test_switch() -> None:
     closure = deployed_closure()
-    testing = sorted(m for m in closure if m.startswith("lightmetrics.testing"))
+    testing = sorted(m for m in closure if m.startswith("lightmetrics.harness.testing"))
     assert not testing, f"deployed code imports test code: {testing}"
     reads = sorted((name, node.value) for name, tree in closure.items() for node in ast.walk(tree)
                    if isinstance(node, ast.Constant) and node.value in TEST_SWITCHES)
@@ -478,15 +478,15 @@ def test_property_13_a_deployed_handler_ignores_test_switches_in_its_environment
     assert abs(record["accepted_at_unix_ns"] - started) < 120 * _NS, "the ingest clock is not the real clock"
     report = out["results"][-1]["result"]
     assert abs(int(report["started_at_ns"]) - started) < 120 * _NS, "LM_CLOCK_OFFSET_S shifted the reap's clock"
-    assert not [m for m in out["modules"] if m.startswith(("lightmetrics.testing", "lightmetrics.local"))], out["modules"]
+    assert not [m for m in out["modules"] if m.startswith(("lightmetrics.harness.testing", "lightmetrics.local"))], out["modules"]
 
 
 def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it_hosts(bucket, monkeypatch):  # type: ignore[no-untyped-def]
     """The features the demo, the soak and the benchmarks rely on, now supplied by the host."""
-    from lightmetrics import hosting
-    from lightmetrics.config import Settings
+    from lightmetrics.composition import hosting
+    from lightmetrics.composition.config import Settings
+    from lightmetrics.composition.services import accept_context, work_context
     from lightmetrics.local.server import LocalRuntime
-    from lightmetrics.services import accept_context, work_context
 
     monkeypatch.setenv("LM_CLOCK_OFFSET_S", "600")
     monkeypatch.setenv("LM_FAULTS", json.dumps([{"fault": "503", "operation": "PutObject", "times": -1}]))
@@ -511,11 +511,11 @@ def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it
 
 
 def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -> None:
-    from lightmetrics.config import DEFAULT_CLOCK_SKEW_S, Settings, longest_accept_s, longest_reap_task_s
-    from lightmetrics.errors import ConfigError
-    from lightmetrics.hosting import DEPLOYED, hosted
+    from lightmetrics.composition.config import DEFAULT_CLOCK_SKEW_S, Settings, longest_accept_s, longest_reap_task_s
+    from lightmetrics.composition.hosting import DEPLOYED, hosted
+    from lightmetrics.deployment.resources import SPEC
     from lightmetrics.local.hosting import host_from_env
-    from lightmetrics.resources import SPEC
+    from lightmetrics.protocol.errors import ConfigError
 
     assert longest_accept_s() == SPEC.function("ingest").timeout_s
     bound = longest_accept_s() + DEFAULT_CLOCK_SKEW_S
@@ -543,9 +543,9 @@ def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -
 
 def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_configuration(system, monkeypatch):  # type: ignore[no-untyped-def]
     from functions.reconcile import app as reconcile_app
-    from lightmetrics.errors import ConfigError
-    from lightmetrics.hosting import DEPLOYED, hosted
+    from lightmetrics.composition.hosting import DEPLOYED, hosted
     from lightmetrics.local.function_host import LambdaContext
+    from lightmetrics.protocol.errors import ConfigError
 
     for name, value in system.environment().items():
         monkeypatch.setenv(name, value)
@@ -559,11 +559,11 @@ def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_confi
 
 
 def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() -> None:
-    from lightmetrics.config import TOMBSTONE_CACHE_S, check_tombstone_wait
-    from lightmetrics.errors import ConfigError
-    from lightmetrics.hosting import DEPLOYED, hosted
-    from lightmetrics.indexing import TombstoneCache
+    from lightmetrics.composition.config import TOMBSTONE_CACHE_S, check_tombstone_wait
+    from lightmetrics.composition.hosting import DEPLOYED, hosted
+    from lightmetrics.derived.indexing import TombstoneCache
     from lightmetrics.local.hosting import host_from_env
+    from lightmetrics.protocol.errors import ConfigError
 
     assert TombstoneCache(None, None).ttl_s == TOMBSTONE_CACHE_S  # the rule and the cache share one number
     with hosted(DEPLOYED):
@@ -577,9 +577,9 @@ def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() ->
 
 
 def test_property_14_a_reap_input_with_a_short_tombstone_wait_is_refused_at_begin() -> None:
-    from lightmetrics.config import TOMBSTONE_CACHE_S
-    from lightmetrics.hosting import DEPLOYED, hosted
-    from lightmetrics.reap import InvalidReapInput, ReapParams
+    from lightmetrics.composition.config import TOMBSTONE_CACHE_S
+    from lightmetrics.composition.hosting import DEPLOYED, hosted
+    from lightmetrics.reaps import InvalidReapInput, ReapParams
 
     base = {"mode": "retention", "dry_run": False}
     with hosted(DEPLOYED):

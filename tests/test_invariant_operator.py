@@ -26,16 +26,16 @@ from test_cli import LMCTL
 from test_conflicts import FakeMonotonic, actx, clock, registry, system  # noqa: F401  (fixtures)
 from test_conflicts import make_conflict as make_evidence
 
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
+from lightmetrics.acceptance.denylist import DENYLIST_PK, DenylistCache, DenylistStore
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService, parse_lambda_event
+from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.cli.main import cli
 from lightmetrics.client import AgentClient, AuthRejected, Spool
-from lightmetrics.clock import FrozenClock
-from lightmetrics.control_table import ControlTable
-from lightmetrics.denylist import DENYLIST_PK, DenylistCache, DenylistStore
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.ingest_http import HttpRequest, IngestService, parse_lambda_event
-from lightmetrics.local.server import IngestHTTPServer
+from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 from lightmetrics.local.system import LocalSystem
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
 
 KEYS = TokenKeys.generate("k1")
 

@@ -2,7 +2,7 @@
 
 Every test runs the reap's real task methods against the moto server (``reap_support.drive``,
 the state machine's loop in Python) and interleaves with crash-point hooks
-(:mod:`lightmetrics.crashpoints`) and a FrozenClock, as tests/test_reap_crash.py does.
+(:mod:`lightmetrics.ops.crashpoints`) and a FrozenClock, as tests/test_reap_crash.py does.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 from conftest import ident
 from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
 
-from lightmetrics import crashpoints
-from lightmetrics.blocker_actions import resume, skip
-from lightmetrics.gc import BlobCollector, Proof, decode_mark
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.keys import UtcHour
-from lightmetrics.reap import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
-from lightmetrics.walk import InvalidWalkInput, WalkParams
+from lightmetrics.derived.walk import InvalidWalkInput, WalkParams
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.blocker_actions import resume, skip
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
+from lightmetrics.reaps.gc import BlobCollector, Proof, decode_mark
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -158,7 +158,7 @@ def test_property_2_an_earlier_epochs_intent_is_settled_only_once_its_writer_can
 
 
 def test_property_2_a_lease_shorter_than_the_longest_task_is_refused_at_start(bucket: str) -> None:
-    from lightmetrics.resources import FUNCTIONS
+    from lightmetrics.deployment.resources import FUNCTIONS
 
     reap_timeout = max(f.timeout_s for f in FUNCTIONS if f.name.startswith("reap-"))
     walk_timeout = max(f.timeout_s for f in FUNCTIONS if f.name.startswith("walk-"))
@@ -173,8 +173,8 @@ def test_property_2_a_lease_shorter_than_the_longest_task_is_refused_at_start(bu
     assert w.reaper().lease() is None  # refused before taking anything
     assert ReapParams.parse(GC).lease_seconds == 900 and WalkParams.parse({}).lease_s == 900
     # The rollup's lease fences its commit, whose longest run comes from the S3 access it uses.
-    from pipeline.rollup import RollupJob, commit_step_s
-    from pipeline.s3io import S3Access
+    from lightmetrics_pipeline.rollup import RollupJob, commit_step_s
+    from lightmetrics_pipeline.s3io import S3Access
 
     access = S3Access(bucket)
     with pytest.raises(ValueError, match="L1"):
@@ -279,7 +279,7 @@ def test_property_3_an_audit_part_larger_than_a_page_is_consumed_in_several_page
 
 def test_property_3_a_page_split_over_several_marks_items_settles_every_mark(
         bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import lightmetrics.reap.marks as marks_module  # where a page's items are split
+    import lightmetrics.reaps.gc_marks as marks_module  # where a page's items are split
 
     w = make_world(bucket)
     orphans = [w.orphan(ident(n)) for n in range(5)]
@@ -397,7 +397,7 @@ def test_every_s3_request_of_a_reap_task_is_allowed_by_its_function_spec(bucket:
     """moto does not enforce IAM: record every S3 request each reap task makes (GC, retention with
     a vanished record, rollup retention) and check it against the task's FunctionSpec, from which
     CDK builds the role. A request outside it would be a 403 on AWS."""
-    from lightmetrics.resources import SPEC
+    from lightmetrics.deployment.resources import SPEC
 
     w = make_world(bucket)
     results = [w.accept(ident(n)) for n in range(3)]
@@ -469,7 +469,7 @@ def test_property_6_one_bad_gc_candidate_never_stops_a_reap(bucket: str, source:
 def test_property_7_hours_held_by_blockers_never_take_every_slot_of_a_run(bucket: str) -> None:
     """Unfinished hours come first, but a run still takes newly expired hours: 24 hours each held
     by an open blocker must not stop retention of every hour after them."""
-    from lightmetrics.retention import expired_hours
+    from lightmetrics.reaps.retention import expired_hours
 
     w = make_world(bucket)
     table = w.ctx.table

@@ -13,16 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.blocker_actions import retry
-from lightmetrics.clock import FrozenClock
-from lightmetrics.indexing import KIND_REPAIR, KIND_TIME_ENTRY, index_accepted
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, index_accepted
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.outcome import Outcome
-from lightmetrics.retry_budget import RetryBudget
-from lightmetrics.services import accept_context
-from lightmetrics.testing.faults import FaultInjector, FaultRule
+from lightmetrics.ops.blocker_actions import retry
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.ops.retry_budget import RetryBudget
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.keys import UtcHour
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the test's "now" hour
 _NS = 1_000_000_000

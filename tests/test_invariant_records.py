@@ -15,18 +15,18 @@ import pytest
 from conftest import ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.blocker_actions import skip
-from lightmetrics.derived import AcceptedByTimeEntry
-from lightmetrics.errors import ManifestError, UnsupportedVersionError
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob, repair_accepted
-from lightmetrics.keys import UtcHour
-from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
-from lightmetrics.outcome import Outcome
-from lightmetrics.retention import ReapedMarker, RetentionTombstone
-from lightmetrics.verify import verify
-from lightmetrics.work import run_unit, work_key
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.ops.blocker_actions import skip
+from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
+from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted, index_raw_blob, repair_accepted
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.reaps.retention import ReapedMarker, RetentionTombstone
+from lightmetrics.derived.verify import verify
+from lightmetrics.ops.work import run_unit, work_key
 
 _NS = 1_000_000_000
 
@@ -106,8 +106,8 @@ def test_property_1_gc_never_deletes_or_hides_a_blob_that_an_acceptance_record_n
 
 
 def test_property_1_the_audit_never_lists_a_blob_of_an_unreadable_record_as_an_orphan(bucket: str, runtime) -> None:  # type: ignore[no-untyped-def]
-    from pipeline.audit_confirm import check_orphan
-    from pipeline.s3io import S3Access
+    from lightmetrics_pipeline.audit_confirm import check_orphan
+    from lightmetrics_pipeline.s3io import S3Access
 
     w = make_world(bucket)
     rows = []

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from pipeline.session import JavaMissing, require_java
+from lightmetrics_pipeline.session import JavaMissing, require_java
 
 
 def fake_java(tmp_path: Path, version_line: str) -> Path:

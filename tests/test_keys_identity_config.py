@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, bearer_token, mint_token, verify_token
-from lightmetrics.config import Settings
-from lightmetrics.errors import AuthError, ConfigError, InvalidIdentityError, KeyLayoutError
-from lightmetrics.identity import BatchIdentity, hex_to_id, id_to_hex
-from lightmetrics.keys import KeyCodec, KeyKind, UtcHour, encode_metric
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, bearer_token, mint_token, verify_token
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.errors import AuthError, ConfigError, InvalidIdentityError, KeyLayoutError
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id, id_to_hex
+from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour, encode_metric
 
 _id_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="/").filter(
     lambda c: not (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F))
@@ -186,7 +186,7 @@ def test_token_keys_cache_bounds_staleness():  # type: ignore[no-untyped-def]
 def test_the_stacks_empty_prefix_output_is_accepted_as_no_prefix() -> None:
     """Issue 17: the stack's ``Prefix`` output is the literal ``(empty)`` when there is no prefix
     (CloudFormation refuses an empty output); ``LM_PREFIX`` takes that value as ""."""
-    from lightmetrics.config import EMPTY_PREFIX, Settings
+    from lightmetrics.composition.config import EMPTY_PREFIX, Settings
 
     assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": EMPTY_PREFIX}).prefix == ""
     assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": "prod/"}).prefix == "prod/"

@@ -1,4 +1,4 @@
-"""The one lease implementation (lightmetrics.leases): take, renew, release and the fence, on moto's
+"""The one lease implementation (lightmetrics.ops.leases): take, renew, release and the fence, on moto's
 DynamoDB, with real threads racing for one lease."""
 
 from __future__ import annotations
@@ -10,9 +10,19 @@ from typing import Any
 import pytest
 from reap_support import make_table, session
 
-from lightmetrics.clock import FrozenClock
-from lightmetrics.control_table import ControlTable, Op, TransactionCancelled
-from lightmetrics.leases import Fence, Lease, LeaseHeld, LeaseLost, lease_pk, lease_rule_broken, release, renewal, take
+from lightmetrics.aws.control_table import ControlTable, Op, TransactionCancelled
+from lightmetrics.ops.leases import (
+    Fence,
+    Lease,
+    LeaseHeld,
+    LeaseLost,
+    lease_pk,
+    lease_rule_broken,
+    release,
+    renewal,
+    take,
+)
+from lightmetrics.protocol.clock import FrozenClock
 
 _NS = 1_000_000_000
 PK = lease_pk("test")

@@ -18,7 +18,9 @@ from botocore.exceptions import ClientError
 from werkzeug.test import Client
 from werkzeug.wrappers import Response
 
-from lightmetrics.auth import TokenKeys
+from lightmetrics.acceptance.auth import TokenKeys
+from lightmetrics.deployment.resource_types import FunctionSpec, QueueSpec, ResourceSpec
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local import (
     FunctionHost,
     IngestHTTPServer,
@@ -27,7 +29,6 @@ from lightmetrics.local import (
     function_name_from,
     provision,
 )
-from lightmetrics.resources import SPEC, FunctionSpec, QueueSpec, ResourceSpec
 
 BUCKET = "lightmetrics-local"
 TABLE = "lightmetrics-control"

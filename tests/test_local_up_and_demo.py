@@ -31,7 +31,7 @@ def _free_port_pair() -> int:
 
 
 def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[no-untyped-def]
-    from lightmetrics.auth import TokenKeys, mint_token
+    from lightmetrics.acceptance.auth import TokenKeys, mint_token
 
     port = _free_port_pair()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LM_"))}
@@ -115,7 +115,7 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
 def test_demo_quick_scale_end_to_end(tmp_path):  # type: ignore[no-untyped-def]
     """``make demo`` as a person sees it (the report on stdout, progress and the demo's own log lines
     on stderr), with the same report as JSON for the assertions (``--report-json``)."""
-    from lightmetrics.demo import PLANTED_FAULTS
+    from lightmetrics.harness.demo import PLANTED_FAULTS
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LM_"))}
     env["LM_DEMO_SCALE"] = "quick"

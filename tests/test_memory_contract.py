@@ -1,7 +1,7 @@
 """The ports' contract, run against moto's S3 and DynamoDB and against the in-memory adapters.
 
 Every test takes ``store`` or ``table``, parametrized over the adapter the system ships (boto3 on
-the session's moto server) and the in-memory one (:mod:`lightmetrics.testing.memory`): whatever the
+the session's moto server) and the in-memory one (:mod:`lightmetrics.harness.testing.memory`): whatever the
 in-memory adapters claim — conditional creates and their races, 412s, listing order and paging,
 versions and delete markers, batch deletes, conditional writes, transactions, queries — is checked
 here against moto. Where AWS is stricter than moto (an unused ``ExpressionAttributeValues`` entry,
@@ -26,14 +26,15 @@ from botocore.exceptions import ClientError
 from conftest import FAST, make_bucket
 from reap_support import make_table
 
-from lightmetrics.cas import ConditionalCreateOutcome as CC
-from lightmetrics.clock import SystemClock
-from lightmetrics.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
-from lightmetrics.errors import ResourceAccessError
-from lightmetrics.store import S3ObjectStore, StoreAccessError, TransientStoreError, s3_client_config
-from lightmetrics.testing.faults import FaultInjector, FaultRule
-from lightmetrics.testing.memory import InMemoryControlTable, InMemoryObjectStore
-from lightmetrics.testing.memory.expressions import UnsupportedExpression
+from lightmetrics.protocol.cas import ConditionalCreateOutcome as CC
+from lightmetrics.protocol.clock import SystemClock
+from lightmetrics.aws.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
+from lightmetrics.protocol.errors import ResourceAccessError
+from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
+from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+from lightmetrics.harness.testing.memory import InMemoryControlTable, InMemoryObjectStore
+from lightmetrics.harness.testing.memory.expressions import UnsupportedExpression
 
 ADAPTERS = ["moto", "memory"]
 

@@ -13,14 +13,14 @@ from conftest import ident, make_frame
 from memory_support import HORIZON_S, memory_world
 from reap_support import drive
 
-from lightmetrics import gc as gcm
-from lightmetrics.accept import accept_batch
-from lightmetrics.gc import BlobCollector
-from lightmetrics.indexing import index_quarantine
-from lightmetrics.keys import UtcHour
-from lightmetrics.leases import LeaseLost, take
-from lightmetrics.reap import Reaper
-from lightmetrics.reap.params import LEASE_PK
+from lightmetrics.reaps import gc as gcm
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.derived.indexing import index_quarantine
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.ops.leases import LeaseLost, take
+from lightmetrics.reaps import Reaper
+from lightmetrics.reaps.params import LEASE_PK
 
 _NS = 1_000_000_000
 

@@ -1,7 +1,7 @@
 """The steady-state reconciler's decisions on the in-memory adapters (fast; tests/test_reconcile*.py
 run it on moto): entries an event path lost are repaired from ``accepted-by-time``, a second pass
 changes nothing, and a record whose blob is gone blocks instead of being "repaired". The queue probe
-is a port too (:class:`~lightmetrics.reconcile.QueueProbe`): here, quiet queues.
+is a port too (:class:`~lightmetrics.aws.queue_probes.QueueProbe`): here, quiet queues.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from conftest import ident
 from memory_support import memory_world
 
-from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob
-from lightmetrics.reconcile import Reconciler
+from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted, index_raw_blob
+from lightmetrics.derived.reconcile import Reconciler
 
 
 class QuietQueues:

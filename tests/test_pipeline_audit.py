@@ -12,16 +12,16 @@ from click.testing import CliRunner
 from conftest import FAST, T0_NS, ident, make_frame
 from pipeline_support import access_for, make_system
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.clock import FrozenClock
-from lightmetrics.derived import AcceptedByTimeEntry
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
-from lightmetrics.keys import UtcHour
-from lightmetrics.services import accept_context
-from pipeline import inventory as inv
-from pipeline.audit import read_findings, run_audit
-from pipeline.synthetic import generate_inventory
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.audit import read_findings, run_audit
+from lightmetrics_pipeline.synthetic import generate_inventory
 
 HORIZON_S = 7 * 86400
 
@@ -174,7 +174,7 @@ def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark):  # type
     assert summary["s3_requests"]["PutObject 200"] == 5  # five finding files ...
     assert report.requests.counts["PutObject 200"] == 5 + 2  # ... then the summary and the commit marker
     # The commit marker the scheduled GC finds (docs/protocol.md §15 G-B3): the newest is this run.
-    from lightmetrics.reap import latest_audit_run
+    from lightmetrics.reaps import latest_audit_run
     assert latest_audit_run(ctx.store, codec) == "planted"
 
 
@@ -183,8 +183,8 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     marks items, then the delete marker) is not a missing blob — neither for the record that names it
     (the settle restores a referenced blob) nor for its raw-blobs-by-time entry (the purge removes it).
     The same deletions without GC's recorded marks are violations."""
-    from lightmetrics.reap.marks import page_ops
-    from pipeline.jobs import audit_job
+    from lightmetrics.reaps.gc_marks import page_ops
+    from lightmetrics_pipeline.jobs import audit_job
 
     system = make_system(runtime, clock)
     s3 = runtime.boto3_client("s3")
@@ -264,9 +264,9 @@ def test_audit_key_patterns_agree_with_the_key_codec() -> None:
     the groups give back the codec's fields."""
     import re
 
-    from lightmetrics.identity import BatchIdentity, id_to_hex
-    from lightmetrics.keys import KeyCodec, UtcHour
-    from pipeline.audit import KINDS
+    from lightmetrics.protocol.identity import BatchIdentity, id_to_hex
+    from lightmetrics.protocol.keys import KeyCodec, UtcHour
+    from lightmetrics_pipeline.audit import KINDS
 
     codec = KeyCodec()
     ident = BatchIdentity.create("agent-é", "boot/ish".replace("/", "-"), 7, 10**19)

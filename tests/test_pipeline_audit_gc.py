@@ -11,12 +11,12 @@ import hashlib
 from conftest import FAST, T0_NS, ident, make_frame
 from pipeline_support import access_for, make_system
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.reap.marks import page_ops
-from lightmetrics.services import accept_context
-from pipeline import inventory as inv
-from pipeline.audit import MarkedBlobs, gc_marked_blobs, run_audit
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.reaps.gc_marks import page_ops
+from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.audit import MarkedBlobs, gc_marked_blobs, run_audit
 
 VIOLATIONS = ("integrity", "derived-without-source")
 

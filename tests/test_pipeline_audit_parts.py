@@ -9,9 +9,9 @@ import json
 from conftest import T0_NS
 from pipeline_support import access_for, make_system
 
-from pipeline import inventory as inv
-from pipeline.audit import read_findings, run_audit
-from pipeline.synthetic import generate_inventory
+from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.audit import read_findings, run_audit
+from lightmetrics_pipeline.synthetic import generate_inventory
 
 
 def test_a_big_category_is_written_as_many_parts_by_as_many_tasks(runtime, clock, spark, tmp_path):  # type: ignore[no-untyped-def]

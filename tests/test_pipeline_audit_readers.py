@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from pipeline import inventory as inv
+from lightmetrics_pipeline import inventory as inv
 
 KEYS = [
     "accepted/v1/agent=61/boot=62/00000000000000000000-00000000000000000009.json",
@@ -64,7 +64,7 @@ def test_a_data_file_whose_md5_differs_is_refused(spark, tmp_path):  # type: ign
 
 
 def test_s3_is_read_by_spark_only_where_hadoop_has_an_s3_file_system(spark) -> None:  # type: ignore[no-untyped-def]
-    from pipeline.s3io import S3Access
+    from lightmetrics_pipeline.s3io import S3Access
 
     # No EMRFS or S3A jars here, and the local runtime (an endpoint override) is never read by Spark.
     assert inv.spark_reads_s3(spark, S3Access("b")) is False

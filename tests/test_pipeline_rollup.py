@@ -9,14 +9,14 @@ import pytest
 from conftest import T0_NS
 from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
 
-from lightmetrics.identity import BatchIdentity
-from pipeline import chunks as C
-from pipeline.aggregate import chunk_rows
-from pipeline.decode import per_row_udf
-from pipeline.lease import LeaseHeld
-from pipeline.query import plot, run_query
-from pipeline.rollup import GenerationTaken, RollupJob, committed_chunks, read_committed, rollup_dataframe
-from pipeline.s3io import counter_accumulator, store
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.aggregate import chunk_rows
+from lightmetrics_pipeline.decode import per_row_udf
+from lightmetrics_pipeline.lease import LeaseHeld
+from lightmetrics_pipeline.query import plot, run_query
+from lightmetrics_pipeline.rollup import GenerationTaken, RollupJob, committed_chunks, read_committed, rollup_dataframe
+from lightmetrics_pipeline.s3io import counter_accumulator, store
 
 NEXT = H0.next()  # the reconciler's checkpoint in these tests: H0 is closed
 
@@ -46,7 +46,7 @@ def _same(a: float, b: float) -> bool:
 
 
 def _mid(result) -> str:  # type: ignore[no-untyped-def]
-    from lightmetrics.keys import KeyCodec
+    from lightmetrics.protocol.keys import KeyCodec
 
     return KeyCodec("").parse(result.manifest_key).identity.manifest_id
 
@@ -214,7 +214,7 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     from click.testing import CliRunner
 
     from lightmetrics.cli.main import cli
-    from pipeline.lease import Lease
+    from lightmetrics_pipeline.lease import Lease
 
     accept_indexed(system, runtime, clock, _ident(3), varied_samples(3))
     table = system.work_context().table
@@ -230,7 +230,7 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     assert f"rollup: committing {H0}" in out.stderr
     assert runner.invoke(cli, ["pipeline", "rollup", "--hour", str(NEXT)]).exit_code == 0  # open: skipped, not an error
 
-    from lightmetrics.clock import SystemClock
+    from lightmetrics.protocol.clock import SystemClock
 
     Lease(table, "rollup", "someone-else", SystemClock(), 900).acquire()  # the CLI judges leases by the real clock
     held = runner.invoke(cli, ["pipeline", "rollup", "--hour", str(H0), "--json"])
@@ -249,7 +249,7 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     assert bad.exit_code == 2
     # Sample hours without a committed rollup are named (issue 17): 14 and 15 have no data at all,
     # NEXT is still open; a query of only the open hour says why it is empty. An offset may point forward.
-    from pipeline.query import parse_time
+    from lightmetrics_pipeline.query import parse_time
 
     assert parse_time("+1h", T0_NS) - T0_NS == T0_NS - parse_time("-1h", T0_NS) == 3600 * 10**9
     assert result["uncommitted_hours"] == ["2025-11-24T14", "2025-11-24T15"]
@@ -263,8 +263,8 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
 def test_fast_frame_columns_equal_the_validating_decoder() -> None:
     import random
 
-    from lightmetrics.frame import Sample, decode_frame, encode_frame
-    from pipeline.decode import decode_columns, frame_columns
+    from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
+    from lightmetrics_pipeline.decode import decode_columns, frame_columns
 
     rng = random.Random(3)
     for trial in range(150):

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeline_support import H0, oracle_chunks, sample_frame
 
-from pipeline import chunks as C
-from pipeline.aggregate import chunk_rows, encode_chunk_row
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.aggregate import chunk_rows, encode_chunk_row
 
 _NS = 10**9
 GAMMA = C.new_sketch()._mapping.gamma

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
-from lightmetrics.identity import BatchIdentity
-from pipeline import rollup as R
-from pipeline.rollup import RollupJob, committed_chunks, read_committed, tasks_for
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics_pipeline import rollup as R
+from lightmetrics_pipeline.rollup import RollupJob, committed_chunks, read_committed, tasks_for
 
 NEXT = H0.next()
 
@@ -47,9 +47,9 @@ def test_tasks_for() -> None:
 def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
     import json
 
-    from lightmetrics.keys import KeyCodec
-    from pipeline import chunks as C
-    from pipeline.rollup import same_chunks
+    from lightmetrics.protocol.keys import KeyCodec
+    from lightmetrics_pipeline import chunks as C
+    from lightmetrics_pipeline.rollup import same_chunks
 
     codec = KeyCodec("")
     docs = [{"chunk_id": f"{i:064x}", "window": w, "metric": f"m{i % 3}", "labels": [["host", f"h{i}"]],
@@ -68,7 +68,7 @@ def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
     newer = json.loads(C.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
                                         totals={"chunks": 21, "series": 7, "samples": 35}))
     newer["schema"] = "lightmetrics.rollup_manifest.v3"
-    from lightmetrics.errors import UnsupportedVersionError
+    from lightmetrics.protocol.errors import UnsupportedVersionError
 
     with pytest.raises(UnsupportedVersionError):
         C.parse_manifest(json.dumps(newer).encode())

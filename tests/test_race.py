@@ -11,9 +11,9 @@ from pathlib import Path
 
 from conftest import ident
 
-from lightmetrics.keys import KeyCodec
-from lightmetrics.manifests import AcceptedBatchManifest, IdentityConflictManifest
-from lightmetrics.store import S3ObjectStore
+from lightmetrics.aws.s3_store import S3ObjectStore
+from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 
 WORKERS, IDENTITIES = 8, 200
 

@@ -1,6 +1,6 @@
 """GC and retention reaps (issue 6): proofs, the delete-marker handshake, retention order, late retries.
 
-Each test runs the reap's real task methods (lightmetrics.reap.Reaper) against moto through
+Each test runs the reap's real task methods (lightmetrics.reaps.Reaper) against moto through
 :func:`reap_support.drive`, the state machine's loop in Python; the state machine itself runs in
 tests/test_reap_statemachine.py.
 """
@@ -13,12 +13,12 @@ import time
 from conftest import ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.gc import BlobCollector
-from lightmetrics.indexing import index_accepted, index_quarantine
-from lightmetrics.keys import UtcHour
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.verify import verify
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.derived.indexing import index_accepted, index_quarantine
+from lightmetrics.derived.verify import verify
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps.gc import BlobCollector
 
 _NS = 1_000_000_000
 
@@ -71,7 +71,7 @@ def test_gc_reads_the_spark_audits_candidates_and_proves_them_again(bucket: str)
     w.ctx.store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.jsonl",
                               b"\n".join(json.dumps(r).encode() for r in rows))
     inp = gc_input(source="audit", audit_run="r1")
-    from lightmetrics.reap import InvalidReapInput
+    from lightmetrics.reaps import InvalidReapInput
 
     try:  # not committed yet: no summary.json
         drive(w.reaper(), inp, w.clock)
@@ -206,7 +206,7 @@ def test_retention_without_hour_finds_expired_hours(bucket: str) -> None:
 
 
 def test_second_reap_is_refused_while_the_lease_is_held(bucket: str) -> None:
-    from lightmetrics.reap import LeaseHeld
+    from lightmetrics.reaps import LeaseHeld
 
     w = make_world(bucket)
     first = w.reaper().begin({"input": gc_input(), "execution_arn": "a"})
@@ -262,13 +262,13 @@ def test_the_scheduled_gc_proves_the_newest_committed_audit_once(bucket: str) ->
     assert report["audit_run"] == "week-2" and (report["examined"], report["purged"]) == (2, 1)
     assert not w.blob_exists(second) and w.blob_exists(kept.blob_key)
     # A stray object under the markers' prefix (it sorts after every marker) names no run.
-    from lightmetrics.reap import latest_audit_run
+    from lightmetrics.reaps import latest_audit_run
     w.ctx.store.put_if_absent(w.ctx.codec.audit_committed_root() + "zz-not-a-marker.json", b"{}")
     assert latest_audit_run(w.ctx.store, w.ctx.codec) == "week-2"
 
 
 def test_an_audit_run_id_is_validated() -> None:
-    from lightmetrics.reap import InvalidReapInput, ReapParams
+    from lightmetrics.reaps import InvalidReapInput, ReapParams
 
     for bad in ("../other", "", 7, "x" * 129):
         inp = gc_input(source="audit", audit_run=bad)
@@ -283,7 +283,7 @@ def test_an_audit_run_id_is_validated() -> None:
 def test_a_latest_run_with_nothing_new_still_settles_marks_a_failed_reap_left(bucket: str) -> None:
     """A reap that failed after marking leaves delete markers on blobs; the next scheduled run
     settles them (G-I3) even when its audit was proven already, instead of a week later."""
-    from lightmetrics import crashpoints
+    from lightmetrics.ops import crashpoints
 
     w = make_world(bucket)
     orphan = w.orphan(ident(31))

@@ -9,10 +9,10 @@ from typing import Any
 from conftest import ident
 from reap_support import OLD_NS, drive, make_world
 
-from lightmetrics.gc import BlobCollector, decode_mark, encode_mark
-from lightmetrics.keys import UtcHour
-from lightmetrics.reap import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
-from lightmetrics.request_counter import RequestCounter
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
+from lightmetrics.reaps.gc import BlobCollector, decode_mark, encode_mark
 
 GC = {"mode": "gc", "dry_run": False}
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -70,7 +70,7 @@ def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> 
 
 
 def test_compact_marks_round_trip_and_keep_the_identity_when_the_record_does_not_name_the_blob() -> None:
-    from lightmetrics.keys import KeyCodec
+    from lightmetrics.protocol.keys import KeyCodec
 
     codec = KeyCodec("lm/")
     i = ident(4)

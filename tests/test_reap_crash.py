@@ -1,6 +1,6 @@
 """Crash safety of the reaps (issue 6, item 4): a kill at every registered crash point, then resume.
 
-The registry is :data:`lightmetrics.crashpoints.REGISTRY` — every durable step of gc.py,
+The registry is :data:`lightmetrics.ops.crashpoints.REGISTRY` — every durable step of gc.py,
 retention.py and reap.py registers its point there. For each point, a fresh world (an orphan, an
 expired hour with three accepted batches and their derived entries, and a second expired hour
 whose one record vanished) runs a GC reap and then retention reaps of those hours; the injected
@@ -23,12 +23,12 @@ import pytest
 from conftest import ident
 from reap_support import OLD_NS, World, drive, drive_from, make_world
 
-import lightmetrics.reap  # noqa: F401  (registers the reap's points)
-from lightmetrics import crashpoints
-from lightmetrics.blocker_actions import skip
-from lightmetrics.keys import UtcHour
-from lightmetrics.testing.crashes import CRASH_ENV
-from lightmetrics.verify import verify
+import lightmetrics.reaps  # noqa: F401  (registers the reap's points)
+from lightmetrics.derived.verify import verify
+from lightmetrics.harness.testing.crashes import CRASH_ENV
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.blocker_actions import skip
+from lightmetrics.protocol.keys import UtcHour
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 BLOCKED_HOUR = HOUR + 1  # its one record vanished: a reap-retention blocker

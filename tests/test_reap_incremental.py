@@ -18,9 +18,9 @@ import pytest
 from conftest import FAST, ident, make_bucket
 from reap_support import OLD_NS, World, drive, hour_of, make_world, session
 
-from lightmetrics.reap import CHECKPOINT_PK, LEASE_PK, LeaseLost, Reaper, source_cursor_sk
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import work_context
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import work_context
+from lightmetrics.reaps import CHECKPOINT_PK, LEASE_PK, LeaseLost, Reaper, source_cursor_sk
 
 _NS = 1_000_000_000
 BY_TIME = {"mode": "gc", "dry_run": False, "source": "by-time"}
@@ -71,7 +71,7 @@ def test_by_time_proves_each_blob_once_then_only_hours_that_became_due(bucket: s
 def test_gc_runs_are_bounded_and_retention_runs_between_them(bucket: str) -> None:
     w = make_world(bucket)
     batches = [w.accept(ident(n), index=False) for n in range(2)]  # retention's hour; no GC candidates
-    from lightmetrics.indexing import index_accepted
+    from lightmetrics.derived.indexing import index_accepted
 
     for r in batches:
         index_accepted(w.ctx, r.manifest_key)

@@ -6,7 +6,7 @@ thread and is parked at one named point of the interleaving registry:
 
 * accept (:data:`ACCEPT_POINTS`, at the store calls the accept algorithm makes): before the blob
   PUT, after it (step 4), after the manifest create (step 5), after the blob HEAD (step 6);
-* GC (:data:`GC_POINTS`, crash points of lightmetrics.gc): after the proof, after the delete
+* GC (:data:`GC_POINTS`, crash points of lightmetrics.reaps.gc): after the proof, after the delete
   markers, after the re-check, between the settle's batches (versions purged; markers deleted), after
   the settle.
 
@@ -25,11 +25,11 @@ import pytest
 from conftest import FAST, ident, make_frame
 from reap_support import make_world
 
-from lightmetrics import crashpoints
-from lightmetrics import gc as gc_module
-from lightmetrics.accept import AcceptContext, accept_batch
-from lightmetrics.gc import BlobCollector
-from lightmetrics.store import ObjectStore
+from lightmetrics.acceptance.accept import AcceptContext, accept_batch
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.object_store import ObjectStore
+from lightmetrics.reaps import gc as gc_module
+from lightmetrics.reaps.gc import BlobCollector
 
 ACCEPT_POINTS = ("accept.before-blob-put", "accept.after-blob-put", "accept.after-manifest-put",
                  "accept.after-blob-head")

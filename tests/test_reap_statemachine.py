@@ -16,16 +16,16 @@ from click.testing import CliRunner
 from conftest import FAST, ident, make_frame
 from reap_support import OLD_NS
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.clock import FrozenClock, OffsetClock
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.derived.verify import verify
+from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.reap import Reaper
-from lightmetrics.services import accept_context
-from lightmetrics.testing.faults import FaultInjector, FaultRule
-from lightmetrics.verify import verify
-from lightmetrics.walk import INDEXES, set_watermark
+from lightmetrics.protocol.clock import FrozenClock, OffsetClock
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps import Reaper
 
 _NS = 1_000_000_000
 

@@ -9,12 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.indexing import KIND_REPAIR, index_accepted, index_raw_blob, write_raw_blob_entry
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted, index_raw_blob, write_raw_blob_entry
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
+from lightmetrics.protocol.keys import UtcHour
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16
 
@@ -205,7 +205,7 @@ def test_an_entry_verified_once_is_not_repaired_again_until_a_failure_or_downtim
     """"Verified once" (docs/protocol.md §12 R3): S3's own LastModified decides what is new."""
     import time
 
-    from lightmetrics.testing.faults import FaultInjector, FaultRule
+    from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 
     system = make_system(runtime, clock, reconcile_margin_s=0)
     actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)

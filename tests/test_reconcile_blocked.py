@@ -15,8 +15,9 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed
 from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
 
-from lightmetrics import blocker_actions, reconcile
-from lightmetrics.indexing import KIND_REPAIR
+from lightmetrics.derived import reconcile, reconcile_state
+from lightmetrics.derived.indexing import KIND_REPAIR
+from lightmetrics.ops import blocker_actions
 
 ENTRIES = 12
 CAP = 4  # entries per run
@@ -46,7 +47,7 @@ class Records:
 def blocked_hour(runtime, clock, monkeypatch):  # type: ignore[no-untyped-def]
     """A settled hour of ``ENTRIES`` entries (margin 0, the last key the newest) whose records at
     ``BLOCKED_AT`` are unreadable; the checkpoint at that hour; room for ``LISTED`` failures."""
-    monkeypatch.setattr(reconcile, "FAILED_ENTRIES_MAX", LISTED)
+    monkeypatch.setattr(reconcile_state, "FAILED_ENTRIES_MAX", LISTED)
     system = make_system(runtime, clock, reconcile_margin_s=0)
     try:
         system.notifications(False)
@@ -128,14 +129,14 @@ def test_the_cursor_stops_before_a_retry_later_failure_it_cannot_list_but_never_
     behind ``floor``, where this run's cursor already is."""
     keys = [f"k{n:02d}" for n in range(8)]
     place = reconcile.Reconciler._cursor_listing_failures
-    monkeypatch.setattr(reconcile, "FAILED_ENTRIES_MAX", 2)
+    monkeypatch.setattr(reconcile_state, "FAILED_ENTRIES_MAX", 2)
     assert place(keys, set()) == "k07"
     assert place(keys, {"k01", "k03", "k05"}) == "k04"  # the third does not fit: stop before it
     assert place(keys, {"k00", "k01", "k02"}) == "k01"
     assert place(keys, {"k00", "k01", "k02"}, floor="k03") == "k03"  # never behind the floor
     assert place(keys[5:], {"k05", "k06", "k07"}, floor="k04") == "k06"
     assert place(["k00"], {"k00"}) == "k00"
-    monkeypatch.setattr(reconcile, "FAILED_ENTRIES_MAX", 0)
+    monkeypatch.setattr(reconcile_state, "FAILED_ENTRIES_MAX", 0)
     assert place(["k00", "k01"], {"k00"}) is None  # not one entry: the hour again from its start
 
 

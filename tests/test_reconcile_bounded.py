@@ -13,14 +13,14 @@ from conftest import FAST, T0_NS, ident, make_frame
 from test_reconcile import H0, index_blob_in_record_hour, make_system, purge
 from walk_support import set_last_modified
 
-from lightmetrics import crashpoints
-from lightmetrics.accept import accept_batch
-from lightmetrics.indexing import CP_BY_BLOB_WRITTEN, index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
-from lightmetrics.outcome import PermanentWorkError
-from lightmetrics.reconcile import CP_HOUR_SAVED
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import CP_BY_BLOB_WRITTEN, index_accepted, index_raw_blob
+from lightmetrics.derived.reconcile import CP_HOUR_SAVED
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.outcome import PermanentWorkError
+from lightmetrics.protocol.keys import UtcHour
 
 _NS = 1_000_000_000
 

@@ -13,9 +13,9 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, measured_run
 from walk_support import set_last_modified
 
-from lightmetrics import reconcile
-from lightmetrics.indexing import KIND_REPAIR
-from lightmetrics.store import TransientStoreError
+from lightmetrics.derived import reconcile, reconcile_state
+from lightmetrics.derived.indexing import KIND_REPAIR
+from lightmetrics.protocol.object_store import TransientStoreError
 
 _NS = 1_000_000_000
 
@@ -81,7 +81,7 @@ def test_a_run_under_failed_overflow_stays_within_its_cap_and_checks_each_entry_
 
 def test_failures_behind_the_cursor_are_checked_again_when_more_fail_than_the_checkpoint_lists(  # type: ignore[no-untyped-def]
         runtime, clock, monkeypatch):
-    monkeypatch.setattr(reconcile, "FAILED_ENTRIES_MAX", 2)
+    monkeypatch.setattr(reconcile_state, "FAILED_ENTRIES_MAX", 2)
     system = make_system(runtime, clock, reconcile_margin_s=0)
     try:
         system.notifications(False)

@@ -17,11 +17,13 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, measured_run
 from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
 
-from lightmetrics import crashpoints, reconcile
-from lightmetrics.identity import MAX_ID_BYTES, BatchIdentity
-from lightmetrics.keys import KeyCodec
-from lightmetrics.reconcile import CP_PROGRESS_SAVED, FAILED_ENTRIES_MAX
-from lightmetrics.request_counter import RequestCounter
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.derived import reconcile, reconcile_state
+from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED
+from lightmetrics.derived.reconcile_state import FAILED_ENTRIES_MAX
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.identity import MAX_ID_BYTES, BatchIdentity
+from lightmetrics.protocol.keys import KeyCodec
 
 #: saves inside an hour every N checked entries, in these tests
 N = 4
@@ -110,7 +112,7 @@ def test_a_save_inside_an_hour_lists_every_failure_behind_its_cursor_or_stops_be
     """Failures at entries 1 and 2 with room for one in the checkpoint: the first save's cursor stops
     at entry 1, before the failure that does not fit; the next run checks entry 1 again (listed)
     and entry 2 (past the cursor), and nothing else behind it."""
-    monkeypatch.setattr(reconcile, "FAILED_ENTRIES_MAX", 1)
+    monkeypatch.setattr(reconcile_state, "FAILED_ENTRIES_MAX", 1)
     system, keys, entries = long_hour
     ctx = system.work_context(policy=FAST)
     failing = FailingGets(ctx.store, {entries[n][1].manifest_key for n in (1, 2)})
@@ -183,6 +185,6 @@ def test_the_checkpoint_with_every_failure_it_may_list_stays_far_below_the_item_
 
 
 def test_the_cost_model_saves_as_often_as_the_reconciler():  # type: ignore[no-untyped-def]
-    from lightmetrics.cost_model import Assumptions
+    from lightmetrics.deployment.cost_workload import Assumptions
 
     assert Assumptions().reconcile_save_every == reconcile.SAVE_EVERY_ENTRIES

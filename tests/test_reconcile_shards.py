@@ -21,21 +21,22 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, seed_history
 from walk_support import set_last_modified
 
-from lightmetrics import crashpoints, reconcile
-from lightmetrics.config import MAX_RECONCILE_SHARDS, Settings
-from lightmetrics.errors import ConfigError
-from lightmetrics.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
-from lightmetrics.keys import UtcHour
-from lightmetrics.reconcile import (
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.config import MAX_RECONCILE_SHARDS, Settings
+from lightmetrics.derived import reconcile
+from lightmetrics.derived.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
+from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED
+from lightmetrics.derived.reconcile_state import (
     CHECKPOINT_PK,
-    CP_PROGRESS_SAVED,
     ShardError,
     UnownedRangesError,
     checkpoint_sk,
     read_shard_checkpoints,
 )
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.status import system_status
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.status import system_status
+from lightmetrics.protocol.errors import ConfigError
+from lightmetrics.protocol.keys import UtcHour
 
 _NS = 1_000_000_000
 HOUR_NS = 3600 * _NS

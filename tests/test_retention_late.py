@@ -1,7 +1,7 @@
 """Retention against late writers: no derived entry outlives its hour's retention (docs/protocol.md
 §16 R-I8), and a retention page's requests run concurrently without losing the fence or blockers.
 
-A late writer is a real one (:func:`lightmetrics.indexing.write_accepted_entries`, rule D5:
+A late writer is a real one (:func:`lightmetrics.derived.indexing.write_accepted_entries`, rule D5:
 ``accepted-by-blob`` first) whose cached "not tombstoned" answer is stale: its tombstone cache was
 primed before the reap's tombstone and never expires. It writes the entries of a record of H that
 had none yet (accepted, never indexed) at a chosen crash point of a real moto-backed reap
@@ -18,15 +18,15 @@ import pytest
 from conftest import FAST, ident
 from reap_support import OLD_NS, World, drive, make_world, session
 
-from lightmetrics import crashpoints
-from lightmetrics.gc import DELETE_HOUR_TOMBSTONED, BlobCollector, Proof
-from lightmetrics.indexing import TombstoneCache, write_accepted_entries
-from lightmetrics.keys import UtcHour
-from lightmetrics.manifests import AcceptedBatchManifest
-from lightmetrics.reap import CHECKPOINT_PK
-from lightmetrics.retention import HourRetention, PageRecords
-from lightmetrics.services import work_context
-from lightmetrics.work import WorkContext
+from lightmetrics.composition.services import work_context
+from lightmetrics.derived.indexing import TombstoneCache, write_accepted_entries
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.reaps import CHECKPOINT_PK
+from lightmetrics.reaps.gc import DELETE_HOUR_TOMBSTONED, BlobCollector, Proof
+from lightmetrics.reaps.retention import HourRetention, PageRecords
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -194,7 +194,7 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
     every marks item under 400 KB, the page's transaction under 4 MB."""
     from test_invariant_reaps import dynamodb_item_size
 
-    from lightmetrics.identity import BatchIdentity
+    from lightmetrics.protocol.identity import BatchIdentity
 
     w = make_world(bucket)
     w.cover_watermark()
@@ -239,8 +239,8 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
 def test_the_retention_schedule_runs_pages_of_1000() -> None:
     import json
 
-    from lightmetrics.reap import ReapParams
-    from lightmetrics.resources import SPEC
+    from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.reaps import ReapParams
 
     reap = next(s for s in SPEC.state_machines if s.name == "reap")
     params = ReapParams.parse(json.loads(reap.disabled_schedule_input))
@@ -250,7 +250,7 @@ def test_the_retention_schedule_runs_pages_of_1000() -> None:
 def test_a_checkpoint_left_in_the_by_time_phase_by_an_older_version_is_finished(bucket: str) -> None:
     """An older version ran step 4 as its own ``by-time`` phase; a checkpoint it left there (a
     deployment mid-reap) runs as the combined step and finishes the hour."""
-    from lightmetrics.reap import CHECKPOINT_SK
+    from lightmetrics.reaps import CHECKPOINT_SK
 
     w = make_world(bucket)
     results = [w.accept(ident(n)) for n in range(3)]

@@ -1,7 +1,7 @@
 """Retention reaps one hour's key ranges in parallel (issue 14, "keeps up"; docs/protocol.md §16,
 "An hour in R ranges").
 
-An expired hour whose range plan (:mod:`lightmetrics.hour_ranges`) has R > 1 ranges runs its blobs
+An expired hour whose range plan (:mod:`lightmetrics.derived.hour_ranges`) has R > 1 ranges runs its blobs
 and derived phases per range, in separate Lambda invocations: the ``Ranges`` Map of
 infra/statemachines/reap.asl.json, ``range_parallelism`` at once. The properties:
 
@@ -33,17 +33,21 @@ from conftest import FAST, ident, make_bucket, make_frame
 from reap_support import OLD_NS, World, drive, make_world, request_recorder
 from test_retention_late import stale_writer
 
-from lightmetrics import crashpoints
-from lightmetrics.accept import accept_batch
-from lightmetrics.bench.cost_table import execution_counts
-from lightmetrics.clock import FrozenClock, OffsetClock
-from lightmetrics.control_table import plain
-from lightmetrics.hour_ranges import RangePlans, equal_count_cuts
-from lightmetrics.indexing import index_accepted, index_raw_blob, write_accepted_entries
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.control_table import plain
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.hour_ranges import RangePlans, equal_count_cuts
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob, write_accepted_entries
+from lightmetrics.derived.verify import verify
+from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.bench.cost_table import execution_counts
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.manifests import AcceptedBatchManifest
-from lightmetrics.reap import (
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.clock import FrozenClock, OffsetClock
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.reaps import (
     CHECKPOINT_PK,
     EVENTS_PER_MAP_VISIT,
     EVENTS_PER_RANGE_ITERATION,
@@ -51,12 +55,8 @@ from lightmetrics.reap import (
     LeaseLost,
     ReapParams,
 )
-from lightmetrics.reap.marks import decode_marks_item
-from lightmetrics.reap.ranges import RANGE_PK
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
-from lightmetrics.verify import verify
-from lightmetrics.walk import INDEXES, set_watermark
+from lightmetrics.reaps.gc_marks import decode_marks_item
+from lightmetrics.reaps.retention_ranges import RANGE_PK
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -375,7 +375,7 @@ def test_a_reap_of_four_ranges_continues_into_new_executions_and_finishes(system
 
 class InRangeTask:
     """``drive``'s ``before_task``: remembers, in the task's context (which the task's request pools
-    copy, ``lightmetrics.pool``), whether it is a range task — so a crash-point hook knows where it
+    copy, ``lightmetrics.ops.pool``), whether it is a range task — so a crash-point hook knows where it
     fired — and which ranges ran."""
 
     def __init__(self) -> None:
@@ -601,7 +601,7 @@ def test_every_range_step_was_killed() -> None:
 def test_every_s3_request_of_a_range_task_is_allowed_by_its_function_spec(bucket: str) -> None:
     """moto does not enforce IAM: each range task runs in an existing function (reap-gc for a range's
     blobs, reap-retention for its derived entries), so its requests must fit that function's spec."""
-    from lightmetrics.resources import SPEC
+    from lightmetrics.deployment.resources import SPEC
 
     w = make_world(bucket)
     accept_many(w, [ident(n) for n in range(8)])
@@ -675,7 +675,7 @@ def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
 def test_one_range_task_does_a_bounded_piece_of_its_range(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A range task stops after RANGE_TASK_UNITS units, and starts none once RANGE_TASK_SECONDS have
     passed: one Map iteration's events and one Lambda's time stay bounded, whatever the range's size."""
-    import lightmetrics.reap.ranges as ranges_module
+    import lightmetrics.reaps.retention_ranges as ranges_module
 
     w = make_world(bucket)
     accept_many(w, [ident(n) for n in range(12)])
@@ -707,9 +707,9 @@ def test_one_range_task_does_a_bounded_piece_of_its_range(bucket: str, monkeypat
 def test_a_pass_reads_only_its_own_range_items(system: LocalSystem) -> None:
     """The planner's Query reads this pass's range items only: items a crashed epoch or pass left
     (kept until their TTL) cost it nothing (the review's F1: a visit needing 4 items read 772)."""
-    from lightmetrics.reap.ranges import RANGE_PK, range_sk, read_ranges
-    from lightmetrics.request_counter import RequestCounter
-    from lightmetrics.services import control_table
+    from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.composition.services import control_table
+    from lightmetrics.reaps.retention_ranges import RANGE_PK, range_sk, read_ranges
 
     counter = RequestCounter()
     table = control_table(system.settings, counter=counter)

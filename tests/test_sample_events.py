@@ -10,11 +10,11 @@ import pytest
 from conftest import FAST
 from test_cli import LMCTL
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.identity import BatchIdentity
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.composition.services import accept_context
+from lightmetrics.harness.testing import sample_events
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.services import accept_context
-from lightmetrics.testing import sample_events
+from lightmetrics.protocol.identity import BatchIdentity
 
 EVENTS = os.path.join(os.path.dirname(__file__), "..", "events")
 
@@ -73,8 +73,8 @@ def test_scheduled_samples(sample_system, runtime):  # type: ignore[no-untyped-d
 
 
 def test_state_machine_inputs_are_valid_inputs_of_their_machines():  # type: ignore[no-untyped-def]
-    from lightmetrics.reap import ReapParams
-    from lightmetrics.walk import WalkParams
+    from lightmetrics.derived.walk import WalkParams
+    from lightmetrics.reaps import ReapParams
 
     parse = {"bootstrap-walk": WalkParams.parse, "reap": ReapParams.parse}
     names = sorted(os.listdir(os.path.join(EVENTS, "statemachines")))

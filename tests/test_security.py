@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from lightmetrics.auth import CachedTokenKeys, TokenKeys, mint_token, verify_token
-from lightmetrics.errors import AuthError, InvalidIdentityError
-from lightmetrics.identity import MAX_SEQ, BatchIdentity
-from lightmetrics.ingest_http import HttpRequest, IngestService
-from lightmetrics.keys import PREFIXES, KeyCodec, UtcHour
+from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token, verify_token
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
+from lightmetrics.protocol.errors import AuthError, InvalidIdentityError
+from lightmetrics.protocol.identity import MAX_SEQ, BatchIdentity
+from lightmetrics.protocol.keys import PREFIXES, KeyCodec, UtcHour
 
 K1, K2 = "1" * 64, "2" * 64
 LIMIT = 4096
@@ -302,7 +302,7 @@ def test_local_server_refuses_oversize_with_413_before_reading_the_body(runtime,
     """The real ingest handler behind the local HTTP endpoint: the client declares a body one byte
     over the limit and sends none of it; a server that read before deciding would wait forever."""
     from functions.ingest import app
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 
     sm = runtime.boto3_client("secretsmanager")
     name = f"lm-sec/{uuid.uuid4().hex[:8]}"

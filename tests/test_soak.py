@@ -7,7 +7,7 @@ GC reaps during load, the settle phase, strict verify and the ledger — still c
 
 from __future__ import annotations
 
-from lightmetrics.soak import SoakPlan, collector_faults, run_soak
+from lightmetrics.harness.soak import SoakPlan, collector_faults, run_soak
 
 
 def test_collector_faults_cover_every_kind_and_differ_per_collector() -> None:

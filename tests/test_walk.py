@@ -23,18 +23,12 @@ from click.testing import CliRunner
 from conftest import FAST, T0_NS, ident, make_frame
 from walk_support import record_times_as_s3_would
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.blocker_actions import skip
-from lightmetrics.clock import SystemClock
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_quarantine, index_raw_blob
-from lightmetrics.keys import UtcHour
-from lightmetrics.leases import min_lease_s
-from lightmetrics.local.system import LocalSystem
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
-from lightmetrics.verify import verify
-from lightmetrics.walk import (
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
+from lightmetrics.derived.verify import verify
+from lightmetrics.derived.walk import (
     HISTORY_LIMIT,
     INDEXES,
     LEASE_PK,
@@ -44,6 +38,12 @@ from lightmetrics.walk import (
     history_bound,
     read_watermarks,
 )
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.ops.blocker_actions import skip
+from lightmetrics.ops.leases import min_lease_s
+from lightmetrics.protocol.clock import SystemClock
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
 
 SETTLE_S = 600
 W_EXPECTED = T0_NS - SETTLE_S * 1_000_000_000
@@ -148,7 +148,7 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
     assert s["watermark_ns"] == W_EXPECTED
 
     # The watermark is monotonic: an earlier W never lowers it; W is what verify requires.
-    from lightmetrics.walk import set_watermark
+    from lightmetrics.derived.walk import set_watermark
 
     assert set_watermark(ctx.table, "accepted-by-time", W_EXPECTED - 1, epoch=99, now_ns=T0_NS) is False
     assert read_watermarks(ctx.table)["accepted-by-time"] == W_EXPECTED
@@ -163,7 +163,7 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
 
 
 def test_verify_overlaps_are_warnings_and_a_reaped_hour_is_fine(system, runtime, clock):  # type: ignore[no-untyped-def]
-    from lightmetrics.keys import UtcHour
+    from lightmetrics.protocol.keys import UtcHour
 
     a, b = BatchIdentity.create("agent-v", "boot-v", 0, 9), BatchIdentity.create("agent-v", "boot-v", 5, 14)
     c = ident(1, agent="agent-w")
@@ -305,8 +305,8 @@ def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime
 def test_retry_later_holds_the_cursor_until_the_budget_makes_blockers(system, runtime, clock):  # type: ignore[no-untyped-def]
     """The page task itself (no interpreter): RETRY_LATER keys fail the page and keep its cursor;
     the retries count against the keys' budgets, which turn them into blockers; then it moves."""
-    from lightmetrics.testing.faults import FaultInjector, FaultRule
-    from lightmetrics.walk import PART_PREFIX, Walker, WalkRetryLater
+    from lightmetrics.derived.walk import PART_PREFIX, Walker, WalkRetryLater
+    from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 
     accept_all(system, runtime, clock, [ident(n, agent="a0") for n in range(2)])
     ctx = system.work_context(policy=FAST)
@@ -496,7 +496,7 @@ def test_page_size_one_over_500_keys_spans_executions_of_one_epoch(system, runti
 def test_a_round_walks_up_to_40_partitions_at_once(system, runtime, clock):  # type: ignore[no-untyped-def]
     """The walk's parallelism goes to 40, an inline Map's concurrency in AWS (docs/walks.md): one
     round hands out a page to each of 24 partitions, all walked in that round; 41 is refused."""
-    from lightmetrics.walk import MAX_PARALLELISM, InvalidWalkInput, WalkParams
+    from lightmetrics.derived.walk import MAX_PARALLELISM, InvalidWalkInput, WalkParams
 
     assert MAX_PARALLELISM == 40 and WalkParams.parse({"parallelism": 40}).parallelism == 40
     with pytest.raises(InvalidWalkInput, match="parallelism"):

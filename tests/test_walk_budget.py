@@ -11,8 +11,8 @@ from conftest import FAST, ident
 from test_reconcile_budget import FailingGets
 from test_walk_checks import _NS, HOUR, accept_at, system  # noqa: F401  (the fixture)
 
-from lightmetrics.indexing import KIND_REPAIR, index_accepted
-from lightmetrics.walk import Walker, WalkRetryLater
+from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted
+from lightmetrics.derived.walk import Walker, WalkRetryLater
 
 
 def resume_to_the_end(system) -> None:  # type: ignore[no-untyped-def]

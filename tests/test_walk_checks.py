@@ -15,15 +15,15 @@ from conftest import FAST, T0_NS, ident, make_frame
 from test_walk import keys_under, make_system
 from walk_support import record_times_as_s3_would
 
-from lightmetrics.accept import accept_batch
-from lightmetrics.clock import FrozenClock
-from lightmetrics.identity import BatchIdentity
-from lightmetrics.indexing import index_accepted, index_raw_blob
-from lightmetrics.keys import UtcHour
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.derived.walk import Walker, boundary_margin_ns, candidate_hours, list_beats_heads, read_watermarks
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import accept_context
-from lightmetrics.walk import Walker, boundary_margin_ns, candidate_hours, list_beats_heads, read_watermarks
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import UtcHour
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(T0_NS)  # 16:00; retained records are accepted ten minutes in

@@ -1,6 +1,6 @@
 """Ingest Lambda (Function URL, payload 2.0; also API Gateway HTTP/REST events).
 
-Thin shell: parse the event, call :class:`lightmetrics.ingest_http.IngestService`, report.
+Thin shell: parse the event, call :class:`lightmetrics.acceptance.http_contract.IngestService`, report.
 Configuration is read and validated once per cold start; an invalid configuration fails the
 cold start loudly rather than answering requests wrongly.
 """
@@ -13,13 +13,13 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
-from lightmetrics.config import Settings
-from lightmetrics.errors import InvalidIdentityError
-from lightmetrics.ingest_http import HttpResponse, IngestService, parse_lambda_event
-from lightmetrics.observability import SwitchableMetrics
-from lightmetrics.per_container import PerContainer
-from lightmetrics.request_counter import RequestCounter
-from lightmetrics.services import ingest_service
+from lightmetrics.acceptance.http_contract import HttpResponse, IngestService, parse_lambda_event
+from lightmetrics.aws.metrics import SwitchableMetrics
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.config import Settings
+from lightmetrics.composition.services import ingest_service
+from lightmetrics.lambda_shell.per_container import PerContainer
+from lightmetrics.protocol.errors import InvalidIdentityError
 
 logger = Logger(service="lightmetrics-ingest")
 metrics = SwitchableMetrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="ingest")

@@ -1,8 +1,8 @@
 """reap_begin Lambda: the reap's `Begin` task (infra/statemachines/reap.asl.json).
 
-Thin shell; the work is :mod:`lightmetrics.reap` (docs/reaps.md).
+Thin shell; the work is :mod:`lightmetrics.reaps` (docs/reaps.md).
 """
 
-from lightmetrics.reap import reap_task_handler
+from lightmetrics.reaps import reap_task_handler
 
 handler = reap_task_handler("begin")

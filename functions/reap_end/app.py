@@ -1,8 +1,8 @@
 """reap_end Lambda: the reap's `Finish`/`Abort` task: the final report, the lease released.
 
-Thin shell; the work is :mod:`lightmetrics.reap` (docs/reaps.md).
+Thin shell; the work is :mod:`lightmetrics.reaps` (docs/reaps.md).
 """
 
-from lightmetrics.reap import reap_task_handler
+from lightmetrics.reaps import reap_task_handler
 
 handler = reap_task_handler("end")

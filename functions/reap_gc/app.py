@@ -1,8 +1,8 @@
 """reap_gc Lambda: the reap's `Gc` task, run as the GC role (the only raw-blob deleter).
 
-Thin shell; the work is :mod:`lightmetrics.reap` and :mod:`lightmetrics.gc` (docs/reaps.md).
+Thin shell; the work is :mod:`lightmetrics.reaps` and :mod:`lightmetrics.reaps.gc` (docs/reaps.md).
 """
 
-from lightmetrics.reap import reap_task_handler
+from lightmetrics.reaps import reap_task_handler
 
 handler = reap_task_handler("gc")

@@ -1,8 +1,8 @@
 """reap_retention Lambda: the reap's `Retention` task (derived prefixes only; infra/statemachines/reap.asl.json).
 
-Thin shell; the work is :mod:`lightmetrics.reap` and :mod:`lightmetrics.retention` (docs/reaps.md).
+Thin shell; the work is :mod:`lightmetrics.reaps` and :mod:`lightmetrics.reaps.retention` (docs/reaps.md).
 """
 
-from lightmetrics.reap import reap_task_handler
+from lightmetrics.reaps import reap_task_handler
 
 handler = reap_task_handler("retention")

@@ -1,4 +1,4 @@
-"""Steady-state reconciler Lambda (EventBridge schedule). Thin shell over lightmetrics.reconcile.
+"""Steady-state reconciler Lambda (EventBridge schedule). Thin shell over lightmetrics.derived.reconcile.
 
 One schedule per shard (docs/protocol.md §12 R8), each with the input ``{"shard": i}``; an event
 without ``shard`` (a plain scheduled event, ``lmctl invoke``) runs shard 0. A shard that is not one
@@ -11,10 +11,11 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from lightmetrics.config import Settings
-from lightmetrics.observability import SwitchableMetrics
-from lightmetrics.per_container import PerContainer
-from lightmetrics.reconcile import Reconciler, UnownedRangesError, check_shard
+from lightmetrics.aws.metrics import SwitchableMetrics
+from lightmetrics.composition.config import Settings
+from lightmetrics.derived.reconcile import Reconciler
+from lightmetrics.derived.reconcile_state import UnownedRangesError, check_shard
+from lightmetrics.lambda_shell.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-reconcile")
 metrics = SwitchableMetrics(namespace="Lightmetrics", service="reconcile")
@@ -25,7 +26,7 @@ class _Shards:
     as it is first asked for (one schedule per shard: a container usually serves one)."""
 
     def __init__(self) -> None:
-        from lightmetrics.services import queue_probe, work_context
+        from lightmetrics.composition.services import queue_probe, work_context
 
         self.settings = Settings.from_env()
         self.ctx, self.probe = work_context(self.settings, metrics=metrics), queue_probe(self.settings)

@@ -7,17 +7,17 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
-from lightmetrics.blocker_actions import sweep_dlqs
-from lightmetrics.config import Settings
-from lightmetrics.observability import SwitchableMetrics
-from lightmetrics.per_container import PerContainer
+from lightmetrics.aws.metrics import SwitchableMetrics
+from lightmetrics.composition.config import Settings
+from lightmetrics.lambda_shell.per_container import PerContainer
+from lightmetrics.ops.blocker_actions import sweep_dlqs
 
 logger = Logger(service="lightmetrics-sweep-dlq")
 metrics = SwitchableMetrics(namespace="Lightmetrics", service="sweep-dlq")
 
 
 def _build_context() -> Any:
-    from lightmetrics.services import work_context
+    from lightmetrics.composition.services import work_context
 
     return work_context(Settings.from_env(), metrics=metrics)
 

@@ -1,8 +1,8 @@
 """walk_page Lambda: the bootstrap walk's `Pages/Page` task (infra/statemachines/bootstrap_walk.asl.json).
 
-Thin shell; the work is :mod:`lightmetrics.walk` (docs/walks.md).
+Thin shell; the work is :mod:`lightmetrics.derived.walk` (docs/walks.md).
 """
 
-from lightmetrics.walk import walk_task_handler
+from lightmetrics.derived.walk import walk_task_handler
 
 handler = walk_task_handler("page")

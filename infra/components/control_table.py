@@ -1,4 +1,4 @@
-"""The DynamoDB control table (docs/control-table.md), from :class:`lightmetrics.resources.TableSpec`."""
+"""The DynamoDB control table (docs/control-table.md), from :class:`lightmetrics.deployment.resource_types.TableSpec`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
-from lightmetrics.resources import TableSpec
+from lightmetrics.deployment.resource_types import TableSpec
 
 _TYPES = {
     "S": dynamodb.AttributeType.STRING,

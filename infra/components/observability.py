@@ -27,14 +27,14 @@ from infra.components.functions import BuiltFunction, camel
 from infra.components.queues import BuiltQueue
 from infra.components.statemachines import BuiltStateMachine
 from infra.config import METRICS_NAMESPACE, InfraConfig
-from lightmetrics.accept import AcceptStatus
+from lightmetrics.acceptance.accept import AcceptStatus
 
 RUNBOOK = "docs/runbook.md"
 
 #: Powertools metric names the alarms read (emitted by functions/ingest/app.py and accept.py).
 INGEST_5XX_METRIC = "Ingest5xx"
 INVARIANT_METRIC = "InvariantViolation"
-#: emitted by lightmetrics.work.run_unit when a unit of background work becomes a blocker
+#: emitted by lightmetrics.ops.work.run_unit when a unit of background work becomes a blocker
 BLOCKERS_METRIC = "BlockersOpened"
 #: emitted by the reconciler after each run (seconds behind the first open hour)
 RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"
@@ -45,9 +45,9 @@ ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
 #: index a raw blob (rule D6: a blob whose S3 SHA-256 differs from its key)
 INTEGRITY_FUNCTIONS = ("reconcile", "walk-page", "index-raw-blobs")
 INGEST_EXTRA_METRICS = ("ConflictEvidenceWriteFailed", "BlobRestoredAfterGc")
-#: emitted by lightmetrics.indexing.index_quarantine when a conflict's registry item is first created
+#: emitted by lightmetrics.derived.indexing.index_quarantine when a conflict's registry item is first created
 CONFLICTS_METRIC = "ConflictsRegistered"
-#: emitted by lightmetrics.gc when a settle restores a marked blob (each one is a race the handshake caught)
+#: emitted by lightmetrics.reaps.gc when a settle restores a marked blob (each one is a race the handshake caught)
 GC_RESTORED_METRIC = "GcRestored"
 #: the functions that run index_quarantine: the event path, and the walk (a conflict whose event was lost)
 CONFLICT_FUNCTIONS = ("index-quarantine", "walk-page")

@@ -16,7 +16,7 @@ from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from lightmetrics.resources import QueueSpec
+from lightmetrics.deployment.resource_types import QueueSpec
 
 _EVENTS = {
     "s3:ObjectCreated:*": s3.EventType.OBJECT_CREATED,

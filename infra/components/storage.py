@@ -1,6 +1,6 @@
 """The acceptance authority's bucket, its protocol-enforcing bucket policy, the GC role, the ops bucket.
 
-Everything here comes from :class:`lightmetrics.resources.BucketSpec`; every prefix is inside
+Everything here comes from :class:`lightmetrics.deployment.resource_types.BucketSpec`; every prefix is inside
 the configured prefix namespace.
 """
 
@@ -13,7 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from lightmetrics.resources import BucketSpec
+from lightmetrics.deployment.resource_types import BucketSpec
 
 #: Prefixes of the ops bucket (it is not an authority: no protocol rules apply there).
 INVENTORY_PREFIX = "inventory"

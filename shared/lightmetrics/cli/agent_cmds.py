@@ -183,9 +183,9 @@ def agent_enqueue(agent_id: str, boot_id: str, seq_start: str, seq_end: str, fra
     import hashlib
 
     from lightmetrics.client import Spool, SpoolConflictError, SpoolError
-    from lightmetrics.errors import FrameError, InvalidIdentityError
-    from lightmetrics.frame import validate_frame
-    from lightmetrics.identity import BatchIdentity
+    from lightmetrics.protocol.errors import FrameError, InvalidIdentityError
+    from lightmetrics.protocol.frame import validate_frame
+    from lightmetrics.protocol.identity import BatchIdentity
 
     try:
         ident = BatchIdentity.create(agent_id, boot_id, seq_start, seq_end)

@@ -2,7 +2,7 @@
 
 They add to the ``bench`` group of :mod:`lightmetrics.cli.pipeline_cmds` (``bench pipeline``).
 Each starts an embedded runtime in this process, puts ``--latency-ms`` / ``--max-inflight`` in
-front of every S3 client (:mod:`lightmetrics.testing.latency`), repeats ``--repeat`` times and
+front of every S3 client (:mod:`lightmetrics.harness.testing.latency`), repeats ``--repeat`` times and
 prints median (min-max) and the ratio to the baseline measured in the same run; it writes
 ``<out>/<target>.json`` and ``<out>/<target>.png``. Exit 1 if a request count is off contract
 (accept not exactly 2 requests; a cost that grows with history). docs/performance.md.
@@ -67,7 +67,7 @@ def _show(report: dict[str, Any], as_json: bool, latency_ms: float, max_inflight
 def _run(target: str, latency_ms: float, max_inflight: int, body: Callable[[Any], dict[str, Any]],
          bars: Callable[[dict[str, Any]], list[Any]], ylabel: str, out_dir: str,
          baseline_label: str = "baseline") -> dict[str, Any]:
-    from lightmetrics.bench.harness import BenchEnv, write_report
+    from lightmetrics.harness.bench.harness import BenchEnv, write_report
 
     with BenchEnv(latency_ms=latency_ms, max_inflight=max_inflight) as env:
         report = body(env)
@@ -82,7 +82,7 @@ def _run(target: str, latency_ms: float, max_inflight: int, body: Callable[[Any]
 def bench_accept(callers: str, batches_per_caller: int, repeat: int, quick: bool, latency_ms: float,
                  max_inflight: int, out_dir: str, as_json: bool) -> None:
     """Batches/s and p50/p99 latency at 1, 8, 32 callers vs the local conditional-PUT ceiling / 2."""
-    from lightmetrics.bench.accept_bench import accept_bars, run_accept
+    from lightmetrics.harness.bench.accept_bench import accept_bars, run_accept
 
     try:
         counts = tuple(int(c) for c in callers.split(",") if c.strip())
@@ -114,7 +114,7 @@ def bench_accept(callers: str, batches_per_caller: int, repeat: int, quick: bool
 def bench_indexing(batches: int, repeat: int, quick: bool, latency_ms: float, max_inflight: int, out_dir: str,
                    as_json: bool) -> None:
     """Manifests indexed/s and sequential round trips per SQS batch vs a sequential processor."""
-    from lightmetrics.bench.indexing_bench import indexing_bars, run_indexing
+    from lightmetrics.harness.bench.indexing_bench import indexing_bars, run_indexing
 
     report = _run("indexing", latency_ms, max_inflight,
                   lambda env: run_indexing(env, batches=30 if quick else batches, repeat=repeat),
@@ -140,7 +140,7 @@ def bench_walk(batches: int, agents: int, page_size: int, repeat: int, quick: bo
     pools together (4 Lambda invocations in parallel, 8 each); 40 ms per request keeps this
     process's own time per request (one interpreter lock shared by the four "Lambdas" and moto)
     a small part of a round trip, as it is in AWS."""
-    from lightmetrics.bench.walk_bench import run_walk, walk_bars
+    from lightmetrics.harness.bench.walk_bench import run_walk, walk_bars
 
     report = _run("walk", latency_ms, max_inflight,
                   lambda env: run_walk(env, batches=40 if quick else batches, agents=agents, page_size=page_size,
@@ -157,7 +157,7 @@ def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, m
                      as_json: bool) -> None:
     """The cost contract table (docs/protocol.md §8) from the request counter at several history depths (exit 1 if a
     count differs between depths). Counts are exact: --repeat and the latency do not change them."""
-    from lightmetrics.bench.cost_table import measure_operation_costs, rows
+    from lightmetrics.harness.bench.cost_table import measure_operation_costs, rows
 
     try:
         wanted = tuple(sorted({int(d) for d in depths.split(",") if d.strip()}))
@@ -201,7 +201,7 @@ def bench_cost_table(depths: str, repeat: int, quick: bool, latency_ms: float, m
 def bench_reconcile(batches: int, agents: int, repeat: int, quick: bool, latency_ms: float, max_inflight: int,
                     out_dir: str, as_json: bool) -> None:
     """Entries/s of the reconciler vs the same runs with one S3 request in flight (healthy entries)."""
-    from lightmetrics.bench.reconcile_bench import reconcile_bars, run_reconcile
+    from lightmetrics.harness.bench.reconcile_bench import reconcile_bars, run_reconcile
 
     report = _run("reconcile", latency_ms, max_inflight,
                   lambda env: run_reconcile(env, batches=40 if quick else batches, agents=agents, repeat=repeat),
@@ -220,7 +220,7 @@ def bench_reconcile(batches: int, agents: int, repeat: int, quick: bool, latency
 def bench_reap(hours: int, batches_per_hour: int, agents: int, repeat: int, quick: bool, latency_ms: float,
                max_inflight: int, out_dir: str, as_json: bool) -> None:
     """GC by-time blobs/s and retention batches/s vs the same reaps with one S3 request in flight."""
-    from lightmetrics.bench.reap_bench import reap_bars, run_reap
+    from lightmetrics.harness.bench.reap_bench import reap_bars, run_reap
 
     report = _run("reap", latency_ms, max_inflight,
                   lambda env: run_reap(env, hours=1 if quick else hours,

@@ -26,12 +26,12 @@ import click
 
 from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
-from lightmetrics.clock import utc_text
-from lightmetrics.config import Settings
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.clock import utc_text
 
 
 def _registry(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.conflicts import ConflictRegistry
+    from lightmetrics.ops.conflicts import ConflictRegistry
 
     ctx = configured_context(settings, as_json=as_json, component="admin")
     return ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
@@ -41,15 +41,15 @@ def _run(fn: Any, as_json: bool) -> Any:
     """Map the core's typed errors onto exit codes."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lightmetrics.conflicts import (
+    from lightmetrics.acceptance.denylist import InvalidLift, NotDenied
+    from lightmetrics.ops.conflicts import (
         ConflictAlreadyResolved,
         ConflictNotFound,
         ConflictStoreUnavailable,
         InvalidConflictId,
         InvalidResolution,
     )
-    from lightmetrics.denylist import InvalidLift, NotDenied
-    from lightmetrics.store import StoreAccessError, TransientStoreError
+    from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
 
     try:
         return fn()
@@ -173,7 +173,7 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
     registry = _registry(settings, as_json)
     conflict_id = _run(lambda: registry.complete_id(conflict_id), as_json)  # the prefix `show` takes too
     if deny_identity:
-        from lightmetrics.conflicts import parse_conflict_id
+        from lightmetrics.ops.conflicts import parse_conflict_id
 
         ident, _ = _run(lambda: parse_conflict_id(conflict_id, registry.codec), as_json)
         confirm(f"Deny {_scope(ident.agent_id, None if whole_agent else ident.boot_id)} (ingest answers 403 "
@@ -191,8 +191,8 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
 
 
 def _denylist_store(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.denylist import DenylistStore
-    from lightmetrics.services import control_table
+    from lightmetrics.acceptance.denylist import DenylistStore
+    from lightmetrics.composition.services import control_table
 
     try:
         return DenylistStore(control_table(settings))
@@ -248,7 +248,7 @@ def denylist_remove(agent_id: str, boot_id: str | None, whole_agent: bool, reaso
     Ingest stops answering 403 within LM_DENYLIST_TTL_S. Exit 2 if the selection is ambiguous, the
     reason empty, the agent/boot not denied, or the lift not confirmed.
     """
-    from lightmetrics.denylist import InvalidLift, lift_target, operator_reason
+    from lightmetrics.acceptance.denylist import InvalidLift, lift_target, operator_reason
 
     _run(lambda: (lift_target(agent_id, boot_id, whole_agent), operator_reason(reason, InvalidLift)), as_json)
     store = _denylist_store(settings, as_json)

@@ -28,7 +28,7 @@ from lightmetrics.cli.output import EXIT_USAGE, console, emit_json, fail, grid, 
 @click.option("--system-age-days", type=click.FloatRange(min=0), default=None,
               help="How long the system has accepted batches (the weekly walk lists all of them).")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
-              help="JSON object overriding the dated price table (keys of lightmetrics.pricing.PRICES, 'as_of').")
+              help="JSON object overriding the dated price table (keys of lightmetrics.deployment.pricing.PRICES, 'as_of').")
 @click.option("--assume", "assume", multiple=True, help="Override an assumption: NAME=VALUE (repeatable).")
 @json_option
 def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float | None, system_age_days: float | None,
@@ -37,8 +37,9 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
     counts, next to a DynamoDB conditional put per batch plus the S3 blob (the design a team would
     otherwise build): the total, each component, the ratio, and the share of everything but
     ingest, indexing and storage."""
-    from lightmetrics.cost_model import Assumptions, estimate
-    from lightmetrics.pricing import PRICE_TABLE, PriceTable
+    from lightmetrics.deployment.cost_model import estimate
+    from lightmetrics.deployment.cost_workload import Assumptions
+    from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
 
     prices = PRICE_TABLE
     if prices_path:
@@ -92,5 +93,5 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
         ("ratio to dynamodb-dedupe", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
         ("everything but ingest, indexing and storage",
          f"{ours['outside_ingest_indexing_storage_share']:.1%} of the total"),
-        ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']} (lightmetrics.pricing)"),
+        ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']} (lightmetrics.deployment.pricing)"),
     ]))

@@ -36,9 +36,9 @@ def env_cmd(stack_name: str | None, local_port: int | None, region: str | None, 
         _local(local_port, as_json)
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lightmetrics.errors import ConfigError
-    from lightmetrics.services import aws_session
-    from lightmetrics.stack_outputs import MissingStackOutput, settings_from_outputs
+    from lightmetrics.composition.services import aws_session
+    from lightmetrics.deployment.stack_outputs import MissingStackOutput, settings_from_outputs
+    from lightmetrics.protocol.errors import ConfigError
 
     # `lmctl --profile P env` exported P as AWS_PROFILE: read with it, and export it again below
     profile = profile or os.environ.get("AWS_PROFILE") or None

@@ -14,6 +14,7 @@ import click
 
 from lightmetrics.cli.options import config_options, json_option
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, strict_json
+from lightmetrics.local.function_code import import_functions
 
 
 def _wait_for_signal() -> None:
@@ -46,10 +47,11 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
     indexers, and the reconciler and DLQ sweeper on a schedule. Prints `export ...` lines that
     point lmctl and any boto3 client here.
     """
-    from lightmetrics.errors import ConfigError
     from lightmetrics.local.environment import local_env_file
-    from lightmetrics.local.server import IngestHTTPServer, LocalRuntime, env_exports
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
+    from lightmetrics.local.server import LocalRuntime, env_exports
     from lightmetrics.local.system import LocalSystem
+    from lightmetrics.protocol.errors import ConfigError
 
     try:
         runtime = LocalRuntime(port=port).start()
@@ -63,6 +65,7 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         except ConfigError as exc:
             fail(str(exc), EXIT_USAGE, as_json=as_json)
         os.environ.update(system.environment())
+        import_functions()
         from functions.ingest.app import handler
 
         assert system.settings is not None
@@ -136,16 +139,17 @@ def local_collector(port: int, ready_file: str | None) -> None:
 
     Configured entirely by LM_* variables, like the Lambda. Used by the demo's collector processes.
     """
-    from lightmetrics.config import Settings
-    from lightmetrics.errors import ConfigError
+    from lightmetrics.composition.config import Settings
     from lightmetrics.local.hosting import install_from_env
-    from lightmetrics.local.server import IngestHTTPServer
+    from lightmetrics.local.ingest_endpoint import IngestHTTPServer
+    from lightmetrics.protocol.errors import ConfigError
 
     try:
         install_from_env()  # this process hosts the ingest function: LM_FAULTS etc. are read here
         settings = Settings.from_env()
     except (ConfigError, ValueError) as exc:
         fail(str(exc), EXIT_USAGE)
+    import_functions()
     from functions.ingest.app import handler, service
 
     service()  # fail fast on configuration, before taking traffic
@@ -176,12 +180,12 @@ def demo_cmd(scale: str | None, port: int, report_json: str | None, as_json: boo
 
     Exit 0 when every acknowledged batch has its manifest (same hash) and blob; 1 otherwise.
     """
-    from lightmetrics.demo import SCALES, run_demo
+    from lightmetrics.harness.demo import SCALES, run_demo
 
     scale = scale or os.environ.get("LM_DEMO_SCALE") or "quick"
     if scale not in SCALES:
         fail(f"LM_DEMO_SCALE must be one of {sorted(SCALES)}, got {scale!r}", EXIT_USAGE, as_json=as_json)
-    from pipeline.session import JavaMissing, require_java
+    from lightmetrics_pipeline.session import JavaMissing, require_java
 
     try:
         require_java()  # the pipeline phase needs it: say so before minutes of work, not after

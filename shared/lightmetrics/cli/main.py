@@ -30,9 +30,15 @@ from lightmetrics.cli.output import (
     kv_table,
     stdout_to_stderr,
 )
-from lightmetrics.config import Settings
-from lightmetrics.errors import ConfigError, FrameError, InvalidIdentityError, LightmetricsError, ResourceAccessError
-from lightmetrics.identity import BatchIdentity
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.errors import (
+    ConfigError,
+    FrameError,
+    InvalidIdentityError,
+    LightmetricsError,
+    ResourceAccessError,
+)
+from lightmetrics.protocol.identity import BatchIdentity
 
 
 class Lmctl(click.Group):
@@ -82,7 +88,7 @@ def frame() -> None:
 @json_option
 def frame_encode(agent_id, boot_id, seq_start, seq_end, samples_path, zstd, output, as_json) -> None:  # type: ignore[no-untyped-def]
     """Encode samples (JSONL: metric, labels, ts_unix_ns, value) into a frame file."""
-    from lightmetrics.frame import encode_frame, load_samples_jsonl
+    from lightmetrics.protocol.frame import encode_frame, load_samples_jsonl
 
     ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
     try:
@@ -107,7 +113,7 @@ def frame_encode(agent_id, boot_id, seq_start, seq_end, samples_path, zstd, outp
 @json_option
 def frame_inspect(path: str, show_samples: bool, as_json: bool) -> None:
     """Validate a frame file and summarize it (exit 2 if invalid)."""
-    from lightmetrics.frame import decode_frame, summarize_frame
+    from lightmetrics.protocol.frame import decode_frame, summarize_frame
 
     try:
         data = Path(path).read_bytes()
@@ -139,9 +145,9 @@ def accept_cmd(agent_id, boot_id, seq_start, seq_end, frame_path, settings: Sett
 
     Exit 0 accepted or duplicate, 2 invalid, 3 identity conflict, 4 unavailable.
     """
-    from lightmetrics.accept import accept_batch
-    from lightmetrics.request_counter import RequestCounter
-    from lightmetrics.services import accept_context
+    from lightmetrics.acceptance.accept import accept_batch
+    from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.composition.services import accept_context
 
     ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
     try:
@@ -171,8 +177,8 @@ def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json)
 
     Exit 0 if accepted, 1 if no acceptance record exists, 4 if S3 is unavailable.
     """
-    from lightmetrics.identity_view import describe_identity
-    from lightmetrics.services import accept_context
+    from lightmetrics.composition.services import accept_context
+    from lightmetrics.ops.identity_view import describe_identity
 
     ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
     ctx = accept_context(settings)
@@ -202,9 +208,9 @@ def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json)
 @json_option
 def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_json: bool) -> None:
     """Print an ingest token for an agent, minted with the current key of the token secret."""
-    from lightmetrics.auth import mint_token
-    from lightmetrics.identity import validate_id
-    from lightmetrics.services import token_keys
+    from lightmetrics.acceptance.auth import mint_token
+    from lightmetrics.composition.services import token_keys
+    from lightmetrics.protocol.identity import validate_id
 
     try:
         validate_id(agent_id, "agent_id")
@@ -235,8 +241,8 @@ def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_js
 def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     """Run one Lambda handler in-process with a sample event (see events/). FUNCTION is a
     function's name (index-accepted) or its folder under functions/ (index_accepted)."""
+    from lightmetrics.deployment.resources import SPEC
     from lightmetrics.local.function_host import LambdaContext
-    from lightmetrics.resources import SPEC
 
     by_folder = {f.module.split(".")[-2]: f for f in SPEC.functions if f.module.startswith("functions.")}
     try:
@@ -248,7 +254,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
         event = json.loads(Path(event_path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         fail(f"cannot read event {event_path}: {exc}", EXIT_USAGE, as_json=as_json)
-    import importlib
+    from lightmetrics.local.function_code import import_handler_module
 
     system = _configured_context()  # one context for the looks before and after the run
     absent = _absent_objects(system, event)
@@ -261,7 +267,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
     with stdout_to_stderr():
-        handler = getattr(importlib.import_module(spec.module), spec.attr)
+        handler = getattr(import_handler_module(spec.module), spec.attr)
         try:
             result = handler(event, LambdaContext(function))
         except LightmetricsError as exc:
@@ -285,7 +291,7 @@ def _configured_context() -> Any:
     """The work context of the configured system, or None when none is configured (``lmctl
     invoke`` without a runtime: nothing to look at before or after the run)."""
     try:
-        from lightmetrics.services import work_context
+        from lightmetrics.composition.services import work_context
 
         return work_context(Settings.from_env(), component="cli")
     except Exception:
@@ -299,7 +305,7 @@ def _absent_objects(ctx: Any, event: Any) -> list[str]:
     if ctx is None or not isinstance(records, list) or not all(isinstance(r, dict) and "body" in r for r in records):
         return []
     try:
-        from lightmetrics.event_path import parse_notification
+        from lightmetrics.derived.event_path import parse_notification
 
         named = [o for r in records for o in (parse_notification(r["body"]) or [])]
         return [f"s3://{o.bucket}/{o.key}" for o in named

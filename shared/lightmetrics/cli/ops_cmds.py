@@ -19,8 +19,8 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
-from lightmetrics.clock import utc_text
-from lightmetrics.config import Settings
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.clock import utc_text
 
 
 @click.group()
@@ -49,8 +49,8 @@ def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
 
 
 def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwargs: Any) -> None:
-    from lightmetrics import blocker_actions
-    from lightmetrics.blockers import BlockerNotFound
+    from lightmetrics.ops import blocker_actions
+    from lightmetrics.ops.blockers import BlockerNotFound
 
     ctx = configured_context(settings, as_json=as_json)
     try:
@@ -99,7 +99,7 @@ def blockers_skip(work_key: str, reason: str, settings: Settings, as_json: bool)
 @json_option
 def blockers_redrive(settings: Settings, as_json: bool) -> None:
     """Send every open DLQ blocker's message back to its queue."""
-    from lightmetrics.blocker_actions import redrive
+    from lightmetrics.ops.blocker_actions import redrive
 
     results = redrive(configured_context(settings, as_json=as_json), who=operator_name())
     if as_json:
@@ -114,7 +114,7 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 def status_cmd(settings: Settings, as_json: bool) -> None:
     """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks
     (exit 1 if anything is stuck)."""
-    from lightmetrics.status import system_status
+    from lightmetrics.ops.status import system_status
 
     ctx = configured_context(settings, as_json=as_json)
     try:
@@ -154,7 +154,7 @@ def _total(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Several shards' reports as one: sums, and the slowest shard's checkpoint (R8)."""
     from collections import Counter
 
-    from lightmetrics.keys import UtcHour
+    from lightmetrics.protocol.keys import UtcHour
 
     def hour_key(report: dict[str, Any]) -> tuple[int, int]:
         after = report["checkpoint_after"]
@@ -181,9 +181,10 @@ def reconcile_run(shard: int | None, settings: Settings, as_json: bool) -> None:
     Exit 1 if an entry is BLOCKED or an hour's plan has ranges without a shard."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lightmetrics.errors import LightmetricsError
-    from lightmetrics.reconcile import Reconciler, ShardError, UnownedRangesError, check_shard
-    from lightmetrics.services import queue_probe
+    from lightmetrics.composition.services import queue_probe
+    from lightmetrics.derived.reconcile import Reconciler
+    from lightmetrics.derived.reconcile_state import ShardError, UnownedRangesError, check_shard
+    from lightmetrics.protocol.errors import LightmetricsError
 
     try:
         shards = [check_shard(shard, settings.reconcile_shards)] if shard is not None else list(
@@ -238,9 +239,9 @@ def reconcile_plan(ranges: int, hour: str | None, effective_from: str | None, se
     (too soon, out of order, or that hour already has one: the message names the earliest hour)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lightmetrics.errors import LightmetricsError
-    from lightmetrics.hour_ranges import MIN_LEAD_HOURS, RangePlanError, RangePlans, TooFewEntries
-    from lightmetrics.keys import UtcHour
+    from lightmetrics.derived.hour_ranges import MIN_LEAD_HOURS, RangePlanError, RangePlans, TooFewEntries
+    from lightmetrics.protocol.errors import LightmetricsError
+    from lightmetrics.protocol.keys import UtcHour
 
     if ranges > settings.reconcile_shards:
         fail(f"--ranges {ranges}: more ranges than reconciler shards (LM_RECONCILE_SHARDS = "

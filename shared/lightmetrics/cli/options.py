@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from lightmetrics.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, fail
-from lightmetrics.config import Settings
-from lightmetrics.errors import ConfigError, ResourceAccessError
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.errors import ConfigError, ResourceAccessError
 
 if TYPE_CHECKING:
-    from lightmetrics.work import WorkContext
+    from lightmetrics.ops.work import WorkContext
 
 _CONFIG_FIELDS = list(Settings.model_fields)
 
@@ -92,7 +92,7 @@ def configured_context(settings: Settings, *, as_json: bool, component: str = "c
 
     Example: ``ctx = configured_context(settings, as_json=as_json)`` at the top of a command.
     """
-    from lightmetrics.services import work_context
+    from lightmetrics.composition.services import work_context
 
     try:
         return work_context(settings, component=component)

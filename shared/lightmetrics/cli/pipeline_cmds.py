@@ -29,11 +29,11 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.config import Settings
+from lightmetrics.composition.config import Settings
 
 
 def _access(settings: Settings, component: str) -> Any:
-    from pipeline.s3io import S3Access
+    from lightmetrics_pipeline.s3io import S3Access
 
     return S3Access.from_settings(settings, component=component)
 
@@ -41,7 +41,7 @@ def _access(settings: Settings, component: str) -> Any:
 def _now_ns(as_of: str | None, as_json: bool) -> int:
     import time
 
-    from pipeline.query import parse_time
+    from lightmetrics_pipeline.query import parse_time
 
     now = time.time_ns()
     if not as_of:
@@ -69,7 +69,7 @@ def inventory_snapshot(destination: str | None, file_format: str, rows_per_file:
                        as_json: bool) -> None:
     """List the authority namespace (every version, like the stack's daily inventory) and write an
     inventory report of it, so local audits read the real format."""
-    from pipeline.inventory import Destination, InventoryError, snapshot
+    from lightmetrics_pipeline.inventory import Destination, InventoryError, snapshot
 
     dest = Destination.parse(destination or f"s3://{settings.bucket}/inventory")
     try:
@@ -110,8 +110,8 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
     import secrets
     from datetime import datetime, timezone
 
-    from pipeline.inventory import InventoryError
-    from pipeline.jobs import audit_job
+    from lightmetrics_pipeline.inventory import InventoryError
+    from lightmetrics_pipeline.jobs import audit_job
 
     now_ns = _now_ns(as_of, as_json)
     run_id = run_id or datetime.fromtimestamp(now_ns / 1e9, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ") + \
@@ -153,10 +153,10 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
                     owner: str | None, settings: Settings, as_json: bool) -> None:
     """Roll closed acceptance hours up into rollup/v1/ chunks, index/v1/ entries and a committed
     manifests/v1/ generation (exit 5 if another run holds the lease or committed first)."""
-    from lightmetrics.keys import UtcHour
-    from pipeline.jobs import rollup_job
-    from pipeline.lease import LeaseHeld, LeaseLost
-    from pipeline.rollup import GenerationTaken, NondeterministicRollup
+    from lightmetrics.protocol.keys import UtcHour
+    from lightmetrics_pipeline.jobs import rollup_job
+    from lightmetrics_pipeline.lease import LeaseHeld, LeaseLost
+    from lightmetrics_pipeline.rollup import GenerationTaken, NondeterministicRollup
 
     try:
         wanted = [UtcHour.parse(h) for h in hours]
@@ -205,7 +205,7 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
     """Read a metric back from the committed rollups (the highest generation of each hour)."""
     import time
 
-    from pipeline.query import iso, parse_time, plot, run_query, stat_value
+    from lightmetrics_pipeline.query import iso, parse_time, plot, run_query, stat_value
 
     now = time.time_ns()
     try:
@@ -265,7 +265,7 @@ def bench_pipeline(inventory_keys: int, batches: int, samples_per_batch: int, ro
     """Audit rows/s on a generated inventory, rollup samples/s (also at high and low cardinality,
     SQL aggregation against the previous per-series Python), and the vectorized decoder against
     a per-row UDF baseline — on an embedded local runtime started for the run."""
-    from lightmetrics.bench.pipeline_bench import run_bench
+    from lightmetrics.harness.bench.pipeline_bench import run_bench
 
     shapes: tuple[tuple[int, int], ...] = ((10_000, 5), (40, 12_500))
     if rollup_shapes:

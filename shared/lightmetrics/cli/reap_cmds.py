@@ -26,15 +26,15 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.clock import utc_text
-from lightmetrics.config import Settings
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.clock import utc_text
 
 STATE_MACHINE = "reap"
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.reap import ReapControl
-    from lightmetrics.services import aws_session
+    from lightmetrics.composition.services import aws_session
+    from lightmetrics.reaps import ReapControl
 
     arn = settings.state_machine_arns.get(STATE_MACHINE)
     if not arn:
@@ -74,7 +74,7 @@ def reap() -> None:
 
 def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str | None, audit_run: str | None,
            tombstone_wait_s: int | None, settings: Settings, as_json: bool, *, scope: str | None = None) -> None:
-    from lightmetrics.reap import InvalidReapInput, LeaseHeld
+    from lightmetrics.reaps import InvalidReapInput, LeaseHeld
 
     control = _control(settings, as_json)
     # A reap proves from reads whose 404 means "gone"; against a bucket that is not there it must

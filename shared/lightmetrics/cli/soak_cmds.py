@@ -1,4 +1,4 @@
-"""``lmctl soak``: the chaos soak with its invariant checks (lightmetrics.soak, docs/reliability.md)."""
+"""``lmctl soak``: the chaos soak with its invariant checks (lightmetrics.harness.soak, docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def soak_cmd(minutes: float, agents: int, collectors: int, seed: int, port: int,
     collectors SIGKILLed and restarted. Then: agents drain, one reconcile, one walk, `lmctl verify
     --strict`, the ledger check and the derived-entry check. Exit 0 when all hold, 1 otherwise.
     """
-    from lightmetrics.soak import SoakPlan, run_soak
+    from lightmetrics.harness.soak import SoakPlan, run_soak
 
     try:
         plan = SoakPlan(minutes=minutes, agents=agents, collectors=collectors, seed=seed)

@@ -27,8 +27,8 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.clock import utc_text
-from lightmetrics.config import Settings
+from lightmetrics.composition.config import Settings
+from lightmetrics.protocol.clock import utc_text
 
 STATE_MACHINE = "bootstrap-walk"
 _SUMMARY_FIELDS = ("scope", "epoch", "status", "started_at_ns", "updated_at_ns", "executions", "resumes", "execution",
@@ -45,8 +45,8 @@ def _duration(seconds: Any) -> str | None:
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.services import aws_session
-    from lightmetrics.walk import WalkControl
+    from lightmetrics.composition.services import aws_session
+    from lightmetrics.derived.walk import WalkControl
 
     arn = settings.state_machine_arns.get(STATE_MACHINE)
     if not arn:
@@ -127,7 +127,7 @@ def _follow(control: Any, started: Any, as_json: bool) -> Any:
 def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_size: int | None, parallelism: int | None,
                max_rounds: int | None, lease_seconds: int | None, settings: Settings, as_json: bool) -> None:
     """Start a bootstrap walk execution (exit 5 if another walk holds the lease)."""
-    from lightmetrics.walk import InvalidWalkInput, LeaseHeld, NothingToResume, NothingToWalk
+    from lightmetrics.derived.walk import InvalidWalkInput, LeaseHeld, NothingToResume, NothingToWalk
 
     control = _control(settings, as_json)
     try:
@@ -170,7 +170,7 @@ def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_siz
 @json_option
 def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bool) -> None:
     """The walk lease, the checkpoint (partitions, keys, repairs, keys/s, ETA) and the watermarks."""
-    from lightmetrics.walk import Started, read_watermarks
+    from lightmetrics.derived.walk import Started, read_watermarks
 
     control = _control(settings, as_json)
     try:
@@ -220,8 +220,8 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
 @json_option
 def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool) -> None:
     """Check every bucket-wide invariant; print each violation with its keys (exit 1 on any)."""
-    from lightmetrics.errors import LightmetricsError
-    from lightmetrics.verify import verify
+    from lightmetrics.derived.verify import verify
+    from lightmetrics.protocol.errors import LightmetricsError
 
     ctx = configured_context(settings, as_json=as_json)
     try:

@@ -14,8 +14,9 @@ Example:
     ...     report = c.drain(timeout_s=60)
 """
 
-from lightmetrics.client.agent import AgentClient, Alert, BatchOutcome, DrainReport, log_alert
+from lightmetrics.client.agent import AgentClient
 from lightmetrics.client.backoff import BackoffPolicy
+from lightmetrics.client.drain_report import Alert, BatchOutcome, DrainReport, log_alert
 from lightmetrics.client.errors import (
     AuthRejected,
     ClientConfigError,

@@ -1,6 +1,6 @@
 """Jittered exponential backoff for the agent client.
 
-The same full-jitter shape as :class:`lightmetrics.retry.RetryPolicy` (a uniform draw below an
+The same full-jitter shape as :class:`lightmetrics.protocol.retry.RetryPolicy` (a uniform draw below an
 exponential cap, so agents that failed together do not retry together), but without a fixed
 attempt count per call site: the client decides how many attempts a pass may spend.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from lightmetrics.retry import full_jitter
+from lightmetrics.protocol.retry import full_jitter
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class BackoffPolicy:
 
     def delay(self, retry: int, rng: random.Random, retry_after_s: float | None = None) -> float:
         """The pause before retry number ``retry`` (0-based): the store's full jitter
-        (:func:`lightmetrics.retry.full_jitter`), raised to a ``Retry-After`` hint."""
+        (:func:`lightmetrics.protocol.retry.full_jitter`), raised to a ``Retry-After`` hint."""
         value = full_jitter(retry, self.base_s, self.max_s, rng)
         if self.honor_retry_after and retry_after_s is not None and retry_after_s > 0:
             value = max(value, min(float(retry_after_s), self.max_s))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.errors import LightmetricsError
-from lightmetrics.identity import BatchIdentity
+from lightmetrics.protocol.errors import LightmetricsError
+from lightmetrics.protocol.identity import BatchIdentity
 
 
 class ClientError(LightmetricsError):

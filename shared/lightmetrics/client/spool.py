@@ -26,7 +26,7 @@ alone.
 
 Example:
     >>> import tempfile
-    >>> from lightmetrics.frame import Sample, encode_frame
+    >>> from lightmetrics.protocol.frame import Sample, encode_frame
     >>> spool = Spool(tempfile.mkdtemp())
     >>> ident = BatchIdentity.create("agent-a", "boot-1", 0, 9)
     >>> batch = spool.put(ident, encode_frame(ident, [Sample("up")]))
@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from lightmetrics.client.errors import SpoolConflictError, SpoolError
-from lightmetrics.errors import InvalidIdentityError
-from lightmetrics.identity import BatchIdentity, hex_to_id
+from lightmetrics.protocol.errors import InvalidIdentityError
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 
 PARKED_DIR = "parked"
 UNREADABLE_DIR = "unreadable"

@@ -3,23 +3,16 @@
 Example::
 
     >>> from lightmetrics.local import LocalRuntime, provision
-    >>> from lightmetrics.resources import SPEC
+    >>> from lightmetrics.deployment.resources import SPEC
     >>> with LocalRuntime(port=4566) as rt:                                  # doctest: +SKIP
     ...     provision(rt, SPEC, bucket="lightmetrics-local", table="lightmetrics-control",
     ...               secret_name="lightmetrics/ingest-tokens")
 """
 
 from lightmetrics.local.function_host import FunctionHost, LambdaContext, function_name_from
+from lightmetrics.local.ingest_endpoint import DEFAULT_MAX_BODY_BYTES, IngestHTTPServer
 from lightmetrics.local.provision import ProvisionError, provision
-from lightmetrics.local.server import (
-    ACCOUNT_ID,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_PORT,
-    REGION,
-    IngestHTTPServer,
-    LocalRuntime,
-    env_exports,
-)
+from lightmetrics.local.server import ACCOUNT_ID, DEFAULT_PORT, REGION, LocalRuntime, env_exports
 
 __all__ = [
     "ACCOUNT_ID",

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from lightmetrics.local.server import IngestHTTPServer
+from lightmetrics.local.ingest_endpoint import IngestHTTPServer
 from lightmetrics.local.sigv4 import iam_guard
 
 ADMIN_PORT_OFFSET = 2

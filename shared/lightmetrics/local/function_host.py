@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import base64
-import importlib
 import json
 import logging
 import re
@@ -27,7 +26,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 from urllib.parse import unquote
 
-from lightmetrics.resources import SPEC, FunctionSpec
+from lightmetrics.deployment.resource_types import FunctionSpec
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.local.function_code import import_handler_module
 
 __all__ = ["FunctionHost", "Handler", "LambdaContext", "function_name_from", "invoke_handler"]
 
@@ -190,7 +191,7 @@ class FunctionHost:
             return None
         with self._lock:
             if name not in self._loaded:
-                module = importlib.import_module(spec.module)
+                module = import_handler_module(spec.module)
                 self._loaded[name] = getattr(module, spec.attr)
             return self._loaded[name]
 

@@ -1,9 +1,9 @@
 """The local runtime as its functions' host: the test switches a local process takes from its
 environment, and nothing else does.
 
-* ``LM_FAULTS`` — fault rules (:mod:`lightmetrics.testing.faults`) on every S3 client;
+* ``LM_FAULTS`` — fault rules (:mod:`lightmetrics.harness.testing.faults`) on every S3 client;
 * ``LM_INJECT_LATENCY_MS`` / ``LM_INJECT_MAX_INFLIGHT`` — latency and a concurrency cap
-  (:mod:`lightmetrics.testing.latency`), one injector per process;
+  (:mod:`lightmetrics.harness.testing.latency`), one injector per process;
 * ``LM_CLOCK_OFFSET_S`` — the process's clock runs this many seconds ahead (``lmctl demo``
   makes fresh orphans look older than the retry horizon to its reap tasks this way).
 
@@ -11,7 +11,7 @@ A local host also leaves the deployment timing rules (docs/protocol.md §18) une
 machine, one clock, and the deliberately short waits of the demo, the soak and the tests. Each
 local process installs it at start — :class:`~lightmetrics.local.server.LocalRuntime` when it
 starts, ``lmctl local collector`` before it imports the ingest function — so the functions it
-hosts get it from :mod:`lightmetrics.hosting`, never by reading these variables themselves.
+hosts get it from :mod:`lightmetrics.composition.hosting`, never by reading these variables themselves.
 
 Example:
     >>> host = host_from_env({"LM_CLOCK_OFFSET_S": "600"})
@@ -26,8 +26,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightmetrics.clock import DEFAULT_CLOCK, Clock, OffsetClock
-from lightmetrics.hosting import Host, install
+from lightmetrics.composition.hosting import Host, install
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock, OffsetClock
 
 FAULTS_ENV = "LM_FAULTS"
 CLOCK_OFFSET_ENV = "LM_CLOCK_OFFSET_S"
@@ -35,7 +35,7 @@ CLOCK_OFFSET_ENV = "LM_CLOCK_OFFSET_S"
 
 def host_from_env(env: Mapping[str, str] | None = None) -> Host:
     """The local host the switches in ``env`` (default: this process's environment) describe."""
-    from lightmetrics.testing import faults, latency
+    from lightmetrics.harness.testing import faults, latency
 
     env = dict(os.environ if env is None else env)
     hooks: list[Callable[[Any], object]] = []

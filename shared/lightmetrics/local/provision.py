@@ -1,4 +1,4 @@
-"""Create the resources of a :class:`~lightmetrics.resources.ResourceSpec`, idempotently.
+"""Create the resources of a :class:`~lightmetrics.deployment.resource_types.ResourceSpec`, idempotently.
 
 The local counterpart of the CDK stack: it reads the same spec and converges an account (moto
 locally, though nothing here is moto-specific) to it. Running it twice changes nothing; an
@@ -21,9 +21,9 @@ from typing import Any, cast
 
 from botocore.exceptions import ClientError
 
-from lightmetrics.auth import TokenKeys
+from lightmetrics.acceptance.auth import TokenKeys
+from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.local.function_host import ACCOUNT_ID
-from lightmetrics.resources import ResourceSpec
 
 __all__ = ["ProvisionError", "provision", "queue_urls_setting", "state_machine_arns_setting"]
 
@@ -184,7 +184,7 @@ def provision(
     # --- state machines: the same ASL files and substitution map as the CDK stack
     state_machines: dict[str, dict[str, str]] = {}
     if spec.state_machines:
-        from lightmetrics.statemachines import lambda_arn, render_definition
+        from lightmetrics.deployment.statemachines import lambda_arn, render_definition
 
         sfn = client("stepfunctions")
         region = sfn.meta.region_name or "us-east-1"

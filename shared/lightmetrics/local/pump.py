@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lightmetrics.aws.sqs_queues import queue_depth
 from lightmetrics.local.function_host import LambdaContext
 from lightmetrics.local.server import ACCOUNT_ID, REGION
-from lightmetrics.queues import queue_depth
 
 LOG = logging.getLogger(__name__)
 

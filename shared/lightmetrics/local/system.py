@@ -23,19 +23,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from lightmetrics.blocker_actions import sweep_dlqs
-from lightmetrics.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.config import Settings
-from lightmetrics.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
+from lightmetrics.aws.queue_probes import SqsCountProbe
+from lightmetrics.composition.config import Settings
+from lightmetrics.composition.services import work_context
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
+from lightmetrics.derived.reconcile import Reconciler
+from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime
-from lightmetrics.reconcile import Reconciler, SqsCountProbe
-from lightmetrics.resources import SPEC, ResourceSpec
-from lightmetrics.services import work_context
-from lightmetrics.sqs_batch import sqs_index_handler
-from lightmetrics.work import WorkContext
+from lightmetrics.ops.blocker_actions import sweep_dlqs
+from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 
 #: which indexer serves which queue of the spec
 QUEUE_KIND = {"index-accepted": KIND_ACCEPTED, "index-raw-blobs": KIND_RAW_BLOB, "index-quarantine": KIND_QUARANTINE}
@@ -90,7 +92,7 @@ class LocalSystem:
         ``counter`` (a RequestCounter) counts their S3/DynamoDB requests; ``wrap(step, handler)``
         lets tests put a fault in front of a task. Registering again replaces the handlers.
         """
-        from lightmetrics.walk import TASK_STEPS, walk_task_handler
+        from lightmetrics.derived.walk import TASK_STEPS, walk_task_handler
 
         host = getattr(self.runtime, "function_host", None)
         if host is None or self.settings is None:
@@ -105,8 +107,8 @@ class LocalSystem:
                     shared.append(self.work_context(component="walk", counter=counter, **kw))
                 return shared[0]
 
-        from lightmetrics.reap import TASK_STEPS as REAP_STEPS
-        from lightmetrics.reap import reap_task_handler
+        from lightmetrics.reaps import TASK_STEPS as REAP_STEPS
+        from lightmetrics.reaps import reap_task_handler
 
         names = []
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):
@@ -131,15 +133,15 @@ class LocalSystem:
         return self.settings.state_machine_arns[name]
 
     def reap_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.reap.ReapControl` for this system's reap state machine."""
-        from lightmetrics.reap import ReapControl
+        """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine."""
+        from lightmetrics.reaps import ReapControl
 
         return ReapControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
                            self.state_machine_arn("reap"), **kwargs)
 
     def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.walk.WalkControl` for this system's bootstrap walk."""
-        from lightmetrics.walk import WalkControl
+        """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk."""
+        from lightmetrics.derived.walk import WalkControl
 
         return WalkControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
                            self.state_machine_arn(), **kwargs)

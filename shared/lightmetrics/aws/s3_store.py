@@ -1,0 +1,456 @@
+"""The object-store port and its S3 adapter.
+
+The accept algorithm and every background job talk to :class:`ObjectStore`; the only
+implementation that ships is :class:`S3ObjectStore` (boto3), used against AWS and against
+the embedded moto server alike. Error classification lives here, in one place.
+
+Example:
+    >>> store = S3ObjectStore(boto3.client("s3"), "my-bucket")       # doctest: +SKIP
+    >>> store.put_if_absent("k", b"{}")                               # doctest: +SKIP
+    (<ConditionalCreateOutcome.CREATED: 'created'>, '')
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, TypeVar
+
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from lightmetrics.aws.errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
+from lightmetrics.protocol.cas import ConditionalCreateOutcome
+from lightmetrics.protocol.errors import LightmetricsError, ResourceAccessError
+from lightmetrics.protocol.retry import RetryPolicy
+
+
+class TransientStoreError(LightmetricsError):
+    """A read failed in a way that may succeed on retry (timeout, 5xx, throttling, 409)."""
+
+
+class StoreAccessError(ResourceAccessError):
+    """S3 refused the request: the bucket does not exist, access is denied, or another
+    non-retryable client error. Never a missing key (that is ``None``)."""
+
+    def __init__(self, bucket: str, problem: str, setting: str = "LM_BUCKET") -> None:
+        super().__init__("bucket", bucket, setting, problem)
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One ``ListObjectsV2`` response: keys (with sizes and ``LastModified``) in key order, common
+    prefixes, and whether more follow (``next_token`` continues a listing with a delimiter).
+
+    ``last_modified_ns[i]`` is ``keys[i]``'s ``LastModified`` in Unix ns: S3's clock, whole seconds,
+    when the object's PUT began (the walk places a record's hour by it, docs/protocol.md §13 W4)."""
+
+    keys: list[str]
+    sizes: list[int]
+    prefixes: list[str]
+    truncated: bool
+    next_token: str | None = None
+    last_modified_ns: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ObjectHead:
+    key: str
+    size: int
+    last_modified_unix_s: float
+    etag: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    version_id: str | None = None
+    #: base64 SHA-256 of the whole object, as S3 stored it at upload; None when the HEAD did not ask
+    #: for it, the object was written without one, or S3 holds only a composite (multipart) checksum
+    checksum_sha256_b64: str | None = None
+
+
+@dataclass(frozen=True)
+class ObjectVersion:
+    """One version of a key, or one delete marker (``ListObjectVersions``)."""
+
+    key: str
+    version_id: str
+    last_modified: datetime
+    delete_marker: bool
+
+
+class ObjectStore(Protocol):
+    """Everything the core and the background jobs need from object storage: conditional create,
+    GET, HEAD, LIST (pages, keys, key ranges), the versions of a key, and deletes.
+
+    Deletes are never retried by the store: a repeated delete without a version id would place a
+    second delete marker. Reads are retried on transient failures.
+    """
+
+    bucket: str
+
+    def put_if_absent(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        checksum_sha256_b64: str | None = None,
+    ) -> tuple[ConditionalCreateOutcome, str]: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]: ...
+
+    def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None: ...
+
+    def require_bucket(self, prefix: str) -> None: ...
+
+    def list_page(self, prefix: str, *, max_keys: int = 1000, start_after: str | None = None,
+                  delimiter: str | None = None, continuation_token: str | None = None) -> ListPage: ...
+
+    def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
+
+    def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
+                      end_at: str | None = None) -> list[tuple[str, int]]: ...
+
+    def versions_of(self, key: str) -> list[ObjectVersion]: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
+                       after_request: Callable[[], None] | None = None) -> DeleteOutcome: ...
+
+
+_NS = 1_000_000_000
+_T = TypeVar("_T")
+
+def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> StoreAccessError | None:
+    """The error for an S3 answer that says the bucket itself is unusable — it does not exist
+    (``NoSuchBucket``) or refuses us (403) — or None. Any S3 client (a raw boto3 one too) maps
+    its errors here, so a missing bucket is never mistaken for an empty listing or a missing key.
+    ``setting`` names what configured the bucket."""
+    if not isinstance(exc, ClientError):
+        return None
+    status, code = http_status(exc), error_code(exc)
+    if code == "NoSuchBucket":
+        return StoreAccessError(bucket, "does not exist", setting)
+    if status == 403 or code in ("AccessDenied", "AllAccessDisabled"):
+        return StoreAccessError(bucket, f"refused access: {status} {code}".strip(), setting)
+    return None
+
+
+def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOutcome, str]:
+    """Map one failed conditional PUT to its outcome (see :mod:`lightmetrics.protocol.cas`)."""
+    if isinstance(exc, ClientError):
+        status, code = http_status(exc), error_code(exc)
+        if status == 412 or code == "PreconditionFailed":
+            return ConditionalCreateOutcome.EXISTS, code or "412"
+        if status == 409 or code == "ConditionalRequestConflict":
+            return ConditionalCreateOutcome.CONFLICT, code or "409"
+        if status >= 500 or status == 429 or code in TRANSIENT_CODES:
+            return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
+        raise bucket_refusal(exc, bucket) or StoreAccessError(bucket, f"refused the write: {status} {code}") from exc
+    if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
+        return ConditionalCreateOutcome.UNKNOWN, type(exc).__name__
+    raise exc
+
+
+def s3_client_config(timeout_s: int = 5, max_pool: int = 50, component: str = "core") -> BotoConfig:
+    """botocore config for the core: our own retries only, so every attempt is classified.
+
+    botocore's retry layer would hide 409s and timeouts from the CAS rules; one attempt per
+    call keeps the request counts deterministic. ``component`` tags the User-Agent
+    (``lm-component/<name>``) so request totals can be split by component server-side.
+    """
+    return BotoConfig(
+        user_agent_extra=f"lm-component/{component}",
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=timeout_s,
+        read_timeout=timeout_s,
+        max_pool_connections=max_pool,
+        # S3 verifies ChecksumSHA256 that we send; avoid botocore adding a second checksum.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
+class S3ObjectStore:
+    """:class:`ObjectStore` on a boto3 S3 client.
+
+    Reads retry transient failures with the given policy; conditional creates do not (the
+    CAS layer owns that loop, because each outcome means something different).
+    """
+
+    def __init__(
+        self, client: Any, bucket: str, *, read_policy: RetryPolicy | None = None, rng: random.Random | None = None
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.read_policy = read_policy or RetryPolicy()
+        self._rng = rng
+
+    def put_if_absent(
+        self,
+        key: str,
+        body: bytes,
+        *,
+        metadata: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        checksum_sha256_b64: str | None = None,
+    ) -> tuple[ConditionalCreateOutcome, str]:
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": body,
+            "IfNoneMatch": "*",
+            "ContentType": content_type,
+        }
+        if metadata:
+            kwargs["Metadata"] = metadata
+        if checksum_sha256_b64:
+            # S3 keeps the given SHA-256 either way; naming the algorithm too makes moto keep it
+            # as S3 does, so the reconciler's checksum check (D3) runs locally as in AWS.
+            kwargs["ChecksumSHA256"] = checksum_sha256_b64
+            kwargs["ChecksumAlgorithm"] = "SHA256"
+        try:
+            self.client.put_object(**kwargs)
+        except Exception as exc:  # classified below; anything unexpected re-raises
+            return classify_put_error(exc, self.bucket)
+        return ConditionalCreateOutcome.CREATED, ""
+
+    def _read(self, fn: Callable[[], _T], key: str) -> _T | None:
+        last: Exception | None = None
+        for _attempt in self.read_policy.attempts(self._rng):
+            try:
+                return fn()
+            except ClientError as exc:
+                refused = bucket_refusal(exc, self.bucket)  # before the 404 test: NoSuchBucket is a 404 too
+                if refused is not None:
+                    raise refused from exc
+                if is_not_found(exc):
+                    return None
+                if not is_transient(exc):
+                    raise StoreAccessError(self.bucket, f"refused reading {key}: {http_status(exc)} {error_code(exc)}") from exc
+                last = exc
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                last = exc
+        raise TransientStoreError(f"reading {key} failed after {self.read_policy.max_attempts} attempts: {last}")
+
+    def get(self, key: str) -> bytes | None:
+        def op() -> bytes:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+        return self._read(op, key)
+
+    def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]:
+        """The object's lines (each with its line end) from byte ``offset``, read only as far as the
+        caller iterates (close the generator to stop early); none when ``offset`` is its end."""
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={offset}-")["Body"]
+        except ClientError as exc:
+            if error_code(exc) == "InvalidRange":  # the offset is the object's end
+                return
+            raise
+        try:
+            yield from body.iter_lines(keepends=True)
+        finally:
+            body.close()
+
+    def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None:
+        """HEAD ``key``; ``checksum=True`` also asks for its stored checksum (``ChecksumMode``:
+        the same one request)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if checksum:
+            kwargs["ChecksumMode"] = "ENABLED"
+
+        def op() -> ObjectHead:
+            r = self.client.head_object(**kwargs)
+            sha = r.get("ChecksumSHA256")
+            if sha and (r.get("ChecksumType") == "COMPOSITE" or "-" in sha):
+                sha = None  # a checksum of part checksums, not of the object's bytes
+            return ObjectHead(
+                key=key,
+                size=int(r.get("ContentLength", 0)),
+                last_modified_unix_s=r["LastModified"].timestamp(),
+                etag=str(r.get("ETag", "")).strip('"'),
+                metadata=dict(r.get("Metadata", {})),
+                version_id=r.get("VersionId"),
+                checksum_sha256_b64=sha or None,
+            )
+
+        return self._read(op, key)
+
+    def require_bucket(self, prefix: str) -> None:
+        """Raise :class:`StoreAccessError` unless the bucket exists and lets us list ``prefix``.
+
+        One LIST of at most one key. A HEAD cannot tell (its 404 has no body, so a missing bucket
+        looks like a missing key), and HeadBucket needs ``s3:ListBucket`` without a prefix
+        condition, which the functions' roles do not have. Commands that would otherwise start
+        work on a bucket through HEADs alone check it here first.
+        """
+        self.list_page(prefix, max_keys=1)
+
+    def list_page(
+        self,
+        prefix: str,
+        *,
+        max_keys: int = 1000,
+        start_after: str | None = None,
+        delimiter: str | None = None,
+        continuation_token: str | None = None,
+    ) -> ListPage:
+        """One page of ``ListObjectsV2`` (transient failures retried like every read)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": max_keys}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if continuation_token:
+            kwargs["ContinuationToken"] = continuation_token
+        page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix) or {}
+        contents = page.get("Contents", [])
+        return ListPage(
+            keys=[o["Key"] for o in contents],
+            sizes=[int(o.get("Size", 0)) for o in contents],
+            prefixes=[p["Prefix"] for p in page.get("CommonPrefixes", [])],
+            truncated=bool(page.get("IsTruncated")),
+            next_token=page.get("NextContinuationToken"),
+            last_modified_ns=[int(o["LastModified"].timestamp()) * _NS for o in contents],
+        )
+
+    def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]:
+        """Keys under ``prefix`` in key order, at most ``limit`` (paginated)."""
+        return [key for key, _ in self.list_modified(prefix, limit=limit)]
+
+    def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
+                      end_at: str | None = None) -> list[tuple[str, int]]:
+        """``(key, LastModified in Unix ns)`` under ``prefix`` in key order, at most ``limit``:
+        keys after ``start_after`` and up to ``end_at`` (inclusive) when given. The listing stops at
+        the first page that passes ``end_at``, so a key range costs its own pages (plus at most one).
+
+        LastModified is S3's clock (whole seconds): when the object's PUT began.
+        """
+        entries: list[tuple[str, int]] = []
+        token: str | None = None
+        while len(entries) < limit:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
+                                      "MaxKeys": min(1000, limit - len(entries))}
+            if token:
+                kwargs["ContinuationToken"] = token
+            elif start_after:
+                kwargs["StartAfter"] = start_after
+            page = self._read(lambda: self.client.list_objects_v2(**kwargs), prefix)
+            for obj in (page or {}).get("Contents", []):
+                if end_at is not None and obj["Key"] > end_at:
+                    return entries
+                entries.append((obj["Key"], int(obj["LastModified"].timestamp()) * _NS))
+            token = (page or {}).get("NextContinuationToken")
+            if not token:
+                break
+        return entries
+
+
+    def versions_of(self, key: str) -> list[ObjectVersion]:
+        """The versions and delete markers of exactly ``key`` (one ``ListObjectVersions``)."""
+        r = self._read(lambda: self.client.list_object_versions(Bucket=self.bucket, Prefix=key), key) or {}
+        return [ObjectVersion(v["Key"], v["VersionId"], v["LastModified"], marker)
+                for marker, group in ((False, r.get("Versions", [])), (True, r.get("DeleteMarkers", [])))
+                for v in group if v["Key"] == key]
+
+    def delete(self, key: str) -> None:
+        """One ``DeleteObject`` without a version id (a delete marker on a versioned bucket)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
+                       after_request: Callable[[], None] | None = None) -> DeleteOutcome:
+        """:func:`delete_objects` on this bucket."""
+        return delete_objects(self.client, self.bucket, objects, fence=fence, after_request=after_request)
+
+# --- DeleteObjects: up to 1,000 keys a request ------------------------------------------------------
+#: S3's limit of keys per DeleteObjects request.
+DELETE_BATCH_MAX = 1000
+#: HTTP status a per-key DeleteObjects error would have had as a single DeleteObject (the response
+#: carries only the code); anything else is a client error (400).
+_DELETE_ERROR_STATUS = {"AccessDenied": 403, "NoSuchKey": 404, "NoSuchVersion": 404, "InternalError": 500,
+                        "ServiceUnavailable": 503, "SlowDown": 503, "RequestTimeout": 400}
+
+
+@dataclass
+class DeleteOutcome:
+    """What DeleteObjects requests said, per ``(key, version id asked or None)``.
+
+    ``deleted`` maps each deleted object to the delete marker S3 placed (``DeleteMarkerVersionId``,
+    a delete without a version id in a versioned bucket) or None; ``errors`` maps each refused one
+    to ``(code, message)``. A key the response names in neither is an error ``Missing`` (never
+    assumed deleted).
+
+    >>> out = DeleteOutcome(errors={("k", None): ("SlowDown", "Please reduce your request rate.")})
+    >>> out.error_for("k", None).response["ResponseMetadata"]["HTTPStatusCode"]
+    503
+    """
+
+    deleted: dict[tuple[str, str | None], str | None] = field(default_factory=dict)
+    errors: dict[tuple[str, str | None], tuple[str, str]] = field(default_factory=dict)
+
+    def error_for(self, key: str, version_id: str | None, *, tolerate: tuple[str, ...] = ()) -> ClientError | None:
+        """The per-key error as the ``ClientError`` a single DeleteObject of it would have raised
+        (so it is classified as one: transient, access denied, ...), or None if it was deleted or
+        its code is in ``tolerate``."""
+        err = self.errors.get((key, version_id))
+        if err is None or err[0] in tolerate:
+            return None
+        code, message = err
+        return ClientError({"Error": {"Code": code, "Message": f"{key}: {message}"},
+                            "ResponseMetadata": {"HTTPStatusCode": _DELETE_ERROR_STATUS.get(code, 400)}},
+                           "DeleteObjects")
+
+
+def delete_objects(client: Any, bucket: str, objects: list[tuple[str, str | None]], *,
+                   fence: Any = None, after_request: Any = None) -> DeleteOutcome:
+    """Delete ``(key, version id or None)`` pairs with one DeleteObjects per ``DELETE_BATCH_MAX``,
+    in the order given (a pair twice is sent once). ``fence()`` runs right before each request
+    (docs/protocol.md §13 L2: it raises if the lease is lost, and nothing more is sent);
+    ``after_request()`` right after each (a crash point). Verbose mode: a delete without a version
+    id reports the marker it placed. A request that fails raises (never retried here: a repeated
+    marker request would place a second marker); per-key failures are in the outcome's ``errors``.
+
+    Example:
+        >>> out = delete_objects(s3, "b", [("k", None)], fence=fence)          # doctest: +SKIP
+        >>> out.deleted[("k", None)]                                            # doctest: +SKIP
+        'marker-version-id'
+    """
+    pending = list(dict.fromkeys(objects))
+    out = DeleteOutcome()
+    for start in range(0, len(pending), DELETE_BATCH_MAX):
+        chunk = pending[start:start + DELETE_BATCH_MAX]
+        spec = [{"Key": k, "VersionId": v} if v else {"Key": k} for k, v in chunk]
+        if fence is not None:
+            fence()
+        r = client.delete_objects(Bucket=bucket, Delete={"Objects": spec, "Quiet": False})
+        asked = set(chunk)
+
+        def pair_of(d: dict[str, Any]) -> tuple[str, str | None]:
+            # S3 may echo no VersionId for a delete that asked none (and place a marker): by key then
+            pair = (d["Key"], d.get("VersionId") or None)
+            return pair if pair in asked else (d["Key"], None)
+
+        for d in r.get("Deleted") or []:
+            out.deleted[pair_of(d)] = d.get("DeleteMarkerVersionId") or None
+        for e in r.get("Errors") or []:
+            out.errors[pair_of(e)] = (str(e.get("Code", "")), str(e.get("Message", "")))
+        for pair in chunk:
+            if pair not in out.deleted and pair not in out.errors:
+                out.errors[pair] = ("Missing", "not in the DeleteObjects response")
+        if after_request is not None:
+            after_request()
+    return out

@@ -1,0 +1,47 @@
+"""The SQS adapter: queue depths for the reconciler's probe and ``lmctl status``.
+
+A queue named in ``LM_QUEUE_URLS`` that does not exist (or refuses us) is a configuration error,
+:class:`~lightmetrics.protocol.errors.ResourceAccessError`, never a queue with no messages.
+
+Example:
+    >>> queue_depth(boto3.client("sqs"), url)        # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lightmetrics.protocol.errors import ResourceAccessError
+
+_MISSING = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+_DENIED = ("AccessDenied", "AccessDeniedException")
+
+
+def queue_error(exc: ClientError, url: str) -> ResourceAccessError | None:
+    """The configuration error an SQS answer means for the queue at ``url``, or None."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    if code in _MISSING:
+        return ResourceAccessError("queue", url, "LM_QUEUE_URLS", "does not exist")
+    if code in _DENIED:
+        return ResourceAccessError("queue", url, "LM_QUEUE_URLS", f"refused access: {code}")
+    return None
+
+
+def queue_depth(sqs: Any, url: str) -> int:
+    """Visible plus in-flight messages of the queue at ``url``."""
+    try:
+        attrs = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]
+    except ClientError as exc:
+        refused = queue_error(exc, url)
+        if refused is None:
+            raise
+        raise refused from exc
+    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+
+__all__ = ["queue_depth", "queue_error"]

@@ -1,0 +1,316 @@
+"""The one resource spec that the CDK app and the local provisioner both read.
+
+Plain frozen dataclasses and stdlib only: no boto3, no CDK. The CDK stack maps each spec onto
+constructs; :mod:`lightmetrics.local.provision` maps it onto API calls against moto. Physical
+names come from configuration at run time (``LM_BUCKET``, ``LM_TABLE``, ``LM_AUTH_SECRET_ID``);
+the ``default_name`` of each spec is only the local default.
+
+Example::
+
+    >>> from lightmetrics.deployment.resources import SPEC
+    >>> SPEC.table.key_schema()
+    [{'AttributeName': 'pk', 'KeyType': 'HASH'}, {'AttributeName': 'sk', 'KeyType': 'RANGE'}]
+    >>> SPEC.function("ingest").handler_string
+    'functions.ingest.app.handler'
+"""
+
+from __future__ import annotations
+
+import json
+
+from lightmetrics.deployment.resource_types import (
+    BucketSpec,
+    FunctionSpec,
+    QueueSpec,
+    ResourceSpec,
+    SecretSpec,
+    StateMachineSpec,
+    TableSpec,
+)
+
+__all__ = ["BUCKET", "FUNCTIONS", "QUEUES", "SECRET", "SPEC", "STATE_MACHINES", "TABLE"]
+
+
+BUCKET = BucketSpec()
+TABLE = TableSpec()
+SECRET = SecretSpec()
+#: The event path (docs/protocol.md §10): one queue per authoritative prefix, each with its DLQ.
+QUEUES: tuple[QueueSpec, ...] = (
+    QueueSpec("index-accepted", "accepted/v1/", "index-accepted-dlq", max_receive_count=5, visibility_timeout_s=120),
+    QueueSpec("index-raw-blobs", "raw-blobs/v1/", "index-raw-blobs-dlq", max_receive_count=5, visibility_timeout_s=120),
+    QueueSpec("index-quarantine", "quarantine/v1/", "index-quarantine-dlq", max_receive_count=5,
+              visibility_timeout_s=120),
+)
+
+FUNCTIONS: tuple[FunctionSpec, ...] = (
+    FunctionSpec(
+        "ingest",
+        "functions.ingest.app",
+        "handler",
+        trigger="http",
+        # Blob, acceptance record, conflict evidence: conditional creates only.
+        s3_write=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/"),
+        # GET of an existing record, HEAD of a pre-existing blob, HEAD of a resolution record.
+        s3_read=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        # So that a missing key is a 404, not a 403.
+        s3_list=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        reads_secret=True,
+        table="read",  # the identity denylist: one Query per LM_DENYLIST_TTL_S into a cache, never per request
+        reserved_concurrency_param="IngestReservedConcurrency",
+        timeout_s=60,
+        memory_mb=1024,
+        description="Accepts metric batches: authenticate, validate, conditional creates in S3",
+    ),
+    FunctionSpec(
+        "admin",
+        "functions.admin.app",
+        "handler",
+        trigger="http",
+        url_auth="iam",  # operators sign with SigV4; nothing else can reach it
+        # Evidence (GET) and resolution records (GET; conditional create, write-once).
+        s3_read=("quarantine/v1/", "conflict-resolutions/v1/"),
+        s3_write=("conflict-resolutions/v1/",),
+        s3_list=("quarantine/v1/", "conflict-resolutions/v1/"),
+        table="write",  # conflict registry, denylist, blockers, status reads
+        sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),  # status: queue depths
+        timeout_s=30,
+        description="Admin API (IAM auth): identity conflicts, resolutions, denylist, blockers, status",
+    ),
+    FunctionSpec(
+        "index-accepted",
+        "functions.index_accepted.app",
+        trigger="queue:index-accepted",
+        s3_read=("accepted/v1/", "retention/v1/"),  # the record; the hour's tombstone (HEAD)
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/"),
+        s3_list=("accepted/v1/", "retention/v1/"),
+        table="write",  # retry budgets and blockers
+        timeout_s=60,
+        description="Indexes acceptance records: accepted-by-time and accepted-by-blob",
+    ),
+    FunctionSpec(
+        "index-raw-blobs",
+        "functions.index_raw_blobs.app",
+        trigger="queue:index-raw-blobs",
+        s3_read=("raw-blobs/v1/", "retention/v1/"),  # HEAD for LastModified and identity metadata
+        s3_write=("raw-blobs-by-time/v1/",),
+        s3_list=("raw-blobs/v1/", "retention/v1/"),
+        table="write",
+        timeout_s=60,
+        description="Indexes raw blobs (orphans too): raw-blobs-by-time",
+    ),
+    FunctionSpec(
+        "index-quarantine",
+        "functions.index_quarantine.app",
+        trigger="queue:index-quarantine",
+        s3_read=("quarantine/v1/",),
+        s3_write=("quarantine-by-blob/v1/",),
+        s3_list=("quarantine/v1/",),
+        table="write",
+        timeout_s=60,
+        description="Indexes identity-conflict evidence: quarantine-by-blob",
+    ),
+    FunctionSpec(
+        "reconcile",
+        "functions.reconcile.app",
+        trigger="schedule:rate(5 minutes)",
+        # reads and lists raw-blobs-by-time and accepted-by-blob: an entry is checked against the
+        # blob listing, and the repair HEADs an entry before writing it (protocol §12)
+        s3_read=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-blob/v1/",
+                 "raw-blobs-by-time/v1/"),
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/"),
+        s3_list=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "raw-blobs-by-time/v1/"),
+        table="write",  # checkpoint, budgets, blockers
+        sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),
+        cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
+        timeout_s=900,
+        memory_mb=1024,
+        schedule_per_shard=True,  # one schedule per shard, input {"shard": i} (protocol §12 R8)
+        description="Steady-state reconciler: repairs derived state from a DynamoDB checkpoint",
+    ),
+    FunctionSpec(
+        "sweep-dlq",
+        "functions.sweep_dlq.app",
+        trigger="schedule:rate(5 minutes)",
+        table="write",
+        sqs_consume=tuple(q.dlq_name for q in QUEUES),
+        timeout_s=300,
+        description="Turns every dead-lettered index message into a blocker",
+    ),
+    # The bootstrap walk's Step Functions tasks (docs/walks.md): thin shells over lightmetrics.derived.walk.
+    FunctionSpec(
+        "walk-begin",
+        "functions.walk_begin.app",
+        trigger="task",
+        table="write",  # the walk lease and checkpoint
+        timeout_s=60,
+        description="Bootstrap walk: take the lease; start a new epoch, resume one, or continue an execution",
+    ),
+    FunctionSpec(
+        "walk-plan",
+        "functions.walk_plan.app",
+        trigger="task",
+        # Partitions (agent, then boot) by ListObjectsV2 with a Delimiter. Stray keys outside the
+        # layout become blockers without being read.
+        s3_list=("accepted/v1/", "quarantine/v1/"),
+        table="write",  # lease, checkpoint, blockers
+        timeout_s=120,
+        description="Bootstrap walk: finished partitions out, the next ones in; routes the loop",
+    ),
+    FunctionSpec(
+        "walk-page",
+        "functions.walk_page.app",
+        trigger="task",
+        # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD); a
+        # record's accepted-by-time entry (HEAD, or a LIST of its hour and boot: §13 W5) ...
+        s3_read=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
+        # ... and every derived entry they hang off (conditional creates only).
+        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/"),
+        # One page of a partition; and a missing blob, tombstone or entry must be a 404, not a 403.
+        s3_list=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
+        table="write",  # lease, checkpoint, retry budgets, blockers
+        timeout_s=300,
+        memory_mb=1024,
+        description="Bootstrap walk: one page of one partition, every key repaired, then the checkpoint",
+    ),
+    FunctionSpec(
+        "walk-continue",
+        "functions.walk_continue.app",
+        trigger="task",
+        table="write",  # records the next execution in the checkpoint
+        sfn_start=("bootstrap-walk",),  # the same state machine, under the same lease and epoch
+        timeout_s=60,
+        description="Bootstrap walk: continue in a new execution (stays under the history limit)",
+    ),
+    FunctionSpec(
+        "walk-end",
+        "functions.walk_end.app",
+        trigger="task",
+        table="write",  # checkpoint, lease release, completeness watermarks
+        timeout_s=60,
+        description="Bootstrap walk: finish (watermark) or record a failure; release the lease",
+    ),
+    # The reap's Step Functions tasks (docs/reaps.md): thin shells over lightmetrics.reaps.
+    FunctionSpec(
+        "reap-begin",
+        "functions.reap_begin.app",
+        trigger="task",
+        # Retention without --hour lists accepted-by-time's hours and HEADs their reaped markers; GC
+        # with audit_run "latest" lists the audits' commit markers (audit/v1/committed/, rule G-B3).
+        s3_read=("retention/v1/",),
+        s3_list=("accepted-by-time/v1/", "manifests/v1/", "retention/v1/", "audit/v1/"),
+        table="write",  # the reap lease and checkpoint
+        timeout_s=60,
+        description="Reap: validate the input (dry_run explicit), take the lease, write the checkpoint",
+    ),
+    FunctionSpec(
+        "reap-gc",
+        "functions.reap_gc.app",
+        trigger="task",
+        # The proof reads only authoritative keys: the blob (HEAD), its acceptance record (GET), the
+        # conflict evidence and resolution (HEAD), the hour's tombstone (HEAD); candidates come from
+        # raw-blobs/ or raw-blobs-by-time/ listings or the Spark audit's orphan-blob-candidates
+        # (audit/v1/), retention's from the hour's accepted-by-time.
+        s3_read=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/", "conflict-resolutions/v1/", "retention/v1/",
+                 "accepted-by-time/v1/", "audit/v1/"),
+        s3_list=("raw-blobs/v1/", "raw-blobs-by-time/v1/", "accepted/v1/", "quarantine/v1/",
+                 "conflict-resolutions/v1/", "retention/v1/", "accepted-by-time/v1/", "audit/v1/"),
+        # The one blob deleter (delete markers, then exactly the captured versions) and the blob's
+        # raw-blobs-by-time hint, which goes with it.
+        s3_delete=("raw-blobs/v1/", "raw-blobs-by-time/v1/"),
+        gc_role=True,
+        table="write",  # lease, checkpoint (intents and marks)
+        timeout_s=600,
+        memory_mb=1024,
+        description="Reap (GC role, the only raw-blob deleter): prove and mark a page of blobs, or settle marks",
+    ),
+    FunctionSpec(
+        "reap-retention",
+        "functions.reap_retention.app",
+        trigger="task",
+        # The hour's acceptance records are the authority for which accepted-by-blob entry to delete
+        # (read only; listing them keeps a vanished record a 404, not a 403: protocol §16 R-I5).
+        s3_read=("accepted/v1/", "accepted-by-time/v1/", "retention/v1/"),
+        # Tombstones and reaped markers: conditional creates, never deleted.
+        s3_write=("retention/v1/",),
+        s3_list=("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "retention/v1/", "rollup/v1/",
+                 "index/v1/", "manifests/v1/"),
+        # Derived prefixes only: the retention role can delete no blob and no acceptance record.
+        # Rollup retention (scope rollup): chunks, chunk indexes, then generation manifests.
+        s3_delete=("accepted-by-time/v1/", "accepted-by-blob/v1/", "rollup/v1/", "index/v1/", "manifests/v1/"),
+        table="write",  # lease, checkpoint, retention records; reads the completeness watermark
+        timeout_s=600,
+        description="Reap (retention role): tombstone an expired hour, delete its derived entries, mark it reaped",
+    ),
+    FunctionSpec(
+        "reap-continue",
+        "functions.reap_continue.app",
+        trigger="task",
+        table="write",  # renews the lease, records the next execution in the checkpoint
+        sfn_start=("reap",),  # the same state machine, under the same lease and epoch
+        timeout_s=60,
+        description="Reap: continue in a new execution (stays under the history limit)",
+    ),
+    FunctionSpec(
+        "reap-end",
+        "functions.reap_end.app",
+        trigger="task",
+        table="write",  # checkpoint, lease release
+        timeout_s=60,
+        description="Reap: the final report (examined, marked, purged, restored, kept and why); release the lease",
+    ),
+)
+
+#: Step Functions state machines; their ASL is in infra/statemachines/ (docs/walks.md).
+STATE_MACHINES: tuple[StateMachineSpec, ...] = (
+    StateMachineSpec(
+        "bootstrap-walk",
+        "BootstrapWalk",
+        "bootstrap_walk.asl.json",
+        substitutions=(
+            ("WalkBeginFunctionArn", "walk-begin"),
+            ("WalkPlanFunctionArn", "walk-plan"),
+            ("WalkPageFunctionArn", "walk-page"),
+            ("WalkContinueFunctionArn", "walk-continue"),
+            ("WalkEndFunctionArn", "walk-end"),
+        ),
+        # Weekly, Sunday 03:00 UTC: a full walk (the only kind that moves the watermark).
+        schedule="cron(0 3 ? * SUN *)",
+        schedule_input=json.dumps(
+            {"agent": None, "resume": False, "page_size": 10000, "parallelism": 40}, sort_keys=True
+        ),
+        description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
+    ),
+    StateMachineSpec(
+        "reap",
+        "Reap",
+        "reap.asl.json",
+        substitutions=(
+            ("ReapBeginFunctionArn", "reap-begin"),
+            ("ReapGcFunctionArn", "reap-gc"),
+            ("ReapRetentionFunctionArn", "reap-retention"),
+            ("ReapContinueFunctionArn", "reap-continue"),
+            ("ReapEndFunctionArn", "reap-end"),
+        ),
+        # Daily GC at 04:00 UTC. It deletes (dry_run false, stated explicitly): every deletion is
+        # proven from authoritative reads and goes through the delete-marker handshake. Its
+        # candidates are the newest committed weekly audit's orphan-blob-candidates (rule G-B3), so
+        # its cost follows the orphans, not the blobs: each audit run is proven once, and a day with
+        # no new audit costs one listing. At most max_pages pages a run (a run ends; the next day's goes
+        # on from the audit's cursor): 2,000 pages of 500 = 1 M orphans a day, 10x the orphans of a
+        # fleet at 1,000 batches/s with 0.1% of them orphaned (docs/performance.md); a normal day's
+        # run takes what that day's orphans take.
+        schedule="cron(0 4 * * ? *)",
+        schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "audit", "audit_run": "latest",
+                                   "max_pages": 2000}, sort_keys=True),
+        # Retention deletes data by policy: its schedule is deployed DISABLED until an operator
+        # sets LM_RETENTION_S deliberately and enables the rule (docs/reaps.md).
+        disabled_schedule="cron(0 5 * * ? *)",
+        disabled_schedule_input=json.dumps({"mode": "retention", "dry_run": False, "hour": None, "page_size": 1000},
+                                           sort_keys=True),
+        description="Reap: GC of orphan raw blobs (mode gc) and retention of expired hours (mode retention)",
+    ),
+)
+
+SPEC = ResourceSpec(
+    bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS, state_machines=STATE_MACHINES
+)

@@ -1,0 +1,466 @@
+"""Derived indexes: what hangs off each authoritative object, written idempotently.
+
+One implementation serves the event path (S3 -> SQS -> Lambda), the steady-state reconciler and
+the bootstrap walk. Every write is a conditional create of a deterministic key with
+deterministic content, so 412 means "already done" and any number of replays is harmless.
+
+Cost (docs/protocol.md §10, tombstone check cached): indexing one accepted manifest is 1 GET + 2 PUTs in 3
+sequential round trips (``accepted-by-blob`` strictly before ``accepted-by-time``, §9 D5); one raw
+blob is 1 HEAD (with its checksum) + 1 PUT; one quarantine manifest is 1 GET + 1 PUT + 1
+conditional PutItem (the conflict registry).
+
+What an entry's presence certifies (§9 D5, D6) lets the reconciler check an ``accepted-by-time``
+entry with one GET and its share of listings (:func:`verify_time_entry`).
+
+Sharded hours (§12 R8): a reconciler shard checks one key range of an hour, and listing the
+``raw-blobs-by-time`` hours would cost every one of N shards the same B/1,000 LISTs (B blob keys
+in the hour and the hour before). :class:`HeadedBlobs` HEADs each checked entry's blob key
+instead: one HEAD per entry, paid once across the shards. A LIST costs 12.5 HEADs ($0.005 vs
+$0.0004 per 1,000 requests), so a listing is 12.5 × B/1,000 HEAD-equivalents, and the HEADs are
+cheaper whenever a shard checks fewer than ~12.5 × B/1,000 entries in a run. At 1,000 batches/s
+a run would list ~7,200 pages (B ≈ 7.2 M): HEADs win below 90,000 entries a run; a 5-minute run
+holds 300,000 new entries, ~9,400 per shard at N = 32 (N × 7,200 LISTs = $1.15 a run for 32
+listing shards, against $0.12 of HEADs for all of them).
+
+Example:
+    >>> index_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")     # doctest: +SKIP
+    <Outcome.DONE: 'DONE'>
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+
+from lightmetrics.composition.config import TOMBSTONE_CACHE_S
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.conflicts import ConflictEntry, register
+from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.protocol.derived_entries import (
+    AcceptedByBlobEntry,
+    AcceptedByTimeEntry,
+    QuarantineByBlobEntry,
+    RawBlobsByTimeEntry,
+)
+from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.identity import hex_to_id
+from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.protocol.object_store import ObjectHead
+
+KIND_ACCEPTED = "index-accepted"
+KIND_RAW_BLOB = "index-raw-blob"
+KIND_QUARANTINE = "index-quarantine"
+KIND_REPAIR = "repair-accepted"
+#: an ``accepted-by-time`` entry the reconciler cannot map to a record (its key is outside the layout)
+KIND_TIME_ENTRY = "accepted-by-time-entry"
+#: emitted once per conflict when its registry item is created (the NewConflicts alarm)
+CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
+
+#: Crash point (lightmetrics.ops.crashpoints) between the two accepted-* writes (§9 D5): the
+#: ``accepted-by-blob`` entry exists, the ``accepted-by-time`` entry not yet.
+CP_BY_BLOB_WRITTEN = crashpoints.register("index.by-blob-written",
+                                          "accepted-by-blob entry created, accepted-by-time not yet")
+
+
+class TombstoneCache:
+    """Is an hour under a retention tombstone? One HEAD per hour per process and ``ttl_s``.
+
+    A tombstone is permanent once written, so a positive answer is cached forever; a negative
+    answer is re-checked after ``ttl_s`` (the reaper waits longer than that before deleting).
+    """
+
+    def __init__(self, ctx_store, codec, ttl_s: float = TOMBSTONE_CACHE_S, now=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.codec, self.ttl_s, self._now = ctx_store, codec, ttl_s, now
+        self._known: dict[tuple[str, UtcHour], float | None] = {}
+        self._lock = threading.Lock()
+
+    def is_tombstoned(self, scope: str, hour: UtcHour) -> bool:
+        # The HEAD happens under the lock: concurrent records of one hour share one lookup.
+        with self._lock:
+            if (scope, hour) in self._known:
+                checked = self._known[(scope, hour)]
+                if checked is None or self._now() - checked < self.ttl_s:
+                    return checked is None
+            present = self.store.head(self.codec.retention_tombstone(scope, hour)) is not None
+            self._known[(scope, hour)] = None if present else self._now()
+            return present
+
+
+def tombstones(ctx: WorkContext) -> TombstoneCache:
+    if ctx.tombstones is None:
+        ctx.tombstones = TombstoneCache(ctx.store, ctx.codec)
+    return ctx.tombstones
+
+
+def _create(ctx: WorkContext, key: str, body: bytes) -> bool:
+    """Conditionally create a derived entry; True if this call created it."""
+    result = create_object(ctx.store, key, body, policy=ctx.policy)
+    if not result.outcome.is_final:
+        raise TransientWorkError(f"derived write {key} did not complete ({result.detail})")
+    return result.outcome is ConditionalCreateOutcome.CREATED
+
+
+def _parse(ctx: WorkContext, key: str, kind: KeyKind):  # type: ignore[no-untyped-def]
+    try:
+        parsed = ctx.codec.parse(key)
+    except KeyLayoutError as exc:
+        raise PermanentWorkError(str(exc), kind="layout") from None
+    if parsed.kind is not kind:
+        raise PermanentWorkError(f"{key} is a {parsed.kind.value} key, expected {kind.value}", kind="layout")
+    return parsed
+
+
+def parse_record(codec: KeyCodec, manifest_key: str, raw: bytes) -> AcceptedBatchManifest:
+    """The one validation of a stored acceptance record, for every reader (the walk, the
+    reconciler, retention, verify, GC, the audit): it parses (§17 reader rules) and its content
+    matches its key — identity of the key, blob key of its hash. ``ManifestError`` otherwise
+    (``UnsupportedVersionError`` for a newer writer's record)."""
+    manifest = AcceptedBatchManifest.from_bytes(raw)
+    parsed = codec.parse(manifest_key)
+    if manifest.identity != parsed.identity or manifest.raw_blob_key != codec.raw_blob(manifest.frame_sha256):
+        raise ManifestError(f"{manifest_key}: content does not match its key")
+    return manifest
+
+
+def load_manifest(ctx: WorkContext, manifest_key: str) -> AcceptedBatchManifest:
+    """GET and validate an acceptance record; its absence is an invariant violation."""
+    _parse(ctx, manifest_key, KeyKind.ACCEPTED)
+    raw = ctx.store.get(manifest_key)
+    if raw is None:
+        raise PermanentWorkError(
+            f"acceptance record {manifest_key} vanished (records are never deleted)",
+            kind="invariant", alarm="InvariantViolation",
+        )
+    try:
+        return parse_record(ctx.codec, manifest_key, raw)
+    except UnsupportedVersionError as exc:  # a newer writer's record: upgrade this reader (protocol §17)
+        raise PermanentWorkError(f"{manifest_key}: {exc}", kind="unsupported-version") from None
+    except ManifestError as exc:
+        reason = str(exc) if str(exc).startswith(manifest_key) else f"{manifest_key}: {exc}"
+        raise PermanentWorkError(reason, kind="invalid-manifest", alarm="InvariantViolation") from None
+
+
+def write_accepted_entries(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest) -> Outcome:
+    """``accepted-by-blob``, then ``accepted-by-time``, for one record.
+
+    The order is a rule (protocol §9 D5): an ``accepted-by-time`` entry present means its
+    ``accepted-by-blob`` entry was created, so the reconciler and the walk need not probe it.
+    """
+    hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
+    if tombstones(ctx).is_tombstoned("raw", hour):
+        return Outcome.NOOP_RESOLVED  # never re-populate an hour being (or already) reaped
+    by_blob_created = _create_by_blob(ctx, manifest_key, m)
+    crashpoints.point(CP_BY_BLOB_WRITTEN)
+    by_time = AcceptedByTimeEntry(manifest_key=manifest_key, frame_sha256=m.frame_sha256, raw_blob_key=m.raw_blob_key,
+                                  frame_bytes=m.frame_bytes, accepted_at_unix_ns=m.accepted_at_unix_ns)
+    by_time_created = _create(ctx, ctx.codec.accepted_by_time(hour, m.identity), by_time.to_bytes())
+    return Outcome.DONE if by_blob_created or by_time_created else Outcome.NOOP_RESOLVED
+
+
+def _create_by_blob(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest) -> bool:
+    by_blob = AcceptedByBlobEntry(manifest_key=manifest_key, frame_sha256=m.frame_sha256,
+                                  accepted_at_unix_ns=m.accepted_at_unix_ns)
+    return _create(ctx, ctx.codec.accepted_by_blob(m.frame_sha256, m.identity), by_blob.to_bytes())
+
+
+def index_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
+    return write_accepted_entries(ctx, manifest_key, load_manifest(ctx, manifest_key))
+
+
+def raw_blob_entry(ctx: WorkContext, head: ObjectHead, sha: str) -> tuple[UtcHour, RawBlobsByTimeEntry]:
+    md = head.metadata
+    agent_hex, boot_hex = md.get("lm-agent-hex"), md.get("lm-boot-hex")
+    try:  # identity metadata is informative; a blob without it is still indexed
+        if agent_hex and boot_hex:
+            hex_to_id(agent_hex), hex_to_id(boot_hex)
+        seq_start = int(md["lm-seq-start"]) if "lm-seq-start" in md else None
+        seq_end = int(md["lm-seq-end"]) if "lm-seq-end" in md else None
+    except (ValueError, KeyError):
+        agent_hex = boot_hex = None
+        seq_start = seq_end = None
+    entry = RawBlobsByTimeEntry(raw_blob_key=head.key, sha256=sha, size=head.size,
+                                last_modified_unix_s=int(head.last_modified_unix_s), agent_hex=agent_hex,
+                                boot_hex=boot_hex, seq_start=seq_start, seq_end=seq_end)
+    return UtcHour((int(head.last_modified_unix_s) // 3600) * 3600), entry
+
+
+def check_blob_checksum(head: ObjectHead, sha: str, subject: str) -> None:
+    """Where S3 holds the blob's full-object SHA-256 (``head`` from a HEAD with
+    ``checksum=True``), it MUST be ``sha``; otherwise an integrity ``PermanentWorkError``
+    (alarm ``IntegrityViolation``). A blob S3 holds no such checksum for passes (§9 D3)."""
+    expected = base64.b64encode(bytes.fromhex(sha)).decode()
+    if head.checksum_sha256_b64 is not None and head.checksum_sha256_b64 != expected:
+        raise PermanentWorkError(
+            f"{subject}: blob {head.key} has checksum SHA-256 {head.checksum_sha256_b64}, expected {expected} "
+            f"(sha256 {sha})", kind="integrity", alarm="IntegrityViolation")
+
+
+def write_raw_blob_entry(ctx: WorkContext, head: ObjectHead, sha: str) -> Outcome:
+    """The blob's ``raw-blobs-by-time`` entry, created only if the blob's bytes hash to ``sha``
+    as far as S3 can tell (§9 D6): ``head`` must come from a HEAD with ``checksum=True``."""
+    hour, entry = raw_blob_entry(ctx, head, sha)
+    if tombstones(ctx).is_tombstoned("raw", hour):
+        return Outcome.NOOP_RESOLVED
+    check_blob_checksum(head, sha, head.key)
+    created = _create(ctx, ctx.codec.raw_blobs_by_time(hour, sha), entry.to_bytes())
+    return Outcome.DONE if created else Outcome.NOOP_RESOLVED
+
+
+def index_raw_blob(ctx: WorkContext, blob_key: str) -> Outcome:
+    parsed = _parse(ctx, blob_key, KeyKind.RAW_BLOB)
+    head = ctx.store.head(blob_key, checksum=True)  # the same one request: D6 needs S3's SHA-256
+    if head is None:
+        return Outcome.NOOP_RESOLVED  # collected since the event was sent: nothing to index
+    return write_raw_blob_entry(ctx, head, parsed.sha256)
+
+
+def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
+    parsed = _parse(ctx, quarantine_key, KeyKind.QUARANTINE)
+    raw = ctx.store.get(quarantine_key)
+    if raw is None:
+        raise PermanentWorkError(f"quarantine manifest {quarantine_key} vanished", kind="invariant",
+                                 alarm="InvariantViolation")
+    try:
+        q = IdentityConflictManifest.from_bytes(raw)
+    except UnsupportedVersionError as exc:
+        raise PermanentWorkError(f"{quarantine_key}: {exc}", kind="unsupported-version") from None
+    except ManifestError as exc:
+        raise PermanentWorkError(f"{quarantine_key}: {exc}", kind="invalid-manifest") from None
+    if q.identity != parsed.identity or q.submitted_frame_sha256 != parsed.sha256:
+        raise PermanentWorkError(f"{quarantine_key}: content does not match its key", kind="invalid-manifest")
+    entry = QuarantineByBlobEntry(quarantine_key=quarantine_key, submitted_frame_sha256=q.submitted_frame_sha256,
+                                  accepted_frame_sha256=q.accepted_frame_sha256)
+    created = _create(ctx, ctx.codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity), entry.to_bytes())
+    # The conflict registry (lightmetrics.ops.conflicts): a conditional create, so replays and the walk
+    # only ever fill a missing item and never overwrite an operator's resolution.
+    registered = register(ctx.blockers.table, ConflictEntry.from_evidence(quarantine_key, q))
+    if registered:
+        ctx.metrics.add_metric(name=CONFLICTS_REGISTERED_METRIC, unit="Count", value=1)
+    return Outcome.DONE if created or registered else Outcome.NOOP_RESOLVED
+
+
+def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
+    """Everything that hangs off one acceptance record (the walk; the reconciler's fallback).
+
+    Record valid; both accepted-* entries (by-blob first, §9 D5); blob present with the recorded
+    size and, where S3 returns one, the recorded SHA-256 (a missing or different blob is an
+    integrity blocker unless its hour is tombstoned — the expected reaped state); and the blob's
+    ``raw-blobs-by-time`` entry. Cost: GET + 2 PUTs + HEAD + PUT.
+
+    Example:
+        >>> repair_accepted(ctx, "accepted/v1/agent=61/boot=62/...json")   # doctest: +SKIP
+        <Outcome.NOOP_RESOLVED: 'NOOP_RESOLVED'>
+    """
+    return _repair(ctx, manifest_key, load_manifest(ctx, manifest_key), by_time_present=False, indexed=None)
+
+
+class IndexedBlobs:
+    """The blob hashes of ``raw-blobs-by-time`` hours, each hour listed at most once (one
+    reconciler run). A hash listed there certifies its blob (§9 D6).
+
+    Example:
+        >>> blobs = IndexedBlobs(ctx)                                      # doctest: +SKIP
+        >>> blobs.load(hour); blobs.load(hour + -1)                        # doctest: +SKIP
+        >>> blobs.holds(sha, near=hour)                                    # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, ctx: WorkContext) -> None:
+        self.ctx = ctx
+        self._hours: dict[UtcHour, frozenset[str]] = {}
+        self._loaded = 0
+        self._pages = 0
+        self._lock = threading.Lock()
+
+    def load(self, hour: UtcHour) -> frozenset[str]:
+        """List ``hour`` unless this run already did (one LIST per 1,000 entries, counted in
+        :attr:`pages_listed`). A run scans hours in order and an hour needs only itself and the hour
+        before, so older hours are dropped: memory stays two hours of hashes however many hours a
+        run scans."""
+        with self._lock:
+            for old in [h for h in self._hours if h < hour + -1]:
+                del self._hours[old]
+            if hour not in self._hours:
+                self._loaded += 1
+                prefix = self.ctx.codec.raw_blobs_by_time_hour(hour)
+                marker = prefix + "sha256="
+                keys = self.ctx.store.list_keys(prefix, limit=10**9)
+                self._pages += max(1, -(-len(keys) // 1000))  # ListObjectsV2 pages of 1,000 (an empty one is one)
+                self._hours[hour] = frozenset(k[len(marker):-len(".json")] for k in keys
+                                              if k.startswith(marker) and k.endswith(".json"))
+            return self._hours[hour]
+
+    def listed(self, hour: UtcHour) -> frozenset[str] | None:
+        """The hashes of ``hour`` if this run listed it, else None (no request)."""
+        with self._lock:
+            return self._hours.get(hour)
+
+    def holds(self, sha: str, *, near: UtcHour) -> bool:
+        """Is ``sha`` indexed in hour ``near`` or the hour before (a blob is written before its
+        record)? Only hours already listed are consulted: no request."""
+        return any(sha in (self.listed(h) or ()) for h in (near, near + -1))
+
+    def known(self, sha: str, hour: UtcHour) -> bool | None:
+        """Whether this run saw ``sha`` indexed in ``hour`` (None: it did not list that hour)."""
+        listed = self.listed(hour)
+        return None if listed is None else sha in listed
+
+    @property
+    def hours_listed(self) -> int:
+        with self._lock:
+            return self._loaded
+
+    @property
+    def pages_listed(self) -> int:
+        """ListObjectsV2 requests sent so far (the reconciler's page cap, protocol §12 R7)."""
+        with self._lock:
+            return self._pages
+
+
+class HeadedBlobs:
+    """The question :class:`IndexedBlobs` answers — is a blob's hash in ``raw-blobs-by-time`` for
+    an hour or the hour before? — answered per entry by HEADs, for a reconciler shard that checks
+    one key range of an hour (protocol §12 R8). Same interface; nothing is listed.
+
+    :meth:`holds` HEADs ``raw-blobs-by-time/v1/<near>/sha256=<sha>.json`` and, only if absent, the
+    same key in the hour before (a blob is written before its record): a healthy entry whose blob
+    is in its own hour costs 1 GET (the record) + 1 HEAD, whatever the size of the blob index and
+    however many shards there are (the arithmetic is in the module docstring).
+
+    Example:
+        >>> blobs = HeadedBlobs(ctx)                                       # doctest: +SKIP
+        >>> blobs.holds(sha, near=hour)                                    # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, ctx: WorkContext) -> None:
+        self.ctx = ctx
+        self._heads = 0
+        self._answers: dict[tuple[UtcHour, str], bool] = {}  # what each HEAD said: the repair asks again
+        self._lock = threading.Lock()
+
+    def load(self, hour: UtcHour) -> frozenset[str]:
+        """Nothing to list: every lookup is its own HEAD."""
+        return frozenset()
+
+    def holds(self, sha: str, *, near: UtcHour) -> bool:
+        """Is ``sha`` indexed in hour ``near`` or the hour before? One HEAD, two if the first misses."""
+        for hour in (near, near + -1):
+            present = self.ctx.store.head(self.ctx.codec.raw_blobs_by_time(hour, sha)) is not None
+            with self._lock:
+                self._heads += 1
+                self._answers[(hour, sha)] = present
+            if present:
+                return True
+        return False
+
+    def known(self, sha: str, hour: UtcHour) -> bool | None:
+        """What this run's HEAD of ``sha`` in ``hour`` said (None: it sent none)."""
+        with self._lock:
+            return self._answers.get((hour, sha))
+
+    @property
+    def hours_listed(self) -> int:
+        return 0
+
+    @property
+    def pages_listed(self) -> int:
+        return 0
+
+    @property
+    def heads_sent(self) -> int:
+        """HEADs :meth:`holds` sent so far."""
+        with self._lock:
+            return self._heads
+
+
+def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | HeadedBlobs | None = None) -> Outcome:
+    """The reconciler's check of one ``accepted-by-time`` entry (protocol §12).
+
+    One GET of the record it names (validated like every reader). If the record's blob is in
+    ``indexed`` for the entry's hour or the hour before, every derived entry is known present
+    (§9 D5, D6): NOOP_RESOLVED, no further request. Otherwise the full repair, writing only what
+    is missing (the ``accepted-by-time`` entry is the input, so it exists; ``accepted-by-blob``
+    and ``raw-blobs-by-time`` are HEADed before any PUT). Without ``indexed`` (``lmctl blockers
+    retry``) it is always the full repair. An entry whose key is outside the layout is a blocker
+    (§9 D4) until it is gone (an operator removed it): then NOOP_RESOLVED.
+
+    Example:
+        >>> verify_time_entry(ctx, "accepted-by-time/v1/date=.../x.json", blobs)  # doctest: +SKIP
+        <Outcome.NOOP_RESOLVED: 'NOOP_RESOLVED'>
+    """
+    try:
+        manifest_key = manifest_key_of_time_entry(ctx, entry_key)
+    except PermanentWorkError:
+        if ctx.store.head(entry_key) is None:
+            return Outcome.NOOP_RESOLVED
+        raise
+    m = load_manifest(ctx, manifest_key)
+    entry_hour = ctx.codec.parse(entry_key).hour
+    if indexed is not None and entry_hour is not None and indexed.holds(m.frame_sha256, near=entry_hour):
+        return Outcome.NOOP_RESOLVED
+    return _repair(ctx, manifest_key, m, by_time_present=True, indexed=indexed)
+
+
+def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by_time_present: bool,
+            indexed: IndexedBlobs | HeadedBlobs | None) -> Outcome:
+    """The repair behind :func:`repair_accepted` and :func:`verify_time_entry`. With
+    ``by_time_present`` (the caller listed the ``accepted-by-time`` entry) it checks before it
+    writes: a HEAD (read class) where the entry is most likely present, instead of a PUT's 412."""
+    hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
+    if not by_time_present:
+        outcome = write_accepted_entries(ctx, manifest_key, m)
+    elif ctx.store.head(ctx.codec.accepted_by_blob(m.frame_sha256, m.identity)) is not None:
+        outcome = Outcome.NOOP_RESOLVED  # D5 says it was created; it was not deleted behind our back
+    elif tombstones(ctx).is_tombstoned("raw", hour):
+        outcome = Outcome.NOOP_RESOLVED
+    else:
+        outcome = Outcome.DONE if _create_by_blob(ctx, manifest_key, m) else Outcome.NOOP_RESOLVED
+    head = ctx.store.head(m.raw_blob_key, checksum=True)
+    if head is None:
+        if tombstones(ctx).is_tombstoned("raw", hour):
+            return Outcome.NOOP_RESOLVED
+        raise PermanentWorkError(f"{manifest_key}: blob {m.raw_blob_key} is missing", kind="integrity",
+                                 alarm="IntegrityViolation")
+    if head.size != m.frame_bytes:
+        raise PermanentWorkError(f"{manifest_key}: blob is {head.size} bytes, record says {m.frame_bytes}",
+                                 kind="integrity", alarm="IntegrityViolation")
+    # D3: where S3 holds the blob's SHA-256 (the accept uploads it), it must be the record's hash;
+    # without one, the size is all a HEAD can tell.
+    check_blob_checksum(head, m.frame_sha256, manifest_key)
+    blob_hour, _ = raw_blob_entry(ctx, head, m.frame_sha256)
+    known = indexed.known(m.frame_sha256, blob_hour) if indexed is not None else None
+    if known:
+        blob_outcome = Outcome.NOOP_RESOLVED
+    elif known is None and by_time_present and ctx.store.head(
+            ctx.codec.raw_blobs_by_time(blob_hour, m.frame_sha256)) is not None:
+        blob_outcome = Outcome.NOOP_RESOLVED  # indexed in an hour this run did not list
+    else:
+        blob_outcome = write_raw_blob_entry(ctx, head, m.frame_sha256)
+    return Outcome.DONE if Outcome.DONE in (outcome, blob_outcome) else Outcome.NOOP_RESOLVED
+
+
+def manifest_key_of_time_entry(ctx: WorkContext, entry_key: str) -> str:
+    """The acceptance record an ``accepted-by-time`` entry names; a key outside the layout is a
+    ``PermanentWorkError`` (kind ``layout``)."""
+    parsed = _parse(ctx, entry_key, KeyKind.ACCEPTED_BY_TIME)
+    if parsed.identity is None:
+        raise PermanentWorkError(f"{entry_key} names no identity", kind="layout")
+    return ctx.codec.accepted(parsed.identity)
+
+
+#: kind -> function(ctx, object_key): how ``lmctl blockers retry`` re-runs a unit of work.
+RUNNERS = {
+    KIND_ACCEPTED: index_accepted,
+    KIND_RAW_BLOB: index_raw_blob,
+    KIND_QUARANTINE: index_quarantine,
+    KIND_REPAIR: repair_accepted,
+    KIND_TIME_ENTRY: verify_time_entry,
+}
+
+#: which index kind each authoritative prefix feeds
+KIND_FOR_KEY = {KeyKind.ACCEPTED: KIND_ACCEPTED, KeyKind.RAW_BLOB: KIND_RAW_BLOB, KeyKind.QUARANTINE: KIND_QUARANTINE}

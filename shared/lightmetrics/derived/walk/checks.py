@@ -1,0 +1,150 @@
+"""What a page checks per acceptance record (docs/protocol.md §13 W4, W5): an acceptance record
+needs a repair only when its ``accepted-by-time`` entry is missing, and a record of a reaped hour
+is not probed at all. Its candidate hours come from the listed ``LastModified`` and a margin
+(rule W4); per group of entries, one listing when it is cheaper than a HEAD each (rule W5).
+
+Example::
+
+    >>> [str(h) for h in candidate_hours(3600 * 10**9 - 10**9, 121 * 10**9)]
+    ['1970-01-01T00', '1970-01-01T01']
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from lightmetrics.composition.config import longest_accept_s
+from lightmetrics.deployment.pricing import PRICE_TABLE
+from lightmetrics.derived.indexing import tombstones
+from lightmetrics.protocol.errors import KeyLayoutError
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.object_store import TransientStoreError
+
+if TYPE_CHECKING:
+    from lightmetrics.derived.walk.walker_base import WalkerBase
+
+_NS = 1_000_000_000
+
+
+def boundary_margin_ns(settings: Any) -> int:
+    """Rule W4: how far a record's ``accepted_at_unix_ns`` (the ingest host's clock, taken before its
+    create) may lie from the record's listed ``LastModified`` (S3's clock when the create began,
+    whole seconds): the longest accept (the ingest function's timeout) plus ``LM_CLOCK_SKEW_S``,
+    plus the second ``LastModified`` truncates. Rule H1 (docs/protocol.md §15) uses the same bound.
+
+    >>> boundary_margin_ns(type("S", (), {"clock_skew_s": 60})()) // 1_000_000_000
+    121
+    """
+    return (longest_accept_s() + int(settings.clock_skew_s) + 1) * _NS
+
+
+def candidate_hours(last_modified_ns: int, margin_ns: int) -> list[UtcHour]:
+    """The hours a record listed with ``last_modified_ns`` can have been accepted in (rule W4): the
+    hour of its ``LastModified`` first, then the adjacent hour when that lies within the margin.
+
+    >>> [str(h) for h in candidate_hours(3600 * 10**9 - 10**9, 121 * 10**9)]
+    ['1970-01-01T00', '1970-01-01T01']
+    """
+    own = UtcHour.of_unix_ns(last_modified_ns)
+    out = [own]
+    for edge in (last_modified_ns - margin_ns, last_modified_ns + margin_ns):
+        hour = UtcHour.of_unix_ns(edge)
+        if hour not in out:
+            out.append(hour)
+    return out
+
+
+def list_beats_heads(entries: int) -> bool:
+    """Whether one ``ListObjectsV2`` (billed like a PUT: 12.5 HEADs at list prices) is cheaper than a
+    HEAD for each of ``entries`` index entries (rule W5)."""
+    return entries * PRICE_TABLE.price("s3.get_per_1000") > PRICE_TABLE.price("s3.put_per_1000")
+
+
+class RecordChecks:
+    """Which acceptance records of one page need a repair (docs/protocol.md §13 W4, W5).
+
+    Built from the page's keys and their listed ``LastModified``: every candidate hour (rule W4)
+    gets its retention tombstone checked (``indexing.tombstones``: one HEAD per hour per process);
+    a key all of whose candidate hours are tombstoned is ``reaped`` and never probed. For the rest,
+    per (hour, boot) group, one ``ListObjectsV2`` of ``accepted-by-time/v1/<hour>/<agent>.<boot>.``
+    when that is cheaper than a HEAD per key (:func:`list_beats_heads`), done here; else
+    :meth:`settle` HEADs the key's entry in each open candidate hour. A key whose entry is found is
+    ``present``; :meth:`settle` returns None for a key to repair in full. A key outside the layout
+    is never settled here: its repair makes it a blocker.
+
+    Example (inside ``Walker.page``)::
+
+        >>> checks = RecordChecks(walker, [(key, last_modified_ns)])           # doctest: +SKIP
+        >>> checks.settle(key)                                                 # doctest: +SKIP
+        'present'
+    """
+
+    def __init__(self, walker: "WalkerBase", listed: list[tuple[str, int]]) -> None:
+        self.store, codec = walker.ctx.store, walker.codec
+        margin = boundary_margin_ns(walker.settings)
+        cache = tombstones(walker.ctx)
+        self.reaped: set[str] = set()
+        #: key -> its entry key in each open candidate hour, with that hour's group prefix
+        self.entries: dict[str, list[tuple[str, str]]] = {}
+        groups: dict[str, list[str]] = defaultdict(list)
+        for key, last_modified in listed:
+            try:
+                parsed = codec.parse(key)
+            except KeyLayoutError:
+                continue
+            if parsed.kind is not KeyKind.ACCEPTED or parsed.identity is None:
+                continue
+            ident = parsed.identity
+            hours = [h for h in candidate_hours(last_modified, margin) if not cache.is_tombstoned("raw", h)]
+            if not hours:
+                self.reaped.add(key)  # every hour it can belong to is reaped (or being reaped): D1
+                continue
+            self.entries[key] = []
+            for hour in hours:
+                prefix = f"{codec.accepted_by_time_hour(hour)}{ident.agent_hex}.{ident.boot_hex}."
+                entry = codec.accepted_by_time(hour, ident)
+                self.entries[key].append((prefix, entry))
+                groups[prefix].append(entry)
+        #: group prefix -> the entries its LIST found (only groups that were listed)
+        self.listed: dict[str, set[str]] = {}
+        for prefix, entries in groups.items():
+            if list_beats_heads(len(entries)):
+                try:
+                    self.listed[prefix] = self._list(prefix, min(entries), max(entries))
+                except TransientStoreError:
+                    pass  # HEAD them instead; a failing HEAD leaves the key to its full repair
+
+    def _list(self, prefix: str, first: str, last: str) -> set[str]:
+        """The entries under ``prefix`` from ``first`` to ``last``: entry names sort like the records'
+        keys (fixed-width sequence numbers), so one page's keys span at most one page of entries."""
+        found: set[str] = set()
+        after = first[:-1]  # a proper prefix of ``first``: sorts right before it
+        while True:
+            page = self.store.list_page(prefix, max_keys=1000, start_after=after)
+            found.update(page.keys)
+            if not page.truncated or not page.keys or page.keys[-1] >= last:
+                return found
+            after = page.keys[-1]
+
+    def settle(self, key: str) -> str | None:
+        """``"reaped"``, ``"present"``, or None: repair ``key`` in full."""
+        if key in self.reaped:
+            return "reaped"
+        candidates = self.entries.get(key)
+        if candidates is None:
+            return None
+        if any(entry in self.listed[prefix] for prefix, entry in candidates if prefix in self.listed):
+            return "present"
+        for prefix, entry in candidates:
+            if prefix in self.listed:
+                continue
+            try:
+                if self.store.head(entry) is not None:
+                    return "present"
+            except TransientStoreError:
+                return None
+        return None
+
+
+__all__ = ["RecordChecks", "boundary_margin_ns", "candidate_hours", "list_beats_heads"]

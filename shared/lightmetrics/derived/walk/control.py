@@ -1,0 +1,173 @@
+"""The operator side of walks: start, status, follow (``lmctl walk``, the demo; never inside a task).
+
+Example (what ``lmctl walk start --wait`` does)::
+
+    >>> control = WalkControl(ctx, sfn_client, state_machine_arn)              # doctest: +SKIP
+    >>> started = control.start(page_size=500)                                 # doctest: +SKIP
+    >>> control.follow(started).status                                         # doctest: +SKIP
+    'finished'
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.aws.step_functions import execution_history, task_error
+from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
+from lightmetrics.derived.walk.params import WalkParams
+from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
+from lightmetrics.ops.leases import LeaseHeld
+from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.identity import id_to_hex
+
+
+@dataclass
+class Started:
+    execution_arn: str
+    epoch: int
+    checkpoint_pk: str
+    scope: str
+
+
+@dataclass
+class Followed:
+    status: str  # finished | failed
+    summary: dict[str, Any]
+    executions: list[str]
+    detail: str = ""
+
+
+class WalkControl:
+    """Start and watch walks through Step Functions (the CLI and the demo; never inside a task)."""
+
+    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ctx, self.sfn, self.state_machine_arn = ctx, sfn_client, state_machine_arn
+        self.table: ControlTable = ctx.table
+        self.sleep = sleep
+
+    def lease(self) -> dict[str, Any] | None:
+        return read_lease(self.table)
+
+    def lease_live(self) -> dict[str, Any] | None:
+        lease = self.lease()
+        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+
+    def checkpoint(self, agent: str | None = None) -> dict[str, Any] | None:
+        """The walk summary of a scope, totals including the partitions in progress (None: never ran)."""
+        cp, parts = read_walk(self.table, checkpoint_pk(None if agent is None else id_to_hex(agent)))
+        if cp is None:
+            return None
+        return {**cp, **summarize(cp, parts, self.ctx.clock.now_ns())}
+
+    def start(self, *, agent: str | None = None, resume: bool = False, full: bool = False, page_size: int | None = None,
+              parallelism: int | None = None, max_rounds: int | None = None, lease_seconds: int | None = None,
+              timeout_s: float = 120.0) -> Started:
+        """Start an execution and wait until it holds the lease; :class:`LeaseHeld` if refused."""
+        live = self.lease_live()
+        if live:
+            raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()))
+        inp: dict[str, Any] = {"agent": agent, "resume": resume}
+        if full:
+            inp["full"] = True
+        for k, v in (("page_size", page_size), ("parallelism", parallelism),
+                     ("max_rounds_per_execution", max_rounds), ("lease_seconds", lease_seconds)):
+            if v is not None:
+                inp[k] = v
+        params = WalkParams.parse(inp)  # refuse bad input before starting anything
+        if params.agent_hex is not None and not resume:
+            prefixes = [f"{root}agent={params.agent_hex}/" for root in (self.ctx.codec.accepted_root(),
+                                                                        self.ctx.codec.quarantine_root())]
+            if not any(self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes):
+                raise NothingToWalk(f"agent {params.agent!r} has no acceptance records and no conflict evidence "
+                                    f"(nothing under {' or '.join(prefixes)}): nothing to walk")
+        if resume:
+            cp = self.checkpoint(agent)
+            if cp is None or cp.get("status") == "finished":
+                raise NothingToResume(f"no unfinished walk to resume for {checkpoint_pk(params.agent_hex)} "
+                                      f"(last status: {cp.get('status') if cp else 'never ran'})")
+        name = f"lmctl-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name,
+                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lease = self.lease()
+            if lease and lease.get("execution") == arn:
+                return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
+            d = self.sfn.describe_execution(executionArn=arn)
+            if d["status"] != "RUNNING":
+                error, cause = d.get("error", ""), d.get("cause", "")
+                if error == "LeaseHeld":
+                    raise LeaseHeld(f"refused: {cause}")
+                kind, detail = self._begin_error(arn)
+                if kind == "NothingToResume":
+                    raise NothingToResume(detail)
+                raise InvalidWalkInput(f"the walk did not start ({d['status']} {error}): {detail or cause}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{arn} did not take the lease within {timeout_s} s")
+            self.sleep(0.1)
+
+    def _begin_error(self, arn: str) -> tuple[str, str]:
+        """The Begin task's own error (type, message), from the execution history."""
+        return task_error(self.history(arn))
+
+    def history(self, arn: str) -> list[dict[str, Any]]:
+        return execution_history(self.sfn, arn)
+
+    def _until_ended(self, execution: str, deadline: float | None) -> None:
+        """Wait (at most 60 s, or until ``deadline``) for ``execution`` to leave RUNNING."""
+        limit = time.monotonic() + 60 if deadline is None else min(deadline, time.monotonic() + 60)
+        while self.sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < limit:
+            self.sleep(0.05)
+
+    def follow(self, started: Started, *, on_progress: Callable[[dict[str, Any]], None] | None = None,
+               poll_s: float = 0.5, timeout_s: float | None = None) -> Followed:
+        """Watch the walk of ``started`` across its executions until it finishes or fails."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        executions = [started.execution_arn]
+        ended_at: float | None = None
+        while True:
+            found, parts = read_walk(self.table, started.checkpoint_pk)
+            cp = found or {}
+            summary = summarize(cp, parts, self.ctx.clock.now_ns()) if cp else {}
+            if on_progress and summary:
+                on_progress(summary)
+            if cp and int(cp.get("epoch", -1)) != started.epoch:
+                return Followed("failed", summary, executions, "a newer walk replaced this epoch's checkpoint")
+            status = cp.get("status")
+            current = str(cp.get("execution") or started.execution_arn)
+            if current not in executions:
+                executions.append(current)
+            if status == "finished":
+                # End records "finished", then moves the watermarks (after its owned write, rule
+                # L2): the walk has ended once its execution has.
+                self._until_ended(current, deadline)
+                return Followed("finished", summary, executions)
+            if status == "failed":
+                return Followed("failed", summary, executions, str(cp.get("error", "")))
+            d = self.sfn.describe_execution(executionArn=current)
+            if d["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
+                # The end task may have recorded the error after the read above: read it again.
+                found, parts = read_walk(self.table, started.checkpoint_pk)
+                summary = summarize(found, parts, self.ctx.clock.now_ns()) if found else summary
+                return Followed("failed", summary, executions,
+                                f"execution {current} {d['status']} {d.get('error', '')}".strip())
+            if d["status"] == "SUCCEEDED" and cp.get("status") == "running":
+                # Handed over to the next execution: Begin records it within moments.
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > 60:
+                    return Followed("failed", summary, executions, f"{current} ended without a successor")
+            else:
+                ended_at = None
+            if deadline is not None and time.monotonic() > deadline:
+                return Followed("failed", summary, executions, "timed out following the walk")
+            self.sleep(poll_s)
+
+
+__all__ = ["Followed", "Started", "WalkControl"]

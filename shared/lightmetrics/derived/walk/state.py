@@ -1,0 +1,157 @@
+"""The walk's records in the control table (docs/control-table.md) and what is read from them.
+
+The lease ``lease#walk``/``lease``; the summary ``checkpoint#walk``/``current`` (full walks;
+``checkpoint#walk#agent=<agent-hex>`` for walks scoped to one agent) and one ``part#<partition>``
+item per partition in progress (its cursor and counters); the watermarks
+``watermark#<index>``/``current``. Every write is conditional on the walk's ``epoch`` and
+``owner``; a resume re-stamps the owner of the summary and the partitions in progress in one
+transaction, so a run that lost the walk cannot move a cursor.
+
+Example (what ``lmctl walk status`` reads)::
+
+    >>> summary, parts = read_walk(table, checkpoint_pk(None))                 # doctest: +SKIP
+    >>> summarize(summary, parts, clock.now_ns())["keys_per_s"]                # doctest: +SKIP
+    >>> read_watermarks(table)["accepted-by-time"]                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from lightmetrics.aws.control_table import ConditionFailed, ControlTable, plain
+from lightmetrics.ops import leases
+
+_NS = 1_000_000_000
+
+LEASE_PK, LEASE_SK = "lease#walk", "lease"
+CHECKPOINT_SK = "current"
+PART_PREFIX = "part#"
+#: The derived indexes the walk repairs; each has its own completeness watermark.
+INDEXES = ("accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob")
+#: What a walk that is not ``full`` proves complete (W3, W5): it checks each record's time entry
+#: (repairing what is missing) and repairs every quarantine manifest in full; a record's blob entry
+#: and its blob's entry follow from a present time entry only for entries written under D5/D6
+#: (protocol §17 E7), so only a full walk vouches for those two indexes.
+PRESENCE_WALK_INDEXES = ("accepted-by-time", "quarantine-by-blob")
+#: Outcome counters of a walk (``SKIPPED``: an operator skipped the key's blocker).
+OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
+#: How a key counted NOOP_RESOLVED was settled without a unit of work (rules W4, W5): ``present``
+#: — its ``accepted-by-time`` entry exists; ``reaped`` — its hour is tombstoned, nothing probed.
+#: Partition items and the summary keep them as ``keys_present`` and ``keys_reaped``.
+KEY_CHECKS = ("present", "reaped")
+
+
+def checkpoint_pk(agent_hex: str | None) -> str:
+    return "checkpoint#walk" if agent_hex is None else f"checkpoint#walk#agent={agent_hex}"
+
+
+def watermark_pk(index: str) -> str:
+    return f"watermark#{index}"
+
+
+# --- the walk's lease (lightmetrics.ops.leases; docs/protocol.md §13, L1-L3) ----------------------------------
+def read_lease(table: ControlTable) -> dict[str, Any] | None:
+    """The walk lease's item (plain values), or None if no walk ever took it."""
+    return leases.read(table, LEASE_PK)
+
+
+def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
+    return leases.describe(lease, now_ns, "walk")
+
+
+def read_walk(table: ControlTable, pk: str, *, leftovers: list[dict[str, Any]] | None = None
+              ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The walk checkpoint of one scope: its summary (``current``) and its partition items
+    (``part#<partition>``, the cursors of partitions in progress), with one Query. Partition
+    items of an older, unfinished epoch are left out (appended to ``leftovers`` if given)."""
+    summary, parts = None, []
+    for item in table.query(pk):
+        item = plain(item)
+        if item["sk"] == CHECKPOINT_SK:
+            summary = item
+        elif item["sk"].startswith(PART_PREFIX):
+            parts.append(item)
+    epoch = (summary or {}).get("epoch")
+    if leftovers is not None:
+        leftovers.extend(p for p in parts if p.get("epoch") != epoch)
+    return summary, [p for p in parts if p.get("epoch") == epoch]
+
+
+def watermark_blocker(cp: dict[str, Any], parts: list[dict[str, Any]]) -> str | None:
+    """Why a finished walk may not set the watermark (None: it may)."""
+    if cp.get("scope") != "all":
+        return "agent-scoped walks never move the watermark"
+    if not (cp.get("enum") or {}).get("done") or parts:
+        return "the walk did not cover every partition"
+    outcomes = cp.get("outcomes") or {}
+    bad = {o: int(outcomes.get(o, 0)) for o in ("RETRY_LATER", "BLOCKED", "SKIPPED") if int(outcomes.get(o, 0))}
+    if bad:
+        return "items ended " + ", ".join(f"{o}: {n}" for o, n in bad.items())
+    return None
+
+
+def set_watermark(table: ControlTable, index: str, w_ns: int, *, epoch: int, now_ns: int) -> bool:
+    """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved."""
+    try:
+        table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep",
+                     names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch"},
+                     values={":w": w_ns, ":now": now_ns, ":ep": epoch},
+                     condition="attribute_not_exists(#w) OR #w < :w")
+        return True
+    except ConditionFailed:
+        return False
+
+
+def read_watermarks(table: ControlTable) -> dict[str, int | None]:
+    """``{index: W in unix ns, or None if no clean full walk has finished yet}``."""
+    out: dict[str, int | None] = {}
+    for index in INDEXES:
+        item = table.get(watermark_pk(index), "current")
+        out[index] = int(item["w_ns"]) if item and "w_ns" in item else None
+    return out
+
+
+def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> dict[str, Any]:
+    """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate.
+    ``keys_present`` and ``keys_reaped`` are the NOOP_RESOLVED keys no repair ran for (W4, W5)."""
+    cp = plain(cp)
+    outcomes = {o: int((cp.get("outcomes") or {}).get(o, 0)) + sum(int(p["outcomes"].get(o, 0)) for p in parts)
+                for o in OUTCOMES}
+    keys = int(cp.get("keys", 0)) + sum(int(p.get("keys", 0)) for p in parts)
+    pages = int(cp.get("pages", 0)) + sum(int(p.get("pages", 0)) for p in parts)
+    settled = {f"keys_{c}": int(cp.get(f"keys_{c}", 0)) + sum(int(p.get(f"keys_{c}", 0)) for p in parts)
+               for c in KEY_CHECKS}
+    by_kind = Counter({"accepted": int(cp.get("keys_accepted", 0)), "quarantine": int(cp.get("keys_quarantine", 0))})
+    for p in parts:
+        by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
+    found = int(cp.get("partitions_found", 0))
+    complete = int(cp.get("partitions_done", 0)) + sum(1 for p in parts if p.get("done"))
+    enum_done = bool((cp.get("enum") or {}).get("done"))
+    since = int(cp.get("rate_since_ns", cp.get("started_at_ns", now_ns)))
+    until = int(cp.get("finished_at_ns") or cp.get("failed_at_ns") or 0) if cp.get("status") != "running" else 0
+    elapsed = ((until or now_ns) - since) / _NS
+    rate = (keys - int(cp.get("rate_keys_base", 0))) / elapsed if elapsed > 0 else None
+    eta = None
+    if cp.get("status") == "running" and enum_done and rate and complete:
+        estimated_total = keys * found / complete
+        eta = max(0.0, (estimated_total - keys) / rate)
+    return {
+        "scope": cp.get("scope"), "epoch": cp.get("epoch"), "status": cp.get("status"),
+        "started_at_ns": cp.get("started_at_ns"), "updated_at_ns": cp.get("updated_at_ns"),
+        "executions": cp.get("executions"), "resumes": cp.get("resumes", 0), "execution": cp.get("execution"),
+        "partitions_found": found, "partitions_done": complete, "enumeration_complete": enum_done,
+        "in_progress": sorted(p["partition"] for p in parts if not p.get("done")),
+        "keys": keys, "keys_accepted": by_kind["accepted"], "keys_quarantine": by_kind["quarantine"],
+        "pages": pages, "repairs": outcomes["DONE"], "outcomes": outcomes,
+        # NOOP_RESOLVED keys settled without a repair: entry present (W5), hour reaped (W4)
+        **settled,
+        "keys_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
+        "watermark_ns": cp.get("watermark_ns"), "watermark_withheld": cp.get("watermark_withheld"),
+        "error": cp.get("error"),
+    }
+
+
+__all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
+           "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "read_lease", "read_walk", "read_watermarks",
+           "set_watermark", "summarize", "watermark_blocker", "watermark_pk"]

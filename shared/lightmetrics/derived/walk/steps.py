@@ -1,0 +1,329 @@
+"""The walk's Lambda tasks: each is one method of :class:`Walker` (docs/protocol.md §13;
+docs/walks.md). The state machine is ``infra/statemachines/bootstrap_walk.asl.json``.
+
+``begin``     take the lease ``lease#walk``: a new epoch (the checkpoint starts over), a resume
+              of the last epoch (``resume``), or the continuation of a running walk in a new
+              execution. A start while the lease is live is refused (:class:`LeaseHeld`).
+``plan``      fold finished partitions into the summary, enumerate up to ``parallelism``
+              more, renew the lease, and route: a round of pages, continue, or finish.
+``page``      one page of one partition from its cursor: every key checked (and repaired if it
+              needs it), *then* the cursor
+              moves (compare-and-set on the partition's own item). A key at RETRY_LATER fails
+              the page (:class:`WalkRetryLater`): the cursor stays, the item records the page's
+              last key (``failed_through``: later pages repair keys up to it in full, so a
+              success clears their budget, O1a), Step Functions retries it with backoff, and the
+              retry budget turns a key that keeps failing into a blocker, so the page finishes.
+``cont``      start the next execution under the same lease, epoch and owner (stays under the
+              execution history limit; moto's interpreter cannot run ``states:startExecution``).
+``end``       finished or failed (the error) and the lease released, in one owned transaction;
+              then, for a clean walk of every partition, the watermarks it proved (W3).
+
+Example (the local runtime drives the tasks the same way)::
+
+    >>> walker = Walker(ctx, settings)                                         # doctest: +SKIP
+    >>> walk = walker.begin({"input": {"page_size": 500}})["walk"]             # doctest: +SKIP
+    >>> walker.plan({"walk": walk})["next"]                                    # doctest: +SKIP
+    'pages'
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from typing import Any
+
+from lightmetrics.aws.control_table import ConditionFailed, Op, TransactionCancelled
+from lightmetrics.aws.step_functions import start_continuation
+from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
+from lightmetrics.derived.walk.page_task import PageTask
+from lightmetrics.derived.walk.params import WalkParams
+from lightmetrics.derived.walk.state import (
+    CHECKPOINT_SK,
+    INDEXES,
+    KEY_CHECKS,
+    LEASE_PK,
+    OUTCOMES,
+    PART_PREFIX,
+    PRESENCE_WALK_INDEXES,
+    checkpoint_pk,
+    read_walk,
+    set_watermark,
+    summarize,
+    watermark_blocker,
+)
+from lightmetrics.derived.walk.walker_base import NS, add_counts, counters, log, owned
+from lightmetrics.ops import leases
+from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
+from lightmetrics.protocol.identity import id_to_hex
+
+
+class Walker(PageTask):
+    """The walk's Lambda tasks (one method each) over a :class:`WorkContext`.
+
+    Checkpoint layout: the summary ``checkpoint#walk[...]``/``current`` (epoch, owner, status,
+    enumeration state, totals of finished partitions) is written by one task at a time (Begin,
+    Plan, End). Each partition in progress has its own item ``.../part#<partition>`` holding its
+    cursor and counters, written by its page task only, so concurrent pages never contend for one
+    item; Plan folds a finished partition into the summary and deletes its item, atomically.
+    """
+
+    # -- begin -------------------------------------------------------------------------------------
+    def begin(self, event: dict[str, Any]) -> dict[str, Any]:
+        inp = event.get("input") or {}
+        execution, machine = event.get("execution_arn", ""), event.get("state_machine_arn", "")
+        if isinstance(inp, dict) and "continuation" in inp:
+            return self._begin_continuation(inp["continuation"], execution)
+        params = WalkParams.parse(inp)
+        now = self.now()
+        lease = self.lease()
+        if leases.is_live(lease, now):
+            raise LeaseHeld(self._describe_lease(lease or {}))
+        cp_pk = checkpoint_pk(params.agent_hex)
+        cp, parts = read_walk(self.table, cp_pk)
+        if params.resume:
+            if cp is None or cp.get("status") == "finished":
+                raise NothingToResume(f"no unfinished walk to resume for {cp_pk} "
+                                      f"(last status: {cp.get('status') if cp else 'never ran'})")
+            epoch = int(cp["epoch"])
+            # A resume keeps the walk's page size, parallelism and mode unless the input changes them.
+            kept = {k: cp[k] for k in ("page_size", "parallelism", "full") if k in cp and inp.get(k) is None}
+            if kept:
+                params = WalkParams.parse({**inp, **kept})
+        else:
+            epoch = int((lease or {}).get("last_epoch", (lease or {}).get("epoch", 0))) + 1
+        owner = uuid.uuid4().hex
+        scope = "all" if params.agent is None else f"agent={params.agent_hex}"
+        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, what="walk",
+                    epoch=epoch, execution=execution, scope=scope, checkpoint_pk=cp_pk)
+        walk = {
+            "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
+            "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
+            "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine,
+            "execution_arn": execution, "round": 0,
+        }
+        if params.resume:
+            assert cp is not None
+            # The new owner takes over the summary and every partition in progress, in one
+            # transaction: from now on a page of the old owner cannot move a cursor.
+            ops = [Op("Update", cp_pk, CHECKPOINT_SK,
+                      "SET #own = :own, #st = :running, #x = :x, #u = :now, #rs = :now, #rb = :rb, "
+                      "#ps = :ps, #par = :par REMOVE #err ADD #n :one, #res :one",
+                      {"#own": "owner", "#st": "status", "#x": "execution", "#u": "updated_at_ns",
+                       "#rs": "rate_since_ns", "#rb": "rate_keys_base", "#ps": "page_size", "#par": "parallelism",
+                       "#err": "error", "#n": "executions", "#res": "resumes", "#ep": "epoch"},
+                      {":own": owner, ":running": "running", ":x": execution, ":now": now, ":one": 1,
+                       ":rb": summarize(cp, parts, now)["keys"], ":ps": params.page_size,
+                       ":par": params.parallelism, ":ep": epoch},
+                      "#ep = :ep")]
+            ops += [Op("Update", cp_pk, p["sk"], "SET #own = :own", {"#own": "owner", "#ep": "epoch"},
+                       {":own": owner, ":ep": epoch}, "#ep = :ep") for p in parts[:90]]
+            try:
+                self.table.transact(ops)
+            except TransactionCancelled:
+                raise NothingToResume(f"{cp_pk} changed while resuming; start again") from None
+            walk["executions"] = int(cp.get("executions", 0)) + 1
+        else:
+            self.table.put(self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
+                           values_for_condition={":e": epoch})
+            walk["executions"] = 1
+        log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
+        return {"walk": walk}
+
+    def _fresh_checkpoint(self, walk: dict[str, Any], now: int) -> dict[str, Any]:
+        return {
+            "pk": walk["checkpoint_pk"], "sk": CHECKPOINT_SK, "epoch": walk["epoch"], "owner": walk["owner"],
+            "scope": walk["scope"], "agent": walk["agent"], "status": "running", "started_at_ns": now,
+            "updated_at_ns": now, "rate_since_ns": now, "rate_keys_base": 0, "page_size": walk["page_size"],
+            "full": bool(walk.get("full", False)),
+            "parallelism": walk["parallelism"], "execution": walk["execution_arn"], "executions": 1, "resumes": 0,
+            "enum": {"queue": self._roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
+            "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **counters(),
+        }
+
+    def _begin_continuation(self, cont: Any, execution: str) -> dict[str, Any]:
+        required = ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size", "parallelism", "max_rounds",
+                    "lease_seconds", "state_machine_arn", "executions")
+        if not isinstance(cont, dict) or any(k not in cont for k in required):
+            raise InvalidWalkInput(f"continuation must carry {list(required)}")
+        walk = {k: cont[k] for k in required}
+        walk["full"] = bool(cont.get("full", False))
+        now = self.now()
+        walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
+        names, values = owned(walk)
+        try:
+            self.table.transact([
+                self._renew(walk, now, execution=execution),
+                Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
+                   {**names, "#x": "execution", "#u": "updated_at_ns", "#n": "executions"},
+                   {**values, ":x": execution, ":now": now, ":one": 1}, OWNED),
+            ])
+        except TransactionCancelled:
+            raise LeaseLost(f"epoch {walk['epoch']} no longer owns the walk lease; not continuing") from None
+        return {"walk": walk}
+
+    # -- plan --------------------------------------------------------------------------------------
+    def plan(self, event: dict[str, Any]) -> dict[str, Any]:
+        walk = dict(event["walk"])
+        pk = walk["checkpoint_pk"]
+        leftovers: list[dict[str, Any]] = []  # partition items of an unfinished older epoch
+        cp, parts = read_walk(self.table, pk, leftovers=leftovers)
+        if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
+            raise LeaseLost(f"checkpoint {pk} is no longer epoch {walk['epoch']} of this run")
+        now = self.now()
+        finished = [p for p in parts if p.get("done")]
+        active = {p["partition"]: p for p in parts if not p.get("done")}
+        enum = cp.get("enum") or {"queue": [], "done": True}
+        need = int(walk["parallelism"]) - len(active)
+        new: list[str] = []
+        strays: Counter[str] = Counter()
+        if need > 0 and not enum.get("done"):
+            new, stray_keys = self._enumerate(enum, need)
+            if stray_keys:
+                skipped_strays = {b.object_key for b in self.ctx.blockers.list(status="skipped")}
+                strays = Counter("SKIPPED" if k in skipped_strays else self._repair(k).value for k in stray_keys)
+
+        # Fold finished partitions (and the strays) into the summary, start the new ones.
+        folded = Counter({o: sum(int(p["outcomes"].get(o, 0)) for p in finished) for o in OUTCOMES}) + strays
+        by_kind: Counter[str] = Counter()
+        for p in finished:
+            by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
+        names, values = owned(walk)
+        names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
+                      "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
+        values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": len(new),
+                       ":k": sum(int(p.get("keys", 0)) for p in finished) + sum(strays.values()),
+                       ":pg": sum(int(p.get("pages", 0)) for p in finished),
+                       ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
+        adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
+        add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
+                                          for check in KEY_CHECKS}, folded)
+        ops = [self._renew(walk, now),
+               Op("Update", pk, CHECKPOINT_SK, "SET #en = :en, #u = :now ADD " + ", ".join(adds), names, values,
+                  OWNED)]
+        pnames, pvalues = owned(walk)
+        ops += [Op("Delete", pk, p["sk"], names=pnames, values=pvalues, condition=OWNED) for p in finished]
+        new_sks = {PART_PREFIX + p for p in new}
+        for partition in new:
+            ops.append(Op("Put", pk, PART_PREFIX + partition, names={"#ep": "epoch"}, values={":ep": walk["epoch"]},
+                          condition="attribute_not_exists(pk) OR #ep < :ep",
+                          item={"partition": partition, "kind": self._kind(partition), "after": "", "done": False,
+                                "epoch": walk["epoch"], "owner": walk["owner"], "updated_at_ns": now,
+                                **counters()}))
+        room = 90 - len(ops)
+        ops += [Op("Delete", pk, p["sk"]) for p in leftovers if p["sk"] not in new_sks][:max(0, room)]
+        try:
+            self.table.transact(ops)
+        except TransactionCancelled:
+            raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
+        for partition in new:
+            active[partition] = {"partition": partition, "after": ""}
+        if not active:
+            return {"walk": walk, "next": "finish", "work": []}
+        if int(walk["round"]) >= int(walk["max_rounds"]):
+            return {"walk": walk, "next": "continue", "work": []}
+        walk["round"] = int(walk["round"]) + 1
+        # Keys whose blocker an operator skipped (few by design: each is an incident) are not
+        # walked but counted. Read once per round here rather than once per page.
+        skipped = sorted({b.object_key for b in self.ctx.blockers.list(status="skipped")})
+        work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)],
+                 **({"failed_through": f["failed_through"]} if f.get("failed_through") else {})}
+                for p, f in sorted(active.items())]
+        return {"walk": walk, "next": "pages", "work": work}
+
+    def _enumerate(self, enum: dict[str, Any], need: int) -> tuple[list[str], list[str]]:
+        """Up to ``need`` more partitions, depth first (agents, then their boots); mutates ``enum``.
+
+        Keys that sit where a partition should be (``accepted/v1/x.json``) are returned as strays:
+        they are outside the layout and become blockers, never silent skips.
+        """
+        out: list[str] = []
+        strays: list[str] = []
+        queue: list[dict[str, Any]] = enum["queue"]
+        while len(out) < need and queue:
+            head = queue[0]
+            boots = head["level"] == "boots"
+            page = self.ctx.store.list_page(
+                head["prefix"], delimiter="/", max_keys=(need - len(out)) if boots else 100,
+                continuation_token=head.get("token"),
+            )
+            strays.extend(page.keys)
+            if page.truncated and page.next_token:
+                head["token"] = page.next_token
+            else:
+                queue.pop(0)
+            if boots:
+                out.extend(page.prefixes)
+            else:
+                queue[0:0] = [{"prefix": p, "level": "boots", "token": None} for p in page.prefixes]
+        enum["done"] = not queue
+        return out, strays
+
+    # -- continue ----------------------------------------------------------------------------------
+    def cont(self, event: dict[str, Any]) -> dict[str, Any]:
+        walk = event["walk"]
+        if self._sfn is None:
+            raise RuntimeError("walk-continue needs a Step Functions client")
+        n = int(walk["executions"]) + 1
+        # Deterministic name: a retried task finds the execution it already started.
+        name = f"walk-e{walk['epoch']}-{walk['owner'][:8]}-{n:04d}"
+        carried = {k: walk[k] for k in ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size",
+                                         "parallelism", "max_rounds", "full", "lease_seconds",
+                                         "state_machine_arn", "executions") if k in walk}
+        arn = start_continuation(self._sfn, walk["state_machine_arn"], name, {"continuation": carried})
+        names, values = owned(walk)
+        try:
+            self.table.update(walk["checkpoint_pk"], CHECKPOINT_SK, "SET #nx = :nx, #u = :now",
+                              names={**names, "#nx": "next_execution", "#u": "updated_at_ns"},
+                              values={**values, ":nx": arn, ":now": self.now()}, condition=OWNED)
+        except ConditionFailed:
+            raise LeaseLost(f"epoch {walk['epoch']} lost the walk checkpoint") from None
+        return {"next_execution": arn}
+
+    # -- end ---------------------------------------------------------------------------------------
+    def end(self, event: dict[str, Any]) -> dict[str, Any]:
+        walk, outcome = event["walk"], event.get("outcome", "failed")
+        cp, parts = read_walk(self.table, walk["checkpoint_pk"])
+        if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
+            return {"status": "lease-lost", "epoch": walk["epoch"]}
+        now = self.now()
+        names, values = owned(walk)
+        summary = summarize(cp, parts, now)
+        watermark: int | None = None
+        if outcome == "finished":
+            reason = watermark_blocker(cp, parts)
+            if not reason:
+                watermark = int(cp["started_at_ns"]) - int(self.settings.settle_s) * NS
+            names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
+            values.update({":st": "finished", ":now": now})
+            expr = "SET #st = :st, #fa = :now, #u = :now"
+            if watermark is not None:
+                names["#wm"], values[":wm"] = "watermark_ns", watermark
+                expr += ", #wm = :wm"
+            if reason is not None:
+                names["#wr"], values[":wr"] = "watermark_withheld", reason
+                expr += ", #wr = :wr"
+            update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, expr, names, values, OWNED)
+            summary.update(status="finished", watermark_ns=watermark, watermark_withheld=reason)
+        else:
+            error = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
+            update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK,
+                        "SET #st = :st, #fa = :now, #u = :now, #err = :err",
+                        {**names, "#st": "status", "#fa": "failed_at_ns", "#u": "updated_at_ns", "#err": "error"},
+                        {**values, ":st": "failed", ":now": now, ":err": error}, OWNED)
+            summary.update(status="failed", error=error)
+        release = leases.release(LEASE_PK, walk["owner"], walk["epoch"], now)
+        try:
+            self.table.transact([update, release])
+        except TransactionCancelled:
+            return {"status": "lease-lost", "epoch": walk["epoch"]}
+        # Only after the owned write (rule L2): an End that lost the walk moves no watermark. A crash
+        # in between leaves W where it was (conservative); the retried End, still the owner, moves it.
+        if watermark is not None:
+            for index in (INDEXES if walk.get("full") else PRESENCE_WALK_INDEXES):
+                set_watermark(self.table, index, watermark, epoch=walk["epoch"], now_ns=now)
+        log.info("walk %s epoch %s %s", walk["scope"], walk["epoch"], summary["status"])
+        return summary
+
+
+__all__ = ["Walker"]

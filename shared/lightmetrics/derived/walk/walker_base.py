@@ -1,0 +1,94 @@
+"""What every walk task shares (:class:`WalkerBase`): the context, the lease, the enumeration roots,
+the repair of one key under the outcome contract, and the counters' update expressions. The tasks:
+:class:`lightmetrics.derived.walk.page_task.PageTask` (page) and
+:class:`lightmetrics.derived.walk.steps.Walker` (begin, plan, continue, end).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lightmetrics.aws.control_table import ControlTable, Op
+from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
+from lightmetrics.derived.walk.state import (
+    KEY_CHECKS,
+    LEASE_PK,
+    OUTCOMES,
+    describe_lease,
+    read_lease,
+)
+from lightmetrics.ops import leases
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.ops.work import WorkContext, run_unit
+
+log = logging.getLogger(__name__)
+#: One pool for every page task of the process: a page repairs up to 16 keys at a time.
+POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-walk")
+NS = 1_000_000_000
+
+
+def owned(walk: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    return {"#own": "owner", "#ep": "epoch"}, {":own": walk["owner"], ":ep": walk["epoch"]}
+
+
+def counters() -> dict[str, Any]:
+    return {"keys": 0, "pages": 0, "outcomes": {o: 0 for o in OUTCOMES}, **{f"keys_{c}": 0 for c in KEY_CHECKS}}
+
+
+def add_counts(names: dict[str, str], values: dict[str, Any], adds: list[str], settled: Mapping[str, int],
+                outcomes: Mapping[str, int]) -> None:
+    """The ``ADD`` clauses (appended to ``adds``) of a summary's or partition's counters: the keys
+    settled by each check (``keys_<check>``) and the outcomes (a map attribute, by outcome)."""
+    for check in KEY_CHECKS:
+        names[f"#c{check}"], values[f":c{check}"] = f"keys_{check}", settled[check]
+        adds.append(f"#c{check} :c{check}")
+    if outcomes:
+        names["#o"] = "outcomes"
+    for i, (outcome, n) in enumerate(sorted(outcomes.items())):
+        names[f"#oc{i}"], values[f":oc{i}"] = outcome, n
+        adds.append(f"#o.#oc{i} :oc{i}")
+
+
+class WalkerBase:
+    """The state and plumbing of the walk's Lambda tasks over a :class:`WorkContext`."""
+
+    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+        self.ctx, self.settings = ctx, settings
+        self.table: ControlTable = ctx.table
+        self.codec = ctx.codec
+        self._sfn = sfn_client
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def now(self) -> int:
+        return self.ctx.clock.now_ns()
+
+    def lease(self) -> dict[str, Any] | None:
+        return read_lease(self.table)
+
+    def _renew(self, walk: dict[str, Any], now: int, **extra: Any) -> Op:
+        return leases.renewal_of(LEASE_PK, walk, now, **extra)
+
+    def _roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
+        """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""
+        roots = [self.codec.accepted_root(), self.codec.quarantine_root()]
+        if agent_hex is None:
+            return [{"prefix": r, "level": "agents", "token": None} for r in roots]
+        return [{"prefix": f"{r}agent={agent_hex}/", "level": "boots", "token": None} for r in roots]
+
+    def _describe_lease(self, lease: dict[str, Any]) -> str:
+        return describe_lease(lease, self.now())
+
+    def _kind(self, partition: str) -> str:
+        return "quarantine" if partition.startswith(self.codec.quarantine_root()) else "accepted"
+
+    def _repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
+        fn: Callable[[WorkContext, str], Outcome]
+        if key.startswith(self.codec.quarantine_root()):
+            kind, fn = KIND_QUARANTINE, index_quarantine
+        else:
+            kind, fn = KIND_REPAIR, repair_accepted
+        return run_unit(self.ctx, kind=kind, object_key=key, source="walk", fn=lambda: fn(self.ctx, key),
+                        previously_failed=previously_failed).outcome

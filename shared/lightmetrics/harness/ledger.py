@@ -1,0 +1,131 @@
+"""The agents' ledger against the bucket: what was acknowledged must be there, exactly once.
+
+The demo and the soak keep, per identity, the hashes agents saw acknowledged (``200`` accepted or
+duplicate) and the batches they still hold. The check, from authoritative reads:
+
+* every acknowledged identity was acknowledged with one hash only, and its acceptance record
+  exists with that hash (nothing acknowledged that differs);
+* the record's blob exists — or the record's acceptance hour is tombstoned by retention (the
+  expected reaped state, protocol §7);
+* (soak) every batch an agent produced is acknowledged or still in its spool, pending or parked
+  (nothing unacknowledged is lost);
+* every accepted batch has its three derived entries (after the indexers drained, one reconcile
+  and one walk).
+
+Each decision is a predicate of :mod:`lightmetrics.protocol.invariants`, and each violation line starts
+with its rule's name (``blob-missing: ...``), the names ``lmctl verify`` and the audit use.
+
+Blob presence and derived entries come from listings (one LIST pass per prefix), records from
+concurrent GETs: the check costs a request per identity, not per object in the bucket.
+
+Example:
+    >>> check = check_acknowledged(store, codec, {ident: {sha}})        # doctest: +SKIP
+    >>> check.verified, check.violations                                  # doctest: +SKIP
+    (1, [])
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from lightmetrics.protocol import invariants as inv
+from lightmetrics.protocol.errors import KeyLayoutError
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import KeyCodec, KeyKind, ParsedKey, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.aws.s3_store import S3ObjectStore
+
+_ALL = 10**8
+
+
+@dataclass
+class LedgerCheck:
+    verified: int = 0
+    reaped: int = 0  # acknowledged, record present, blob gone because its hour was reaped
+    manifests: dict[BatchIdentity, AcceptedBatchManifest] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)  # "<rule>: <identity>: <detail>"
+    rules: Counter[str] = field(default_factory=Counter)  # violations per rule name
+
+    def violate(self, rule: inv.Rule, ident: BatchIdentity, detail: str) -> None:
+        self.rules[rule.name] += 1
+        self.violations.append(f"{rule.name}: {ident}: {detail}")
+
+
+def tombstoned_hours(store: S3ObjectStore, codec: KeyCodec, scope: str = "raw") -> set[UtcHour]:
+    """Every hour with a retention tombstone (one listing)."""
+    hours = set()
+    for key in store.list_keys(codec.prefix + f"retention/v1/{scope}/", limit=_ALL):
+        parsed = _parsed(codec, key)
+        if parsed is not None and parsed.kind is KeyKind.RETENTION_TOMBSTONE and parsed.hour is not None:
+            hours.add(parsed.hour)
+    return hours
+
+
+def _parsed(codec: KeyCodec, key: str) -> ParsedKey | None:
+    """The key's fields, or None for a key outside the layout (not this check's to judge)."""
+    try:
+        return codec.parse(key)
+    except KeyLayoutError:
+        return None
+
+
+def check_acknowledged(store: S3ObjectStore, codec: KeyCodec, acked: Mapping[BatchIdentity, Collection[str]],
+                       *, workers: int = 8) -> LedgerCheck:
+    """Every acknowledged identity: one hash, a record with that hash, its blob (or a reaped hour)."""
+    check = LedgerCheck()
+    blobs = set(store.list_keys(codec.prefix + "raw-blobs/v1/", limit=_ALL))
+    tombstoned = tombstoned_hours(store, codec)
+    with ThreadPoolExecutor(workers) as pool:
+        records = dict(zip(acked, pool.map(lambda i: store.get(codec.accepted(i)), acked)))
+    for ident, hashes in acked.items():
+        raw = records[ident]
+        manifest = AcceptedBatchManifest.from_bytes(raw) if raw is not None else None
+        rule = inv.acknowledged_state(hashes=hashes, record_sha=manifest.frame_sha256 if manifest else None)
+        if rule is not None:
+            check.violate(rule, ident, {
+                inv.ACKNOWLEDGED_TWICE: f"acknowledged with {len(set(hashes))} different hashes",
+                inv.ACKNOWLEDGED_NOT_ACCEPTED: "acknowledged but no acceptance record",
+            }.get(rule, f"record hash {manifest and manifest.frame_sha256} differs from the acknowledged one"))
+            continue
+        assert manifest is not None  # acknowledged_state: no record is a rule
+        check.manifests[ident] = manifest
+        # Presence only (blob_size 0 for "there"): verify and the audit compare sizes too.
+        state = inv.blob_state(blob_size=0 if manifest.raw_blob_key in blobs else None, record_bytes=None,
+                               hour_tombstoned=UtcHour.of_unix_ns(manifest.accepted_at_unix_ns) in tombstoned)
+        if state is None:
+            check.verified += 1
+        elif state is inv.REAPED:
+            check.reaped += 1
+        else:
+            check.violate(state, ident, f"blob {manifest.raw_blob_key} missing and its hour is not reaped")
+    return check
+
+
+def missing_derived(store: S3ObjectStore, codec: KeyCodec,
+                    manifests: Mapping[BatchIdentity, AcceptedBatchManifest]) -> Counter[str]:
+    """How many of ``manifests`` lack each derived entry, per index (each one a ``missing-derived``
+    violation; hours tombstoned by retention excused: :func:`lightmetrics.protocol.invariants.derived_entry_state`)."""
+    by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=_ALL))
+    by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=_ALL))
+    blob_shas = {p.sha256 for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=_ALL)
+                 if (p := _parsed(codec, k)) is not None}
+    tombstoned = tombstoned_hours(store, codec)
+    missing: Counter[str] = Counter()
+    for ident, m in manifests.items():
+        hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
+        present = {"accepted-by-time": codec.accepted_by_time(hour, ident) in by_time,
+                   "accepted-by-blob": codec.accepted_by_blob(m.frame_sha256, ident) in by_blob,
+                   "raw-blobs-by-time": m.frame_sha256 in blob_shas}
+        for index, ok in present.items():
+            if inv.is_violation(inv.derived_entry_state(entry_present=ok, hour_tombstoned=hour in tombstoned)):
+                missing[index] += 1
+    return missing
+
+
+def missing_derived_lines(missing: Mapping[str, int]) -> list[str]:
+    """:func:`missing_derived`'s counts as violation lines, named by their rule."""
+    return [f"{inv.MISSING_DERIVED.name}: {n} accepted batches lack their {index} entry"
+            for index, n in sorted(missing.items()) if n]

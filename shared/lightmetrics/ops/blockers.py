@@ -1,0 +1,165 @@
+"""Blockers: durable records of work that stopped, and the operator verbs on them (docs/protocol.md §11).
+
+A blocker is written *before* anything reports BLOCKED. Work is paused, never silently
+dropped: an operator lists blockers and chooses ``retry`` (run now against live state),
+``resume`` (clear it and let the worker try again — event-sourced work is re-enqueued) or
+``skip`` (audited, with a reason). Every action is appended to the record's audit trail.
+
+Record (``pk=blockers``, ``sk=<work-key>``): ``work_key``, ``kind``, ``object_key``, ``reason``,
+``status`` (``open``, ``resumed``, ``resolved``, ``skipped``), ``source`` (``event``,
+``reconcile``, ``walk``, ``dlq``), ``first_seen_ns``, ``last_seen_ns``, ``attempts``,
+``payload`` (the original message, for re-enqueueing), ``audit`` (list of actions).
+
+Example:
+    >>> store = BlockerStore(table, clock)                                          # doctest: +SKIP
+    >>> store.block("index-accepted:accepted/v1/x", kind="index-accepted", ...)     # doctest: +SKIP
+    >>> [b.work_key for b in store.list()]                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightmetrics.aws.control_table import ConditionFailed, ControlTable
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+
+PK = "blockers"
+OPEN = "open"
+STATUSES = ("open", "resumed", "resolved", "skipped")
+_RESOLVED_TTL_S = 30 * 86400
+
+
+class BlockerNotFound(KeyError):
+    pass
+
+
+@dataclass
+class Blocker:
+    work_key: str
+    kind: str
+    object_key: str
+    reason: str
+    status: str
+    source: str
+    first_seen_ns: int
+    last_seen_ns: int
+    attempts: int = 1
+    payload: dict[str, Any] | None = None
+    audit: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> "Blocker":
+        payload = item.get("payload")
+        return cls(
+            work_key=item["sk"],
+            kind=item.get("kind", ""),
+            object_key=item.get("object_key", ""),
+            reason=item.get("reason", ""),
+            status=item.get("status", OPEN),
+            source=item.get("source", ""),
+            first_seen_ns=int(item.get("first_seen_ns", 0)),
+            last_seen_ns=int(item.get("last_seen_ns", 0)),
+            attempts=int(item.get("attempts", 1)),
+            payload=json.loads(payload) if payload else None,
+            audit=list(item.get("audit", [])),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "work_key": self.work_key,
+            "kind": self.kind,
+            "object_key": self.object_key,
+            "reason": self.reason,
+            "status": self.status,
+            "source": self.source,
+            "first_seen_ns": self.first_seen_ns,
+            "last_seen_ns": self.last_seen_ns,
+            "attempts": self.attempts,
+            "has_payload": self.payload is not None,
+            "audit": self.audit,
+        }
+
+
+class BlockerStore:
+    def __init__(self, table: ControlTable, clock: Clock = DEFAULT_CLOCK) -> None:
+        self.table = table
+        self.clock = clock
+
+    def block(
+        self,
+        work_key: str,
+        *,
+        kind: str,
+        object_key: str,
+        reason: str,
+        source: str,
+        payload: dict[str, Any] | None = None,
+    ) -> Blocker:
+        """Open (or refresh) the blocker for ``work_key``; durable when this returns. A blocker an
+        operator skipped stays skipped (the decision stands, as with :meth:`open_once`): work that
+        checks a key again — the reconciler every run — must not undo it."""
+        now = self.clock.now_ns()
+        names = {"#s": "status", "#r": "reason", "#k": "kind", "#o": "object_key", "#src": "source",
+                 "#f": "first_seen_ns", "#l": "last_seen_ns", "#a": "attempts", "#x": "expires_at"}
+        values: dict[str, Any] = {":open": OPEN, ":r": reason[:2000], ":k": kind, ":o": object_key,
+                                  ":src": source, ":now": now, ":one": 1}
+        expr = "SET #s = :open, #r = :r, #k = :k, #o = :o, #src = :src, #f = if_not_exists(#f, :now), " \
+               "#l = :now ADD #a :one REMOVE #x"
+        if payload is not None:
+            names["#p"] = "payload"
+            values[":p"] = json.dumps(payload, sort_keys=True)
+            expr = expr.replace("#l = :now", "#l = :now, #p = :p")
+        values[":skipped"] = "skipped"
+        try:
+            return Blocker.from_item(self.table.update(PK, work_key, expr, names=names, values=values,
+                                                       condition="attribute_not_exists(#s) OR #s <> :skipped"))
+        except ConditionFailed:
+            return self.get(work_key)
+
+    def open_once(self, work_key: str, *, kind: str, object_key: str, reason: str, source: str) -> bool:
+        """Open the blocker for ``work_key`` unless one exists — open, resolved or skipped: an
+        operator's decision stands and is never reopened. One conditional create; True if created."""
+        now = self.clock.now_ns()
+        item = {"pk": PK, "sk": work_key, "status": OPEN, "reason": reason[:2000], "kind": kind,
+                "object_key": object_key, "source": source, "first_seen_ns": now, "last_seen_ns": now, "attempts": 1}
+        try:
+            self.table.put(item, condition="attribute_not_exists(pk)")
+        except ConditionFailed:
+            return False
+        return True
+
+    def get(self, work_key: str) -> Blocker:
+        item = self.table.get(PK, work_key)
+        if item is None:
+            raise BlockerNotFound(work_key)
+        return Blocker.from_item(item)
+
+    def list(self, *, status: str | None = OPEN) -> list[Blocker]:
+        items = [Blocker.from_item(i) for i in self.table.query(PK)]
+        return [b for b in items if status is None or b.status == status]
+
+    def has_open(self, *, kinds: tuple[str, ...] | None = None) -> bool:
+        return any(kinds is None or b.kind in kinds for b in self.list(status=OPEN))
+
+    def transition(self, work_key: str, status: str, *, who: str, reason: str = "", action: str = "") -> Blocker:
+        """Move a blocker to ``status`` and append the action to its audit trail."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}")
+        now = self.clock.now_ns()
+        entry = {"action": action or status, "who": who, "at_ns": now, "reason": reason}
+        values: dict[str, Any] = {":s": status, ":e": [entry], ":empty": []}
+        expr = "SET #s = :s, #au = list_append(if_not_exists(#au, :empty), :e)"
+        names = {"#s": "status", "#au": "audit"}
+        if status in ("resolved", "resumed"):
+            # Finished blockers expire; skipped ones stay as the audit of an operator decision.
+            names["#x"] = "expires_at"
+            values[":x"] = now // 1_000_000_000 + _RESOLVED_TTL_S
+            expr += ", #x = :x"
+        try:
+            item = self.table.update(PK, work_key, expr, names=names, values=values,
+                                     condition="attribute_exists(pk)")
+        except ConditionFailed:
+            raise BlockerNotFound(work_key) from None
+        return Blocker.from_item(item)

@@ -1,0 +1,147 @@
+"""Running one unit of background work under the outcome contract.
+
+:func:`run_unit` is the only place that turns what a unit of work did into an
+:class:`~lightmetrics.ops.outcome.Outcome`: exceptions that say "try later" are counted by the
+durable retry budget and promoted to a blocker when it is spent; permanent failures write a
+blocker first and only then report BLOCKED (if the blocker cannot be written, the unit is
+RETRY_LATER, so nothing is ever silently dropped). A unit that succeeds clears its budget when
+``previously_failed`` says it failed before (each driver knows: SQS receive count, a retried walk
+page, the reconciler checkpoint's failed entries, an operator retry) or this process recorded a
+failure for it.
+
+Example:
+    >>> result = run_unit(ctx, kind="index-accepted", object_key=key, source="event",
+    ...                   fn=lambda: index_accepted(ctx, key))                    # doctest: +SKIP
+    >>> result.outcome                                                             # doctest: +SKIP
+    <Outcome.DONE: 'DONE'>
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from lightmetrics.acceptance.accept import MetricsSink, NoMetrics
+from lightmetrics.aws.errors import describe, is_transient
+from lightmetrics.ops.blockers import BlockerStore
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.composition.config import Settings
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
+from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.ops.retry_budget import RetryBudget
+from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
+
+if TYPE_CHECKING:
+    from lightmetrics.derived.indexing import TombstoneCache
+
+log = logging.getLogger(__name__)
+
+#: Failures that say nothing about the work itself: try again later — a ``ClientError`` only when
+#: :func:`lightmetrics.aws.errors.is_transient` says so (a refusal blocks the unit at once).
+TRANSIENT = (TransientWorkError, TransientStoreError, BotoCoreError, ClientError, OSError)
+
+
+@dataclass
+class WorkContext:
+    """What background work needs; built once per process (see ``services.work_context``)."""
+
+    store: ObjectStore
+    codec: KeyCodec
+    budget: RetryBudget
+    blockers: BlockerStore
+    #: checkpoints, leases, watermarks, plans, registries
+    table: ControlTable
+    settings: Settings
+    clock: Clock = DEFAULT_CLOCK
+    metrics: MetricsSink = field(default_factory=NoMetrics)
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    #: makes the SQS client on first use (blocker retries and DLQ sweeps only), so the functions
+    #: that never touch a queue never build one
+    sqs_factory: Callable[[], Any] | None = None
+    #: hours found tombstoned by retention, as seen by this process (made on first use)
+    tombstones: "TombstoneCache | None" = None
+    _sqs: Any = field(default=None, repr=False)
+
+    def sqs(self) -> Any:
+        """The SQS client (made once, by :attr:`sqs_factory`)."""
+        if self._sqs is None:
+            if self.sqs_factory is None:
+                raise RuntimeError("this work context has no SQS client")
+            self._sqs = self.sqs_factory()
+        return self._sqs
+
+
+def work_key(kind: str, object_key: str) -> str:
+    return f"{kind}:{object_key}"
+
+
+def run_unit(
+    ctx: WorkContext,
+    *,
+    kind: str,
+    object_key: str,
+    source: str,
+    fn: Callable[[], Outcome],
+    payload: dict[str, Any] | None = None,
+    previously_failed: bool = False,
+) -> WorkResult:
+    """Run ``fn`` and classify its end; see the module docstring."""
+    key = work_key(kind, object_key)
+    try:
+        outcome = fn()
+    except PermanentWorkError as exc:
+        if exc.alarm:
+            ctx.metrics.add_metric(name=exc.alarm, unit="Count", value=1)
+        log.error("%s blocked: %s", key, exc.reason)
+        return _block(ctx, key, kind, object_key, f"{exc.kind}: {exc.reason}", source, payload)
+    except StoreAccessError as exc:  # 403 and friends: a retry will not fix permissions
+        return _block(ctx, key, kind, object_key, f"access: {exc}", source, payload)
+    except TRANSIENT as exc:
+        if isinstance(exc, ClientError) and not is_transient(exc):  # AccessDenied, ValidationException, ...
+            return _block(ctx, key, kind, object_key, f"refused: {describe(exc)}", source, payload)
+        reason = f"{type(exc).__name__}: {exc}"
+        try:
+            state = ctx.budget.record_failure(key, reason)
+        except Exception as budget_exc:  # the table is down too: just try later
+            log.warning("%s: retry budget not recorded (%s)", key, budget_exc)
+            return WorkResult(Outcome.RETRY_LATER, key, reason)
+        if state.exhausted:
+            detail = f"retry budget spent after {state.count} attempts: {reason}"
+            return _block(ctx, key, kind, object_key, detail, source, payload)
+        return WorkResult(Outcome.RETRY_LATER, key, reason)
+    try:
+        # O1a: success clears the budget whenever a failure may have been recorded (the caller
+        # knows, or this process recorded one); the happy path sends no DynamoDB request.
+        ctx.budget.clear_after_success(key, previously_failed=previously_failed)
+    except Exception as exc:  # harmless: an item left behind counts as absent once expired
+        log.warning("%s: retry budget not cleared (%s)", key, exc)
+    return WorkResult(outcome, key)
+
+
+def _block(
+    ctx: WorkContext,
+    key: str,
+    kind: str,
+    object_key: str,
+    reason: str,
+    source: str,
+    payload: dict[str, Any] | None,
+) -> WorkResult:
+    try:
+        blocker = ctx.blockers.block(key, kind=kind, object_key=object_key, reason=reason, source=source,
+                                     payload=payload)
+    except Exception as exc:  # not durable: do not report BLOCKED
+        log.warning("%s: blocker not written (%s); will retry", key, exc)
+        return WorkResult(Outcome.RETRY_LATER, key, f"blocker not written: {exc}")
+    if blocker.status == "skipped":
+        # An operator skipped this unit (audited): its failure is accepted, so it is no longer
+        # applicable — not a failure to remember, and nothing stays open for it (§11).
+        return WorkResult(Outcome.NOOP_RESOLVED, key, f"skipped by an operator; it still fails: {reason}")
+    ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
+    return WorkResult(Outcome.BLOCKED, key, reason)

@@ -1,0 +1,84 @@
+"""Reaps on Step Functions: GC of orphan raw blobs and retention of expired hours (docs/reaps.md).
+
+``infra/statemachines/reap.asl.json`` loops over Lambda tasks, each one method of :class:`Reaper`
+(begin, gc, retention, continue, end); every task returns ``{"reap": ..., "next": ...}`` and the
+state machine routes on ``next``. One lease ``lease#reap`` serves both modes; the checkpoint
+``checkpoint#reap``/``current`` and a GC page's ``marks#`` items make every task resumable, and
+every S3 delete is sent right after a fence (docs/protocol.md §13, L1-L3). The package, one
+concept a module:
+
+``params``   the execution input (:class:`ReapParams`), the control-table keys, GC's durable
+             source cursors, the newest audit run (G-B3), the history bound (G-B2)
+``marks``    a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
+``ranges``   an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
+``steps``    the Lambda tasks (:class:`Reaper`)
+``report``   the operator's report from a checkpoint (:func:`report_of`)
+``control``  the operator side (:class:`ReapControl`: start, status, follow)
+``handler``  the Lambda handlers (:func:`reap_task_handler`)
+``errors``   the errors a task raises on purpose (their names are the ASL's error names)
+
+Example (what ``lmctl reap gc --execute --wait`` does)::
+
+    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.reaps.control import Followed, ReapControl
+from lightmetrics.reaps.errors import InvalidReapInput, ReapError, ReapTransient
+from lightmetrics.reaps.gc_marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
+from lightmetrics.reaps.handler import reap_task_handler
+from lightmetrics.reaps.params import (
+    CHECKPOINT_PK,
+    CHECKPOINT_SK,
+    DEFAULT_MAX_PAGES,
+    DEFAULT_RANGE_PARALLELISM,
+    EVENTS_FIXED,
+    EVENTS_PER_MAP_VISIT,
+    EVENTS_PER_RANGE_ITERATION,
+    EVENTS_PER_TASK,
+    INPUT_FIELDS,
+    LATEST_AUDIT,
+    LEASE_PK,
+    LEASE_SK,
+    MAX_RANGE_PARALLELISM,
+    MODES,
+    RANGE_TASK_SECONDS,
+    RANGE_TASK_UNITS,
+    SOURCE_CURSOR_PREFIX,
+    SOURCES,
+    STEPS,
+    TASK_STEPS,
+    ReapParams,
+    latest_audit_run,
+    map_visit_tasks,
+    max_tasks_for,
+    source_cursor_sk,
+    tombstone_wait,
+)
+from lightmetrics.reaps.reaper_base import (
+    CP_CONTINUATION_BEGUN,
+    CP_CONTINUED,
+    CP_INTENT,
+    CP_PAGE_DONE,
+    CP_SETTLE_RECORDED,
+    CP_STEP_DONE,
+    REPORT_BLOCKED_MAX,
+)
+from lightmetrics.reaps.report import COUNTERS, report_of
+from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
+from lightmetrics.reaps.steps import Reaper
+
+__all__ = [
+    "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",
+    "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE", "DEFAULT_MAX_PAGES", "DEFAULT_RANGE_PARALLELISM",
+    "EVENTS_FIXED", "EVENTS_PER_MAP_VISIT", "EVENTS_PER_RANGE_ITERATION", "EVENTS_PER_TASK",
+    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX",
+    "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
+    "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
+    "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
+    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for", "reap_task_handler",
+    "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",
+]

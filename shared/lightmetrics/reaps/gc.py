@@ -1,0 +1,461 @@
+"""The one raw-blob deleter: proof from authoritative reads, then the delete-marker handshake.
+
+Nothing else in the system deletes under ``raw-blobs/v1/`` (the bucket policy allows only the GC
+role; docs/protocol.md §15). GC of orphans and retention of expired hours both delete blobs here.
+
+**Proof** (:meth:`BlobCollector.prove`), strongly consistent reads only, never derived indexes:
+
+1. HEAD the blob: its identity (object metadata written by the accept), ``LastModified``, and the
+   current version id (captured now, purged later). Younger than ``LM_RETRY_HORIZON_S`` → keep.
+2. GET ``accepted/v1/<identity>.json``: a record with this blob's hash references it → keep,
+   unless the record's acceptance hour is tombstoned by retention (→ delete, "hour-tombstoned").
+   A record this version cannot read (corrupt, or written by a newer version) may name this blob:
+   keep it, and open the record's blocker (G2a).
+3. HEAD ``quarantine/v1/identity-conflict/<identity>/<sha>.json``: conflict evidence → keep until
+   its resolution record exists and is older than the evidence window (``LM_RETRY_HORIZON_S``),
+   or until the accepted record's hour is tombstoned.
+4. Otherwise the blob is unreferenced → delete.
+
+**Handshake** (closes the race with an accept of the same identity that got 412 on the blob):
+:meth:`mark` only places a delete marker (``DeleteObject`` without a version id; reversible) after
+recording the captured version id; :meth:`settle`, no earlier than ``LM_GC_GRACE_S`` after the
+mark, repeats checks 2-3. Still deletable → purge exactly the captured version and the marker
+(a newer version, re-created by an accept meanwhile, survives). Referenced now → delete the marker
+(the blob is back; metric ``GcRestored``). The grace must exceed the longest accept (ingest
+timeout plus clock skew); with accept step 6 there is then no window (docs/protocol.md §15).
+
+Cost per candidate (docs/protocol.md §15): HEAD blob + GET manifest + HEAD quarantine; before the
+purge GET manifest + HEAD quarantine again. The deletes go in ``DeleteObjects`` requests of up to
+1,000 keys (:meth:`lightmetrics.protocol.object_store.ObjectStore.delete_objects`), each right after the fence: one a page for
+its markers, then three a settle — the captured versions, the markers (and restores), the blobs'
+``raw-blobs-by-time`` hints — each request only after the one before it answered, so every key
+keeps its order. Tombstone checks are cached per hour (a tombstone is permanent).
+
+Example:
+    >>> gc = BlobCollector(ctx, settings)                            # doctest: +SKIP
+    >>> proof = gc.prove(ctx.codec.raw_blob(sha))                    # doctest: +SKIP
+    >>> marks = gc.mark([proof]); gc.settle(marks)                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY
+from lightmetrics.derived.indexing import KIND_REPAIR, TombstoneCache, parse_record
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.pool import map_in_context
+from lightmetrics.ops.work import WorkContext, work_key
+from lightmetrics.protocol.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+
+log = logging.getLogger(__name__)
+_NS = 1_000_000_000
+
+# Reasons a blob is deleted (proof) or kept; the final reap report counts them.
+DELETE_UNREFERENCED = "unreferenced"
+DELETE_HOUR_TOMBSTONED = "hour-tombstoned"
+DELETE_CONFLICT_RESOLVED = "conflict-resolved"
+KEEP_GONE = "gone"
+KEEP_YOUNG = "younger-than-horizon"
+KEEP_REFERENCED = "referenced"
+KEEP_CONFLICT = "conflict-unresolved"
+KEEP_EVIDENCE_WINDOW = "conflict-evidence-window"
+KEEP_NO_IDENTITY = "identity-unknown"
+KEEP_RECORD_UNREADABLE = "record-unreadable"  # the record may name this blob: keep it, block the record
+KEEP_BLOCKED = "blocked"  # not a raw blob key: a blocker, and the reap goes on
+#: blocker kind of a GC candidate that is not a raw blob key
+KIND_GC_CANDIDATE = "reap-gc"
+KEEP_NOT_TOMBSTONED = "hour-not-tombstoned"  # retention asked, but the proof is something else
+KEEP_MARK_NOT_PLACED = "mark-not-placed"  # a crash between intent and marker: left for the next run
+
+# Crash points of the handshake (lightmetrics.ops.crashpoints; the reap harness kills at each).
+CP_PROVED = crashpoints.register("gc.proved", "candidates proven; nothing written")
+# A "batch" is one DeleteObjects request (up to 1,000 keys); each point follows its answer.
+CP_MARKED_ONE = crashpoints.register("gc.marked-one",
+                                     "a batch of delete markers placed, the page's marks not yet recorded")
+CP_RECHECKED = crashpoints.register("gc.rechecked", "grace over, proof repeated; nothing deleted yet")
+CP_PURGED_VERSION = crashpoints.register("gc.purged-version",
+                                         "a batch of pre-mark versions purged, their markers still there")
+CP_PURGED_MARKERS = crashpoints.register("gc.purged-markers", "a batch of markers deleted (purges and restores), "
+                                         "the purged blobs' raw-blobs-by-time hints still there")
+CP_SETTLED_ONE = crashpoints.register("gc.settled-one", "a batch of purged blobs' hints deleted, not yet counted")
+#: error codes of a version delete that mean "already gone" (a settle repeated after a crash)
+_GONE = ("NoSuchVersion", "NoSuchKey", "404")
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What the authoritative reads said about one blob."""
+
+    key: str
+    sha: str
+    deletable: bool
+    reason: str
+    version_id: str | None = None
+    last_modified_unix_s: int = 0
+    identity: BatchIdentity | None = None
+    #: G2 found a record naming this blob in a tombstoned hour: that hour (rule G-R1)
+    record_hour: str | None = None
+
+
+_UNREADABLE = object()  # BlobCollector._record: a record exists but this reader cannot trust it
+
+
+def _identity_from_metadata(md: dict[str, str]) -> BatchIdentity | None:
+    try:
+        return BatchIdentity.create(hex_to_id(md["lm-agent-hex"], "agent"), hex_to_id(md["lm-boot-hex"], "boot"),
+                                    int(md["lm-seq-start"]), int(md["lm-seq-end"]))
+    except (KeyError, ValueError, InvalidIdentityError):
+        return None
+
+
+def _identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
+    return BatchIdentity.create(hex_to_id(m["agent_hex"], "agent"), hex_to_id(m["boot_hex"], "boot"),
+                                int(m["seq_start"]), int(m["seq_end"]))
+
+
+# -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
+_REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
+_REASONS = {v: k for k, v in _REASON_CODES.items()}
+
+
+def encode_mark(m: dict[str, Any]) -> dict[str, str]:
+    """A mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
+    ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
+    then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
+    The blob key (from ``s``) and the time marked (the item's) are not stored.
+
+    >>> encode_mark({"sha": "ab" * 32, "version_id": "v1", "marker_version_id": None, "lm_unix_s": 7200,
+    ...              "reason": "hour-tombstoned", "record_hour": "1970-01-01T02"})["h"]
+    '1970-01-01T02'
+    """
+    out = {"s": m["sha"], "t": str(int(m["lm_unix_s"]) // 3600), "r": _REASON_CODES[m["reason"]]}
+    if m.get("version_id"):
+        out["v"] = m["version_id"]
+    if m.get("marker_version_id"):
+        out["m"] = m["marker_version_id"]
+    if m.get("record_hour"):
+        out["h"] = m["record_hour"]
+    else:
+        out.update(a=m["agent_hex"], b=m["boot_hex"], q=f"{m['seq_start']}-{m['seq_end']}")
+    return out
+
+
+def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[str, Any]:
+    """The mark :func:`encode_mark` stored, as the collector uses it (``marked_at_ns``: the time its
+    item records, never earlier than the marker). A mark written by the previous version (long
+    names, its own ``marked_at_ns``) is returned as it is: a rolling deploy settles it unchanged."""
+    if "sha" in stored:
+        return dict(stored)
+    sha = str(stored["s"])
+    m: dict[str, Any] = {"key": codec.raw_blob(sha), "sha": sha, "version_id": stored.get("v"),
+                         "marker_version_id": stored.get("m"), "marked_at_ns": int(marked_at_ns),
+                         "lm_unix_s": int(stored["t"]) * 3600, "reason": _REASONS[str(stored["r"])]}
+    if stored.get("h"):
+        m["record_hour"] = str(stored["h"])
+    else:
+        start, _, end = str(stored["q"]).partition("-")
+        m.update(agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start), seq_end=int(end))
+    return m
+
+
+def resolution_settles(resolution: Any) -> bool:
+    """Check 3 (G3): whether a conflict's resolution record (its HEAD, or None) decides the
+    conflict — ``accept_existing`` or ``deny_identity`` — so its evidence blob may go once the
+    evidence window has passed. The one rule GC and the Spark audit's orphan check share."""
+    return resolution is not None and resolution.metadata.get(RESOLUTION_METADATA_KEY) in (
+        "accept_existing", "deny_identity")
+
+
+class BlobCollector:
+    """Proof, mark and settle for raw blobs; ``concurrency`` bounds parallel requests."""
+
+    def __init__(self, ctx: WorkContext, settings: Any, *, concurrency: int = 8,
+                 tombstones: TombstoneCache | None = None, fence: Callable[[], None] | None = None) -> None:
+        self.ctx, self.settings = ctx, settings
+        # Called right before every delete; raises if the reap lost its lease (docs/protocol.md
+        # §13 L2). None: nothing to fence (a collector driven directly, as in the race tests).
+        self.fence = fence or (lambda: None)
+        self.codec = ctx.codec
+        self.horizon_ns = int(settings.retry_horizon_s) * _NS
+        self.evidence_ns = int(settings.retry_horizon_s) * _NS
+        self.grace_ns = int(settings.gc_grace_s) * _NS
+        # One HEAD per hour per task (a collector lives for one reap task): "tombstoned" is permanent;
+        # a stale "not tombstoned" only keeps a blob (G2), and retention's blob tasks start after
+        # its tombstone, so they never hold an answer from before it.
+        self.tombstones = tombstones or TombstoneCache(ctx.store, ctx.codec)
+        #: acceptance records this task already read, by record key (retention reads them to find
+        #: the blobs): a record is immutable, so G2 uses them instead of reading them again
+        self.records_read: dict[str, AcceptedBatchManifest] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="lm-gc")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        return map_in_context(self._pool, fn, items)
+
+    # -- proof ---------------------------------------------------------------------------------------
+    def prove(self, key: str, *, now_ns: int | None = None) -> Proof:
+        """Steps 1-4 of the module docstring for the blob at ``key``."""
+        parsed = self.codec.parse(key)
+        if parsed.kind is not KeyKind.RAW_BLOB or parsed.sha256 is None:
+            raise KeyLayoutError(f"{key} is not a raw blob key")
+        sha = parsed.sha256
+        now = self.ctx.clock.now_ns() if now_ns is None else now_ns
+        head = self.ctx.store.head(key)
+        if head is None:
+            return Proof(key, sha, False, KEEP_GONE)
+        lm = int(head.last_modified_unix_s)
+        identity = _identity_from_metadata(head.metadata)
+        base = dict(key=key, sha=sha, version_id=head.version_id, last_modified_unix_s=lm, identity=identity)
+        if now - lm * _NS < self.horizon_ns:
+            return Proof(deletable=False, reason=KEEP_YOUNG, **base)  # type: ignore[arg-type]
+        if identity is None:
+            return Proof(deletable=False, reason=KEEP_NO_IDENTITY, **base)  # type: ignore[arg-type]
+        deletable, reason, record_hour = self._references(identity, sha, now)
+        return Proof(deletable=deletable, reason=reason, record_hour=record_hour, **base)  # type: ignore[arg-type]
+
+    def references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str]:
+        """Checks 2-3: ``(deletable, reason)`` from the acceptance record and the conflict evidence."""
+        deletable, reason, _ = self._references(identity, sha, now_ns)
+        return deletable, reason
+
+    def _references(self, identity: BatchIdentity, sha: str, now_ns: int) -> tuple[bool, str, str | None]:
+        """:meth:`references`, plus the record's hour when a record naming the blob is in a
+        tombstoned hour (what a mark carries instead of its identity, rule G-R1)."""
+        record = self._record(identity)
+        if record is _UNREADABLE:
+            return False, KEEP_RECORD_UNREADABLE, None
+        hour = UtcHour.of_unix_ns(record.accepted_at_unix_ns) if record is not None else None
+        hour_tombstoned = hour is not None and self.tombstones.is_tombstoned("raw", hour)
+        if record is not None and record.frame_sha256 == sha:
+            return (True, DELETE_HOUR_TOMBSTONED, str(hour)) if hour_tombstoned else (False, KEEP_REFERENCED, None)
+        return (*self._evidence(identity, sha, now_ns, hour_tombstoned), None)
+
+    def _evidence(self, identity: BatchIdentity, sha: str, now_ns: int, hour_tombstoned: bool) -> tuple[bool, str]:
+        """Check 3: no record names the blob; the conflict evidence decides."""
+        if self.ctx.store.head(self.codec.quarantine(identity, sha)) is None:
+            return True, DELETE_UNREFERENCED
+        if hour_tombstoned:
+            return True, DELETE_HOUR_TOMBSTONED  # evidence of a conflict in a reaped hour
+        resolution = self.ctx.store.head(self.codec.conflict_resolution(identity, sha))
+        if resolution is None or not resolution_settles(resolution):
+            return False, KEEP_CONFLICT
+        if now_ns - int(resolution.last_modified_unix_s) * _NS < self.evidence_ns:
+            return False, KEEP_EVIDENCE_WINDOW
+        return True, DELETE_CONFLICT_RESOLVED
+
+    def _record(self, identity: BatchIdentity) -> Any:
+        """The acceptance record, ``None`` if there is none, or ``_UNREADABLE``: a record that does
+        not parse or validate (its content must match its key), or that a newer writer wrote (G2a) —
+        it may name this blob, so it is never read as "absent"; its blocker is opened here (the
+        walk and the reconciler open the same one)."""
+        key = self.codec.accepted(identity)
+        if key in self.records_read:
+            return self.records_read[key]
+        raw = self.ctx.store.get(key)
+        if raw is None:
+            return None
+        try:
+            return parse_record(self.codec, key, raw)  # the same validation as every reader's
+        except ManifestError as exc:
+            self._block_record(key, exc)
+            return _UNREADABLE
+
+    def _block_record(self, key: str, exc: ManifestError) -> None:
+        kind = "unsupported-version" if isinstance(exc, UnsupportedVersionError) else "invalid-manifest"
+        if self._block_once(work_key(KIND_REPAIR, key), KIND_REPAIR, key,
+                            f"{kind}: {key}: {exc}; GC keeps every blob it may name") and kind == "invalid-manifest":
+            self.ctx.metrics.add_metric(name="InvariantViolation", unit="Count", value=1)
+        log.error("gc keeps the blobs of %s: %s", key, exc)
+
+    def _block_once(self, wk: str, kind: str, object_key: str, reason: str) -> bool:
+        """:meth:`BlockerStore.open_once`; a failure is only logged — what the blocker is about is
+        kept either way, and the next run tries again."""
+        try:
+            opened = self.ctx.blockers.open_once(wk, kind=kind, object_key=object_key, source="gc", reason=reason)
+        except Exception as err:  # noqa: BLE001
+            log.warning("gc: blocker %s not written (%s); kept", wk, err)
+            return False
+        if opened:
+            self.ctx.metrics.add_metric(name="BlockersOpened", unit="Count", value=1)
+        return opened
+
+    def _prove_or_block(self, key: str, now_ns: int | None) -> Proof:
+        """One bad candidate never stops a reap: a key that is not a raw blob key (a stray object
+        under ``raw-blobs/v1/``, a malformed audit line) is kept as a ``reap-gc`` blocker."""
+        try:
+            return self.prove(key, now_ns=now_ns)
+        except KeyLayoutError as exc:
+            self._block_once(work_key(KIND_GC_CANDIDATE, key), KIND_GC_CANDIDATE, key, f"layout: {exc}")
+            return Proof(key, "", False, KEEP_BLOCKED)
+
+    def prove_all(self, keys: list[str], *, now_ns: int | None = None) -> list[Proof]:
+        proofs = self._map(lambda k: self._prove_or_block(k, now_ns), keys)
+        crashpoints.point(CP_PROVED)
+        return proofs
+
+    # -- mark ----------------------------------------------------------------------------------------
+    @staticmethod
+    def intent(proof: Proof, now_ns: int) -> dict[str, Any]:
+        """What is recorded (durably, before the marker) about a blob about to be marked."""
+        assert proof.identity is not None and proof.deletable
+        i = proof.identity
+        out = {"key": proof.key, "sha": proof.sha, "version_id": proof.version_id, "marker_version_id": None,
+               "marked_at_ns": now_ns, "lm_unix_s": proof.last_modified_unix_s, "reason": proof.reason}
+        if proof.record_hour:  # rule G-R1: the re-check needs this hour's tombstone, nothing else
+            return {**out, "record_hour": proof.record_hour}
+        return {**out, "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+
+    def mark(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Place a delete marker on each intended blob (one DeleteObjects per 1,000, no version id);
+        returns the intents with the marker ids. A marker S3 refused raises as its DeleteObject
+        would have, after the whole page was sent: the intent stays, and is recovered (L3)."""
+        if not intents:
+            return []
+        out = self._delete_objects([(m["key"], None) for m in intents], CP_MARKED_ONE)
+        for m in intents:
+            err = out.error_for(m["key"], None)
+            if err is not None:
+                raise err
+        return [{**m, "marker_version_id": out.deleted[(m["key"], None)]} for m in intents]
+
+    def recover(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """After a crash between the recorded intent and the recorded marks: find each marker
+        that was placed; place the ones that were not (the settle's re-check after the grace
+        covers the time since the proof, as for any mark)."""
+
+        def one(m: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            """``(mark, whether its marker is still to be placed)``"""
+            if m.get("marker_version_id"):
+                return m, False
+            markers, exists = self.find_markers(m)
+            if markers:
+                return {**m, "marker_version_id": markers[0]}, False  # a restore finds the others again
+            if not exists:
+                return None, False  # the captured version is gone already: nothing to mark
+            return m, True
+
+        looked = self._map(one, intents)
+        now = self.ctx.clock.now_ns()
+        placed = iter(self.mark([{**m, "marked_at_ns": now} for m, unplaced in looked if unplaced]))
+        return [next(placed) if unplaced else m for m, unplaced in looked if m is not None]
+
+    def find_markers(self, m: dict[str, Any]) -> tuple[list[str], bool]:
+        """Crash recovery: the delete markers newer than the captured version, and whether the
+        captured version still exists (one ListObjectVersions of the key)."""
+        versions = self.ctx.store.versions_of(m["key"])
+        captured = [v for v in versions if not v.delete_marker and v.version_id == m.get("version_id")]
+        if not captured:
+            return [], False
+        after = captured[0].last_modified
+        return [v.version_id for v in versions if v.delete_marker and v.last_modified >= after], True
+
+    # -- settle --------------------------------------------------------------------------------------
+    def due(self, m: dict[str, Any], now_ns: int) -> bool:
+        return now_ns >= int(m["marked_at_ns"]) + self.grace_ns
+
+    def settle(self, marks: list[dict[str, Any]], *, now_ns: int | None = None) -> list[str]:
+        """Purge or restore each due mark; returns ``"purged"``, ``"restored"`` or ``"kept:<reason>"``
+        per mark. Idempotent: settling the same marks again does no harm (a crash in the middle)."""
+        now = self.ctx.clock.now_ns() if now_ns is None else now_ns
+        not_due = [m["key"] for m in marks if not self.due(m, now)]
+        if not_due:
+            raise ValueError(f"{len(not_due)} marks are inside the grace period, e.g. {not_due[0]}")
+        plans = self._map(lambda m: self._plan_settle(m, now), marks)
+        return self._carry_out(marks, plans)
+
+    def recheck(self, m: dict[str, Any], now_ns: int) -> tuple[bool, str]:
+        """Handshake step 4 for a recorded mark. A mark proven by a record naming the blob in a
+        tombstoned hour carries that hour (rule G-R1): the record is immutable and the tombstone
+        permanent, so the tombstone (cached per task) is all there is to check again."""
+        if m.get("record_hour") and m.get("reason") == DELETE_HOUR_TOMBSTONED:
+            if self.tombstones.is_tombstoned("raw", UtcHour.parse(str(m["record_hour"]))):
+                return True, DELETE_HOUR_TOMBSTONED
+            return False, KEEP_NOT_TOMBSTONED  # cannot happen (tombstones stay): restore, never guess
+        return self.references(_identity_from_mark(m), m["sha"], now_ns)
+
+    def _plan_settle(self, m: dict[str, Any], now_ns: int) -> "_Settling":
+        """The re-check of one mark and what settling it deletes (nothing is deleted here)."""
+        deletable, reason = self.recheck(m, now_ns)
+        crashpoints.point(CP_RECHECKED)
+        markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
+        if markers is None:
+            markers, exists = self.find_markers(m)
+            if not markers:
+                # The marker was never placed (crash before DeleteObjects answered): nothing to undo.
+                return _Settling(f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged")
+        if not deletable:
+            # Every marker above the captured version goes, recorded or not: a retried invocation's
+            # twin may have placed one more (rule L3), and any one of them hides the blob.
+            found, _ = self.find_markers(m)
+            return _Settling("restored", markers=list(dict.fromkeys([*markers, *found])), reason=reason)
+        # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
+        hint = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
+        return _Settling("purged", version=m.get("version_id"), markers=markers, hint=hint)
+
+    def _carry_out(self, marks: list[dict[str, Any]], plans: list["_Settling"]) -> list[str]:
+        """The settle's deletes, in three DeleteObjects rounds, each after the one before answered:
+        the captured versions, then the markers (purges and restores), then the purged blobs'
+        hints. A mark whose delete S3 refused takes no further step (as a failed DeleteObject
+        stopped its mark); the others are settled, then the first refusal is raised."""
+        failed: dict[int, Exception] = {}
+
+        def send(wanted: list[tuple[int, str, str | None]], point: str, tolerate: tuple[str, ...]) -> None:
+            wanted = [w for w in wanted if w[0] not in failed]
+            if not wanted:
+                return
+            out = self._delete_objects([(key, version) for _, key, version in wanted], point)
+            for i, key, version in wanted:
+                err = out.error_for(key, version, tolerate=tolerate)
+                if err is not None and i not in failed:
+                    failed[i] = err
+
+        todo = list(enumerate(zip(marks, plans)))
+        send([(i, m["key"], p.version) for i, (m, p) in todo if p.version], CP_PURGED_VERSION, _GONE)
+        send([(i, m["key"], v) for i, (m, p) in todo for v in p.markers], CP_PURGED_MARKERS, _GONE)
+        send([(i, p.hint, None) for i, (_, p) in todo if p.hint], CP_SETTLED_ONE, ())
+        for i, (m, p) in todo:
+            if i in failed or not p.markers:
+                continue
+            if p.result == "restored":
+                self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
+                log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], p.reason)
+            else:
+                self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
+        if failed:
+            raise failed[min(failed)]
+        return [p.result for p in plans]
+
+    def _delete_objects(self, objects: list[tuple[str, str | None]], point: str) -> Any:
+        """The one place GC deletes: DeleteObjects of up to 1,000 ``(key, version id or None)``
+        each, every request right after the fence, the crash point ``point`` after each answer."""
+        return self.ctx.store.delete_objects(objects, fence=self.fence,
+                                             after_request=lambda: crashpoints.point(point))
+
+
+@dataclass(frozen=True)
+class _Settling:
+    """What settling one mark does: its result, and the deletes it takes (``version``: the captured
+    version to purge; ``markers``: delete markers to delete; ``hint``: the raw-blobs-by-time key)."""
+
+    result: str
+    version: str | None = None
+    markers: list[str] = field(default_factory=list)
+    hint: str | None = None
+    reason: str = ""
+
+
+__all__ = ["BlobCollector", "Proof", "resolution_settles", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
+           "KEEP_YOUNG", "KEEP_CONFLICT", "KEEP_RECORD_UNREADABLE"]

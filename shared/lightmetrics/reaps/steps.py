@@ -1,0 +1,213 @@
+"""The reap's Lambda tasks: each is one method of :class:`Reaper` (docs/reaps.md). The state machine
+``infra/statemachines/reap.asl.json`` loops over them; every task returns ``{"reap": ..., "next": ...}``
+and the state machine routes on ``next``:
+
+``begin``      (reap-begin) validate the input (``mode`` and an explicit ``dry_run``), take the
+               lease ``lease#reap`` with a new epoch (or ``resume`` the last one) — refused while
+               another reap holds it (:class:`LeaseHeld`, the CLI exits 5).
+``gc``         (reap-gc, the GC role) one page: mark (prove a page of candidates, record the
+               intent, place delete markers, record the marks and move the cursor) or settle
+               (after the grace: purge or restore recorded marks). Also the blobs of a
+               retention hour, with the proof "hour tombstoned".
+``retention``  (reap-retention, the retention role) one step of an hour (lightmetrics.reaps.retention):
+               commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
+               entries, verify empty, write the ``reaped`` marker.
+``ranges``     the ``Ranges`` Map: an hour whose range plan has R > 1 key ranges runs its blobs and
+               derived phases per range, one bounded task per range with work (``gc`` and
+               ``retention`` called with ``range``: :mod:`lightmetrics.reaps.retention_ranges`), then the
+               hour's ``retention`` task again (phase ``ranges``: the next visit, a wait, or verify).
+``wait``       a Wait state (``wait_s``): the GC grace, or the tombstone settle time.
+``continue``   (reap-continue) this execution ran ``max_tasks_per_execution`` tasks: start the next
+               execution of the state machine with the same lease, epoch and owner (input
+               ``{"continuation": ...}``), so no execution nears Step Functions' history limit.
+``end``        (reap-end) the final report (examined, marked, purged, restored, kept and why);
+               releases the lease.
+
+Checkpoints (docs/control-table.md): the summary ``checkpoint#reap``/``current`` holds the
+epoch, owner, phase, cursor and counters; each marked page has its own ``marks#`` items
+(:mod:`lightmetrics.reaps.gc_marks`). GC's candidate sources keep a durable cursor across runs
+(``checkpoint#reap``/``gc#<source>``, :func:`~lightmetrics.reaps.params.source_cursor_sk`): the
+incremental ``by-time`` source proves each ``raw-blobs-by-time`` entry once, when its hour passes
+the retry horizon, and a GC run stops after ``max_pages`` pages (the next run goes on from the
+cursor), so GC never holds the one reap lease long enough to starve retention. Every write is one
+transaction conditional on the summary's owner and epoch, which also renews the lease. A task that
+crashes is retried by Step Functions with the same input and finds its page's intent, so nothing is
+marked twice or forgotten.
+
+Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
+margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
+renewal of the lease, :class:`~lightmetrics.ops.leases.Fence`), so a task that lost the lease deletes
+nothing; and an intent another owner recorded is settled only once that owner cannot be running.
+
+Example (the local runtime drives the tasks the same way)::
+
+    >>> reaper = Reaper(ctx, settings)                                         # doctest: +SKIP
+    >>> reaper.begin({"input": {"mode": "gc", "dry_run": True}})["next"]       # doctest: +SKIP
+    'gc'
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from lightmetrics.aws.control_table import plain
+from lightmetrics.aws.step_functions import start_continuation
+from lightmetrics.ops import crashpoints, leases
+from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.reaps.errors import InvalidReapInput
+from lightmetrics.reaps.gc_tasks import GcTasks
+from lightmetrics.reaps.params import (
+    CHECKPOINT_PK,
+    CHECKPOINT_SK,
+    LATEST_AUDIT,
+    LEASE_PK,
+    ReapParams,
+    latest_audit_run,
+    source_cursor_sk,
+)
+from lightmetrics.reaps.reaper_base import CP_CONTINUATION_BEGUN, CP_CONTINUED, NS, log
+from lightmetrics.reaps.report import report_of
+from lightmetrics.reaps.retention import expired_hours
+from lightmetrics.reaps.retention_tasks import RetentionTasks
+
+
+class Reaper(GcTasks, RetentionTasks):
+    """The reap's Lambda tasks over a :class:`WorkContext` (one method per task): ``begin``, ``gc``
+    (:class:`GcTasks`), ``retention`` (:class:`RetentionTasks`), ``cont`` and ``end``."""
+
+    # -- begin -----------------------------------------------------------------------------------
+    def begin(self, event: dict[str, Any]) -> dict[str, Any]:
+        inp = event.get("input") or {}
+        if isinstance(inp, dict) and "continuation" in inp:
+            return self._begin_continuation(inp["continuation"], event.get("execution_arn", ""))
+        params = ReapParams.parse(inp)
+        now = self.now()
+        lease = self.lease()
+        if leases.is_live(lease, now):
+            raise LeaseHeld(leases.describe(lease or {}, now, "reap"))
+        cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        cp = plain(cp) if cp else None
+        hours: list[str] = []
+        if not params.resume and params.mode == "retention":
+            rollup = params.scope == "rollup"
+            retention_s = int(self.settings.rollup_retention_s if rollup else self.settings.retention_s)
+            if params.hour is not None:
+                hours = [str(params.hour)]
+                if params.hour.end_ns > now - retention_s * NS:
+                    raise InvalidReapInput(f"{params.hour} is not older than "
+                                           f"{'LM_ROLLUP_RETENTION_S' if rollup else 'LM_RETENTION_S'} ({retention_s} s)")
+            else:
+                hours = [str(h) for h in expired_hours(self.ctx, retention_s=retention_s, now_ns=now,
+                                                       scope=params.scope)]
+        if params.resume:
+            if cp is None or cp.get("status") == "finished":
+                raise InvalidReapInput("resume: no unfinished reap to resume")
+            epoch = int(cp["epoch"])
+        else:
+            epoch = int((lease or {}).get("epoch", 0)) + 1
+        owner = uuid.uuid4().hex
+        execution = event.get("execution_arn", "")
+        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now,
+                    what="reap", epoch=epoch, scope=params.mode, execution=execution)
+        reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
+                "lease_seconds": params.lease_seconds, "max_tasks": params.max_tasks_per_execution, "tasks": 0,
+                "executions": 1, "state_machine_arn": event.get("state_machine_arn", "")}
+        if params.resume:
+            assert cp is not None
+            self.table.update(CHECKPOINT_PK, CHECKPOINT_SK,
+                              "SET #own = :own, #st = :run, #x = :x, #os = :now REMOVE #err",
+                              names={"#own": "owner", "#st": "status", "#x": "execution", "#err": "error", "#ep": "epoch",
+                                     "#os": "owned_since_ns"},
+                              values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch, ":now": now},
+                              condition="#ep = :ep")
+            reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]), executions=int(cp.get("executions", 1)))
+            return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
+        item = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner, "mode": params.mode,
+                "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
+                "owned_since_ns": now,
+                "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
+                "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
+                "hour": str(params.hour) if params.hour else None,
+                "page_size": params.page_size, "concurrency": params.concurrency,
+                "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
+                "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
+                "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
+                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
+                "range_parallelism": params.range_parallelism}
+        if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
+            # Rule G-B3: the newest committed audit run, each run's candidates proven once.
+            run = latest_audit_run(self.ctx.store, self.codec)
+            item["audit_run"] = run
+            if run is None:
+                item.update(phase="done", note="no committed audit run yet: nothing to prove")
+            elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
+                item.update(phase="done", note=f"audit run {run}: every candidate already proven")
+            if item["phase"] == "done" and self.marks_items():
+                # Marks a failed reap left: settle them now, not a week later (G-I3).
+                item.update(phase="settle", listing_done=True)
+        if params.mode == "gc" and item["phase"] != "done" \
+                and not (params.source == "by-time" and params.hour is not None):
+            # Rule G-B1: GC goes on from where the last run of this source stopped.
+            sk = source_cursor_sk(params.source, item["audit_run"])
+            saved = self.table.get(CHECKPOINT_PK, sk)
+            item.update(source_cursor=sk, after=str((saved or {}).get("after") or ""),
+                        through=(saved or {}).get("through"))
+        self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
+        log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
+        return self._route(reap, item)
+
+    CARRIED = ("epoch", "owner", "mode", "dry_run", "lease_seconds", "max_tasks", "executions", "state_machine_arn")
+
+    def _begin_continuation(self, cont: Any, execution: str) -> dict[str, Any]:
+        """The next execution of a running reap (rule G-B2): the same lease, epoch and owner; the
+        lease is renewed and the checkpoint names this execution, in one owned transaction."""
+        if not isinstance(cont, dict) or any(k not in cont for k in self.CARRIED):
+            raise InvalidReapInput(f"continuation must carry {list(self.CARRIED)}")
+        reap = {k: cont[k] for k in self.CARRIED}
+        reap.update(tasks=0, executions=int(cont["executions"]) + 1)
+        self._commit(reap, set_={"execution": execution, "executions": reap["executions"]})
+        crashpoints.point(CP_CONTINUATION_BEGUN)
+        log.info("reap %s epoch %s continues in execution %d", reap["mode"], reap["epoch"], reap["executions"])
+        return self._route(reap, self.summary(reap))
+
+    def continuation(self, reap: dict[str, Any]) -> dict[str, Any]:
+        """The input of the next execution: ``{"continuation": ...}``."""
+        return {"continuation": {k: reap[k] for k in self.CARRIED}}
+
+    def cont(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The ``Continue`` task: start the next execution, record it in the checkpoint; this
+        execution then ends (``Continued``) without releasing the lease."""
+        reap = event["reap"]
+        if self._sfn is None:
+            raise RuntimeError("reap-continue needs a Step Functions client")
+        self.summary(reap)  # LeaseLost: a run that lost the reap starts nothing
+        # Deterministic name: a retried task finds the execution it already started.
+        name = f"reap-e{reap['epoch']}-{reap['owner'][:8]}-{int(reap['executions']) + 1:04d}"
+        arn = start_continuation(self._sfn, reap["state_machine_arn"], name, self.continuation(reap))
+        self._commit(reap, set_={"next_execution": arn})
+        crashpoints.point(CP_CONTINUED)
+        return {"next_execution": arn}
+
+    # -- end ---------------------------------------------------------------------------------------
+    def end(self, event: dict[str, Any]) -> dict[str, Any]:
+        reap, outcome = event["reap"], event.get("outcome", "failed")
+        try:
+            cp = self.summary(reap)
+        except LeaseLost:
+            return {"status": "lease-lost", "epoch": reap.get("epoch")}
+        now = self.now()
+        set_: dict[str, Any] = {"status": "finished" if outcome == "finished" else "failed", "finished_at_ns": now}
+        if outcome != "finished":
+            set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
+        self._commit(reap, set_=set_, lease=leases.release(LEASE_PK, reap["owner"], reap["epoch"], now))
+        report = report_of({**cp, **set_})
+        for name in ("purged", "restored", "marked"):
+            if report[name]:
+                self.ctx.metrics.add_metric(name=f"Reap{name.capitalize()}", unit="Count", value=report[name])
+        log.info("reap %s epoch %s %s: %s", reap["mode"], reap["epoch"], set_["status"], report)
+        return report
+
+
+__all__ = ["Reaper"]
