@@ -7,9 +7,13 @@ Modules:
 * :mod:`pipeline.inventory` — S3 Inventory reports: read (manifest.json + Parquet/CSV.gz), write
   (``lmctl inventory snapshot``), generate (tests, benchmark)
 * :mod:`pipeline.audit`     — the inventory audit (DataFrame joins, live confirmation, audit/v1/)
-* :mod:`pipeline.chunks`    — the rollup chunk, index entry and rollup manifest formats
+* :mod:`pipeline.chunks`    — the sketch, the aggregates' reference, the v1/v2 chunk, index entry and manifest formats
+* :mod:`pipeline.rollup_parquet` — rollup format v3: the Parquet object and the v3 manifest
 * :mod:`pipeline.decode`    — vectorized frame decoding (``mapInPandas``)
-* :mod:`pipeline.rollup`    — hourly rollups: generations, chunks, commit point, lease
+* :mod:`pipeline.aggregate` — the rollup's aggregation in Spark SQL
+* :mod:`pipeline.rollup`    — hourly rollups: plan, generations, commit point, lease
+* :mod:`pipeline.rollup_write_parquet` — the write stage of format v3 (Parquet objects)
+* :mod:`pipeline.rollup_write_chunks`  — the write stage of format v2 (recompute of v1/v2, baseline)
 * :mod:`pipeline.query`     — reading rollups back (``lmctl query``), plotting
 * :mod:`pipeline.jobs`      — job entry points (the CLI and EMR Serverless call these)
 

@@ -37,6 +37,8 @@ CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v2"
 MANIFEST_SCHEMA_V1 = "lightmetrics.rollup_manifest.v1"  # chunks inline; still read, no longer written
+#: Parquet objects (pipeline.rollup_parquet): what the job writes; v2 is still read and recomputed.
+MANIFEST_SCHEMA_V3 = "lightmetrics.rollup_manifest.v3"
 CHUNK_LIST_SCHEMA = "lightmetrics.rollup_chunk_list.v1"
 #: A generation's chunk entries are split into ceil(chunks / CHUNKS_PER_LIST) chunk lists, by metric.
 CHUNKS_PER_LIST = 20_000
@@ -594,14 +596,15 @@ def manifest_v1_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
 
 
 def parse_manifest(data: bytes) -> dict[str, Any]:
-    """A rollup manifest, v2 or v1 (v1 lists its chunks inline). A newer version is refused."""
+    """A rollup manifest, v3 (Parquet objects), v2 (chunk lists) or v1 (chunks inline). A newer
+    version is refused (docs/protocol.md §17)."""
     try:
         doc = json.loads(data)
     except ValueError:
         raise ChunkFormatError("rollup manifest is not JSON") from None
     stored = doc.get("schema") if isinstance(doc, dict) else None
-    if stored != MANIFEST_SCHEMA_V1:
-        _schema(stored, MANIFEST_SCHEMA, "rollup manifest")
+    if stored not in (MANIFEST_SCHEMA_V1, MANIFEST_SCHEMA):
+        _schema(stored, MANIFEST_SCHEMA_V3, "rollup manifest")
     return doc
 
 
