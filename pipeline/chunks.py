@@ -219,6 +219,22 @@ def _read_store(data: bytes, pos: int, store: Any) -> int:
     return pos
 
 
+def sketch_bins(data: bytes) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
+    """``(zero_count, positive bins, negative bins)`` of a serialized sketch, bins as ``(key,
+    count)`` in increasing key order (no ``ddsketch`` objects: the Parquet rows' quantiles)."""
+    version, _accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
+    if version != SKETCH_VERSION:
+        raise ChunkFormatError(f"unsupported sketch version {version}")
+    pos = _SKETCH_HEAD.size
+    stores = []
+    for _ in range(2):
+        (n,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
+        stores.append([_BIN.unpack_from(data, pos + i * _BIN.size) for i in range(n)])
+        pos += n * _BIN.size
+    return zero, stores[0], stores[1]
+
+
 def deserialize_sketch(data: bytes) -> Any:
     from ddsketch.ddsketch import BaseDDSketch
     from ddsketch.mapping import LogarithmicMapping
