@@ -51,8 +51,8 @@ from pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 #: (batches) per decode task, chunks per write task; each count is capped.
 AGENTS_PER_LIST_TASK = 64
 INPUTS_PER_DECODE_TASK = 32
-CHUNKS_PER_WRITE_TASK = 2_000
-SAMPLES_PER_AGGREGATE_TASK = 25_000  # the aggregation runs in the write tasks: at least this many
+CHUNKS_PER_WRITE_TASK = 2_000  # v2: its aggregation tasks write the chunks
+SAMPLES_PER_AGGREGATE_TASK = 25_000  # samples per aggregation task
 MAX_TASKS = 2_000
 #: The format new generations are written in (docs/pipeline.md §6); 2 only for tests and the benchmark.
 ROLLUP_FORMAT = 3
@@ -435,9 +435,13 @@ class RollupJob:
                 if not gens:
                     continue
                 mine = [r for r in stats if int(r["hour_s"]) in gens]
-                # The aggregation's partitions (explicit: adaptive execution does not coalesce them).
-                write_tasks = max(tasks_for(3 * sum(int(r["series"]) for r in mine), CHUNKS_PER_WRITE_TASK),
-                                  tasks_for(sum(int(r["samples"]) for r in mine), SAMPLES_PER_AGGREGATE_TASK))
+                # The aggregation's partitions (explicit: adaptive execution does not coalesce them),
+                # sized by samples; in v2 its tasks also write a chunk and an index entry per series
+                # and window, so also by chunks. v3 writes in a stage of its own (one task per object).
+                write_tasks = tasks_for(sum(int(r["samples"]) for r in mine), SAMPLES_PER_AGGREGATE_TASK)
+                if fmt == 2:
+                    write_tasks = max(write_tasks, tasks_for(3 * sum(int(r["series"]) for r in mine),
+                                                             CHUNKS_PER_WRITE_TASK))
                 these = samples.where(F.col("hour_s").isin(list(gens)))
                 if fmt == 3:
                     digests = {p.hour.start_unix_s: p.input_sha256 for p in plan.hours if p.hour.start_unix_s in gens}
