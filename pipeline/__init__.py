@@ -12,6 +12,7 @@ Modules:
 * :mod:`pipeline.decode`    — vectorized frame decoding (``mapInPandas``)
 * :mod:`pipeline.aggregate` — the rollup's aggregation in Spark SQL
 * :mod:`pipeline.rollup`    — hourly rollups: plan, generations, commit point, lease
+* :mod:`pipeline.rollup_inputs` — listing an hour's inputs in executors (agents, then agent ranges)
 * :mod:`pipeline.rollup_write_parquet` — the write stage of format v3 (Parquet objects)
 * :mod:`pipeline.rollup_write_chunks`  — the write stage of format v2 (recompute of v1/v2, baseline)
 * :mod:`pipeline.query`     — reading rollups back (``lmctl query``), plotting

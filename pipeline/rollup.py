@@ -43,6 +43,7 @@ from pipeline import chunks as C
 from pipeline import rollup_parquet as P
 from pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from pipeline.lease import Lease
+from pipeline.rollup_inputs import list_agents, list_ranges
 from pipeline.rollup_write_chunks import chunk_writes, committed_chunks, list_refs, write_chunks
 from pipeline.rollup_write_parquet import HourObjects, write_parquet
 from pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
@@ -160,72 +161,6 @@ class RollupReport:
 
 
 # ------------------------------------------------------------------------- executor functions
-
-
-def _list_agents(access: S3Access, accumulator: Any) -> Any:
-    """``mapInPandas``: per hour, a listing delimited by ``.`` — one common prefix per agent
-    (``<agent-hex>.``), not one key per batch — so the batches can be listed in agent ranges."""
-
-    def run(batches: Any) -> Any:
-        import numpy as np
-
-        from pipeline import s3io
-
-        for pdf in batches:
-            hours, agents = [], []
-            with s3io.task_tally() as tally:
-                for hour_s in pdf["hour_s"]:
-                    prefix = access.codec.accepted_by_time_hour(UtcHour(int(hour_s)))
-                    for common in s3io.list_all(access, prefix, delimiter=".")[1]:
-                        hours.append(int(hour_s))
-                        agents.append(common[len(prefix):])
-            accumulator.add(tally.counts)
-            yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "agent": agents})
-
-    return run
-
-
-def _list_ranges(access: S3Access, accumulator: Any) -> Any:
-    """``mapInPandas`` over ``(hour_s, first, last)`` agent ranges: list from just before ``first``
-    (``StartAfter`` = its hex without the dot: below all its keys, above every earlier agent's)
-    until the keys pass ``last``'s."""
-
-    def run(batches: Any) -> Any:
-        import numpy as np
-
-        from pipeline import s3io
-
-        codec = access.codec
-        st = s3io.store(access)
-        for pdf in batches:
-            hours, mids = [], []
-            with s3io.task_tally() as tally:
-                for hour_s, first, last in zip(pdf["hour_s"], pdf["first"], pdf["last"]):
-                    prefix = codec.accepted_by_time_hour(UtcHour(int(hour_s)))
-                    start_after: str | None = prefix + first[:-1]
-                    token: str | None = None
-                    done = False
-                    while not done:
-                        page = st.list_page(prefix, start_after=None if token else start_after,
-                                            continuation_token=token)
-                        for key in page.keys:
-                            rel = key[len(prefix):]
-                            if rel > last and not rel.startswith(last):
-                                done = True  # the next range's agents
-                                break
-                            try:
-                                parsed = codec.parse(key)
-                            except Exception:
-                                continue  # not ours: the audit reports keys outside the layout
-                            if parsed.kind is KeyKind.ACCEPTED_BY_TIME and parsed.identity is not None:
-                                hours.append(int(hour_s))
-                                mids.append(parsed.identity.manifest_id)
-                        token = page.next_token if page.truncated else None
-                        done = done or token is None
-            accumulator.add(tally.counts)
-            yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "manifest_id": mids})
-
-    return run
 
 
 def _count_tasks(tasks: Any, name: str, fn: Any) -> Any:
@@ -366,7 +301,7 @@ class RollupJob:
         from pyspark.sql import functions as F
 
         agents = self.spark.createDataFrame([(h.start_unix_s,) for h in hours], "hour_s long") \
-            .repartition(len(hours)).mapInPandas(_list_agents(self.access, acc), "hour_s long, agent string")
+            .repartition(len(hours)).mapInPandas(list_agents(self.access, acc), "hour_s long, agent string")
         ranked = agents.withColumn("range", F.floor((F.row_number().over(
             Window.partitionBy("hour_s").orderBy("agent")) - 1) / AGENTS_PER_LIST_TASK))
         from pyspark import StorageLevel
@@ -376,7 +311,7 @@ class RollupJob:
         self._ranges = ranges
         counts = int(ranges.count())  # one number: how many listing tasks
         return ranges.repartitionByRange(max(1, min(MAX_TASKS, counts)), "hour_s", "range") \
-            .mapInPandas(_count_tasks(self.tasks, "listing", _list_ranges(self.access, acc)),
+            .mapInPandas(_count_tasks(self.tasks, "listing", list_ranges(self.access, acc)),
                          "hour_s long, manifest_id string")
 
     # -- execution ---------------------------------------------------------------------------
