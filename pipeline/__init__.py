@@ -7,9 +7,14 @@ Modules:
 * :mod:`lightmetrics_pipeline.inventory` — S3 Inventory reports: read (manifest.json + Parquet/CSV.gz), write
   (``lmctl inventory snapshot``), generate (tests, benchmark)
 * :mod:`lightmetrics_pipeline.audit`     — the inventory audit (DataFrame joins, live confirmation, audit/v1/)
-* :mod:`lightmetrics_pipeline.chunks`    — the rollup chunk, index entry and rollup manifest formats
+* :mod:`lightmetrics_pipeline.chunks`    — the sketch, the aggregates' reference, v1/v2 chunk, index and manifest formats
+* :mod:`lightmetrics_pipeline.rollup_parquet` — rollup format v3: the Parquet object and the v3 manifest
 * :mod:`lightmetrics_pipeline.decode`    — vectorized frame decoding (``mapInPandas``)
-* :mod:`lightmetrics_pipeline.rollup`    — hourly rollups: generations, chunks, commit point, lease
+* :mod:`lightmetrics_pipeline.aggregate` — the rollup's aggregation in Spark SQL
+* :mod:`lightmetrics_pipeline.rollup`    — hourly rollups: plan, generations, commit point, lease
+* :mod:`lightmetrics_pipeline.rollup_inputs` — listing an hour's inputs in executors (agents, then agent ranges)
+* :mod:`lightmetrics_pipeline.rollup_write_parquet` — the write stage of format v3 (Parquet objects)
+* :mod:`lightmetrics_pipeline.rollup_write_chunks`  — the write stage of format v2 (recompute of v1/v2, baseline)
 * :mod:`lightmetrics_pipeline.query`     — reading rollups back (``lmctl query``), plotting
 * :mod:`lightmetrics_pipeline.jobs`      — job entry points (the CLI and EMR Serverless call these)
 

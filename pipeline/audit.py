@@ -58,7 +58,15 @@ from typing import Any
 from lightmetrics.protocol.manifests import canonical_json
 from lightmetrics_pipeline.audit_candidates import candidate_rows
 from lightmetrics_pipeline.audit_classify import KINDS, classify
-from lightmetrics_pipeline.audit_confirm import FINDING_COLUMNS, FINDING_SCHEMA, MarkedBlobs, check_orphan, confirm, gc_marked_blobs, recheck_held
+from lightmetrics_pipeline.audit_confirm import (
+    FINDING_COLUMNS,
+    FINDING_SCHEMA,
+    MarkedBlobs,
+    check_orphan,
+    confirm,
+    gc_marked_blobs,
+    recheck_held,
+)
 from lightmetrics_pipeline.audit_output import ROWS_PER_PART, output_parts, read_findings, write_findings
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 

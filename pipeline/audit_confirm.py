@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lightmetrics.derived.indexing import parse_record
 from lightmetrics.protocol import invariants as inv
 from lightmetrics.protocol.errors import ManifestError
-from lightmetrics.reaps.gc import resolution_settles
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
-from lightmetrics.derived.indexing import parse_record
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
+from lightmetrics.reaps.gc import resolution_settles
 from lightmetrics_pipeline.s3io import S3Access
 
 #: rule -> the output folder (category) its confirmed findings go to, and who reads it there

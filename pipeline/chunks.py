@@ -37,6 +37,8 @@ CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v2"
 MANIFEST_SCHEMA_V1 = "lightmetrics.rollup_manifest.v1"  # chunks inline; still read, no longer written
+#: Parquet objects (lightmetrics_pipeline.rollup_parquet): what the job writes; v2 is still read and recomputed.
+MANIFEST_SCHEMA_V3 = "lightmetrics.rollup_manifest.v3"
 CHUNK_LIST_SCHEMA = "lightmetrics.rollup_chunk_list.v1"
 #: A generation's chunk entries are split into ceil(chunks / CHUNKS_PER_LIST) chunk lists, by metric.
 CHUNKS_PER_LIST = 20_000
@@ -215,6 +217,22 @@ def _read_store(data: bytes, pos: int, store: Any) -> int:
         store.add(key, count)
         prev = key
     return pos
+
+
+def sketch_bins(data: bytes) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
+    """``(zero_count, positive bins, negative bins)`` of a serialized sketch, bins as ``(key,
+    count)`` in increasing key order (no ``ddsketch`` objects: the Parquet rows' quantiles)."""
+    version, _accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
+    if version != SKETCH_VERSION:
+        raise ChunkFormatError(f"unsupported sketch version {version}")
+    pos = _SKETCH_HEAD.size
+    stores = []
+    for _ in range(2):
+        (n,) = _U32.unpack_from(data, pos)
+        pos += _U32.size
+        stores.append([_BIN.unpack_from(data, pos + i * _BIN.size) for i in range(n)])
+        pos += n * _BIN.size
+    return zero, stores[0], stores[1]
 
 
 def deserialize_sketch(data: bytes) -> Any:
@@ -594,14 +612,15 @@ def manifest_v1_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
 
 
 def parse_manifest(data: bytes) -> dict[str, Any]:
-    """A rollup manifest, v2 or v1 (v1 lists its chunks inline). A newer version is refused."""
+    """A rollup manifest, v3 (Parquet objects), v2 (chunk lists) or v1 (chunks inline). A newer
+    version is refused (docs/protocol.md §17)."""
     try:
         doc = json.loads(data)
     except ValueError:
         raise ChunkFormatError("rollup manifest is not JSON") from None
     stored = doc.get("schema") if isinstance(doc, dict) else None
-    if stored != MANIFEST_SCHEMA_V1:
-        _schema(stored, MANIFEST_SCHEMA, "rollup manifest")
+    if stored not in (MANIFEST_SCHEMA_V1, MANIFEST_SCHEMA):
+        _schema(stored, MANIFEST_SCHEMA_V3, "rollup manifest")
     return doc
 
 

@@ -32,9 +32,36 @@ Example:
 
 from __future__ import annotations
 
-from lightmetrics_pipeline.inventory_format import COLUMNS, CONFIG_ID, CSV_FILE_SCHEMA, DEST_PREFIX, FIELDS, INVENTORY_SETTING, PARQUET_FILE_SCHEMA, SPARK_SCHEMA, VERSION, Destination, InventoryError, arrow_schema
-from lightmetrics_pipeline.inventory_reader import DataFile, InventoryReport, inventory_dataframe, open_report, read_data_file, spark_reads_s3
-from lightmetrics_pipeline.inventory_writer import WrittenReport, listing_rows, parquet_table_bytes, snapshot, write_report, write_report_files
+from lightmetrics_pipeline.inventory_format import (
+    COLUMNS,
+    CONFIG_ID,
+    CSV_FILE_SCHEMA,
+    DEST_PREFIX,
+    FIELDS,
+    INVENTORY_SETTING,
+    PARQUET_FILE_SCHEMA,
+    SPARK_SCHEMA,
+    VERSION,
+    Destination,
+    InventoryError,
+    arrow_schema,
+)
+from lightmetrics_pipeline.inventory_reader import (
+    DataFile,
+    InventoryReport,
+    inventory_dataframe,
+    open_report,
+    read_data_file,
+    spark_reads_s3,
+)
+from lightmetrics_pipeline.inventory_writer import (
+    WrittenReport,
+    listing_rows,
+    parquet_table_bytes,
+    snapshot,
+    write_report,
+    write_report_files,
+)
 
 __all__ = [
     "COLUMNS", "CONFIG_ID", "CSV_FILE_SCHEMA", "DEST_PREFIX", "FIELDS", "INVENTORY_SETTING", "PARQUET_FILE_SCHEMA",

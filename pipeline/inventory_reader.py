@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
 
-from lightmetrics_pipeline.inventory_format import COLUMN_OF_CSV_FIELD, COLUMNS, INVENTORY_SETTING, KIND_OF_COLUMN, SPARK_SCHEMA, InventoryError
+from lightmetrics_pipeline.inventory_format import (
+    COLUMN_OF_CSV_FIELD,
+    COLUMNS,
+    INVENTORY_SETTING,
+    KIND_OF_COLUMN,
+    SPARK_SCHEMA,
+    InventoryError,
+)
 from lightmetrics_pipeline.s3io import S3Access, client, s3_errors, store
 
 _TS_DIR = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}-\d{2}Z$")

@@ -16,7 +16,17 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote_plus
 
-from lightmetrics_pipeline.inventory_format import COLUMNS, CONFIG_ID, CSV_FILE_SCHEMA, KIND_OF_COLUMN, PARQUET_FILE_SCHEMA, VERSION, Destination, InventoryError, arrow_schema
+from lightmetrics_pipeline.inventory_format import (
+    COLUMNS,
+    CONFIG_ID,
+    CSV_FILE_SCHEMA,
+    KIND_OF_COLUMN,
+    PARQUET_FILE_SCHEMA,
+    VERSION,
+    Destination,
+    InventoryError,
+    arrow_schema,
+)
 from lightmetrics_pipeline.s3io import S3Access, client, put_if_absent, s3_errors
 
 # ----------------------------------------------------------------------------------- listing

@@ -5,18 +5,20 @@ Rollup hours are *acceptance* hours, and a batch is accepted after its samples w
 most the agents' retry horizon later, plus clock skew), so the reader looks at acceptance hours
 from ``hour(from) - 1`` to ``hour(to) + accept_lag``. For each hour it takes the **highest
 committed generation** — the largest ``generation=N`` listed under ``manifests/v1/<hour>/``
-(a manifest is written after all its chunks, so a listed one is complete; lower generations are
-superseded and ignored) — reads the one chunk list of that manifest that holds the metric (v2;
-a v1 manifest lists its chunks inline), selects the chunks whose metric, window, labels and
-sample-time range match, GETs and decodes them, and merges the rows of the same series and
-window start across hours (counts and sums add, min/max combine, ``last`` is the latest sample,
-sketches merge exactly).
+(a manifest is written after all its objects, so a listed one is complete; lower generations are
+superseded and ignored). A v3 manifest names the window's Parquet objects: the reader GETs the one
+holding the metric's part, checks its sha256 and keeps the metric's rows. A v2 manifest: the one
+chunk list holding the metric, then the chunks whose metric, window, labels and sample-time range
+match (a v1 manifest lists its chunks inline). Rows of the same series and window start are merged
+across hours (counts and sums add, min/max combine, ``last`` is the latest sample, sketches merge
+exactly), whichever format each hour was written in.
 
-No Spark: a query reads a few manifests and chunks with a thread pool.
+No Spark: a query reads a few manifests and objects with a thread pool.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +28,7 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour, hours_between
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_parquet as P
 from lightmetrics_pipeline.rollup import committed_chunks, read_committed
 from lightmetrics_pipeline.s3io import S3Access, Tally, store, task_tally
 
@@ -84,7 +87,8 @@ class QueryResult:
     label_filter: dict[str, str]
     series: list[Series] = field(default_factory=list)
     generations: dict[str, int] = field(default_factory=dict)
-    chunks_read: int = 0
+    chunks_read: int = 0  # v1/v2 hours: chunks GET
+    objects_read: int = 0  # v3 hours: Parquet objects GET (one per hour: the metric's part)
     requests: Tally = field(default_factory=Tally)
     #: hours of the queried sample time without a committed rollup (not closed yet, or not rolled up)
     uncommitted_hours: list[str] = field(default_factory=list)
@@ -92,6 +96,7 @@ class QueryResult:
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "window": self.window, "from": iso(self.start_ns), "to": iso(self.end_ns),
                 "labels": self.label_filter, "generations": self.generations, "chunks_read": self.chunks_read,
+                "objects_read": self.objects_read,
                 "uncommitted_hours": self.uncommitted_hours,
                 "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
 
@@ -115,9 +120,19 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
     labels = dict(labels or {})
     result = QueryResult(metric, window, start_ns, end_ns, labels)
     hours = hours_between(UtcHour.of_unix_ns(start_ns) + (-1), UtcHour.of_unix_ns(end_ns - 1) + accept_lag_hours)
+    merged: dict[str, dict[int, list[C.WindowAgg]]] = {}
+    label_of: dict[str, dict[str, str]] = {}
+
+    def add(series: str, series_labels: dict[str, str], row: C.WindowAgg) -> None:
+        if any(series_labels.get(k) != v for k, v in labels.items()) or not start_ns <= row.window_start_ns < end_ns:
+            return
+        label_of[series] = series_labels
+        merged.setdefault(series, {}).setdefault(row.window_start_ns, []).append(row)
+
     with task_tally() as tally, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-query") as pool:
         manifests = list(pool.map(lambda h: read_committed(access, h), hours))
         wanted: list[tuple[UtcHour, dict[str, Any]]] = []
+        objects: list[tuple[UtcHour, dict[str, Any]]] = []  # v3: the metric's Parquet object per hour
         sampled = set(hours_between(UtcHour.of_unix_ns(start_ns), UtcHour.of_unix_ns(end_ns - 1)))
         for hour, doc in zip(hours, manifests):
             if doc is None:
@@ -125,6 +140,9 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                     result.uncommitted_hours.append(str(hour))
                 continue
             result.generations[str(hour)] = int(doc["generation"])
+            if doc.get("schema") == C.MANIFEST_SCHEMA_V3:
+                objects.extend((hour, o) for o in P.objects_of(doc, window, metric))
+                continue
             for c in committed_chunks(access, doc, metric):  # one chunk list: the metric's
                 if c["window"] != window:  # committed_chunks gave this metric's alone
                     continue
@@ -137,19 +155,22 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         st = store(access)
         codec = access.codec
         bodies = list(pool.map(lambda hc: st.get(codec.rollup_chunk(window, hc[0], metric, hc[1]["chunk_id"])), wanted))
+        parts = list(pool.map(lambda ho: st.get(ho[1]["key"]), objects))
     result.requests.add(tally)
     result.chunks_read = len(wanted)
-    merged: dict[str, dict[int, list[C.WindowAgg]]] = {}
-    label_of: dict[str, dict[str, str]] = {}
+    result.objects_read = len(objects)
     for (hour, c), body in zip(wanted, bodies):
         if body is None:
             raise RuntimeError(f"chunk {c['chunk_id']} of committed generation in {hour} is missing")
         chunk = C.decode_chunk(body)
-        label_of[c["series"]] = chunk.labels
-        rows = merged.setdefault(c["series"], {})
         for r in chunk.rows:
-            if start_ns <= r.window_start_ns < end_ns:
-                rows.setdefault(r.window_start_ns, []).append(r)
+            add(c["series"], chunk.labels, r)
+    for (hour, o), data in zip(objects, parts):
+        if data is None or hashlib.sha256(data).hexdigest() != o["sha256"]:
+            raise RuntimeError(f"rollup object {o['key']} of the committed generation in {hour} is missing or does "
+                               "not match its sha256")
+        for series, series_labels, agg in P.window_aggs(P.read_part(data, metric)):
+            add(series, series_labels, agg)
     for key in sorted(merged, key=lambda k: sorted(label_of[k].items())):
         points = [C.merge_aggs(v) for _, v in sorted(merged[key].items())]
         result.series.append(Series(label_of[key], points))

@@ -1,4 +1,4 @@
-"""Hourly rollups: closed acceptance hours -> immutable chunks, index entries, a committed generation.
+"""Hourly rollups: closed acceptance hours -> immutable Parquet objects, a committed generation.
 
 For each hour H (an *acceptance* hour, UTC) the reconciler has closed — hours before its checkpoint —:
 
@@ -6,29 +6,28 @@ For each hour H (an *acceptance* hour, UTC) the reconciler has closed — hours 
    (``<agent-hex>.``), then contiguous ranges of agents are listed in parallel (``StartAfter``),
    giving the hour's input manifest-ids; their sorted list's sha256 is the *inputs digest*;
 2. find the highest committed generation G of H (LIST ``manifests/v1/<H>/`` + GET). Same digest:
-   H is up to date (``--recompute`` re-issues G's writes, which must all answer 412). Otherwise
-   the job builds generation G+1 (1 if none): a late batch in a rolled-up hour supersedes, never mutates;
+   H is up to date (``--recompute`` re-issues G's writes, in G's format, which must all answer
+   412). Otherwise the job builds generation G+1 (1 if none): a late batch in a rolled-up hour
+   supersedes, never mutates;
 3. read each batch (acceptance record -> blob, sha256 checked) and decode its frame in Arrow
    batches (``mapInPandas``, tasks sized from the number of inputs), aggregate per series and
-   window (1m, 5m, 1h) in Spark SQL (:mod:`lightmetrics_pipeline.aggregate`), encode one chunk per
-   (series, window);
-4. write every chunk, then its index entry, by conditional create (executors, tasks sized from the
-   number of series), then the generation's chunk lists (one executor task per list);
+   window (1m, 5m, 1h) in Spark SQL (:mod:`lightmetrics_pipeline.aggregate`);
+4. write the rows of each (window, part) of the hour — the series whose metric hashes to the part —
+   as one Parquet object by conditional create (format v3, :mod:`lightmetrics_pipeline.rollup_write_parquet`;
+   a v1/v2 generation is recomputed in its own format, :mod:`lightmetrics_pipeline.rollup_write_chunks`);
 5. renew the lease, then create ``manifests/v1/<H>/generation=<N>.json`` — **last**, the commit
-   point, naming the chunk lists by key and sha256. A 412 there with other bytes means another
-   owner committed N first: refused (:class:`GenerationTaken`), and its chunks stay unreferenced.
+   point, naming the objects by key and sha256. A 412 there with other bytes means another
+   owner committed N first: refused (:class:`GenerationTaken`), and its objects stay unreferenced.
 
 The driver collects only bounded summaries: per hour (counts, the first skipped inputs) and per
-chunk list; nothing it holds grows with the chunks or the series.
+written object; nothing it holds grows with the series.
 
-Chunk ids are deterministic (hour, window, series, generation, sorted manifest-ids), and so are
-chunk bytes and the manifest, so a rerun is a no-op: every write answers 412.
+Object bytes and the manifest are pure functions of the inputs, so a rerun is a no-op: every
+write answers 412.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 import uuid
@@ -41,20 +40,23 @@ from lightmetrics.ops.leases import lease_rule_broken
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_parquet as P
 from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from lightmetrics_pipeline.lease import Lease
+from lightmetrics_pipeline.rollup_inputs import list_agents, list_ranges
+from lightmetrics_pipeline.rollup_write_chunks import chunk_writes, committed_chunks, list_refs, write_chunks
+from lightmetrics_pipeline.rollup_write_parquet import HourObjects, write_parquet
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
 #: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
 #: (batches) per decode task, chunks per write task; each count is capped.
 AGENTS_PER_LIST_TASK = 64
 INPUTS_PER_DECODE_TASK = 32
-CHUNKS_PER_WRITE_TASK = 2_000
-SAMPLES_PER_AGGREGATE_TASK = 25_000  # the aggregation runs in the write tasks: at least this many
+CHUNKS_PER_WRITE_TASK = 2_000  # v2: its aggregation tasks write the chunks
+SAMPLES_PER_AGGREGATE_TASK = 25_000  # samples per aggregation task
 MAX_TASKS = 2_000
-WRITTEN_SCHEMA = ("hour_s long, metric string, series string, window string, samples long, doc string, "
-                  "chunk_outcome string, index_outcome string")
-LIST_SCHEMA = "hour_s long, part int, parts int, key string, sha256 string, bytes long, chunks long, outcome string"
+#: The format new generations are written in (docs/pipeline.md §6); 2 only for tests and the benchmark.
+ROLLUP_FORMAT = 3
 
 
 def tasks_for(units: int, per_task: int) -> int:
@@ -83,10 +85,11 @@ class HourPlan:
     input_count: int = 0
     input_sha256: str = ""
     committed: dict[str, Any] | None = None
+    format: int = ROLLUP_FORMAT  # a recompute keeps the committed generation's format
 
     def to_json(self) -> dict[str, Any]:
         return {"hour": str(self.hour), "status": self.status, "generation": self.generation,
-                "supersedes": self.supersedes, "inputs": self.input_count}
+                "supersedes": self.supersedes, "inputs": self.input_count, "format": self.format}
 
 
 @dataclass
@@ -96,9 +99,10 @@ class RollupPlan:
     entries: Any = None  # DataFrame (hour_s, manifest_id), persisted
     requests: Tally = field(default_factory=Tally)  # what planning asked S3
 
-    def work(self) -> dict[int, int]:
+    def work(self, fmt: int | None = None) -> dict[int, int]:
+        """``{hour_s: generation}`` of the hours to write (of format ``fmt`` only, if given)."""
         return {h.hour.start_unix_s: int(h.generation) for h in self.hours
-                if h.status in ("build", "recompute") and h.generation is not None}
+                if h.status in ("build", "recompute") and h.generation is not None and fmt in (None, h.format)}
 
 
 @dataclass
@@ -110,7 +114,10 @@ class HourResult:
     inputs: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)  # the first SKIPPED_SAMPLE, by manifest-id
     skipped_count: int = 0
-    chunks: int = 0
+    chunks: int = 0  # format 2: chunks written
+    objects: int = 0  # format 3: Parquet objects written
+    rows: int = 0  # format 3: rows in them (series x window starts, all windows)
+    format: int = ROLLUP_FORMAT
     series: int = 0
     samples: int = 0
     writes: Counter[str] = field(default_factory=Counter)
@@ -120,6 +127,7 @@ class HourResult:
     def to_json(self) -> dict[str, Any]:
         return {"hour": self.hour, "status": self.status, "generation": self.generation, "supersedes": self.supersedes,
                 "inputs": self.inputs, "skipped": self.skipped, "skipped_count": self.skipped_count,
+                "format": self.format, "objects": self.objects, "rows": self.rows,
                 "chunks": self.chunks, "series": self.series,
                 "samples": self.samples, "writes": dict(self.writes), "manifest_key": self.manifest_key,
                 "manifest_outcome": self.manifest_outcome}
@@ -153,145 +161,6 @@ class RollupReport:
 
 
 # ------------------------------------------------------------------------- executor functions
-
-
-def _list_agents(access: S3Access, accumulator: Any) -> Any:
-    """``mapInPandas``: per hour, a listing delimited by ``.`` — one common prefix per agent
-    (``<agent-hex>.``), not one key per batch — so the batches can be listed in agent ranges."""
-
-    def run(batches: Any) -> Any:
-        import numpy as np
-
-        from lightmetrics_pipeline import s3io
-
-        for pdf in batches:
-            hours, agents = [], []
-            with s3io.task_tally() as tally:
-                for hour_s in pdf["hour_s"]:
-                    prefix = access.codec.accepted_by_time_hour(UtcHour(int(hour_s)))
-                    for common in s3io.list_all(access, prefix, delimiter=".")[1]:
-                        hours.append(int(hour_s))
-                        agents.append(common[len(prefix):])
-            accumulator.add(tally.counts)
-            yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "agent": agents})
-
-    return run
-
-
-def _list_ranges(access: S3Access, accumulator: Any) -> Any:
-    """``mapInPandas`` over ``(hour_s, first, last)`` agent ranges: list from just before ``first``
-    (``StartAfter`` = its hex without the dot: below all its keys, above every earlier agent's)
-    until the keys pass ``last``'s."""
-
-    def run(batches: Any) -> Any:
-        import numpy as np
-
-        from lightmetrics_pipeline import s3io
-
-        codec = access.codec
-        st = s3io.store(access)
-        for pdf in batches:
-            hours, mids = [], []
-            with s3io.task_tally() as tally:
-                for hour_s, first, last in zip(pdf["hour_s"], pdf["first"], pdf["last"]):
-                    prefix = codec.accepted_by_time_hour(UtcHour(int(hour_s)))
-                    start_after: str | None = prefix + first[:-1]
-                    token: str | None = None
-                    done = False
-                    while not done:
-                        page = st.list_page(prefix, start_after=None if token else start_after,
-                                            continuation_token=token)
-                        for key in page.keys:
-                            rel = key[len(prefix):]
-                            if rel > last and not rel.startswith(last):
-                                done = True  # the next range's agents
-                                break
-                            try:
-                                parsed = codec.parse(key)
-                            except Exception:
-                                continue  # not ours: the audit reports keys outside the layout
-                            if parsed.kind is KeyKind.ACCEPTED_BY_TIME and parsed.identity is not None:
-                                hours.append(int(hour_s))
-                                mids.append(parsed.identity.manifest_id)
-                        token = page.next_token if page.truncated else None
-                        done = done or token is None
-            accumulator.add(tally.counts)
-            yield s3io.pandas_frame({"hour_s": np.array(hours, dtype="int64"), "manifest_id": mids})
-
-    return run
-
-
-def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: Any, workers: int = 16) -> Any:
-    """``mapInArrow`` over :func:`lightmetrics_pipeline.aggregate.chunk_rows`: encode each chunk, then
-    conditionally create it and its index entry. Out: one small row per chunk (its manifest
-    entry as JSON and the outcomes), never the bytes."""
-
-    def run(batches: Any) -> Any:
-        from concurrent.futures import ThreadPoolExecutor
-
-        import pyarrow as pa
-
-        from lightmetrics_pipeline import s3io
-        from lightmetrics_pipeline.aggregate import encode_chunk_row
-
-        codec = access.codec
-
-        def write(row: dict[str, Any]) -> tuple[Any, ...]:
-            hour_s = int(row["hour_s"])
-            hour = UtcHour(hour_s)
-            header, _aggs, data = encode_chunk_row(row, generations[hour_s])
-            metric, cid = header["metric"], header["chunk_id"]
-            key = codec.rollup_chunk(header["window"], hour, metric, cid)
-            sha = hashlib.sha256(data).hexdigest()
-            chunk_outcome = s3io.put_if_absent(access, key, data, content_type="application/zstd")
-            doc = {"chunk_id": cid, "window": header["window"], "metric": metric, "labels": header["labels"],
-                   "series": header["series"], "sample_ts_min_ns": header["sample_ts_min_ns"],
-                   "sample_ts_max_ns": header["sample_ts_max_ns"], "samples": header["samples"],
-                   "rows": header["rows"], "sha256": sha, "bytes": len(data)}
-            entry = {"chunk_key": key, "chunk_id": cid, "chunk_sha256": sha, "chunk_bytes": len(data),
-                     "hour": str(hour), "window": header["window"], "metric": metric, "labels": header["labels"],
-                     "series": header["series"], "generation": generations[hour_s],
-                     "sample_ts_min_ns": header["sample_ts_min_ns"], "sample_ts_max_ns": header["sample_ts_max_ns"],
-                     "samples": header["samples"], "rows": header["rows"]}
-            index_outcome = s3io.put_if_absent(access, codec.rollup_index(hour, cid), C.encode_index_entry(entry),
-                                               content_type="application/zstd")
-            return (hour_s, metric, header["series"], header["window"], header["samples"], json.dumps(doc),
-                    chunk_outcome, index_outcome)
-
-        schema = pa.schema([("hour_s", pa.int64()), ("metric", pa.string()), ("series", pa.string()),
-                            ("window", pa.string()), ("samples", pa.int64()), ("doc", pa.string()),
-                            ("chunk_outcome", pa.string()), ("index_outcome", pa.string())])
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-rollup-write") as pool:
-            for batch in batches:  # Arrow record batches: the nested rows arrive as plain dicts and lists
-                with s3io.task_tally() as tally:
-                    out = list(pool.map(write, batch.to_pylist()))
-                accumulator.add(tally.counts)
-                yield pa.RecordBatch.from_arrays([pa.array([o[i] for o in out], type=f.type)
-                                                  for i, f in enumerate(schema)], schema=schema)
-
-    return run
-
-
-def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any) -> Any:
-    """``applyInPandas`` per (hour, chunk-list part): the list's bytes, created under its sha256."""
-
-    def build(pdf: Any) -> Any:
-        import pandas as pd
-
-        from lightmetrics_pipeline import s3io
-
-        hour_s, part, parts = int(pdf["hour_s"].iloc[0]), int(pdf["part"].iloc[0]), int(pdf["parts"].iloc[0])
-        hour = UtcHour(hour_s)
-        data = C.chunk_list_bytes(hour=hour, generation=generations[hour_s], part=part, parts=parts,
-                                  chunks=[json.loads(d) for d in pdf["doc"]])
-        ref = C.chunk_list_ref(access.codec, hour, part, data, len(pdf))
-        with s3io.task_tally() as tally:
-            outcome = s3io.put_if_absent(access, ref["key"], data, content_type="application/zstd")
-        accumulator.add(tally.counts)
-        return pd.DataFrame([{"hour_s": hour_s, "part": part, "parts": parts, "key": ref["key"], "sha256": ref["sha256"],
-                              "bytes": ref["bytes"], "chunks": ref["chunks"], "outcome": outcome}])
-
-    return build
 
 
 def _count_tasks(tasks: Any, name: str, fn: Any) -> Any:
@@ -329,21 +198,7 @@ def rollup_dataframe(entries: Any, access: S3Access, generations: dict[int, int]
     write plan (lazy: nothing runs, nothing is written until an action)."""
     tasks = tasks if tasks is not None else counter_accumulator(entries.sparkSession)
     samples = decode_samples(entries, access, generations, accumulator, tasks, inputs)
-    return samples, chunk_writes(samples, access, generations, accumulator, tasks, write_tasks)
-
-
-def chunk_writes(samples: Any, access: S3Access, generations: dict[int, int], accumulator: Any, tasks: Any,
-                 write_tasks: int) -> Any:
-    """The chunks of the decoded ``samples`` (error rows left out), aggregated in Spark SQL and
-    written in ``write_tasks`` tasks: the aggregation's repartition by (hour, series) has that
-    explicit count, and nothing shuffles after it, so the writes run in exactly that many tasks."""
-    from pyspark.sql import functions as F
-
-    from lightmetrics_pipeline.aggregate import chunk_rows
-
-    rows = chunk_rows(samples.where(F.col("error").isNull()).drop("error"), write_tasks)
-    return rows.mapInArrow(_count_tasks(tasks, "write", _write_chunks(access, generations, accumulator)),
-                           WRITTEN_SCHEMA)
+    return samples, chunk_writes(samples, access, generations, accumulator, tasks, write_tasks, _count_tasks)
 
 
 def commit_step_s(access: S3Access) -> int:
@@ -359,7 +214,9 @@ class RollupJob:
 
     def __init__(self, spark: Any, access: S3Access, *, table: Any = None, clock: Clock = DEFAULT_CLOCK,
                  owner: str | None = None, lease_s: int = 900, workers: int = 16,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, rollup_format: int = ROLLUP_FORMAT) -> None:
+        if rollup_format not in (2, 3):
+            raise ValueError("rollup_format is 3 (Parquet objects) or 2 (per-series chunks: tests, benchmark)")
         broken = table is not None and lease_rule_broken(
             lease_s, commit_step_s(access), "the rollup's fenced commit: the manifest's create and a GET, with "
             "the S3 timeouts and attempts of its access", "lease_s")
@@ -369,6 +226,7 @@ class RollupJob:
         self.owner = owner or f"rollup-{uuid.uuid4().hex[:12]}"
         self.lease = Lease(table, "rollup", self.owner, clock, lease_s) if table is not None else None
         self.workers = workers
+        self.rollup_format = rollup_format
         self.tasks = counter_accumulator(spark)  # tasks per stage, this job's whole life
         self.say = progress or (lambda _: None)  # phases of a run, for lmctl's progress lines
 
@@ -427,7 +285,10 @@ class RollupJob:
                 status, gen, sup = ("recompute" if recompute else "up-to-date"), committed["generation"], committed["supersedes"]
             else:
                 status, gen, sup = "build", int(committed["generation"]) + 1, int(committed["generation"])
-            plans.append(HourPlan(h, status, gen, sup, n, digest, committed))
+            fmt = self.rollup_format
+            if status == "recompute" and committed is not None:
+                fmt = 3 if committed.get("schema") == C.MANIFEST_SCHEMA_V3 else 2
+            plans.append(HourPlan(h, status, gen, sup, n, digest, committed, fmt))
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
 
@@ -440,7 +301,7 @@ class RollupJob:
         from pyspark.sql import functions as F
 
         agents = self.spark.createDataFrame([(h.start_unix_s,) for h in hours], "hour_s long") \
-            .repartition(len(hours)).mapInPandas(_list_agents(self.access, acc), "hour_s long, agent string")
+            .repartition(len(hours)).mapInPandas(list_agents(self.access, acc), "hour_s long, agent string")
         ranked = agents.withColumn("range", F.floor((F.row_number().over(
             Window.partitionBy("hour_s").orderBy("agent")) - 1) / AGENTS_PER_LIST_TASK))
         from pyspark import StorageLevel
@@ -450,7 +311,7 @@ class RollupJob:
         self._ranges = ranges
         counts = int(ranges.count())  # one number: how many listing tasks
         return ranges.repartitionByRange(max(1, min(MAX_TASKS, counts)), "hour_s", "range") \
-            .mapInPandas(_count_tasks(self.tasks, "listing", _list_ranges(self.access, acc)),
+            .mapInPandas(_count_tasks(self.tasks, "listing", list_ranges(self.access, acc)),
                          "hour_s long, manifest_id string")
 
     # -- execution ---------------------------------------------------------------------------
@@ -458,17 +319,16 @@ class RollupJob:
         started = time.monotonic()
         report = RollupReport(self.owner)
         generations = plan.work()
-        results = {p.hour.start_unix_s: HourResult(str(p.hour), p.status, p.generation, p.supersedes, p.input_count)
-                   for p in plan.hours}
+        results = {p.hour.start_unix_s: HourResult(str(p.hour), p.status, p.generation, p.supersedes, p.input_count,
+                                                   format=p.format) for p in plan.hours}
         acc = counter_accumulator(self.spark)
         try:
             if generations:
-                summary = self._build(plan, generations, acc, results)
+                built = self._build(plan, generations, acc, results)
                 for p in plan.hours:
                     if p.hour.start_unix_s in generations:
                         self.say(f"committing {p.hour}")
-                        self._commit(p, summary.get(p.hour.start_unix_s, ([], {})), results[p.hour.start_unix_s],
-                                     report.requests)
+                        self._commit(p, built.get(p.hour.start_unix_s), results[p.hour.start_unix_s], report.requests)
         finally:
             if plan.entries is not None:
                 plan.entries.unpersist()
@@ -480,9 +340,10 @@ class RollupJob:
         return report
 
     def _build(self, plan: RollupPlan, generations: dict[int, int], acc: Any,
-               results: dict[int, HourResult]) -> dict[int, tuple[list[dict[str, Any]], dict[str, int]]]:
-        """Decode, aggregate, write chunks and chunk lists; per hour: ``(list refs, totals)``.
-        Everything collected is bounded: a row per hour, per chunk list, per skipped input shown."""
+               results: dict[int, HourResult]) -> dict[int, Any]:
+        """Decode, aggregate, write each hour's objects in its format; per hour what its manifest
+        names (:class:`HourObjects`, or a v2 hour's chunk list refs and totals). Everything
+        collected is bounded: a row per hour, per object or chunk list, per skipped input shown."""
         from pyspark import StorageLevel
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -490,7 +351,7 @@ class RollupJob:
         inputs = sum(p.input_count for p in plan.hours if p.hour.start_unix_s in generations)
         samples = decode_samples(plan.entries, self.access, generations, acc, self.tasks, inputs) \
             .persist(StorageLevel.MEMORY_AND_DISK)
-        written = None
+        built: dict[int, Any] = {}
         try:
             failed = F.col("error").isNotNull()
             stats = samples.groupBy("hour_s").agg(
@@ -504,63 +365,57 @@ class RollupJob:
                 results[int(r["hour_s"])].skipped_count = int(r["skipped"])
             for e in first:
                 results[int(e["hour_s"])].skipped.append({"manifest_id": e["manifest_id"], "reason": e["error"]})
-            chunks_estimate = 3 * sum(int(r["series"]) for r in stats)
-            # the chunk writes run once (persisted); the rows are the chunks' manifest entries, no bytes
-            write_tasks = max(tasks_for(chunks_estimate, CHUNKS_PER_WRITE_TASK),
-                              tasks_for(sum(int(r["samples"]) for r in stats), SAMPLES_PER_AGGREGATE_TASK))
-            written = chunk_writes(samples, self.access, generations, acc, self.tasks, write_tasks) \
-                .persist(StorageLevel.MEMORY_AND_DISK)
-            per_hour = written.groupBy("hour_s").agg(
-                F.count("*").alias("chunks"),
-                F.count(F.when(F.col("window") == "1h", 1)).alias("series"),
-                F.sum(F.when(F.col("window") == "1h", F.col("samples")).otherwise(0)).alias("samples"),
-                *[F.count(F.when(F.col(c) == o, 1)).alias(f"{c} {o}") for c in ("chunk_outcome", "index_outcome")
-                  for o in ("created", "exists")]).collect()
-            totals = {int(r["hour_s"]): r.asDict() for r in per_hour}
-            parts = {h: C.chunk_list_parts(int(t["chunks"])) for h, t in totals.items()}
-            if not parts:
-                return {}
-            parts_of = F.create_map(*[F.lit(x) for h, n in parts.items() for x in (h, n)])[F.col("hour_s")]
-            part = C.chunk_list_part_col(F.col("metric"), parts_of)
-            lists = written.select("hour_s", "doc", parts_of.cast("int").alias("parts"), part.alias("part")) \
-                .groupBy("hour_s", "part").applyInPandas(_write_lists(self.access, generations, acc), LIST_SCHEMA) \
-                .collect()  # one row per chunk list
+            for fmt in (3, 2):
+                gens = plan.work(fmt)
+                if not gens:
+                    continue
+                mine = [r for r in stats if int(r["hour_s"]) in gens]
+                # The aggregation's partitions (explicit: adaptive execution does not coalesce them),
+                # sized by samples; in v2 its tasks also write a chunk and an index entry per series
+                # and window, so also by chunks. v3 writes in a stage of its own (one task per object).
+                write_tasks = tasks_for(sum(int(r["samples"]) for r in mine), SAMPLES_PER_AGGREGATE_TASK)
+                if fmt == 2:
+                    write_tasks = max(write_tasks, tasks_for(3 * sum(int(r["series"]) for r in mine),
+                                                             CHUNKS_PER_WRITE_TASK))
+                these = samples.where(F.col("hour_s").isin(list(gens)))
+                if fmt == 3:
+                    digests = {p.hour.start_unix_s: p.input_sha256 for p in plan.hours if p.hour.start_unix_s in gens}
+                    built.update(write_parquet(these.where(~failed).drop("error"), self.access, gens, digests, acc,
+                                               self.tasks, write_tasks, _count_tasks))
+                else:
+                    built.update(write_chunks(these, self.access, gens, acc, self.tasks, write_tasks, _count_tasks))
         finally:
             samples.unpersist()
-            if written is not None:
-                written.unpersist()
-        out: dict[int, tuple[list[dict[str, Any]], dict[str, int]]] = {}
-        for h, t in totals.items():
-            res = results[h]
-            for name in ("chunk_outcome", "index_outcome"):
-                for o in ("created", "exists"):
-                    res.writes[o] += int(t[f"{name} {o}"])
-            out[h] = ([], {"chunks": int(t["chunks"]), "series": int(t["series"]), "samples": int(t["samples"]),
-                           "parts": parts[h]})
-        for r in lists:
-            res = results[int(r["hour_s"])]
-            res.writes[r["outcome"]] += 1
-            out[int(r["hour_s"])][0].append({"part": int(r["part"]), "key": r["key"], "sha256": r["sha256"],
-                                             "bytes": int(r["bytes"]), "chunks": int(r["chunks"])})
-        return out
+        return built
 
-    def _commit(self, p: HourPlan, built: tuple[list[dict[str, Any]], dict[str, int]], result: HourResult,
-                requests: Tally) -> None:
+    def _manifest(self, p: HourPlan, built: Any, result: HourResult) -> bytes:
+        """The manifest of ``p``'s generation in its format, from what the write stage built."""
+        assert p.generation is not None
+        common = {"hour": p.hour, "generation": p.generation, "supersedes": p.supersedes, "input_count": p.input_count,
+                  "input_sha256": p.input_sha256, "skipped": result.skipped, "skipped_count": result.skipped_count}
+        if p.format == 3:
+            objs = built if isinstance(built, HourObjects) else HourObjects({})
+            result.objects, result.rows, result.series, result.samples = (len(objs.objects), objs.rows, objs.series,
+                                                                          objs.samples)
+            result.writes.update(objs.outcomes)
+            return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals())
+        lists, totals, writes = built if built is not None else ([], {}, Counter())
+        totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
+        result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]
+        result.writes.update(writes)
+        return C.manifest_bytes(**common, parts=totals["parts"], lists=lists, totals=totals)
+
+    def _commit(self, p: HourPlan, built: Any, result: HourResult, requests: Tally) -> None:
         from lightmetrics_pipeline import s3io
 
         assert p.generation is not None
         codec = self.access.codec
-        lists, totals = built
-        totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
-        result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]
-        body = C.manifest_bytes(hour=p.hour, generation=p.generation, supersedes=p.supersedes,
-                                input_count=p.input_count, input_sha256=p.input_sha256, skipped=result.skipped,
-                                skipped_count=result.skipped_count, parts=totals["parts"], lists=lists, totals=totals)
+        body = self._manifest(p, built, result)
         key = codec.rollup_manifest(p.hour, p.generation)
         result.manifest_key = key
         mine = C.parse_manifest(body)
         if p.status == "recompute" and p.committed is not None and not same_chunks(codec, p.committed, mine):
-            raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed chunks differ from the "
+            raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed objects differ from the "
                                          "committed ones")
         if self.lease is not None:
             self.lease.renew()  # LeaseLost: stop before committing anything else
@@ -573,7 +428,7 @@ class RollupJob:
                 if existing != body and not same_chunks(codec, C.parse_manifest(existing or b"{}"), mine):
                     requests.add(tally)
                     raise GenerationTaken(f"{p.hour}: generation {p.generation} was committed by another owner "
-                                          f"({key}); this run's chunks stay unreferenced")
+                                          f"({key}); this run's objects stay unreferenced")
         requests.add(tally)
         result.writes[outcome] += 1
         result.manifest_outcome = outcome
@@ -597,19 +452,12 @@ class RollupJob:
                 self.lease.release()
 
 
-def list_refs(codec: Any, doc: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
-    """``(parts, chunk list refs)`` of a manifest; for a v1 manifest (chunks inline), the lists a
-    v2 manifest of the same chunks references (built here: its chunks are in memory already)."""
-    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
-        hour = UtcHour.parse(doc["hour"])
-        built = C.chunk_lists(hour=hour, generation=int(doc["generation"]), chunks=doc["chunks"])
-        refs = [C.chunk_list_ref(codec, hour, part, data, n) for part, data, n in built]
-        return C.chunk_list_parts(len(doc["chunks"])), refs
-    return int(doc["chunk_lists"]["parts"]), list(doc["chunk_lists"]["lists"])
-
-
 def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two manifests of one generation name the same chunks (same ids and bytes)."""
+    """Whether two manifests of one generation name the same objects (v3: the same Parquet
+    objects; v1/v2: the same chunks, by id and bytes)."""
+    v3 = C.MANIFEST_SCHEMA_V3
+    if a.get("schema") == v3 or b.get("schema") == v3:
+        return a.get("schema") == b.get("schema") and a.get("parquet") == b.get("parquet")
     return list_refs(codec, a) == list_refs(codec, b)
 
 
@@ -637,28 +485,6 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     return doc
 
 
-def committed_chunks(access: S3Access, doc: dict[str, Any], metric: str | None = None) -> list[dict[str, Any]]:
-    """The chunk entries a committed manifest names — of ``metric`` only if given (then one chunk
-    list is read: the metric's part) — each list checked against the sha256 the manifest records."""
-    from lightmetrics_pipeline import s3io
-
-    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
-        return [c for c in doc["chunks"] if metric is None or c["metric"] == metric]
-    parts = int(doc["chunk_lists"]["parts"])
-    wanted = None if metric is None else C.chunk_list_part(metric, parts)
-    out: list[dict[str, Any]] = []
-    st = s3io.store(access)
-    for ref in doc["chunk_lists"]["lists"]:
-        if wanted is not None and int(ref["part"]) != wanted:
-            continue
-        data = st.get(ref["key"])
-        if data is None or hashlib.sha256(data).hexdigest() != ref["sha256"]:
-            raise C.ChunkFormatError(f"chunk list {ref['key']} of {doc.get('_key', 'a manifest')} is missing or "
-                                     "does not match its sha256")
-        out.extend(c for c in C.parse_chunk_list(data)["chunks"] if metric is None or c["metric"] == metric)
-    return out
-
-
-__all__ = ["GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupJob", "RollupPlan",
-           "RollupReport", "chunk_writes", "committed_chunks", "decode_samples", "read_committed", "rollup_dataframe",
-           "same_chunks", "tasks_for"]
+__all__ = ["ROLLUP_FORMAT", "GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupJob",
+           "RollupPlan", "RollupReport", "chunk_writes", "committed_chunks", "decode_samples", "read_committed",
+           "rollup_dataframe", "same_chunks", "tasks_for"]

@@ -13,11 +13,11 @@ from typing import Any
 from conftest import make_frame
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.derived.walk import INDEXES, Walker, set_watermark
+from lightmetrics.harness.testing.memory import T0_NS, MemorySystem, memory_system
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.harness.testing.memory import T0_NS, MemorySystem, memory_system
-from lightmetrics.derived.walk import INDEXES, Walker, set_watermark
 
 _NS = 1_000_000_000
 HORIZON_S = 60

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -18,6 +19,8 @@ from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.chunks import new_sketch
 from lightmetrics_pipeline.s3io import S3Access
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
@@ -91,6 +94,32 @@ def reference_rollup(frames: dict[str, bytes]) -> dict[tuple[str, str, int], dic
 # ------------------------------------------------------------------ the aggregation's oracle (issue 15)
 
 SampleRow = tuple[int, str, str, int, float, int]  # hour_s, manifest_id, series, ts_ns, value, ord
+_NS = 10**9
+_GAMMA = new_sketch()._mapping.gamma
+SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 5e-324, -5e-324,
+           sys.float_info.min, sys.float_info.min * _GAMMA * 1.0000001, _GAMMA ** 7, -(_GAMMA ** -3), 1e-300, 123.456]
+
+
+def tricky_sample_rows(seed: int) -> list[tuple[int, str, str, int, float, int]]:
+    """Series with NaN, ±inf, ±0, negatives, huge and tiny values, timestamps that tie within and
+    across batches, negative timestamps, several windows and two hours."""
+    rng = random.Random(seed)
+    rows = []
+    hours = [H0.start_unix_s, H0.start_unix_s + 3600]
+    mids = [f"{a:02x}.62.{n:020d}-{n:020d}" for a in (0x61, 0x62, 0x7a) for n in range(3)]
+    for s in range(40):
+        series = C.series_key(f"m{s % 3}", [("host", f"h{s}")])
+        hour_s = hours[s % 2]
+        base = -7 * 60 * _NS if s == 7 else hour_s * _NS - 30 * 60 * _NS
+        for mid in rng.sample(mids, rng.randint(1, 4)):
+            for o in range(rng.randint(1, 25)):
+                ts = base + rng.choice([0, 0, 59 * _NS, 60 * _NS, rng.randint(0, 3600) * _NS, rng.randint(0, 10**12)])
+                value = rng.choice(SPECIAL + [rng.uniform(-1e3, 1e3) for _ in range(6)] + [float(rng.randint(-5, 5))])
+                rows.append((hour_s, mid, series, ts, value, o))
+    rows.append((hours[0], mids[0], C.series_key("z", []), 5, -0.0, 0))  # a series of only -0.0
+    rows.append((hours[0], mids[1], C.series_key("z", []), 5, 0.0, 0))   # ... then a 0.0 at the same time
+    rows.append((hours[0], mids[0], C.series_key("nan", []), 5, math.nan, 0))  # only NaN
+    return rows
 
 
 def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:

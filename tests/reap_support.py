@@ -24,7 +24,7 @@ from lightmetrics.ops import crashpoints
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.keys import KeyCodec, UtcHour
 from lightmetrics.reaps import Reaper
 
 _NS = 1_000_000_000
@@ -88,15 +88,9 @@ class World:
         return result.blob_key
 
     def rollups(self, hour: UtcHour, n: int = 3) -> list[str]:
-        """Rollup objects of one hour as the pipeline lays them out (chunks, index, a generation
-        manifest); rollup retention only lists and deletes keys, so their bodies do not matter."""
-        import hashlib
-
-        codec, keys = self.ctx.codec, []
-        for i in range(n):
-            cid = hashlib.sha256(f"{hour}-{i}".encode()).hexdigest()
-            keys += [codec.rollup_chunk("1m", hour, f"cpu.{i}", cid), codec.rollup_index(hour, cid)]
-        keys.append(codec.rollup_manifest(hour, 1))
+        """Write :func:`rollup_keys` (rollup retention only lists and deletes keys, so their bodies
+        do not matter)."""
+        keys = rollup_keys(self.ctx.codec, hour, n)
         for key in keys:
             self.ctx.store.put_if_absent(key, b"{}")
         return keys
@@ -113,6 +107,25 @@ class World:
         r = self.s3.list_object_versions(Bucket=self.settings.bucket, Prefix=key)
         return ([v["VersionId"] for v in r.get("Versions", []) if v["Key"] == key],
                 [d["VersionId"] for d in r.get("DeleteMarkers", []) if d["Key"] == key])
+
+
+def rollup_keys(codec: KeyCodec, hour: UtcHour, n: int = 3) -> list[str]:
+    """Rollup objects of one hour as the pipeline lays them out: a generation written in format v2
+    (chunks, index entries, its manifest) and one in v3 (a Parquet part of every window, its
+    manifest), plus a v3 part of a generation whose run never committed."""
+    import hashlib
+
+    keys = []
+    for i in range(n):
+        cid = hashlib.sha256(f"{hour}-{i}".encode()).hexdigest()
+        keys += [codec.rollup_chunk("1m", hour, f"cpu.{i}", cid), codec.rollup_index(hour, cid)]
+    keys.append(codec.rollup_manifest(hour, 1))
+    for generation, windows in ((2, ("1m", "5m", "1h")), (3, ("5m",))):
+        for w in windows:
+            sha = hashlib.sha256(f"{hour}-{w}-{generation}".encode()).hexdigest()
+            keys.append(codec.rollup_part(w, hour, generation, 0, sha))
+    keys.append(codec.rollup_manifest(hour, 2))
+    return keys
 
 
 def world_settings(bucket: str, *, grace_s: int = 0) -> Settings:

@@ -14,13 +14,13 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from lightmetrics.aws.errors import is_transient
 from lightmetrics.aws.control_table import ControlTable
-from lightmetrics.protocol.errors import ResourceAccessError
-from lightmetrics.ops.outcome import Outcome
+from lightmetrics.aws.errors import is_transient
 from lightmetrics.aws.s3_store import S3ObjectStore
 from lightmetrics.harness.testing.memory import NO_WAIT, memory_system
+from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.work import run_unit
+from lightmetrics.protocol.errors import ResourceAccessError
 
 TRANSIENT = "RETRY_LATER"
 PERMANENT = "BLOCKED"

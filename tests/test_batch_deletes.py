@@ -19,19 +19,19 @@ from botocore.exceptions import ClientError
 from conftest import ident
 from reap_support import OLD_NS, World, drive, make_world
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.reaps import gc as gc_module
-from lightmetrics.reaps import retention as retention_module
 from lightmetrics.aws import s3_store as store_module
 from lightmetrics.aws.errors import is_transient
-from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.reaps.retention import HourRetention
-from lightmetrics.protocol.object_store import StoreAccessError
 from lightmetrics.aws.s3_store import bucket_refusal, delete_objects
 from lightmetrics.derived.verify import verify
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.protocol.object_store import StoreAccessError
+from lightmetrics.reaps import gc as gc_module
+from lightmetrics.reaps import retention as retention_module
+from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.retention import HourRetention
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}

@@ -65,6 +65,9 @@ def test_blob_time_rollup_and_retention_keys_round_trip(sha, hour, window, metri
     p = codec.parse(codec.rollup_manifest(hour, gen))
     assert (p.kind, p.hour, p.generation) == (KeyKind.ROLLUP_MANIFEST, hour, gen)
     assert codec.parse(codec.rollup_index(hour, sha)).chunk_id == sha
+    part = gen % 10**5
+    p = codec.parse(codec.rollup_part(window, hour, gen, part, sha))
+    assert (p.kind, p.window, p.hour, p.generation, p.part, p.sha256) == (KeyKind.ROLLUP_PART, window, hour, gen, part, sha)
     for build, kind in ((codec.retention_tombstone, KeyKind.RETENTION_TOMBSTONE),
                         (codec.retention_reaped, KeyKind.RETENTION_REAPED)):
         p = codec.parse(build(scope, hour))

@@ -13,13 +13,13 @@ from conftest import ident, make_frame
 from memory_support import HORIZON_S, memory_world
 from reap_support import drive
 
-from lightmetrics.reaps import gc as gcm
 from lightmetrics.acceptance.accept import accept_batch
-from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.derived.indexing import index_quarantine
-from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.ops.leases import LeaseLost, take
+from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
+from lightmetrics.reaps import gc as gcm
+from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.params import LEASE_PK
 
 _NS = 1_000_000_000

@@ -9,10 +9,10 @@ from conftest import ident
 from memory_support import memory_world
 from reap_support import drive
 
+from lightmetrics.derived.verify import verify
+from lightmetrics.harness.testing.memory import T0_NS
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
-from lightmetrics.harness.testing.memory import T0_NS
-from lightmetrics.derived.verify import verify
 
 _NS = 1_000_000_000
 OLD_NS = T0_NS - 10 * 86400 * _NS

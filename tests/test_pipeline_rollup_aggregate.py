@@ -5,20 +5,14 @@ from __future__ import annotations
 import math
 import random
 import struct
-import sys
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pipeline_support import H0, oracle_chunks, sample_frame
+from pipeline_support import SPECIAL, oracle_chunks, sample_frame, tricky_sample_rows
 
 from lightmetrics_pipeline import chunks as C
 from lightmetrics_pipeline.aggregate import chunk_rows, encode_chunk_row
-
-_NS = 10**9
-GAMMA = C.new_sketch()._mapping.gamma
-SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 5e-324, -5e-324,
-           sys.float_info.min, sys.float_info.min * GAMMA * 1.0000001, GAMMA ** 7, -(GAMMA ** -3), 1e-300, 123.456]
 
 
 @settings(max_examples=300, deadline=None)
@@ -64,30 +58,8 @@ def test_sum_min_max_do_not_depend_on_sample_order(values: list[float], rnd: ran
     assert bits(infinite) == bits(a.sum) == bits(C.exact_sum(values))
 
 
-def _samples(seed: int) -> list[tuple[int, str, str, int, float, int]]:
-    """Series with NaN, ±inf, ±0, negatives, huge and tiny values, timestamps that tie within and
-    across batches, negative timestamps, several windows and two hours."""
-    rng = random.Random(seed)
-    rows = []
-    hours = [H0.start_unix_s, H0.start_unix_s + 3600]
-    mids = [f"{a:02x}.62.{n:020d}-{n:020d}" for a in (0x61, 0x62, 0x7a) for n in range(3)]
-    for s in range(40):
-        series = C.series_key(f"m{s % 3}", [("host", f"h{s}")])
-        hour_s = hours[s % 2]
-        base = -7 * 60 * _NS if s == 7 else hour_s * _NS - 30 * 60 * _NS
-        for mid in rng.sample(mids, rng.randint(1, 4)):
-            for o in range(rng.randint(1, 25)):
-                ts = base + rng.choice([0, 0, 59 * _NS, 60 * _NS, rng.randint(0, 3600) * _NS, rng.randint(0, 10**12)])
-                value = rng.choice(SPECIAL + [rng.uniform(-1e3, 1e3) for _ in range(6)] + [float(rng.randint(-5, 5))])
-                rows.append((hour_s, mid, series, ts, value, o))
-    rows.append((hours[0], mids[0], C.series_key("z", []), 5, -0.0, 0))  # a series of only -0.0
-    rows.append((hours[0], mids[1], C.series_key("z", []), 5, 0.0, 0))   # ... then a 0.0 at the same time
-    rows.append((hours[0], mids[0], C.series_key("nan", []), 5, math.nan, 0))  # only NaN
-    return rows
-
-
 def test_sql_aggregation_equals_the_per_series_python_bit_for_bit(spark) -> None:  # type: ignore[no-untyped-def]
-    rows = _samples(11)
+    rows = tricky_sample_rows(11)
     got = {}
     for r in chunk_rows(sample_frame(spark, rows), partitions=3).collect():
         _, _, data = encode_chunk_row(r.asDict(recursive=True), 4)

@@ -26,6 +26,9 @@ their own template, wired to the main stack's bucket, ops bucket, control table 
   is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and weekly audit
   schedules start it. moto cannot run this task: locally ``lmctl pipeline audit|rollup`` is the
   entry point (docs/pipeline.md).
+* ``RollupCatalog`` (``infra/components/rollup_catalog.py``) — the Glue database, the ``rollups`` and
+  ``rollup_manifests`` tables (partition projection) and the Athena named query creating the
+  ``rollups_current`` view, so the rollups are queryable without our code (docs/pipeline.md §6.1).
 * Alarms: ``PipelineExecutionsFailed`` (the state machine's ``ExecutionsFailed``: a failed job run
   fails its execution) and ``PipelineJobRunsFailed`` (an EventBridge rule on EMR Serverless
   "Job Run State Change" to FAILED for this application; its ``TriggeredRules`` metric), both to
@@ -53,6 +56,7 @@ from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra import pipeline_bundle as bundle
+from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
 
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
@@ -138,6 +142,10 @@ class Pipeline(NestedStack):
             "py_files": s3_assets.Asset(self, "JobCode", path=str(bundle.ensure_app_zip())),
             "archive": s3_assets.Asset(self, "JobDependencies", path=str(bundle.check_deps())),
         }
+
+        # -- the rollups as Athena tables (docs/pipeline.md §6.1) ------------------------------------------
+        self.catalog = RollupCatalog(self, "RollupCatalog", stack_name=config.stack_name, bucket_name=bucket.bucket_name,
+                                     prefix=ns)
 
         # -- the jobs' role: exactly what audit and rollup do -------------------------------------------
         self.job_role = iam.Role(

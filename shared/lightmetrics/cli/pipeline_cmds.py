@@ -129,10 +129,7 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
         rows = [(c, report.candidates.get(c, 0), report.confirmed.get(c, 0), len(report.files.get(c, [])))
                 for c in report.candidates]
         console.print(grid(f"audit run {report.run_id} ({report.rows_scanned} inventory rows, {report.seconds:.1f} s)",
-                           ["category (folder)", "#candidates", "#confirmed", "#files"], rows))
-        if report.confirmed_by_rule:
-            console.print(grid("confirmed by rule (docs/protocol.md §13.1)", ["rule", "#confirmed"],
-                               sorted(report.confirmed_by_rule.items())))
+                           ["finding", "#candidates", "#confirmed", "#files"], rows))
         console.print(f"summary: s3://{settings.bucket}/{report.summary_key}")
     sys.exit(code)
 
@@ -151,8 +148,8 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
 @json_option
 def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour: bool, recompute: bool,
                     owner: str | None, settings: Settings, as_json: bool) -> None:
-    """Roll closed acceptance hours up into rollup/v1/ chunks, index/v1/ entries and a committed
-    manifests/v1/ generation (exit 5 if another run holds the lease or committed first)."""
+    """Roll closed acceptance hours up into rollup/v1/ Parquet objects and a committed manifests/v1/
+    generation (exit 5 if another run holds the lease or committed first)."""
     from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline.jobs import rollup_job
     from lightmetrics_pipeline.lease import LeaseHeld, LeaseLost
@@ -175,10 +172,11 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
     else:
-        rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.chunks, h.samples, h.skipped_count,
+        rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.objects if h.format == 3 else f"{h.chunks} chunks",
+                 h.samples, h.skipped_count,
                  ", ".join(f"{k} {v}" for k, v in sorted(h.writes.items()))) for h in report.hours]
         console.print(grid(f"rollup ({report.seconds:.1f} s, owner {report.owner})",
-                           ["hour", "status", "generation", "#inputs", "#series", "#chunks", "#samples", "#skipped",
+                           ["hour", "status", "generation", "#inputs", "#series", "#objects", "#samples", "#skipped",
                             "writes"], rows))
         for h in report.hours:
             for s in h.skipped[:10]:
@@ -228,7 +226,8 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
         for p in s.points:
             v = stat_value(p, stat)
             rows.append((name, iso(p.window_start_ns), p.count, "" if v is None else f"{v:.4g}"))
-    console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, {result.chunks_read} chunks)",
+    console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, "
+                       f"{result.objects_read + result.chunks_read} objects read)",
                        ["series", "window start", "#samples", stat], rows))
     if result.uncommitted_hours:
         hours = result.uncommitted_hours

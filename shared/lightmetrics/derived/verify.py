@@ -45,15 +45,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.protocol import invariants as inv
-from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
+from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 from lightmetrics.derived.indexing import load_manifest
-from lightmetrics.protocol.keys import KeyKind, UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.ops.outcome import PermanentWorkError
 from lightmetrics.ops.pool import map_in_context
-from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol import invariants as inv
+from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 
 __all__ = ["Finding", "VerifyReport", "verify"]
 

@@ -34,14 +34,14 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from lightmetrics.acceptance.auth import TokenKeys, mint_token
+from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 from lightmetrics.cli.output import err_console, grid
+from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
+from lightmetrics.local.collectors import CollectorFleet, collector_environment
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
-from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
-from lightmetrics.local.collectors import CollectorFleet, collector_environment
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
-from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 
 BUCKET, TABLE, SECRET = "lightmetrics-demo", "lightmetrics-demo-control", "lightmetrics/ingest-tokens"
 
@@ -367,8 +367,8 @@ def _walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3ObjectSt
     """Delete a sample of derived entries, walk through Step Functions, then ``lmctl verify``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from lightmetrics.ops.blocker_actions import skip
     from lightmetrics.derived.verify import verify
+    from lightmetrics.ops.blocker_actions import skip
 
     rng = random.Random(5)
     deleted: list[str] = []
@@ -573,7 +573,9 @@ def _run_demo(scale: DemoScale, *, port: int, show_progress: bool) -> DemoReport
             mark = time.monotonic()
             _check_derived(report, store, codec, manifests)
             report.phases["derived check"] = time.monotonic() - mark
-            from lightmetrics.harness.demo_pipeline import run_pipeline_phase  # issue 7: inventory -> audit -> rollup -> query
+            from lightmetrics.harness.demo_pipeline import (
+                run_pipeline_phase,  # issue 7: inventory -> audit -> rollup -> query
+            )
 
             run_pipeline_phase(system, runtime, report)
             mark = time.monotonic()

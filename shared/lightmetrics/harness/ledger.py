@@ -31,12 +31,12 @@ from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from lightmetrics.aws.s3_store import S3ObjectStore
 from lightmetrics.protocol import invariants as inv
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec, KeyKind, ParsedKey, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
-from lightmetrics.aws.s3_store import S3ObjectStore
 
 _ALL = 10**8
 

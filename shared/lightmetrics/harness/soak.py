@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from lightmetrics.acceptance.auth import TokenKeys, mint_token
+from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
-from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 
 BUCKET, TABLE, SECRET = "lightmetrics-soak", "lightmetrics-soak-control", "lightmetrics/soak-tokens"
 _NS = 1_000_000_000
@@ -251,13 +251,13 @@ def _periodic(stop: threading.Event, every_s: float, job: Any, first_after_s: fl
 def run_soak(plan: SoakPlan, *, port: int = 0, show_progress: bool = True) -> SoakReport:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from lightmetrics.derived.verify import verify
+    from lightmetrics.derived.walk import LeaseHeld as WalkLeaseHeld
     from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
     from lightmetrics.local.collectors import CollectorFleet, collector_environment
     from lightmetrics.local.server import RemoteRuntime
     from lightmetrics.local.system import LocalSystem
     from lightmetrics.reaps import LeaseHeld as ReapLeaseHeld
-    from lightmetrics.derived.verify import verify
-    from lightmetrics.derived.walk import LeaseHeld as WalkLeaseHeld
 
     report = SoakReport(plan)
     started = time.monotonic()

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lightmetrics.acceptance.accept import MetricsSink, NoMetrics
-from lightmetrics.aws.errors import describe, is_transient
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.composition.config import Settings
 from lightmetrics.aws.control_table import ControlTable
-from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.aws.errors import describe, is_transient
+from lightmetrics.composition.config import Settings
+from lightmetrics.ops.blockers import BlockerStore
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
-from lightmetrics.protocol.retry import RetryPolicy
 from lightmetrics.ops.retry_budget import RetryBudget
+from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
+from lightmetrics.protocol.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from lightmetrics.derived.indexing import TombstoneCache

@@ -118,6 +118,7 @@ class KeyKind(str, Enum):
     ROLLUP_CHUNK = "rollup-chunk"
     ROLLUP_INDEX = "rollup-index"
     ROLLUP_CHUNK_LIST = "rollup-chunk-list"
+    ROLLUP_PART = "rollup-part"
     RETENTION_TOMBSTONE = "retention-tombstone"
     RETENTION_REAPED = "retention-reaped"
     CONFLICT_RESOLUTION = "conflict-resolution"
@@ -137,6 +138,7 @@ PREFIXES: dict[KeyKind, str] = {
     KeyKind.ROLLUP_CHUNK: "rollup/v1/",
     KeyKind.ROLLUP_INDEX: "index/v1/",
     KeyKind.ROLLUP_CHUNK_LIST: "manifests/v1/",
+    KeyKind.ROLLUP_PART: "rollup/v1/",
     KeyKind.RETENTION_TOMBSTONE: "retention/v1/",
     KeyKind.RETENTION_REAPED: "retention/v1/",
     KeyKind.CONFLICT_RESOLUTION: "conflict-resolutions/v1/",
@@ -159,6 +161,7 @@ class ParsedKey:
     scope: str | None = None
     run_id: str | None = None
     rest: str | None = None
+    part: int | None = None
 
 
 _ID = r"agent=(?P<agent>[0-9a-f]+)/boot=(?P<boot>[0-9a-f]+)/(?P<start>\d{%d})-(?P<end>\d{%d})" % (SEQ_WIDTH, SEQ_WIDTH)
@@ -179,6 +182,13 @@ _PATTERNS: list[tuple[KeyKind, re.Pattern[str]]] = [
         KeyKind.ROLLUP_CHUNK,
         re.compile(
             rf"rollup/v1/window=(?P<window>1m|5m|1h)/{_HOUR}/metric=(?P<metric>[^/]+)/(?P<chunk>[0-9a-f]{{64}})\.lmrollup\.zst"
+        ),
+    ),
+    (
+        KeyKind.ROLLUP_PART,
+        re.compile(
+            rf"rollup/v1/window=(?P<window>1m|5m|1h)/{_HOUR}/generation=(?P<gen>\d{{10}})/part-(?P<part>\d{{5}})\."
+            rf"(?P<sha>[0-9a-f]{{64}})\.parquet"
         ),
     ),
     (KeyKind.ROLLUP_INDEX, re.compile(rf"index/v1/{_HOUR}/(?P<chunk>[0-9a-f]{{64}})\.lmindex\.zst")),
@@ -298,6 +308,20 @@ class KeyCodec:
         cid = validate_sha256(chunk_id, "chunk_id")
         return f"{self.prefix}rollup/v1/window={window}/{hour.partition}/metric={encode_metric(metric)}/{cid}.lmrollup.zst"
 
+    def rollup_part(self, window: str, hour: UtcHour, generation: int, part: int, sha256: str) -> str:
+        """A v3 rollup object: the Parquet rows of every series of one generation of ``hour`` whose
+        metric falls in ``part``, for ``window`` (docs/pipeline.md §6), named by the sha256 of its bytes.
+
+        >>> KeyCodec().rollup_part("5m", UtcHour(0), 2, 7, "ab" * 32)[:72]
+        'rollup/v1/window=5m/date=1970-01-01/hour=00/generation=0000000002/part-00007'
+        """
+        if window not in ROLLUP_WINDOWS:
+            raise KeyLayoutError(f"window must be one of {ROLLUP_WINDOWS}")
+        if not 0 <= generation < 10**10 or not 0 <= part < 10**5:
+            raise KeyLayoutError("generation must be in [0, 10^10) and part in [0, 10^5)")
+        return (f"{self.prefix}rollup/v1/window={window}/{hour.partition}/generation={generation:010d}/"
+                f"part-{part:05d}.{validate_sha256(sha256)}.parquet")
+
     def rollup_index(self, hour: UtcHour, chunk_id: str) -> str:
         cid = validate_sha256(chunk_id, "chunk_id")
         return f"{self.prefix}index/v1/{hour.partition}/{cid}.lmindex.zst"
@@ -378,6 +402,7 @@ def _from_match(kind: KeyKind, m: re.Match[str]) -> ParsedKey:
         scope=g.get("scope"),
         run_id=g.get("run"),
         rest=g.get("rest"),
+        part=int(g["part"]) if g.get("part") else None,
     )
 
 

@@ -7,10 +7,12 @@
    into the embedded runtime (moto), rolled up end to end (listing, acceptance records, blobs,
    decode, aggregation, chunk + index + manifest writes);
 2b. **rollup shapes** — an hour of 10,000 series × 5 samples and one of 40 series × 12,500 (both
-   with ``spark.driver.maxResultSize=1m``): end to end, then the aggregation alone on the same
-   decoded samples — Spark SQL (``lightmetrics_pipeline.aggregate``) against the per-series Python the rollup
-   used before (``applyInPandas`` per series, ``chunks.aggregate_window``; kept here only as the
-   baseline), both encoding the chunks, neither writing;
+   with ``spark.driver.maxResultSize=1m``): end to end in format v3 (Parquet objects), then the
+   same hour's inputs end to end in format v2 (a chunk and an index entry per series and window:
+   the rollup before v3, the baseline), then the aggregation alone on the same decoded samples —
+   Spark SQL (``lightmetrics_pipeline.aggregate``) against the per-series Python the rollup used before
+   (``applyInPandas`` per series, ``chunks.aggregate_window``; kept here only as the baseline),
+   both encoding the chunks, neither writing;
 3. **decoder** — the same frames, already in a DataFrame (S3 out of the picture): the vectorized
    ``mapInPandas`` decoder against a per-row Python UDF returning an array of structs (once with
    the same parser, once with the core's object-building ``decode_frame``), each followed by the
@@ -104,7 +106,7 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
         out["rollup_samples"] = samples
         out["rollup_seconds"] = round(secs, 1)
         out["rollup_samples_per_s"] = round(samples / secs)
-        out["rollup_chunks"] = rollup.hours[0].chunks
+        out["rollup_objects"] = rollup.hours[0].objects
 
         # -- 2b. rollup shapes: high and low cardinality ------------------------------------------------
         for i, (series, per_series) in enumerate(rollup_shapes):
@@ -165,9 +167,10 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
 
 
 def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, series: int, per_series: int,
-                 per_batch: int = 500) -> dict[str, Any]:
-    """One hour of ``series`` × ``per_series`` samples: the rollup end to end, then its aggregation
-    alone (SQL vs the previous per-series Python) on the same decoded samples."""
+                 per_batch: int = 500, compare_v2: bool = True) -> dict[str, Any]:
+    """One hour of ``series`` × ``per_series`` samples: the rollup end to end (v3, then v2 on the
+    same inputs), then its aggregation alone (SQL vs the previous per-series Python) on the same
+    decoded samples."""
     from functools import partial
 
     from pyspark import StorageLevel
@@ -191,9 +194,25 @@ def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, serie
     secs = time.monotonic() - t
     h = report.hours[0]
     out: dict[str, Any] = {"samples": total, "batches": batches, "seconds": round(secs, 1),
-                           "samples_per_s": round(total / secs), "chunks": h.chunks, "status": h.status,
-                           "put_requests": report.requests.total("PutObject"), "tasks": report.tasks,
-                           "driver_max_result_size": spark.conf.get("spark.driver.maxResultSize")}
+                           "samples_per_s": round(total / secs), "objects": h.objects, "rows": h.rows,
+                           "status": h.status, "put_requests": report.requests.total("PutObject"),
+                           "tasks": report.tasks, "driver_max_result_size": spark.conf.get("spark.driver.maxResultSize")}
+    if compare_v2:
+        # The same inputs in format v2 (the rollup before v3), as the next generation: planned and
+        # executed the same way, the plan told to build although the hour is up to date.
+        v2 = RollupJob(spark, access, table=None, rollup_format=2)
+        t = time.monotonic()
+        plan = v2.plan([hour], first_open=hour.next())
+        plan.hours[0].status, plan.hours[0].generation, plan.hours[0].supersedes, plan.hours[0].format = \
+            "build", 2, 1, 2
+        old = v2.execute(plan).hours[0]
+        v2_secs = time.monotonic() - t
+        out["v2_seconds"] = round(v2_secs, 1)
+        out["v2_samples_per_s"] = round(total / v2_secs)
+        out["v2_status"] = old.status
+        out["v2_chunks"] = old.chunks
+        out["v2_put_requests"] = sum(old.writes.values())
+        out["speedup_v3_over_v2"] = round(v2_secs / secs, 1)
     # The aggregation alone, on the same decoded samples (persisted first), encoding but not writing.
     plan = job.plan([hour], first_open=hour.next())
     acc = counter_accumulator(spark)
@@ -206,7 +225,7 @@ def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, serie
         t = time.monotonic()
         n = df.agg(F.count("*"), F.sum("bytes")).collect()[0][0]
         timings[name] = time.monotonic() - t
-        assert n == h.chunks, (name, n, h.chunks)
+        assert n == 3 * h.series, (name, n, h.series)
     samples.unpersist()
     plan.entries.unpersist()
     out["aggregate_sql_s"] = round(timings["sql"], 1)

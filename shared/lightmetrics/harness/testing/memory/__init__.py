@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.acceptance.accept import AcceptContext, MetricsSink, NoMetrics
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.protocol.clock import Clock, FrozenClock
 from lightmetrics.composition.config import Settings
-from lightmetrics.protocol.keys import KeyCodec
-from lightmetrics.protocol.retry import RetryPolicy
-from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.harness.testing.memory.control_table import InMemoryControlTable
 from lightmetrics.harness.testing.memory.object_store import NO_WAIT, InMemoryObjectStore
+from lightmetrics.ops.blockers import BlockerStore
+from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.clock import Clock, FrozenClock
+from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.retry import RetryPolicy
 
 #: A fixed time for tests (2025-11-24T16:00:00Z).
 T0_NS = 1_764_000_000_000_000_000

@@ -36,11 +36,17 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from lightmetrics.aws.errors import is_not_found, is_transient
+from lightmetrics.aws.s3_store import DELETE_BATCH_MAX, DeleteOutcome, bucket_refusal, classify_put_error
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.object_store import (
+    ListPage,
+    ObjectHead,
+    ObjectVersion,
+    StoreAccessError,
+    TransientStoreError,
+)
 from lightmetrics.protocol.retry import RetryPolicy
-from lightmetrics.aws.s3_store import DELETE_BATCH_MAX, DeleteOutcome, bucket_refusal, classify_put_error
-from lightmetrics.protocol.object_store import ListPage, ObjectHead, ObjectVersion, StoreAccessError, TransientStoreError
 
 _NS = 1_000_000_000
 _T = TypeVar("_T")

@@ -1,0 +1,212 @@
+"""Rollup format v3 (issue 15): Parquet objects holding many series — the same numbers as the
+per-series reference, deterministic bytes, requests that do not grow with the series, the same
+query answers as v2, and files a reader without our code can use."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import re
+import struct
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import T0_NS
+from pipeline_support import (
+    H0,
+    accept_indexed,
+    access_for,
+    make_system,
+    oracle_chunks,
+    reference_rollup,
+    sample_frame,
+    tricky_sample_rows,
+    varied_samples,
+)
+
+from lightmetrics.protocol.frame import Sample
+from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_parquet as P
+from lightmetrics_pipeline.aggregate import chunk_rows
+from lightmetrics_pipeline.query import run_query
+from lightmetrics_pipeline.rollup import RollupJob, read_committed
+from lightmetrics_pipeline.s3io import store
+
+NEXT = H0.next()
+_BITS = struct.Struct(">d").pack
+
+
+@pytest.fixture
+def system(runtime, clock):  # type: ignore[no-untyped-def]
+    return make_system(runtime, clock)
+
+
+def _ident(n: int, agent: str = "agent-p") -> BatchIdentity:
+    return BatchIdentity.create(agent, "boot-1", n * 100, n * 100 + 99)
+
+
+def _agg_bits(a: C.WindowAgg) -> tuple[object, ...]:
+    """Every field of an aggregate, floats as their bits (NaN, ±0 and ±inf compared exactly)."""
+    return (a.window_start_ns, a.count, a.nan_count, _BITS(a.sum), _BITS(a.min), _BITS(a.max), _BITS(a.last),
+            a.last_ts_ns, a.sketch)
+
+
+def _parquet_of(spark, rows, partitions: int, generation: int = 4):  # type: ignore[no-untyped-def]
+    """(hour_s, window) -> Parquet bytes of the tricky samples, as the write stage builds them."""
+    by_object: dict[tuple[int, str], list[dict[str, object]]] = {}
+    for r in chunk_rows(sample_frame(spark, rows), partitions=partitions).collect():
+        d = r.asDict(recursive=True)
+        by_object.setdefault((d["hour_s"], d["window"]), []).extend(P.part_rows(d, generation, "ab" * 32))
+    return {k: P.part_bytes(v) for k, v in by_object.items()}
+
+
+def test_parquet_rows_equal_the_per_series_reference_bit_for_bit_and_bytes_are_deterministic(spark) -> None:  # type: ignore[no-untyped-def]
+    rows = tricky_sample_rows(11)  # NaN, ±inf, ±0, ties, huge and tiny values, two hours
+    objects = _parquet_of(spark, rows, partitions=3)
+    want = {(hour_s, series, window): C.decode_chunk(data).rows
+            for (hour_s, series, window), data in oracle_chunks(rows, 4, seed=5).items()}
+    got: dict[tuple[int, str, str], list[C.WindowAgg]] = {}
+    for (hour_s, window), data in objects.items():
+        table = pq.read_table(io.BytesIO(data))
+        assert table.schema.equals(P.arrow_schema())
+        for rec, (series, _labels, agg) in zip(table.to_pylist(), P.window_aggs(table)):
+            got.setdefault((hour_s, series, window), []).append(agg)
+            sk = C.deserialize_sketch(agg.sketch)
+            assert (rec["p50"], rec["p90"], rec["p99"]) == (C.quantile(sk, 0.5), C.quantile(sk, 0.9), C.quantile(sk, 0.99))
+            assert rec["window_start"].timestamp() * 10**6 == agg.window_start_ns // 1000
+            assert (rec["rollup_generation"], rec["inputs_sha256"]) == (4, "ab" * 32)
+        keys = [(r["metric"], r["series"], r["window_start_ns"]) for r in table.to_pylist()]
+        assert keys == sorted(keys)  # the order that makes the bytes a function of the rows
+    assert set(got) == set(want)
+    differ = [k for k in want if [_agg_bits(a) for a in got[k]] != [_agg_bits(a) for a in want[k]]]
+    assert not differ, differ[:3]
+    # Deterministic: other aggregation partitions, rows in another order -> the same bytes.
+    assert _parquet_of(spark, rows, partitions=5) == objects
+    some = next(iter(objects))
+    table = pq.read_table(io.BytesIO(objects[some])).to_pylist()
+    random.Random(3).shuffle(table)
+    for r in table:
+        r["labels"] = list(r["labels"])
+        r["window_start"] = r["window_start_ns"] // 1000
+    assert P.part_bytes(table) == objects[some]
+
+
+def _many_series(n: int, per_series: int = 3) -> list[Sample]:
+    base = T0_NS - 50 * 60 * 10**9
+    return [Sample(f"load.m{i % 7}", {"host": f"h{i:04d}"}, base + j * 7 * 60 * 10**9, float(i * 10 + j))
+            for i in range(n) for j in range(per_series)]
+
+
+@pytest.mark.parametrize("series", [8, 400])
+def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series, system, runtime, clock, spark,
+                                                                          monkeypatch):  # type: ignore[no-untyped-def]
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(series))
+    access = access_for(system, runtime, "pipeline-parquet")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    report = job.run([H0], first_open=NEXT)
+    (h,) = report.hours
+    assert (h.status, h.format, h.series) == ("committed", 3, series)
+    # One object per window (every window's rows fit one part) + the manifest: 4 PUTs for 8 series
+    # as for 400 (the per-series format wrote 2 per series and window: 6 x series + 2).
+    assert report.requests.statuses("PutObject") == {"200": 4} and h.objects == 3
+    doc = read_committed(access, H0)
+    assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["totals"]["objects"] == 3
+    assert doc["totals"]["rows"] == sum(o["rows"] for o in doc["parquet"]["objects"]) == h.rows
+    # Rerun with --recompute: the same object keys and bytes -> every write answers 412.
+    again = job.run([H0], first_open=NEXT, recompute=True)
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 4}
+    # Smaller parts: more objects, each window's rows split by metric; still objects + 1 PUTs, and a
+    # one-metric query reads exactly one object.
+    monkeypatch.setattr(P, "ROWS_PER_PART", max(1, h.rows // 12))
+    late = accept_indexed(system, runtime, clock, _ident(2), _many_series(series)[:5])
+    assert late.status.value == "accepted"
+    split = job.run([H0], first_open=NEXT)
+    (h2,) = split.hours
+    assert h2.generation == 2 and h2.objects > 3
+    assert split.requests.statuses("PutObject") == {"200": h2.objects + 1}
+    doc2 = read_committed(access, H0)
+    assert {o["window"] for o in doc2["parquet"]["objects"]} == {"1m", "5m", "1h"}
+    q = run_query(access, "load.m3", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="5m")
+    assert q.objects_read == 1 and q.chunks_read == 0 and q.generations == {str(H0): 2}
+    assert {s.labels["host"] for s in q.series} == {f"h{i:04d}" for i in range(series) if i % 7 == 3}
+
+
+def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]
+    return {(tuple(sorted(s.labels.items())), p.window_start_ns): _agg_bits(p) for s in q.series for p in s.points}
+
+
+def test_query_answers_the_same_from_v2_and_v3(runtime, clock, spark) -> None:  # type: ignore[no-untyped-def]
+    answers = []
+    for fmt in (2, 3):
+        system = make_system(runtime, clock)
+        for n in range(3):
+            accept_indexed(system, runtime, clock, _ident(n), varied_samples(n, n=60))
+        access = access_for(system, runtime)
+        report = RollupJob(spark, access, table=None, clock=clock, rollup_format=fmt).run([H0], first_open=NEXT)
+        assert report.hours[0].format == fmt
+        assert read_committed(access, H0)["schema"] == ("lightmetrics.rollup_manifest.v2" if fmt == 2 else
+                                                       P.MANIFEST_SCHEMA_V3)
+        per_format = {}
+        for metric in ("cpu.usage", "mem.rss", "disk/io"):
+            for window in ("1m", "5m", "1h"):
+                q = run_query(access, metric, start_ns=T0_NS - 3 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9,
+                              window=window)
+                assert q.series
+                per_format[(metric, window)] = _query_table(q)
+        answers.append(per_format)
+    assert answers[0] == answers[1]
+
+
+def _plain_read(s3, bucket: str) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    """What a reader without lightmetrics does: boto3, json and pyarrow only. The rows of the
+    highest committed generation of each hour (its manifest is the largest generation=N.json; it
+    names the hour, generation and inputs digest the rows carry)."""
+    def keys(prefix: str) -> list[str]:
+        return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for o in page.get("Contents", [])]
+
+    best: dict[str, dict[str, object]] = {}
+    for key in keys("manifests/v1/"):
+        if re.search(r"/generation=\d{10}\.json$", key):
+            doc = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+            if doc["hour"] not in best or doc["generation"] > best[doc["hour"]]["generation"]:
+                best[doc["hour"]] = doc
+    current = {(h, d["generation"], d["inputs"]["sha256"]) for h, d in best.items()}
+    out = []
+    for key in keys("rollup/v1/"):
+        if not key.endswith(".parquet"):
+            continue
+        window = re.search(r"window=(\w+)/", key).group(1)  # type: ignore[union-attr]
+        table = pq.read_table(io.BytesIO(s3.get_object(Bucket=bucket, Key=key)["Body"].read()))
+        for r in table.to_pylist():
+            if (r["acceptance_hour"], r["rollup_generation"], r["inputs_sha256"]) in current:
+                out.append({**r, "window": window})
+    return out
+
+
+def test_rollups_are_readable_with_plain_pyarrow(system, runtime, clock, spark) -> None:  # type: ignore[no-untyped-def]
+    results = [accept_indexed(system, runtime, clock, _ident(n), varied_samples(n, n=50)) for n in range(2)]
+    access = access_for(system, runtime)
+    job = RollupJob(spark, access, table=None, clock=clock)
+    assert job.run([H0], first_open=NEXT).hours[0].generation == 1
+    results.append(accept_indexed(system, runtime, clock, _ident(5), varied_samples(5, n=50)))  # a late batch
+    assert job.run([H0], first_open=NEXT).hours[0].generation == 2  # generation 1's objects stay, superseded
+    s3 = runtime.boto3_client("s3")
+    rows = _plain_read(s3, system.settings.bucket)
+    assert {r["rollup_generation"] for r in rows} == {2}
+    st = store(access)
+    ref = reference_rollup({KeyCodec("").parse(r.manifest_key).identity.manifest_id: st.get(r.blob_key)  # type: ignore[union-attr]
+                            for r in results})
+    for metric in ("cpu.usage", "disk/io"):
+        q = run_query(access, metric, start_ns=T0_NS - 3 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="5m")
+        plain = {(tuple(sorted(r["labels"])), r["window_start_ns"]):
+                 (r["window_start_ns"], r["count"], r["nan_count"], _BITS(r["sum"]), _BITS(r["min"]), _BITS(r["max"]),
+                  _BITS(r["last"]), r["last_ts_ns"], r["sketch"])
+                 for r in rows if r["metric"] == metric and r["window"] == "5m"}
+        assert plain == _query_table(q)
+        # ... and both are the samples' numbers (all three batches: the superseding generation's)
+        want = {k for k in ref if k[0] == metric and k[2] == "5m"}
+        assert sum(p[1] for p in plain.values()) == sum(ref[k]["count"] for k in want)
