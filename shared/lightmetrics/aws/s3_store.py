@@ -1,7 +1,7 @@
-"""The object-store port and its S3 adapter.
+"""The S3 adapter of the object-store port (:mod:`lightmetrics.protocol.object_store`).
 
-The accept algorithm and every background job talk to :class:`ObjectStore`; the only
-implementation that ships is :class:`S3ObjectStore` (boto3), used against AWS and against
+The accept algorithm and every background job talk to :class:`~lightmetrics.protocol.object_store.ObjectStore`;
+the only implementation that ships is :class:`S3ObjectStore` (boto3), used against AWS and against
 the embedded moto server alike. Error classification lives here, in one place.
 
 Example:
@@ -15,8 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import (
@@ -30,104 +29,14 @@ from botocore.exceptions import (
 
 from lightmetrics.aws.errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
-from lightmetrics.protocol.errors import LightmetricsError, ResourceAccessError
+from lightmetrics.protocol.object_store import (
+    ListPage,
+    ObjectHead,
+    ObjectVersion,
+    StoreAccessError,
+    TransientStoreError,
+)
 from lightmetrics.protocol.retry import RetryPolicy
-
-
-class TransientStoreError(LightmetricsError):
-    """A read failed in a way that may succeed on retry (timeout, 5xx, throttling, 409)."""
-
-
-class StoreAccessError(ResourceAccessError):
-    """S3 refused the request: the bucket does not exist, access is denied, or another
-    non-retryable client error. Never a missing key (that is ``None``)."""
-
-    def __init__(self, bucket: str, problem: str, setting: str = "LM_BUCKET") -> None:
-        super().__init__("bucket", bucket, setting, problem)
-
-
-@dataclass(frozen=True)
-class ListPage:
-    """One ``ListObjectsV2`` response: keys (with sizes and ``LastModified``) in key order, common
-    prefixes, and whether more follow (``next_token`` continues a listing with a delimiter).
-
-    ``last_modified_ns[i]`` is ``keys[i]``'s ``LastModified`` in Unix ns: S3's clock, whole seconds,
-    when the object's PUT began (the walk places a record's hour by it, docs/protocol.md §13 W4)."""
-
-    keys: list[str]
-    sizes: list[int]
-    prefixes: list[str]
-    truncated: bool
-    next_token: str | None = None
-    last_modified_ns: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ObjectHead:
-    key: str
-    size: int
-    last_modified_unix_s: float
-    etag: str
-    metadata: dict[str, str] = field(default_factory=dict)
-    version_id: str | None = None
-    #: base64 SHA-256 of the whole object, as S3 stored it at upload; None when the HEAD did not ask
-    #: for it, the object was written without one, or S3 holds only a composite (multipart) checksum
-    checksum_sha256_b64: str | None = None
-
-
-@dataclass(frozen=True)
-class ObjectVersion:
-    """One version of a key, or one delete marker (``ListObjectVersions``)."""
-
-    key: str
-    version_id: str
-    last_modified: datetime
-    delete_marker: bool
-
-
-class ObjectStore(Protocol):
-    """Everything the core and the background jobs need from object storage: conditional create,
-    GET, HEAD, LIST (pages, keys, key ranges), the versions of a key, and deletes.
-
-    Deletes are never retried by the store: a repeated delete without a version id would place a
-    second delete marker. Reads are retried on transient failures.
-    """
-
-    bucket: str
-
-    def put_if_absent(
-        self,
-        key: str,
-        body: bytes,
-        *,
-        metadata: dict[str, str] | None = None,
-        content_type: str = "application/json",
-        checksum_sha256_b64: str | None = None,
-    ) -> tuple[ConditionalCreateOutcome, str]: ...
-
-    def get(self, key: str) -> bytes | None: ...
-
-    def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]: ...
-
-    def head(self, key: str, *, checksum: bool = False) -> ObjectHead | None: ...
-
-    def require_bucket(self, prefix: str) -> None: ...
-
-    def list_page(self, prefix: str, *, max_keys: int = 1000, start_after: str | None = None,
-                  delimiter: str | None = None, continuation_token: str | None = None) -> ListPage: ...
-
-    def list_keys(self, prefix: str, *, limit: int = 1000) -> list[str]: ...
-
-    def list_modified(self, prefix: str, *, limit: int = 1000, start_after: str | None = None,
-                      end_at: str | None = None) -> list[tuple[str, int]]: ...
-
-    def versions_of(self, key: str) -> list[ObjectVersion]: ...
-
-    def delete(self, key: str) -> None: ...
-
-    def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
-                       after_request: Callable[[], None] | None = None) -> DeleteOutcome: ...
-
 
 _NS = 1_000_000_000
 _T = TypeVar("_T")
