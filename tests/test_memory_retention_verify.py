@@ -78,11 +78,11 @@ def test_verify_is_clean_on_a_consistent_namespace_and_names_each_planted_fault(
     w.store.put_if_absent(codec.accepted(ident(8, agent="agent-z")), b'{"schema": "nope"}')
     w.store.put_if_absent(codec.retention_reaped("raw", UtcHour.of_unix_ns(OLD_NS - 86400 * _NS)), b"{}")
     report = verify(w.ctx, strict=True)
-    found = {(f.kind, f.keys[0]) for f in report.violations}
+    found = {(f.rule, f.keys[0]) for f in report.violations}
     assert found == {
         ("blob-missing", old[0].manifest_key), ("blob-size", old[1].manifest_key),
-        ("orphan-derived", stray), ("missing-derived", recent[0].manifest_key),
-        ("orphan-derived", codec.raw_blobs_by_time(hour, old[0].frame_sha256)),  # the missing blob's hint
+        ("derived-without-source", stray), ("missing-derived", recent[0].manifest_key),
+        ("derived-without-source", codec.raw_blobs_by_time(hour, old[0].frame_sha256)),  # the missing blob's hint
         ("invalid-manifest", codec.accepted(ident(8, agent="agent-z"))),
         ("reaped-without-tombstone", codec.retention_reaped("raw", UtcHour.of_unix_ns(OLD_NS - 86400 * _NS))),
     }
