@@ -344,7 +344,7 @@ class KeyCodec:
         """A v3 rollup object: the Parquet rows of every series of one generation of ``hour`` whose
         metric falls in ``part``, for ``window`` (docs/pipeline.md §6), named by the sha256 of its bytes.
 
-        >>> KeyCodec().rollup_part("5m", UtcHour(0), 2, 7, "ab" * 32)[:72]
+        >>> KeyCodec().rollup_part("5m", UtcHour(0), 2, 7, "ab" * 32)[:76]
         'rollup/v1/window=5m/date=1970-01-01/hour=00/generation=0000000002/part-00007'
         """
         if window not in ROLLUP_WINDOWS:
