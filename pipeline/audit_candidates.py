@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightmetrics.protocol.keys import KeyCodec, KeyKind
 from lightmetrics_pipeline.audit_confirm import CANDIDATE_COLUMNS
 
 
@@ -40,6 +41,10 @@ class _Sql:
         from pyspark.sql import functions as F
 
         self.F, self.ns = F, ns
+        codec = KeyCodec(ns)  # the keys' roots; the rest of each key is spelled in SQL below
+        self.accepted_agents = codec.accepted_root() + "agent="
+        self.blob_shas = codec.root(KeyKind.RAW_BLOB) + "sha256/"
+        self.quarantine_agents = codec.quarantine_root() + "agent="
         self.null_s, self.null_l = F.lit(None).cast("string"), F.lit(None).cast("long")
 
     def with_identity(self, df: Any) -> Any:
@@ -52,17 +57,17 @@ class _Sql:
 
     def accepted_key(self, df: Any) -> Any:
         F = self.F
-        return F.concat(F.lit(self.ns + "accepted/v1/agent="), df["agent"], F.lit("/boot="), df["boot"], F.lit("/"),
+        return F.concat(F.lit(self.accepted_agents), df["agent"], F.lit("/boot="), df["boot"], F.lit("/"),
                         df["s"], F.lit("-"), df["e"], F.lit(".json"))
 
     def blob_key(self, sha: Any) -> Any:
         F = self.F
-        return F.concat(F.lit(self.ns + "raw-blobs/v1/sha256/"), F.substring(sha, 1, 2), F.lit("/"),
+        return F.concat(F.lit(self.blob_shas), F.substring(sha, 1, 2), F.lit("/"),
                         F.substring(sha, 3, 2), F.lit("/"), sha, F.lit(".lmbatch"))
 
     def quarantine_key(self) -> Any:
         F = self.F
-        return F.concat(F.lit(self.ns + "quarantine/v1/identity-conflict/agent="), F.col("agent"),
+        return F.concat(F.lit(self.quarantine_agents), F.col("agent"),
                         F.lit("/boot="), F.col("boot"), F.lit("/"), F.col("s"), F.lit("-"), F.col("e"),
                         F.lit("/"), F.col("sha"), F.lit(".json"))
 

@@ -9,29 +9,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightmetrics.protocol.keys import KeyCodec, KeyKind, layout_root, layout_roots
+
 _ID = r"agent=([0-9a-f]+)/boot=([0-9a-f]+)/(\d{20})-(\d{20})"
 _HOUR = r"date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})"
 _SHA = r"sha256/([0-9a-f]{2})/([0-9a-f]{2})/(\1\2[0-9a-f]{60})"
+# The roots come from the codec ([a-z-]+/v1/: literal in a Java regex as they are); keys are namespace-relative.
+_ACCEPTED, _BY_TIME, _BY_BLOB = layout_roots(KeyKind.ACCEPTED, KeyKind.ACCEPTED_BY_TIME, KeyKind.ACCEPTED_BY_BLOB)
+_BLOB, _BLOB_BY_TIME = layout_roots(KeyKind.RAW_BLOB, KeyKind.RAW_BLOBS_BY_TIME)
+_QUARANTINE, _QUARANTINE_BY_BLOB = layout_root(KeyKind.QUARANTINE), layout_root(KeyKind.QUARANTINE_BY_BLOB)
+_CONFLICTS = KeyCodec().quarantine_root()  # the quarantine's identity-conflict folder
+_RAW_RETENTION = KeyCodec().retention_scope_root("raw")
 
 #: kind -> (prefix, Java regex over the namespace-relative key, {column: group})
 KINDS: dict[str, tuple[str, str, dict[str, int]]] = {
-    "accepted": ("accepted/v1/", rf"^accepted/v1/{_ID}\.json$", {"agent": 1, "boot": 2, "s": 3, "e": 4}),
-    "by_time": ("accepted-by-time/v1/",
-                rf"^accepted-by-time/v1/{_HOUR}/([0-9a-f]+)\.([0-9a-f]+)\.(\d{{20}})-(\d{{20}})\.json$",
+    "accepted": (_ACCEPTED, rf"^{_ACCEPTED}{_ID}\.json$", {"agent": 1, "boot": 2, "s": 3, "e": 4}),
+    "by_time": (_BY_TIME,
+                rf"^{_BY_TIME}{_HOUR}/([0-9a-f]+)\.([0-9a-f]+)\.(\d{{20}})-(\d{{20}})\.json$",
                 {"date": 1, "hh": 2, "agent": 3, "boot": 4, "s": 5, "e": 6}),
-    "by_blob": ("accepted-by-blob/v1/", rf"^accepted-by-blob/v1/{_SHA}/{_ID}\.json$",
+    "by_blob": (_BY_BLOB, rf"^{_BY_BLOB}{_SHA}/{_ID}\.json$",
                 {"sha": 3, "agent": 4, "boot": 5, "s": 6, "e": 7}),
-    "blob": ("raw-blobs/v1/", rf"^raw-blobs/v1/{_SHA}\.lmbatch$", {"sha": 3}),
-    "blob_by_time": ("raw-blobs-by-time/v1/", rf"^raw-blobs-by-time/v1/{_HOUR}/sha256=([0-9a-f]{{64}})\.json$",
+    "blob": (_BLOB, rf"^{_BLOB}{_SHA}\.lmbatch$", {"sha": 3}),
+    "blob_by_time": (_BLOB_BY_TIME, rf"^{_BLOB_BY_TIME}{_HOUR}/sha256=([0-9a-f]{{64}})\.json$",
                      {"date": 1, "hh": 2, "sha": 3}),
-    "quarantine": ("quarantine/v1/", rf"^quarantine/v1/identity-conflict/{_ID}/([0-9a-f]{{64}})\.json$",
+    "quarantine": (_QUARANTINE, rf"^{_CONFLICTS}{_ID}/([0-9a-f]{{64}})\.json$",
                    {"agent": 1, "boot": 2, "s": 3, "e": 4, "sha": 5}),
-    "quarantine_by_blob": ("quarantine-by-blob/v1/", rf"^quarantine-by-blob/v1/{_SHA}/{_ID}\.json$",
+    "quarantine_by_blob": (_QUARANTINE_BY_BLOB, rf"^{_QUARANTINE_BY_BLOB}{_SHA}/{_ID}\.json$",
                            {"sha": 3, "agent": 4, "boot": 5, "s": 6, "e": 7}),
-    "tombstone": ("retention/v1/raw/", rf"^retention/v1/raw/{_HOUR}/(tombstone|reaped)\.json$", {"date": 1, "hh": 2}),
+    "tombstone": (_RAW_RETENTION, rf"^{_RAW_RETENTION}{_HOUR}/(tombstone|reaped)\.json$", {"date": 1, "hh": 2}),
 }
 #: layout prefixes the audit does not classify (rollups, resolutions, audits): counted only
-OTHER_PREFIXES = ("conflict-resolutions/v1/", "manifests/v1/", "rollup/v1/", "index/v1/", "retention/v1/", "audit/v1/")
+OTHER_PREFIXES = layout_roots(KeyKind.CONFLICT_RESOLUTION, KeyKind.ROLLUP_MANIFEST, KeyKind.ROLLUP_PART,
+                              KeyKind.ROLLUP_INDEX, KeyKind.RETENTION_TOMBSTONE, KeyKind.AUDIT)
 
 #: The fields a key can carry, in the order of the classification's field string.
 FIELD_NAMES = ("agent", "boot", "s", "e", "sha", "date", "hh")

@@ -175,6 +175,32 @@ def test_property_10_walk_and_reap_tasks_fail_on_a_missing_bucket_instead_of_fin
         reaper.gc({"reap": step["reap"]})
 
 
+@pytest.mark.parametrize("control", ["walk", "reap gc", "reap retention"])
+def test_property_10_walk_and_reap_controls_refuse_a_missing_bucket_before_starting(system, runtime, control):  # type: ignore[no-untyped-def]
+    """The bucket check is in ``WalkControl.start`` / ``ReapControl.start`` (not only in lmctl), so
+    every caller of them is refused before an execution starts."""
+    from dataclasses import replace
+
+    from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
+    from lightmetrics.derived.walk import WalkControl
+    from lightmetrics.protocol.errors import ResourceAccessError
+    from lightmetrics.reaps import ReapControl
+
+    missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
+    ctx = system.work_context()
+    ctx = replace(ctx, store=S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), missing))
+    sfn = runtime.boto3_client("stepfunctions")
+    name = "bootstrap-walk" if control == "walk" else "reap"
+    arn = system.state_machine_arn(name)
+    before = len(sfn.list_executions(stateMachineArn=arn)["executions"])
+    with pytest.raises(ResourceAccessError, match=missing):
+        if control == "walk":
+            WalkControl(ctx, sfn, arn).start(timeout_s=10)
+        else:
+            ReapControl(ctx, sfn, arn).start(mode=control.split()[1], dry_run=True, timeout_s=10)
+    assert len(sfn.list_executions(stateMachineArn=arn)["executions"]) == before, "nothing started"
+
+
 def test_property_10_pipeline_listings_raise_for_a_missing_bucket(runtime):  # type: ignore[no-untyped-def]
     from lightmetrics.protocol.errors import ResourceAccessError
     from lightmetrics_pipeline import inventory, s3io

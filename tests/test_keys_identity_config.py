@@ -12,7 +12,7 @@ from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, bearer_toke
 from lightmetrics.composition.config import Settings
 from lightmetrics.protocol.errors import AuthError, ConfigError, InvalidIdentityError, KeyLayoutError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id, id_to_hex
-from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour, encode_metric
+from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyCodec, KeyKind, UtcHour, encode_metric, layout_root
 
 _id_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="/").filter(
     lambda c: not (ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F))
@@ -73,6 +73,52 @@ def test_blob_time_rollup_and_retention_keys_round_trip(sha, hour, window, metri
         p = codec.parse(build(scope, hour))
         assert (p.kind, p.scope, p.hour) == (kind, scope, hour)
     assert codec.parse(codec.audit_run("r-1") + "summary.json").run_id == "r-1"
+
+
+@settings(max_examples=100, deadline=None)
+@given(identities(), shas, hours, st.sampled_from(["1m", "5m", "1h"]), st.integers(0, 10**5 - 1),
+       st.sampled_from(["raw", "rollup"]), prefixes)
+def test_every_key_lies_under_its_kinds_root_and_its_partition_prefixes(identity, sha, hour, window, n, scope,
+                                                                         prefix):  # type: ignore[no-untyped-def]
+    """The roots and prefix builders callers list with (instead of spelling the layout) are the
+    prefixes of the keys the codec builds: listing them finds exactly those keys."""
+    codec = KeyCodec(prefix)
+    under = {  # key -> the prefixes it must lie under
+        codec.raw_blob(sha): [],
+        codec.raw_blobs_by_time(hour, sha): [codec.raw_blobs_by_time_hour(hour)],
+        codec.accepted(identity): [codec.accepted_root()],
+        codec.accepted_by_time(hour, identity): [codec.accepted_by_time_hour(hour)],
+        codec.accepted_by_blob(sha, identity): [],
+        codec.quarantine(identity, sha): [codec.quarantine_root()],
+        codec.quarantine_by_blob(sha, identity): [],
+        codec.conflict_resolution(identity, sha): [],
+        codec.rollup_manifest(hour, n): [codec.rollup_manifest_hour(hour)],
+        codec.rollup_chunk_list(hour, sha): [codec.rollup_manifest_hour(hour)],
+        codec.rollup_chunk(window, hour, "cpu.usage", sha): [codec.rollup_window_hour(window, hour)],
+        codec.rollup_part(window, hour, n, n, sha): [codec.rollup_window_hour(window, hour)],
+        codec.rollup_index(hour, sha): [codec.rollup_index_hour(hour)],
+        codec.retention_tombstone(scope, hour): [codec.retention_scope_root(scope)],
+        codec.retention_reaped(scope, hour): [codec.retention_scope_root(scope)],
+        codec.audit_committed(n, "r1"): [codec.audit_committed_root()],
+    }
+    for key, prefixes_of_key in under.items():
+        kind = codec.parse(key).kind
+        assert key.startswith(codec.root(kind)) and codec.root(kind) == prefix + layout_root(kind), key
+        assert layout_root(kind) in LAYOUT_ROOTS
+        for p in prefixes_of_key:
+            assert key.startswith(p) and p.startswith(codec.root(kind)), (key, p)
+    assert {codec.parse(k).kind for k in under} == set(KeyKind)
+    other_window = {"1m": "5m", "5m": "1h", "1h": "1m"}[window]
+    assert not codec.rollup_part(window, hour, n, n, sha).startswith(codec.rollup_window_hour(other_window, hour))
+
+
+def test_prefix_builders_refuse_what_is_not_in_the_layout():  # type: ignore[no-untyped-def]
+    codec = KeyCodec()
+    with pytest.raises(KeyLayoutError):
+        codec.rollup_window_hour("2m", UtcHour(0))
+    with pytest.raises(KeyLayoutError):
+        codec.retention_scope_root("blobs")
+    assert len(LAYOUT_ROOTS) == len(set(LAYOUT_ROOTS)) == 13
 
 
 def test_seq_ranges_sort_numerically_in_keys():  # type: ignore[no-untyped-def]

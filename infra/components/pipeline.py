@@ -58,6 +58,8 @@ from constructs import Construct
 from infra import pipeline_bundle as bundle
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
+from lightmetrics.protocol.keys import KeyKind as K  # short: the policy names many kinds
+from lightmetrics.protocol.keys import layout_roots
 
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
 RELEASE_LABEL = "emr-spark-8.0.0"
@@ -66,12 +68,12 @@ INVENTORY_ID = "weekly-parquet"  # storage.INVENTORY_ID
 INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
 
 #: layout prefixes the jobs read (GET/HEAD) and write (conditional create)
-READ_PREFIXES = ("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs/v1/",
-                 "raw-blobs-by-time/v1/", "quarantine/v1/", "quarantine-by-blob/v1/", "manifests/v1/", "rollup/v1/",
-                 "index/v1/", "retention/v1/", "audit/v1/",
-                 # the audit's orphan check reads a conflict's resolution (docs/protocol.md §15 G3)
-                 "conflict-resolutions/v1/")
-WRITE_PREFIXES = ("rollup/v1/", "index/v1/", "manifests/v1/", "audit/v1/")
+READ_PREFIXES = layout_roots(K.ACCEPTED, K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOB, K.RAW_BLOBS_BY_TIME,
+                             K.QUARANTINE, K.QUARANTINE_BY_BLOB, K.ROLLUP_MANIFEST, K.ROLLUP_PART, K.ROLLUP_INDEX,
+                             K.RETENTION_TOMBSTONE, K.AUDIT,
+                             # the audit's orphan check reads a conflict's resolution (docs/protocol.md §15 G3)
+                             K.CONFLICT_RESOLUTION)
+WRITE_PREFIXES = layout_roots(K.ROLLUP_PART, K.ROLLUP_INDEX, K.ROLLUP_MANIFEST, K.AUDIT)
 #: control-table partitions the jobs touch (docs/control-table.md)
 #: control-table partitions the jobs write (the rollup's lease) and only read
 LEASE_KEYS = ("lease#rollup",)

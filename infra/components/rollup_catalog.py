@@ -17,6 +17,7 @@ from aws_cdk import aws_athena as athena
 from aws_cdk import aws_glue as glue
 from constructs import Construct
 
+from lightmetrics.protocol.keys import KeyKind, layout_root
 from lightmetrics_pipeline.rollup_parquet import COLUMNS
 
 ROLLUPS_TABLE = "rollups"
@@ -85,7 +86,8 @@ class RollupCatalog(Construct):
         self.database = glue.CfnDatabase(
             self, "Database", catalog_id=account, database_input=glue.CfnDatabase.DatabaseInputProperty(
                 name=self.database_name, description="Lightmetrics hourly rollups (docs/pipeline.md §6.1)"))
-        root = f"s3://{bucket_name}/{prefix}"
+        rollups_root = f"s3://{bucket_name}/{prefix}{layout_root(KeyKind.ROLLUP_PART)}"
+        manifests_root = f"s3://{bucket_name}/{prefix}{layout_root(KeyKind.ROLLUP_MANIFEST)}"
         part_keys = [glue.CfnTable.ColumnProperty(name=n, type="string") for n in ("window", "date", "hour", "generation")]
         self.rollups = glue.CfnTable(self, "RollupsTable", catalog_id=account, database_name=self.database_name,
                                      table_input=glue.CfnTable.TableInputProperty(
@@ -96,23 +98,23 @@ class RollupCatalog(Construct):
                         "projection.generation.type": "integer",
                         "projection.generation.range": f"1,{MAX_PROJECTED_GENERATION}",
                         "projection.generation.digits": "10",
-                        "storage.location.template": f"{root}rollup/v1/window=${{window}}/date=${{date}}/hour=${{hour}}/"
+                        "storage.location.template": f"{rollups_root}window=${{window}}/date=${{date}}/hour=${{hour}}/"
                                                      "generation=${generation}/"},
             partition_keys=part_keys,
             storage_descriptor=glue.CfnTable.StorageDescriptorProperty(
                 columns=[glue.CfnTable.ColumnProperty(name=n, type=t) for n, t in COLUMNS],
-                location=f"{root}rollup/v1/", input_format=_PARQUET_IN, output_format=_PARQUET_OUT,
+                location=rollups_root, input_format=_PARQUET_IN, output_format=_PARQUET_OUT,
                 serde_info=glue.CfnTable.SerdeInfoProperty(serialization_library=_PARQUET_SERDE))))
         self.manifests = glue.CfnTable(self, "ManifestsTable", catalog_id=account, database_name=self.database_name,
                                        table_input=glue.CfnTable.TableInputProperty(
             name=MANIFESTS_TABLE, table_type="EXTERNAL_TABLE",
             description="Rollup generation manifests, one JSON line each (docs/pipeline.md §6)",
             parameters={"classification": "json", "EXTERNAL": "TRUE", **_date_hour_projection("hour_part"),
-                        "storage.location.template": f"{root}manifests/v1/date=${{date}}/hour=${{hour_part}}/"},
+                        "storage.location.template": f"{manifests_root}date=${{date}}/hour=${{hour_part}}/"},
             partition_keys=[glue.CfnTable.ColumnProperty(name=n, type="string") for n in ("date", "hour_part")],
             storage_descriptor=glue.CfnTable.StorageDescriptorProperty(
                 columns=[glue.CfnTable.ColumnProperty(name=n, type=t) for n, t in MANIFEST_COLUMNS],
-                location=f"{root}manifests/v1/", input_format=_TEXT_IN, output_format=_TEXT_OUT,
+                location=manifests_root, input_format=_TEXT_IN, output_format=_TEXT_OUT,
                 serde_info=glue.CfnTable.SerdeInfoProperty(serialization_library=_JSON_SERDE,
                                                            parameters={"ignore.malformed.json": "true"}))))
         for table in (self.rollups, self.manifests):

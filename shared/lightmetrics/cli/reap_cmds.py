@@ -28,6 +28,7 @@ from lightmetrics.cli.output import (
 )
 from lightmetrics.composition.config import Settings
 from lightmetrics.protocol.clock import utc_text
+from lightmetrics.protocol.keys import KeyKind, layout_root
 
 STATE_MACHINE = "reap"
 
@@ -77,10 +78,6 @@ def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str |
     from lightmetrics.reaps import InvalidReapInput, LeaseHeld
 
     control = _control(settings, as_json)
-    # A reap proves from reads whose 404 means "gone"; against a bucket that is not there it must
-    # not start at all (exit 2 naming it).
-    codec = control.ctx.codec
-    control.ctx.store.require_bucket(codec.prefix + ("raw-blobs/v1/" if mode == "gc" else "accepted-by-time/v1/"))
     inp: dict[str, Any] = {"mode": mode, "dry_run": not execute, "hour": hour}
     if source:
         inp["source"] = source
@@ -130,8 +127,8 @@ def _mode_command(mode: str, doc: str):  # type: ignore[no-untyped-def]
                   help="--dry-run (the default) proves and counts but deletes nothing; --execute deletes.")
     @click.option("--wait", is_flag=True, help="Follow the execution; print the final report; exit 1 if it failed.")
     @click.option("--source", type=click.Choice(["scan", "by-time", "audit"]), default=None,
-                  help="gc candidates: a scan of raw-blobs/v1/ (default), raw-blobs-by-time hours past the horizon, "
-                       "or a Spark audit's orphan-blob-candidates (with --audit-run).")
+                  help=f"gc candidates: a scan of {layout_root(KeyKind.RAW_BLOB)} (default), raw-blobs-by-time "
+                       "hours past the horizon, or a Spark audit's orphan-blob-candidates (with --audit-run).")
     @click.option("--audit-run", default=None, help="gc --source audit: the audit run id (lmctl pipeline audit), or "
                                                     "'latest': the newest committed audit, proven once (the schedule's).")
     @click.option("--scope", type=click.Choice(["raw", "rollup"]), default=None,

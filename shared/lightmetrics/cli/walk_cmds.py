@@ -131,9 +131,6 @@ def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_siz
 
     control = _control(settings, as_json)
     try:
-        # The walk lists accepted/v1/ in Step Functions; a bucket that is not there must stop the
-        # start here (exit 2), not become a walk that finds nothing and sets the watermark.
-        control.ctx.store.require_bucket(control.ctx.codec.accepted_root())
         started = control.start(agent=agent, resume=resume, full=full, page_size=page_size, parallelism=parallelism,
                                 max_rounds=max_rounds, lease_seconds=lease_seconds)
     except LeaseHeld as exc:

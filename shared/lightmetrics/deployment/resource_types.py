@@ -2,7 +2,7 @@
 spec says, and how each renders for CDK and the local provisioner (:mod:`lightmetrics.deployment.resources`
 holds the one spec built from them).
 
-Plain frozen dataclasses and stdlib only: no boto3, no CDK.
+Plain frozen dataclasses, stdlib and the key codec's layout roots only: no boto3, no CDK.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from lightmetrics.protocol.keys import LAYOUT_ROOTS, layout_roots
+from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 
 __all__ = [
     "LAYOUT_PREFIXES",
@@ -31,23 +34,9 @@ OBJECT_CREATED_EVENT = "s3:ObjectCreated:*"
 AttributeType = Literal["S", "N", "B"]
 
 
-#: Every top-level prefix of the key layout (docs/protocol.md §3), relative to the namespace.
-#: ``lightmetrics.protocol.keys.PREFIXES`` is the codec's view of the same list; a test keeps them equal.
-LAYOUT_PREFIXES: tuple[str, ...] = (
-    "raw-blobs/v1/",
-    "raw-blobs-by-time/v1/",
-    "accepted/v1/",
-    "accepted-by-time/v1/",
-    "accepted-by-blob/v1/",
-    "quarantine/v1/",
-    "quarantine-by-blob/v1/",
-    "conflict-resolutions/v1/",
-    "manifests/v1/",
-    "rollup/v1/",
-    "index/v1/",
-    "retention/v1/",
-    "audit/v1/",
-)
+#: Every top-level prefix of the key layout (docs/protocol.md §3), relative to the namespace: the
+#: codec's :data:`~lightmetrics.protocol.keys.LAYOUT_ROOTS`, under the name the spec has always used.
+LAYOUT_PREFIXES: tuple[str, ...] = LAYOUT_ROOTS
 
 
 @dataclass(frozen=True)
@@ -69,24 +58,14 @@ class BucketSpec:
     versioned: bool = True
     default_name: str = "lightmetrics-local"
     create_only_prefixes: tuple[str, ...] = LAYOUT_PREFIXES
-    multipart_prefixes: tuple[str, ...] = ("raw-blobs/v1/",)
-    no_multipart_enforced_prefixes: tuple[str, ...] = ("accepted/v1/",)
-    no_delete_prefixes: tuple[str, ...] = (
-        "accepted/v1/",
-        "quarantine/v1/",
-        "conflict-resolutions/v1/",
-        "retention/v1/",
-    )
-    gc_delete_prefixes: tuple[str, ...] = ("raw-blobs/v1/",)
-    noncurrent_expiry_prefixes: tuple[str, ...] = (
-        "raw-blobs-by-time/v1/",
-        "accepted-by-time/v1/",
-        "accepted-by-blob/v1/",
-        "quarantine-by-blob/v1/",
-        "manifests/v1/",
-        "rollup/v1/",
-        "index/v1/",
-    )
+    multipart_prefixes: tuple[str, ...] = layout_roots(K.RAW_BLOB)
+    no_multipart_enforced_prefixes: tuple[str, ...] = layout_roots(K.ACCEPTED)
+    no_delete_prefixes: tuple[str, ...] = layout_roots(
+        K.ACCEPTED, K.QUARANTINE, K.CONFLICT_RESOLUTION, K.RETENTION_TOMBSTONE)
+    gc_delete_prefixes: tuple[str, ...] = layout_roots(K.RAW_BLOB)
+    noncurrent_expiry_prefixes: tuple[str, ...] = layout_roots(
+        K.RAW_BLOBS_BY_TIME, K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.QUARANTINE_BY_BLOB,
+        K.ROLLUP_MANIFEST, K.ROLLUP_PART, K.ROLLUP_INDEX)
 
     def __post_init__(self) -> None:
         layout = set(LAYOUT_PREFIXES)

@@ -27,6 +27,8 @@ from lightmetrics.deployment.resource_types import (
     StateMachineSpec,
     TableSpec,
 )
+from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
+from lightmetrics.protocol.keys import layout_root, layout_roots
 
 __all__ = ["BUCKET", "FUNCTIONS", "QUEUES", "SECRET", "SPEC", "STATE_MACHINES", "TABLE"]
 
@@ -36,9 +38,11 @@ TABLE = TableSpec()
 SECRET = SecretSpec()
 #: The event path (docs/protocol.md §10): one queue per authoritative prefix, each with its DLQ.
 QUEUES: tuple[QueueSpec, ...] = (
-    QueueSpec("index-accepted", "accepted/v1/", "index-accepted-dlq", max_receive_count=5, visibility_timeout_s=120),
-    QueueSpec("index-raw-blobs", "raw-blobs/v1/", "index-raw-blobs-dlq", max_receive_count=5, visibility_timeout_s=120),
-    QueueSpec("index-quarantine", "quarantine/v1/", "index-quarantine-dlq", max_receive_count=5,
+    QueueSpec("index-accepted", layout_root(K.ACCEPTED), "index-accepted-dlq", max_receive_count=5,
+              visibility_timeout_s=120),
+    QueueSpec("index-raw-blobs", layout_root(K.RAW_BLOB), "index-raw-blobs-dlq", max_receive_count=5,
+              visibility_timeout_s=120),
+    QueueSpec("index-quarantine", layout_root(K.QUARANTINE), "index-quarantine-dlq", max_receive_count=5,
               visibility_timeout_s=120),
 )
 
@@ -49,11 +53,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "handler",
         trigger="http",
         # Blob, acceptance record, conflict evidence: conditional creates only.
-        s3_write=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/"),
+        s3_write=layout_roots(K.RAW_BLOB, K.ACCEPTED, K.QUARANTINE),
         # GET of an existing record, HEAD of a pre-existing blob, HEAD of a resolution record.
-        s3_read=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        s3_read=layout_roots(K.ACCEPTED, K.RAW_BLOB, K.CONFLICT_RESOLUTION),
         # So that a missing key is a 404, not a 403.
-        s3_list=("accepted/v1/", "raw-blobs/v1/", "conflict-resolutions/v1/"),
+        s3_list=layout_roots(K.ACCEPTED, K.RAW_BLOB, K.CONFLICT_RESOLUTION),
         reads_secret=True,
         table="read",  # the identity denylist: one Query per LM_DENYLIST_TTL_S into a cache, never per request
         reserved_concurrency_param="IngestReservedConcurrency",
@@ -68,9 +72,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="http",
         url_auth="iam",  # operators sign with SigV4; nothing else can reach it
         # Evidence (GET) and resolution records (GET; conditional create, write-once).
-        s3_read=("quarantine/v1/", "conflict-resolutions/v1/"),
-        s3_write=("conflict-resolutions/v1/",),
-        s3_list=("quarantine/v1/", "conflict-resolutions/v1/"),
+        s3_read=layout_roots(K.QUARANTINE, K.CONFLICT_RESOLUTION),
+        s3_write=layout_roots(K.CONFLICT_RESOLUTION),
+        s3_list=layout_roots(K.QUARANTINE, K.CONFLICT_RESOLUTION),
         table="write",  # conflict registry, denylist, blockers, status reads
         sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),  # status: queue depths
         timeout_s=30,
@@ -80,9 +84,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "index-accepted",
         "functions.index_accepted.app",
         trigger="queue:index-accepted",
-        s3_read=("accepted/v1/", "retention/v1/"),  # the record; the hour's tombstone (HEAD)
-        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/"),
-        s3_list=("accepted/v1/", "retention/v1/"),
+        s3_read=layout_roots(K.ACCEPTED, K.RETENTION_TOMBSTONE),  # the record; the hour's tombstone (HEAD)
+        s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB),
+        s3_list=layout_roots(K.ACCEPTED, K.RETENTION_TOMBSTONE),
         table="write",  # retry budgets and blockers
         timeout_s=60,
         description="Indexes acceptance records: accepted-by-time and accepted-by-blob",
@@ -91,9 +95,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "index-raw-blobs",
         "functions.index_raw_blobs.app",
         trigger="queue:index-raw-blobs",
-        s3_read=("raw-blobs/v1/", "retention/v1/"),  # HEAD for LastModified and identity metadata
-        s3_write=("raw-blobs-by-time/v1/",),
-        s3_list=("raw-blobs/v1/", "retention/v1/"),
+        s3_read=layout_roots(K.RAW_BLOB, K.RETENTION_TOMBSTONE),  # HEAD for LastModified and identity metadata
+        s3_write=layout_roots(K.RAW_BLOBS_BY_TIME),
+        s3_list=layout_roots(K.RAW_BLOB, K.RETENTION_TOMBSTONE),
         table="write",
         timeout_s=60,
         description="Indexes raw blobs (orphans too): raw-blobs-by-time",
@@ -102,9 +106,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "index-quarantine",
         "functions.index_quarantine.app",
         trigger="queue:index-quarantine",
-        s3_read=("quarantine/v1/",),
-        s3_write=("quarantine-by-blob/v1/",),
-        s3_list=("quarantine/v1/",),
+        s3_read=layout_roots(K.QUARANTINE),
+        s3_write=layout_roots(K.QUARANTINE_BY_BLOB),
+        s3_list=layout_roots(K.QUARANTINE),
         table="write",
         timeout_s=60,
         description="Indexes identity-conflict evidence: quarantine-by-blob",
@@ -115,10 +119,10 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="schedule:rate(5 minutes)",
         # reads and lists raw-blobs-by-time and accepted-by-blob: an entry is checked against the
         # blob listing, and the repair HEADs an entry before writing it (protocol §12)
-        s3_read=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-blob/v1/",
-                 "raw-blobs-by-time/v1/"),
-        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/"),
-        s3_list=("accepted-by-time/v1/", "accepted/v1/", "raw-blobs/v1/", "retention/v1/", "raw-blobs-by-time/v1/"),
+        s3_read=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_BLOB,
+                             K.RAW_BLOBS_BY_TIME),
+        s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME),
+        s3_list=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.RAW_BLOBS_BY_TIME),
         table="write",  # checkpoint, budgets, blockers
         sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),
         cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
@@ -151,7 +155,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="task",
         # Partitions (agent, then boot) by ListObjectsV2 with a Delimiter. Stray keys outside the
         # layout become blockers without being read.
-        s3_list=("accepted/v1/", "quarantine/v1/"),
+        s3_list=layout_roots(K.ACCEPTED, K.QUARANTINE),
         table="write",  # lease, checkpoint, blockers
         timeout_s=120,
         description="Bootstrap walk: finished partitions out, the next ones in; routes the loop",
@@ -162,11 +166,11 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="task",
         # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD); a
         # record's accepted-by-time entry (HEAD, or a LIST of its hour and boot: §13 W5) ...
-        s3_read=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
+        s3_read=layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
         # ... and every derived entry they hang off (conditional creates only).
-        s3_write=("accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/"),
+        s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME, K.QUARANTINE_BY_BLOB),
         # One page of a partition; and a missing blob, tombstone or entry must be a 404, not a 403.
-        s3_list=("accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"),
+        s3_list=layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
         table="write",  # lease, checkpoint, retry budgets, blockers
         timeout_s=300,
         memory_mb=1024,
@@ -196,8 +200,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="task",
         # Retention without --hour lists accepted-by-time's hours and HEADs their reaped markers; GC
         # with audit_run "latest" lists the audits' commit markers (audit/v1/committed/, rule G-B3).
-        s3_read=("retention/v1/",),
-        s3_list=("accepted-by-time/v1/", "manifests/v1/", "retention/v1/", "audit/v1/"),
+        s3_read=layout_roots(K.RETENTION_TOMBSTONE),
+        s3_list=layout_roots(K.ACCEPTED_BY_TIME, K.ROLLUP_MANIFEST, K.RETENTION_TOMBSTONE, K.AUDIT),
         table="write",  # the reap lease and checkpoint
         timeout_s=60,
         description="Reap: validate the input (dry_run explicit), take the lease, write the checkpoint",
@@ -210,13 +214,13 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # conflict evidence and resolution (HEAD), the hour's tombstone (HEAD); candidates come from
         # raw-blobs/ or raw-blobs-by-time/ listings or the Spark audit's orphan-blob-candidates
         # (audit/v1/), retention's from the hour's accepted-by-time.
-        s3_read=("raw-blobs/v1/", "accepted/v1/", "quarantine/v1/", "conflict-resolutions/v1/", "retention/v1/",
-                 "accepted-by-time/v1/", "audit/v1/"),
-        s3_list=("raw-blobs/v1/", "raw-blobs-by-time/v1/", "accepted/v1/", "quarantine/v1/",
-                 "conflict-resolutions/v1/", "retention/v1/", "accepted-by-time/v1/", "audit/v1/"),
+        s3_read=layout_roots(K.RAW_BLOB, K.ACCEPTED, K.QUARANTINE, K.CONFLICT_RESOLUTION, K.RETENTION_TOMBSTONE,
+                             K.ACCEPTED_BY_TIME, K.AUDIT),
+        s3_list=layout_roots(K.RAW_BLOB, K.RAW_BLOBS_BY_TIME, K.ACCEPTED, K.QUARANTINE, K.CONFLICT_RESOLUTION,
+                             K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME, K.AUDIT),
         # The one blob deleter (delete markers, then exactly the captured versions) and the blob's
         # raw-blobs-by-time hint, which goes with it.
-        s3_delete=("raw-blobs/v1/", "raw-blobs-by-time/v1/"),
+        s3_delete=layout_roots(K.RAW_BLOB, K.RAW_BLOBS_BY_TIME),
         gc_role=True,
         table="write",  # lease, checkpoint (intents and marks)
         timeout_s=600,
@@ -229,14 +233,15 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="task",
         # The hour's acceptance records are the authority for which accepted-by-blob entry to delete
         # (read only; listing them keeps a vanished record a 404, not a 403: protocol §16 R-I5).
-        s3_read=("accepted/v1/", "accepted-by-time/v1/", "retention/v1/"),
+        s3_read=layout_roots(K.ACCEPTED, K.ACCEPTED_BY_TIME, K.RETENTION_TOMBSTONE),
         # Tombstones and reaped markers: conditional creates, never deleted.
-        s3_write=("retention/v1/",),
-        s3_list=("accepted/v1/", "accepted-by-time/v1/", "accepted-by-blob/v1/", "retention/v1/", "rollup/v1/",
-                 "index/v1/", "manifests/v1/"),
+        s3_write=layout_roots(K.RETENTION_TOMBSTONE),
+        s3_list=layout_roots(K.ACCEPTED, K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RETENTION_TOMBSTONE,
+                             K.ROLLUP_PART, K.ROLLUP_INDEX, K.ROLLUP_MANIFEST),
         # Derived prefixes only: the retention role can delete no blob and no acceptance record.
         # Rollup retention (scope rollup): chunks, chunk indexes, then generation manifests.
-        s3_delete=("accepted-by-time/v1/", "accepted-by-blob/v1/", "rollup/v1/", "index/v1/", "manifests/v1/"),
+        s3_delete=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.ROLLUP_PART, K.ROLLUP_INDEX,
+                               K.ROLLUP_MANIFEST),
         table="write",  # lease, checkpoint, retention records; reads the completeness watermark
         timeout_s=600,
         description="Reap (retention role): tombstone an expired hour, delete its derived entries, mark it reaped",
@@ -278,7 +283,8 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
         schedule_input=json.dumps(
             {"agent": None, "resume": False, "page_size": 10000, "parallelism": 40}, sort_keys=True
         ),
-        description="Bootstrap walk: complete, resumable cold reconciliation of accepted/v1/ and quarantine/v1/",
+        description=("Bootstrap walk: complete, resumable cold reconciliation of "
+                     f"{layout_root(K.ACCEPTED)} and {layout_root(K.QUARANTINE)}"),
     ),
     StateMachineSpec(
         "reap",

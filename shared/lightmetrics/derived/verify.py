@@ -45,23 +45,27 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
 from lightmetrics.derived.indexing import load_manifest
 from lightmetrics.ops.outcome import PermanentWorkError
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol import invariants as inv
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
-from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyKind, UtcHour, layout_root
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 
 __all__ = ["Finding", "VerifyReport", "verify"]
 
-_DERIVED_OF = {  # derived prefix -> the index name its watermark uses
-    "accepted-by-time/v1/": "accepted-by-time",
-    "accepted-by-blob/v1/": "accepted-by-blob",
-    "raw-blobs-by-time/v1/": "raw-blobs-by-time",
-    "quarantine-by-blob/v1/": "quarantine-by-blob",
+# The listings are keyed by layout root (also the report's counts).
+_ACCEPTED, _BLOBS, _QUARANTINE = (layout_root(k) for k in (KeyKind.ACCEPTED, KeyKind.RAW_BLOB, KeyKind.QUARANTINE))
+_RESOLUTIONS, _RETENTION = layout_root(KeyKind.CONFLICT_RESOLUTION), layout_root(KeyKind.RETENTION_TOMBSTONE)
+_BY_TIME, _BY_BLOB = layout_root(KeyKind.ACCEPTED_BY_TIME), layout_root(KeyKind.ACCEPTED_BY_BLOB)
+_BLOBS_BY_TIME, _QUARANTINE_BY_BLOB = layout_root(KeyKind.RAW_BLOBS_BY_TIME), layout_root(KeyKind.QUARANTINE_BY_BLOB)
+_DERIVED_OF = {  # derived root -> the index name its watermark uses
+    _BY_TIME: "accepted-by-time",
+    _BY_BLOB: "accepted-by-blob",
+    _BLOBS_BY_TIME: "raw-blobs-by-time",
+    _QUARANTINE_BY_BLOB: "quarantine-by-blob",
 }
 
 
@@ -136,9 +140,9 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         return pool.submit(contextvars.copy_context().run, fn, *args)
 
     try:
-        say(f"listing {len(LAYOUT_PREFIXES)} prefixes")
+        say(f"listing {len(LAYOUT_ROOTS)} prefixes")
         prefix = ctx.codec.prefix
-        listed = {p: f.result() for p, f in {p: call(_list_all, ctx, prefix + p) for p in LAYOUT_PREFIXES}.items()}
+        listed = {p: f.result() for p, f in {p: call(_list_all, ctx, prefix + p) for p in LAYOUT_ROOTS}.items()}
         report.counts = {p: len(v) for p, v in listed.items()}
         say(f"listed {sum(report.counts.values()):,} objects")
         table = ctx.table
@@ -150,9 +154,9 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         skipped = {b.object_key for b in ctx.blockers.list(status="skipped")} if table is not None else set()
         run = _Run(ctx, report, listed, skipped, pool)
         run.retention_markers()
-        say(f"reading {len(listed['accepted/v1/']):,} acceptance records")
+        say(f"reading {len(listed[_ACCEPTED]):,} acceptance records")
         run.acceptance_records()
-        say(f"reading {len(listed['quarantine/v1/']):,} quarantine manifests")
+        say(f"reading {len(listed[_QUARANTINE]):,} quarantine manifests")
         run.quarantine_manifests()
         say("checking derived entries against their sources")
         run.derived_sources()
@@ -172,7 +176,7 @@ class _Run:
                  skipped: set[str], pool: ThreadPoolExecutor) -> None:
         self.ctx, self.codec, self.report, self.listed, self.skipped, self.pool = \
             ctx, ctx.codec, report, listed, skipped, pool
-        self.accepted, self.blobs = listed["accepted/v1/"], listed["raw-blobs/v1/"]
+        self.accepted, self.blobs = listed[_ACCEPTED], listed[_BLOBS]
         self.tombstoned: set[UtcHour] = set()
         self.manifests: dict[str, AcceptedBatchManifest] = {}
         self.conflicts: dict[str, IdentityConflictManifest] = {}
@@ -197,7 +201,7 @@ class _Run:
         written only after its tombstone and after the hour's accepted-by-time entries are gone;
         writers never re-create them."""
         codec, reaped = self.codec, set()
-        for key in self.listed["retention/v1/"]:
+        for key in self.listed[_RETENTION]:
             try:
                 parsed = codec.parse(key)
             except KeyLayoutError:
@@ -210,7 +214,7 @@ class _Run:
         for hour in sorted(reaped - self.tombstoned):
             self.note(inv.REAPED_WITHOUT_TOMBSTONE, [codec.retention_reaped("raw", hour)], f"{hour} has no tombstone")
         for hour in sorted(reaped):
-            left = [k for k in self.listed["accepted-by-time/v1/"] if k.startswith(codec.accepted_by_time_hour(hour))]
+            left = [k for k in self.listed[_BY_TIME] if k.startswith(codec.accepted_by_time_hour(hour))]
             if left:
                 self.note(inv.REAPED_NOT_EMPTY, left[:10],
                           f"{hour} is reaped but {len(left)} accepted-by-time entries remain")
@@ -240,8 +244,8 @@ class _Run:
 
     def quarantine_manifests(self) -> None:
         """Every quarantine manifest complete: its record, and its evidence until GC may collect it."""
-        codec, resolutions = self.codec, self.listed["conflict-resolutions/v1/"]
-        quarantine = self.listed["quarantine/v1/"]
+        codec, resolutions = self.codec, self.listed[_RESOLUTIONS]
+        quarantine = self.listed[_QUARANTINE]
         for key, (q, why) in zip(quarantine, map_in_context(self.pool, self._read_quarantine, quarantine)):
             self.report.checked["quarantine manifests"] += 1
             if q is None:
@@ -264,7 +268,7 @@ class _Run:
         except KeyLayoutError as exc:
             return None, str(exc)
         if parsed.kind is not KeyKind.QUARANTINE:
-            return None, f"a {parsed.kind.value} key under quarantine/v1/"
+            return None, f"a {parsed.kind.value} key under {_QUARANTINE}"
         raw = self.ctx.store.get(key)
         if raw is None:
             return None, "vanished while verifying"
@@ -278,7 +282,7 @@ class _Run:
 
     def derived_sources(self) -> None:
         """Every derived entry points at an existing source (a blob reaped with its hour excused)."""
-        codec, quarantine = self.codec, self.listed["quarantine/v1/"]
+        codec, quarantine = self.codec, self.listed[_QUARANTINE]
         reaped_shas = {m.frame_sha256 for m in self.manifests.values() if self.hour_tombstoned(m)}
         for prefix in _DERIVED_OF:
             for key in self.listed[prefix]:
@@ -321,8 +325,8 @@ class _Run:
         for key, m in self.manifests.items():
             hour, ident = UtcHour.of_unix_ns(m.accepted_at_unix_ns), m.identity
             has = {
-                "accepted-by-time": codec.accepted_by_time(hour, ident) in present["accepted-by-time/v1/"],
-                "accepted-by-blob": codec.accepted_by_blob(m.frame_sha256, ident) in present["accepted-by-blob/v1/"],
+                "accepted-by-time": codec.accepted_by_time(hour, ident) in present[_BY_TIME],
+                "accepted-by-blob": codec.accepted_by_blob(m.frame_sha256, ident) in present[_BY_BLOB],
                 # an absent blob is blob_state's finding, not a missing index entry
                 "raw-blobs-by-time": m.frame_sha256 in self.raw_by_time_shas or m.raw_blob_key not in self.blobs,
             }
@@ -332,7 +336,7 @@ class _Run:
                 self._derived(rule, index, [key], f"no {index} entry (accepted at {hour})")
         for key, q in self.conflicts.items():
             entry = codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity)
-            rule = inv.derived_entry_state(entry_present=entry in present["quarantine-by-blob/v1/"],
+            rule = inv.derived_entry_state(entry_present=entry in present[_QUARANTINE_BY_BLOB],
                                            hour_tombstoned=False,
                                            required=required("quarantine-by-blob", q.observed_at_unix_ns))
             self._derived(rule, "quarantine-by-blob", [key, entry], "no quarantine-by-blob entry")

@@ -53,7 +53,7 @@ def plant(system: Any, runtime: Any) -> dict[str, Any]:
     now = time.time_ns()
     broken = accept_context(system.settings, client=runtime.boto3_client("s3"))
     FaultInjector(broken.store.client).add(FaultRule(fault="down", operation="PutObject",
-                                                     key_contains="accepted/v1/", times=-1))
+                                                     key_contains=ctx.codec.accepted_root(), times=-1))
     orphans = []
     for n in range(ORPHANS):
         ident = BatchIdentity.create("demo-reap-orphans", "boot-0", n * 10, n * 10 + 9)

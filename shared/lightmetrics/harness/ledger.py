@@ -57,7 +57,7 @@ class LedgerCheck:
 def tombstoned_hours(store: S3ObjectStore, codec: KeyCodec, scope: str = "raw") -> set[UtcHour]:
     """Every hour with a retention tombstone (one listing)."""
     hours = set()
-    for key in store.list_keys(codec.prefix + f"retention/v1/{scope}/", limit=_ALL):
+    for key in store.list_keys(codec.retention_scope_root(scope), limit=_ALL):
         parsed = _parsed(codec, key)
         if parsed is not None and parsed.kind is KeyKind.RETENTION_TOMBSTONE and parsed.hour is not None:
             hours.add(parsed.hour)
@@ -76,7 +76,7 @@ def check_acknowledged(store: S3ObjectStore, codec: KeyCodec, acked: Mapping[Bat
                        *, workers: int = 8) -> LedgerCheck:
     """Every acknowledged identity: one hash, a record with that hash, its blob (or a reaped hour)."""
     check = LedgerCheck()
-    blobs = set(store.list_keys(codec.prefix + "raw-blobs/v1/", limit=_ALL))
+    blobs = set(store.list_keys(codec.root(KeyKind.RAW_BLOB), limit=_ALL))
     tombstoned = tombstoned_hours(store, codec)
     with ThreadPoolExecutor(workers) as pool:
         records = dict(zip(acked, pool.map(lambda i: store.get(codec.accepted(i)), acked)))
@@ -108,9 +108,9 @@ def missing_derived(store: S3ObjectStore, codec: KeyCodec,
                     manifests: Mapping[BatchIdentity, AcceptedBatchManifest]) -> Counter[str]:
     """How many of ``manifests`` lack each derived entry, per index (each one a ``missing-derived``
     violation; hours tombstoned by retention excused: :func:`lightmetrics.protocol.invariants.derived_entry_state`)."""
-    by_time = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=_ALL))
-    by_blob = set(store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=_ALL))
-    blob_shas = {p.sha256 for k in store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=_ALL)
+    by_time = set(store.list_keys(codec.root(KeyKind.ACCEPTED_BY_TIME), limit=_ALL))
+    by_blob = set(store.list_keys(codec.root(KeyKind.ACCEPTED_BY_BLOB), limit=_ALL))
+    blob_shas = {p.sha256 for k in store.list_keys(codec.root(KeyKind.RAW_BLOBS_BY_TIME), limit=_ALL)
                  if (p := _parsed(codec, k)) is not None}
     tombstoned = tombstoned_hours(store, codec)
     missing: Counter[str] = Counter()

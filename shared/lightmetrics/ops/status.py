@@ -19,6 +19,7 @@ from typing import Any
 from lightmetrics.composition.config import Settings
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import utc_text
+from lightmetrics.protocol.keys import KeyKind
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     table = ctx.blockers.table
     # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
     # is a prefix every caller of status (the admin function, operators) may list.
-    ctx.store.require_bucket(ctx.codec.prefix + "quarantine/v1/")
+    ctx.store.require_bucket(ctx.codec.root(KeyKind.QUARANTINE))
     depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
     shards = read_shard_checkpoints(table, settings.reconcile_shards)  # overall = the slowest shard (R8)
     cp = shards.checkpoints[shards.slowest]

@@ -125,7 +125,9 @@ class KeyKind(str, Enum):
     AUDIT = "audit"
 
 
-# Top-level prefixes of the layout (after the namespace). Every write in the system is a create.
+# Top-level prefixes of the layout (after the namespace), the one table of them: every other module
+# asks :func:`layout_root` / :meth:`KeyCodec.root` instead of spelling one. Every write in the system
+# is a create. (Entry order is :data:`LAYOUT_ROOTS`' order, which the bucket policy's resources follow.)
 PREFIXES: dict[KeyKind, str] = {
     KeyKind.RAW_BLOB: "raw-blobs/v1/",
     KeyKind.RAW_BLOBS_BY_TIME: "raw-blobs-by-time/v1/",
@@ -134,6 +136,7 @@ PREFIXES: dict[KeyKind, str] = {
     KeyKind.ACCEPTED_BY_BLOB: "accepted-by-blob/v1/",
     KeyKind.QUARANTINE: "quarantine/v1/",
     KeyKind.QUARANTINE_BY_BLOB: "quarantine-by-blob/v1/",
+    KeyKind.CONFLICT_RESOLUTION: "conflict-resolutions/v1/",
     KeyKind.ROLLUP_MANIFEST: "manifests/v1/",
     KeyKind.ROLLUP_CHUNK: "rollup/v1/",
     KeyKind.ROLLUP_INDEX: "index/v1/",
@@ -141,9 +144,26 @@ PREFIXES: dict[KeyKind, str] = {
     KeyKind.ROLLUP_PART: "rollup/v1/",
     KeyKind.RETENTION_TOMBSTONE: "retention/v1/",
     KeyKind.RETENTION_REAPED: "retention/v1/",
-    KeyKind.CONFLICT_RESOLUTION: "conflict-resolutions/v1/",
     KeyKind.AUDIT: "audit/v1/",
 }
+
+#: Every distinct top-level prefix of the layout, relative to the namespace (several kinds share one).
+LAYOUT_ROOTS: tuple[str, ...] = tuple(dict.fromkeys(PREFIXES.values()))
+
+
+def layout_root(kind: KeyKind) -> str:
+    """The top-level prefix of ``kind`` relative to the namespace, for what is written before the
+    namespace is known (IAM resources ``bucket/${prefix}<root>*``, the bucket policy, queue filters).
+
+    >>> layout_root(KeyKind.ACCEPTED_BY_TIME)
+    'accepted-by-time/v1/'
+    """
+    return PREFIXES[kind]
+
+
+def layout_roots(*kinds: KeyKind) -> tuple[str, ...]:
+    """:func:`layout_root` of each kind, in order."""
+    return tuple(PREFIXES[kind] for kind in kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,9 +291,17 @@ class KeyCodec:
         sha = validate_sha256(sha256)
         return f"{self.prefix}conflict-resolutions/v1/{_id_path(identity)}/{sha}.json"
 
-    # -- partitions for walks ----------------------------------------------------------------
+    # -- roots and partitions (listings, walks, reaps) ----------------------------------------
+    def root(self, kind: KeyKind) -> str:
+        """The namespace's prefix of every key of ``kind`` (and of the kinds sharing its root).
+
+        >>> KeyCodec("prod/").root(KeyKind.RAW_BLOB)
+        'prod/raw-blobs/v1/'
+        """
+        return self.prefix + PREFIXES[kind]
+
     def accepted_root(self) -> str:
-        return f"{self.prefix}accepted/v1/"
+        return self.root(KeyKind.ACCEPTED)
 
     def accepted_agent_prefix(self, agent_id: str) -> str:
         return f"{self.accepted_root()}agent={agent_id.encode().hex()}/"
@@ -286,6 +314,10 @@ class KeyCodec:
 
     def raw_blobs_by_time_hour(self, hour: UtcHour) -> str:
         return f"{self.prefix}raw-blobs-by-time/v1/{hour.partition}/"
+
+    def retention_scope_root(self, scope: str) -> str:
+        """Prefix of every retention marker (tombstone, reaped) of one scope."""
+        return f"{self.prefix}retention/v1/{_scope(scope)}/"
 
     # -- rollups -----------------------------------------------------------------------------
     def rollup_manifest(self, hour: UtcHour, generation: int) -> str:
@@ -312,7 +344,7 @@ class KeyCodec:
         """A v3 rollup object: the Parquet rows of every series of one generation of ``hour`` whose
         metric falls in ``part``, for ``window`` (docs/pipeline.md §6), named by the sha256 of its bytes.
 
-        >>> KeyCodec().rollup_part("5m", UtcHour(0), 2, 7, "ab" * 32)[:72]
+        >>> KeyCodec().rollup_part("5m", UtcHour(0), 2, 7, "ab" * 32)[:76]
         'rollup/v1/window=5m/date=1970-01-01/hour=00/generation=0000000002/part-00007'
         """
         if window not in ROLLUP_WINDOWS:
@@ -321,6 +353,16 @@ class KeyCodec:
             raise KeyLayoutError("generation must be in [0, 10^10) and part in [0, 10^5)")
         return (f"{self.prefix}rollup/v1/window={window}/{hour.partition}/generation={generation:010d}/"
                 f"part-{part:05d}.{validate_sha256(sha256)}.parquet")
+
+    def rollup_window_hour(self, window: str, hour: UtcHour) -> str:
+        """Prefix of every rollup object (v3 parts, v2 chunks) of one window of one hour."""
+        if window not in ROLLUP_WINDOWS:
+            raise KeyLayoutError(f"window must be one of {ROLLUP_WINDOWS}")
+        return f"{self.prefix}rollup/v1/window={window}/{hour.partition}/"
+
+    def rollup_index_hour(self, hour: UtcHour) -> str:
+        """Prefix of one hour's v2 chunk index objects."""
+        return f"{self.prefix}index/v1/{hour.partition}/"
 
     def rollup_index(self, hour: UtcHour, chunk_id: str) -> str:
         cid = validate_sha256(chunk_id, "chunk_id")
@@ -420,9 +462,12 @@ __all__ = [
     "KeyKind",
     "ParsedKey",
     "UtcHour",
+    "LAYOUT_ROOTS",
     "PREFIXES",
     "ROLLUP_WINDOWS",
     "encode_metric",
     "hours_between",
+    "layout_root",
+    "layout_roots",
     "validate_sha256",
 ]

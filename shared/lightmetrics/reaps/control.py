@@ -20,6 +20,7 @@ from lightmetrics.aws.step_functions import execution_history, task_error
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease
 from lightmetrics.reaps.report import report_of
@@ -50,7 +51,12 @@ class ReapControl:
         return report_of(item) if item else None
 
     def start(self, *, timeout_s: float = 60.0, **inp: Any) -> str:
-        """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease."""
+        """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease;
+        :class:`~lightmetrics.protocol.errors.ResourceAccessError` if the bucket is not there."""
+        # A reap proves from reads whose 404 means "gone": against a bucket that is not there it
+        # must not start at all. GC lists the raw blobs, retention the hour's accepted-by-time.
+        self.ctx.store.require_bucket(self.ctx.codec.root(
+            KeyKind.RAW_BLOB if inp.get("mode") == "gc" else KeyKind.ACCEPTED_BY_TIME))
         live = self.lease_live()
         if live:
             raise LeaseHeld(leases.describe(live, self.ctx.clock.now_ns(), "reap"))

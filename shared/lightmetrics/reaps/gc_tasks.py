@@ -11,7 +11,7 @@ from typing import Any
 from lightmetrics.aws.control_table import Op
 from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.errors import KeyLayoutError
-from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_marks import page_of, page_ops, page_prefix
@@ -72,7 +72,7 @@ class GcTasks(ReaperBase):
         if cp["source"] == "audit":
             return (*self._audit_candidates(cp), {})
         if cp["source"] == "by-time":  # raw-blobs-by-time hours older than the retry horizon
-            root = self.codec.prefix + "raw-blobs-by-time/v1/"
+            root = self.codec.root(KeyKind.RAW_BLOBS_BY_TIME)
             prefix = self.codec.raw_blobs_by_time_hour(UtcHour.parse(cp["hour"])) if cp.get("hour") else root
             listing = self.ctx.store.list_page(prefix, max_keys=limit, start_after=after)
             horizon = UtcHour.of_unix_ns(self.now() - int(self.settings.retry_horizon_s) * NS)
@@ -97,8 +97,7 @@ class GcTasks(ReaperBase):
             except KeyLayoutError:
                 through = None
             return out, last, True, {"through": str(through)} if through else {}
-        listing = self.ctx.store.list_page(self.codec.prefix + "raw-blobs/v1/", max_keys=limit,
-                                           start_after=after)
+        listing = self.ctx.store.list_page(self.codec.root(KeyKind.RAW_BLOB), max_keys=limit, start_after=after)
         return listing.keys, (listing.keys[-1] if listing.keys else after or ""), listing.truncated, {}
 
     def _audit_candidates(self, cp: dict[str, Any]) -> tuple[list[str], str, bool]:

@@ -69,7 +69,11 @@ class WalkControl:
     def start(self, *, agent: str | None = None, resume: bool = False, full: bool = False, page_size: int | None = None,
               parallelism: int | None = None, max_rounds: int | None = None, lease_seconds: int | None = None,
               timeout_s: float = 120.0) -> Started:
-        """Start an execution and wait until it holds the lease; :class:`LeaseHeld` if refused."""
+        """Start an execution and wait until it holds the lease; :class:`LeaseHeld` if refused,
+        :class:`~lightmetrics.protocol.errors.ResourceAccessError` if the bucket is not there."""
+        # The walk lists the acceptance records in Step Functions; a bucket that is not there must
+        # stop the start here, not become a walk that finds nothing and sets the watermark.
+        self.ctx.store.require_bucket(self.ctx.codec.accepted_root())
         live = self.lease_live()
         if live:
             raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()))

@@ -41,7 +41,7 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
     from lightmetrics.composition.config import Settings
     from lightmetrics.local.environment import local_environment
     from lightmetrics.local.server import LocalRuntime
-    from lightmetrics.protocol.keys import KeyCodec, UtcHour
+    from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour
     from lightmetrics_pipeline import inventory as inv
     from lightmetrics_pipeline.audit import run_audit
     from lightmetrics_pipeline.decode import FRAME_SAMPLE_SCHEMA, decode_batches, per_row_udf
@@ -121,7 +121,7 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
         # -- 3. decoder: vectorized vs per-row UDF on the same frames --------------------------------
         say("decoder: vectorized vs per-row UDF ...")
         blobs = [s3.get_object(Bucket=bucket, Key=k["Key"])["Body"].read()
-                 for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="raw-blobs/v1/")
+                 for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=codec.root(KeyKind.RAW_BLOB))
                  for k in page.get("Contents", [])]
         frames = spark.createDataFrame([(str(i), b) for i, b in enumerate(blobs)], "manifest_id string, frame binary") \
             .repartition(4).cache()

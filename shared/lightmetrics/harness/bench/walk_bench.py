@@ -40,6 +40,7 @@ from lightmetrics.harness.bench.harness import BenchEnv, Figures
 from lightmetrics.harness.bench.workload import batch_frames, seed_history
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.ops.work import run_unit
+from lightmetrics.protocol.keys import KeyKind, layout_root
 
 
 def sequential_walk(system: LocalSystem, counter: RequestCounter) -> dict[str, Any]:
@@ -130,7 +131,8 @@ def run_walk(env: BenchEnv, *, batches: int = 400, agents: int = 4, page_size: i
         "environment": env.describe(),
         "params": {"batches": batches, "agents": agents, "page_size": page_size, "repeat": repeat,
                    "parallelism": min(agents, MAX_PARALLELISM)},
-        "baseline": "sequential walker over the same kind of history (its own system): one LIST page of accepted/v1/, "
+        "baseline": "sequential walker over the same kind of history (its own system): one LIST page of "
+                    f"{layout_root(KeyKind.ACCEPTED)}, "
                     "then one repair at a time, same run",
         "figures": figures.summary(),
         "runs": details,
