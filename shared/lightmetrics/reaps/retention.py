@@ -143,7 +143,7 @@ def expired_hours(ctx: WorkContext, *, retention_s: int, now_ns: int, limit: int
     ``manifests/v1/``) that ended more than ``retention_s`` ago and are not reaped yet."""
     unfinished = unfinished_hours(ctx.table, scope)
     new: list[UtcHour] = []
-    root = ctx.codec.prefix + ("accepted-by-time/v1/" if scope == "raw" else "manifests/v1/")
+    root = ctx.codec.root(KeyKind.ACCEPTED_BY_TIME if scope == "raw" else KeyKind.ROLLUP_MANIFEST)
     cutoff = now_ns - retention_s * 1_000_000_000
 
     def listed() -> None:
@@ -398,8 +398,8 @@ class HourRetention:
     # -- rollup scope (LM_ROLLUP_RETENTION_S): tombstone, chunks, then manifests, verify, reaped -----
     def chunk_prefixes(self) -> list[str]:
         """The hour's rollup chunks (every window) and its chunk index."""
-        return ([f"{self.codec.prefix}rollup/v1/window={w}/{self.hour.partition}/" for w in ROLLUP_WINDOWS]
-                + [f"{self.codec.prefix}index/v1/{self.hour.partition}/"])
+        return ([self.codec.rollup_window_hour(w, self.hour) for w in ROLLUP_WINDOWS]
+                + [self.codec.rollup_index_hour(self.hour)])
 
     def delete_rollup_page(self, prefixes: list[str], limit: int) -> tuple[int, bool]:
         """Delete up to ``limit`` objects under the first non-empty prefix; ``(deleted, more)`` —
