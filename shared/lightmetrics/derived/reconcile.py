@@ -83,21 +83,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from lightmetrics.aws.control_table import ConditionFailed
 from lightmetrics.aws.queue_probes import QueueProbe
 from lightmetrics.composition.config import Settings
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
-from lightmetrics.derived.indexing import (
-    KIND_REPAIR,
-    KIND_TIME_ENTRY,
-    HeadedBlobs,
-    IndexedBlobs,
-    manifest_key_of_time_entry,
-    verify_time_entry,
+from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, HeadedBlobs, IndexedBlobs
+from lightmetrics.derived.reconcile_scan import (
+    LIST_PAGE_KEYS,
+    ONE_RANGE,
+    HourScan,
+    HourScanner,
+    cursor_listing_failures,
+    list_pages,
 )
 from lightmetrics.derived.reconcile_state import (
     CHECKPOINT_PK,
@@ -107,20 +105,14 @@ from lightmetrics.derived.reconcile_state import (
     check_shard,
     checkpoint_of,
     checkpoint_sk,
-    failures_that_fit,
+    failed_after,
     read_shard_checkpoints,
     unowned_ranges,
+    write_checkpoint,
 )
 from lightmetrics.ops import crashpoints
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, run_unit
+from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.keys import UtcHour
-
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lm-reconcile")
-
-#: the plan of an hour when one shard runs (it reads no plan) or no plan governs it: the whole hour
-ONE_RANGE = RangePlan(None)
 
 #: blocker kinds that keep hours open: derived state may still be missing behind them
 INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", KIND_REPAIR, KIND_TIME_ENTRY,
@@ -146,18 +138,6 @@ MAX_LIST_PAGES_PER_RUN = 2_000
 #: if every one needed the repair); a save is one PutItem, at most 10 in a run at the entry cap.
 SAVE_EVERY_ENTRIES = 5_000
 
-#: Keys per ListObjectsV2 page.
-LIST_PAGE_KEYS = 1000
-
-
-def list_pages(keys: int) -> int:
-    """The ListObjectsV2 requests a complete listing of ``keys`` keys takes (an empty one is one).
-
-    >>> list_pages(0), list_pages(1000), list_pages(1001)
-    (1, 1, 2)
-    """
-    return max(1, -(-keys // LIST_PAGE_KEYS))
-
 #: Crash point (lightmetrics.ops.crashpoints): a run's progress saved after one scanned hour.
 CP_HOUR_SAVED = crashpoints.register("reconcile.hour-saved", "a scanned hour's progress saved, the run not finished")
 #: Crash point: progress inside an hour saved (a cursor, every SAVE_EVERY_ENTRIES checks), the hour not finished.
@@ -166,20 +146,28 @@ CP_PROGRESS_SAVED = crashpoints.register("reconcile.progress-saved",
 
 
 @dataclass
-class _HourScan:
-    """What one scanned hour left behind."""
+class _RunState:
+    """One run's view: where it starts and ends, what it carries over and what it found so far."""
 
-    retry_later: bool = False
-    newest_ns: int = 0
-    failed_entries: set[str] = field(default_factory=set)  # RETRY_LATER or BLOCKED
-    retry_later_entries: set[str] = field(default_factory=set)  # RETRY_LATER: the cursor never passes one unlisted
-    checked: int = 0  # entries run, re-checks included: all count against the cap
-    list_pages: int = 0  # listing pages sent for this hour (its own, and raw-blobs-by-time hours)
-    stopped: bool = False  # the cap stopped it inside the hour
-    stopped_after: str | None = None  # then: the key up to which the next run need not check again (None: none)
-    #: a cursor's bound in this hour: its newest LastModified listed minus LM_RECONCILE_MARGIN_S (R7)
-    cursor_bound_ns: int = 0
-    moved_by_other_run: bool = False  # a save inside the hour found another run's checkpoint
+    now: int
+    current: UtcHour  # the hour of ``now``: never closed
+    cp: Checkpoint | None  # the checkpoint as the run read it
+    start: UtcHour  # the first hour it scans
+    first_open: UtcHour  # the checkpoint's hour (the first not closed), or ``start``
+    end: UtcHour  # the last hour it may scan (``max_hours`` from ``start``, at most ``current``)
+    since: int = 0  # R4: entries older than this were verified, in hours up to ``verified_through``
+    verified_through: UtcHour | None = None
+    cursor: tuple[str, int] | None = None  # R7: (key, bound) inside ``start`` left by the run before
+    unlisted_behind_cursor: bool = False  # an earlier run of this pass over the cursor's hour left a failure unlisted
+    failed_before: frozenset[str] = frozenset()
+    all_failed_before: bool = False
+    saved: Checkpoint | None = None  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
+    retry_hours: set[UtcHour] = field(default_factory=set)
+    failed_now: set[str] = field(default_factory=set)
+    retry_now: set[str] = field(default_factory=set)  # the failures of failed_now that ended RETRY_LATER
+    unowned: dict[UtcHour, RangePlan] = field(default_factory=dict)  # scanned hours whose plan has ranges without a shard
+    newest: int = 0
+    stopped: tuple[UtcHour, str | None, int] | None = None  # (hour, cursor key, cursor bound)
 
 
 class Reconciler:
@@ -191,6 +179,7 @@ class Reconciler:
         # Shard 0 exists in every deployment: a checkpoint reader may come without settings.
         self.shard = check_shard(shard, settings.reconcile_shards if settings is not None else 1)
         self.checkpoint_sk = checkpoint_sk(self.shard)
+        self.scanner = HourScanner(ctx, settings.reconcile_margin_s if settings is not None else 0, self.shard)
 
     # -- checkpoint ------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint | None:
@@ -200,24 +189,10 @@ class Reconciler:
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
               failed_entries: tuple[str, ...] = (), failed_overflow: bool = False, scan_after: str | None = None,
               scan_after_before_ns: int = 0, scan_after_unlisted: bool = False) -> bool:
-        values = {"pk": CHECKPOINT_PK, "sk": self.checkpoint_sk, "hour_start_s": new_hour.start_unix_s,
-                  "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
-                  "verified_before_ns": verified_before_ns,
-                  "verified_through_s": verified_through.start_unix_s if verified_through else None,
-                  "scan_from_s": scan_from.start_unix_s if scan_from else None,
-                  "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
-                  "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None,
-                  "scan_after_failures_listed": True if scan_after else None,
-                  "scan_after_unlisted": True if scan_after and scan_after_unlisted else None}
-        try:
-            if expected is None:
-                self.table.put(values, condition="attribute_not_exists(pk)")
-            else:
-                self.table.put(values, condition="#v = :v", names={"#v": "version"},
-                               values_for_condition={":v": expected.version})
-            return True
-        except ConditionFailed:
-            return False
+        return write_checkpoint(self.table, self.checkpoint_sk, new_hour, expected, now_ns, verified_before_ns,
+                                verified_through=verified_through, scan_from=scan_from, failed_entries=failed_entries,
+                                failed_overflow=failed_overflow, scan_after=scan_after,
+                                scan_after_before_ns=scan_after_before_ns, scan_after_unlisted=scan_after_unlisted)
 
     def lag_s(self, now_ns: int | None = None) -> float | None:
         cp = self.checkpoint()
@@ -236,21 +211,53 @@ class Reconciler:
             max_list_pages = MAX_LIST_PAGES_PER_RUN
         if save_every is None:
             save_every = SAVE_EVERY_ENTRIES
-        if save_every < 1:
-            raise ValueError(f"save_every must be at least 1, got {save_every}")
-        if max_hours < 1:
-            raise ValueError(f"max_hours must be at least 1, got {max_hours}")
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
-        if max_list_pages < 1:
-            raise ValueError(f"max_list_pages must be at least 1, got {max_list_pages}")
+        for name, value in (("save_every", save_every), ("max_hours", max_hours), ("max_entries", max_entries),
+                            ("max_list_pages", max_list_pages)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        state = self._begin(max_hours)
+        cp = state.cp
+        report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="", shard=self.shard)
+        indexed = IndexedBlobs(self.ctx)  # one range: list the blob hours, as before shards
+        headed = HeadedBlobs(self.ctx)  # several: HEAD each entry's blob key (R8)
+        if not self._scan_hours(state, report, max_entries, max_list_pages, save_every, indexed, headed):
+            return self._left_to_other_run(report, state.first_open)
+        shards = self.settings.reconcile_shards
+        report.blob_hours_listed = indexed.hours_listed
+        report.blob_heads = headed.heads_sent
+        report.unowned_ranges = [f"{h}: {unowned_ranges(p, shards)} in the plan effective from {p.effective_from}"
+                                 for h, p in sorted(state.unowned.items(), key=lambda hp: hp[0].start_unix_s)]
+        # The hours this run listed and ran completely; a run stopped by its entry cap did not finish
+        # the hour it stopped in.
+        scanned_to = state.stopped[0] + -1 if state.stopped else state.end
+        # A pass over the cursor's hour that left a failure unlisted behind a cursor is finished by
+        # this run, which has not checked that entry again (its blocker may have been resumed since):
+        # the hour is not closed, and is listed again from its start (R7).
+        pass_left_unlisted = state.unlisted_behind_cursor and state.start <= scanned_to
+        # R4 only from a run that scanned every open hour up to now without a failure: a run that
+        # stopped at its cap, or began past the checkpoint, would otherwise vouch for entries of
+        # hours it never listed.
+        covered_all = (state.stopped is None and state.end == state.current and state.start <= state.first_open
+                       and not pass_left_unlisted)
+        if covered_all and not state.failed_now:
+            state.verified_through = state.current
+            if state.newest:
+                state.since = max(state.since, state.newest - self.settings.reconcile_margin_s * _NS)
+        limits = f"at most {max_hours} hours, {max_entries} entries and {max_list_pages} listing pages per run"
+        new_open = self._close_hours(state, report, scanned_to, pass_left_unlisted, limits)
+        self._finish(state, report, new_open, scanned_to, covered_all)
+        return report
+
+    def _begin(self, max_hours: int) -> _RunState:
+        """Where this run starts, from the checkpoint: its scan_from (R5), or after downtime the
+        lookback; with the R4 watermark and the R7 cursor only if no downtime came between."""
         now = self.ctx.clock.now_ns()
         current = UtcHour.of_unix_ns(now)
         cp = self.checkpoint()
         lookback_start = UtcHour.of_unix_ns(now - self.settings.reconcile_lookback_s * _NS)
         since, verified_through = 0, None
         cursor: tuple[str, int] | None = None
-        unlisted_behind_cursor = False  # an earlier run of this pass over the cursor's hour left a failure unlisted
+        unlisted_behind_cursor = False
         if cp is None:
             start = lookback_start
         else:
@@ -264,128 +271,120 @@ class Reconciler:
                                                                    or not cp.failed_overflow):
                     cursor = (cp.scan_after, cp.scan_after_before_ns)  # R7: continue inside that hour
                     unlisted_behind_cursor = cp.scan_after_unlisted
-        first_open = cp.hour if cp else start
-        end = min(current, start + (max_hours - 1))
-        failed_before = frozenset(cp.failed_entries) if cp else frozenset()
-        all_failed_before = bool(cp and cp.failed_overflow)
-        report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="", shard=self.shard)
-        retry_hours: set[UtcHour] = set()
-        failed_now: set[str] = set()
-        retry_now: set[str] = set()  # the failures of failed_now that ended RETRY_LATER
+        return _RunState(now=now, current=current, cp=cp, start=start, first_open=cp.hour if cp else start,
+                         end=min(current, start + (max_hours - 1)), since=since, verified_through=verified_through,
+                         cursor=cursor, unlisted_behind_cursor=unlisted_behind_cursor,
+                         failed_before=frozenset(cp.failed_entries) if cp else frozenset(),
+                         all_failed_before=bool(cp and cp.failed_overflow), saved=cp)
+
+    def _scan_hours(self, state: _RunState, report: ReconcileReport, max_entries: int, max_list_pages: int,
+                    save_every: int, indexed: IndexedBlobs, headed: HeadedBlobs) -> bool:
+        """Scan from ``state.start`` until ``state.end`` or a cap, saving after every hour with
+        checks (R7); False if another run wrote the checkpoint first."""
         shards = self.settings.reconcile_shards
         # R8: read once per run (plans are written at least 2 hours before they govern an hour, so
         # a run never meets a plan written after it began); one shard reads none: it owns every range.
         plans = RangePlans(self.table) if shards > 1 else None
-        unowned: dict[UtcHour, RangePlan] = {}  # scanned hours whose plan has ranges without a shard
-        indexed = IndexedBlobs(self.ctx)  # one range: list the blob hours, as before shards
-        headed = HeadedBlobs(self.ctx)  # several: HEAD each entry's blob key (R8)
         budget, pages_left = max_entries, max_list_pages
-        newest = 0
-        saved = cp  # the checkpoint as this run last wrote (or read) it: every save is conditional on it
-        stopped: tuple[UtcHour, str | None, int] | None = None  # (hour, cursor key, cursor bound)
-        hour = start
 
-        def save_inside(in_hour: UtcHour, key: str, bound_ns: int, scan: _HourScan) -> bool:
+        def save_inside(in_hour: UtcHour, key: str, bound_ns: int, scan: HourScan) -> bool:
             """R7: this run's progress inside ``in_hour``, up to ``key``; False if another run wrote first."""
-            nonlocal saved
-            saved = self._save_progress(saved, first_open, now, since, verified_through, in_hour,
-                                        failed_now | scan.failed_entries, start, in_hour + -1,
-                                        retry_now=retry_now | scan.retry_later_entries, cursor=(key, bound_ns),
-                                        unlisted_before=unlisted_behind_cursor and in_hour == start)
-            if saved is None:
+            state.saved = self._save_progress(state.saved, state.first_open, state.now, state.since,
+                                              state.verified_through, in_hour, state.failed_now | scan.failed_entries,
+                                              state.start, in_hour + -1,
+                                              retry_now=state.retry_now | scan.retry_later_entries,
+                                              cursor=(key, bound_ns),
+                                              unlisted_before=state.unlisted_behind_cursor and in_hour == state.start)
+            if state.saved is None:
                 return False
             crashpoints.point(CP_PROGRESS_SAVED)
             return True
 
-        while hour <= end:
+        hour = state.start
+        while hour <= state.end:
             if budget <= 0 or pages_left <= 0:
-                stopped = (hour, None, 0)  # a cap fell on an hour boundary: continue at this hour
+                state.stopped = (hour, None, 0)  # a cap fell on an hour boundary: continue at this hour
                 break
-            skip_before = since if verified_through is not None and hour <= verified_through else 0
+            skip_before = state.since if state.verified_through is not None and hour <= state.verified_through else 0
             plan = plans.plan_for(hour) if plans is not None else ONE_RANGE
             if plan.ranges > shards:
-                unowned[hour] = plan
-            scan = self._scan_hour(hour, report, skip_before, failed_before, all_failed_before,
-                                   headed if plan.ranges > 1 else indexed, cursor if hour == start else None,
-                                   budget, save_every, save_inside, plan=plan)
+                state.unowned[hour] = plan
+            scan = self.scanner.scan(hour, report, skip_before, state.failed_before, state.all_failed_before,
+                                     headed if plan.ranges > 1 else indexed,
+                                     state.cursor if hour == state.start else None, budget, save_every, save_inside,
+                                     plan=plan)
             if scan.moved_by_other_run:
-                return self._left_to_other_run(report, first_open)
+                return False
             budget -= scan.checked
             pages_left -= scan.list_pages
             report.list_pages += scan.list_pages
             if scan.retry_later:
-                retry_hours.add(hour)
-            failed_now |= scan.failed_entries
-            retry_now |= scan.retry_later_entries
-            newest = max(newest, scan.newest_ns)
+                state.retry_hours.add(hour)
+            state.failed_now |= scan.failed_entries
+            state.retry_now |= scan.retry_later_entries
+            state.newest = max(state.newest, scan.newest_ns)
             if scan.stopped:
-                stopped = (hour, scan.stopped_after, scan.cursor_bound_ns)
+                state.stopped = (hour, scan.stopped_after, scan.cursor_bound_ns)
                 break
-            if hour < end and scan.checked:  # R7: a run cut off later keeps this hour's work
-                saved = self._save_progress(saved, first_open, now, since, verified_through, hour.next(),
-                                            failed_now, start, hour, retry_now=retry_now)
-                if saved is None:
-                    return self._left_to_other_run(report, first_open)
+            if hour < state.end and scan.checked:  # R7: a run cut off later keeps this hour's work
+                state.saved = self._save_progress(state.saved, state.first_open, state.now, state.since,
+                                                  state.verified_through, hour.next(), state.failed_now, state.start,
+                                                  hour, retry_now=state.retry_now)
+                if state.saved is None:
+                    return False
                 crashpoints.point(CP_HOUR_SAVED)
             hour = hour.next()
-        report.blob_hours_listed = indexed.hours_listed
-        report.blob_heads = headed.heads_sent
-        report.unowned_ranges = [f"{h}: {unowned_ranges(p, shards)} in the plan effective from {p.effective_from}"
-                                 for h, p in sorted(unowned.items(), key=lambda hp: hp[0].start_unix_s)]
-        # The hours this run listed and ran completely; a run stopped by its entry cap did not finish
-        # the hour it stopped in.
-        scanned_to = stopped[0] + -1 if stopped else end
-        # A pass over the cursor's hour that left a failure unlisted behind a cursor is finished by
-        # this run, which has not checked that entry again (its blocker may have been resumed since):
-        # the hour is not closed, and is listed again from its start (R7).
-        pass_left_unlisted = unlisted_behind_cursor and start <= scanned_to
-        # R4 only from a run that scanned every open hour up to now without a failure: a run that
-        # stopped at its cap, or began past the checkpoint, would otherwise vouch for entries of
-        # hours it never listed.
-        covered_all = stopped is None and end == current and start <= first_open and not pass_left_unlisted
-        if covered_all and not failed_now:
-            verified_through = current
-            if newest:
-                since = max(since, newest - self.settings.reconcile_margin_s * _NS)
+        return True
 
-        # Close hours in order while every condition holds, and only hours this run scanned.
-        new_open = first_open
-        while new_open < current:
+    def _close_hours(self, state: _RunState, report: ReconcileReport, scanned_to: UtcHour, pass_left_unlisted: bool,
+                     limits: str) -> UtcHour:
+        """Close hours in order while every condition holds, and only hours this run scanned; the
+        first hour left open."""
+        start, shards = state.start, self.settings.reconcile_shards
+        new_open = state.first_open
+        while new_open < state.current:
             if not start <= new_open <= scanned_to:
                 report.not_closed_because = (f"{new_open}: not scanned by this run (it scanned {start} to {scanned_to}, "
-                                             f"at most {max_hours} hours, {max_entries} entries and "
-                                             f"{max_list_pages} listing pages per run)")
+                                             f"{limits})")
                 break
-            if new_open in unowned:  # R8: its ranges past the last shard are checked by no one
-                report.not_closed_because = (f"{new_open}: {unowned_ranges(unowned[new_open], shards)} in the plan "
-                                             f"effective from {unowned[new_open].effective_from}")
+            if new_open in state.unowned:  # R8: its ranges past the last shard are checked by no one
+                plan = state.unowned[new_open]
+                report.not_closed_because = (f"{new_open}: {unowned_ranges(plan, shards)} in the plan "
+                                             f"effective from {plan.effective_from}")
                 break
             if pass_left_unlisted and new_open == start:
                 report.not_closed_because = (f"{new_open}: a failed entry an earlier run checked is not listed in the "
                                              f"checkpoint; the hour is listed again from its start")
                 break
-            reason = self._why_open(new_open, now, retry_hours)
+            reason = self._why_open(new_open, state.now, state.retry_hours)
             if reason:
                 report.not_closed_because = f"{new_open}: {reason}"
                 break
             report.closed.append(str(new_open))
             new_open = new_open.next()
         if not report.not_closed_because:
-            report.not_closed_because = f"{current}: the current hour is never closed"
+            report.not_closed_because = f"{state.current}: the current hour is never closed"
+        return new_open
+
+    def _finish(self, state: _RunState, report: ReconcileReport, new_open: UtcHour, scanned_to: UtcHour,
+                covered_all: bool) -> None:
+        """Save where the next run continues (a conditional write: never moved back), emit the lag,
+        and fail loudly if ranges of a scanned hour belong to no shard (R8)."""
+        stopped, end, now = state.stopped, state.end, state.now
         if stopped is not None:
             scan_from: UtcHour | None = stopped[0]
             scan_after, scan_after_before = stopped[1], stopped[2]
         else:
-            scan_from = None if end == current or end.next() == new_open else end.next()
+            scan_from = None if end == state.current or end.next() == new_open else end.next()
             scan_after, scan_after_before = None, 0
         report.continues_from = str(scan_from) if scan_from else ""
         report.continues_after = scan_after or ""
         failed, overflow, unlisted = self._failed_after(
-            cp, failed_now, start, scanned_to, new_open, covered_all, retry_now=retry_now,
+            state.cp, state.failed_now, state.start, scanned_to, new_open, covered_all, retry_now=state.retry_now,
             cursor=(stopped[0], stopped[1]) if stopped and stopped[1] else None)
-        unlisted = unlisted or (unlisted_behind_cursor and stopped is not None and stopped[0] == start)
-        if not self._save(new_open, saved, now, since, verified_through=verified_through, scan_from=scan_from,
-                          failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
+        unlisted = unlisted or (state.unlisted_behind_cursor and stopped is not None and stopped[0] == state.start)
+        if not self._save(new_open, state.saved, now, state.since, verified_through=state.verified_through,
+                          scan_from=scan_from, failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
                           scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
@@ -398,7 +397,6 @@ class Reconciler:
                 f"shard {self.shard}: hours whose range plan has more ranges than LM_RECONCILE_SHARDS are kept open, "
                 f"their extra ranges checked by no shard: {'; '.join(report.unowned_ranges)}. Raise "
                 f"LM_RECONCILE_SHARDS to the plan's ranges (docs/protocol.md §12 R8)", report)
-        return report
 
     def _lag_to_emit(self, report: ReconcileReport, now: int) -> float:
         """``ReconcilerLagSeconds`` (R8): every shard emits its own lag, and shard 0 of several the
@@ -450,29 +448,8 @@ class Reconciler:
                       new_open: UtcHour, covered_all: bool, *,
                       retry_now: set[str] | frozenset[str] = frozenset(), cursor: tuple[UtcHour, str] | None = None
                       ) -> tuple[tuple[str, ...], bool, bool]:
-        """The failed entries the next run must know of, whether some were left out, and whether a
-        failure behind ``cursor`` was: this run's, plus earlier ones of hours this run did not scan
-        that are still open (keys sort by hour, so prefixes bound them). With ``cursor`` (the hour
-        this run stopped in and its key), this run's failures up to the cursor come first — the next
-        run re-checks only those behind it (R7) — its RETRY_LATER ones before its BLOCKED ones: the
-        scan placed the cursor so that the RETRY_LATER ones fit (unless they held it behind where it
-        already was); a BLOCKED one left out is remembered by its blocker and by the third value.
-        Earlier failures up to the cursor were checked again by this run."""
-        codec = self.ctx.codec
-
-        def behind_cursor(key: str) -> bool:
-            return cursor is not None and codec.accepted_by_time_hour(cursor[0]) <= key <= cursor[1]
-
-        scanned_from, scanned_to = codec.accepted_by_time_hour(start), codec.accepted_by_time_hour(end.next())
-        still_open = codec.accepted_by_time_hour(new_open)
-        carried = {k for k in (cp.failed_entries if cp else ())
-                   if not scanned_from <= k < scanned_to and k >= still_open and not behind_cursor(k)}
-        behind = sorted(k for k in failed_now if behind_cursor(k) and k in retry_now)
-        behind += sorted(k for k in failed_now if behind_cursor(k) and k not in retry_now)
-        rest = sorted((failed_now | carried) - set(behind))
-        kept = (behind + rest)[:failures_that_fit(behind + rest)]
-        overflow = len(behind) + len(rest) > len(kept) or bool(cp and cp.failed_overflow and not covered_all)
-        return tuple(sorted(kept)), overflow, len(kept) < len(behind)
+        return failed_after(self.ctx.codec, cp, failed_now, start, end, new_open, covered_all, retry_now=retry_now,
+                            cursor=cursor)
 
     def _why_open(self, hour: UtcHour, now: int, retry_hours: set[UtcHour]) -> str:
         if now < hour.end_ns + self.settings.settle_s * _NS:
@@ -487,120 +464,8 @@ class Reconciler:
             return "an indexing blocker is open"
         return ""
 
-    def _scan_hour(self, hour: UtcHour, report: ReconcileReport, since_ns: int, failed_before: frozenset[str],
-                   all_failed_before: bool, indexed: IndexedBlobs | HeadedBlobs, cursor: tuple[str, int] | None,
-                   budget: int, save_every: int,
-                   save_inside: Callable[[UtcHour, str, int, _HourScan], bool], *,
-                   plan: RangePlan = ONE_RANGE) -> _HourScan:
-        """Check the hour's entries not verified before ``since_ns`` (nor, with ``cursor``, by the
-        run that stopped inside this hour), at most ``budget`` of them, re-checks included, but at
-        least one past the cursor (R7). Every ``save_every`` checks, unless the hour is done,
-        ``save_inside(hour, cursor key, cursor bound, the scan so far)`` saves the progress; False
-        (another run wrote the checkpoint) ends the scan. A cursor it places never moves back. An
-        entry whose key is outside the layout is a unit too: it ends BLOCKED (kind
-        ``accepted-by-time-entry``), never skipped. Only this shard's range of ``plan`` is listed
-        (R8); a shard past the plan's ranges lists nothing."""
-        report.hours_scanned.append(str(hour))
-        if self.shard >= plan.ranges:
-            return _HourScan()  # nothing of this hour is this shard's
-        prefix = self.ctx.codec.accepted_by_time_hour(hour)
-        start_after, end_at = plan.key_bounds(prefix, self.shard)
-        entries = self.ctx.store.list_modified(prefix, limit=10**9, start_after=start_after, end_at=end_at)
-        rechecks, units = [], []  # rechecks: up to the cursor
-        for key, modified_ns in entries:
-            if modified_ns < since_ns:
-                report.verified_earlier += 1
-            elif cursor is not None and key <= cursor[0]:
-                # The checkpoint lists every entry behind the cursor that failed (R7), whatever
-                # ``failed_overflow`` says: only those, and those possibly in flight, are checked again.
-                if modified_ns < cursor[1] and key not in failed_before:
-                    report.verified_earlier += 1  # checked by the run that stopped here (R7)
-                else:
-                    rechecks.append(key)  # in flight at that listing, or failed since
-            else:
-                units.append(key)
-        report.entries += len(entries)
-        newest = max((m for _, m in entries), default=0)
-        # A range with an upper bound may cost one page more: the one that passes its bound.
-        pages = list_pages(len(entries)) + (1 if end_at is not None and entries and len(entries) % LIST_PAGE_KEYS == 0
-                                            else 0)
-        scan = _HourScan(newest_ns=newest, list_pages=pages,
-                         cursor_bound_ns=newest - self.settings.reconcile_margin_s * _NS)
-        room = max(budget - len(rechecks), 1)  # at least one past the cursor: every run moves it
-        if len(units) > room:
-            units = units[:room]
-            scan.stopped = True
-        units = rechecks + units  # in key order: the listing's
-        scan.checked = len(units)
-        if not units:
-            return scan
-        pages_before = indexed.pages_listed
-        for h in (hour, hour + -1):  # a blob is written before its record: its hour or the one before
-            indexed.load(h)
-        scan.list_pages += indexed.pages_listed - pages_before
-
-        def run(entry_key: str) -> Outcome:
-            try:
-                kind, object_key = KIND_REPAIR, manifest_key_of_time_entry(self.ctx, entry_key)
-            except PermanentWorkError:
-                kind, object_key = KIND_TIME_ENTRY, entry_key
-            # Work key as before (``repair-accepted:<record>``): ``lmctl blockers retry`` runs the
-            # full repair_accepted; the time-entry kind runs verify_time_entry (RUNNERS).
-            return run_unit(self.ctx, kind=kind, object_key=object_key, source="reconcile",
-                            fn=lambda: verify_time_entry(self.ctx, entry_key, indexed),
-                            previously_failed=all_failed_before or entry_key in failed_before).outcome
-
-        # In slices of ``save_every`` in key order, each finished before the next begins, so that a
-        # save covers every entry up to its cursor: a run killed later keeps them (R7).
-        saved_after = cursor[0] if cursor else None  # this hour's progress the checkpoint holds
-        for first in range(0, len(units), save_every):
-            part = units[first:first + save_every]
-            for key, outcome in zip(part, self._check(part, run)):
-                report.outcomes[outcome.value] += 1
-                if outcome is Outcome.RETRY_LATER:
-                    scan.retry_later = True
-                    scan.retry_later_entries.add(key)
-                if outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
-                    scan.failed_entries.add(key)
-            done = first + len(part)
-            if done == len(units):
-                break  # the hour's save, or the run's, follows
-            cursor_key = self._cursor_listing_failures(units[:done], scan.retry_later_entries, floor=saved_after)
-            if cursor_key is not None and cursor_key != saved_after:
-                if not save_inside(hour, cursor_key, scan.cursor_bound_ns, scan):
-                    scan.moved_by_other_run = True
-                    return scan
-                saved_after = cursor_key
-        if scan.stopped:
-            scan.stopped_after = self._cursor_listing_failures(units, scan.retry_later_entries, floor=saved_after)
-        return scan
-
-    @staticmethod
-    def _check(units: list[str], run: Callable[[str], Outcome]) -> list[Outcome]:
-        """Run ``units`` on the pool; the outcomes in their order. If one raises, the units not
-        started are cancelled and the started ones finish before the error goes up."""
-        return map_in_context(_POOL, run, units)
-
-    @staticmethod
-    def _cursor_listing_failures(checked: list[str], retry_later: set[str], *, floor: str | None = None
-                                 ) -> str | None:
-        """The in-hour cursor after ``checked`` (in key order) such that the checkpoint lists every
-        RETRY_LATER failure behind it (R7): the last key, or the last before the first one that does
-        not fit (the entries after it are checked again by the next run) — but never behind
-        ``floor``, the cursor this run already has in the hour. None: not one entry. A BLOCKED
-        entry never holds it back: its open blocker remembers it.
-
-        >>> Reconciler._cursor_listing_failures(["a", "b", "c"], {"b"}, floor="a")
-        'c'
-        """
-        failed_in_order = [k for k in checked if k in retry_later]
-        fit = failures_that_fit(failed_in_order)
-        if fit == len(failed_in_order):
-            key: str | None = checked[-1]
-        else:
-            first_unlisted = checked.index(failed_in_order[fit])
-            key = checked[first_unlisted - 1] if first_unlisted else None
-        return floor if floor is not None and (key is None or key < floor) else key
+    #: the in-hour cursor placement (R7), :func:`lightmetrics.derived.reconcile_scan.cursor_listing_failures`
+    _cursor_listing_failures = staticmethod(cursor_listing_failures)
 
 
-__all__ = ["Reconciler"]
+__all__ = ["LIST_PAGE_KEYS", "ONE_RANGE", "Reconciler", "list_pages"]

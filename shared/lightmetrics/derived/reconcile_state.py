@@ -3,7 +3,8 @@
 One checkpoint item per shard (``checkpoint#reconcile``/``current`` for shard 0, ``shard#<i>`` for
 the others, R8), what a checkpoint holds (:class:`Checkpoint`, read by :func:`checkpoint_of`), the
 overall checkpoint of several shards (:class:`ShardCheckpoints`), the bounds of its failed-entry
-list, and :class:`ReconcileReport`. The algorithm that writes them is :mod:`lightmetrics.derived.reconcile`.
+list and the checkpoint's conditional write (:func:`write_checkpoint`, :func:`failed_after`), and
+:class:`ReconcileReport`. The algorithm that writes them is :mod:`lightmetrics.derived.reconcile`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.aws.control_table import ConditionFailed, ControlTable
 from lightmetrics.derived.hour_ranges import RangePlan
 from lightmetrics.protocol.errors import LightmetricsError
-from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.keys import KeyCodec, UtcHour
 
 _NS = 1_000_000_000
 
@@ -128,6 +129,61 @@ def checkpoint_of(item: dict[str, Any] | None) -> Checkpoint | None:
                       bool(item.get("scan_after_unlisted")))
 
 
+def write_checkpoint(table: ControlTable, sk: str, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int,
+                     verified_before_ns: int = 0, *, verified_through: UtcHour | None = None,
+                     scan_from: UtcHour | None = None, failed_entries: tuple[str, ...] = (),
+                     failed_overflow: bool = False, scan_after: str | None = None, scan_after_before_ns: int = 0,
+                     scan_after_unlisted: bool = False) -> bool:
+    """Write a checkpoint item over ``expected`` (conditional on its version; None: on no item).
+    False if another run wrote first: a checkpoint never moves back."""
+    values = {"pk": CHECKPOINT_PK, "sk": sk, "hour_start_s": new_hour.start_unix_s,
+              "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
+              "verified_before_ns": verified_before_ns,
+              "verified_through_s": verified_through.start_unix_s if verified_through else None,
+              "scan_from_s": scan_from.start_unix_s if scan_from else None,
+              "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
+              "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None,
+              "scan_after_failures_listed": True if scan_after else None,
+              "scan_after_unlisted": True if scan_after and scan_after_unlisted else None}
+    try:
+        if expected is None:
+            table.put(values, condition="attribute_not_exists(pk)")
+        else:
+            table.put(values, condition="#v = :v", names={"#v": "version"},
+                      values_for_condition={":v": expected.version})
+        return True
+    except ConditionFailed:
+        return False
+
+
+def failed_after(codec: KeyCodec, cp: Checkpoint | None, failed_now: set[str], start: UtcHour, end: UtcHour,
+                 new_open: UtcHour, covered_all: bool, *,
+                 retry_now: set[str] | frozenset[str] = frozenset(), cursor: tuple[UtcHour, str] | None = None
+                 ) -> tuple[tuple[str, ...], bool, bool]:
+    """The failed entries the next run must know of, whether some were left out, and whether a
+    failure behind ``cursor`` was: this run's, plus earlier ones of hours this run did not scan
+    that are still open (keys sort by hour, so prefixes bound them). With ``cursor`` (the hour
+    this run stopped in and its key), this run's failures up to the cursor come first — the next
+    run re-checks only those behind it (R7) — its RETRY_LATER ones before its BLOCKED ones: the
+    scan placed the cursor so that the RETRY_LATER ones fit (unless they held it behind where it
+    already was); a BLOCKED one left out is remembered by its blocker and by the third value.
+    Earlier failures up to the cursor were checked again by this run."""
+
+    def behind_cursor(key: str) -> bool:
+        return cursor is not None and codec.accepted_by_time_hour(cursor[0]) <= key <= cursor[1]
+
+    scanned_from, scanned_to = codec.accepted_by_time_hour(start), codec.accepted_by_time_hour(end.next())
+    still_open = codec.accepted_by_time_hour(new_open)
+    carried = {k for k in (cp.failed_entries if cp else ())
+               if not scanned_from <= k < scanned_to and k >= still_open and not behind_cursor(k)}
+    behind = sorted(k for k in failed_now if behind_cursor(k) and k in retry_now)
+    behind += sorted(k for k in failed_now if behind_cursor(k) and k not in retry_now)
+    rest = sorted((failed_now | carried) - set(behind))
+    kept = (behind + rest)[:failures_that_fit(behind + rest)]
+    overflow = len(behind) + len(rest) > len(kept) or bool(cp and cp.failed_overflow and not covered_all)
+    return tuple(sorted(kept)), overflow, len(kept) < len(behind)
+
+
 @dataclass(frozen=True)
 class ShardCheckpoints:
     """Every shard's checkpoint (None: the shard never ran). The overall checkpoint — the first
@@ -224,5 +280,5 @@ class UnownedRangesError(LightmetricsError):
 
 
 __all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "Checkpoint", "ReconcileReport", "ShardCheckpoints", "ShardError",
-           "UnownedRangesError", "check_shard", "checkpoint_of", "checkpoint_sk", "failures_that_fit",
-           "read_shard_checkpoints", "unowned_ranges"]
+           "UnownedRangesError", "check_shard", "checkpoint_of", "checkpoint_sk", "failed_after", "failures_that_fit",
+           "read_shard_checkpoints", "unowned_ranges", "write_checkpoint"]
