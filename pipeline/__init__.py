@@ -7,7 +7,11 @@ Modules:
 * :mod:`lightmetrics_pipeline.inventory` — S3 Inventory reports: read (manifest.json + Parquet/CSV.gz), write
   (``lmctl inventory snapshot``), generate (tests, benchmark)
 * :mod:`lightmetrics_pipeline.audit`     — the inventory audit (DataFrame joins, live confirmation, audit/v1/)
-* :mod:`lightmetrics_pipeline.chunks`    — the sketch, the aggregates' reference, v1/v2 chunk, index and manifest formats
+* :mod:`lightmetrics_pipeline.sketch`    — the quantile sketch (DDSketch): binning and byte layout
+* :mod:`lightmetrics_pipeline.window_agg` — a window's aggregates and their reference definition (exact sum, extremes, last)
+* :mod:`lightmetrics_pipeline.chunks`    — the v1/v2 chunk and index entry formats, series keys, chunk ids
+* :mod:`lightmetrics_pipeline.rollup_manifest` — the v1/v2 rollup manifest and its chunk lists
+* :mod:`lightmetrics_pipeline.rollup_codec` — what every rollup object shares: zstd framing, schema check, format error
 * :mod:`lightmetrics_pipeline.rollup_parquet` — rollup format v3: the Parquet object and the v3 manifest
 * :mod:`lightmetrics_pipeline.decode`    — vectorized frame decoding (``mapInPandas``)
 * :mod:`lightmetrics_pipeline.aggregate` — the rollup's aggregation in Spark SQL

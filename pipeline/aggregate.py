@@ -8,7 +8,7 @@ aggregated in the JVM, with no shuffle after the repartition (every grouping bel
 
 1. per (hour, series, window, window start, bin): ``count``, NaN count, ``min``/``max`` of the
    non-NaN values, ``last`` by ``max_by(value, struct(ts_ns, manifest_id, ord))`` — the tie-break
-   of :func:`lightmetrics_pipeline.chunks.aggregate_window` — and the bin's sample count;
+   of :func:`lightmetrics_pipeline.window_agg.aggregate_window` — and the bin's sample count;
 2. per (hour, series, window, window start): the same combined, the bins collected (the sketch is
    a grouped count of keys: bins only add);
 3. per (hour, series, window): the rows of one chunk, sorted by window start, joined with the
@@ -16,12 +16,12 @@ aggregated in the JVM, with no shuffle after the repartition (every grouping bel
 
 ``sum``: the format defines it as correctly rounded (``math.fsum``, order independent), which
 Spark's double ``sum`` is not. Each value arrives split into exact integer parts
-(:func:`lightmetrics_pipeline.chunks.exact_parts`: ``mant × 2^shift`` per exponent bucket ``exp_b``), summed
+(:func:`lightmetrics_pipeline.window_agg.exact_parts`: ``mant × 2^shift`` per exponent bucket ``exp_b``), summed
 exactly as DECIMAL(38, 0) per bucket in SQL; the encoding step (:func:`encode_chunk_row`) adds
 the few bucket sums of a window as Python integers and rounds once
-(:func:`lightmetrics_pipeline.chunks.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark
+(:func:`lightmetrics_pipeline.window_agg.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark
 compares -0.0 and 0.0 equal) comes from the zero store's key. The per-series Python of
-:func:`lightmetrics_pipeline.chunks.aggregate_window` stays as the reference the tests compare this against, bit for bit.
+:func:`lightmetrics_pipeline.window_agg.aggregate_window` stays as the reference the tests compare this against, bit for bit.
 
 Example:
     >>> rows = chunk_rows(samples, partitions=8)                      # doctest: +SKIP
@@ -35,6 +35,8 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import sketch as SK
+from lightmetrics_pipeline import window_agg as W
 
 #: ``chunk_rows`` output: one row per (hour, series, window).
 CHUNK_ROW_COLUMNS = ("hour_s", "series", "window", "rows", "ts_min", "ts_max", "manifest_ids")
@@ -51,7 +53,7 @@ def chunk_rows(samples: Any, partitions: int) -> Any:
         .withColumn("value", F.coalesce(F.col("value"), F.lit(math.nan)))
     windows = F.explode(F.array(*[
         F.struct(F.lit(name).alias("window"), (F.col("ts_ns") - F.pmod(F.col("ts_ns"), F.lit(w))).alias("ws"))
-        for name, w in C.WINDOW_NS.items()]))
+        for name, w in W.WINDOW_NS.items()]))
     x = by_series.select("hour_s", "series", "manifest_id", "ts_ns", "value", "ord", "sk_store", "sk_key", "exp_b",
                          "mant", "shift", windows.alias("w")).select("*", "w.window", "w.ws").drop("w")
     nan = F.isnan("value")
@@ -99,7 +101,7 @@ def _float(v: Any) -> float:
     return math.nan if v is None else float(v)
 
 
-def window_agg(r: dict[str, Any]) -> C.WindowAgg:
+def window_agg(r: dict[str, Any]) -> W.WindowAgg:
     """One window row of :func:`chunk_rows` as the chunk stores it."""
     lo, hi = _float(r["min"]), _float(r["max"])
     if lo == 0:  # Spark compares -0.0 and 0.0 equal; the format says which (chunks.signed_extreme)
@@ -107,21 +109,21 @@ def window_agg(r: dict[str, Any]) -> C.WindowAgg:
     if hi == 0:
         hi = 0.0 if r["pos_zero"] else -0.0
     bins = r["bins"]
-    return C.WindowAgg(
+    return W.WindowAgg(
         window_start_ns=int(r["ws"]),
         count=int(r["count"]),
         nan_count=int(r["nan_count"]),
-        sum=C.sum_from_parts([(p["exp_b"], int(p["part"])) for p in r["parts"]], r["pinf"] > 0, r["ninf"] > 0),
+        sum=W.sum_from_parts([(p["exp_b"], int(p["part"])) for p in r["parts"]], r["pinf"] > 0, r["ninf"] > 0),
         min=lo,
         max=hi,
         last=float(r["last"]),
         last_ts_ns=int(r["last_ts_ns"]),
-        sketch=C.sketch_from_bins(float(r["zero"]), [(b["sk_key"], b["n"]) for b in bins if b["sk_store"] == 1],
+        sketch=SK.sketch_from_bins(float(r["zero"]), [(b["sk_key"], b["n"]) for b in bins if b["sk_store"] == 1],
                                   [(b["sk_key"], b["n"]) for b in bins if b["sk_store"] == -1]),
     )
 
 
-def encode_chunk_row(row: dict[str, Any], generation: int) -> tuple[dict[str, Any], list[C.WindowAgg], bytes]:
+def encode_chunk_row(row: dict[str, Any], generation: int) -> tuple[dict[str, Any], list[W.WindowAgg], bytes]:
     """``(header, rows, chunk bytes)`` of one :func:`chunk_rows` row (``row['rows']`` as dicts)."""
     hour = UtcHour(int(row["hour_s"]))
     window, series = str(row["window"]), str(row["series"])

@@ -28,8 +28,12 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour, hours_between
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline import rollup_parquet as P
-from lightmetrics_pipeline.rollup import committed_chunks, read_committed
+from lightmetrics_pipeline import sketch as SK
+from lightmetrics_pipeline import window_agg as W
+from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup_write_chunks import committed_chunks
 from lightmetrics_pipeline.s3io import S3Access, Tally, store, task_tally
 
 STATS = ("mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99")
@@ -67,7 +71,7 @@ def iso(ns: int) -> str:
 @dataclass
 class Series:
     labels: dict[str, str]
-    points: list[C.WindowAgg]
+    points: list[W.WindowAgg]
 
     def to_json(self) -> dict[str, Any]:
         return {"labels": self.labels, "points": [{"t": iso(p.window_start_ns), **_json_safe(p.to_json())}
@@ -101,29 +105,29 @@ class QueryResult:
                 "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
 
 
-def stat_value(p: C.WindowAgg, stat: str) -> float | None:
+def stat_value(p: W.WindowAgg, stat: str) -> float | None:
     if stat == "mean":
         n = p.count - p.nan_count
         return p.sum / n if n else None
     if stat in ("count", "sum", "min", "max", "last"):
         return float(getattr(p, stat))
-    sk = C.deserialize_sketch(p.sketch)
-    return C.quantile(sk, {"p50": 0.5, "p90": 0.9, "p99": 0.99}[stat])
+    sk = SK.deserialize_sketch(p.sketch)
+    return SK.quantile(sk, {"p50": 0.5, "p90": 0.9, "p99": 0.99}[stat])
 
 
 def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, window: str = "5m",
               labels: dict[str, str] | None = None, accept_lag_hours: int = 24, workers: int = 16) -> QueryResult:
-    if window not in C.WINDOW_NS:
-        raise ValueError(f"window must be one of {', '.join(C.WINDOW_NS)}")
+    if window not in W.WINDOW_NS:
+        raise ValueError(f"window must be one of {', '.join(W.WINDOW_NS)}")
     if end_ns <= start_ns:
         raise ValueError("--to must be after --from")
     labels = dict(labels or {})
     result = QueryResult(metric, window, start_ns, end_ns, labels)
     hours = hours_between(UtcHour.of_unix_ns(start_ns) + (-1), UtcHour.of_unix_ns(end_ns - 1) + accept_lag_hours)
-    merged: dict[str, dict[int, list[C.WindowAgg]]] = {}
+    merged: dict[str, dict[int, list[W.WindowAgg]]] = {}
     label_of: dict[str, dict[str, str]] = {}
 
-    def add(series: str, series_labels: dict[str, str], row: C.WindowAgg) -> None:
+    def add(series: str, series_labels: dict[str, str], row: W.WindowAgg) -> None:
         if any(series_labels.get(k) != v for k, v in labels.items()) or not start_ns <= row.window_start_ns < end_ns:
             return
         label_of[series] = series_labels
@@ -140,7 +144,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                     result.uncommitted_hours.append(str(hour))
                 continue
             result.generations[str(hour)] = int(doc["generation"])
-            if doc.get("schema") == C.MANIFEST_SCHEMA_V3:
+            if doc.get("schema") == RM.MANIFEST_SCHEMA_V3:
                 objects.extend((hour, o) for o in P.objects_of(doc, window, metric))
                 continue
             for c in committed_chunks(access, doc, metric):  # one chunk list: the metric's
@@ -149,7 +153,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                 chunk_labels = {k: v for k, v in c["labels"]}
                 if any(chunk_labels.get(k) != v for k, v in labels.items()):
                     continue
-                if c["sample_ts_max_ns"] < start_ns - C.WINDOW_NS[window] or c["sample_ts_min_ns"] >= end_ns:
+                if c["sample_ts_max_ns"] < start_ns - W.WINDOW_NS[window] or c["sample_ts_min_ns"] >= end_ns:
                     continue
                 wanted.append((hour, c))
         st = store(access)
@@ -172,7 +176,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         for series, series_labels, agg in P.window_aggs(P.read_part(data, metric)):
             add(series, series_labels, agg)
     for key in sorted(merged, key=lambda k: sorted(label_of[k].items())):
-        points = [C.merge_aggs(v) for _, v in sorted(merged[key].items())]
+        points = [W.merge_aggs(v) for _, v in sorted(merged[key].items())]
         result.series.append(Series(label_of[key], points))
     return result
 

@@ -33,18 +33,28 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.ops.leases import lease_rule_broken
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
-from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline import rollup_parquet as P
 from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from lightmetrics_pipeline.lease import Lease
+from lightmetrics_pipeline.rollup_committed import read_committed, same_chunks
 from lightmetrics_pipeline.rollup_inputs import list_agents, list_ranges
-from lightmetrics_pipeline.rollup_write_chunks import chunk_writes, committed_chunks, list_refs, write_chunks
+from lightmetrics_pipeline.rollup_plan import (
+    ROLLUP_FORMAT,
+    GenerationTaken,
+    HourPlan,
+    HourResult,
+    NondeterministicRollup,
+    RollupPlan,
+    RollupReport,
+)
+from lightmetrics_pipeline.rollup_write_chunks import chunk_writes, write_chunks
 from lightmetrics_pipeline.rollup_write_parquet import HourObjects, write_parquet
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
@@ -55,9 +65,6 @@ INPUTS_PER_DECODE_TASK = 32
 CHUNKS_PER_WRITE_TASK = 2_000  # v2: its aggregation tasks write the chunks
 SAMPLES_PER_AGGREGATE_TASK = 25_000  # samples per aggregation task
 MAX_TASKS = 2_000
-#: The format new generations are written in (docs/pipeline.md §6); 2 only for tests and the benchmark.
-ROLLUP_FORMAT = 3
-
 
 def tasks_for(units: int, per_task: int) -> int:
     """``ceil(units / per_task)`` tasks, at least 1, at most :data:`MAX_TASKS`.
@@ -66,98 +73,6 @@ def tasks_for(units: int, per_task: int) -> int:
     (1, 4, 2000)
     """
     return max(1, min(MAX_TASKS, -(-units // per_task)))
-
-
-class GenerationTaken(Exception):
-    """Another owner committed this generation of the hour first (the CLI exits 5)."""
-
-
-class NondeterministicRollup(Exception):
-    """A recomputed generation produced other chunk bytes than the committed one."""
-
-
-@dataclass
-class HourPlan:
-    hour: UtcHour
-    status: str  # build | recompute | up-to-date | empty | open | tombstoned | raw-reaped
-    generation: int | None = None
-    supersedes: int | None = None
-    input_count: int = 0
-    input_sha256: str = ""
-    committed: dict[str, Any] | None = None
-    format: int = ROLLUP_FORMAT  # a recompute keeps the committed generation's format
-
-    def to_json(self) -> dict[str, Any]:
-        return {"hour": str(self.hour), "status": self.status, "generation": self.generation,
-                "supersedes": self.supersedes, "inputs": self.input_count, "format": self.format}
-
-
-@dataclass
-class RollupPlan:
-    owner: str
-    hours: list[HourPlan]
-    entries: Any = None  # DataFrame (hour_s, manifest_id), persisted
-    requests: Tally = field(default_factory=Tally)  # what planning asked S3
-
-    def work(self, fmt: int | None = None) -> dict[int, int]:
-        """``{hour_s: generation}`` of the hours to write (of format ``fmt`` only, if given)."""
-        return {h.hour.start_unix_s: int(h.generation) for h in self.hours
-                if h.status in ("build", "recompute") and h.generation is not None and fmt in (None, h.format)}
-
-
-@dataclass
-class HourResult:
-    hour: str
-    status: str
-    generation: int | None = None
-    supersedes: int | None = None
-    inputs: int = 0
-    skipped: list[dict[str, str]] = field(default_factory=list)  # the first SKIPPED_SAMPLE, by manifest-id
-    skipped_count: int = 0
-    chunks: int = 0  # format 2: chunks written
-    objects: int = 0  # format 3: Parquet objects written
-    rows: int = 0  # format 3: rows in them (series x window starts, all windows)
-    format: int = ROLLUP_FORMAT
-    series: int = 0
-    samples: int = 0
-    writes: Counter[str] = field(default_factory=Counter)
-    manifest_key: str = ""
-    manifest_outcome: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"hour": self.hour, "status": self.status, "generation": self.generation, "supersedes": self.supersedes,
-                "inputs": self.inputs, "skipped": self.skipped, "skipped_count": self.skipped_count,
-                "format": self.format, "objects": self.objects, "rows": self.rows,
-                "chunks": self.chunks, "series": self.series,
-                "samples": self.samples, "writes": dict(self.writes), "manifest_key": self.manifest_key,
-                "manifest_outcome": self.manifest_outcome}
-
-
-@dataclass
-class RollupReport:
-    owner: str
-    hours: list[HourResult] = field(default_factory=list)
-    requests: Tally = field(default_factory=Tally)
-    seconds: float = 0.0
-    tasks: dict[str, int] = field(default_factory=dict)  # Spark tasks that got input, by stage
-
-    @property
-    def samples(self) -> int:
-        return sum(h.samples for h in self.hours)
-
-    @property
-    def skipped(self) -> int:
-        return sum(h.skipped_count for h in self.hours)
-
-    @property
-    def created(self) -> int:
-        return sum(h.writes.get("created", 0) for h in self.hours)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"owner": self.owner, "hours": [h.to_json() for h in self.hours], "samples": self.samples,
-                "skipped_inputs": self.skipped, "objects_created": self.created,
-                "s3_requests": self.requests.to_json(), "tasks": dict(sorted(self.tasks.items())),
-                "seconds": round(self.seconds, 2)}
 
 
 # ------------------------------------------------------------------------- executor functions
@@ -287,7 +202,7 @@ class RollupJob:
                 status, gen, sup = "build", int(committed["generation"]) + 1, int(committed["generation"])
             fmt = self.rollup_format
             if status == "recompute" and committed is not None:
-                fmt = 3 if committed.get("schema") == C.MANIFEST_SCHEMA_V3 else 2
+                fmt = 3 if committed.get("schema") == RM.MANIFEST_SCHEMA_V3 else 2
             plans.append(HourPlan(h, status, gen, sup, n, digest, committed, fmt))
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
@@ -360,7 +275,7 @@ class RollupJob:
                 F.approx_count_distinct(F.when(~failed, F.col("series"))).alias("series")).collect()
             first = samples.where(failed).select("hour_s", "manifest_id", "error") \
                 .withColumn("n", F.row_number().over(Window.partitionBy("hour_s").orderBy("manifest_id"))) \
-                .where(F.col("n") <= C.SKIPPED_SAMPLE).collect() if any(int(r["skipped"]) for r in stats) else []
+                .where(F.col("n") <= RM.SKIPPED_SAMPLE).collect() if any(int(r["skipped"]) for r in stats) else []
             for r in stats:
                 results[int(r["hour_s"])].skipped_count = int(r["skipped"])
             for e in first:
@@ -403,7 +318,7 @@ class RollupJob:
         totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
         result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]
         result.writes.update(writes)
-        return C.manifest_bytes(**common, parts=totals["parts"], lists=lists, totals=totals)
+        return RM.manifest_bytes(**common, parts=totals["parts"], lists=lists, totals=totals)
 
     def _commit(self, p: HourPlan, built: Any, result: HourResult, requests: Tally) -> None:
         from lightmetrics_pipeline import s3io
@@ -413,7 +328,7 @@ class RollupJob:
         body = self._manifest(p, built, result)
         key = codec.rollup_manifest(p.hour, p.generation)
         result.manifest_key = key
-        mine = C.parse_manifest(body)
+        mine = RM.parse_manifest(body)
         if p.status == "recompute" and p.committed is not None and not same_chunks(codec, p.committed, mine):
             raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed objects differ from the "
                                          "committed ones")
@@ -425,7 +340,7 @@ class RollupJob:
                 existing = s3io.store(self.access).get(key)
                 # A generation committed as a v1 manifest (chunks inline) names the same chunks in
                 # other bytes: that is this generation, not another owner's.
-                if existing != body and not same_chunks(codec, C.parse_manifest(existing or b"{}"), mine):
+                if existing != body and not same_chunks(codec, RM.parse_manifest(existing or b"{}"), mine):
                     requests.add(tally)
                     raise GenerationTaken(f"{p.hour}: generation {p.generation} was committed by another owner "
                                           f"({key}); this run's objects stay unreferenced")
@@ -452,39 +367,4 @@ class RollupJob:
                 self.lease.release()
 
 
-def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two manifests of one generation name the same objects (v3: the same Parquet
-    objects; v1/v2: the same chunks, by id and bytes)."""
-    v3 = C.MANIFEST_SCHEMA_V3
-    if a.get("schema") == v3 or b.get("schema") == v3:
-        return a.get("schema") == b.get("schema") and a.get("parquet") == b.get("parquet")
-    return list_refs(codec, a) == list_refs(codec, b)
-
-
-def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
-    """What readers do: the highest generation listed under ``manifests/v1/<hour>/`` (every listed
-    manifest is complete — it is written after all its chunks and chunk lists). The listing is
-    delimited by ``/``: the chunk lists, in their own folder, are not listed."""
-    from lightmetrics_pipeline import s3io
-
-    codec = access.codec
-    keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour), delimiter="/")
-    best: tuple[int, str] | None = None
-    for key, _size in keys:
-        try:
-            parsed = codec.parse(key)
-        except Exception:
-            continue
-        if parsed.kind is KeyKind.ROLLUP_MANIFEST and parsed.generation is not None:
-            if best is None or parsed.generation > best[0]:
-                best = (parsed.generation, key)
-    if best is None:
-        return None
-    doc = C.parse_manifest(s3io.store(access).get(best[1]) or b"")
-    doc["_key"] = best[1]
-    return doc
-
-
-__all__ = ["ROLLUP_FORMAT", "GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupJob",
-           "RollupPlan", "RollupReport", "chunk_writes", "committed_chunks", "decode_samples", "read_committed",
-           "rollup_dataframe", "same_chunks", "tasks_for"]
+__all__ = ["RollupJob", "commit_step_s", "decode_samples", "rollup_dataframe", "tasks_for"]

@@ -2,7 +2,7 @@
 
 For each committed (hour, generation) and each window the job writes ``P`` Parquet objects; an
 object holds the rows (series × window start) of every series whose metric falls in its part
-(:func:`lightmetrics_pipeline.chunks.chunk_list_part`: the first 32 bits of sha256(metric) mod ``P``), so a
+(:func:`lightmetrics_pipeline.rollup_manifest.chunk_list_part`: the first 32 bits of sha256(metric) mod ``P``), so a
 query of one metric reads one object per window. ``P = ceil(rows / ROWS_PER_PART)`` — a function
 of the content, so a rerun writes the same objects. Each object is named by the sha256 of its
 bytes and created by conditional create; its bytes are a pure function of its rows (sorted by
@@ -30,8 +30,11 @@ from typing import Any
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import canonical_json
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_manifest as RM
+from lightmetrics_pipeline import sketch as SK
+from lightmetrics_pipeline import window_agg as W
 
-MANIFEST_SCHEMA_V3 = C.MANIFEST_SCHEMA_V3
+MANIFEST_SCHEMA_V3 = RM.MANIFEST_SCHEMA_V3
 #: Rows per Parquet object (and its one row group): ~150 bytes a row with a small sketch, so an
 #: object stays in the tens of MB; a generation's window of N rows has ceil(N / this) objects.
 ROWS_PER_PART = 250_000
@@ -68,11 +71,11 @@ def metric_of(series: str) -> str:
     return str(json.loads(series)[0])
 
 
-def quantiles(agg: C.WindowAgg, mapping: Any) -> list[float | None]:
+def quantiles(agg: W.WindowAgg, mapping: Any) -> list[float | None]:
     """:data:`QUANTILES` of ``agg``'s sketch, computed from its bins exactly as the ``ddsketch``
     library's ``get_quantile_value`` does (same ranks, same keys, the library's own ``mapping.value``)
     without building a sketch object per row. None when the sketch holds no value."""
-    zero, positive, negative = C.sketch_bins(agg.sketch)
+    zero, positive, negative = SK.sketch_bins(agg.sketch)
     neg_count = sum(c for _, c in negative)
     total = neg_count + zero + sum(c for _, c in positive)
     out: list[float | None] = []
@@ -106,7 +109,7 @@ def part_rows(chunk_row: dict[str, Any], generation: int, inputs_sha256: str) ->
     series = str(chunk_row["series"])
     metric, labels = C.parse_series(series)
     hour = str(UtcHour(int(chunk_row["hour_s"])))
-    mapping = C.new_sketch()._mapping
+    mapping = SK.new_sketch()._mapping
     out = []
     for r in chunk_row["rows"]:
         agg = window_agg(r)
@@ -147,11 +150,11 @@ def read_part(data: bytes, metric: str | None = None) -> Any:
     return table if metric is None else table.filter(pc.equal(table["metric"], metric))
 
 
-def window_aggs(table: Any) -> list[tuple[str, dict[str, str], C.WindowAgg]]:
+def window_aggs(table: Any) -> list[tuple[str, dict[str, str], W.WindowAgg]]:
     """``(series, labels, aggregate)`` of each row of a v3 table."""
     out = []
     for r in table.to_pylist():
-        out.append((r["series"], dict(r["labels"]), C.WindowAgg(
+        out.append((r["series"], dict(r["labels"]), W.WindowAgg(
             int(r["window_start_ns"]), int(r["count"]), int(r["nan_count"]), float(r["sum"]), float(r["min"]),
             float(r["max"]), float(r["last"]), int(r["last_ts_ns"]), bytes(r["sketch"]))))
     return out
@@ -179,10 +182,10 @@ def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
         "supersedes": supersedes,
         "inputs": {"count": input_count, "sha256": input_sha256},
         "skipped": {"count": skipped_count,
-                    "first": sorted(skipped, key=lambda s: s["manifest_id"])[:C.SKIPPED_SAMPLE]},
+                    "first": sorted(skipped, key=lambda s: s["manifest_id"])[:RM.SKIPPED_SAMPLE]},
         "parquet": {"rows_per_part": ROWS_PER_PART,
-                    "parts": {w: int(parts.get(w, 1)) for w in C.WINDOW_NS},
-                    "objects": sorted(objects, key=lambda o: (list(C.WINDOW_NS).index(o["window"]), o["part"]))},
+                    "parts": {w: int(parts.get(w, 1)) for w in W.WINDOW_NS},
+                    "objects": sorted(objects, key=lambda o: (list(W.WINDOW_NS).index(o["window"]), o["part"]))},
         "totals": {"objects": len(objects), "rows": int(totals["rows"]), "series": int(totals["series"]),
                    "samples": int(totals["samples"])},
     }
@@ -195,7 +198,7 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
     for o in doc["parquet"]["objects"]:
         if window is not None and o["window"] != window:
             continue
-        if metric is not None and o["part"] != C.chunk_list_part(metric, int(doc["parquet"]["parts"][o["window"]])):
+        if metric is not None and o["part"] != RM.chunk_list_part(metric, int(doc["parquet"]["parts"][o["window"]])):
             continue
         out.append(o)
     return out

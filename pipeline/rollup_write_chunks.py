@@ -16,6 +16,8 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_codec as RC
+from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline.s3io import S3Access
 
 WRITTEN_SCHEMA = ("hour_s long, metric string, series string, window string, samples long, doc string, "
@@ -84,9 +86,9 @@ def _write_lists(access: S3Access, generations: dict[int, int], accumulator: Any
 
         hour_s, part, parts = int(pdf["hour_s"].iloc[0]), int(pdf["part"].iloc[0]), int(pdf["parts"].iloc[0])
         hour = UtcHour(hour_s)
-        data = C.chunk_list_bytes(hour=hour, generation=generations[hour_s], part=part, parts=parts,
+        data = RM.chunk_list_bytes(hour=hour, generation=generations[hour_s], part=part, parts=parts,
                                   chunks=[json.loads(d) for d in pdf["doc"]])
-        ref = C.chunk_list_ref(access.codec, hour, part, data, len(pdf))
+        ref = RM.chunk_list_ref(access.codec, hour, part, data, len(pdf))
         with s3io.task_tally() as tally:
             outcome = s3io.put_if_absent(access, ref["key"], data, content_type="application/zstd")
         accumulator.add(tally.counts)
@@ -129,11 +131,11 @@ def write_chunks(samples: Any, access: S3Access, generations: dict[int, int], ac
             *[F.count(F.when(F.col(c) == o, 1)).alias(f"{c} {o}") for c in ("chunk_outcome", "index_outcome")
               for o in ("created", "exists")]).collect()
         totals = {int(r["hour_s"]): r.asDict() for r in per_hour}
-        parts = {h: C.chunk_list_parts(int(t["chunks"])) for h, t in totals.items()}
+        parts = {h: RM.chunk_list_parts(int(t["chunks"])) for h, t in totals.items()}
         if not parts:
             return {}
         parts_of = F.create_map(*[F.lit(x) for h, n in parts.items() for x in (h, n)])[F.col("hour_s")]
-        part = C.chunk_list_part_col(F.col("metric"), parts_of)
+        part = RM.chunk_list_part_col(F.col("metric"), parts_of)
         lists = written.select("hour_s", "doc", parts_of.cast("int").alias("parts"), part.alias("part")) \
             .groupBy("hour_s", "part").applyInPandas(_write_lists(access, generations, accumulator), LIST_SCHEMA) \
             .collect()  # one row per chunk list
@@ -157,11 +159,11 @@ def write_chunks(samples: Any, access: S3Access, generations: dict[int, int], ac
 def list_refs(codec: Any, doc: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
     """``(parts, chunk list refs)`` of a manifest; for a v1 manifest (chunks inline), the lists a
     v2 manifest of the same chunks references (built here: its chunks are in memory already)."""
-    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
+    if doc.get("schema") == RM.MANIFEST_SCHEMA_V1:
         hour = UtcHour.parse(doc["hour"])
-        built = C.chunk_lists(hour=hour, generation=int(doc["generation"]), chunks=doc["chunks"])
-        refs = [C.chunk_list_ref(codec, hour, part, data, n) for part, data, n in built]
-        return C.chunk_list_parts(len(doc["chunks"])), refs
+        built = RM.chunk_lists(hour=hour, generation=int(doc["generation"]), chunks=doc["chunks"])
+        refs = [RM.chunk_list_ref(codec, hour, part, data, n) for part, data, n in built]
+        return RM.chunk_list_parts(len(doc["chunks"])), refs
     return int(doc["chunk_lists"]["parts"]), list(doc["chunk_lists"]["lists"])
 
 
@@ -171,10 +173,10 @@ def committed_chunks(access: S3Access, doc: dict[str, Any], metric: str | None =
     list is read: the metric's part) — each list checked against the sha256 the manifest records."""
     from lightmetrics_pipeline import s3io
 
-    if doc.get("schema") == C.MANIFEST_SCHEMA_V1:
+    if doc.get("schema") == RM.MANIFEST_SCHEMA_V1:
         return [c for c in doc["chunks"] if metric is None or c["metric"] == metric]
     parts = int(doc["chunk_lists"]["parts"])
-    wanted = None if metric is None else C.chunk_list_part(metric, parts)
+    wanted = None if metric is None else RM.chunk_list_part(metric, parts)
     out: list[dict[str, Any]] = []
     st = s3io.store(access)
     for ref in doc["chunk_lists"]["lists"]:
@@ -182,9 +184,9 @@ def committed_chunks(access: S3Access, doc: dict[str, Any], metric: str | None =
             continue
         data = st.get(ref["key"])
         if data is None or hashlib.sha256(data).hexdigest() != ref["sha256"]:
-            raise C.ChunkFormatError(f"chunk list {ref['key']} of {doc.get('_key', 'a manifest')} is missing or "
+            raise RC.ChunkFormatError(f"chunk list {ref['key']} of {doc.get('_key', 'a manifest')} is missing or "
                                      "does not match its sha256")
-        out.extend(c for c in C.parse_chunk_list(data)["chunks"] if metric is None or c["metric"] == metric)
+        out.extend(c for c in RM.parse_chunk_list(data)["chunks"] if metric is None or c["metric"] == metric)
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline import rollup_parquet as P
 from lightmetrics_pipeline.s3io import S3Access
 
@@ -109,7 +109,7 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
         pairs = [(f"{hs}|{w}", n) for hs, h in hours.items() for w, n in h.parts.items()]
         parts_of = F.create_map(*[F.lit(x) for pair in pairs for x in pair])[
             F.concat_ws("|", F.col("hour_s").cast("string"), F.col("window"))]
-        part = C.chunk_list_part_col(F.get_json_object(F.col("series"), "$[0]"), parts_of)
+        part = RM.chunk_list_part_col(F.get_json_object(F.col("series"), "$[0]"), parts_of)
         objects = sum(n for _, n in pairs)
         written = rows.select("hour_s", "window", part.alias("part"), "series", "rows") \
             .repartition(max(1, min(2_000, objects)), "hour_s", "window", "part") \

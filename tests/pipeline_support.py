@@ -20,8 +20,8 @@ from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline.chunks import new_sketch
 from lightmetrics_pipeline.s3io import S3Access
+from lightmetrics_pipeline.sketch import new_sketch
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
 WINDOWS = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
@@ -128,8 +128,9 @@ def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
     ``mapInPandas`` hands pandas output to Spark."""
     import numpy as np
 
-    from lightmetrics_pipeline.chunks import exact_parts, sketch_keys
     from lightmetrics_pipeline.decode import SAMPLE_SCHEMA
+    from lightmetrics_pipeline.sketch import sketch_keys
+    from lightmetrics_pipeline.window_agg import exact_parts
 
     values = np.array([r[4] for r in rows], dtype=np.float64)
     store, key = sketch_keys(values)
@@ -144,6 +145,7 @@ def oracle_chunks(rows: list[SampleRow], generation: int, seed: int = 0) -> dict
     """(hour_s, series, window) -> chunk bytes, computed per series and window by the reference
     Python (``chunks.aggregate_window`` and ``sketch_of``), from the samples in a shuffled order."""
     from lightmetrics_pipeline import chunks as C
+    from lightmetrics_pipeline import window_agg as W
 
     shuffled = list(rows)
     random.Random(seed).shuffle(shuffled)
@@ -159,7 +161,7 @@ def oracle_chunks(rows: list[SampleRow], generation: int, seed: int = 0) -> dict
             by_start: dict[int, list[SampleRow]] = defaultdict(list)
             for r in items:
                 by_start[(r[3] // w) * w].append(r)
-            aggs = [C.aggregate_window([r[4] for r in rs], [r[3] for r in rs], [r[1] for r in rs], [r[5] for r in rs], ws)
+            aggs = [W.aggregate_window([r[4] for r in rs], [r[3] for r in rs], [r[1] for r in rs], [r[5] for r in rs], ws)
                     for ws, rs in sorted(by_start.items())]
             cid = C.chunk_id(hour, window, series, generation, contributors)
             header = C.chunk_header(hour=hour, window=window, series=series, generation=generation, chunk_id_=cid,

@@ -13,7 +13,7 @@ from lightmetrics.protocol.clock import SystemClock, utc_text
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline.jobs import main
 from lightmetrics_pipeline.lease import Lease
-from lightmetrics_pipeline.rollup import read_committed
+from lightmetrics_pipeline.rollup_committed import read_committed
 
 NEXT = H0.next()  # the reconciler's checkpoint: H0 is closed
 

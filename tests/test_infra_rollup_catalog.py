@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics_pipeline.rollup import RollupJob, read_committed
+from lightmetrics_pipeline.rollup import RollupJob
+from lightmetrics_pipeline.rollup_committed import read_committed
 from lightmetrics_pipeline.s3io import store
 
 

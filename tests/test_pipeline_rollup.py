@@ -11,11 +11,16 @@ from pipeline_support import H0, accept_indexed, access_for, make_system, refere
 
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline import rollup_manifest as RM
+from lightmetrics_pipeline import sketch as SK
 from lightmetrics_pipeline.aggregate import chunk_rows
 from lightmetrics_pipeline.decode import per_row_udf
 from lightmetrics_pipeline.lease import LeaseHeld
 from lightmetrics_pipeline.query import plot, run_query
-from lightmetrics_pipeline.rollup import GenerationTaken, RollupJob, committed_chunks, read_committed, rollup_dataframe
+from lightmetrics_pipeline.rollup import RollupJob, rollup_dataframe
+from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup_plan import GenerationTaken
+from lightmetrics_pipeline.rollup_write_chunks import committed_chunks
 from lightmetrics_pipeline.s3io import counter_accumulator, store
 
 NEXT = H0.next()  # the reconciler's checkpoint in these tests: H0 is closed
@@ -82,7 +87,7 @@ def test_rollup_equals_a_plain_python_computation_and_rerun_is_a_noop(system, ru
             assert row.sum == want["sum"]  # exactly: both are correctly rounded (math.fsum)
             for name in ("min", "max", "last"):
                 assert _same(getattr(row, name), want[name]), (name, getattr(row, name), want[name])
-            assert row.sketch == C.serialize_sketch(C.sketch_of(want["values"]))  # merged 5m/1h == built directly
+            assert row.sketch == SK.serialize_sketch(SK.sketch_of(want["values"]))  # merged 5m/1h == built directly
     assert seen == set(ref)  # every (series, window, start) and nothing else
     assert h0.samples == sum(v["count"] for k, v in ref.items() if k[2] == "1h")
 
@@ -113,7 +118,7 @@ def test_late_batch_makes_a_new_generation_that_supersedes(system, runtime, cloc
     assert (h.status, h.generation, h.supersedes, h.inputs) == ("committed", 2, 1, 3)
     doc = read_committed(access, H0)  # what every reader does: the highest listed generation
     assert doc["generation"] == 2 and doc["inputs"]["count"] == 3
-    g1 = C.parse_manifest(store(access).get(access.codec.rollup_manifest(H0, 1)) or b"")  # stays, superseded
+    g1 = RM.parse_manifest(store(access).get(access.codec.rollup_manifest(H0, 1)) or b"")  # stays, superseded
     assert g1["inputs"]["count"] == 2
     objects = [{o["key"] for o in d["parquet"]["objects"]} for d in (g1, doc)]
     assert objects[0] and objects[1] and not objects[0] & objects[1]
@@ -199,17 +204,17 @@ def test_sketch_accuracy_against_exact_quantiles() -> None:
 
     rng = random.Random(7)
     values = [rng.lognormvariate(3, 1.2) for _ in range(20000)] + [-rng.uniform(0, 5) for _ in range(500)] + [0.0] * 50
-    sk = C.deserialize_sketch(C.serialize_sketch(C.sketch_of(values)))
+    sk = SK.deserialize_sketch(SK.serialize_sketch(SK.sketch_of(values)))
     ordered = sorted(values)
     for q in (0.01, 0.25, 0.5, 0.9, 0.99, 0.999):
         exact = ordered[int(q * (len(ordered) - 1))]
-        got = C.quantile(sk, q)
+        got = SK.quantile(sk, q)
         assert got is not None
-        assert abs(got - exact) <= C.SKETCH_RELATIVE_ACCURACY * abs(exact) + 1e-12, (q, got, exact)
+        assert abs(got - exact) <= SK.SKETCH_RELATIVE_ACCURACY * abs(exact) + 1e-12, (q, got, exact)
     # Mergeable exactly: sketches of parts merge to the sketch of the whole, bin for bin.
     parts = [values[i::5] for i in range(5)]
-    merged = C.merge_sketches(C.sketch_of(p) for p in parts)
-    assert C.serialize_sketch(merged) == C.serialize_sketch(C.sketch_of(values))
+    merged = SK.merge_sketches(SK.sketch_of(p) for p in parts)
+    assert SK.serialize_sketch(merged) == SK.serialize_sketch(SK.sketch_of(values))
 
 
 def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]

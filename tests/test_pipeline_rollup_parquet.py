@@ -30,9 +30,12 @@ from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics_pipeline import chunks as C
 from lightmetrics_pipeline import rollup_parquet as P
+from lightmetrics_pipeline import sketch as SK
+from lightmetrics_pipeline import window_agg as W
 from lightmetrics_pipeline.aggregate import chunk_rows
 from lightmetrics_pipeline.query import run_query
-from lightmetrics_pipeline.rollup import RollupJob, read_committed
+from lightmetrics_pipeline.rollup import RollupJob
+from lightmetrics_pipeline.rollup_committed import read_committed
 from lightmetrics_pipeline.s3io import store
 
 NEXT = H0.next()
@@ -48,7 +51,7 @@ def _ident(n: int, agent: str = "agent-p") -> BatchIdentity:
     return BatchIdentity.create(agent, "boot-1", n * 100, n * 100 + 99)
 
 
-def _agg_bits(a: C.WindowAgg) -> tuple[object, ...]:
+def _agg_bits(a: W.WindowAgg) -> tuple[object, ...]:
     """Every field of an aggregate, floats as their bits (NaN, ±0 and ±inf compared exactly)."""
     return (a.window_start_ns, a.count, a.nan_count, _BITS(a.sum), _BITS(a.min), _BITS(a.max), _BITS(a.last),
             a.last_ts_ns, a.sketch)
@@ -68,14 +71,14 @@ def test_parquet_rows_equal_the_per_series_reference_bit_for_bit_and_bytes_are_d
     objects = _parquet_of(spark, rows, partitions=3)
     want = {(hour_s, series, window): C.decode_chunk(data).rows
             for (hour_s, series, window), data in oracle_chunks(rows, 4, seed=5).items()}
-    got: dict[tuple[int, str, str], list[C.WindowAgg]] = {}
+    got: dict[tuple[int, str, str], list[W.WindowAgg]] = {}
     for (hour_s, window), data in objects.items():
         table = pq.read_table(io.BytesIO(data))
         assert table.schema.equals(P.arrow_schema())
         for rec, (series, _labels, agg) in zip(table.to_pylist(), P.window_aggs(table)):
             got.setdefault((hour_s, series, window), []).append(agg)
-            sk = C.deserialize_sketch(agg.sketch)
-            assert (rec["p50"], rec["p90"], rec["p99"]) == (C.quantile(sk, 0.5), C.quantile(sk, 0.9), C.quantile(sk, 0.99))
+            sk = SK.deserialize_sketch(agg.sketch)
+            assert (rec["p50"], rec["p90"], rec["p99"]) == (SK.quantile(sk, 0.5), SK.quantile(sk, 0.9), SK.quantile(sk, 0.99))
             assert rec["window_start"].timestamp() * 10**6 == agg.window_start_ns // 1000
             assert (rec["rollup_generation"], rec["inputs_sha256"]) == (4, "ab" * 32)
         keys = [(r["metric"], r["series"], r["window_start_ns"]) for r in table.to_pylist()]

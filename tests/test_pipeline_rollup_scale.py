@@ -7,7 +7,8 @@ from pipeline_support import H0, accept_indexed, access_for, make_system, varied
 
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline import rollup as R
-from lightmetrics_pipeline.rollup import RollupJob, read_committed, tasks_for
+from lightmetrics_pipeline.rollup import RollupJob, tasks_for
+from lightmetrics_pipeline.rollup_committed import read_committed
 
 NEXT = H0.next()
 
@@ -49,26 +50,27 @@ def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
 
     from lightmetrics.protocol.keys import KeyCodec
     from lightmetrics_pipeline import chunks as C
-    from lightmetrics_pipeline.rollup import same_chunks
+    from lightmetrics_pipeline import rollup_manifest as RM
+    from lightmetrics_pipeline.rollup_committed import same_chunks
 
     codec = KeyCodec("")
     docs = [{"chunk_id": f"{i:064x}", "window": w, "metric": f"m{i % 3}", "labels": [["host", f"h{i}"]],
              "series": C.series_key(f"m{i % 3}", [("host", f"h{i}")]), "sample_ts_min_ns": 1, "sample_ts_max_ns": 2,
              "samples": 5, "rows": 1, "sha256": "ab" * 32, "bytes": 100} for i in range(7) for w in ("1m", "5m", "1h")]
     common = {"hour": H0, "generation": 3, "supersedes": 2, "input_count": 4, "input_sha256": "cd" * 32}
-    v1 = C.parse_manifest(C.manifest_v1_bytes(**common, skipped=[], chunks=docs))
-    lists = [C.chunk_list_ref(codec, H0, part, data, n) for part, data, n in C.chunk_lists(
+    v1 = RM.parse_manifest(RM.manifest_v1_bytes(**common, skipped=[], chunks=docs))
+    lists = [RM.chunk_list_ref(codec, H0, part, data, n) for part, data, n in RM.chunk_lists(
                                   hour=H0, generation=3, chunks=list(reversed(docs)))]
-    v2 = C.parse_manifest(C.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
+    v2 = RM.parse_manifest(RM.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
                                            totals={"chunks": 21, "series": 7, "samples": 35}))
     assert v1["schema"].endswith(".v1") and v2["schema"].endswith(".v2")
     assert same_chunks(codec, v1, v2)
     v1["chunks"][4]["sha256"] = "ef" * 32  # another chunk's bytes: not the same generation content
     assert not same_chunks(codec, v1, v2)
-    newer = json.loads(C.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
+    newer = json.loads(RM.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
                                         totals={"chunks": 21, "series": 7, "samples": 35}))
     newer["schema"] = "lightmetrics.rollup_manifest.v4"  # v3 (Parquet objects) is read; v4 would be newer
     from lightmetrics.protocol.errors import UnsupportedVersionError
 
     with pytest.raises(UnsupportedVersionError):
-        C.parse_manifest(json.dumps(newer).encode())
+        RM.parse_manifest(json.dumps(newer).encode())

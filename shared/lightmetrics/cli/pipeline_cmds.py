@@ -153,7 +153,7 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline.jobs import rollup_job
     from lightmetrics_pipeline.lease import LeaseHeld, LeaseLost
-    from lightmetrics_pipeline.rollup import GenerationTaken, NondeterministicRollup
+    from lightmetrics_pipeline.rollup_plan import GenerationTaken, NondeterministicRollup
 
     try:
         wanted = [UtcHour.parse(h) for h in hours]

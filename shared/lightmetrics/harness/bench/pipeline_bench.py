@@ -259,6 +259,8 @@ def _per_series_python_chunks(samples: Any) -> Any:
 
         from lightmetrics.protocol.keys import UtcHour
         from lightmetrics_pipeline import chunks as C
+        from lightmetrics_pipeline import sketch as SK
+        from lightmetrics_pipeline import window_agg as W
 
         hour = UtcHour(int(pdf["hour_s"].iloc[0]))
         series = str(pdf["series"].iloc[0])
@@ -267,7 +269,7 @@ def _per_series_python_chunks(samples: Any) -> Any:
         mids, ords = pdf["manifest_id"].to_numpy(dtype=object), pdf["ord"].to_numpy(dtype="int64")
         contributors = sorted(set(mids.tolist()))
         sizes, fine = [], {}
-        for window, w in C.WINDOW_NS.items():
+        for window, w in W.WINDOW_NS.items():
             starts = (ts // w) * w
             order = np.argsort(starts, kind="stable")
             uniq, first = np.unique(starts[order], return_index=True)
@@ -275,10 +277,10 @@ def _per_series_python_chunks(samples: Any) -> Any:
             for ws, lo, hi in zip(uniq.tolist(), first.tolist(), list(first[1:]) + [len(order)]):
                 idx = order[lo:hi]
                 if window == "1m":
-                    sk = fine[ws] = C.sketch_of(values[idx].tolist())
+                    sk = fine[ws] = SK.sketch_of(values[idx].tolist())
                 else:
-                    sk = C.merge_sketches(s for k, s in fine.items() if ws <= k < ws + w)
-                rows.append(C.aggregate_window(values[idx].tolist(), ts[idx].tolist(), mids[idx].tolist(),
+                    sk = SK.merge_sketches(s for k, s in fine.items() if ws <= k < ws + w)
+                rows.append(W.aggregate_window(values[idx].tolist(), ts[idx].tolist(), mids[idx].tolist(),
                                                ords[idx].tolist(), ws, sketch=sk))
             cid = C.chunk_id(hour, window, series, 1, contributors)
             header = C.chunk_header(hour=hour, window=window, series=series, generation=1, chunk_id_=cid,

@@ -1,0 +1,51 @@
+"""Reading a committed rollup generation back, and comparing two manifests of one generation.
+
+Readers (``lmctl query``, the job's planning) take the highest generation listed under
+``manifests/v1/<hour>/`` (docs/pipeline.md); a recompute compares what it would commit with what
+is committed by the objects both name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics_pipeline import rollup_manifest as RM
+from lightmetrics_pipeline.rollup_write_chunks import list_refs
+from lightmetrics_pipeline.s3io import S3Access
+
+
+def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two manifests of one generation name the same objects (v3: the same Parquet
+    objects; v1/v2: the same chunks, by id and bytes)."""
+    v3 = RM.MANIFEST_SCHEMA_V3
+    if a.get("schema") == v3 or b.get("schema") == v3:
+        return a.get("schema") == b.get("schema") and a.get("parquet") == b.get("parquet")
+    return list_refs(codec, a) == list_refs(codec, b)
+
+
+def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
+    """What readers do: the highest generation listed under ``manifests/v1/<hour>/`` (every listed
+    manifest is complete — it is written after all its chunks and chunk lists). The listing is
+    delimited by ``/``: the chunk lists, in their own folder, are not listed."""
+    from lightmetrics_pipeline import s3io
+
+    codec = access.codec
+    keys, _ = s3io.list_all(access, codec.rollup_manifest_hour(hour), delimiter="/")
+    best: tuple[int, str] | None = None
+    for key, _size in keys:
+        try:
+            parsed = codec.parse(key)
+        except Exception:
+            continue
+        if parsed.kind is KeyKind.ROLLUP_MANIFEST and parsed.generation is not None:
+            if best is None or parsed.generation > best[0]:
+                best = (parsed.generation, key)
+    if best is None:
+        return None
+    doc = RM.parse_manifest(s3io.store(access).get(best[1]) or b"")
+    doc["_key"] = best[1]
+    return doc
+
+
+__all__ = ["read_committed", "same_chunks"]
