@@ -25,7 +25,8 @@ from lightmetrics.client.errors import (
     SpoolConflictError,
     SpoolError,
 )
-from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile, identity_from_spool_name
+from lightmetrics.client.spool import Spool
+from lightmetrics.client.spool_files import ParkedBatch, SpooledBatch, UnreadableFile, identity_from_spool_name
 from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, TransportError
 
 __all__ = [

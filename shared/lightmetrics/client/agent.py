@@ -46,44 +46,29 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.client.backoff import BackoffPolicy
 from lightmetrics.client.drain_report import Alert, BatchOutcome, DrainReport, log_alert
-from lightmetrics.client.errors import AuthRejected, ClientConfigError, SpoolError
-from lightmetrics.client.spool import ParkedBatch, Spool, SpooledBatch, UnreadableFile
-from lightmetrics.client.transport import Endpoint, HttpAnswer, HttpTransport, Transport, TransportError
+from lightmetrics.client.errors import ClientConfigError, SpoolError
+from lightmetrics.client.sending import (
+    ACCEPT_EXISTING,
+    DENIED,
+    RETRIED_KINDS,
+    Delivery,
+    EndpointSender,
+)
+from lightmetrics.client.spool import Spool
+from lightmetrics.client.spool_files import ParkedBatch, SpooledBatch, UnreadableFile
+from lightmetrics.client.transport import Endpoint, HttpTransport, Transport
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.errors import FrameError, InvalidIdentityError
 from lightmetrics.protocol.frame import validate_frame
-from lightmetrics.protocol.identity import BatchIdentity, id_header_value, validate_id
+from lightmetrics.protocol.identity import BatchIdentity, validate_id
 
 log = logging.getLogger(__name__)
 
-#: Answers after which the same bytes may succeed later, at this or another endpoint.
-RETRYABLE_HTTP = frozenset({408, 429}) | frozenset(range(500, 600))
-ACCEPT_EXISTING = "accept_existing"
-CONTENT_TYPE = "application/vnd.lightmetrics.frame"
-DENIED = "denied"
-#: Parked kinds retried at the ``parked_retry_s`` cadence (a decision or a lifted denial may free them).
-RETRIED_KINDS = frozenset({"identity_conflict", DENIED})
-
-
-@dataclass
-class _Delivery:
-    """The end of one batch's attempts in a pass."""
-
-    kind: str  # ok | conflict | denied | rejected | unexpected | exhausted
-    answer: HttpAnswer | None
-    endpoint: str | None
-    attempts: int
-    first_attempt_unix_ns: int
-    last_attempt_unix_ns: int
-    error: str | None = None
-
-
-class AgentClient:
+class AgentClient(EndpointSender):
     """Sends one agent's spooled batches to ingest. Use from one thread at a time (methods take
     a lock, so a second thread waits rather than interleaves).
 
@@ -144,7 +129,6 @@ class AgentClient:
         self.rng = rng or random.Random()
         self.transport: Transport = transport or HttpTransport(request_timeout_s)
         self.validate_frames = validate_frames
-        #: Index of the endpoint tried first by the next request.
         self.endpoint_index = 0
         self._lock = threading.RLock()
         self._deadline: float | None = None  # drain's timeout, on the monotonic clock
@@ -168,97 +152,8 @@ class AgentClient:
         """This agent's parked batches (conflicts and invalid ones), with their sidecars."""
         return [p for p in self.spool.parked() if p.identity.agent_id == self.agent_id]
 
-    # ------------------------------------------------------------------ sending
-    def _headers(self, identity: BatchIdentity) -> dict[str, str]:
-        return {
-            # A non-ASCII id travels percent-encoded (protocol §7): header values are ISO-8859-1.
-            "X-Lm-Agent-Id": id_header_value(identity.agent_id),
-            "X-Lm-Boot-Id": id_header_value(identity.boot_id),
-            "X-Lm-Seq-Start": str(identity.seq_start),
-            "X-Lm-Seq-End": str(identity.seq_end),
-            "Authorization": f"Bearer {self._token}",
-            "Content-Type": CONTENT_TYPE,
-        }
-
-    def _advance(self) -> None:
-        self.endpoint_index = (self.endpoint_index + 1) % len(self.endpoints)
-
-    def _pause(self, retry: int, report: DrainReport, retry_after_s: float | None = None) -> bool:
-        """Sleep before the next attempt; False (no sleep) if that would pass drain's deadline."""
-        delay = self.backoff.delay(retry, self.rng, retry_after_s)
-        if self._deadline is not None and self.monotonic() + delay > self._deadline:
-            return False
-        report.backoffs.append(delay)
-        self.sleep(delay)
-        return True
-
-    def _deliver(self, identity: BatchIdentity, data: bytes, report: DrainReport) -> _Delivery:
-        """Attempts of one batch: failover on refusals, backoff on retryable answers."""
-        headers = self._headers(identity)
-        first = self.clock.now_ns()
-        retries = 0
-        refused_in_round = 0
-        last_error: str | None = None
-        attempts = 0
-        while attempts < self.backoff.max_attempts:
-            endpoint = self.endpoints[self.endpoint_index % len(self.endpoints)]
-            attempts += 1
-            report.attempts += 1
-            try:
-                answer = self.transport.post(endpoint, headers, data)
-            except TransportError as exc:
-                last_error = str(exc)
-                report.network_errors += 1
-                report.timeouts += exc.kind == "timeout"
-                log.info("%s: %s", identity, exc)
-                if len(self.endpoints) > 1:
-                    report.failovers += 1
-                self._advance()
-                refused_in_round += 1
-                if refused_in_round < len(self.endpoints):
-                    continue  # another endpoint may be up: no wait
-                refused_in_round = 0
-                if attempts < self.backoff.max_attempts:
-                    if not self._pause(retries, report):
-                        break
-                    retries += 1
-                continue
-            refused_in_round = 0
-            report.answers[answer.status_word] += 1
-            now = self.clock.now_ns()
-            done = _Delivery("", answer, endpoint.url, attempts, first, now)
-            if answer.status == 200:
-                done.kind = "ok" if self._confirms(answer, data) else "unexpected"
-                return done
-            if answer.status == 403 and answer.body.get("status") == DENIED:
-                done.kind = "denied"  # this identity is on the denylist; the token is fine
-                return done
-            if answer.status in (401, 403):  # the token is rejected: nothing this client sends can pass
-                raise AuthRejected(answer.status, str(answer.body.get("reason") or answer.status_word),
-                                   identity=identity, endpoint=endpoint.url, body=answer.body)
-            if answer.status == 409 and answer.body.get("status") == "identity_conflict":
-                done.kind = "conflict"
-                return done
-            if answer.status in RETRYABLE_HTTP or answer.status < 400:
-                last_error = f"{endpoint.url} answered {answer.status} {answer.status_word}"
-                self._advance()
-                if attempts < self.backoff.max_attempts:
-                    if not self._pause(retries, report, answer.retry_after_s):
-                        break
-                    retries += 1
-                continue
-            done.kind = "rejected"
-            return done
-        now = self.clock.now_ns()
-        return _Delivery("exhausted", None, None, attempts, first, now, error=last_error)
-
-    @staticmethod
-    def _confirms(answer: HttpAnswer, data: bytes) -> bool:
-        """A 200 deletes a batch only if it names these exact bytes as accepted or duplicate."""
-        return (answer.body.get("status") in ("accepted", "duplicate")
-                and answer.body.get("frame_sha256") == hashlib.sha256(data).hexdigest())
-
-    def _record(self, delivery: _Delivery, kind: str, previous: ParkedBatch | None = None) -> dict[str, Any]:
+    # ------------------------------------------------------------------ parking
+    def _record(self, delivery: Delivery, kind: str, previous: ParkedBatch | None = None) -> dict[str, Any]:
         answer = delivery.answer
         body = answer.body if answer else {}
         return {
@@ -277,7 +172,7 @@ class AgentClient:
         }
 
     @staticmethod
-    def _parked_kind(delivery: _Delivery) -> str:
+    def _parked_kind(delivery: Delivery) -> str:
         return {"conflict": "identity_conflict", "unexpected": "unexpected_answer",
                 "denied": DENIED}.get(delivery.kind, "invalid")
 
@@ -308,13 +203,13 @@ class AgentClient:
         for path, reason in self.spool.strays():
             self._set_aside(path, reason, report)
 
-    def _outcome(self, identity: BatchIdentity, action: str, sha: str, d: _Delivery) -> BatchOutcome:
+    def _outcome(self, identity: BatchIdentity, action: str, sha: str, d: Delivery) -> BatchOutcome:
         a = d.answer
         return BatchOutcome(identity, action, sha, a.status if a else None, a.status_word if a else None,
                             d.endpoint, d.attempts, a.body if a else {})
 
     def _send_pending(self, batch: SpooledBatch, report: DrainReport,
-                      denied_boots: dict[tuple[str, str], _Delivery]) -> BatchOutcome | None:
+                      denied_boots: dict[tuple[str, str], Delivery]) -> BatchOutcome | None:
         try:
             data = batch.read_bytes()
         except FileNotFoundError:
@@ -351,7 +246,7 @@ class AgentClient:
         return self._outcome(batch.identity, "parked", sha, d)
 
     def _retry_one(self, parked: ParkedBatch, report: DrainReport,
-                   denied_boots: dict[tuple[str, str], _Delivery]) -> BatchOutcome:
+                   denied_boots: dict[tuple[str, str], Delivery]) -> BatchOutcome:
         boot = (parked.identity.agent_id, parked.identity.boot_id)
         if parked.kind == DENIED and boot in denied_boots:  # this boot's probe was denied again
             d = dataclasses.replace(denied_boots[boot], attempts=0)
@@ -403,7 +298,7 @@ class AgentClient:
         with self._lock:
             return self._finish(self._retry_parked(DrainReport(passes=1), {}, only_due, include_invalid))
 
-    def _retry_parked(self, report: DrainReport, denied_boots: dict[tuple[str, str], _Delivery], only_due: bool,
+    def _retry_parked(self, report: DrainReport, denied_boots: dict[tuple[str, str], Delivery], only_due: bool,
                       include_invalid: bool) -> DrainReport:
         for parked in self.parked():
             if parked.kind not in RETRIED_KINDS and not include_invalid:
@@ -422,7 +317,7 @@ class AgentClient:
         with self._lock:
             report = DrainReport(passes=1)
             self._set_aside_strays(report)
-            denied_boots: dict[tuple[str, str], _Delivery] = {}  # boots denied in this pass
+            denied_boots: dict[tuple[str, str], Delivery] = {}  # boots denied in this pass
             self._retry_parked(report, denied_boots, only_due=True, include_invalid=False)
             for batch in self.pending():
                 outcome = self._send_pending(batch, report, denied_boots)
