@@ -18,7 +18,7 @@ from lightmetrics.protocol.errors import ManifestError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
-from lightmetrics.reaps.gc import resolution_settles
+from lightmetrics.reaps.gc_proof import resolution_settles
 from lightmetrics_pipeline.s3io import S3Access
 
 #: rule -> the output folder (category) its confirmed findings go to, and who reads it there

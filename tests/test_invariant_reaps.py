@@ -25,7 +25,9 @@ from lightmetrics.ops.blocker_actions import resume, skip
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
-from lightmetrics.reaps.gc import BlobCollector, Proof, decode_mark
+from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.gc_marks import decode_mark
+from lightmetrics.reaps.gc_proof import Proof
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)

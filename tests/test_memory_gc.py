@@ -18,7 +18,7 @@ from lightmetrics.derived.indexing import index_quarantine
 from lightmetrics.ops.leases import LeaseLost, take
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
-from lightmetrics.reaps import gc as gcm
+from lightmetrics.reaps import gc_proof as gcm
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.params import LEASE_PK
 

@@ -12,7 +12,8 @@ from reap_support import OLD_NS, drive, make_world
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
-from lightmetrics.reaps.gc import BlobCollector, decode_mark, encode_mark
+from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.gc_marks import decode_mark, encode_mark
 
 GC = {"mode": "gc", "dry_run": False}
 HOUR = UtcHour.of_unix_ns(OLD_NS)

@@ -25,7 +25,8 @@ from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps import CHECKPOINT_PK
-from lightmetrics.reaps.gc import DELETE_HOUR_TOMBSTONED, BlobCollector, Proof
+from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, Proof
 from lightmetrics.reaps.retention import HourRetention, PageRecords
 
 _NS = 1_000_000_000

@@ -45,35 +45,37 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.derived.indexing import KIND_REPAIR, TombstoneCache, parse_record
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.ops.work import WorkContext, work_key
-from lightmetrics.protocol.errors import InvalidIdentityError, KeyLayoutError, ManifestError, UnsupportedVersionError
-from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
+from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.reaps.gc_marks import identity_from_mark
+from lightmetrics.reaps.gc_proof import (
+    DELETE_CONFLICT_RESOLVED,
+    DELETE_HOUR_TOMBSTONED,
+    DELETE_UNREFERENCED,
+    KEEP_BLOCKED,
+    KEEP_CONFLICT,
+    KEEP_EVIDENCE_WINDOW,
+    KEEP_GONE,
+    KEEP_MARK_NOT_PLACED,
+    KEEP_NO_IDENTITY,
+    KEEP_NOT_TOMBSTONED,
+    KEEP_RECORD_UNREADABLE,
+    KEEP_REFERENCED,
+    KEEP_YOUNG,
+    KIND_GC_CANDIDATE,
+    Proof,
+    identity_from_metadata,
+    resolution_settles,
+)
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
-
-# Reasons a blob is deleted (proof) or kept; the final reap report counts them.
-DELETE_UNREFERENCED = "unreferenced"
-DELETE_HOUR_TOMBSTONED = "hour-tombstoned"
-DELETE_CONFLICT_RESOLVED = "conflict-resolved"
-KEEP_GONE = "gone"
-KEEP_YOUNG = "younger-than-horizon"
-KEEP_REFERENCED = "referenced"
-KEEP_CONFLICT = "conflict-unresolved"
-KEEP_EVIDENCE_WINDOW = "conflict-evidence-window"
-KEEP_NO_IDENTITY = "identity-unknown"
-KEEP_RECORD_UNREADABLE = "record-unreadable"  # the record may name this blob: keep it, block the record
-KEEP_BLOCKED = "blocked"  # not a raw blob key: a blocker, and the reap goes on
-#: blocker kind of a GC candidate that is not a raw blob key
-KIND_GC_CANDIDATE = "reap-gc"
-KEEP_NOT_TOMBSTONED = "hour-not-tombstoned"  # retention asked, but the proof is something else
-KEEP_MARK_NOT_PLACED = "mark-not-placed"  # a crash between intent and marker: left for the next run
 
 # Crash points of the handshake (lightmetrics.ops.crashpoints; the reap harness kills at each).
 CP_PROVED = crashpoints.register("gc.proved", "candidates proven; nothing written")
@@ -90,88 +92,7 @@ CP_SETTLED_ONE = crashpoints.register("gc.settled-one", "a batch of purged blobs
 _GONE = ("NoSuchVersion", "NoSuchKey", "404")
 
 
-@dataclass(frozen=True)
-class Proof:
-    """What the authoritative reads said about one blob."""
-
-    key: str
-    sha: str
-    deletable: bool
-    reason: str
-    version_id: str | None = None
-    last_modified_unix_s: int = 0
-    identity: BatchIdentity | None = None
-    #: G2 found a record naming this blob in a tombstoned hour: that hour (rule G-R1)
-    record_hour: str | None = None
-
-
 _UNREADABLE = object()  # BlobCollector._record: a record exists but this reader cannot trust it
-
-
-def _identity_from_metadata(md: dict[str, str]) -> BatchIdentity | None:
-    try:
-        return BatchIdentity.create(hex_to_id(md["lm-agent-hex"], "agent"), hex_to_id(md["lm-boot-hex"], "boot"),
-                                    int(md["lm-seq-start"]), int(md["lm-seq-end"]))
-    except (KeyError, ValueError, InvalidIdentityError):
-        return None
-
-
-def _identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
-    return BatchIdentity.create(hex_to_id(m["agent_hex"], "agent"), hex_to_id(m["boot_hex"], "boot"),
-                                int(m["seq_start"]), int(m["seq_end"]))
-
-
-# -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
-_REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
-_REASONS = {v: k for k, v in _REASON_CODES.items()}
-
-
-def encode_mark(m: dict[str, Any]) -> dict[str, str]:
-    """A mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
-    ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
-    then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
-    The blob key (from ``s``) and the time marked (the item's) are not stored.
-
-    >>> encode_mark({"sha": "ab" * 32, "version_id": "v1", "marker_version_id": None, "lm_unix_s": 7200,
-    ...              "reason": "hour-tombstoned", "record_hour": "1970-01-01T02"})["h"]
-    '1970-01-01T02'
-    """
-    out = {"s": m["sha"], "t": str(int(m["lm_unix_s"]) // 3600), "r": _REASON_CODES[m["reason"]]}
-    if m.get("version_id"):
-        out["v"] = m["version_id"]
-    if m.get("marker_version_id"):
-        out["m"] = m["marker_version_id"]
-    if m.get("record_hour"):
-        out["h"] = m["record_hour"]
-    else:
-        out.update(a=m["agent_hex"], b=m["boot_hex"], q=f"{m['seq_start']}-{m['seq_end']}")
-    return out
-
-
-def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[str, Any]:
-    """The mark :func:`encode_mark` stored, as the collector uses it (``marked_at_ns``: the time its
-    item records, never earlier than the marker). A mark written by the previous version (long
-    names, its own ``marked_at_ns``) is returned as it is: a rolling deploy settles it unchanged."""
-    if "sha" in stored:
-        return dict(stored)
-    sha = str(stored["s"])
-    m: dict[str, Any] = {"key": codec.raw_blob(sha), "sha": sha, "version_id": stored.get("v"),
-                         "marker_version_id": stored.get("m"), "marked_at_ns": int(marked_at_ns),
-                         "lm_unix_s": int(stored["t"]) * 3600, "reason": _REASONS[str(stored["r"])]}
-    if stored.get("h"):
-        m["record_hour"] = str(stored["h"])
-    else:
-        start, _, end = str(stored["q"]).partition("-")
-        m.update(agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start), seq_end=int(end))
-    return m
-
-
-def resolution_settles(resolution: Any) -> bool:
-    """Check 3 (G3): whether a conflict's resolution record (its HEAD, or None) decides the
-    conflict — ``accept_existing`` or ``deny_identity`` — so its evidence blob may go once the
-    evidence window has passed. The one rule GC and the Spark audit's orphan check share."""
-    return resolution is not None and resolution.metadata.get(RESOLUTION_METADATA_KEY) in (
-        "accept_existing", "deny_identity")
 
 
 class BlobCollector:
@@ -217,7 +138,7 @@ class BlobCollector:
         if head is None:
             return Proof(key, sha, False, KEEP_GONE)
         lm = int(head.last_modified_unix_s)
-        identity = _identity_from_metadata(head.metadata)
+        identity = identity_from_metadata(head.metadata)
         base = dict(key=key, sha=sha, version_id=head.version_id, last_modified_unix_s=lm, identity=identity)
         if now - lm * _NS < self.horizon_ns:
             return Proof(deletable=False, reason=KEEP_YOUNG, **base)  # type: ignore[arg-type]
@@ -384,7 +305,7 @@ class BlobCollector:
             if self.tombstones.is_tombstoned("raw", UtcHour.parse(str(m["record_hour"]))):
                 return True, DELETE_HOUR_TOMBSTONED
             return False, KEEP_NOT_TOMBSTONED  # cannot happen (tombstones stay): restore, never guess
-        return self.references(_identity_from_mark(m), m["sha"], now_ns)
+        return self.references(identity_from_mark(m), m["sha"], now_ns)
 
     def _plan_settle(self, m: dict[str, Any], now_ns: int) -> "_Settling":
         """The re-check of one mark and what settling it deletes (nothing is deleted here)."""
@@ -457,5 +378,4 @@ class _Settling:
     reason: str = ""
 
 
-__all__ = ["BlobCollector", "Proof", "resolution_settles", "DELETE_HOUR_TOMBSTONED", "DELETE_UNREFERENCED", "KEEP_REFERENCED",
-           "KEEP_YOUNG", "KEEP_CONFLICT", "KEEP_RECORD_UNREADABLE"]
+__all__ = ["BlobCollector"]

@@ -23,8 +23,59 @@ from decimal import Decimal
 from typing import Any
 
 from lightmetrics.aws.control_table import ControlTable, Op, plain
-from lightmetrics.reaps.gc import decode_mark, encode_mark
+from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
+from lightmetrics.reaps.gc_proof import DELETE_CONFLICT_RESOLVED, DELETE_HOUR_TOMBSTONED, DELETE_UNREFERENCED
 from lightmetrics.reaps.params import CHECKPOINT_PK
+
+# -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
+_REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
+_REASONS = {v: k for k, v in _REASON_CODES.items()}
+
+
+def encode_mark(m: dict[str, Any]) -> dict[str, str]:
+    """A mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
+    ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
+    then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
+    The blob key (from ``s``) and the time marked (the item's) are not stored.
+
+    >>> encode_mark({"sha": "ab" * 32, "version_id": "v1", "marker_version_id": None, "lm_unix_s": 7200,
+    ...              "reason": "hour-tombstoned", "record_hour": "1970-01-01T02"})["h"]
+    '1970-01-01T02'
+    """
+    out = {"s": m["sha"], "t": str(int(m["lm_unix_s"]) // 3600), "r": _REASON_CODES[m["reason"]]}
+    if m.get("version_id"):
+        out["v"] = m["version_id"]
+    if m.get("marker_version_id"):
+        out["m"] = m["marker_version_id"]
+    if m.get("record_hour"):
+        out["h"] = m["record_hour"]
+    else:
+        out.update(a=m["agent_hex"], b=m["boot_hex"], q=f"{m['seq_start']}-{m['seq_end']}")
+    return out
+
+
+def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[str, Any]:
+    """The mark :func:`encode_mark` stored, as the collector uses it (``marked_at_ns``: the time its
+    item records, never earlier than the marker). A mark written by the previous version (long
+    names, its own ``marked_at_ns``) is returned as it is: a rolling deploy settles it unchanged."""
+    if "sha" in stored:
+        return dict(stored)
+    sha = str(stored["s"])
+    m: dict[str, Any] = {"key": codec.raw_blob(sha), "sha": sha, "version_id": stored.get("v"),
+                         "marker_version_id": stored.get("m"), "marked_at_ns": int(marked_at_ns),
+                         "lm_unix_s": int(stored["t"]) * 3600, "reason": _REASONS[str(stored["r"])]}
+    if stored.get("h"):
+        m["record_hour"] = str(stored["h"])
+    else:
+        start, _, end = str(stored["q"]).partition("-")
+        m.update(agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start), seq_end=int(end))
+    return m
+
+
+def identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
+    return BatchIdentity.create(hex_to_id(m["agent_hex"], "agent"), hex_to_id(m["boot_hex"], "boot"),
+                                int(m["seq_start"]), int(m["seq_end"]))
+
 
 MARKS_PREFIX = "marks#"
 #: Budget of one ``marks#`` item, under DynamoDB's 400 KB item limit (names + values, rule G-I6):
@@ -75,7 +126,7 @@ def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: 
 
 
 def decode_marks_item(item: dict[str, Any], codec: Any) -> dict[str, Any]:
-    """One ``marks#`` item (plain values), its marks decoded (:func:`~lightmetrics.reaps.gc.decode_mark`;
+    """One ``marks#`` item (plain values), its marks decoded (:func:`decode_mark`;
     an older version's marks as they are)."""
     item = plain(item)
     at = int(item.get("marked_at_ns") or item.get("created_at_ns") or 0)

@@ -17,14 +17,14 @@ COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
 
 
 def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:
-    """A page's proofs (:class:`~lightmetrics.reaps.gc.Proof`): the deletable ones (retention: only those
+    """A page's proofs (:class:`~lightmetrics.reaps.gc_proof.Proof`): the deletable ones (retention: only those
     proven "hour tombstoned") and the page's counters ``c_examined``, ``c_deletable``, ``kept#<reason>``.
 
-    >>> from lightmetrics.reaps.gc import Proof
+    >>> from lightmetrics.reaps.gc_proof import Proof
     >>> proof_counts([Proof("k", "s", True, "unreferenced")], retention=True)[1]
     {'c_examined': 1, 'kept#hour-not-tombstoned': 1, 'c_deletable': 0}
     """
-    from lightmetrics.reaps.gc import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED
+    from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, KEEP_NOT_TOMBSTONED
 
     proofs = list(proofs)
     counts: dict[str, int] = {"c_examined": len(proofs)}
