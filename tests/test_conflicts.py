@@ -21,18 +21,18 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_quarantine
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.conflicts import (
+from lightmetrics.ops.conflict_records import (
     ACCEPT_EXISTING,
     CONFLICTS_PK,
     DENY_IDENTITY,
     ConflictAlreadyResolved,
     ConflictNotFound,
-    ConflictRegistry,
     InvalidConflictId,
     InvalidResolution,
     conflict_id,
     parse_conflict_id,
 )
+from lightmetrics.ops.conflicts import ConflictRegistry
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity
@@ -378,7 +378,7 @@ def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, c
     """Issue 17: an operator copies the start of an id; a prefix of one conflict shows it, a prefix
     of several names them and exits 2, a prefix of none exits 2."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.ops.conflicts import conflict_id
+    from lightmetrics.ops.conflict_records import conflict_id
 
     _, one = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-1", 0, 9))
     _, two = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-2", 0, 9))
@@ -402,7 +402,7 @@ def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hash
     """Issue 17: the prefix `conflicts show` takes works for `conflicts resolve` too (an ambiguous or
     unknown one exits 2 saying so, changing nothing), and `conflicts list` prints both sha256 whole."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.ops.conflicts import conflict_id
+    from lightmetrics.ops.conflict_records import conflict_id
 
     made = [make_conflict(system, runtime, clock, BatchIdentity.create("agent-rpx", b, 0, 9)) for b in ("boot-1", "boot-2")]
     ids = [conflict_id(BatchIdentity.create("agent-rpx", b, 0, 9), r.frame_sha256)

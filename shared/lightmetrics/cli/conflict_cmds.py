@@ -42,7 +42,7 @@ def _run(fn: Any, as_json: bool) -> Any:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from lightmetrics.acceptance.denylist import InvalidLift, NotDenied
-    from lightmetrics.ops.conflicts import (
+    from lightmetrics.ops.conflict_records import (
         ConflictAlreadyResolved,
         ConflictNotFound,
         ConflictStoreUnavailable,
@@ -173,7 +173,7 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
     registry = _registry(settings, as_json)
     conflict_id = _run(lambda: registry.complete_id(conflict_id), as_json)  # the prefix `show` takes too
     if deny_identity:
-        from lightmetrics.ops.conflicts import parse_conflict_id
+        from lightmetrics.ops.conflict_records import parse_conflict_id
 
         ident, _ = _run(lambda: parse_conflict_id(conflict_id, registry.codec), as_json)
         confirm(f"Deny {_scope(ident.agent_id, None if whole_agent else ident.boot_id)} (ingest answers 403 "

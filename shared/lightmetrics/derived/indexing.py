@@ -35,7 +35,7 @@ import time
 
 from lightmetrics.composition.config import TOMBSTONE_CACHE_S
 from lightmetrics.ops import crashpoints
-from lightmetrics.ops.conflicts import ConflictEntry, register
+from lightmetrics.ops.conflict_records import ConflictEntry, register
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object

@@ -21,7 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lightmetrics.ops.conflicts import ACCEPT_EXISTING, ConflictAlreadyResolved, ConflictRegistry
+from lightmetrics.ops.conflict_records import ACCEPT_EXISTING, ConflictAlreadyResolved
+from lightmetrics.ops.conflicts import ConflictRegistry
 
 OPERATOR = "demo-operator"
 

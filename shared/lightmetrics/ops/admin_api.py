@@ -39,15 +39,15 @@ from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Respo
 
 from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDenied
 from lightmetrics.composition.config import Settings
-from lightmetrics.ops.conflicts import (
+from lightmetrics.ops.conflict_records import (
     ConflictAlreadyResolved,
     ConflictError,
     ConflictNotFound,
-    ConflictRegistry,
     ConflictStoreUnavailable,
     InvalidConflictId,
     InvalidResolution,
 )
+from lightmetrics.ops.conflicts import ConflictRegistry
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError

@@ -29,7 +29,7 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     from lightmetrics.aws.sqs_queues import queue_depth
     from lightmetrics.derived.reconcile_state import read_shard_checkpoints
     from lightmetrics.derived.walk import read_watermarks
-    from lightmetrics.ops.conflicts import CONFLICTS_PK, UNRESOLVED
+    from lightmetrics.ops.conflict_records import CONFLICTS_PK, UNRESOLVED
 
     table = ctx.blockers.table
     # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
