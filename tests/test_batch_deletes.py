@@ -19,10 +19,11 @@ from botocore.exceptions import ClientError
 from conftest import ident
 from reap_support import OLD_NS, World, drive, make_world
 
-from lightmetrics.aws import s3_store as store_module
+from lightmetrics.aws import s3_deletes as store_module
 from lightmetrics.aws.errors import is_transient
 from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.aws.s3_store import bucket_refusal, delete_objects
+from lightmetrics.aws.s3_deletes import delete_objects
+from lightmetrics.aws.s3_store import bucket_refusal
 from lightmetrics.derived.verify import verify
 from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.keys import UtcHour

@@ -28,7 +28,7 @@ BOTO_EXCEPTIONS = {
 }
 #: imports of the protocol core from outside it, each with its reason
 PROTOCOL_EXCEPTIONS = {
-    ("protocol/object_store.py", "lightmetrics.aws.s3_store"):
+    ("protocol/object_store.py", "lightmetrics.aws.s3_deletes"):
         "DeleteOutcome carries botocore's ClientError per key, so it stays with the adapter; the port "
         "names it for the type checker only (under TYPE_CHECKING)",
 }

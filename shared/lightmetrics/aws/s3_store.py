@@ -2,7 +2,8 @@
 
 The accept algorithm and every background job talk to :class:`~lightmetrics.protocol.object_store.ObjectStore`;
 the only implementation that ships is :class:`S3ObjectStore` (boto3), used against AWS and against
-the embedded moto server alike. Error classification lives here, in one place.
+the embedded moto server alike. Error classification lives here, in one place; batch deletes in
+:mod:`lightmetrics.aws.s3_deletes`.
 
 Example:
     >>> store = S3ObjectStore(boto3.client("s3"), "my-bucket")       # doctest: +SKIP
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from botocore.config import Config as BotoConfig
@@ -28,6 +28,7 @@ from botocore.exceptions import (
 )
 
 from lightmetrics.aws.errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
+from lightmetrics.aws.s3_deletes import DeleteOutcome, delete_objects
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.object_store import (
     ListPage,
@@ -40,6 +41,7 @@ from lightmetrics.protocol.retry import RetryPolicy
 
 _NS = 1_000_000_000
 _T = TypeVar("_T")
+
 
 def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> StoreAccessError | None:
     """The error for an S3 answer that says the bucket itself is unusable — it does not exist
@@ -284,82 +286,3 @@ class S3ObjectStore:
                        after_request: Callable[[], None] | None = None) -> DeleteOutcome:
         """:func:`delete_objects` on this bucket."""
         return delete_objects(self.client, self.bucket, objects, fence=fence, after_request=after_request)
-
-# --- DeleteObjects: up to 1,000 keys a request ------------------------------------------------------
-#: S3's limit of keys per DeleteObjects request.
-DELETE_BATCH_MAX = 1000
-#: HTTP status a per-key DeleteObjects error would have had as a single DeleteObject (the response
-#: carries only the code); anything else is a client error (400).
-_DELETE_ERROR_STATUS = {"AccessDenied": 403, "NoSuchKey": 404, "NoSuchVersion": 404, "InternalError": 500,
-                        "ServiceUnavailable": 503, "SlowDown": 503, "RequestTimeout": 400}
-
-
-@dataclass
-class DeleteOutcome:
-    """What DeleteObjects requests said, per ``(key, version id asked or None)``.
-
-    ``deleted`` maps each deleted object to the delete marker S3 placed (``DeleteMarkerVersionId``,
-    a delete without a version id in a versioned bucket) or None; ``errors`` maps each refused one
-    to ``(code, message)``. A key the response names in neither is an error ``Missing`` (never
-    assumed deleted).
-
-    >>> out = DeleteOutcome(errors={("k", None): ("SlowDown", "Please reduce your request rate.")})
-    >>> out.error_for("k", None).response["ResponseMetadata"]["HTTPStatusCode"]
-    503
-    """
-
-    deleted: dict[tuple[str, str | None], str | None] = field(default_factory=dict)
-    errors: dict[tuple[str, str | None], tuple[str, str]] = field(default_factory=dict)
-
-    def error_for(self, key: str, version_id: str | None, *, tolerate: tuple[str, ...] = ()) -> ClientError | None:
-        """The per-key error as the ``ClientError`` a single DeleteObject of it would have raised
-        (so it is classified as one: transient, access denied, ...), or None if it was deleted or
-        its code is in ``tolerate``."""
-        err = self.errors.get((key, version_id))
-        if err is None or err[0] in tolerate:
-            return None
-        code, message = err
-        return ClientError({"Error": {"Code": code, "Message": f"{key}: {message}"},
-                            "ResponseMetadata": {"HTTPStatusCode": _DELETE_ERROR_STATUS.get(code, 400)}},
-                           "DeleteObjects")
-
-
-def delete_objects(client: Any, bucket: str, objects: list[tuple[str, str | None]], *,
-                   fence: Any = None, after_request: Any = None) -> DeleteOutcome:
-    """Delete ``(key, version id or None)`` pairs with one DeleteObjects per ``DELETE_BATCH_MAX``,
-    in the order given (a pair twice is sent once). ``fence()`` runs right before each request
-    (docs/protocol.md §13 L2: it raises if the lease is lost, and nothing more is sent);
-    ``after_request()`` right after each (a crash point). Verbose mode: a delete without a version
-    id reports the marker it placed. A request that fails raises (never retried here: a repeated
-    marker request would place a second marker); per-key failures are in the outcome's ``errors``.
-
-    Example:
-        >>> out = delete_objects(s3, "b", [("k", None)], fence=fence)          # doctest: +SKIP
-        >>> out.deleted[("k", None)]                                            # doctest: +SKIP
-        'marker-version-id'
-    """
-    pending = list(dict.fromkeys(objects))
-    out = DeleteOutcome()
-    for start in range(0, len(pending), DELETE_BATCH_MAX):
-        chunk = pending[start:start + DELETE_BATCH_MAX]
-        spec = [{"Key": k, "VersionId": v} if v else {"Key": k} for k, v in chunk]
-        if fence is not None:
-            fence()
-        r = client.delete_objects(Bucket=bucket, Delete={"Objects": spec, "Quiet": False})
-        asked = set(chunk)
-
-        def pair_of(d: dict[str, Any]) -> tuple[str, str | None]:
-            # S3 may echo no VersionId for a delete that asked none (and place a marker): by key then
-            pair = (d["Key"], d.get("VersionId") or None)
-            return pair if pair in asked else (d["Key"], None)
-
-        for d in r.get("Deleted") or []:
-            out.deleted[pair_of(d)] = d.get("DeleteMarkerVersionId") or None
-        for e in r.get("Errors") or []:
-            out.errors[pair_of(e)] = (str(e.get("Code", "")), str(e.get("Message", "")))
-        for pair in chunk:
-            if pair not in out.deleted and pair not in out.errors:
-                out.errors[pair] = ("Missing", "not in the DeleteObjects response")
-        if after_request is not None:
-            after_request()
-    return out

@@ -2,7 +2,7 @@
 
 The accept algorithm and every background job talk to :class:`ObjectStore`; the adapter that ships
 is :class:`lightmetrics.aws.s3_store.S3ObjectStore` (boto3). Its delete outcome,
-:class:`~lightmetrics.aws.s3_store.DeleteOutcome`, carries botocore's ``ClientError`` per key and
+:class:`~lightmetrics.aws.s3_deletes.DeleteOutcome`, carries botocore's ``ClientError`` per key and
 stays with the adapter (named here for the type checker only).
 """
 
@@ -17,7 +17,7 @@ from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.errors import LightmetricsError, ResourceAccessError
 
 if TYPE_CHECKING:
-    from lightmetrics.aws.s3_store import DeleteOutcome
+    from lightmetrics.aws.s3_deletes import DeleteOutcome
 
 
 class TransientStoreError(LightmetricsError):

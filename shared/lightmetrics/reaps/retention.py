@@ -60,7 +60,7 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from lightmetrics.aws.control_table import ControlTable
-from lightmetrics.aws.s3_store import DeleteOutcome
+from lightmetrics.aws.s3_deletes import DeleteOutcome
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError

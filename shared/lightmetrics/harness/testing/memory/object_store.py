@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from lightmetrics.aws.errors import is_not_found, is_transient
-from lightmetrics.aws.s3_store import DELETE_BATCH_MAX, DeleteOutcome, bucket_refusal, classify_put_error
+from lightmetrics.aws.s3_deletes import DELETE_BATCH_MAX, DeleteOutcome
+from lightmetrics.aws.s3_store import bucket_refusal, classify_put_error
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.object_store import (
