@@ -7,7 +7,8 @@ GC reaps during load, the settle phase, strict verify and the ledger — still c
 
 from __future__ import annotations
 
-from lightmetrics.harness.soak import SoakPlan, collector_faults, run_soak
+from lightmetrics.harness.soak import run_soak
+from lightmetrics.harness.soak_plan import SoakPlan, collector_faults
 
 
 def test_collector_faults_cover_every_kind_and_differ_per_collector() -> None:

@@ -25,7 +25,8 @@ def soak_cmd(minutes: float, agents: int, collectors: int, seed: int, port: int,
     collectors SIGKILLed and restarted. Then: agents drain, one reconcile, one walk, `lmctl verify
     --strict`, the ledger check and the derived-entry check. Exit 0 when all hold, 1 otherwise.
     """
-    from lightmetrics.harness.soak import SoakPlan, run_soak
+    from lightmetrics.harness.soak import run_soak
+    from lightmetrics.harness.soak_plan import SoakPlan
 
     try:
         plan = SoakPlan(minutes=minutes, agents=agents, collectors=collectors, seed=seed)
