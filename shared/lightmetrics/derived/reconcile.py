@@ -62,7 +62,7 @@ every hour's range plan (:mod:`lightmetrics.derived.hour_ranges`), each with its
 keeps ``checkpoint#reconcile``/``current``: a deployment before shards is shard 0 of 1). Each runs
 everything above over its range: its listing is ``list_modified(hour, start_after=, end_at=)``;
 a shard whose index is past the hour's ranges has nothing in it and lists nothing. In an hour of
-more than one range a shard checks blobs by HEAD (:class:`~lightmetrics.derived.indexing.HeadedBlobs`: a
+more than one range a shard checks blobs by HEAD (:class:`~lightmetrics.derived.blob_lookups.HeadedBlobs`: a
 healthy entry costs 1 GET + 1 HEAD) instead of listing whole ``raw-blobs-by-time`` hours, which
 every shard would pay again. One shard (N = 1) reads no plan: it owns every range. An hour whose plan
 has more ranges than N has ranges no shard checks: every shard keeps it open and its run ends in
@@ -87,8 +87,9 @@ from dataclasses import dataclass, field
 
 from lightmetrics.aws.queue_probes import QueueProbe
 from lightmetrics.composition.config import Settings
+from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
-from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, HeadedBlobs, IndexedBlobs
+from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY
 from lightmetrics.derived.reconcile_scan import (
     LIST_PAGE_KEYS,
     ONE_RANGE,

@@ -14,15 +14,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan
-from lightmetrics.derived.indexing import (
-    KIND_REPAIR,
-    KIND_TIME_ENTRY,
-    HeadedBlobs,
-    IndexedBlobs,
-    manifest_key_of_time_entry,
-    verify_time_entry,
-)
+from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, manifest_key_of_time_entry, verify_time_entry
 from lightmetrics.derived.reconcile_state import ReconcileReport, failures_that_fit
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError
 from lightmetrics.ops.pool import map_in_context
