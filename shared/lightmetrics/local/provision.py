@@ -73,7 +73,29 @@ def provision(
     s3, ddb, sm = client("s3"), client("dynamodb"), client("secretsmanager")
     created: list[str] = []
 
-    # --- bucket: HEAD first, because create_bucket's "already exists" answers differ by region.
+    _converge_bucket(s3, spec, bucket, created)
+    desc = _converge_table(ddb, spec, table, created)
+    secret_arn, current = _converge_secret(sm, secret_name, secret_value, created)
+    queues = _converge_queues(client, s3, spec, bucket, namespace=namespace, queue_name_prefix=queue_name_prefix)
+    state_machines = _converge_state_machines(client, spec, created, queue_name_prefix=queue_name_prefix,
+                                              function_arn=function_arn)
+
+    return {
+        "bucket": bucket,
+        "bucket_arn": f"arn:aws:s3:::{bucket}",
+        "table": table,
+        "table_arn": desc["TableArn"],
+        "secret_name": secret_name,
+        "secret_arn": secret_arn,
+        "secret_value": current,
+        "queues": queues,
+        "state_machines": state_machines,
+        "created": created,
+    }
+
+
+def _converge_bucket(s3: Any, spec: ResourceSpec, bucket: str, created: list[str]) -> None:
+    """The bucket (and its versioning): HEAD first, because create_bucket's "already exists" answers differ by region."""
     try:
         s3.head_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -88,7 +110,9 @@ def provision(
     if spec.bucket.versioned:
         s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
 
-    # --- control table
+
+def _converge_table(ddb: Any, spec: ResourceSpec, table: str, created: list[str]) -> dict[str, Any]:
+    """The control table (its key schema must be the spec's) and its TTL; its description."""
     try:
         desc = ddb.describe_table(TableName=table)["Table"]
         if desc["KeySchema"] != spec.table.key_schema():
@@ -119,8 +143,11 @@ def provision(
                 TableName=table,
                 TimeToLiveSpecification={"Enabled": True, "AttributeName": spec.table.ttl_attribute},
             )
+    return dict(desc)
 
-    # --- token secret: keep an existing value (tokens already issued must stay valid).
+
+def _converge_secret(sm: Any, secret_name: str, secret_value: str | None, created: list[str]) -> tuple[str, str]:
+    """The token secret, keeping an existing value (tokens already issued must stay valid); its ARN and value."""
     if secret_value is not None:
         TokenKeys.parse(secret_value)  # never store a value the readers would refuse
     try:
@@ -135,8 +162,12 @@ def provision(
         current = secret_value if secret_value is not None else TokenKeys.generate("k1").model_dump_json()
         secret_arn = sm.create_secret(Name=secret_name, SecretString=current)["ARN"]
         created.append("secret")
+    return secret_arn, current
 
-    # --- queues, DLQs, redrive, and the notifications that feed them
+
+def _converge_queues(client: Callable[[str], Any], s3: Any, spec: ResourceSpec, bucket: str, *, namespace: str,
+                     queue_name_prefix: str) -> dict[str, dict[str, str]]:
+    """The queues, DLQs, redrive, and the notifications that feed them; each queue's URL and ARN and its DLQ's."""
     queues: dict[str, dict[str, str]] = {}
     if spec.queues:
         sqs = client("sqs")
@@ -180,8 +211,14 @@ def provision(
                 {name: v["arn"] for name, v in queues.items()}, namespace=namespace
             ),
         )
+    return queues
 
-    # --- state machines: the same ASL files and substitution map as the CDK stack
+
+def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, created: list[str], *,
+                             queue_name_prefix: str,
+                             function_arn: Callable[[str], str] | None) -> dict[str, dict[str, str]]:
+    """The state machines, from the same ASL files and substitution map as the CDK stack; each one's ARN, name and
+    definition."""
     state_machines: dict[str, dict[str, str]] = {}
     if spec.state_machines:
         from lightmetrics.deployment.statemachines import lambda_arn, render_definition
@@ -205,19 +242,7 @@ def provision(
                 ]
                 created.append(f"state-machine:{sm.name}")
             state_machines[sm.name] = {"arn": arn, "name": name, "definition": definition}
-
-    return {
-        "bucket": bucket,
-        "bucket_arn": f"arn:aws:s3:::{bucket}",
-        "table": table,
-        "table_arn": desc["TableArn"],
-        "secret_name": secret_name,
-        "secret_arn": secret_arn,
-        "secret_value": current,
-        "queues": queues,
-        "state_machines": state_machines,
-        "created": created,
-    }
+    return state_machines
 
 
 def state_machine_arns_setting(made: dict[str, Any]) -> dict[str, str]:
