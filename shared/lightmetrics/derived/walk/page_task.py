@@ -44,27 +44,20 @@ class PageTask(WalkerBase):
             modified = []  # a listing without LastModified: every key is repaired in full
         return ListPage(keys=keys, sizes=sizes, prefixes=[], truncated=truncated, last_modified_ns=modified)
 
-    def page(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk, item = event["walk"], event["item"]
-        partition, after = item["partition"], item.get("after") or ""
-        pk, sk = walk["checkpoint_pk"], PART_PREFIX + partition
-        retried = int(event.get("retry_count") or 0) > 0
-        # O1a: the last key of a page of this partition that ended RETRY_LATER in this epoch (an
-        # earlier execution's, before a resume): keys up to it may have a failure on record.
-        failed_through = item.get("failed_through") or ""
-        skipped = set(item.get("skipped") or ())
-        listing = self._list(partition, int(walk["page_size"]), after)
+    def _owned_update(self, walk: dict[str, Any], partition: str, expression: str, names: dict[str, str],
+                      values: dict[str, Any]) -> None:
+        """Update ``partition``'s item on condition this walk's epoch still owns it; else LeaseLost."""
+        own_names, own_values = owned(walk)
+        try:
+            self.table.update(walk["checkpoint_pk"], PART_PREFIX + partition, expression,
+                              names={**own_names, **names}, values={**own_values, **values}, condition=OWNED)
+        except ConditionFailed:
+            raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
+
+    def _run_keys(self, walk: dict[str, Any], partition: str, listing: ListPage, skipped: set[str], retried: bool,
+                  failed_through: str) -> list[tuple[str, str | None]]:
+        """Each key's (outcome, the check that settled it or None), in the listing's order."""
         keys = listing.keys
-        if retried and keys and keys[-1] > failed_through:
-            # An earlier attempt of this page died (a timeout, a crash) after its units may have
-            # recorded failures: say so before the work, so that if this attempt dies too, a resumed
-            # walk still repairs these keys in full (O1a). One write, on retries only.
-            try:
-                self.table.update(pk, sk, "SET #ft = :ft", names={**owned(walk)[0], "#ft": "failed_through"},
-                                  values={**owned(walk)[1], ":ft": keys[-1]}, condition=OWNED)
-            except ConditionFailed:
-                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
-            failed_through = keys[-1]
 
         def failed_before(key: str) -> bool:
             return retried or key <= failed_through
@@ -89,25 +82,41 @@ class PageTask(WalkerBase):
             results = map_in_context(POOL, one, keys)
         else:
             results = [one(k) for k in keys]
+        return results
+
+    def page(self, event: dict[str, Any]) -> dict[str, Any]:
+        walk, item = event["walk"], event["item"]
+        partition, after = item["partition"], item.get("after") or ""
+        pk, sk = walk["checkpoint_pk"], PART_PREFIX + partition
+        retried = int(event.get("retry_count") or 0) > 0
+        # O1a: the last key of a page of this partition that ended RETRY_LATER in this epoch (an
+        # earlier execution's, before a resume): keys up to it may have a failure on record.
+        failed_through = item.get("failed_through") or ""
+        skipped = set(item.get("skipped") or ())
+        listing = self._list(partition, int(walk["page_size"]), after)
+        keys = listing.keys
+        if retried and keys and keys[-1] > failed_through:
+            # An earlier attempt of this page died (a timeout, a crash) after its units may have
+            # recorded failures: say so before the work, so that if this attempt dies too, a resumed
+            # walk still repairs these keys in full (O1a). One write, on retries only.
+            self._owned_update(walk, partition, "SET #ft = :ft", {"#ft": "failed_through"}, {":ft": keys[-1]})
+            failed_through = keys[-1]
+
+        results = self._run_keys(walk, partition, listing, skipped, retried, failed_through)
         outcomes = Counter(outcome for outcome, _ in results)
         settled_by = Counter(check for _, check in results if check is not None)
-        names, values = owned(walk)
         now = self.now()
         if outcomes["RETRY_LATER"]:
-            try:
-                # ``failed_through`` survives the execution: a resumed page repairs those keys in
-                # full, whichever page size it runs with (O1a).
-                self.table.update(pk, sk, "ADD #o.#r :n SET #u = :now, #ft = :ft",
-                                  names={**names, "#o": "outcomes", "#r": "RETRY_LATER", "#u": "updated_at_ns",
-                                         "#ft": "failed_through"},
-                                  values={**values, ":n": outcomes["RETRY_LATER"], ":now": now,
-                                          ":ft": max(failed_through, keys[-1])}, condition=OWNED)
-            except ConditionFailed:
-                raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
+            # ``failed_through`` survives the execution: a resumed page repairs those keys in
+            # full, whichever page size it runs with (O1a).
+            self._owned_update(walk, partition, "ADD #o.#r :n SET #u = :now, #ft = :ft",
+                               {"#o": "outcomes", "#r": "RETRY_LATER", "#u": "updated_at_ns", "#ft": "failed_through"},
+                               {":n": outcomes["RETRY_LATER"], ":now": now, ":ft": max(failed_through, keys[-1])})
             raise WalkRetryLater(f"{outcomes['RETRY_LATER']} of {len(keys)} keys in {partition} are RETRY_LATER; "
                                  "the cursor stays before them")
         done = not listing.truncated
         last = keys[-1] if keys else after
+        names, values = owned(walk)
         names.update({"#a": "after", "#d": "done", "#pg": "pages", "#u": "updated_at_ns", "#k": "keys"})
         values.update({":last": last, ":done": done, ":prev": after, ":one": 1, ":n": len(keys), ":now": now})
         adds = ["#pg :one", "#k :n"]

@@ -163,6 +163,28 @@ class Walker(PageTask):
         return {"walk": walk}
 
     # -- plan --------------------------------------------------------------------------------------
+    @staticmethod
+    def _summary_update(walk: dict[str, Any], finished: list[dict[str, Any]], strays: Counter[str],
+                        enum: dict[str, Any], new: int, now: int) -> Op:
+        """The owned checkpoint update that folds ``finished`` partitions and the ``strays`` into the
+        walk's summary and saves the enumeration's state."""
+        folded = Counter({o: sum(int(p["outcomes"].get(o, 0)) for p in finished) for o in OUTCOMES}) + strays
+        by_kind: Counter[str] = Counter()
+        for p in finished:
+            by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
+        names, values = owned(walk)
+        names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
+                      "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
+        values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": new,
+                       ":k": sum(int(p.get("keys", 0)) for p in finished) + sum(strays.values()),
+                       ":pg": sum(int(p.get("pages", 0)) for p in finished),
+                       ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
+        adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
+        add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
+                                          for check in KEY_CHECKS}, folded)
+        return Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #en = :en, #u = :now ADD " + ", ".join(adds),
+                  names, values, OWNED)
+
     def plan(self, event: dict[str, Any]) -> dict[str, Any]:
         walk = dict(event["walk"])
         pk = walk["checkpoint_pk"]
@@ -184,23 +206,7 @@ class Walker(PageTask):
                 strays = Counter("SKIPPED" if k in skipped_strays else self._repair(k).value for k in stray_keys)
 
         # Fold finished partitions (and the strays) into the summary, start the new ones.
-        folded = Counter({o: sum(int(p["outcomes"].get(o, 0)) for p in finished) for o in OUTCOMES}) + strays
-        by_kind: Counter[str] = Counter()
-        for p in finished:
-            by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
-        names, values = owned(walk)
-        names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
-                      "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
-        values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": len(new),
-                       ":k": sum(int(p.get("keys", 0)) for p in finished) + sum(strays.values()),
-                       ":pg": sum(int(p.get("pages", 0)) for p in finished),
-                       ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
-        adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
-        add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
-                                          for check in KEY_CHECKS}, folded)
-        ops = [self._renew(walk, now),
-               Op("Update", pk, CHECKPOINT_SK, "SET #en = :en, #u = :now ADD " + ", ".join(adds), names, values,
-                  OWNED)]
+        ops = [self._renew(walk, now), self._summary_update(walk, finished, strays, enum, len(new), now)]
         pnames, pvalues = owned(walk)
         ops += [Op("Delete", pk, p["sk"], names=pnames, values=pvalues, condition=OWNED) for p in finished]
         new_sks = {PART_PREFIX + p for p in new}
