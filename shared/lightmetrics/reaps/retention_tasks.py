@@ -52,30 +52,9 @@ class RetentionTasks(ReaperBase):
         # What follows the tombstone (and a verify pass): the hour's key ranges in parallel when its
         # plan has more than one (reap.ranges), else its blobs (rollups: its chunks).
         first = "chunks" if scope == "rollup" else "ranges" if int(cp.get("ranges") or 1) > 1 else "blobs"
-        set_: dict[str, Any]
         add: dict[str, int] = {}
         if phase == "commit":
-            if cp["dry_run"]:
-                if scope == "raw":
-                    keys, _ = hr.page("", 1000)
-                else:
-                    keys = [k for p in hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
-                            for k in self.ctx.store.list_page(p, max_keys=1000).keys]
-                add = {"c_examined": len(keys), "c_deletable": len(keys)}
-                set_ = self._next_hour(cp, hour, "would-reap")
-            else:
-                retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
-                try:
-                    fence()
-                    hr.commit(epoch=int(reap["epoch"]), retention_s=int(retention_s), now_ns=now)
-                except WatermarkBehind:
-                    set_ = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
-                else:
-                    set_ = {"phase": first, "after": "", "listing_done": False,
-                            "wait_until_ns": now + int(cp["tombstone_wait_s"]) * NS}
-                    plan = hr.plan() if scope == "raw" else None
-                    if plan is not None and plan.ranges > 1:
-                        set_.update(phase="ranges", ranges=plan.ranges)
+            set_, add = self._tombstone_step(reap, cp, hr, hour, fence, first, now)
         elif phase == "ranges":
             return self._ranges(reap, cp, hour)
         elif phase in ("chunks", "manifests"):  # rollup scope: chunks and index first, manifests last
@@ -93,27 +72,65 @@ class RetentionTasks(ReaperBase):
             if not more:
                 set_ = {"phase": "verify", "after": ""}
         elif phase == "verify":
-            late, blocked = hr.leftovers() if scope == "raw" else ([] if hr.rollup_empty() else ["?"], [])
-            if not late and not blocked:
-                fence()
-                hr.mark_reaped(epoch=int(reap["epoch"]), passes=int(cp["passes"]), now_ns=now)
-                set_ = self._next_hour(cp, hour, "reaped")
-            elif late and int(cp["passes"]) < int(cp["verify_passes"]):
-                # Late writes: another pass over the hour (its blobs, then its derived entries).
-                set_ = {"phase": first, "after": "", "listing_done": False, "passes": int(cp["passes"]) + 1}
-            elif late:
-                set_ = self._next_hour(cp, hour, "skipped: entries kept appearing")
-            else:  # tombstoned, not reaped: a later run finishes it once the blockers are resumed or skipped
-                set_ = self._next_hour(cp, hour, f"blocked: {len(blocked)} entries have an open {KIND_RETENTION} "
-                                                 "blocker (lmctl blockers list)")
-                known = list(cp.get("blocked") or [])
-                set_["blocked"] = (known + [work_key(KIND_RETENTION, k) for k in blocked
-                                            if work_key(KIND_RETENTION, k) not in known])[:REPORT_BLOCKED_MAX]
+            set_ = self._verify_step(reap, cp, hr, hour, fence, first, now)
         else:
             raise InvalidReapInput(f"reap-retention cannot run phase {phase!r}")
         self._commit(reap, set_=set_, add=add)
         crashpoints.point(CP_STEP_DONE)
         return self._route(reap, {**cp, **set_})
+
+    def _tombstone_step(self, reap: dict[str, Any], cp: dict[str, Any], hr: HourRetention, hour: str, fence: Any,
+                        first: str, now: int) -> tuple[dict[str, Any], dict[str, int]]:
+        """Phase ``commit``: the hour's tombstone (a dry run only counts what would go); then ``first``,
+        or the hour's key ranges in parallel when its plan has more than one."""
+        scope = cp.get("scope") or "raw"
+        set_: dict[str, Any]
+        add: dict[str, int] = {}
+        if cp["dry_run"]:
+            if scope == "raw":
+                keys, _ = hr.page("", 1000)
+            else:
+                keys = [k for p in hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
+                        for k in self.ctx.store.list_page(p, max_keys=1000).keys]
+            add = {"c_examined": len(keys), "c_deletable": len(keys)}
+            set_ = self._next_hour(cp, hour, "would-reap")
+        else:
+            retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
+            try:
+                fence()
+                hr.commit(epoch=int(reap["epoch"]), retention_s=int(retention_s), now_ns=now)
+            except WatermarkBehind:
+                set_ = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
+            else:
+                set_ = {"phase": first, "after": "", "listing_done": False,
+                        "wait_until_ns": now + int(cp["tombstone_wait_s"]) * NS}
+                plan = hr.plan() if scope == "raw" else None
+                if plan is not None and plan.ranges > 1:
+                    set_.update(phase="ranges", ranges=plan.ranges)
+        return set_, add
+
+    def _verify_step(self, reap: dict[str, Any], cp: dict[str, Any], hr: HourRetention, hour: str, fence: Any,
+                     first: str, now: int) -> dict[str, Any]:
+        """Phase ``verify``: the hour is reaped, gets another pass (late writes), or is left with a reason."""
+        scope = cp.get("scope") or "raw"
+        set_: dict[str, Any]
+        late, blocked = hr.leftovers() if scope == "raw" else ([] if hr.rollup_empty() else ["?"], [])
+        if not late and not blocked:
+            fence()
+            hr.mark_reaped(epoch=int(reap["epoch"]), passes=int(cp["passes"]), now_ns=now)
+            set_ = self._next_hour(cp, hour, "reaped")
+        elif late and int(cp["passes"]) < int(cp["verify_passes"]):
+            # Late writes: another pass over the hour (its blobs, then its derived entries).
+            set_ = {"phase": first, "after": "", "listing_done": False, "passes": int(cp["passes"]) + 1}
+        elif late:
+            set_ = self._next_hour(cp, hour, "skipped: entries kept appearing")
+        else:  # tombstoned, not reaped: a later run finishes it once the blockers are resumed or skipped
+            set_ = self._next_hour(cp, hour, f"blocked: {len(blocked)} entries have an open {KIND_RETENTION} "
+                                             "blocker (lmctl blockers list)")
+            known = list(cp.get("blocked") or [])
+            set_["blocked"] = (known + [work_key(KIND_RETENTION, k) for k in blocked
+                                        if work_key(KIND_RETENTION, k) not in known])[:REPORT_BLOCKED_MAX]
+        return set_
 
     def _next_hour(self, cp: dict[str, Any], hour: str, status: str) -> dict[str, Any]:
         statuses = dict(cp.get("hour_status") or {})

@@ -89,18 +89,7 @@ class Reaper(GcTasks, RetentionTasks):
             raise LeaseHeld(leases.describe(lease or {}, now, "reap"))
         cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         cp = plain(cp) if cp else None
-        hours: list[str] = []
-        if not params.resume and params.mode == "retention":
-            rollup = params.scope == "rollup"
-            retention_s = int(self.settings.rollup_retention_s if rollup else self.settings.retention_s)
-            if params.hour is not None:
-                hours = [str(params.hour)]
-                if params.hour.end_ns > now - retention_s * NS:
-                    raise InvalidReapInput(f"{params.hour} is not older than "
-                                           f"{'LM_ROLLUP_RETENTION_S' if rollup else 'LM_RETENTION_S'} ({retention_s} s)")
-            else:
-                hours = [str(h) for h in expired_hours(self.ctx, retention_s=retention_s, now_ns=now,
-                                                       scope=params.scope)]
+        hours = self._retention_hours(params, now) if not params.resume and params.mode == "retention" else []
         if params.resume:
             if cp is None or cp.get("status") == "finished":
                 raise InvalidReapInput("resume: no unfinished reap to resume")
@@ -124,18 +113,39 @@ class Reaper(GcTasks, RetentionTasks):
                               condition="#ep = :ep")
             reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]), executions=int(cp.get("executions", 1)))
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
-        item = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner, "mode": params.mode,
-                "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
-                "owned_since_ns": now,
-                "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
-                "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
-                "hour": str(params.hour) if params.hour else None,
-                "page_size": params.page_size, "concurrency": params.concurrency,
-                "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
-                "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
-                "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
-                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
-                "range_parallelism": params.range_parallelism}
+        item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
+        self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
+        log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
+        return self._route(reap, item)
+
+    def _retention_hours(self, params: ReapParams, now: int) -> list[str]:
+        """The hours a retention reap deletes: the one asked for (refused unless expired), or every
+        expired hour of its scope."""
+        rollup = params.scope == "rollup"
+        retention_s = int(self.settings.rollup_retention_s if rollup else self.settings.retention_s)
+        if params.hour is None:
+            return [str(h) for h in expired_hours(self.ctx, retention_s=retention_s, now_ns=now, scope=params.scope)]
+        if params.hour.end_ns > now - retention_s * NS:
+            raise InvalidReapInput(f"{params.hour} is not older than "
+                                   f"{'LM_ROLLUP_RETENTION_S' if rollup else 'LM_RETENTION_S'} ({retention_s} s)")
+        return [str(params.hour)]
+
+    def _new_checkpoint(self, params: ReapParams, inp: dict[str, Any], *, epoch: int, owner: str, execution: str,
+                        now: int, hours: list[str]) -> dict[str, Any]:
+        """A new reap's checkpoint item: where GC starts (rules G-B1, G-B3) or the hours retention reaps."""
+        item: dict[str, Any] = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner,
+                                "mode": params.mode,
+                                "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
+                                "owned_since_ns": now,
+                                "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
+                                "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
+                                "hour": str(params.hour) if params.hour else None,
+                                "page_size": params.page_size, "concurrency": params.concurrency,
+                                "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
+                                "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
+                                "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
+                                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
+                                "range_parallelism": params.range_parallelism}
         if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
             # Rule G-B3: the newest committed audit run, each run's candidates proven once.
             run = latest_audit_run(self.ctx.store, self.codec)
@@ -154,9 +164,7 @@ class Reaper(GcTasks, RetentionTasks):
             saved = self.table.get(CHECKPOINT_PK, sk)
             item.update(source_cursor=sk, after=str((saved or {}).get("after") or ""),
                         through=(saved or {}).get("through"))
-        self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
-        log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
-        return self._route(reap, item)
+        return item
 
     CARRIED = ("epoch", "owner", "mode", "dry_run", "lease_seconds", "max_tasks", "executions", "state_machine_arn")
 
