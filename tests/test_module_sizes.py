@@ -17,7 +17,6 @@ LONG_MODULES = {
     "shared/lightmetrics/protocol/frame.py": "one codec; splitting forces its private validators public",
     "shared/lightmetrics/protocol/keys.py": "the key layout, one codec for every prefix (docs/protocol.md §2)",
     "shared/lightmetrics/reaps/retention.py": "one hour's retention steps, kept together with their rules",
-    "shared/lightmetrics/deployment/resource_types.py": "the resource spec's types, one per AWS resource kind",
     "shared/lightmetrics/derived/reconcile.py": "81 lines of it are the module docstring, the algorithm's spec",
     "shared/lightmetrics/local/server.py": "the local runtime's process and its remote handle",
     "shared/lightmetrics/client/agent.py": "the agent client's send loop and parking, one line over",
