@@ -21,6 +21,21 @@ def test_requirements_are_the_packages_and_the_pipeline_extra_without_spark() ->
     assert any(r.startswith("pydantic") for r in got) and any(r.startswith("pyarrow") for r in got)
 
 
+def test_the_bundle_writes_parquet_with_the_pyarrow_that_runs_locally() -> None:
+    """A v3 rollup object is named by its bytes, and Parquet's footer names the writer's version:
+    the job's pyarrow and the local one must be the same, or a local rerun of an hour the job wrote
+    would not be a 412 (docs/pipeline.md §6)."""
+    import pyarrow
+
+    if not bundle.DEPS_ZIP.is_file():
+        pytest.fail("no .emr/deps.zip: run `make emr-bundle` (make test does)")
+    with zipfile.ZipFile(bundle.DEPS_ZIP) as z:
+        bundled = {n.split("/")[0].removeprefix("pyarrow-").removesuffix(".dist-info")
+                   for n in z.namelist() if n.startswith("pyarrow-") and ".dist-info/" in n}
+    assert bundled == {pyarrow.__version__}
+    assert f"pyarrow=={pyarrow.__version__}" in bundle.requirements()
+
+
 def test_the_code_zip_is_byte_identical_for_identical_sources_and_follows_them(tmp_path: Path) -> None:
     """Identical sources -> identical bytes (so the CDK asset hash changes only with the code); a
     changed source -> a rebuilt zip holding it."""

@@ -17,17 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: where the system's code lives (the tests may spell keys: they check the codec from outside)
 SOURCE_DIRS = ("shared/lightmetrics", "pipeline", "functions", "infra")
 HOME = "shared/lightmetrics/protocol/keys.py"
-#: modules that may still spell layout roots, each with its reason
-ALLOWED = {
-    # Being split into smaller modules on another branch right now; their literals move to the codec
-    # once that split has landed (the split and this change would otherwise conflict line by line).
-    # (derived/indexing.py and reaps/gc.py, split too, name roots in docstrings only: not listed.)
-    # Split (issue 16): the literals moved with their code to these modules, still for the follow-up.
-    "shared/lightmetrics/harness/demo.py": "split (issue 16); literals listed for the follow-up",
-    "shared/lightmetrics/harness/demo_accept.py": "split out of demo.py (issue 16); literals for the follow-up",
-    "shared/lightmetrics/harness/demo_walk.py": "split out of demo.py (issue 16); literals for the follow-up",
-    "shared/lightmetrics/harness/soak_plan.py": "split out of soak.py (issue 16); literals for the follow-up",
-}
+#: modules that may still spell layout roots, each with its reason (none now: keep it that way)
+ALLOWED: dict[str, str] = {}
 #: a layout root not preceded by another key character ("x-accepted/v1/" is not "accepted/v1/")
 LITERAL = re.compile(r"(?<![A-Za-z0-9_.=-])(?:" + "|".join(re.escape(r) for r in LAYOUT_ROOTS) + ")")
 

@@ -41,7 +41,7 @@ from lightmetrics.harness.demo_walk import run_walk_phase
 from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
 from lightmetrics.local.collectors import CollectorFleet, collector_environment
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.keys import KeyCodec, KeyKind
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 
 __all__ = ["PLANTED_FAULTS", "SCALES", "DemoReport", "DemoScale", "run_demo"]
@@ -235,7 +235,7 @@ def _reconcile_phase(run: _DemoRun) -> None:
 
     def entry_present() -> bool:
         return any(codec.parse(k).sha256 == lost_sha for k in
-                   store.list_keys(codec.prefix + "raw-blobs-by-time/v1/", limit=10**7))
+                   store.list_keys(codec.root(KeyKind.RAW_BLOBS_BY_TIME), limit=10**7))
 
     present_before = entry_present()
     rec = run.system.reconciler(ctx).run()

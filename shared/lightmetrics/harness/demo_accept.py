@@ -21,6 +21,7 @@ from lightmetrics.harness.demo_report import Ack, DemoReport, DemoScale
 from lightmetrics.local.collectors import CollectorFleet
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.protocol.keys import KeyKind, layout_root
 
 
 def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0) -> list[Sample]:
@@ -38,7 +39,7 @@ def _samples(agent: int, batch: int, n: int, base_ns: int, variant: float = 0.0)
 
 def victim_faults(scale: DemoScale, marker: Path) -> dict[str, str]:
     """The victim collector stalls right after a raw-blob PUT landed (then it is killed)."""
-    rule = {"fault": "stall_after_landing", "operation": "PutObject", "key_contains": "raw-blobs/v1/",
+    rule = {"fault": "stall_after_landing", "operation": "PutObject", "key_contains": layout_root(KeyKind.RAW_BLOB),
             "after": scale.kill_after_blob_puts, "times": 1, "stall_s": 120, "marker_file": str(marker)}
     return {"LM_FAULTS": json.dumps([rule])}
 

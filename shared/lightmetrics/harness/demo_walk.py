@@ -14,7 +14,7 @@ from typing import Any
 from lightmetrics.aws.s3_store import S3ObjectStore
 from lightmetrics.cli.output import err_console
 from lightmetrics.harness.demo_report import DemoReport
-from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.keys import KeyCodec, KeyKind
 
 #: how many entries of each accepted-* index the walk phase deletes
 WALK_SAMPLE = 20
@@ -35,8 +35,8 @@ def run_walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3Objec
     result = _follow(control, started, show_progress)
     seconds = time.monotonic() - t0
     s3_requests = runtime.request_count("s3", "walk") - requests_before
-    present = set(store.list_keys(codec.prefix + "accepted-by-time/v1/", limit=10**7)) | set(
-        store.list_keys(codec.prefix + "accepted-by-blob/v1/", limit=10**7))
+    present = set(store.list_keys(codec.root(KeyKind.ACCEPTED_BY_TIME), limit=10**7)) | set(
+        store.list_keys(codec.root(KeyKind.ACCEPTED_BY_BLOB), limit=10**7))
     restored = sum(1 for k in deleted if k in present)
     report.walk = _walk_summary(control, started, result, (len(deleted), restored), seconds, s3_requests)
     report.walk["ok"] = (result.status == "finished" and report.walk["restored"] == len(deleted)
@@ -50,8 +50,8 @@ def _delete_sample(store: S3ObjectStore, codec: KeyCodec) -> list[str]:
     """Delete :data:`WALK_SAMPLE` entries of each accepted-* index behind the system's back."""
     rng = random.Random(5)
     deleted: list[str] = []
-    for prefix in ("accepted-by-time/v1/", "accepted-by-blob/v1/"):
-        keys = sorted(store.list_keys(codec.prefix + prefix, limit=10**7))
+    for kind in (KeyKind.ACCEPTED_BY_TIME, KeyKind.ACCEPTED_BY_BLOB):
+        keys = sorted(store.list_keys(codec.root(kind), limit=10**7))
         for key in rng.sample(keys, min(WALK_SAMPLE, len(keys))):
             store.delete(key)  # versioned: a delete marker
             deleted.append(key)

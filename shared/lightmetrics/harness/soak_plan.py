@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.protocol.keys import KeyKind, layout_root
+
 
 @dataclass(frozen=True)
 class SoakPlan:
@@ -41,12 +43,13 @@ def collector_faults(plan: SoakPlan, i: int) -> list[dict[str, Any]]:
     """Collector i's ``LM_FAULTS``: a steady rate of each S3 fault kind, offset per collector."""
     n = plan.s3_fault_every
     return [
-        {"fault": "409", "operation": "PutObject", "key_contains": "accepted/v1/", "every": n, "after": i, "times": -1},
-        {"fault": "503", "operation": "PutObject", "key_contains": "raw-blobs/v1/", "every": n + 2, "after": i,
+        {"fault": "409", "operation": "PutObject", "key_contains": layout_root(KeyKind.ACCEPTED), "every": n, "after": i,
          "times": -1},
-        {"fault": "timeout_after_landing", "operation": "PutObject", "key_contains": "accepted/v1/",
+        {"fault": "503", "operation": "PutObject", "key_contains": layout_root(KeyKind.RAW_BLOB), "every": n + 2, "after": i,
+         "times": -1},
+        {"fault": "timeout_after_landing", "operation": "PutObject", "key_contains": layout_root(KeyKind.ACCEPTED),
          "every": 2 * n + 1, "after": i, "times": -1},
-        {"fault": "timeout_after_landing", "operation": "PutObject", "key_contains": "raw-blobs/v1/",
+        {"fault": "timeout_after_landing", "operation": "PutObject", "key_contains": layout_root(KeyKind.RAW_BLOB),
          "every": 2 * n + 3, "after": i, "times": -1},
         {"fault": "500", "operation": "GetObject", "every": n - 2, "after": i, "times": -1},
         {"fault": "timeout", "operation": "HeadObject", "every": n - 4, "after": i, "times": -1},
