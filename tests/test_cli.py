@@ -413,6 +413,11 @@ def test_configuration_errors_exit_2_naming_the_setting(runtime, env):  # type: 
         r = run("walk", "start", "--json", env=e)
         reason = json.loads(r.stdout)["reason"]
         assert r.returncode == 2 and "LM_STATE_MACHINE_ARNS" in reason, r.stdout + r.stderr
+        # no ARN at all: exit 2 naming the setting and the stack output that holds the ARN
+        for args, output in ((("walk", "start"), "BootstrapWalkArn"), (("reap", "gc"), "ReapArn")):
+            r = run(*args, "--json", env={**e, "LM_STATE_MACHINE_ARNS": "{}"})
+            reason = json.loads(r.stdout)["reason"]
+            assert r.returncode == 2 and "LM_STATE_MACHINE_ARNS" in reason and output in reason, r.stdout + r.stderr
     finally:
         system.stop()
 

@@ -100,6 +100,19 @@ def configured_context(settings: Settings, *, as_json: bool, component: str = "c
         exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
+def state_machine_arn(settings: Settings, name: str, stack_output: str, *, as_json: bool) -> str:
+    """The configured ARN of state machine ``name``, or exit 2 saying which setting names it and
+    which stack output holds it.
+
+    Example: ``state_machine_arn(settings, "reap", "ReapArn", as_json=False)``.
+    """
+    arn = settings.state_machine_arns.get(name)
+    if not arn:
+        fail(f"no ARN for {name!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
+             f'{{"{name}": "<stack output {stack_output}>", ...}}', EXIT_USAGE, as_json=as_json)
+    return arn
+
+
 #: What a configured subcommand's help says of its settings (they are listed once, on ``lmctl``).
 SETTINGS_HELP = "\n\n    Settings: LM_* variables, or lmctl's flags before the command (lmctl --help)."
 

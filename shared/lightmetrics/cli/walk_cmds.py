@@ -13,7 +13,7 @@ from typing import Any
 import click
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option
+from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, state_machine_arn
 from lightmetrics.cli.output import (
     EXIT_LEASE_HELD,
     EXIT_OK,
@@ -48,10 +48,7 @@ def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     from lightmetrics.composition.services import aws_session
     from lightmetrics.derived.walk import WalkControl
 
-    arn = settings.state_machine_arns.get(STATE_MACHINE)
-    if not arn:
-        fail(f"no ARN for {STATE_MACHINE!r}: set LM_STATE_MACHINE_ARNS (--state-machine-arns) to "
-             '{"bootstrap-walk": "<stack output BootstrapWalkArn>"}', EXIT_USAGE, as_json=as_json)
+    arn = state_machine_arn(settings, STATE_MACHINE, "BootstrapWalkArn", as_json=as_json)
     return WalkControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
 
 
