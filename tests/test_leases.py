@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from reap_support import make_table, session
 
-from lightmetrics.aws.control_table import ControlTable, Op, TransactionCancelled
+from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.ops.leases import (
     Fence,
     Lease,
@@ -23,6 +23,7 @@ from lightmetrics.ops.leases import (
     take,
 )
 from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.control_store import Op, TransactionCancelled
 
 _NS = 1_000_000_000
 PK = lease_pk("test")

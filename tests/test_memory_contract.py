@@ -26,13 +26,14 @@ from botocore.exceptions import ClientError
 from conftest import FAST, make_bucket
 from reap_support import make_table
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable, Op, TransactionCancelled
+from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.harness.testing.memory import InMemoryControlTable, InMemoryObjectStore
 from lightmetrics.harness.testing.memory.expressions import UnsupportedExpression
 from lightmetrics.protocol.cas import ConditionalCreateOutcome as CC
 from lightmetrics.protocol.clock import SystemClock
+from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.errors import ResourceAccessError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
 

@@ -34,7 +34,6 @@ from reap_support import OLD_NS, World, drive, make_world, request_recorder
 from test_retention_late import stale_writer
 
 from lightmetrics.acceptance.accept import accept_batch
-from lightmetrics.aws.control_table import plain
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.hour_ranges import RangePlans, equal_count_cuts
@@ -45,6 +44,7 @@ from lightmetrics.harness.bench.cost_table import execution_counts
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.clock import FrozenClock, OffsetClock
+from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps import (

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import InvalidIdentityError, LightmetricsError
 from lightmetrics.protocol.identity import BatchIdentity, id_to_hex, validate_id
 
@@ -170,7 +170,7 @@ class DenylistLift:
 class DenylistStore:
     """Writes, lifts and lists denylist records (operators, the admin API)."""
 
-    def __init__(self, table: ControlTable, clock: Clock = DEFAULT_CLOCK) -> None:
+    def __init__(self, table: ControlStore, clock: Clock = DEFAULT_CLOCK) -> None:
         self.table, self.clock = table, clock
 
     def add(self, agent_id: str, boot_id: str | None, *, who: str, reason: str,
@@ -240,7 +240,7 @@ class DenylistCache:
     ``now`` is a monotonic clock in seconds (injectable, so tests advance time instead of sleeping).
     """
 
-    def __init__(self, table: ControlTable, ttl_s: float = 60.0, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, table: ControlStore, ttl_s: float = 60.0, now: Callable[[], float] = time.monotonic) -> None:
         self.table, self.ttl_s, self._now = table, ttl_s, now
         self._lock = threading.Lock()
         self._entries: frozenset[str] = frozenset()

@@ -12,70 +12,33 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.errors import ResourceAccessError
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
 
 
-class ConditionFailed(Exception):
-    """A conditional write lost (someone else changed the item first)."""
-
-
-class TransactionCancelled(ConditionFailed):
-    """A transaction lost a condition; ``failed[i]`` says whether operation ``i``'s condition failed."""
-
-    def __init__(self, failed: list[bool]) -> None:
-        super().__init__(f"transaction cancelled: {failed}")
-        self.failed = failed
-
-
-@dataclass
-class Op:
-    """One item operation of a transaction: ``Update`` (with ``expression``), ``Put`` (with
-    ``item``) or ``Delete``; each optionally conditional.
-
-    Example:
-        >>> Op("Update", "lease#walk", "lease", "SET #x = :x", {"#x": "expires_at_ns"}, {":x": 0}).kind
-        'Update'
-    """
-
-    kind: str
-    pk: str
-    sk: str
-    expression: str = ""
-    names: dict[str, str] = field(default_factory=dict)
-    values: dict[str, Any] = field(default_factory=dict)
-    condition: str | None = None
-    item: dict[str, Any] | None = None
-
-    def apply(self, table: "ControlTable") -> None:
-        """This one operation on its own (``Update`` only); raises ``ConditionFailed``."""
-        assert self.kind == "Update"
-        table.update(self.pk, self.sk, self.expression, names=self.names or None, values=self.values or None,
-                     condition=self.condition)
-
-    def api(self, table: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"TableName": table}
-        if self.kind == "Put":
-            out["Item"] = to_item({**(self.item or {}), "pk": self.pk, "sk": self.sk})
-        else:
-            out["Key"] = to_item({"pk": self.pk, "sk": self.sk})
-        if self.kind == "Update":
-            out["UpdateExpression"] = self.expression
-        if self.names:
-            out["ExpressionAttributeNames"] = self.names
-        if self.values:
-            out["ExpressionAttributeValues"] = to_item(self.values)
-        if self.condition:
-            out["ConditionExpression"] = self.condition
-        return {self.kind: out}
+def transact_item(op: Op, table: str) -> dict[str, Any]:
+    """``op`` as one entry of ``TransactWriteItems``' ``TransactItems``."""
+    out: dict[str, Any] = {"TableName": table}
+    if op.kind == "Put":
+        out["Item"] = to_item({**(op.item or {}), "pk": op.pk, "sk": op.sk})
+    else:
+        out["Key"] = to_item({"pk": op.pk, "sk": op.sk})
+    if op.kind == "Update":
+        out["UpdateExpression"] = op.expression
+    if op.names:
+        out["ExpressionAttributeNames"] = op.names
+    if op.values:
+        out["ExpressionAttributeValues"] = to_item(op.values)
+    if op.condition:
+        out["ConditionExpression"] = op.condition
+    return {op.kind: out}
 
 
 def to_item(values: dict[str, Any]) -> dict[str, Any]:
@@ -88,21 +51,6 @@ def from_item(item: dict[str, Any]) -> dict[str, Any]:
         if hasattr(v, "as_integer_ratio") and not isinstance(v, (int, float)):
             out[k] = int(v) if v == int(v) else float(v)
     return out
-
-
-def plain(value: Any) -> Any:
-    """DynamoDB values (nested Decimals) as plain JSON types.
-
-    >>> plain({"n": Decimal("3"), "xs": [Decimal("0.5")]})
-    {'n': 3, 'xs': [0.5]}
-    """
-    if isinstance(value, Decimal):
-        return int(value) if value == int(value) else float(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def table_error(exc: ClientError, table: str) -> Exception | None:
@@ -120,7 +68,8 @@ def table_error(exc: ClientError, table: str) -> Exception | None:
 
 
 class ControlTable:
-    """Thin typed access to the control table with an injectable boto3 client."""
+    """The control-table port (:class:`~lightmetrics.protocol.control_store.ControlStore`) on DynamoDB,
+    with an injectable boto3 client."""
 
     def __init__(self, client: Any, table_name: str) -> None:
         self.client = client
@@ -180,7 +129,7 @@ class ControlTable:
         :class:`TransactionCancelled` naming the failed conditions. Conflicts and throttling
         (cancelled without a failed condition) raise botocore's error: transient, the caller retries."""
         try:
-            self.client.transact_write_items(TransactItems=[op.api(self.name) for op in ops])
+            self.client.transact_write_items(TransactItems=[transact_item(op, self.name) for op in ops])
         except ClientError as exc:
             if exc.response["Error"]["Code"] != "TransactionCanceledException":
                 mapped = table_error(exc, self.name)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.keys import UtcHour
 
@@ -145,7 +145,7 @@ class RangePlans:
         32
     """
 
-    def __init__(self, table: ControlTable) -> None:
+    def __init__(self, table: ControlStore) -> None:
         self.table = table
         self._plans: list[RangePlan] | None = None
 

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
 from lightmetrics.derived.hour_ranges import RangePlan
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
 
@@ -129,7 +129,7 @@ def checkpoint_of(item: dict[str, Any] | None) -> Checkpoint | None:
                       bool(item.get("scan_after_unlisted")))
 
 
-def write_checkpoint(table: ControlTable, sk: str, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int,
+def write_checkpoint(table: ControlStore, sk: str, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int,
                      verified_before_ns: int = 0, *, verified_through: UtcHour | None = None,
                      scan_from: UtcHour | None = None, failed_entries: tuple[str, ...] = (),
                      failed_overflow: bool = False, scan_after: str | None = None, scan_after_before_ns: int = 0,
@@ -216,7 +216,7 @@ class ShardCheckpoints:
         return None if hour is None else max(0.0, (now_ns - hour.start_ns) / _NS)
 
 
-def read_shard_checkpoints(table: ControlTable, shards: int) -> ShardCheckpoints:
+def read_shard_checkpoints(table: ControlStore, shards: int) -> ShardCheckpoints:
     """The checkpoints of shards ``0 .. shards - 1``: one GetItem each (the items may be large,
     R6; a Query of the partition would read shards no longer configured too)."""
     return ShardCheckpoints(tuple(checkpoint_of(table.get(CHECKPOINT_PK, checkpoint_sk(i))) for i in range(shards)))

@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 
 PK = "blockers"
 OPEN = "open"
@@ -83,7 +83,7 @@ class Blocker:
 
 
 class BlockerStore:
-    def __init__(self, table: ControlTable, clock: Clock = DEFAULT_CLOCK) -> None:
+    def __init__(self, table: ControlStore, clock: Clock = DEFAULT_CLOCK) -> None:
         self.table = table
         self.clock = clock
 

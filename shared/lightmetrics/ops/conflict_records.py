@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from lightmetrics.acceptance.denylist import MAX_REASON
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import InvalidIdentityError, KeyLayoutError, LightmetricsError
 from lightmetrics.protocol.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import KeyCodec, KeyKind
@@ -186,7 +186,7 @@ def registry_sk(first_seen_ns: int, identity: BatchIdentity, submitted_sha256: s
     return f"{first_seen_ns:020d}#{identity.manifest_id}#{submitted_sha256}"
 
 
-def register(table: ControlTable, entry: ConflictEntry) -> bool:
+def register(table: ControlStore, entry: ConflictEntry) -> bool:
     """Create the registry item if absent (never overwrites a resolution). True if created."""
     try:
         table.put(entry.to_item(), condition="attribute_not_exists(pk)")

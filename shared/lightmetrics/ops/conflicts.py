@@ -31,7 +31,6 @@ from typing import Any, Literal, cast
 
 from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY
 from lightmetrics.acceptance.denylist import DenylistStore, entry_sk, operator_reason
-from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.ops.conflict_records import (
     CONFLICT_ID_RE,
     CONFLICTS_PK,
@@ -56,6 +55,7 @@ from lightmetrics.ops.conflict_records import (
 )
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.errors import ManifestError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
@@ -68,7 +68,7 @@ from lightmetrics.protocol.retry import RetryPolicy
 class ConflictRegistry:
     """List, show and resolve conflicts: the one core behind ``lmctl conflicts`` and the admin API."""
 
-    def __init__(self, store: ObjectStore, codec: KeyCodec, table: ControlTable, *, clock: Clock = DEFAULT_CLOCK,
+    def __init__(self, store: ObjectStore, codec: KeyCodec, table: ControlStore, *, clock: Clock = DEFAULT_CLOCK,
                  policy: RetryPolicy | None = None) -> None:
         self.store, self.codec, self.table, self.clock = store, codec, table, clock
         self.policy = policy or RetryPolicy()

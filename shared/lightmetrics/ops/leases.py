@@ -14,7 +14,7 @@ holder's), ``expires_at_ns`` (liveness: never the item's presence; 0 once releas
 * **L1** — a lease outlasts the longest step its holder runs under one fence plus
   :data:`~lightmetrics.composition.config.LEASE_MARGIN_S` (:func:`lease_rule_broken`).
 
-Renewals and releases are :class:`~lightmetrics.aws.control_table.Op` values, so a job puts them in
+Renewals and releases are :class:`~lightmetrics.protocol.control_store.Op` values, so a job puts them in
 the same transaction as the checkpoint update they guard.
 
 Example:
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable, Op, plain
 from lightmetrics.composition.config import LEASE_MARGIN_S
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 
 _NS = 1_000_000_000
 LEASE_SK = "lease"
@@ -59,7 +59,7 @@ def lease_pk(name: str) -> str:
     return f"lease#{name}"
 
 
-def read(table: ControlTable, pk: str) -> dict[str, Any] | None:
+def read(table: ControlStore, pk: str) -> dict[str, Any] | None:
     """The lease item at ``pk`` (plain values), or None if nobody ever took it."""
     item = table.get(pk, LEASE_SK)
     return plain(item) if item else None
@@ -77,7 +77,7 @@ def describe(item: dict[str, Any], now_ns: int, what: str) -> str:
     return f"the {what} lease is held by epoch {item.get('epoch')} ({holder}){execution}, for another {max(0.0, left):.0f} s"
 
 
-def take(table: ControlTable, pk: str, current: dict[str, Any] | None, *, owner: str, lease_seconds: int,
+def take(table: ControlStore, pk: str, current: dict[str, Any] | None, *, owner: str, lease_seconds: int,
          now_ns: int, what: str, epoch: int | None = None, **attributes: Any) -> dict[str, Any]:
     """Take the lease ``pk`` whose item was read as ``current`` (None: absent): one conditional
     write (absent; or unchanged since the read and expired at the write). ``epoch`` continues an
@@ -149,7 +149,7 @@ class Fence:
     ``run`` is the holder's state: ``owner``, ``epoch``, ``lease_seconds``.
     """
 
-    def __init__(self, table: ControlTable, pk: str, run: dict[str, Any], clock: Any,
+    def __init__(self, table: ControlStore, pk: str, run: dict[str, Any], clock: Any,
                  lost: Callable[[str], Exception] = LeaseLost, *, interval_s: int = FENCE_INTERVAL_S) -> None:
         self.table, self.pk, self.run, self.clock, self.lost = table, pk, run, clock, lost
         self.interval_ns = interval_s * _NS
@@ -213,7 +213,7 @@ class Lease:
     """A lease held by one process (the rollup): :meth:`acquire`, :meth:`renew`, :meth:`release`
     with the rules above."""
 
-    table: ControlTable
+    table: ControlStore
     name: str
     owner: str
     clock: Any

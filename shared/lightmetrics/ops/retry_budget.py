@@ -24,8 +24,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 
 _NS = 1_000_000_000
 #: work keys this process recorded failures for, remembered for clearing on success (bounded:
@@ -45,7 +45,7 @@ class BudgetState:
 
 class RetryBudget:
     def __init__(
-        self, table: ControlTable, *, max_count: int = 5, max_age_s: int = 3600, clock: Clock = DEFAULT_CLOCK
+        self, table: ControlStore, *, max_count: int = 5, max_age_s: int = 3600, clock: Clock = DEFAULT_CLOCK
     ) -> None:
         self.table = table
         self.max_count = max_count

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from lightmetrics.acceptance.accept import MetricsSink, NoMetrics
-from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.errors import describe, is_transient
 from lightmetrics.composition.config import Settings
 from lightmetrics.ops.blockers import BlockerStore
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
 from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
 from lightmetrics.protocol.retry import RetryPolicy
@@ -56,7 +56,7 @@ class WorkContext:
     budget: RetryBudget
     blockers: BlockerStore
     #: checkpoints, leases, watermarks, plans, registries
-    table: ControlTable
+    table: ControlStore
     settings: Settings
     clock: Clock = DEFAULT_CLOCK
     metrics: MetricsSink = field(default_factory=NoMetrics)

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable, plain
 from lightmetrics.aws.step_functions import execution_history, task_error
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease
@@ -40,7 +40,7 @@ class ReapControl:
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
-        self.table: ControlTable = ctx.table
+        self.table: ControlStore = ctx.table
 
     def lease_live(self) -> dict[str, Any] | None:
         lease = read_lease(self.table)

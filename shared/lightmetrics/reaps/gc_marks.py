@@ -22,7 +22,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable, Op, plain
+from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.reaps.gc_proof import DELETE_CONFLICT_RESOLVED, DELETE_HOUR_TOMBSTONED, DELETE_UNREFERENCED
 from lightmetrics.reaps.params import CHECKPOINT_PK
@@ -134,7 +134,7 @@ def decode_marks_item(item: dict[str, Any], codec: Any) -> dict[str, Any]:
     return item
 
 
-def read_marks_items(table: ControlTable, codec: Any) -> list[dict[str, Any]]:
+def read_marks_items(table: ControlStore, codec: Any) -> list[dict[str, Any]]:
     """The recorded pages' items (every epoch's, every range's), their marks decoded."""
     return [decode_marks_item(item, codec) for item in table.query(CHECKPOINT_PK)
             if str(item["sk"]).startswith(MARKS_PREFIX)]

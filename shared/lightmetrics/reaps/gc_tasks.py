@@ -8,8 +8,8 @@ import json
 from contextlib import closing
 from typing import Any
 
-from lightmetrics.aws.control_table import Op
 from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.step_functions import HISTORY_BUDGET, ExecutionInput
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import task_lease_rule_broken
+from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import RUN_ID_RE, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
@@ -28,7 +28,7 @@ LEASE_PK, LEASE_SK = "lease#reap", "lease"
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
 
 
-def read_lease(table: ControlTable) -> dict[str, Any] | None:
+def read_lease(table: ControlStore) -> dict[str, Any] | None:
     """The reap lease's item (plain values), or None if no reap ever took it."""
     return leases.read(table, LEASE_PK)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from lightmetrics.aws.control_table import ControlTable, Op, TransactionCancelled, plain
 from lightmetrics.composition.config import longest_reap_task_s
 from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
 from lightmetrics.reaps.gc_marks import read_marks_items
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
@@ -49,7 +49,7 @@ class ReaperBase:
 
     def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
         self.ctx, self.settings, self._sfn = ctx, settings, sfn_client
-        self.table: ControlTable = ctx.table
+        self.table: ControlStore = ctx.table
         self.codec = ctx.codec
         #: the acceptance records the current retention page read (record key -> record), for its proof
         self.records_read: dict[str, Any] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from lightmetrics.aws.control_table import plain
+from lightmetrics.protocol.control_store import plain
 
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
 

@@ -59,7 +59,6 @@ from typing import Any, Final, Literal
 
 from pydantic import Field
 
-from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.s3_deletes import DeleteOutcome
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.ops import crashpoints
@@ -67,6 +66,7 @@ from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkE
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.ops.work import WorkContext, run_unit, work_key
 from lightmetrics.protocol.cas import create_object
+from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
@@ -122,7 +122,7 @@ class WatermarkBehind(Exception):
     """W does not cover the hour: ``accepted-by-time`` may still miss entries of it."""
 
 
-def unfinished_hours(table: ControlTable, scope: str = "raw") -> list[UtcHour]:
+def unfinished_hours(table: ControlStore, scope: str = "raw") -> list[UtcHour]:
     """Hours whose retention was committed (tombstoned) but not finished, from their control-table
     records: a retention that failed part-way, or an hour left with an open blocker."""
     out = []
@@ -193,7 +193,7 @@ class HourRetention:
         self.ctx, self.hour, self.scope = ctx, hour, scope
         self.record_pk = f"retention#{scope}"
         self.codec = ctx.codec
-        self.table: ControlTable = ctx.table
+        self.table: ControlStore = ctx.table
         self.fence = fence or (lambda: None)
         self.concurrency = max(1, concurrency)
 

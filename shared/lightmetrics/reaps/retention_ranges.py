@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable, Op, plain
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.leases import LeaseLost
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc import BlobCollector
@@ -79,7 +79,7 @@ def range_sk(epoch: int, hour: str, passes: int, r: int) -> str:
     return f"{range_prefix(epoch, hour, passes)}{int(r):04d}"
 
 
-def read_ranges(table: ControlTable, epoch: int, hour: str, passes: int) -> dict[int, dict[str, Any]]:
+def read_ranges(table: ControlStore, epoch: int, hour: str, passes: int) -> dict[int, dict[str, Any]]:
     """This pass's range items by range number: one Query of their sort-key prefix, so the items a
     crashed epoch or pass left (until their TTL) are never read."""
     return {int(i["range"]): plain(i) for i in table.query(RANGE_PK, sk_prefix=range_prefix(epoch, hour, passes))}
@@ -125,7 +125,7 @@ class RangeTask:
         self.reaper, self.reap, self.job = reaper, event["reap"], event["job"]
         self.r = int(event["range"]["r"])
         self.ctx, self.settings, self.codec = reaper.ctx, reaper.settings, reaper.codec
-        self.table: ControlTable = reaper.table
+        self.table: ControlStore = reaper.table
         self.passes = int(self.job["passes"])
         self.started_ns = reaper.now()
         self.fence = reaper.fence(self.reap)

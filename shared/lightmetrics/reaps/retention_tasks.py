@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.aws.control_table import Op
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.work import work_key
+from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import (

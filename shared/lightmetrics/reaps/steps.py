@@ -52,10 +52,10 @@ import json
 import uuid
 from typing import Any
 
-from lightmetrics.aws.control_table import plain
 from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.protocol.control_store import plain
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc_tasks import GcTasks
 from lightmetrics.reaps.params import (

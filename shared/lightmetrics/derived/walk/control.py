@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.step_functions import execution_history, task_error
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.derived.walk.params import WalkParams
 from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
+from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.identity import id_to_hex
 
 
@@ -49,7 +49,7 @@ class WalkControl:
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.state_machine_arn = ctx, sfn_client, state_machine_arn
-        self.table: ControlTable = ctx.table
+        self.table: ControlStore = ctx.table
         self.sleep = sleep
 
     def lease(self) -> dict[str, Any] | None:

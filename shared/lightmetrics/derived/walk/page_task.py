@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed
 from lightmetrics.derived.walk.checks import RecordChecks
 from lightmetrics.derived.walk.errors import WalkRetryLater
 from lightmetrics.derived.walk.params import LIST_MAX_KEYS
@@ -20,6 +19,7 @@ from lightmetrics.derived.walk.walker_base import POOL, WalkerBase, add_counts, 
 from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.pool import map_in_context
+from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.object_store import ListPage
 
 

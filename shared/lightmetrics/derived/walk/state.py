@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, ControlTable, plain
 from lightmetrics.ops import leases
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
 
 _NS = 1_000_000_000
 
@@ -51,7 +51,7 @@ def watermark_pk(index: str) -> str:
 
 
 # --- the walk's lease (lightmetrics.ops.leases; docs/protocol.md §13, L1-L3) ----------------------------------
-def read_lease(table: ControlTable) -> dict[str, Any] | None:
+def read_lease(table: ControlStore) -> dict[str, Any] | None:
     """The walk lease's item (plain values), or None if no walk ever took it."""
     return leases.read(table, LEASE_PK)
 
@@ -60,7 +60,7 @@ def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
     return leases.describe(lease, now_ns, "walk")
 
 
-def read_walk(table: ControlTable, pk: str, *, leftovers: list[dict[str, Any]] | None = None
+def read_walk(table: ControlStore, pk: str, *, leftovers: list[dict[str, Any]] | None = None
               ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The walk checkpoint of one scope: its summary (``current``) and its partition items
     (``part#<partition>``, the cursors of partitions in progress), with one Query. Partition
@@ -91,7 +91,7 @@ def watermark_blocker(cp: dict[str, Any], parts: list[dict[str, Any]]) -> str | 
     return None
 
 
-def set_watermark(table: ControlTable, index: str, w_ns: int, *, epoch: int, now_ns: int) -> bool:
+def set_watermark(table: ControlStore, index: str, w_ns: int, *, epoch: int, now_ns: int) -> bool:
     """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved."""
     try:
         table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep",
@@ -103,7 +103,7 @@ def set_watermark(table: ControlTable, index: str, w_ns: int, *, epoch: int, now
         return False
 
 
-def read_watermarks(table: ControlTable) -> dict[str, int | None]:
+def read_watermarks(table: ControlStore) -> dict[str, int | None]:
     """``{index: W in unix ns, or None if no clean full walk has finished yet}``."""
     out: dict[str, int | None] = {}
     for index in INDEXES:

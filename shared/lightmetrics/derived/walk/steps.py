@@ -33,7 +33,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from lightmetrics.aws.control_table import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
 from lightmetrics.derived.walk.page_task import PageTask
@@ -55,6 +54,7 @@ from lightmetrics.derived.walk.state import (
 from lightmetrics.derived.walk.walker_base import NS, add_counts, counters, log, owned
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
+from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 
 

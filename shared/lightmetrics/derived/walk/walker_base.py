@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from lightmetrics.aws.control_table import ControlTable, Op
 from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
 from lightmetrics.derived.walk.state import (
     KEY_CHECKS,
@@ -23,6 +22,7 @@ from lightmetrics.derived.walk.state import (
 from lightmetrics.ops import leases
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.work import WorkContext, run_unit
+from lightmetrics.protocol.control_store import ControlStore, Op
 
 log = logging.getLogger(__name__)
 #: One pool for every page task of the process: a page repairs up to 16 keys at a time.
@@ -57,7 +57,7 @@ class WalkerBase:
 
     def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
         self.ctx, self.settings = ctx, settings
-        self.table: ControlTable = ctx.table
+        self.table: ControlStore = ctx.table
         self.codec = ctx.codec
         self._sfn = sfn_client
 

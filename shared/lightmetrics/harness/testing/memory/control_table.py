@@ -25,17 +25,10 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from lightmetrics.aws.control_table import (
-    ConditionFailed,
-    ControlTable,
-    Op,
-    TransactionCancelled,
-    from_item,
-    table_error,
-    to_item,
-)
+from lightmetrics.aws.control_table import ControlTable, from_item, table_error, to_item
 from lightmetrics.harness.testing.memory.dynamo_values import dynamo_type
 from lightmetrics.harness.testing.memory.expressions import Bindings, ExpressionInvalid, parse_condition, parse_update
+from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
 KEY = ("pk", "sk")
