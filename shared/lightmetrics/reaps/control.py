@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.step_functions import execution_history, task_error
+from lightmetrics.aws.step_functions import execution_history
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, plain
+from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease

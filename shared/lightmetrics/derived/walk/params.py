@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.step_functions import HISTORY_BUDGET, HISTORY_LIMIT, ExecutionInput
 from lightmetrics.derived.walk.errors import InvalidWalkInput
 from lightmetrics.ops.leases import task_lease_rule_broken
+from lightmetrics.protocol.executions import HISTORY_BUDGET, HISTORY_LIMIT, ExecutionInput
 from lightmetrics.protocol.identity import id_to_hex, validate_id
 
 # --- input limits and defaults (docs/walks.md, "Console input") --------------------------------------
