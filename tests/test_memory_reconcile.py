@@ -1,7 +1,7 @@
 """The steady-state reconciler's decisions on the in-memory adapters (fast; tests/test_reconcile*.py
 run it on moto): entries an event path lost are repaired from ``accepted-by-time``, a second pass
 changes nothing, and a record whose blob is gone blocks instead of being "repaired". The queue probe
-is a port too (:class:`~lightmetrics.aws.queue_probes.QueueProbe`): here, quiet queues.
+is a port too (:class:`~lightmetrics.protocol.queue_probe.QueueProbe`): here, quiet queues.
 """
 
 from __future__ import annotations

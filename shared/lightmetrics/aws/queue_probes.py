@@ -1,4 +1,5 @@
-"""How the reconciler sees the index queues: whether they may still deliver entries for an hour.
+"""How the reconciler sees the index queues: the adapters of the port
+:class:`lightmetrics.protocol.queue_probe.QueueProbe`.
 
 :class:`SqsCountProbe` (the local runtime, ``LM_QUEUE_PROBE=count``: moto has no age metric) and
 :class:`CloudWatchAgeProbe` (AWS: ``ApproximateAgeOfOldestMessage``), built by the composition root
@@ -8,19 +9,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import Any
 
 _NS = 1_000_000_000
-
-
-class QueueProbe(Protocol):
-    """Tells whether the index pipeline may still deliver entries for an hour."""
-
-    def quiet_since(self, hour_end_ns: int, now_ns: int) -> bool:
-        """True if no index queue holds a message sent before ``hour_end_ns``."""
-        ...
-
-    def dlqs_empty(self) -> bool: ...
 
 
 class SqsCountProbe:
@@ -66,4 +57,4 @@ class CloudWatchAgeProbe(SqsCountProbe):
         return True
 
 
-__all__ = ["CloudWatchAgeProbe", "QueueProbe", "SqsCountProbe"]
+__all__ = ["CloudWatchAgeProbe", "SqsCountProbe"]

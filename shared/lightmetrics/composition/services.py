@@ -38,7 +38,7 @@ from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from lightmetrics.aws.queue_probes import QueueProbe
+    from lightmetrics.protocol.queue_probe import QueueProbe
 
 
 def aws_session(*, profile_name: str | None = None, region_name: str | None = None) -> Any:

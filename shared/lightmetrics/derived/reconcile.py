@@ -85,7 +85,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from lightmetrics.aws.queue_probes import QueueProbe
 from lightmetrics.composition.config import Settings
 from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
@@ -114,6 +113,7 @@ from lightmetrics.derived.reconcile_state import (
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.queue_probe import QueueProbe
 
 #: blocker kinds that keep hours open: derived state may still be missing behind them
 INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", KIND_REPAIR, KIND_TIME_ENTRY,
