@@ -26,12 +26,8 @@ BOTO_EXCEPTIONS = {
     "ops/work.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
                    "blocks on them); it imports the exception classes only, never builds a client",
 }
-#: imports of the protocol core from outside it, each with its reason
-PROTOCOL_EXCEPTIONS = {
-    ("protocol/object_store.py", "lightmetrics.aws.s3_deletes"):
-        "DeleteOutcome carries botocore's ClientError per key, so it stays with the adapter; the port "
-        "names it for the type checker only (under TYPE_CHECKING)",
-}
+#: imports of the protocol core from outside it, each with its reason (none: the ports are pure)
+PROTOCOL_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:

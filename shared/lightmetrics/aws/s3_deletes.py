@@ -1,17 +1,18 @@
 """S3's DeleteObjects for the adapter: up to 1,000 keys a request, fenced, and its per-key outcome.
 
 :func:`delete_objects` is what :meth:`lightmetrics.aws.s3_store.S3ObjectStore.delete_objects`
-sends; :class:`DeleteOutcome` is the port's delete outcome (named by
-:mod:`lightmetrics.protocol.object_store` for the type checker), carrying botocore's ``ClientError``
-per refused key so callers classify it like a single DeleteObject.
+sends; it answers the port's :class:`~lightmetrics.protocol.object_store.DeleteOutcome`, whose
+per-key errors :func:`delete_error` makes botocore's ``ClientError`` so callers classify a refused
+key like a single DeleteObject.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from lightmetrics.protocol.object_store import DeleteOutcome
 
 # --- DeleteObjects: up to 1,000 keys a request ------------------------------------------------------
 #: S3's limit of keys per DeleteObjects request.
@@ -22,34 +23,15 @@ _DELETE_ERROR_STATUS = {"AccessDenied": 403, "NoSuchKey": 404, "NoSuchVersion": 
                         "ServiceUnavailable": 503, "SlowDown": 503, "RequestTimeout": 400}
 
 
-@dataclass
-class DeleteOutcome:
-    """What DeleteObjects requests said, per ``(key, version id asked or None)``.
+def delete_error(key: str, code: str, message: str) -> ClientError:
+    """A per-key DeleteObjects error as the ``ClientError`` a single DeleteObject of ``key`` would
+    have raised (so callers classify it as one: transient, access denied, ...).
 
-    ``deleted`` maps each deleted object to the delete marker S3 placed (``DeleteMarkerVersionId``,
-    a delete without a version id in a versioned bucket) or None; ``errors`` maps each refused one
-    to ``(code, message)``. A key the response names in neither is an error ``Missing`` (never
-    assumed deleted).
-
-    >>> out = DeleteOutcome(errors={("k", None): ("SlowDown", "Please reduce your request rate.")})
-    >>> out.error_for("k", None).response["ResponseMetadata"]["HTTPStatusCode"]
+    >>> delete_error("k", "SlowDown", "Please reduce your request rate.").response["ResponseMetadata"]["HTTPStatusCode"]
     503
     """
-
-    deleted: dict[tuple[str, str | None], str | None] = field(default_factory=dict)
-    errors: dict[tuple[str, str | None], tuple[str, str]] = field(default_factory=dict)
-
-    def error_for(self, key: str, version_id: str | None, *, tolerate: tuple[str, ...] = ()) -> ClientError | None:
-        """The per-key error as the ``ClientError`` a single DeleteObject of it would have raised
-        (so it is classified as one: transient, access denied, ...), or None if it was deleted or
-        its code is in ``tolerate``."""
-        err = self.errors.get((key, version_id))
-        if err is None or err[0] in tolerate:
-            return None
-        code, message = err
-        return ClientError({"Error": {"Code": code, "Message": f"{key}: {message}"},
-                            "ResponseMetadata": {"HTTPStatusCode": _DELETE_ERROR_STATUS.get(code, 400)}},
-                           "DeleteObjects")
+    return ClientError({"Error": {"Code": code, "Message": f"{key}: {message}"},
+                        "ResponseMetadata": {"HTTPStatusCode": _DELETE_ERROR_STATUS.get(code, 400)}}, "DeleteObjects")
 
 
 def delete_objects(client: Any, bucket: str, objects: list[tuple[str, str | None]], *,
@@ -67,7 +49,7 @@ def delete_objects(client: Any, bucket: str, objects: list[tuple[str, str | None
         'marker-version-id'
     """
     pending = list(dict.fromkeys(objects))
-    out = DeleteOutcome()
+    out = DeleteOutcome(delete_error)
     for start in range(0, len(pending), DELETE_BATCH_MAX):
         chunk = pending[start:start + DELETE_BATCH_MAX]
         spec = [{"Key": k, "VersionId": v} if v else {"Key": k} for k, v in chunk]
@@ -93,4 +75,4 @@ def delete_objects(client: Any, bucket: str, objects: list[tuple[str, str | None
     return out
 
 
-__all__ = ["DELETE_BATCH_MAX", "DeleteOutcome", "delete_objects"]
+__all__ = ["DELETE_BATCH_MAX", "delete_error", "delete_objects"]

@@ -28,9 +28,10 @@ from botocore.exceptions import (
 )
 
 from lightmetrics.aws.errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
-from lightmetrics.aws.s3_deletes import DeleteOutcome, delete_objects
+from lightmetrics.aws.s3_deletes import delete_objects
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.object_store import (
+    DeleteOutcome,
     ListPage,
     ObjectHead,
     ObjectVersion,

@@ -1,9 +1,8 @@
 """The object-store port: what the protocol needs from object storage, and the errors it raises.
 
 The accept algorithm and every background job talk to :class:`ObjectStore`; the adapter that ships
-is :class:`lightmetrics.aws.s3_store.S3ObjectStore` (boto3). Its delete outcome,
-:class:`~lightmetrics.aws.s3_deletes.DeleteOutcome`, carries botocore's ``ClientError`` per key and
-stays with the adapter (named here for the type checker only).
+is :class:`lightmetrics.aws.s3_store.S3ObjectStore` (boto3). A batch delete's :class:`DeleteOutcome`
+raises a refused key's error as the adapter makes it (for S3, botocore's ``ClientError``).
 """
 
 from __future__ import annotations
@@ -11,13 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.errors import LightmetricsError, ResourceAccessError
-
-if TYPE_CHECKING:
-    from lightmetrics.aws.s3_deletes import DeleteOutcome
 
 
 class TransientStoreError(LightmetricsError):
@@ -69,6 +65,34 @@ class ObjectVersion:
     version_id: str
     last_modified: datetime
     delete_marker: bool
+
+
+@dataclass
+class DeleteOutcome:
+    """What batch delete requests said, per ``(key, version id asked or None)``.
+
+    ``deleted`` maps each deleted object to the delete marker placed (a delete without a version
+    id in a versioned bucket) or None; ``errors`` maps each refused one to ``(code, message)``. A
+    key the response names in neither is an error ``Missing`` (never assumed deleted).
+    ``error_of(key, code, message)`` is the adapter's error a single delete of the key would have
+    raised, so callers classify a refused key as they would that delete.
+
+    >>> out = DeleteOutcome(lambda k, c, m: KeyError(f"{k}: {c}"), errors={("k", None): ("SlowDown", "")})
+    >>> out.error_for("k", None), out.error_for("k", None, tolerate=("SlowDown",))
+    (KeyError('k: SlowDown'), None)
+    """
+
+    error_of: Callable[[str, str, str], Exception] = field(repr=False, compare=False)
+    deleted: dict[tuple[str, str | None], str | None] = field(default_factory=dict)
+    errors: dict[tuple[str, str | None], tuple[str, str]] = field(default_factory=dict)
+
+    def error_for(self, key: str, version_id: str | None, *, tolerate: tuple[str, ...] = ()) -> Exception | None:
+        """The per-key error as a single delete of it would have raised it, or None if it was
+        deleted or its code is in ``tolerate``."""
+        err = self.errors.get((key, version_id))
+        if err is None or err[0] in tolerate:
+            return None
+        return self.error_of(key, *err)
 
 
 class ObjectStore(Protocol):

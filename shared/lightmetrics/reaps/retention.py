@@ -59,7 +59,6 @@ from typing import Any, Final, Literal
 
 from pydantic import Field
 
-from lightmetrics.aws.s3_deletes import DeleteOutcome
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
@@ -71,6 +70,7 @@ from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, CanonicalModel
+from lightmetrics.protocol.object_store import DeleteOutcome
 
 TOMBSTONE_SCHEMA: Final = "lightmetrics.retention_tombstone.v1"
 REAPED_SCHEMA: Final = "lightmetrics.retention_reaped.v1"

@@ -36,11 +36,12 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from lightmetrics.aws.errors import is_not_found, is_transient
-from lightmetrics.aws.s3_deletes import DELETE_BATCH_MAX, DeleteOutcome
+from lightmetrics.aws.s3_deletes import DELETE_BATCH_MAX, delete_error
 from lightmetrics.aws.s3_store import bucket_refusal, classify_put_error
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.object_store import (
+    DeleteOutcome,
     ListPage,
     ObjectHead,
     ObjectVersion,
@@ -235,7 +236,7 @@ class InMemoryObjectStore:
         """As :func:`lightmetrics.aws.s3_store.delete_objects`: one request per ``DELETE_BATCH_MAX``, in order,
         ``fence`` before and ``after_request`` after each; per-key errors in the outcome."""
         pending = list(dict.fromkeys(objects))
-        out = DeleteOutcome()
+        out = DeleteOutcome(delete_error)
         for start in range(0, len(pending), DELETE_BATCH_MAX):
             chunk = pending[start:start + DELETE_BATCH_MAX]
             if fence is not None:
