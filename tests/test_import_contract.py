@@ -26,6 +26,21 @@ BOTO_EXCEPTIONS = {
     "ops/work.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
                    "blocks on them); it imports the exception classes only, never builds a client",
 }
+#: the services: what the protocol is for, reaching storage, queues and executions through ports
+SERVICE_FOLDERS = ("acceptance", "derived", "reaps", "ops")
+#: adapter names a service still imports, (module, "adapter module.name") -> why
+ADAPTER_EXCEPTIONS = {
+    **{(f, "lightmetrics.aws.step_functions.start_continuation"): "the walk and the reap are handed a raw Step "
+       "Functions client (sfn_client); a port of the executions they start and describe is the follow-up"
+       for f in ("derived/walk/steps.py", "reaps/steps.py")},
+    **{(f, "lightmetrics.aws.step_functions.execution_history"): "the walk's and the reap's controls call the raw "
+       "Step Functions client (start_execution, describe_execution) too; same follow-up"
+       for f in ("derived/walk/control.py", "reaps/control.py")},
+    ("ops/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
+        "blocker actions are (ctx.sqs()); a queue port is the follow-up",
+    **{("ops/work.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
+       "refusal) for every service; see BOTO_EXCEPTIONS" for n in ("describe", "is_transient")},
+}
 #: imports of the protocol core from outside it, each with its reason (none: the ports are pure)
 PROTOCOL_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
@@ -69,6 +84,29 @@ def test_the_protocol_core_imports_only_itself() -> None:
              if (m.split(".")[0] in ("boto3", "botocore") or m.startswith("lightmetrics")
                  and not m.startswith("lightmetrics.protocol")) and (rel(p), m) not in PROTOCOL_EXCEPTIONS]
     assert found == []
+
+
+def adapter_imports(path: Path) -> list[str]:
+    """Every ``lightmetrics.aws`` name ``path`` imports, as ``module.name`` (a module import as itself)."""
+    out = []
+    for m, names, _ in imports(path):
+        if m == "lightmetrics" and "aws" in names:
+            out.append("lightmetrics.aws")
+        elif m == "lightmetrics.aws" or m.startswith("lightmetrics.aws."):
+            out.extend([f"{m}.{n}" for n in names] or [m])
+    return out
+
+
+def test_services_import_no_adapter() -> None:
+    """Issue 16: services reach the adapters only through ports (protocol/), wired by the composition
+    root; what is left is listed with its reason, and a listed import that went fails too."""
+    services = [p for folder in SERVICE_FOLDERS for p in sorted((PACKAGE / folder).rglob("*.py"))]
+    assert len(services) > 30
+    found = [f"{rel(p)} imports {name}" for p in services for name in adapter_imports(p)
+             if (rel(p), name) not in ADAPTER_EXCEPTIONS]
+    assert found == []
+    stale = [k for k in ADAPTER_EXCEPTIONS if k[1] not in adapter_imports(PACKAGE / k[0])]
+    assert stale == [], "an exception no longer needed"
 
 
 def test_only_the_adapters_and_the_composition_root_import_boto3() -> None:
@@ -158,5 +196,9 @@ def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     assert len(inner_modules()) > 40
     bad.write_text("def f():\n    import boto3\n    from botocore.exceptions import ClientError\n")
     assert [m for m, _, _ in imports(bad)] == ["boto3", "botocore.exceptions"]
+    bad.write_text("from lightmetrics.aws.control_table import ControlTable\nfrom lightmetrics import aws\n"
+                   "import lightmetrics.aws.s3_store\n")
+    assert adapter_imports(bad) == ["lightmetrics.aws.control_table.ControlTable", "lightmetrics.aws",
+                                    "lightmetrics.aws.s3_store"]
     bad.write_text("def f(ctx):\n    return ctx.store.client.get_object(Bucket='b', Key='k')\n")
     assert client_reach_throughs(bad) == [2]
