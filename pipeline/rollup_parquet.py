@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -65,10 +64,6 @@ def arrow_schema() -> Any:
 def part_count(rows: int) -> int:
     """How many objects a window of ``rows`` rows of one generation has (at least 1)."""
     return max(1, -(-rows // ROWS_PER_PART))
-
-
-def metric_of(series: str) -> str:
-    return str(json.loads(series)[0])
 
 
 def quantiles(agg: W.WindowAgg, mapping: Any) -> list[float | None]:
@@ -204,6 +199,6 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
     return out
 
 
-__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "ROWS_PER_PART", "arrow_schema", "manifest_v3_bytes", "metric_of",
+__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "ROWS_PER_PART", "arrow_schema", "manifest_v3_bytes",
            "objects_of", "part_bytes", "part_count", "part_ref", "part_rows", "quantiles", "read_part",
            "window_aggs"]

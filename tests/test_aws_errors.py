@@ -51,7 +51,7 @@ def _run(fn: Callable[[], Any]) -> Any:
 
 
 S3_CASES = [("SlowDown", 503, TRANSIENT), ("InternalError", 500, TRANSIENT), ("ServiceUnavailable", 503, TRANSIENT),
-            ("RequestTimeout", 400, TRANSIENT), ("OperationAborted", 409, TRANSIENT),
+            ("RequestTimeout", 400, TRANSIENT), ("OperationAborted", 409, TRANSIENT), ("RequestTimeTooSkewed", 403, TRANSIENT),
             ("AccessDenied", 403, PERMANENT), ("NoSuchBucket", 404, PERMANENT), ("InvalidArgument", 400, PERMANENT),
             ("MalformedXML", 400, PERMANENT)]
 

@@ -27,7 +27,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from lightmetrics.aws.errors import TRANSIENT_CODES, error_code, http_status, is_not_found, is_transient
+from lightmetrics.aws.errors import error_code, http_status, is_not_found, is_transient
 from lightmetrics.aws.s3_deletes import delete_objects
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.object_store import (
@@ -49,8 +49,8 @@ def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> S
     (``NoSuchBucket``) or refuses us (403) — or None. Any S3 client (a raw boto3 one too) maps
     its errors here, so a missing bucket is never mistaken for an empty listing or a missing key.
     ``setting`` names what configured the bucket."""
-    if not isinstance(exc, ClientError):
-        return None
+    if not isinstance(exc, ClientError) or is_transient(exc):
+        return None  # a 403 that is transient (RequestTimeTooSkewed) is retried, as aws.errors says
     status, code = http_status(exc), error_code(exc)
     if code == "NoSuchBucket":
         return StoreAccessError(bucket, "does not exist", setting)
@@ -67,7 +67,7 @@ def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOu
             return ConditionalCreateOutcome.EXISTS, code or "412"
         if status == 409 or code == "ConditionalRequestConflict":
             return ConditionalCreateOutcome.CONFLICT, code or "409"
-        if status >= 500 or status == 429 or code in TRANSIENT_CODES:
+        if is_transient(exc):
             return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
         raise bucket_refusal(exc, bucket) or StoreAccessError(bucket, f"refused the write: {status} {code}") from exc
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):

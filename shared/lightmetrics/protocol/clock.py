@@ -59,10 +59,6 @@ class FrozenClock:
             self._now += int(seconds * 1_000_000_000) + ns
 
 
-def utc_datetime(unix_ns: int) -> datetime:
-    return datetime.fromtimestamp(unix_ns // 1_000_000_000, tz=timezone.utc)
-
-
 def utc_text(unix_ns: Any) -> str | None:
     """The one way operators see a time: ``YYYY-MM-DD HH:MM:SSZ``; None for none (0 or None).
 

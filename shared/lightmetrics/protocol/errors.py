@@ -44,10 +44,6 @@ class AuthError(LightmetricsError):
         self.status = status
 
 
-class StoreUnavailableError(LightmetricsError):
-    """The object store could not be reached or kept failing within the retry budget."""
-
-
 class ResourceAccessError(LightmetricsError):
     """A configured bucket, table or queue does not exist, or refuses us (access denied).
 

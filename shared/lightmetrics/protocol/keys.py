@@ -303,8 +303,14 @@ class KeyCodec:
     def accepted_root(self) -> str:
         return self.root(KeyKind.ACCEPTED)
 
-    def accepted_agent_prefix(self, agent_id: str) -> str:
-        return f"{self.accepted_root()}agent={agent_id.encode().hex()}/"
+    @staticmethod
+    def agent_prefix(root: str, agent_hex: str) -> str:
+        """One agent's keys under ``root`` (:meth:`accepted_root` or :meth:`quarantine_root`).
+
+        >>> KeyCodec("").agent_prefix(KeyCodec("").accepted_root(), "6131")
+        'accepted/v1/agent=6131/'
+        """
+        return f"{root}agent={agent_hex}/"
 
     def quarantine_root(self) -> str:
         return f"{self.prefix}quarantine/v1/identity-conflict/"

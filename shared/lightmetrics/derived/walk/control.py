@@ -87,7 +87,7 @@ class WalkControl:
                 inp[k] = v
         params = WalkParams.parse(inp)  # refuse bad input before starting anything
         if params.agent_hex is not None and not resume:
-            prefixes = [f"{root}agent={params.agent_hex}/" for root in (self.ctx.codec.accepted_root(),
+            prefixes = [self.ctx.codec.agent_prefix(root, params.agent_hex) for root in (self.ctx.codec.accepted_root(),
                                                                         self.ctx.codec.quarantine_root())]
             if not any(self.ctx.store.list_page(p, max_keys=1).keys for p in prefixes):
                 raise NothingToWalk(f"agent {params.agent!r} has no acceptance records and no conflict evidence "

@@ -76,7 +76,7 @@ class WalkerBase:
         roots = [self.codec.accepted_root(), self.codec.quarantine_root()]
         if agent_hex is None:
             return [{"prefix": r, "level": "agents", "token": None} for r in roots]
-        return [{"prefix": f"{r}agent={agent_hex}/", "level": "boots", "token": None} for r in roots]
+        return [{"prefix": self.codec.agent_prefix(r, agent_hex), "level": "boots", "token": None} for r in roots]
 
     def _describe_lease(self, lease: dict[str, Any]) -> str:
         return describe_lease(lease, self.now())
