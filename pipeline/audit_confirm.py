@@ -89,6 +89,19 @@ class LiveReads:
             return f"invalid: {exc}"
 
 
+def per_task(access: S3Access) -> Any:
+    """A getter of the task's one :class:`LiveReads`, made on first use in the executor (the
+    closure is shipped per task), so its rows share the tombstone cache instead of a HEAD each."""
+    held: list[LiveReads] = []
+
+    def get() -> LiveReads:
+        if not held:  # two threads may both build one: harmless, the first is kept
+            held.append(LiveReads(access))
+        return held[0]
+
+    return get
+
+
 MANIFEST_CHECK_COLUMNS = ["rule", "manifest_key", "manifest_id", "frame_sha256", "accepted_hour", "missing",
                           "blob_key", "detail"]
 
@@ -97,8 +110,10 @@ def check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) ->
     """Live state of one acceptance record: its derived entries (``missing-derived``) and its blob
     (``blob-missing``, ``blob-size``)."""
 
+    live_of = per_task(access)
+
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         key = row["key"]
         m = live.manifest(key)
         if not isinstance(m, AcceptedBatchManifest):
@@ -139,8 +154,10 @@ def check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) ->
 def check_quarantine(access: S3Access) -> Any:
     """A quarantine manifest's ``quarantine-by-blob`` entry (``missing-derived``)."""
 
+    live_of = per_task(access)
+
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         ident = identity_of(row["agent"], row["boot"], row["s"], row["e"])
         if live.store.head(row["key"]) is None:
             return []
@@ -175,8 +192,10 @@ def check_derived(access: S3Access, gc_marked: frozenset[str] = frozenset()) -> 
     """A derived entry whose source is absent (``derived-without-source``); a ``raw-blobs-by-time``
     entry's blob reaped with its hour, or held by GC, is expected."""
 
+    live_of = per_task(access)
+
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         if live.store.head(row["source_key"]) is not None:
             return []  # the source exists now (inventory lag)
         is_blob = row["entry_kind"] == "raw-blobs-by-time"
@@ -208,8 +227,10 @@ def check_orphan(access: S3Access, horizon_before_s: int) -> Any:
     """A blob no ``accepted-by-blob`` entry names, past the horizon: ``orphan-blob`` (GC's, expected)
     when the GC proof's reads agree (docs/protocol.md §15)."""
 
+    live_of = per_task(access)
+
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         head = live.store.head(row["key"])
         if head is None or head.last_modified_unix_s >= horizon_before_s:
             return []  # collected since, or re-created (a late retry): not past the horizon
@@ -247,8 +268,10 @@ OVERLAP_COLUMNS = ["rule", "first_key", "second_key", "first_range", "second_ran
 def check_overlap(access: S3Access) -> Any:
     """Two records of one boot whose ranges overlap (``overlapping-ranges``, a warning), both still there."""
 
+    live_of = per_task(access)
+
     def check(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         prev_end = int(row["prev_range"].rsplit("-", 1)[1])
         rule = inv.overlaps(prev_end, int(row["s"]))
         if rule is None or live.store.head(row["prev_key"]) is None or live.store.head(row["key"]) is None:
@@ -297,8 +320,10 @@ def recheck_held(access: S3Access, marked_again: frozenset[str]) -> Any:
     GC holds it under its grace), current again (GC restored it), or its ``raw-blobs-by-time``
     entry gone (GC purged both) — not a finding; otherwise the finding stands."""
 
+    live_of = per_task(access)
+
     def recheck(row: dict[str, Any]) -> list[dict[str, Any]]:
-        live = LiveReads(access)
+        live = live_of()
         marked = row["held_blob"] in marked_again
         present = not marked and live.store.head(row["held_blob"]) is not None
         if row["held_entry"]:
