@@ -50,6 +50,9 @@ def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
         ("marked", report.get("marked")), ("purged", report.get("purged")), ("restored", report.get("restored")),
         ("kept", ", ".join(f"{k}: {v}" for k, v in sorted(kept.items())) or "-"),
     ]
+    if report.get("would_settle"):  # rule DR1: a dry run leaves a failed reap's marks as they are
+        rows.append(("would settle", f"{report['would_settle']} (blobs a failed reap marked; the next reap "
+                                     "run with --execute settles them)"))
     if report.get("mode") == "retention":
         rows += [("hours", ", ".join(report.get("hours") or []) or "-"),
                  ("hours reaped", ", ".join(report.get("hours_reaped") or []) or "-"),

@@ -15,6 +15,7 @@ from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
+from lightmetrics.reaps.dry_run import DryRunFence
 from lightmetrics.reaps.gc_marks import read_marks_items
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
@@ -133,8 +134,9 @@ class ReaperBase:
 
     # -- fencing (docs/protocol.md §13, L2 and L3) --------------------------------------------------
     def fence(self, reap: dict[str, Any]) -> Fence:
-        """This task's fence: called right before every S3 delete and commit of the task."""
-        return Fence(self.table, LEASE_PK, reap, self.ctx.clock, LeaseLost)
+        """This task's fence: called right before every S3 delete and commit of the task. A dry
+        run's refuses them all (rule DR1, :class:`~lightmetrics.reaps.dry_run.DryRunFence`)."""
+        return (DryRunFence if reap.get("dry_run") else Fence)(self.table, LEASE_PK, reap, self.ctx.clock, LeaseLost)
 
     def _writer_may_run_until(self, item: dict[str, Any], reap: dict[str, Any], cp: dict[str, Any]) -> int:
         """Rule L3: until when an invocation that recorded this intent may still be placing its

@@ -13,7 +13,8 @@ from typing import Any
 
 from lightmetrics.protocol.control_store import plain
 
-COUNTERS = ("examined", "deletable", "marked", "purged", "restored")
+#: ``would_settle``: a dry run's count of the blobs marked by a failed reap (rule DR1), which it leaves.
+COUNTERS = ("examined", "deletable", "marked", "purged", "restored", "would_settle")
 
 
 def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:

@@ -56,6 +56,7 @@ from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import plain
+from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc_tasks import GcTasks
 from lightmetrics.reaps.params import (
@@ -154,9 +155,11 @@ class Reaper(GcTasks, RetentionTasks):
                 item.update(phase="done", note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
                 item.update(phase="done", note=f"audit run {run}: every candidate already proven")
-            if item["phase"] == "done" and self.marks_items():
+            if item["phase"] == "done" and not params.dry_run and self.marks_items():
                 # Marks a failed reap left: settle them now, not a week later (G-I3).
                 item.update(phase="settle", listing_done=True)
+        if params.dry_run:  # rule DR1: marks a failed reap left are reported, never settled by a dry run
+            item["c_would_settle"] = would_settle(self.marks_items())
         if params.mode == "gc" and item["phase"] != "done" \
                 and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.

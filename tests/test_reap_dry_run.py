@@ -1,0 +1,111 @@
+"""Dry runs (issue 23; docs/protocol.md §16.1 DR1): a dry run deletes nothing — whatever its
+mode and source, and whatever marks a failed reap left.
+
+Every test runs the reap's real task methods against moto (:func:`reap_support.drive`), with a
+botocore hook recording every S3 request the dry run sends.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import ident
+from reap_support import OLD_NS, World, drive, make_world
+
+from lightmetrics.cli.reap_cmds import report_rows
+from lightmetrics.ops import crashpoints
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+
+HOUR = UtcHour.of_unix_ns(OLD_NS)
+GC = {"mode": "gc", "dry_run": True}
+RETENTION = {"mode": "retention", "dry_run": True}
+#: S3 requests that change nothing; a dry run sends no other.
+READS = ("Get", "Head", "List")
+
+DRY_RUNS = {  # every GC source the input allows (reaps.params.SOURCES, audit by run and 'latest'), and retention
+    "gc-scan": {**GC, "source": "scan"},
+    "gc-by-time": {**GC, "source": "by-time"},
+    "gc-by-time-hour": {**GC, "source": "by-time", "hour": str(HOUR)},
+    "gc-audit-run": {**GC, "source": "audit", "audit_run": "week-1"},
+    "gc-audit-latest": {**GC, "source": "audit", "audit_run": "latest"},
+    "retention-hour": {**RETENTION, "hour": str(HOUR)},
+    "retention-expired": {**RETENTION},
+    "rollup-retention": {**RETENTION, "scope": "rollup", "hour": str(HOUR)},
+}
+
+
+def _s3_requests(w: World) -> list[tuple[str, str]]:
+    """Every S3 request sent from now on, as ``(operation, key or prefix)``."""
+    seen: list[tuple[str, str]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        seen.append((model.name, str(params.get("Key", params.get("Prefix", "")))))
+
+    w.s3.meta.events.register("before-parameter-build.s3", record)
+    return seen
+
+
+def _marks_items(w: World) -> list[dict[str, Any]]:
+    return [dict(i) for i in w.ctx.table.query("checkpoint#reap") if str(i["sk"]).startswith("marks#")]
+
+
+def _failed_gc(w: World, orphan: str) -> None:
+    """A non-dry GC that marked the orphan (marker placed, mark recorded) and died before settling;
+    the ASL's Abort released its lease."""
+    w.ctx.store.put_if_absent(f"{w.ctx.codec.audit_run('week-1')}orphan-blob-candidates/part-00000.jsonl",
+                              json.dumps({"blob_key": orphan}).encode())
+    w.ctx.store.put_if_absent(f"{w.ctx.codec.audit_run('week-1')}summary.json", b"{}")
+    w.ctx.store.put_if_absent(w.ctx.codec.audit_committed(1_764_000_000, "week-1"), b"{}")
+    hook, _ = crashpoints.crash_once_at("reap.page-recorded")
+    with crashpoints.hooked(hook), pytest.raises(crashpoints.InjectedCrash):
+        drive(w.reaper(), {**GC, "dry_run": False, "source": "audit", "audit_run": "latest"}, w.clock, attempts=1)
+    w.reaper().end({"reap": {**w.ctx.table.get("checkpoint#reap", "current")}, "outcome": "failed",
+                    "error": {"Error": "InjectedCrash"}})
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_a_dry_run_deletes_nothing_and_reports_the_marks_a_failed_reap_left(bucket: str, name: str) -> None:
+    """DR1: no dry run — GC of any source, ``latest`` included, or retention — sends a request that
+    changes S3 or settles a mark; the marks a failed reap left stay as they are, and are reported."""
+    w = make_world(bucket)
+    accepted = [w.accept(ident(n)) for n in range(2)]
+    orphan = w.orphan(ident(9))
+    w.rollups(HOUR)
+    w.cover_watermark()
+    _failed_gc(w, orphan)
+    sha = w.ctx.codec.parse(orphan).sha256 or ""
+    [hint] = [k for k in w.ctx.store.list_keys(w.ctx.codec.root(KeyKind.RAW_BLOBS_BY_TIME)) if sha in k]
+    marks, versions = _marks_items(w), w.versions(orphan)
+    assert marks and len(versions[1]) == 1 and not w.blob_exists(orphan)  # hidden under the failed reap's marker
+
+    sent = _s3_requests(w)
+    report = drive(w.reaper(), DRY_RUNS[name], w.clock)
+
+    assert report["status"] == "finished" and report["dry_run"] is True, report
+    assert [r for r in sent if not r[0].startswith(READS)] == []
+    assert _marks_items(w) == marks and w.versions(orphan) == versions
+    assert w.ctx.store.head(hint) is not None and all(w.blob_exists(r.blob_key) for r in accepted)
+    assert (report["purged"], report["restored"], report["marked"]) == (0, 0, 0)
+    assert report["would_settle"] == 1, report
+    assert ("would settle", "1 (blobs a failed reap marked; the next reap run with --execute settles them)") \
+        in report_rows(report)  # what lmctl reap prints
+
+
+def test_a_dry_run_that_reached_a_settle_would_refuse_before_any_delete(bucket: str) -> None:
+    """DR1 in general: every S3 write of a reap follows its fence, and a dry run's fence refuses.
+    A dry run put into the settle phase (as a path that forgot the rule would) sends no delete."""
+    from lightmetrics.reaps.dry_run import DryRunWrite
+
+    w = make_world(bucket)
+    orphan = w.orphan(ident(9))
+    _failed_gc(w, orphan)
+    marks, versions = _marks_items(w), w.versions(orphan)
+    out = w.reaper().begin({"input": {**GC, "source": "scan"}, "execution_arn": "dry"})
+    w.ctx.table.update("checkpoint#reap", "current", "SET #p = :p", names={"#p": "phase"}, values={":p": "settle"})
+    sent = _s3_requests(w)
+    with pytest.raises(DryRunWrite, match="is a dry run: a dry run sends no write"):
+        w.reaper().gc({"reap": out["reap"]})
+    assert [r for r in sent if not r[0].startswith(READS)] == []
+    assert _marks_items(w) == marks and w.versions(orphan) == versions
