@@ -1,5 +1,5 @@
-"""Dry runs (issue 23; docs/protocol.md §16.1 DR1): a dry run deletes nothing — whatever its
-mode and source, and whatever marks a failed reap left.
+"""Dry runs (issue 23; docs/protocol.md §16.1 DR1, DR2): a dry run deletes nothing — whatever its
+mode and source, and whatever marks a failed reap left — and it counts everything it reports.
 
 Every test runs the reap's real task methods against moto (:func:`reap_support.drive`), with a
 botocore hook recording every S3 request the dry run sends.
@@ -8,6 +8,7 @@ botocore hook recording every S3 request the dry run sends.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -91,6 +92,55 @@ def test_a_dry_run_deletes_nothing_and_reports_the_marks_a_failed_reap_left(buck
     assert report["would_settle"] == 1, report
     assert ("would settle", "1 (blobs a failed reap marked; the next reap run with --execute settles them)") \
         in report_rows(report)  # what lmctl reap prints
+
+
+def _write_entries(w: World, n: int) -> None:
+    """``n`` ``accepted-by-time`` entries in HOUR (a dry run lists them; it reads none)."""
+    keys = [w.ctx.codec.accepted_by_time(HOUR, ident(i, agent="many")) for i in range(n)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: w.s3.put_object(Bucket=w.settings.bucket, Key=k, Body=b"{}"), keys))
+
+
+def test_a_retention_dry_run_counts_every_entry_of_an_hour_one_list_per_1000(bucket: str) -> None:
+    """DR2: an hour of more than 1,000 entries (one listing page) is counted whole, one LIST per
+    1,000 keys."""
+    w = make_world(bucket)
+    _write_entries(w, 1234)
+    sent = _s3_requests(w)
+    report = drive(w.reaper(), {**RETENTION, "hour": str(HOUR)}, w.clock)
+    assert (report["examined"], report["deletable"]) == (1234, 1234), report
+    listed = [r for r in sent if r == ("ListObjectsV2", w.ctx.codec.accepted_by_time_hour(HOUR))]
+    assert len(listed) == 2 and report["hours_skipped"] == {str(HOUR): "would-reap"}
+
+
+def test_a_retention_dry_run_counts_across_tasks_and_rollup_prefixes(bucket: str, monkeypatch: Any) -> None:
+    """DR2 with small pages: the count goes on from its cursor in the next task (each task lists at
+    most LISTS_PER_TASK pages) and across the rollup scope's prefixes, and counts each key once."""
+    from lightmetrics.reaps import dry_run
+
+    w = make_world(bucket)
+    keys = w.rollups(HOUR)
+    w.rollups(HOUR + 1)  # the next hour's: not counted
+    _write_entries(w, 7)
+    monkeypatch.setattr(dry_run, "PAGE_KEYS", 2)
+    monkeypatch.setattr(dry_run, "LISTS_PER_TASK", 2)
+    rollup = drive(w.reaper(), {**RETENTION, "scope": "rollup", "hour": str(HOUR)}, w.clock)
+    assert rollup["examined"] == len(keys), rollup
+    raw = drive(w.reaper(), {**RETENTION, "hour": str(HOUR)}, w.clock)
+    assert raw["examined"] == 7, raw
+
+
+def test_a_gc_dry_run_counts_past_the_pages_a_failed_reap_left(bucket: str) -> None:
+    """DR2 for GC: ``max_pending_pages`` bounds the pages a run marked; a dry run marks none, so a
+    failed reap's pending pages never end its count after one page."""
+    w = make_world(bucket)
+    orphan = w.orphan(ident(9))
+    _failed_gc(w, orphan)
+    others = [w.orphan(ident(n)) for n in (7, 8)]
+    report = drive(w.reaper(), {**GC, "source": "scan", "page_size": 1, "max_pending_pages": 1}, w.clock)
+    # the marked orphan lists no more (its marker is current): the two others, on two pages
+    assert (report["examined"], report["deletable"], report["would_settle"]) == (2, 2, 1), report
+    assert all(w.blob_exists(k) for k in others)
 
 
 def test_a_dry_run_that_reached_a_settle_would_refuse_before_any_delete(bucket: str) -> None:

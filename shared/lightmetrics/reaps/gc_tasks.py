@@ -199,7 +199,8 @@ class GcTasks(ReaperBase):
         if exhausted:
             set_["budget_exhausted"] = True
         ops += self._source_cursor_ops(cp, cursor, through, ended)
-        if not more or pending >= int(cp["max_pending_pages"]):
+        # A dry run marks nothing, so a failed reap's pending pages never cut its count short (DR2).
+        if not more or (not cp["dry_run"] and pending >= int(cp["max_pending_pages"])):
             set_["listing_done"] = not more
             if cp["dry_run"]:
                 set_["phase"] = self._after_blobs(cp) if cp["phase"] == "blobs" else "done"

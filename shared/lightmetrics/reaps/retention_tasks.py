@@ -10,6 +10,7 @@ from lightmetrics.ops import crashpoints
 from lightmetrics.ops.work import work_key
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps.dry_run import count_keys
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import (
     DEFAULT_RANGE_PARALLELISM,
@@ -86,14 +87,12 @@ class RetentionTasks(ReaperBase):
         scope = cp.get("scope") or "raw"
         set_: dict[str, Any]
         add: dict[str, int] = {}
-        if cp["dry_run"]:
-            if scope == "raw":
-                keys, _ = hr.page("", 1000)
-            else:
-                keys = [k for p in hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
-                        for k in self.ctx.store.list_page(p, max_keys=1000).keys]
-            add = {"c_examined": len(keys), "c_deletable": len(keys)}
-            set_ = self._next_hour(cp, hour, "would-reap")
+        if cp["dry_run"]:  # rule DR2: every key of the hour, counted over as many tasks as it takes
+            prefixes = [hr.by_time_prefix] if scope == "raw" else \
+                hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
+            counted, after, more = count_keys(self.ctx.store, prefixes, cp.get("after") or "")
+            add = {"c_examined": counted, "c_deletable": counted}
+            set_ = {"after": after} if more else self._next_hour(cp, hour, "would-reap")
         else:
             retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
             try:
