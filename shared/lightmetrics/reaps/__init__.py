@@ -13,6 +13,7 @@ concept a module:
 ``ranges``   an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
 ``steps``    the Lambda tasks (:class:`Reaper`)
 ``report``   the operator's report from a checkpoint (:func:`report_of`)
+``dry_run``  what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
 ``control``  the operator side (:class:`ReapControl`: start, status, follow)
 ``handler``  the Lambda handlers (:func:`reap_task_handler`)
 ``errors``   the errors a task raises on purpose (their names are the ASL's error names)
