@@ -154,9 +154,8 @@ class Reaper(GcTasks, RetentionTasks):
                 item.update(phase="done", note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
                 item.update(phase="done", note=f"audit run {run}: every candidate already proven")
-            if item["phase"] == "done" and self.marks_items():
-                # Marks a failed reap left: settle them now, not a week later (G-I3).
-                item.update(phase="settle", listing_done=True)
+            if item["phase"] == "done":
+                item.update(self._finishing(item))  # marks a failed reap left: settled now (G-I8)
         if params.mode == "gc" and item["phase"] != "done" \
                 and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.
