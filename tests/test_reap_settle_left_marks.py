@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import FAST, ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world, session
-from test_invariant_reaps import deletes_counted, takeover
+from test_invariant_reaps import deletes_counted, reap_state, takeover
 from test_retention_ranges import plan
 
 from lightmetrics.acceptance.accept import accept_batch
@@ -124,14 +124,16 @@ def test_a_dry_run_of_any_kind_leaves_the_marks_a_failed_gc_left_untouched(bucke
     assert marks_left(w) == left and w.ctx.store.head(blob) is None
 
 
-def test_a_settle_before_finishing_that_lost_its_lease_deletes_nothing_afterwards(bucket: str) -> None:
+def test_a_settle_before_finishing_that_lost_its_lease_changes_nothing_afterwards(bucket: str) -> None:
     """Rule L2 covers the settle a retention of several ranges runs before it ends: the takeover
-    lands once the settle has re-checked the failed GC's mark, right before its deletes."""
+    lands once the settle has re-checked the failed GC's mark, right before its deletes; from then
+    on the task deletes and writes nothing."""
     inp, ranges, _ = NEXT_REAPS["retention-4-ranges"]
     w = make_world(bucket)
     prepare(w, ranges, False)
     blob, _ = hidden_blob_a_failed_gc_left(w)
     taken: list[dict[str, Any]] = []
+    at_takeover: list[Any] = []
     lock = threading.Lock()
     with deletes_counted(w) as counts:
         def lose_the_lease(name: str) -> None:
@@ -140,10 +142,12 @@ def test_a_settle_before_finishing_that_lost_its_lease_deletes_nothing_afterward
                 if name == "gc.rechecked" and w.ctx.store.head(w.ctx.codec.retention_reaped("raw", HOUR)) \
                         and not taken:
                     taken.append(takeover(w))
+                    at_takeover.append(reap_state(w))
                     counts["on"] = 1
 
         with crashpoints.hooked(lose_the_lease), pytest.raises(LeaseLost):
             drive(w.reaper(), {**inp, "concurrency": 1}, w.clock, attempts=1)
     assert taken, "the settle before finishing never re-checked the failed GC's mark"
     assert counts["deletes"] == 0, f"{counts['deletes']} deletes after the lease was lost"
+    assert reap_state(w) == at_takeover[0], "the settle changed the bucket or the control table after losing its lease"
     assert w.ctx.store.head(blob) is None and marks_left(w), "the mark stays for the lease's holder"
