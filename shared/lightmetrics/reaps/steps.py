@@ -8,7 +8,8 @@ and the state machine routes on ``next``:
 ``gc``         (reap-gc, the GC role) one page: mark (prove a page of candidates, record the
                intent, place delete markers, record the marks and move the cursor) or settle
                (after the grace: purge or restore recorded marks). Also the blobs of a
-               retention hour, with the proof "hour tombstoned".
+               retention hour, with the proof "hour tombstoned", and the settle every reap
+               that is not a dry run runs before it ends while marks are left (G-I8).
 ``retention``  (reap-retention, the retention role) one step of an hour (lightmetrics.reaps.retention):
                commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
                entries, verify empty, write the ``reaped`` marker.
