@@ -18,13 +18,15 @@ from typing import Any
 import pytest
 from conftest import ident
 from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
+from test_retention_ranges import plan
 
 from lightmetrics.derived.walk import InvalidWalkInput, WalkParams
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.blocker_actions import resume, skip
+from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.reaps import CHECKPOINT_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.reaps import CHECKPOINT_PK, RANGE_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_marks import decode_mark
 from lightmetrics.reaps.gc_proof import Proof
@@ -90,8 +92,22 @@ LOST_AT = {
 }
 
 
+def reap_state(w: World) -> tuple[list[Any], list[Any]]:
+    """Everything a reap task may change: every version and delete marker in the bucket, and every
+    item of the reap's control-table partitions (summary, marks, source cursors, range items)."""
+    r = w.s3.list_object_versions(Bucket=w.settings.bucket)
+    assert not r.get("IsTruncated"), "a world this small lists in one page"
+    objects = sorted((v["Key"], v["VersionId"], "Size" not in v) for v in [*r.get("Versions", []),
+                                                                           *r.get("DeleteMarkers", [])])
+    items = [plain(i) for pk in (CHECKPOINT_PK, RANGE_PK) for i in w.ctx.table.query(pk)]
+    return objects, sorted(items, key=lambda i: (i["pk"], i["sk"]))
+
+
 @pytest.mark.parametrize("point", sorted(LOST_AT))
-def test_property_2_a_task_that_lost_its_lease_deletes_nothing_afterwards(bucket: str, point: str) -> None:
+def test_property_2_a_task_that_outlived_its_lease_changes_nothing_afterwards(bucket: str, point: str) -> None:
+    """Rule L2: once another reap took the lease, the task deletes nothing and writes nothing —
+    the bucket (every version and marker) and the reap's control-table items stay as the takeover
+    left them."""
     w = make_world(bucket)
     for n in range(3):
         w.accept(ident(n))
@@ -100,6 +116,7 @@ def test_property_2_a_task_that_lost_its_lease_deletes_nothing_afterwards(bucket
     w.rollups(HOUR)
     w.cover_watermark()
     taken: list[dict[str, Any]] = []
+    at_takeover: list[Any] = []
 
     lock = threading.Lock()
     with deletes_counted(w) as counts:
@@ -107,12 +124,14 @@ def test_property_2_a_task_that_lost_its_lease_deletes_nothing_afterwards(bucket
             with lock:
                 if name == point and not taken:
                     taken.append(takeover(w))  # task A is in the middle of its step; epoch B begins
+                    at_takeover.append(reap_state(w))
                     counts["on"] = 1  # from here on, A must not delete anything
 
         with crashpoints.hooked(lose_the_lease), pytest.raises(LeaseLost):
             drive(w.reaper(), LOST_AT[point], w.clock, attempts=1)
     assert taken, f"{point} was never reached"
     assert counts["deletes"] == 0, f"task A sent {counts['deletes']} DeleteObject after losing its lease at {point}"
+    assert reap_state(w) == at_takeover[0], f"task A changed the bucket or the control table after {point}"
     lease = w.reaper().lease()
     assert lease["epoch"] == taken[0]["reap"]["epoch"] and lease["owner"] == taken[0]["reap"]["owner"]
 
@@ -343,29 +362,39 @@ def test_property_6_one_unreadable_record_never_stops_a_reap(bucket: str, monkey
 
 
 # --------------------------------------------------------------------------------- property 7
-def test_property_7_retention_that_failed_part_way_is_finished_by_a_later_run(
-        bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("ranges", [1, 4])
+def test_property_7_retention_that_failed_after_its_last_delete_is_finished_by_the_scheduled_run(
+        bucket: str, monkeypatch: pytest.MonkeyPatch, ranges: int) -> None:
+    """Its hour is in no listing any more (real S3 lists no prefix whose keys are all deleted), in
+    one key range or several (docs/protocol.md §16 R-I6, RR1)."""
     w = make_world(bucket)
     real_s3_listing(w, monkeypatch)
-    for n in range(3):
+    for n in range(8):
         w.accept(ident(n))
     w.cover_watermark()
+    if ranges > 1:
+        plan(w.ctx, ranges)
     codec = w.ctx.codec
     deleted: list[str] = []
 
     def crash_after_the_last_entry(name: str) -> None:
-        if name == "retention.by-time-one":  # one DeleteObjects for the page's 3 entries
+        if name == "retention.by-time-one":  # one DeleteObjects for a (range's) page's entries
             deleted.append(name)
-            if len(deleted) == 1:
+            if len(deleted) == ranges:  # the last one: every entry of the hour is deleted
                 raise RuntimeError("the retention task dies before the verify step")
 
     with crashpoints.hooked(crash_after_the_last_entry), pytest.raises(RuntimeError):
         drive(w.reaper(), RETENTION, w.clock, attempts=1)
+    assert len(deleted) == ranges
     assert w.ctx.store.list_keys(codec.accepted_by_time_hour(HOUR)) == []
+    assert w.ctx.store.list_page(codec.root(KeyKind.ACCEPTED_BY_TIME), delimiter="/").prefixes == [], \
+        "S3 lists no prefix of the emptied hour"
     assert w.ctx.store.head(codec.retention_tombstone("raw", HOUR)) is not None
     assert w.ctx.store.head(codec.retention_reaped("raw", HOUR)) is None
     # The next scheduled run names no hour: it must find the unfinished one in the control table.
-    report = drive(w.reaper(), {"mode": "retention", "dry_run": False, "tombstone_wait_s": 0}, w.clock)
+    report = drive(w.reaper(), {"mode": "retention", "dry_run": False, "hour": None, "page_size": 1000,
+                                "tombstone_wait_s": 0}, w.clock)  # the schedule's input (docs/reaps.md)
+    assert report["status"] == "finished", report
     assert report["hours"] == [str(HOUR)] and report["hours_reaped"] == [str(HOUR)], report
     assert w.ctx.store.head(codec.retention_reaped("raw", HOUR)) is not None
     record = w.ctx.table.get("retention#raw", str(HOUR))

@@ -253,8 +253,10 @@ class GcTasks(ReaperBase):
             crashpoints.point(CP_SETTLE_RECORDED)
             if len(items) > 1:
                 return {"reap": reap, "next": "gc"}
-        # Every recorded mark is settled: continue marking, or move on.
-        if cp["mode"] == "gc":
+        # Every recorded mark is settled: continue marking, or move on (a closing settle ends the reap).
+        if cp.get("closing"):
+            set_ = {"phase": "done", "wait_until_ns": 0}
+        elif cp["mode"] == "gc":
             set_ = {"phase": "done" if cp.get("listing_done") else "mark", "wait_until_ns": 0}
         else:
             set_ = {"phase": "derived" if cp.get("listing_done") else "blobs", "wait_until_ns": 0}

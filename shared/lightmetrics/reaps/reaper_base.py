@@ -16,7 +16,7 @@ from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
 from lightmetrics.reaps.dry_run import DryRunFence
-from lightmetrics.reaps.gc_marks import read_marks_items
+from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
@@ -125,6 +125,15 @@ class ReaperBase:
         if wait_ns > 0:
             return {"reap": reap, "next": "wait", "wait_s": max(1, -(-wait_ns // NS)), "after": task}
         return {"reap": reap, "next": task}
+
+    def _finishing(self, cp: dict[str, Any]) -> dict[str, Any]:
+        """Rule G-I8, the one way a reap ends: what its last step sets. A dry run ends (it only
+        reports). Any other reap with a ``marks#`` item left — its own, or a failed reap's of any
+        mode, epoch or key range — first runs the settle phase in the GC role, which then ends it
+        (``closing``); nothing left: it ends. One Query of the marks prefix."""
+        if cp["dry_run"] or not self.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX, limit=1):
+            return {"phase": "done", "wait_until_ns": 0}
+        return {"phase": "settle", "closing": True, "listing_done": True, "wait_until_ns": 0}
 
     @staticmethod
     def _task_of(phase: str) -> str:

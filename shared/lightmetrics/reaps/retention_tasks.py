@@ -43,8 +43,9 @@ class RetentionTasks(ReaperBase):
             return self._route(reap, cp)  # a retried task whose step already committed: just route
         index = int(cp["hour_index"])
         if index >= len(cp["hours"]):
-            self._commit(reap, set_={"phase": "done"})
-            return {"reap": reap, "next": "finish"}
+            ended = self._finishing(cp)
+            self._commit(reap, set_=ended)
+            return self._route(reap, {**cp, **ended})
         hour = cp["hours"][index]
         scope = cp.get("scope") or "raw"
         fence = self.fence(reap)
@@ -136,7 +137,9 @@ class RetentionTasks(ReaperBase):
         statuses[hour] = status
         last = int(cp["hour_index"]) + 1 >= len(cp["hours"])
         out = {"hour_status": statuses, "hour_index": int(cp["hour_index"]) + 1, "passes": 1, "after": "",
-               "listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}
+               "listing_done": False, "wait_until_ns": 0, "phase": "commit"}
+        if last:
+            out.update(self._finishing(cp))
         if int(cp.get("ranges") or 1) > 1:
             out["ranges"] = 1  # the next hour's commit reads its own plan
         return out

@@ -8,7 +8,8 @@ and the state machine routes on ``next``:
 ``gc``         (reap-gc, the GC role) one page: mark (prove a page of candidates, record the
                intent, place delete markers, record the marks and move the cursor) or settle
                (after the grace: purge or restore recorded marks). Also the blobs of a
-               retention hour, with the proof "hour tombstoned".
+               retention hour, with the proof "hour tombstoned", and the settle every reap
+               that is not a dry run runs before it ends while marks are left (G-I8).
 ``retention``  (reap-retention, the retention role) one step of an hour (lightmetrics.reaps.retention):
                commit the tombstone, delete derived entries, the hour's ``accepted-by-time``
                entries, verify empty, write the ``reaped`` marker.
@@ -155,9 +156,8 @@ class Reaper(GcTasks, RetentionTasks):
                 item.update(phase="done", note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
                 item.update(phase="done", note=f"audit run {run}: every candidate already proven")
-            if item["phase"] == "done" and not params.dry_run and self.marks_items():
-                # Marks a failed reap left: settle them now, not a week later (G-I3).
-                item.update(phase="settle", listing_done=True)
+            if item["phase"] == "done":
+                item.update(self._finishing(item))  # marks a failed reap left: settled now (G-I8)
         if params.dry_run:  # rule DR1: marks a failed reap left are reported, never settled by a dry run
             item["c_would_settle"] = would_settle(self.marks_items())
         if params.mode == "gc" and item["phase"] != "done" \
