@@ -18,6 +18,7 @@ from test_invariant_reaps import real_s3_listing
 from test_reconcile import H0, make_system, purge
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_REPAIR, index_accepted
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
@@ -71,8 +72,14 @@ def test_a_refusal_that_passes_never_keeps_the_reconcilers_hours_open(reconciled
     assert_names_the_request(blocker, denied.manifest_key)
     assert first.checkpoint_after == str(H0) and "blocker" in first.not_closed_because, first.to_json()
 
-    ctx = system.work_context(policy=FAST)  # the next run: a new process, knowing only the checkpoint
-    second = system.reconciler(ctx).run()  # the refusal has passed: the entry is checked again
+    counter = RequestCounter()  # the next run: a new process, knowing only the checkpoint
+    ctx = system.work_context(policy=FAST, counter=counter)
+    with counter.operation("reconcile") as op:
+        second = system.reconciler(ctx).run()  # the refusal has passed: the entry is checked again
+    # O4's cost: the budget's DeleteItem (O1a) and the blocker's conditional UpdateItem, nothing else
+    # (R1's one Query finds no blocker left to re-check)
+    cost = dict(op.by_api)
+    assert (cost["dynamodb.DeleteItem"], cost["dynamodb.UpdateItem"], cost["dynamodb.Query"]) == (1, 1, 1), cost
     assert second.outcomes.get("BLOCKED") is None and sum(second.outcomes.values()) >= 1, second.to_json()
     assert ctx.blockers.list() == []
     assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
@@ -88,7 +95,7 @@ def test_a_refusal_that_persists_stays_open_and_stops_only_its_own_unit(reconcil
         # the other entry is checked (and ends well) on every run
         assert report.outcomes.get("BLOCKED") == 1 and sum(report.outcomes.values()) == 2, report.to_json()
     [blocker] = ctx.blockers.list()
-    assert blocker.status == "open" and blocker.attempts >= 2 and blocker.audit == [], blocker
+    assert blocker.status == "open" and blocker.attempts == 2 and blocker.audit == [], blocker  # one check a run
     assert_names_the_request(blocker, denied.manifest_key)
 
 
@@ -108,7 +115,13 @@ def test_a_refusal_that_passes_on_the_event_path_never_keeps_the_reconcilers_hou
         [blocker] = ctx.blockers.list()
         assert_names_the_request(blocker, key)
         clock.advance(seconds=2 * 3600)
-        report = system.reconciler(system.work_context(policy=FAST)).run()
+        counter = RequestCounter()
+        with counter.operation("reconcile") as op:
+            report = system.reconciler(system.work_context(policy=FAST, counter=counter)).run()
+        # the re-check: the unit's own requests, its DeleteItem and UpdateItem, and R1's Query again
+        cost = dict(op.by_api)
+        assert (cost["dynamodb.DeleteItem"], cost["dynamodb.UpdateItem"], cost["dynamodb.Query"]) == (1, 1, 2), cost
+        assert cost["s3.GetObject"] == 1, cost
         assert ctx.blockers.list() == []
         assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
         assert str(H0) in report.closed, report.to_json()
