@@ -129,9 +129,10 @@ def _rerun(ctx: WorkContext, blocker: Blocker, *, source: str) -> WorkResult:
 
 
 def recheck(ctx: WorkContext, blockers: list[Blocker], *, source: str, seen_before_ns: int) -> list[WorkResult]:
-    """§11 O4: run again the unit of each open blocker of ``blockers`` that a runner can run (a
-    queued message's are redriven instead) and that was last seen before ``seen_before_ns`` (not
-    one this run just opened), at most :data:`RECHECK_PER_RUN`, least recently seen first."""
+    """§11 O4: run again the unit of each open blocker of ``blockers`` that a runner can run (a DLQ
+    message's or an unparsable message's is redriven instead) and that was last seen before
+    ``seen_before_ns`` (not one this run just checked), at most :data:`RECHECK_PER_RUN`, least
+    recently seen first."""
     due = sorted((b for b in blockers if b.status == OPEN and b.kind in RUNNERS and b.last_seen_ns < seen_before_ns),
                  key=lambda b: b.last_seen_ns)
     return [_rerun(ctx, b, source=source) for b in due[:RECHECK_PER_RUN]]
