@@ -73,7 +73,7 @@ def test_property_10_the_store_raises_for_a_missing_bucket_and_answers_none_for_
     assert present.head("accepted/v1/none.json") is None
     assert present.list_keys("accepted/v1/") == []  # an existing, empty prefix is empty
     FaultInjector(client).add(FaultRule(fault="403", operation="ListObjectsV2", times=-1))
-    with pytest.raises(ResourceAccessError, match=f"bucket {bucket} \\(LM_BUCKET\\) refused access: 403"):
+    with pytest.raises(ResourceAccessError, match=f"bucket {bucket} \\(LM_BUCKET\\) refused ListObjectsV2 accepted/v1/: 403 AccessDenied"):
         present.list_keys("accepted/v1/")
 
 

@@ -44,23 +44,31 @@ _NS = 1_000_000_000
 _T = TypeVar("_T")
 
 
-def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET") -> StoreAccessError | None:
-    """The error for an S3 answer that says the bucket itself is unusable — it does not exist
-    (``NoSuchBucket``) or refuses us (403) — or None. Any S3 client (a raw boto3 one too) maps
-    its errors here, so a missing bucket is never mistaken for an empty listing or a missing key.
-    ``setting`` names what configured the bucket."""
+def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET", *, key: str | None = None) -> StoreAccessError | None:
+    """The error for an S3 answer that refuses us — the bucket does not exist (``NoSuchBucket``)
+    or a 403 — or None. Any S3 client (a raw boto3 one too) maps its errors here, so a missing
+    bucket is never mistaken for an empty listing or a missing key. ``setting`` names what
+    configured the bucket. A 403 names the operation and ``key`` (the object or prefix asked
+    for): a denial may cover one key or last only until a policy propagates, so it is about this
+    request, never "the bucket refused access" (docs/protocol.md §11 O4)."""
     if not isinstance(exc, ClientError) or is_transient(exc):
         return None  # a 403 that is transient (RequestTimeTooSkewed) is retried, as aws.errors says
     status, code = http_status(exc), error_code(exc)
     if code == "NoSuchBucket":
         return StoreAccessError(bucket, "does not exist", setting)
     if status == 403 or code in ("AccessDenied", "AllAccessDisabled"):
-        return StoreAccessError(bucket, f"refused access: {status} {code}".strip(), setting)
+        return StoreAccessError(bucket, refused_request(exc, key), setting)
     return None
 
 
-def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOutcome, str]:
-    """Map one failed conditional PUT to its outcome (see :mod:`lightmetrics.protocol.cas`)."""
+def refused_request(exc: ClientError, key: str | None) -> str:
+    """``refused GetObject <key>: 403 AccessDenied`` — what was asked, of what, and the answer."""
+    asked = f"{exc.operation_name} {key}" if key is not None else exc.operation_name
+    return f"refused {asked}: {http_status(exc)} {error_code(exc)}".strip()
+
+
+def classify_put_error(exc: Exception, bucket: str, key: str | None = None) -> tuple[ConditionalCreateOutcome, str]:
+    """Map one failed conditional PUT of ``key`` to its outcome (see :mod:`lightmetrics.protocol.cas`)."""
     if isinstance(exc, ClientError):
         status, code = http_status(exc), error_code(exc)
         if status == 412 or code == "PreconditionFailed":
@@ -69,7 +77,7 @@ def classify_put_error(exc: Exception, bucket: str) -> tuple[ConditionalCreateOu
             return ConditionalCreateOutcome.CONFLICT, code or "409"
         if is_transient(exc):
             return ConditionalCreateOutcome.UNKNOWN, f"{status} {code}".strip()
-        raise bucket_refusal(exc, bucket) or StoreAccessError(bucket, f"refused the write: {status} {code}") from exc
+        raise bucket_refusal(exc, bucket, key=key) or StoreAccessError(bucket, refused_request(exc, key)) from exc
     if isinstance(exc, (BotoConnectionError, HTTPClientError, BotoCoreError, OSError)):
         return ConditionalCreateOutcome.UNKNOWN, type(exc).__name__
     raise exc
@@ -135,7 +143,7 @@ class S3ObjectStore:
         try:
             self.client.put_object(**kwargs)
         except Exception as exc:  # classified below; anything unexpected re-raises
-            return classify_put_error(exc, self.bucket)
+            return classify_put_error(exc, self.bucket, key)
         return ConditionalCreateOutcome.CREATED, ""
 
     def _read(self, fn: Callable[[], _T], key: str) -> _T | None:
@@ -144,13 +152,13 @@ class S3ObjectStore:
             try:
                 return fn()
             except ClientError as exc:
-                refused = bucket_refusal(exc, self.bucket)  # before the 404 test: NoSuchBucket is a 404 too
+                refused = bucket_refusal(exc, self.bucket, key=key)  # before the 404 test: NoSuchBucket is a 404 too
                 if refused is not None:
                     raise refused from exc
                 if is_not_found(exc):
                     return None
                 if not is_transient(exc):
-                    raise StoreAccessError(self.bucket, f"refused reading {key}: {http_status(exc)} {error_code(exc)}") from exc
+                    raise StoreAccessError(self.bucket, refused_request(exc, key)) from exc
                 last = exc
             except Exception as exc:
                 if not is_transient(exc):

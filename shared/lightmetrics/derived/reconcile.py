@@ -111,6 +111,7 @@ from lightmetrics.derived.reconcile_state import (
     write_checkpoint,
 )
 from lightmetrics.ops import crashpoints
+from lightmetrics.ops.blocker_actions import recheck
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.queue_probe import QueueProbe
@@ -181,6 +182,7 @@ class Reconciler:
         self.shard = check_shard(shard, settings.reconcile_shards if settings is not None else 1)
         self.checkpoint_sk = checkpoint_sk(self.shard)
         self.scanner = HourScanner(ctx, settings.reconcile_margin_s if settings is not None else 0, self.shard)
+        self._rechecked = False
 
     # -- checkpoint ------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint | None:
@@ -217,6 +219,7 @@ class Reconciler:
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         state = self._begin(max_hours)
+        self._rechecked = False  # R1, §11 O4: the open indexing blockers, once this run
         cp = state.cp
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="", shard=self.shard)
         indexed = IndexedBlobs(self.ctx)  # one range: list the blob hours, as before shards
@@ -461,9 +464,19 @@ class Reconciler:
             return "index queues still hold older messages"
         if not self.probe.dlqs_empty():
             return "a DLQ is not empty"
-        if self.ctx.blockers.has_open(kinds=INDEXING_KINDS):
+        if self._indexing_blockers_open(now):
             return "an indexing blocker is open"
         return ""
+
+    def _indexing_blockers_open(self, now: int) -> bool:
+        """R1 with §11 O4: whether an indexing blocker is open, once the units of those opened before
+        this run are checked again (once a run): one that passed resolves and holds no hour."""
+        open_ = [b for b in self.ctx.blockers.list() if b.kind in INDEXING_KINDS]
+        if open_ and not self._rechecked:
+            self._rechecked = True
+            if recheck(self.ctx, open_, source="reconcile", seen_before_ns=now):
+                open_ = [b for b in self.ctx.blockers.list() if b.kind in INDEXING_KINDS]
+        return bool(open_)
 
     #: the in-hour cursor placement (R7), :func:`lightmetrics.derived.reconcile_scan.cursor_listing_failures`
     _cursor_listing_failures = staticmethod(cursor_listing_failures)

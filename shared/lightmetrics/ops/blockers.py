@@ -10,6 +10,10 @@ Record (``pk=blockers``, ``sk=<work-key>``): ``work_key``, ``kind``, ``object_ke
 ``reconcile``, ``walk``, ``dlq``), ``first_seen_ns``, ``last_seen_ns``, ``attempts``,
 ``payload`` (the original message, for re-enqueueing), ``audit`` (list of actions).
 
+A blocker is not a verdict: the next run that reaches its unit checks it again, and a success
+resolves it by itself (:meth:`BlockerStore.resolve_by_success`, rule O4) — a refusal that passed
+(an IAM or KMS change still propagating) never blocks for good.
+
 Example:
     >>> store = BlockerStore(table, clock)                                          # doctest: +SKIP
     >>> store.block("index-accepted:accepted/v1/x", kind="index-accepted", ...)     # doctest: +SKIP
@@ -140,8 +144,23 @@ class BlockerStore:
         items = [Blocker.from_item(i) for i in self.table.query(PK)]
         return [b for b in items if status is None or b.status == status]
 
-    def has_open(self, *, kinds: tuple[str, ...] | None = None) -> bool:
-        return any(kinds is None or b.kind in kinds for b in self.list(status=OPEN))
+    def resolve_by_success(self, work_key: str, *, who: str, outcome: str) -> bool:
+        """O4: the unit of an ``open`` (or ``resumed``) blocker just succeeded: resolve it, with an
+        ``auto-resolve`` entry in its audit trail. One conditional ``UpdateItem``; False, and nothing
+        written, when there is no such blocker (none, resolved, or skipped: an operator's skip stands)."""
+        now = self.clock.now_ns()
+        entry = {"action": "auto-resolve", "who": who, "at_ns": now,
+                 "reason": f"the unit succeeded when {who} checked it again ({outcome})"}
+        try:
+            self.table.update(
+                PK, work_key, "SET #s = :resolved, #au = list_append(if_not_exists(#au, :empty), :e), #x = :x",
+                names={"#s": "status", "#au": "audit", "#x": "expires_at"},
+                values={":resolved": "resolved", ":e": [entry], ":empty": [], ":x": now // 1_000_000_000 + _RESOLVED_TTL_S,
+                        ":open": OPEN, ":resumed": "resumed"},
+                condition="#s = :open OR #s = :resumed")
+        except ConditionFailed:
+            return False
+        return True
 
     def transition(self, work_key: str, status: str, *, who: str, reason: str = "", action: str = "") -> Blocker:
         """Move a blocker to ``status`` and append the action to its audit trail."""

@@ -66,7 +66,7 @@ class RetryBudget:
         a second one, conditional on the item still being expired, starts the count over.
         Whichever of two concurrent writers resets, the other then counts onto the fresh item.
         """
-        self._remember(work_key)
+        self.remember_failure(work_key)
         now = self.clock.now_ns()
         names = {"#c": "count", "#f": "first_seen_ns", "#l": "last_seen_ns", "#r": "last_reason",
                  "#w": "work_key", "#x": "expires_at"}
@@ -119,7 +119,8 @@ class RetryBudget:
         self.clear(work_key)
         return True
 
-    def _remember(self, work_key: str) -> None:
+    def remember_failure(self, work_key: str) -> None:
+        """Note in this process that ``work_key`` failed (a refusal blocks it without a budget item)."""
         with self._lock:
             if len(self._recorded) >= _RECORDED_MAX:
                 self._recorded.clear()

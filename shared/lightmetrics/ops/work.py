@@ -4,10 +4,11 @@
 :class:`~lightmetrics.ops.outcome.Outcome`: exceptions that say "try later" are counted by the
 durable retry budget and promoted to a blocker when it is spent; permanent failures write a
 blocker first and only then report BLOCKED (if the blocker cannot be written, the unit is
-RETRY_LATER, so nothing is ever silently dropped). A unit that succeeds clears its budget when
-``previously_failed`` says it failed before (each driver knows: SQS receive count, a retried walk
-page, the reconciler checkpoint's failed entries, an operator retry) or this process recorded a
-failure for it.
+RETRY_LATER, so nothing is ever silently dropped). A unit that succeeds clears its budget and
+resolves its blocker (O4: a refusal that passed never blocks for good) when ``previously_failed``
+says it failed before (each driver knows: SQS receive count, a retried walk page, the reconciler
+checkpoint's failed entries, retention's blocked entries, an operator retry) or this process
+recorded a failure for it.
 
 Example:
     >>> result = run_unit(ctx, kind="index-accepted", object_key=key, source="event",
@@ -104,7 +105,7 @@ def run_unit(
         return _block(ctx, key, kind, object_key, f"access: {exc}", source, payload)
     except TRANSIENT as exc:
         if isinstance(exc, ClientError) and not is_transient(exc):  # AccessDenied, ValidationException, ...
-            return _block(ctx, key, kind, object_key, f"refused: {describe(exc)}", source, payload)
+            return _block(ctx, key, kind, object_key, f"refused: {describe(exc)} (unit {object_key})", source, payload)
         reason = f"{type(exc).__name__}: {exc}"
         try:
             state = ctx.budget.record_failure(key, reason)
@@ -115,12 +116,24 @@ def run_unit(
             detail = f"retry budget spent after {state.count} attempts: {reason}"
             return _block(ctx, key, kind, object_key, detail, source, payload)
         return WorkResult(Outcome.RETRY_LATER, key, reason)
+    return _after_success(ctx, key, source, outcome, previously_failed)
+
+
+def _after_success(ctx: WorkContext, key: str, source: str, outcome: Outcome, previously_failed: bool) -> WorkResult:
+    """O1a: success clears the budget whenever a failure may have been recorded (the caller knows,
+    or this process recorded one); O4: it resolves the unit's blocker then too. The happy path
+    sends no DynamoDB request."""
     try:
-        # O1a: success clears the budget whenever a failure may have been recorded (the caller
-        # knows, or this process recorded one); the happy path sends no DynamoDB request.
-        ctx.budget.clear_after_success(key, previously_failed=previously_failed)
+        failed_before = ctx.budget.clear_after_success(key, previously_failed=previously_failed)
     except Exception as exc:  # harmless: an item left behind counts as absent once expired
         log.warning("%s: retry budget not cleared (%s)", key, exc)
+        failed_before = True
+    if failed_before:
+        try:
+            ctx.blockers.resolve_by_success(key, who=source, outcome=outcome.value)
+        except Exception as exc:  # an open blocker left behind would hold its hour: check the unit again
+            log.warning("%s: blocker not resolved (%s); will retry", key, exc)
+            return WorkResult(Outcome.RETRY_LATER, key, f"succeeded, but its blocker was not resolved: {exc}")
     return WorkResult(outcome, key)
 
 
@@ -133,6 +146,7 @@ def _block(
     source: str,
     payload: dict[str, Any] | None,
 ) -> WorkResult:
+    ctx.budget.remember_failure(key)  # a success later in this process resolves the blocker (O4)
     try:
         blocker = ctx.blockers.block(key, kind=kind, object_key=object_key, reason=reason, source=source,
                                      payload=payload)

@@ -63,7 +63,7 @@ from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, run_unit, work_key
+from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.cas import create_object
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
@@ -282,19 +282,22 @@ class HourRetention:
         return {b.object_key: b.status for b in self.ctx.blockers.list(status=None)
                 if b.kind == KIND_RETENTION and b.object_key.startswith(prefix)}
 
-    def records(self, by_time_keys: list[str]) -> PageRecords:
+    def records(self, by_time_keys: list[str], *, recheck_open: bool = True) -> PageRecords:
         """The record behind each entry (the record is the authority), each read as one unit of
         work (:func:`~lightmetrics.ops.work.run_unit`): unreadable or vanished → a blocker, and the
         entry is kept; a transient failure fails the page (the task is retried, the retry budget
-        counts it). Open blockers are not read again; skipped ones are reported as such. The reads
-        run concurrently (``concurrency``); the result keeps the order of ``by_time_keys``."""
+        counts it). An entry with an open blocker is read again (a success resolves the blocker,
+        docs/protocol.md §11 O4) unless ``recheck_open`` is False: steps 3-4 keep an entry that was
+        blocked when step 2 passed it, since its blob was not collected; skipped ones are reported
+        as such. The reads run concurrently (``concurrency``); the result keeps the order of
+        ``by_time_keys``."""
         from lightmetrics.derived.indexing import load_manifest
 
         statuses = self.blocker_statuses()
 
         def read(key: str) -> tuple[str, AcceptedBatchManifest | None]:
             status = statuses.get(key)
-            if status in ("open", "skipped"):
+            if status == "skipped" or (status == "open" and not recheck_open):
                 return status, None
             found: dict[str, AcceptedBatchManifest] = {}
 
@@ -308,16 +311,14 @@ class HourRetention:
                 found["record"] = load_manifest(self.ctx, self.codec.accepted(parsed.identity))
                 return Outcome.DONE
 
+            # An open blocker is checked again (O4): a success resolves it, and the entry is reaped.
             result = run_unit(self.ctx, kind=KIND_RETENTION, object_key=key, source="reap", fn=load,
-                              previously_failed=status == "resumed")
+                              previously_failed=status in ("open", "resumed"))
             if result.outcome is Outcome.BLOCKED:
                 crashpoints.point(CP_ENTRY_BLOCKED)
                 return "open", None
             if result.outcome is Outcome.RETRY_LATER:
                 raise TransientWorkError(f"{result.work_key}: {result.detail}")
-            if status == "resumed":
-                self.ctx.blockers.transition(work_key(KIND_RETENTION, key), "resolved", who="reap",
-                                             action="retry", reason="the record reads again")
             return "read", found["record"]
 
         out = PageRecords()
@@ -342,7 +343,7 @@ class HourRetention:
             >>> hr.delete_page(keys)                                         # doctest: +SKIP
             998
         """
-        page = self.records(by_time_keys)
+        page = self.records(by_time_keys, recheck_open=False)
         blocked = set(page.blocked)
 
         def by_blob_of(key: str) -> str | None:

@@ -55,12 +55,12 @@ class PageTask(WalkerBase):
             raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
 
     def _run_keys(self, walk: dict[str, Any], partition: str, listing: ListPage, skipped: set[str], retried: bool,
-                  failed_through: str) -> list[tuple[str, str | None]]:
+                  failed_through: str, blocked: frozenset[str] = frozenset()) -> list[tuple[str, str | None]]:
         """Each key's (outcome, the check that settled it or None), in the listing's order."""
         keys = listing.keys
 
-        def failed_before(key: str) -> bool:
-            return retried or key <= failed_through
+        def failed_before(key: str) -> bool:  # a key with an open blocker too: its success resolves it (O4)
+            return retried or key <= failed_through or key in blocked
 
         # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a key
         # that may have failed before (a retried page, or up to ``failed_through``) is repaired in
@@ -102,7 +102,8 @@ class PageTask(WalkerBase):
             self._owned_update(walk, partition, "SET #ft = :ft", {"#ft": "failed_through"}, {":ft": keys[-1]})
             failed_through = keys[-1]
 
-        results = self._run_keys(walk, partition, listing, skipped, retried, failed_through)
+        results = self._run_keys(walk, partition, listing, skipped, retried, failed_through,
+                                 frozenset(item.get("blocked") or ()))
         outcomes = Counter(outcome for outcome, _ in results)
         settled_by = Counter(check for _, check in results if check is not None)
         now = self.now()

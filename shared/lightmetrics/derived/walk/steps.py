@@ -57,6 +57,10 @@ from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 
+#: Keys with an open blocker a round hands its pages to re-check (§11 O4), at most: the work list
+#: travels in the Step Functions state (256 KB). More wait for a later round or walk.
+RECHECK_MAX = 200
+
 
 class Walker(PageTask):
     """The walk's Lambda tasks (one method each) over a :class:`WorkContext`.
@@ -230,10 +234,14 @@ class Walker(PageTask):
             return {"walk": walk, "next": "continue", "work": []}
         walk["round"] = int(walk["round"]) + 1
         # Keys whose blocker an operator skipped (few by design: each is an incident) are not
-        # walked but counted. Read once per round here rather than once per page.
-        skipped = sorted({b.object_key for b in self.ctx.blockers.list(status="skipped")})
+        # walked but counted; keys with an open blocker are repaired as failed before, so a success
+        # resolves it (§11 O4). Read once per round here (one Query) rather than once per page.
+        blockers = self.ctx.blockers.list(status=None)
+        skipped = sorted({b.object_key for b in blockers if b.status == "skipped"})
+        blocked = sorted({b.object_key for b in blockers if b.status in ("open", "resumed")})[:RECHECK_MAX]
         work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)],
-                 **({"failed_through": f["failed_through"]} if f.get("failed_through") else {})}
+                 **({"failed_through": f["failed_through"]} if f.get("failed_through") else {}),
+                 **({"blocked": mine} if (mine := [k for k in blocked if k.startswith(p)]) else {})}
                 for p, f in sorted(active.items())]
         return {"walk": walk, "next": "pages", "work": work}
 

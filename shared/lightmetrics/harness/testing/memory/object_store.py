@@ -37,7 +37,7 @@ from botocore.exceptions import ClientError
 
 from lightmetrics.aws.errors import is_not_found, is_transient
 from lightmetrics.aws.s3_deletes import DELETE_BATCH_MAX, delete_error
-from lightmetrics.aws.s3_store import bucket_refusal, classify_put_error
+from lightmetrics.aws.s3_store import bucket_refusal, classify_put_error, refused_request
 from lightmetrics.protocol.cas import ConditionalCreateOutcome
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.object_store import (
@@ -180,13 +180,13 @@ class InMemoryObjectStore:
                     self._raise_if(operation, key, missing_bucket="404" if operation == "HeadObject" else "NoSuchBucket")
                     return fn()
             except ClientError as exc:
-                refused = bucket_refusal(exc, self.bucket)
+                refused = bucket_refusal(exc, self.bucket, key=key)
                 if refused is not None:
                     raise refused from exc
                 if is_not_found(exc):
                     return None
                 if not is_transient(exc):
-                    raise StoreAccessError(self.bucket, f"refused reading {key}: {exc}") from exc
+                    raise StoreAccessError(self.bucket, refused_request(exc, key)) from exc
                 last = exc
         raise TransientStoreError(f"reading {key} failed after {self.read_policy.max_attempts} attempts: {last}")
 
@@ -207,7 +207,7 @@ class InMemoryObjectStore:
                 if fault is not None:
                     raise s3_error("PutObject", fault.code)
             except ClientError as exc:
-                return classify_put_error(exc, self.bucket)
+                return classify_put_error(exc, self.bucket, key)
         return ConditionalCreateOutcome.CREATED, ""
 
     def delete(self, key: str) -> None:

@@ -1,0 +1,211 @@
+"""Issue 23, property 4: a refusal that passes never blocks for good (docs/protocol.md §11 O4).
+
+One ``AccessDenied`` (IAM or KMS propagation after a deploy), injected at the S3 client on one
+entry's unit, opens a blocker whose reason names the operation and the key. The next run that
+reaches the unit checks it again; its success resolves the blocker by itself (the audit trail says
+so), and the reconciler closes the hour, retention reaps it. A refusal that persists keeps its
+blocker open and stops nothing but its own unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import FAST, ident, make_frame
+from reap_support import OLD_NS, drive, make_world
+from test_invariant_reaps import real_s3_listing
+from test_reconcile import H0, make_system, purge
+
+from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_REPAIR, index_accepted
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+from lightmetrics.ops.blockers import Blocker
+from lightmetrics.ops.outcome import Outcome
+from lightmetrics.ops.work import run_unit
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps.retention import KIND_RETENTION
+
+HOUR = UtcHour.of_unix_ns(OLD_NS)
+RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}
+
+
+def assert_names_the_request(blocker: Blocker, key: str) -> None:
+    assert "GetObject" in blocker.reason and key in blocker.reason, blocker.reason
+    assert "refused access" not in blocker.reason, blocker.reason
+
+
+def assert_resolved_by_itself(blocker: Blocker) -> None:
+    assert blocker.status == "resolved", blocker
+    last = blocker.audit[-1]
+    assert last["action"] == "auto-resolve" and "succeeded" in last["reason"], blocker.audit
+
+
+# ------------------------------------------------------------------------------- the reconciler
+@pytest.fixture
+def reconciled(runtime, clock):  # type: ignore[no-untyped-def]
+    """Two indexed batches of H0 and a reconciler two hours later (H0 settled)."""
+    system = make_system(runtime, clock)
+    try:
+        actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+        ctx = system.work_context(policy=FAST)
+        results = [accept_batch(actx, ident(n), make_frame(ident(n))) for n in (1, 2)]
+        for r in results:
+            index_accepted(ctx, r.manifest_key)
+        purge(system, runtime)
+        clock.advance(seconds=2 * 3600)
+        yield system, ctx, results
+    finally:
+        system.stop()
+
+
+def test_a_refusal_that_passes_never_keeps_the_reconcilers_hours_open(reconciled):  # type: ignore[no-untyped-def]
+    system, ctx, (denied, _) = reconciled
+    FaultInjector(ctx.store.client).add(FaultRule(fault="403", operation="GetObject",
+                                                  key_contains=denied.manifest_key, times=1))
+    first = system.reconciler(ctx).run()
+    assert first.outcomes.get("BLOCKED") == 1, first.to_json()
+    [blocker] = ctx.blockers.list()
+    assert blocker.work_key == f"{KIND_REPAIR}:{denied.manifest_key}"
+    assert_names_the_request(blocker, denied.manifest_key)
+    assert first.checkpoint_after == str(H0) and "blocker" in first.not_closed_because, first.to_json()
+
+    counter = RequestCounter()  # the next run: a new process, knowing only the checkpoint
+    ctx = system.work_context(policy=FAST, counter=counter)
+    with counter.operation("reconcile") as op:
+        second = system.reconciler(ctx).run()  # the refusal has passed: the entry is checked again
+    # O4's cost: the budget's DeleteItem (O1a) and the blocker's conditional UpdateItem, nothing else
+    # (R1's one Query finds no blocker left to re-check)
+    cost = dict(op.by_api)
+    assert (cost["dynamodb.DeleteItem"], cost["dynamodb.UpdateItem"], cost["dynamodb.Query"]) == (1, 1, 1), cost
+    assert second.outcomes.get("BLOCKED") is None and sum(second.outcomes.values()) >= 1, second.to_json()
+    assert ctx.blockers.list() == []
+    assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
+    assert str(H0) in second.closed and second.checkpoint_after > str(H0), second.to_json()
+
+
+def test_a_refusal_that_persists_stays_open_and_stops_only_its_own_unit(reconciled):  # type: ignore[no-untyped-def]
+    system, ctx, (denied, _) = reconciled
+    FaultInjector(ctx.store.client).add(FaultRule(fault="403", operation="GetObject",
+                                                  key_contains=denied.manifest_key, times=-1))
+    for _ in range(2):
+        report = system.reconciler(ctx).run()
+        # the other entry is checked (and ends well) on every run
+        assert report.outcomes.get("BLOCKED") == 1 and sum(report.outcomes.values()) == 2, report.to_json()
+    [blocker] = ctx.blockers.list()
+    assert blocker.status == "open" and blocker.attempts == 2 and blocker.audit == [], blocker  # one check a run
+    assert_names_the_request(blocker, denied.manifest_key)
+
+
+def test_a_refusal_that_passes_on_the_event_path_never_keeps_the_reconcilers_hours_open(  # type: ignore[no-untyped-def]
+        runtime, clock):
+    """An indexing blocker opened by another job (here the event path) holds every hour (R1): the
+    reconciler checks its unit again by itself, and the success resolves it."""
+    system = make_system(runtime, clock)
+    try:
+        actx = accept_context(system.settings, client=runtime.boto3_client("s3"), clock=clock, policy=FAST)
+        ctx = system.work_context(policy=FAST)
+        key = accept_batch(actx, ident(7), make_frame(ident(7))).manifest_key
+        purge(system, runtime)
+        FaultInjector(ctx.store.client).add(FaultRule(fault="403", operation="GetObject", key_contains=key, times=1))
+        result = run_unit(ctx, kind=KIND_ACCEPTED, object_key=key, source="event", fn=lambda: index_accepted(ctx, key))
+        assert result.outcome is Outcome.BLOCKED
+        [blocker] = ctx.blockers.list()
+        assert_names_the_request(blocker, key)
+        clock.advance(seconds=2 * 3600)
+        counter = RequestCounter()
+        with counter.operation("reconcile") as op:
+            report = system.reconciler(system.work_context(policy=FAST, counter=counter)).run()
+        # the re-check: the unit's own requests, its DeleteItem and UpdateItem, and R1's Query again
+        cost = dict(op.by_api)
+        assert (cost["dynamodb.DeleteItem"], cost["dynamodb.UpdateItem"], cost["dynamodb.Query"]) == (1, 1, 2), cost
+        assert cost["s3.GetObject"] == 1, cost
+        assert ctx.blockers.list() == []
+        assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
+        assert str(H0) in report.closed, report.to_json()
+        assert ctx.store.head(ctx.codec.accepted_by_time(H0, ident(7))) is not None  # indexed by the re-check
+    finally:
+        system.stop()
+
+
+# ------------------------------------------------------------------------------------ retention
+def test_a_refusal_that_passes_never_keeps_retention_from_reaping_the_hour(bucket: str,  # type: ignore[no-untyped-def]
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    w = make_world(bucket)
+    real_s3_listing(w, monkeypatch)
+    results = [w.accept(ident(n)) for n in range(3)]
+    w.cover_watermark()
+    denied = results[1]
+    FaultInjector(w.s3).add(FaultRule(fault="403", operation="GetObject", key_contains=denied.manifest_key, times=1))
+    first = drive(w.reaper(), RETENTION, w.clock)
+    entry = w.ctx.codec.accepted_by_time(HOUR, ident(1))
+    blocker = w.ctx.blockers.get(f"{KIND_RETENTION}:{entry}")
+    assert_names_the_request(blocker, denied.manifest_key)
+    assert first["hours_reaped"] == [] and first["kept"].get("blocked") == 1, first
+    assert w.ctx.store.head(entry) is not None  # its blob was not collected: the enumeration stays
+
+    again = drive(w.reaper(), {"mode": "retention", "dry_run": False, "tombstone_wait_s": 0}, w.clock)
+    assert again["hours_reaped"] == [str(HOUR)], again
+    assert w.ctx.blockers.list() == []
+    assert_resolved_by_itself(w.ctx.blockers.get(blocker.work_key))
+    assert w.ctx.store.list_keys(w.ctx.codec.accepted_by_time_hour(HOUR)) == []
+    assert not w.blob_exists(denied.blob_key)
+
+
+def test_a_refusal_that_persists_keeps_only_its_own_entry_in_retention(bucket: str,  # type: ignore[no-untyped-def]
+                                                                      monkeypatch: pytest.MonkeyPatch):
+    w = make_world(bucket)
+    real_s3_listing(w, monkeypatch)
+    results = [w.accept(ident(n)) for n in range(3)]
+    w.cover_watermark()
+    denied = results[1]
+    FaultInjector(w.s3).add(FaultRule(fault="403", operation="GetObject", key_contains=denied.manifest_key, times=-1))
+    for _ in range(2):
+        report = drive(w.reaper(), RETENTION, w.clock)
+        assert report["hours_reaped"] == [], report
+    [blocker] = w.ctx.blockers.list()
+    assert blocker.status == "open" and blocker.attempts >= 2, blocker
+    entry = w.ctx.codec.accepted_by_time(HOUR, ident(1))
+    assert w.ctx.store.list_keys(w.ctx.codec.accepted_by_time_hour(HOUR)) == [entry]  # only its own entry stays
+    assert all(not w.blob_exists(r.blob_key) for r in (results[0], results[2]))
+    assert w.blob_exists(denied.blob_key)
+
+
+
+# ------------------------------------------------------------------------------------ the walk
+def test_a_refusal_that_passes_is_resolved_by_the_next_walk(runtime, clock, monkeypatch):  # type: ignore[no-untyped-def]
+    """The walk opens the same kind of blocker through the same mechanism: the next walk's round
+    hands the blocked key to its page as failed before, and the page's success resolves it."""
+    from test_walk import accept_all, run_walk
+
+    system = make_system(runtime, clock)
+    try:
+        results = accept_all(system, runtime, clock, [ident(n) for n in range(3)])
+        denied = results[1].manifest_key
+        rule = FaultRule(fault="403", operation="GetObject", key_contains=denied, times=1)
+        made = system.work_context
+
+        def with_fault(**kw: Any) -> Any:
+            ctx = made(**kw)
+            if kw.get("component") == "walk":
+                FaultInjector(ctx.store.client).add(rule)
+            return ctx
+
+        monkeypatch.setattr(system, "work_context", with_fault)
+        system.register_task_functions()
+        first = run_walk(system, page_size=2)
+        assert first.status == "finished" and first.summary["outcomes"]["BLOCKED"] == 1, first.summary
+        [blocker] = system.work_context().blockers.list()
+        assert blocker.work_key == f"{KIND_REPAIR}:{denied}" and blocker.source == "walk"
+        assert_names_the_request(blocker, denied)
+
+        system.register_task_functions()  # a new process: it knows nothing of the first walk's failures
+        again = run_walk(system, page_size=2)
+        assert again.summary["outcomes"].get("BLOCKED", 0) == 0, again.summary
+        ctx = system.work_context()
+        assert ctx.blockers.list() == []
+        assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
+    finally:
+        system.stop()
