@@ -93,3 +93,22 @@ def test_an_entry_lost_behind_the_systems_back_is_missing_derived_after_the_sche
     assert sorted(summary["watermarks"]["withheld"]) == ["accepted-by-blob", "raw-blobs-by-time"]
     assert read_watermarks(table) == {"accepted-by-time": w2, "quarantine-by-blob": w2,
                                       "accepted-by-blob": w1, "raw-blobs-by-time": w1}
+
+
+def test_an_audits_watermarks_cost_at_most_four_conditional_updates_and_never_move_back() -> None:
+    """The cost of W6, counted (no Spark): one ``UpdateItem`` per proven index, nothing per record;
+    an older inventory's plan moves nothing; a withheld index is not written."""
+    from lightmetrics.harness.testing.memory.control_table import InMemoryControlTable
+    from lightmetrics_pipeline.audit_watermarks import apply_watermarks, plan_watermarks
+
+    table = InMemoryControlTable()
+    week = plan_watermarks({"creation_timestamp_ms": 1_764_000_000_000}, 900, {})
+    assert apply_watermarks(table, week, now_ns=1, run_id="w1") == sorted(INDEXES)
+    assert table.requests == {"UpdateItem": 4}
+    older = plan_watermarks({"creation_timestamp_ms": 1_763_000_000_000}, 900, {"raw-blobs-by-time": 3})
+    assert older["withheld"] == {"raw-blobs-by-time": "3 confirmed missing-derived finding(s)"}
+    assert apply_watermarks(table, older, now_ns=2, run_id="w0") == []  # monotonic: never lowered
+    assert table.requests == {"UpdateItem": 7}  # the three proven indexes tried, the withheld one not
+    w = read_watermarks(table)
+    assert w == {i: 1_764_000_000 * _NS - 900 * _NS for i in INDEXES}
+    assert table.get("watermark#accepted-by-blob", "current")["set_by"] == "audit run w1"
