@@ -33,6 +33,7 @@ OUTER_PACKAGES = ("local", "cli", "client", "harness")
 #: function reaches.
 OPERATOR_MODULES = (
     "derived/verify.py",
+    "derived/verify_report.py",
     "deployment/cost_model.py",
     "deployment/cost_workload.py",
     "deployment/stack_outputs.py",

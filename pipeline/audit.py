@@ -68,6 +68,7 @@ from lightmetrics_pipeline.audit_confirm import (
     recheck_held,
 )
 from lightmetrics_pipeline.audit_output import ROWS_PER_PART, output_parts, read_findings, write_findings
+from lightmetrics_pipeline.audit_watermarks import missing_by_index, plan_watermarks
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 
 #: The output folders (categories), one per consumer; lightmetrics_pipeline.audit_confirm.CATEGORY_OF_RULE says
@@ -92,6 +93,8 @@ class AuditReport:
     output_prefix: str = ""
     phases: dict[str, float] = field(default_factory=dict)
     write_tasks: int = 0
+    #: the completeness watermarks this run proves (docs/protocol.md §13 W6): inventory time, proved, withheld
+    watermarks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def violations(self) -> int:
@@ -114,6 +117,7 @@ class AuditReport:
             "seconds": round(self.seconds, 2),
             "phase_seconds": {k: round(v, 2) for k, v in self.phases.items()},
             "output_prefix": self.output_prefix,
+            "watermarks": self.watermarks,
         }
 
 
@@ -130,6 +134,7 @@ def run_audit(
     gc_marked: frozenset[str] = frozenset(),
     progress: Any = None,
     rows_per_part: int = ROWS_PER_PART,
+    settle_s: int | None = None,
 ) -> AuditReport:
     """Run the audit over ``inventory`` (a DataFrame with the inventory columns) and write its outputs.
 
@@ -137,7 +142,8 @@ def run_audit(
     missing; a blob found missing that is not among them is looked at again after GC's marks are
     read again (:meth:`MarkedBlobs.read_again`), since a GC run may have marked it meanwhile.
     ``rows_per_part``: the most rows of one output file (a category's files are written in
-    parallel, one task each)."""
+    parallel, one task each). ``settle_s`` (``LM_SETTLE_S``): plan the watermarks this run proves
+    into its summary (:func:`plan_watermarks`; the job applies them once the summary is committed)."""
     from pyspark import StorageLevel
 
     started = time.monotonic()
@@ -169,6 +175,8 @@ def run_audit(
         by_rule = findings.groupBy("category", "rule").count().collect()
         counts = {c: sum(int(r["count"]) for r in by_rule if r["category"] == c) for c in CATEGORIES}
         report.confirmed_by_rule = {r["rule"]: int(r["count"]) for r in sorted(by_rule, key=lambda r: r["rule"])}
+        if settle_s is not None:
+            report.watermarks = plan_watermarks(report.inventory, settle_s, missing_by_index(findings))
         mark("join+confirm")
 
         # -- write the confirmed findings, then the summary (the commit point) -------------------------

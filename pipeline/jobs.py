@@ -32,6 +32,7 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
               table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.composition.services import control_table
     from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
+    from lightmetrics_pipeline.audit_watermarks import apply_watermarks
     from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
@@ -43,9 +44,13 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
         raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
     df = inventory_dataframe(spark, report, access)
     now_s = (now_ns if now_ns is not None else time.time_ns()) // 1_000_000_000
-    marked = gc_marked_blobs(table or control_table(settings), access.codec)
-    return run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=settings.retry_horizon_s,
-                     inventory_info=report.to_json(), gc_marked=marked, progress=progress)
+    table = table or control_table(settings)
+    marked = gc_marked_blobs(table, access.codec)
+    audit = run_audit(spark, df, access, run_id=run_id, now_s=now_s, retry_horizon_s=settings.retry_horizon_s,
+                      inventory_info=report.to_json(), gc_marked=marked, progress=progress, settle_s=settings.settle_s)
+    # Only now, the summary committed (docs/protocol.md §13 W6): a crash before moves no watermark.
+    apply_watermarks(table, audit.watermarks, now_ns=time.time_ns(), run_id=run_id)
+    return audit
 
 
 def closed_boundary(settings: Settings, table: Any) -> UtcHour | None:

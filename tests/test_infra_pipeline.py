@@ -68,7 +68,10 @@ def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
     def leading_keys(sid: str) -> list[str]:
         return listed(by_sid[sid]["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"])
 
-    assert leading_keys("RollupLease") == ["lease#rollup"]  # the only items the jobs write
+    assert leading_keys("RollupLease") == ["lease#rollup"]  # the only items the jobs write, but ...
+    assert leading_keys("AuditWatermarks") == sorted(f"watermark#{i}" for i in (  # ... the watermarks the audit proves
+        "accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob"))
+    assert listed(by_sid["AuditWatermarks"]["Action"]) == ["dynamodb:UpdateItem"]
     assert leading_keys("ReadCheckpointsAndGcMarks") == ["checkpoint#reap", "checkpoint#reconcile"]
     assert listed(by_sid["ReadCheckpointsAndGcMarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:Query"]
 
@@ -82,6 +85,7 @@ def test_jobs_get_the_region_and_the_reconcilers_shard_count(cdk_synth: Any) -> 
     shards = cdk_synth.stack.config.settings.reconcile_shards
     for env in ("spark.emr-serverless.driverEnv", "spark.executorEnv"):
         assert f"{env}.LM_RECONCILE_SHARDS={shards}" in confs
+        assert f"{env}.LM_SETTLE_S={cdk_synth.stack.config.settings.settle_s}" in confs  # the audit's W (§13 W6)
         assert f"{env}.AWS_REGION=" in confs
     assert '"Ref": "AWS::Region"' in confs  # the deploying region, not a constant
 
@@ -115,6 +119,11 @@ def test_state_machine_starts_the_jobs_from_its_asl_file(cdk_synth: Any) -> None
     rules = [r["Properties"] for r in _of(t, "AWS::Events::Rule").values() if "ScheduleExpression" in r["Properties"]]
     inputs = sorted(json.loads(r["Targets"][0]["Input"])["job"] for r in rules)
     assert inputs == ["audit", "rollup"]
+    # The schedules are exactly PIPELINE_SCHEDULES: what tests/test_pipeline_audit_watermark.py runs.
+    from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
+
+    assert sorted((r["ScheduleExpression"], json.loads(r["Targets"][0]["Input"])) for r in rules) == sorted(
+        (expression, json.loads(given)) for expression, given in PIPELINE_SCHEDULES.values())
 
 
 def test_alarms_on_failed_job_runs(cdk_synth: Any) -> None:

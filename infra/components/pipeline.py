@@ -58,6 +58,8 @@ from constructs import Construct
 from infra import pipeline_bundle as bundle
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
+from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
+from lightmetrics.derived.walk.state import INDEXES, watermark_pk
 from lightmetrics.protocol.keys import KeyKind as K  # short: the policy names many kinds
 from lightmetrics.protocol.keys import layout_roots
 
@@ -74,21 +76,23 @@ READ_PREFIXES = layout_roots(K.ACCEPTED, K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB,
                              # the audit's orphan check reads a conflict's resolution (docs/protocol.md §15 G3)
                              K.CONFLICT_RESOLUTION)
 WRITE_PREFIXES = layout_roots(K.ROLLUP_PART, K.ROLLUP_INDEX, K.ROLLUP_MANIFEST, K.AUDIT)
-#: control-table partitions the jobs touch (docs/control-table.md)
-#: control-table partitions the jobs write (the rollup's lease) and only read
+#: control-table partitions the jobs touch (docs/control-table.md): the rollup's lease (written),
+#: the completeness watermarks the audit proves (raised: docs/protocol.md §13 W6), and those only read
 LEASE_KEYS = ("lease#rollup",)
+WATERMARK_KEYS = tuple(watermark_pk(index) for index in INDEXES)
 READ_KEYS = ("checkpoint#reconcile", "checkpoint#reap")
 PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParameters", "LogUri", "InventoryLocation")
 
 
 def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horizon_s: int, archive_uri: str,
                             py_files_uri: str, reconcile_shards: int = 1, region: str | None = None,
-                            python: str = bundle.JOB_PYTHON_PATH) -> str:
+                            settle_s: int = 900, python: str = bundle.JOB_PYTHON_PATH) -> str:
     """The job's ``sparkSubmitParameters``: our code zip as ``spark.submit.pyFiles`` (what
     ``--py-files`` sets; a plain conf, as every other setting here), the dependency zip
     unpacked as ``./deps`` (``spark.archives``) on ``PYTHONPATH``, the image's ``python`` for the
     driver and the workers, and the LM_* settings (the reconciler's shard count: the rollup reads
-    every shard's checkpoint, protocol §12 R8) and the region the job's AWS clients use.
+    every shard's checkpoint, protocol §12 R8; the settle window: the audit's watermarks are its
+    inventory's time minus it, §13 W6) and the region the job's AWS clients use.
 
     >>> p = spark_submit_parameters(bucket="b", prefix="", table="t", retry_horizon_s=60,
     ...                             archive_uri="s3://a/deps.zip", py_files_uri="s3://a/app.zip", region="eu-west-1")
@@ -96,7 +100,8 @@ def spark_submit_parameters(*, bucket: str, prefix: str, table: str, retry_horiz
     (['--conf', 'spark.submit.pyFiles=s3://a/app.zip'], True)
     """
     env = {"PYTHONPATH": f"./{bundle.DEPS_ALIAS}", "LM_BUCKET": bucket, "LM_PREFIX": prefix, "LM_TABLE": table,
-           "LM_RETRY_HORIZON_S": str(retry_horizon_s), "LM_RECONCILE_SHARDS": str(reconcile_shards)}
+           "LM_RETRY_HORIZON_S": str(retry_horizon_s), "LM_RECONCILE_SHARDS": str(reconcile_shards),
+           "LM_SETTLE_S": str(settle_s)}
     if region:
         env.update(AWS_REGION=region, AWS_DEFAULT_REGION=region)
     confs = [
@@ -181,6 +186,9 @@ class Pipeline(NestedStack):
             sid="RollupLease", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
             resources=[table_arn],
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(LEASE_KEYS)}}))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            sid="AuditWatermarks", actions=["dynamodb:UpdateItem"], resources=[table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(WATERMARK_KEYS)}}))
         # Read only: the reconciler's checkpoints (which hours are closed) and GC's recorded marks
         # (the audit's blobs in GC's hands, docs/protocol.md §15).
         self.job_role.add_to_policy(iam.PolicyStatement(
@@ -197,7 +205,8 @@ class Pipeline(NestedStack):
                 bucket=bucket.bucket_name, prefix=ns, table=table_name,
                 retry_horizon_s=config.settings.retry_horizon_s, archive_uri=self.bundle["archive"].s3_object_url,
                 py_files_uri=self.bundle["py_files"].s3_object_url,
-                reconcile_shards=config.settings.reconcile_shards, region=Stack.of(self).region),
+                reconcile_shards=config.settings.reconcile_shards, region=Stack.of(self).region,
+                settle_s=config.settings.settle_s),
             "LogUri": f"s3://{ops_bucket.bucket_name}/{LOGS_PREFIX}",
             "InventoryLocation": f"s3://{ops_bucket.bucket_name}/{INVENTORY_PREFIX}/{bucket.bucket_name}/{INVENTORY_ID}/",
         }
@@ -231,11 +240,11 @@ class Pipeline(NestedStack):
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
         )
         self.schedules = {}
-        for name, expression, job in (("Rollup", "cron(20 * * * ? *)", "rollup"), ("Audit", "cron(30 6 ? * TUE *)", "audit")):
-            rule = events.Rule(self, f"{name}Schedule", description=f"pipeline {job}: {expression}",
+        for job, (expression, input_json) in PIPELINE_SCHEDULES.items():
+            rule = events.Rule(self, f"{job.capitalize()}Schedule", description=f"pipeline {job}: {expression}",
                                schedule=events.Schedule.expression(expression),
                                targets=[targets.SfnStateMachine(self.machine, input=events.RuleTargetInput.from_object(
-                                   {"job": job}))])
+                                   json.loads(input_json)))])
             self.schedules[job] = rule
 
         # -- alarms on failed runs ----------------------------------------------------------------------------
@@ -287,4 +296,4 @@ def asl_document() -> dict:  # type: ignore[type-arg]
 
 
 __all__ = ["ASL_FILE", "LEASE_KEYS", "PLACEHOLDERS", "Pipeline", "READ_KEYS", "READ_PREFIXES", "RELEASE_LABEL",
-           "WRITE_PREFIXES", "asl_document", "asl_placeholders", "spark_submit_parameters"]
+           "WATERMARK_KEYS", "WRITE_PREFIXES", "asl_document", "asl_placeholders", "spark_submit_parameters"]

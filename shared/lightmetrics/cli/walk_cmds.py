@@ -242,6 +242,7 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
     for rule, n in shown.items():
         if n > max_listed:
             console.print(f"[red]... and {n - max_listed} more {rule} violations (--json lists all)[/]")
+    _print_pending(report.pending_findings, max_listed)
     for w in report.warnings[:max_listed]:
         console.print(f"[yellow]warning[/] {w.rule}: {w.detail}: {', '.join(w.keys)}")
     for a in report.acknowledged:
@@ -249,3 +250,15 @@ def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool)
     label = "[bold green]no violations[/]" if report.ok else f"[bold red]{len(report.violations)} violations[/]"
     console.print(f"{label}, {len(report.warnings)} warnings, {len(report.acknowledged)} acknowledged")
     sys.exit(EXIT_OK if report.ok else EXIT_VIOLATIONS)
+
+
+def _print_pending(pending: list[Any], max_listed: int) -> None:
+    """Each ``pending`` finding with its age, the oldest first: one that keeps growing old means
+    the index's watermark is held back (docs/protocol.md §13 W6)."""
+    for p in pending[:max_listed]:
+        console.print(f"[cyan]pending {p.index}[/]: accepted {p.to_json()['accepted_at']}, "
+                      f"{p.age_text()} old")
+        for key in p.keys:
+            console.print(f"    {key}")
+    if len(pending) > max_listed:
+        console.print(f"[cyan]... and {len(pending) - max_listed} more pending (--json lists all)[/]")

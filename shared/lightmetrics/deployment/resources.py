@@ -30,7 +30,7 @@ from lightmetrics.deployment.resource_types import (
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 from lightmetrics.protocol.keys import layout_root, layout_roots
 
-__all__ = ["BUCKET", "FUNCTIONS", "QUEUES", "SECRET", "SPEC", "STATE_MACHINES", "TABLE"]
+__all__ = ["BUCKET", "FUNCTIONS", "PIPELINE_SCHEDULES", "QUEUES", "SECRET", "SPEC", "STATE_MACHINES", "TABLE"]
 
 
 BUCKET = BucketSpec()
@@ -278,7 +278,9 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
             ("WalkContinueFunctionArn", "walk-continue"),
             ("WalkEndFunctionArn", "walk-end"),
         ),
-        # Weekly, Sunday 03:00 UTC: a full walk (the only kind that moves the watermark).
+        # Weekly, Sunday 03:00 UTC: a walk of every partition, not `full` — one read per record
+        # (protocol §13 W5) — that moves the accepted-by-time and quarantine-by-blob watermarks
+        # (W3). The weekly inventory audit (PIPELINE_SCHEDULES) moves all four (W6).
         schedule="cron(0 3 ? * SUN *)",
         schedule_input=json.dumps(
             {"agent": None, "resume": False, "page_size": 10000, "parallelism": 40}, sort_keys=True
@@ -320,3 +322,12 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
 SPEC = ResourceSpec(
     bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS, state_machines=STATE_MACHINES
 )
+
+#: The pipeline state machine's EventBridge schedules (infra/components/pipeline.py; the jobs run on
+#: EMR Serverless, docs/pipeline.md §7): job -> (schedule expression, the execution's input). The
+#: audit runs Tuesday 06:30 UTC, after the weekly inventory (generated Sunday, delivered within 48 h)
+#: has landed; it moves the completeness watermarks it proves (docs/protocol.md §13 W6).
+PIPELINE_SCHEDULES: dict[str, tuple[str, str]] = {
+    "rollup": ("cron(20 * * * ? *)", json.dumps({"job": "rollup"})),
+    "audit": ("cron(30 6 ? * TUE *)", json.dumps({"job": "audit"})),
+}

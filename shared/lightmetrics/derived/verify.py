@@ -17,8 +17,9 @@ the same names):
 * ``quarantine-incomplete``: a quarantine manifest that does not parse, whose acceptance record
   is missing, or whose submitted blob (the evidence) is gone;
 * ``missing-derived``: an accepted manifest (or quarantine manifest) from before the index's
-  completeness watermark W without its derived entry. Newer ones lacking an entry are only
-  counted as ``pending`` (the event path or the next walk writes them); ``strict`` requires every
+  completeness watermark W without its derived entry. Newer ones lacking an entry are
+  ``pending`` (the event path or the next walk writes them), each listed with its age
+  (:class:`PendingFinding`: W moves weekly, docs/protocol.md §13 W6); ``strict`` requires every
   entry regardless of W (for a quiet system right after a walk, as in the demo and tests);
 * ``reaped-without-tombstone`` / ``reaped-not-empty``: a retention ``reaped`` marker without its
   tombstone, or a reaped hour that still has ``accepted-by-time`` entries (a writer re-created
@@ -39,13 +40,13 @@ Example:
 from __future__ import annotations
 
 import contextvars
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.derived.indexing import load_manifest
+from lightmetrics.derived.verify_report import Finding, PendingFinding, VerifyReport
 from lightmetrics.ops.outcome import PermanentWorkError
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.ops.work import WorkContext
@@ -54,7 +55,7 @@ from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyKind, UtcHour, layout_root
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 
-__all__ = ["Finding", "VerifyReport", "verify"]
+__all__ = ["Finding", "PendingFinding", "VerifyReport", "verify"]
 
 # The listings are keyed by layout root (also the report's counts).
 _ACCEPTED, _BLOBS, _QUARANTINE = (layout_root(k) for k in (KeyKind.ACCEPTED, KeyKind.RAW_BLOB, KeyKind.QUARANTINE))
@@ -67,51 +68,6 @@ _DERIVED_OF = {  # derived root -> the index name its watermark uses
     _BLOBS_BY_TIME: "raw-blobs-by-time",
     _QUARANTINE_BY_BLOB: "quarantine-by-blob",
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str  # a name from lightmetrics.protocol.invariants.RULES
-    keys: tuple[str, ...]
-    detail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "keys": list(self.keys), "detail": self.detail}
-
-
-@dataclass
-class VerifyReport:
-    strict: bool
-    counts: dict[str, int] = field(default_factory=dict)
-    checked: Counter[str] = field(default_factory=Counter)
-    expected: Counter[str] = field(default_factory=Counter)  # rule name -> objects in that expected state
-    pending: Counter[str] = field(default_factory=Counter)  # index -> records newer than W without the entry
-    watermarks: dict[str, int | None] = field(default_factory=dict)
-    violations: list[Finding] = field(default_factory=list)
-    warnings: list[Finding] = field(default_factory=list)
-    acknowledged: list[Finding] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    def violation_counts(self) -> dict[str, int]:
-        return dict(Counter(v.rule for v in self.violations))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "strict": self.strict,
-            "counts": self.counts,
-            "checked": dict(self.checked),
-            "expected": dict(self.expected),
-            "pending": dict(self.pending),
-            "watermarks": self.watermarks,
-            "violations": [v.to_json() for v in self.violations],
-            "violation_counts": self.violation_counts(),
-            "warnings": [w.to_json() for w in self.warnings],
-            "acknowledged": [a.to_json() for a in self.acknowledged],
-        }
 
 
 def _list_all(ctx: WorkContext, prefix: str) -> dict[str, int]:
@@ -163,6 +119,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         run.derived_entries(lambda index, at_ns: strict or (
             (w := (watermarks or {}).get(index)) is not None and at_ns < w))
         run.overlapping_ranges()
+        report.pending_findings.sort(key=lambda p: (p.accepted_at_ns, p.keys))  # the oldest first
     finally:
         pool.shutdown(wait=True)
     return report
@@ -333,17 +290,19 @@ class _Run:
             for index, ok in has.items():
                 rule = inv.derived_entry_state(entry_present=ok, hour_tombstoned=hour in self.tombstoned,
                                                required=required(index, m.accepted_at_unix_ns))
-                self._derived(rule, index, [key], f"no {index} entry (accepted at {hour})")
+                self._derived(rule, index, [key], f"no {index} entry (accepted at {hour})", m.accepted_at_unix_ns)
         for key, q in self.conflicts.items():
             entry = codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity)
             rule = inv.derived_entry_state(entry_present=entry in present[_QUARANTINE_BY_BLOB],
                                            hour_tombstoned=False,
                                            required=required("quarantine-by-blob", q.observed_at_unix_ns))
-            self._derived(rule, "quarantine-by-blob", [key, entry], "no quarantine-by-blob entry")
+            self._derived(rule, "quarantine-by-blob", [key, entry], "no quarantine-by-blob entry", q.observed_at_unix_ns)
 
-    def _derived(self, rule: inv.Rule | None, index: str, keys: list[str], detail: str) -> None:
-        if rule is inv.PENDING:
+    def _derived(self, rule: inv.Rule | None, index: str, keys: list[str], detail: str, at_ns: int) -> None:
+        if rule is inv.PENDING:  # expected for now; its age shows how long it has been waiting
             self.report.pending[index] += 1
+            age_s = max(0, (self.ctx.clock.now_ns() - at_ns) // 1_000_000_000)
+            self.report.pending_findings.append(PendingFinding(index, tuple(keys), at_ns, age_s))
         elif rule is inv.MISSING_DERIVED:
             self.note(rule, keys, detail)
         # None: present; REAPED: nothing is (re-)created under a tombstone (the record's blob counts it)

@@ -75,6 +75,7 @@ from lightmetrics.derived.walk.state import (
     PRESENCE_WALK_INDEXES,
     checkpoint_pk,
     describe_lease,
+    proven_before,
     read_lease,
     read_walk,
     read_watermarks,
@@ -94,6 +95,6 @@ __all__ = [
     "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "NothingToResume", "NothingToWalk", "RecordChecks", "Started",
     "WalkControl", "WalkError", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
-    "list_beats_heads", "max_rounds_for", "read_lease", "read_walk", "read_watermarks", "set_watermark",
+    "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
     "summarize", "walk_task_handler", "watermark_blocker", "watermark_pk",
 ]

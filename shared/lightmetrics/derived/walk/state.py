@@ -91,12 +91,21 @@ def watermark_blocker(cp: dict[str, Any], parts: list[dict[str, Any]]) -> str | 
     return None
 
 
-def set_watermark(table: ControlStore, index: str, w_ns: int, *, epoch: int, now_ns: int) -> bool:
-    """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved."""
+def proven_before(check_started_ns: int, settle_s: int) -> int:
+    """The W a complete check proves: every record accepted before ``check_started_ns −
+    settle_s`` had landed in S3 when the check began listing (the settle window covers the longest
+    accept, clock skew and the index pipeline) — a walk's start (W3), an inventory's scan (W6)."""
+    return int(check_started_ns) - int(settle_s) * _NS
+
+
+def set_watermark(table: ControlStore, index: str, w_ns: int, *, epoch: int, now_ns: int,
+                  set_by: str | None = None) -> bool:
+    """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved.
+    ``set_by`` names the check that proved it (``walk epoch N``, ``audit run R``)."""
     try:
-        table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep",
-                     names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch"},
-                     values={":w": w_ns, ":now": now_ns, ":ep": epoch},
+        table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep, #by = :by",
+                     names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch", "#by": "set_by"},
+                     values={":w": w_ns, ":now": now_ns, ":ep": epoch, ":by": set_by or f"walk epoch {epoch}"},
                      condition="attribute_not_exists(#w) OR #w < :w")
         return True
     except ConditionFailed:
@@ -153,5 +162,5 @@ def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> d
 
 
 __all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
-           "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "read_lease", "read_walk", "read_watermarks",
-           "set_watermark", "summarize", "watermark_blocker", "watermark_pk"]
+           "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "proven_before", "read_lease", "read_walk",
+           "read_watermarks", "set_watermark", "summarize", "watermark_blocker", "watermark_pk"]

@@ -46,12 +46,13 @@ from lightmetrics.derived.walk.state import (
     PART_PREFIX,
     PRESENCE_WALK_INDEXES,
     checkpoint_pk,
+    proven_before,
     read_walk,
     set_watermark,
     summarize,
     watermark_blocker,
 )
-from lightmetrics.derived.walk.walker_base import NS, add_counts, counters, log, owned
+from lightmetrics.derived.walk.walker_base import add_counts, counters, log, owned
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
@@ -307,7 +308,7 @@ class Walker(PageTask):
         if outcome == "finished":
             reason = watermark_blocker(cp, parts)
             if not reason:
-                watermark = int(cp["started_at_ns"]) - int(self.settings.settle_s) * NS
+                watermark = proven_before(int(cp["started_at_ns"]), self.settings.settle_s)
             names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
             values.update({":st": "finished", ":now": now})
             expr = "SET #st = :st, #fa = :now, #u = :now"

@@ -1,0 +1,62 @@
+"""The completeness watermarks an audit proves (docs/protocol.md §13 W6).
+
+An audit checks every acceptance record and quarantine manifest of its inventory for each derived
+index — a candidate for every one the inventory shows without an entry, each confirmed live — so
+when it finishes, every record that was in S3 when the inventory's scan began (``creationTimestamp``)
+had its entries then, or is one of its confirmed ``missing-derived`` findings. An index without such
+a finding is proven complete up to ``creationTimestamp − LM_SETTLE_S`` (a record accepted before
+then had landed before the scan began: the walk's W3 argument, with the inventory's scan as the
+listing), and its watermark moves there — after the run's summary is committed, never before. An
+index with a finding keeps its W (``withheld``, with the count): a proof with a hole in it is none.
+
+Cost: no request per record. The counts come from the confirmed findings (one small Spark
+aggregation, at most four rows to the driver) and each proven index costs one conditional
+``UpdateItem`` — at most four a run, whatever the history.
+
+Example:
+    >>> plan_watermarks({"creation_timestamp_ms": 1_764_000_000_000}, 900, {"accepted-by-blob": 1})["withheld"]
+    {'accepted-by-blob': '1 confirmed missing-derived finding(s)'}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightmetrics.derived.walk import INDEXES, proven_before, set_watermark
+
+
+def missing_by_index(findings: Any) -> dict[str, int]:
+    """Confirmed ``missing-derived`` findings per derived index (a finding line's ``missing`` lists
+    the indexes its record lacks), from the findings DataFrame; at most four rows are collected."""
+    from pyspark.sql import functions as F
+
+    from lightmetrics.protocol import invariants as inv
+
+    rows = findings.where(F.col("rule") == inv.MISSING_DERIVED.name) \
+        .select(F.explode(F.split(F.get_json_object("doc", "$.missing"), ",")).alias("index")) \
+        .groupBy("index").count().collect()
+    return {r["index"]: int(r["count"]) for r in rows}
+
+
+def plan_watermarks(inventory_info: dict[str, Any], settle_s: int, missing: dict[str, int]) -> dict[str, Any]:
+    """``{"inventory_created_ns", "proved": {index: W}, "withheld": {index: why}}`` for a finished audit
+    of the report ``inventory_info`` (:meth:`InventoryReport.to_json`) with ``missing`` findings."""
+    created_ms = inventory_info.get("creation_timestamp_ms")
+    if created_ms is None:
+        return {"inventory_created_ns": None, "proved": {},
+                "withheld": {i: "the inventory report has no creationTimestamp" for i in INDEXES}}
+    w_ns = proven_before(int(created_ms) * 1_000_000, settle_s)
+    return {"inventory_created_ns": int(created_ms) * 1_000_000,
+            "proved": {i: w_ns for i in INDEXES if not missing.get(i)},
+            "withheld": {i: f"{missing[i]} confirmed missing-derived finding(s)" for i in INDEXES if missing.get(i)}}
+
+
+def apply_watermarks(table: Any, plan: dict[str, Any], *, now_ns: int, run_id: str) -> list[str]:
+    """Raise the proven indexes' watermarks (monotonic: an older inventory never lowers one);
+    the indexes that moved. Called only once the run's summary is committed: a crash before
+    leaves every W where it was, and the next audit moves them."""
+    return [index for index, w_ns in sorted(plan.get("proved", {}).items())
+            if set_watermark(table, index, int(w_ns), epoch=0, now_ns=now_ns, set_by=f"audit run {run_id}")]
+
+
+__all__ = ["apply_watermarks", "missing_by_index", "plan_watermarks"]
