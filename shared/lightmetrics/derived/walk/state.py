@@ -21,6 +21,7 @@ from typing import Any
 
 from lightmetrics.ops import leases
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
+from lightmetrics.protocol.own_writes import update_own
 
 _NS = 1_000_000_000
 
@@ -94,10 +95,10 @@ def watermark_blocker(cp: dict[str, Any], parts: list[dict[str, Any]]) -> str | 
 def set_watermark(table: ControlStore, index: str, w_ns: int, *, epoch: int, now_ns: int) -> bool:
     """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved."""
     try:
-        table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep",
-                     names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch"},
-                     values={":w": w_ns, ":now": now_ns, ":ep": epoch},
-                     condition="attribute_not_exists(#w) OR #w < :w")
+        update_own(table, watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep",
+                   names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch"},
+                   values={":w": w_ns, ":now": now_ns, ":ep": epoch},
+                   condition="attribute_not_exists(#w) OR #w < :w")
         return True
     except ConditionFailed:
         return False

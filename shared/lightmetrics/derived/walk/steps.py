@@ -56,6 +56,7 @@ from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
+from lightmetrics.protocol.own_writes import put_own
 
 
 class Walker(PageTask):
@@ -124,8 +125,8 @@ class Walker(PageTask):
                 raise NothingToResume(f"{cp_pk} changed while resuming; start again") from None
             walk["executions"] = int(cp.get("executions", 0)) + 1
         else:
-            self.table.put(self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
-                           values_for_condition={":e": epoch})
+            put_own(self.table, self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
+                    values_for_condition={":e": epoch})
             walk["executions"] = 1
         log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
         return {"walk": walk}

@@ -1,0 +1,134 @@
+"""A conditional write whose answer was lost is recognised as our own (docs/protocol.md §11.1).
+
+On moto's DynamoDB, with the fault at the client: the request lands, its answer times out, and
+botocore sends it again (the control table's client keeps botocore's retries). The retry fails its
+own condition. Every conditional create or conditioned update of the control table must then read
+what is there and carry on as a success when it is its own write — never report it as someone else's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from reap_support import make_table, session
+
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.derived.hour_ranges import RangePlans
+from lightmetrics.derived.reconcile_state import CHECKPOINT_SK, write_checkpoint
+from lightmetrics.derived.walk.state import set_watermark
+from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+from lightmetrics.ops import leases
+from lightmetrics.ops.blockers import BlockerStore
+from lightmetrics.ops.conflict_records import ConflictEntry, register
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.control_store import ConditionFailed
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.own_writes import WRITE_TOKEN, WrittenByOther, put_own, update_own
+
+_NS = 1_000_000_000
+NOW = 1_764_000_000 * _NS
+HOUR = UtcHour.of_unix_ns(NOW)
+
+
+@pytest.fixture
+def table(runtime: Any) -> ControlTable:
+    name = f"lost-{uuid.uuid4().hex[:8]}"
+    make_table(name)
+    return ControlTable(session().client("dynamodb"), name)
+
+
+def lose_answer(table: ControlTable, operation: str, pk: str, after: int = 0) -> FaultRule:
+    """The next ``operation`` on ``pk`` (after ``after`` of them) lands, its answer is lost, botocore retries it."""
+    return FaultInjector(table.client).add(FaultRule(fault="timeout_after_landing", operation=operation,
+                                                     body_contains=pk, after=after))
+
+
+def _lease_fresh(table: ControlTable) -> str:
+    item = leases.take(table, "lease#lost", None, owner="me", lease_seconds=60, now_ns=NOW, what="walk",
+                       execution="exec-1")
+    return f"epoch {item['epoch']}"
+
+
+def _lease_over_expired(table: ControlTable) -> str:
+    leases.take(table, "lease#lost", None, owner="earlier", lease_seconds=60, now_ns=NOW - 3600 * _NS, what="walk")
+    before = table.get("lease#lost", "lease")
+    item = leases.take(table, "lease#lost", before, owner="me", lease_seconds=60, now_ns=NOW, what="walk")
+    return f"epoch {item['epoch']}"
+
+
+def _range_plan(table: ControlTable) -> str:
+    plan = RangePlans(table).propose(["m"], effective_from=HOUR + 48, now_ns=NOW)
+    return f"{plan.ranges} ranges"
+
+
+def _reconcile_checkpoint(table: ControlTable) -> str:
+    assert write_checkpoint(table, CHECKPOINT_SK, HOUR, None, NOW), "the reconciler lost its own checkpoint"
+    return "written"
+
+
+def _conflict_record(table: ControlTable) -> str:
+    entry = ConflictEntry("c1", "q", "agent-a", "boot-1", 0, 9, "m", "b", "s" * 64, "b2", "t" * 64, 10, NOW,
+                          "col-a", "col-b")
+    assert register(table, entry), "the conflict record it wrote was called an earlier one"
+    return "registered"
+
+
+def _blocker(table: ControlTable) -> str:
+    created = BlockerStore(table, FrozenClock(NOW)).open_once("work-1", kind="k", object_key="o", reason="r",
+                                                          source="test")
+    assert created, "the blocker it opened was called an earlier one"
+    return "opened"
+
+
+def _watermark(table: ControlTable) -> str:
+    assert set_watermark(table, "by-time", NOW, epoch=1, now_ns=NOW), "the watermark it raised was called unmoved"
+    return "raised"
+
+
+# (site, the operation whose answer is lost, the partition key it writes, writes to let through first, the call)
+SITES: list[tuple[str, str, str, int, Callable[[ControlTable], str]]] = [
+    ("lease-take", "PutItem", "lease#lost", 0, _lease_fresh),
+    ("lease-take-over-expired", "PutItem", "lease#lost", 1, _lease_over_expired),
+    ("range-plan", "PutItem", "plan#hour-ranges", 0, _range_plan),
+    ("reconcile-checkpoint", "PutItem", "checkpoint#reconcile", 0, _reconcile_checkpoint),
+    ("conflict-record", "PutItem", "conflicts", 0, _conflict_record),
+    ("blocker-open-once", "PutItem", "blockers", 0, _blocker),
+    ("watermark", "UpdateItem", "watermark#by-time", 0, _watermark),
+]
+
+
+@pytest.mark.parametrize(("operation", "pk", "after", "call"), [s[1:] for s in SITES], ids=[s[0] for s in SITES])
+def test_a_conditional_write_whose_answer_was_lost_is_recognised_as_our_own(
+        table: ControlTable, operation: str, pk: str, after: int, call: Callable[[ControlTable], str]) -> None:
+    rule = lose_answer(table, operation, pk, after)
+    call(table)  # raises (LeaseHeld, RangePlanError, ...) or asserts if its own write is someone else's
+    assert rule.fired == 1, "the fault never fired: the test proves nothing"
+
+
+def test_a_write_that_really_is_another_s_still_fails_and_says_what_is_there(table: ControlTable) -> None:
+    put_own(table, {"pk": "p", "sk": "s", "who": "other"}, condition="attribute_not_exists(pk)")
+    with pytest.raises(WrittenByOther) as lost:
+        put_own(table, {"pk": "p", "sk": "s", "who": "me"}, condition="attribute_not_exists(pk)")
+    assert lost.value.current is not None and lost.value.current["who"] == "other"
+    assert isinstance(lost.value, ConditionFailed)  # callers' existing handling keeps working
+    leases.take(table, "lease#x", None, owner="a", lease_seconds=60, now_ns=NOW, what="walk", execution="exec-other")
+    with pytest.raises(leases.LeaseHeld, match="execution exec-other"):
+        leases.take(table, "lease#x", None, owner="b", lease_seconds=60, now_ns=NOW, what="walk", execution="exec-b")
+
+
+def test_an_update_whose_answer_was_lost_returns_the_item_it_wrote(table: ControlTable) -> None:
+    table.put({"pk": "p", "sk": "s", "n": 1})
+    rule = lose_answer(table, "UpdateItem", '"p"')
+    item = update_own(table, "p", "s", "SET #n = :two", names={"#n": "n"}, values={":one": 1, ":two": 2},
+                      condition="#n = :one")
+    assert rule.fired == 1 and item["n"] == 2 and item[WRITE_TOKEN]
+    # an expression without a SET clause gets one; a clause after SET keeps working
+    item = update_own(table, "p", "s", "ADD #n :one", names={"#n": "n"}, values={":one": 1},
+                      condition="attribute_exists(pk)")
+    assert item["n"] == 3
+    item = update_own(table, "p", "s", "REMOVE #q SET #n = :one", names={"#n": "n", "#q": "q"},
+                      values={":one": 1}, condition="attribute_exists(pk)")
+    assert item["n"] == 1
