@@ -10,23 +10,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from reap_support import make_table, session
+from conftest import ident
+from memory_support import memory_world, walk
+from reap_support import drive, make_table, session
 
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.derived.hour_ranges import RangePlans
 from lightmetrics.derived.reconcile_state import CHECKPOINT_SK, write_checkpoint
+from lightmetrics.derived.walk import Walker, read_watermarks
 from lightmetrics.derived.walk.state import set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.ops import leases
 from lightmetrics.ops.blockers import BlockerStore
 from lightmetrics.ops.conflict_records import ConflictEntry, register
+from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WRITE_TOKEN, WrittenByOther, put_own, update_own
+from lightmetrics.reaps import Reaper
 
 _NS = 1_000_000_000
 NOW = 1_764_000_000 * _NS
@@ -132,3 +138,65 @@ def test_an_update_whose_answer_was_lost_returns_the_item_it_wrote(table: Contro
     item = update_own(table, "p", "s", "REMOVE #q SET #n = :one", names={"#n": "n", "#q": "q"},
                       values={":one": 1}, condition="attribute_exists(pk)")
     assert item["n"] == 1
+
+
+# --------------------------------------------------------------------------- the walk's writes, end to end
+# S3 in memory, the control table on moto with the fault at its client: a whole walk.
+WALK_SITES = [
+    ("walk-lease-take", "PutItem", "lease#walk"),
+    ("walk-checkpoint-create", "PutItem", '"current"'),
+    ("walk-page-cursor", "UpdateItem", ":prev"),
+    ("walk-watermark", "UpdateItem", "watermark#"),
+]
+
+
+class PageRecordingWalker(Walker):
+    """Keeps every page task's result: a page that calls its own cursor move "stale" counts nothing."""
+
+    pages: list[dict[str, Any]]
+
+    def page(self, event: dict[str, Any]) -> dict[str, Any]:
+        result = super().page(event)
+        self.pages.append(result)
+        return result
+
+
+@pytest.mark.parametrize(("operation", "marker"), [s[1:] for s in WALK_SITES], ids=[s[0] for s in WALK_SITES])
+def test_a_walk_whose_write_answer_was_lost_finishes_as_if_nothing_happened(
+        table: ControlTable, operation: str, marker: str) -> None:
+    w = memory_world(settle_s=600)
+    for i in range(4):
+        w.accept(ident(i, agent=f"agent-{i % 2}"))
+    ctx = replace(w.ctx, table=table, blockers=BlockerStore(table, w.clock),
+                  budget=RetryBudget(table, max_count=5, max_age_s=3600, clock=w.clock))
+    rule = lose_answer(table, operation, marker)
+    walker = PageRecordingWalker(ctx, w.settings)
+    walker.pages = []
+    summary = walk(walker, w.clock, page_size=2, full=True)
+    assert rule.fired == 1, "the fault never fired: the test proves nothing"
+    assert not [p for p in walker.pages if p.get("stale")], "a page took its own cursor move for a twin's"
+    assert summary["status"] == "finished" and summary["watermark_withheld"] is None, summary
+    assert summary["keys_accepted"] == 4, summary
+    assert all(v is not None for v in read_watermarks(table).values())
+
+
+# --------------------------------------------------------------------------- the reap's writes, end to end
+REAP_SITES = [
+    ("reap-lease-take", "PutItem", "lease#reap"),
+    ("reap-checkpoint-create", "PutItem", '"current"'),
+]
+
+
+@pytest.mark.parametrize(("operation", "marker"), [s[1:] for s in REAP_SITES], ids=[s[0] for s in REAP_SITES])
+def test_a_reap_whose_write_answer_was_lost_finishes_as_if_nothing_happened(
+        table: ControlTable, operation: str, marker: str) -> None:
+    w = memory_world()
+    w.accept(ident(5))
+    orphan = w.orphan(ident(6))
+    ctx = replace(w.ctx, table=table, blockers=BlockerStore(table, w.clock),
+                  budget=RetryBudget(table, max_count=5, max_age_s=3600, clock=w.clock))
+    rule = lose_answer(table, operation, marker)
+    report = drive(Reaper(ctx, w.settings), {"mode": "gc", "dry_run": False}, w.clock)
+    assert rule.fired == 1, "the fault never fired: the test proves nothing"
+    assert report["status"] == "finished" and report["purged"] == 1, report
+    assert w.store.head(orphan) is None
