@@ -20,6 +20,7 @@ from reap_support import drive, make_table, session
 
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.derived.hour_ranges import RangePlans
+from lightmetrics.derived.indexing import index_accepted
 from lightmetrics.derived.reconcile_state import CHECKPOINT_SK, write_checkpoint
 from lightmetrics.derived.walk import Walker, read_watermarks
 from lightmetrics.derived.walk.state import set_watermark
@@ -27,6 +28,7 @@ from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.ops import leases
 from lightmetrics.ops.blockers import BlockerStore
 from lightmetrics.ops.conflict_records import ConflictEntry, register
+from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.control_store import ConditionFailed
@@ -200,3 +202,32 @@ def test_a_reap_whose_write_answer_was_lost_finishes_as_if_nothing_happened(
     assert rule.fired == 1, "the fault never fired: the test proves nothing"
     assert report["status"] == "finished" and report["purged"] == 1, report
     assert w.store.head(orphan) is None
+
+
+# --------------------------------------------------------------------------- S3 creates outside the accept path
+def test_a_pipeline_create_whose_answer_was_lost_is_reported_created(runtime: Any, bucket: str) -> None:
+    """The rollup's manifest, the audit's summary and commit marker, chunks and inventory parts all
+    go through ``s3io.put_if_absent``: its own landed create is ``created``, not someone's ``exists``."""
+    from lightmetrics_pipeline import s3io
+
+    access = s3io.S3Access(bucket=bucket, endpoint_url=runtime.endpoint_url, region="us-east-1",
+                           access_key="testing", secret_key="testing")
+    key = f"rollup/v1/lost-{uuid.uuid4().hex[:8]}/manifest.json"
+    faults = FaultInjector(s3io.client(access))
+    rule = faults.add(FaultRule(fault="timeout_after_landing", operation="PutObject", key_contains=key))
+    try:
+        assert s3io.put_if_absent(access, key, b'{"mine": true}') == "created"
+        assert rule.fired == 1
+        assert s3io.put_if_absent(access, key, b'{"other": true}') == "exists"  # a real second writer still is
+    finally:
+        faults.clear()
+
+
+def test_a_derived_entry_whose_answer_was_lost_is_done_not_found_done() -> None:
+    """In memory (fast): both entries of a record land and lose their answers; the indexer wrote them."""
+    w = memory_world()
+    result = w.accept(ident(1), index=False)
+    for index in ("accepted-by-blob/", "accepted-by-time/"):
+        w.store.fail("PutObject", "RequestTimeout", key_contains=index, landed=True)
+    assert index_accepted(w.ctx, result.manifest_key) is Outcome.DONE
+    assert index_accepted(w.ctx, result.manifest_key) is Outcome.NOOP_RESOLVED  # really there already
