@@ -19,6 +19,7 @@ from memory_support import memory_world, walk
 from reap_support import drive, make_table, session
 
 from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.derived.hour_ranges import RangePlans
 from lightmetrics.derived.indexing import index_accepted
 from lightmetrics.derived.reconcile_state import CHECKPOINT_SK, write_checkpoint
@@ -125,6 +126,25 @@ def test_a_write_that_really_is_another_s_still_fails_and_says_what_is_there(tab
     leases.take(table, "lease#x", None, owner="a", lease_seconds=60, now_ns=NOW, what="walk", execution="exec-other")
     with pytest.raises(leases.LeaseHeld, match="execution exec-other"):
         leases.take(table, "lease#x", None, owner="b", lease_seconds=60, now_ns=NOW, what="walk", execution="exec-b")
+
+
+def test_a_condition_that_failed_at_its_first_attempt_costs_no_read(table: ControlTable) -> None:
+    """Cost: a background job that finds its record already there (the walk re-registering every
+    conflict, GC re-opening a blocker) sends no more requests than before; only a retried request
+    can have failed against its own write, and only then is the item read back."""
+    counter = RequestCounter()
+    counter.attach(table.client)
+    entry = ConflictEntry("c1", "q", "agent-a", "boot-1", 0, 9, "m", "b", "s" * 64, "b2", "t" * 64, 10, NOW,
+                          "col-a", "col-b")
+    blockers = BlockerStore(table, FrozenClock(NOW))
+    assert register(table, entry) and blockers.open_once("w", kind="k", object_key="o", reason="r", source="t")
+    assert not register(table, entry) and not blockers.open_once("w", kind="k", object_key="o", reason="r", source="t")
+    assert counter.totals == {"dynamodb.PutItem": 4}
+    with pytest.raises(WrittenByOther) as lost:
+        put_own(table, {"pk": "blockers", "sk": "w"}, condition="attribute_not_exists(pk)")
+    assert counter.totals["dynamodb.GetItem"] == 0
+    assert lost.value.current is not None and lost.value.current["status"] == "open"  # read when asked
+    assert counter.totals["dynamodb.GetItem"] == 1
 
 
 def test_an_update_whose_answer_was_lost_returns_the_item_it_wrote(table: ControlTable) -> None:
