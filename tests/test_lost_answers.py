@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import ident
 from memory_support import memory_world, walk
-from reap_support import drive, make_table, session
+from reap_support import drive, make_table, make_world, session
 
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.request_counter import RequestCounter
@@ -36,6 +36,7 @@ from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WRITE_TOKEN, WrittenByOther, put_own, update_own
 from lightmetrics.reaps import Reaper
+from lightmetrics.reaps.retention_ranges import RangeTask
 
 _NS = 1_000_000_000
 NOW = 1_764_000_000 * _NS
@@ -251,3 +252,30 @@ def test_a_derived_entry_whose_answer_was_lost_is_done_not_found_done() -> None:
         w.store.fail("PutObject", "RequestTimeout", key_contains=index, landed=True)
     assert index_accepted(w.ctx, result.manifest_key) is Outcome.DONE
     assert index_accepted(w.ctx, result.manifest_key) is Outcome.NOOP_RESOLVED  # really there already
+
+
+def test_a_retention_range_whose_item_write_answer_was_lost_reaps_the_hour(bucket: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention in 2 key ranges on moto (S3 and the table): the first ``PutItem`` of a range item
+    lands and loses its answer; the range task carries on as the owner it is, not a stale "twin"."""
+    from test_retention_ranges import HOUR, RETENTION, accept_many, plan
+
+    results: list[dict[str, Any]] = []
+
+    def recording(phase: Callable[[RangeTask], dict[str, Any]]) -> Callable[[RangeTask], dict[str, Any]]:
+        def run(self: RangeTask) -> dict[str, Any]:
+            results.append(phase(self))
+            return results[-1]
+        return run
+
+    monkeypatch.setattr(RangeTask, "gc", recording(RangeTask.gc))
+    monkeypatch.setattr(RangeTask, "derived", recording(RangeTask.derived))
+    w = make_world(bucket)
+    accept_many(w, [ident(n) for n in range(6)])
+    w.cover_watermark()
+    plan(w.ctx, 2)
+    rule = lose_answer(w.ctx.table, "PutItem", "checkpoint#reap#range")
+    report = drive(w.reaper(), {**RETENTION, "page_size": 2}, w.clock)
+    assert rule.fired == 1, "the fault never fired: the test proves nothing"
+    assert not [r for r in results if r.get("stale")], "a range task took its own write for a twin's"
+    assert report["hours_reaped"] == [str(HOUR)] and report["purged"] == 6, report
