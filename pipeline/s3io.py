@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.aws.s3_store import S3ObjectStore, bucket_refusal, s3_client_config
-from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.retry import RetryPolicy
 
@@ -163,9 +163,11 @@ def s3_errors(bucket: str, setting: str = "LM_BUCKET") -> Iterator[None]:
 
 
 def put_if_absent(access: S3Access, key: str, body: bytes, content_type: str = "application/json") -> str:
-    """Conditionally create ``key``: ``"created"`` or ``"exists"``; anything else raises."""
-    result = create_object(store(access), key, body, policy=access.policy, content_type=content_type)
-    if result.outcome is ConditionalCreateOutcome.CREATED:
+    """Conditionally create ``key``: ``"created"`` (also when an attempt of this call landed and
+    lost its answer, docs/protocol.md §11.1 CW3) or ``"exists"``; anything else raises."""
+    st = store(access)
+    result = create_object(st, key, body, policy=access.policy, content_type=content_type)
+    if result.outcome is ConditionalCreateOutcome.CREATED or landed_earlier(st, key, body, result):
         return "created"
     if result.outcome is ConditionalCreateOutcome.EXISTS:
         return "exists"

@@ -59,7 +59,8 @@ def table_error(exc: ClientError, table: str) -> Exception | None:
     None (anything else: the caller's transient handling decides)."""
     code = exc.response.get("Error", {}).get("Code", "")
     if code == "ConditionalCheckFailedException":
-        return ConditionFailed(str(exc))
+        # botocore's own retries: only a retried request can have failed against its own first attempt
+        return ConditionFailed(str(exc), retried=int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 1)) > 0)
     if code == "ResourceNotFoundException":
         return ResourceAccessError("table", table, "LM_TABLE", "does not exist")
     if code in ("AccessDeniedException", "AccessDenied"):

@@ -35,6 +35,7 @@ from typing import Any
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.own_writes import put_own
 
 PLAN_PK = "plan#hour-ranges"
 _SK_PREFIX = "from#"
@@ -180,10 +181,10 @@ class RangePlans:
         if any(p.effective_from is not None and p.effective_from > effective_from for p in self.all()):
             raise RangePlanError("a later plan is already written; plans take effect in order")
         try:
-            self.table.put({"pk": PLAN_PK, "sk": _SK_PREFIX + str(effective_from), "cuts": list(cuts) or None,
-                            "ranges": len(cuts) + 1, "written_at_ns": now_ns},
-                           condition="attribute_not_exists(pk)")
-        except ConditionFailed:
+            put_own(self.table, {"pk": PLAN_PK, "sk": _SK_PREFIX + str(effective_from), "cuts": list(cuts) or None,
+                                 "ranges": len(cuts) + 1, "written_at_ns": now_ns},
+                    condition="attribute_not_exists(pk)")
+        except ConditionFailed:  # another proposal's plan: this one's own write is no failure (§11.1)
             raise RangePlanError(f"a plan effective from {effective_from} is already written "
                                  f"(plans are write-once)") from None
         self._plans = None

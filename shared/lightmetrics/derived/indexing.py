@@ -39,7 +39,7 @@ from lightmetrics.ops import crashpoints
 from lightmetrics.ops.conflict_records import ConflictEntry, register
 from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.ops.work import WorkContext
-from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.derived_entries import (
     AcceptedByBlobEntry,
     AcceptedByTimeEntry,
@@ -98,11 +98,11 @@ def tombstones(ctx: WorkContext) -> TombstoneCache:
 
 
 def _create(ctx: WorkContext, key: str, body: bytes) -> bool:
-    """Conditionally create a derived entry; True if this call created it."""
+    """Conditionally create a derived entry; True if this call created it (an attempt whose answer was lost too)."""
     result = create_object(ctx.store, key, body, policy=ctx.policy)
     if not result.outcome.is_final:
         raise TransientWorkError(f"derived write {key} did not complete ({result.detail})")
-    return result.outcome is ConditionalCreateOutcome.CREATED
+    return result.outcome is ConditionalCreateOutcome.CREATED or landed_earlier(ctx.store, key, body, result)
 
 
 def _parse(ctx: WorkContext, key: str, kind: KeyKind):  # type: ignore[no-untyped-def]

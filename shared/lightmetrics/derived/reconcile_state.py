@@ -17,6 +17,7 @@ from lightmetrics.derived.hour_ranges import RangePlan
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
+from lightmetrics.protocol.own_writes import put_own
 
 _NS = 1_000_000_000
 
@@ -147,10 +148,10 @@ def write_checkpoint(table: ControlStore, sk: str, new_hour: UtcHour, expected: 
               "scan_after_unlisted": True if scan_after and scan_after_unlisted else None}
     try:
         if expected is None:
-            table.put(values, condition="attribute_not_exists(pk)")
+            put_own(table, values, condition="attribute_not_exists(pk)")
         else:
-            table.put(values, condition="#v = :v", names={"#v": "version"},
-                      values_for_condition={":v": expected.version})
+            put_own(table, values, condition="#v = :v", names={"#v": "version"},
+                    values_for_condition={":v": expected.version})
         return True
     except ConditionFailed:
         return False

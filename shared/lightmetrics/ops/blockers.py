@@ -28,6 +28,7 @@ from typing import Any
 
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
+from lightmetrics.protocol.own_writes import put_own
 
 PK = "blockers"
 OPEN = "open"
@@ -129,7 +130,7 @@ class BlockerStore:
         item = {"pk": PK, "sk": work_key, "status": OPEN, "reason": reason[:2000], "kind": kind,
                 "object_key": object_key, "source": source, "first_seen_ns": now, "last_seen_ns": now, "attempts": 1}
         try:
-            self.table.put(item, condition="attribute_not_exists(pk)")
+            put_own(self.table, item, condition="attribute_not_exists(pk)")
         except ConditionFailed:
             return False
         return True

@@ -23,6 +23,7 @@ from lightmetrics.protocol.errors import InvalidIdentityError, KeyLayoutError, L
 from lightmetrics.protocol.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import KeyCodec, KeyKind
 from lightmetrics.protocol.manifests import IdentityConflictManifest, IdentityFields
+from lightmetrics.protocol.own_writes import put_own
 
 CONFLICTS_PK = "conflicts"
 RESOLUTION_SCHEMA: Final = "lightmetrics.conflict_resolution.v1"
@@ -189,7 +190,7 @@ def registry_sk(first_seen_ns: int, identity: BatchIdentity, submitted_sha256: s
 def register(table: ControlStore, entry: ConflictEntry) -> bool:
     """Create the registry item if absent (never overwrites a resolution). True if created."""
     try:
-        table.put(entry.to_item(), condition="attribute_not_exists(pk)")
+        put_own(table, entry.to_item(), condition="attribute_not_exists(pk)")
     except ConditionFailed:
         return False
     return True

@@ -53,7 +53,7 @@ from lightmetrics.ops.conflict_records import (
     encode_page_token,
     parse_conflict_id,
 )
-from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object
+from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.errors import ManifestError
@@ -202,7 +202,7 @@ class ConflictRegistry:
             existing = self._record(key)
             if existing is None:
                 raise ConflictStoreUnavailable(f"{key} answered 412 but cannot be read yet; retry")
-            mine = created.ambiguous_before and self.store.get(key) == body
+            mine = landed_earlier(self.store, key, body, created)
             self._apply(entry, existing)
             if not mine:
                 raise ConflictAlreadyResolved(existing)

@@ -32,6 +32,7 @@ from typing import Any
 
 from lightmetrics.composition.config import LEASE_MARGIN_S
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
+from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 
 _NS = 1_000_000_000
 LEASE_SK = "lease"
@@ -97,18 +98,19 @@ def take(table: ControlStore, pk: str, current: dict[str, Any] | None, *, owner:
             "last_epoch": max(new_epoch, last), "expires_at_ns": now_ns + int(lease_seconds) * _NS,
             "lease_seconds": int(lease_seconds), "taken_at_ns": now_ns,
             "version": int(before.get("version", 0)) + 1}
+    # put_own: a take whose answer was lost, retried against its own write, is still ours (§11.1)
     try:
         if current is None:
-            table.put(item, condition="attribute_not_exists(pk)")
-        elif "version" in before:
-            table.put(item, condition="#v = :v AND #x <= :now", names={"#v": "version", "#x": "expires_at_ns"},
-                      values_for_condition={":v": int(before["version"]), ":now": now_ns})
-        else:  # an item written before leases carried a version
-            table.put(item, condition="attribute_not_exists(#v) AND #x <= :now",
-                      names={"#v": "version", "#x": "expires_at_ns"}, values_for_condition={":now": now_ns})
-    except ConditionFailed:
-        raise LeaseHeld(describe(table.get(pk, LEASE_SK) or {}, now_ns, what)) from None
-    return item
+            return put_own(table, item, condition="attribute_not_exists(pk)")
+        if "version" in before:
+            return put_own(table, item, condition="#v = :v AND #x <= :now",
+                           names={"#v": "version", "#x": "expires_at_ns"},
+                           values_for_condition={":v": int(before["version"]), ":now": now_ns})
+        # an item written before leases carried a version
+        return put_own(table, item, condition="attribute_not_exists(#v) AND #x <= :now",
+                       names={"#v": "version", "#x": "expires_at_ns"}, values_for_condition={":now": now_ns})
+    except WrittenByOther as lost:
+        raise LeaseHeld(describe(plain(lost.current or {}), now_ns, what)) from None
 
 
 def renewal(pk: str, owner: str, epoch: int, lease_seconds: int, now_ns: int, **extra: Any) -> Op:

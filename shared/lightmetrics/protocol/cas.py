@@ -76,3 +76,11 @@ def create_object(
             return CreateResult(outcome, attempt, detail, ambiguous)
         ambiguous = True
     return CreateResult(outcome, attempt, detail, ambiguous)
+
+
+def landed_earlier(store: "ObjectStore", key: str, body: bytes, result: CreateResult) -> bool:
+    """True if ``result`` is ``EXISTS`` after an attempt of this call whose answer was lost and the
+    object holds ``body``: this call's own create landed (docs/protocol.md §11.1 CW3). Reads the
+    object only in that case (one GET), so the happy path costs nothing."""
+    return (result.outcome is ConditionalCreateOutcome.EXISTS and result.ambiguous_before
+            and store.get(key) == body)

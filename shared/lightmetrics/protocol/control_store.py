@@ -14,7 +14,13 @@ from typing import Any, Protocol
 
 
 class ConditionFailed(Exception):
-    """A conditional write lost (someone else changed the item first)."""
+    """A conditional write's condition did not hold. ``retried``: the client sent the request more
+    than once, so an earlier attempt may have landed and broken the condition itself (an adapter
+    that cannot tell leaves it True; docs/protocol.md §11.1)."""
+
+    def __init__(self, *args: object, retried: bool = True) -> None:
+        super().__init__(*args)
+        self.retried = retried
 
 
 class TransactionCancelled(ConditionFailed):

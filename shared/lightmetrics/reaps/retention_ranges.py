@@ -37,6 +37,7 @@ from lightmetrics.ops import crashpoints
 from lightmetrics.ops.leases import LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_marks import decode_marks_item, page_ops, range_page_prefix
@@ -167,9 +168,10 @@ class RangeTask:
                 self.table.transact([Op("Put", RANGE_PK, self.sk, names=names, values=values, condition=cond,
                                         item=item), *ops])
             else:
-                self.table.put(item, condition=cond, names=names or None, values_for_condition=values or None)
-        except ConditionFailed:
-            current = self.table.get(RANGE_PK, self.sk)
+                item = put_own(self.table, item, condition=cond, names=names or None,
+                               values_for_condition=values or None)
+        except ConditionFailed as lost:  # put_own read it back already; a transaction did not
+            current = lost.current if isinstance(lost, WrittenByOther) else self.table.get(RANGE_PK, self.sk)
             if current is not None and current.get("owner") != self.reap["owner"]:
                 raise LeaseLost(f"range {self.r} of {self.job['hour']} is another owner's") from None
             raise RangeStale(f"range {self.r} of {self.job['hour']} moved on (a twin of this task)") from None

@@ -57,6 +57,7 @@ from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import plain
+from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc_tasks import GcTasks
@@ -116,7 +117,8 @@ class Reaper(GcTasks, RetentionTasks):
             reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]), executions=int(cp.get("executions", 1)))
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
         item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
-        self.table.put(item, condition="attribute_not_exists(pk) OR epoch < :e", values_for_condition={":e": epoch})
+        item = put_own(self.table, item, condition="attribute_not_exists(pk) OR epoch < :e",
+                       values_for_condition={":e": epoch})
         log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
         return self._route(reap, item)
 

@@ -21,6 +21,7 @@ from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.object_store import ListPage
+from lightmetrics.protocol.own_writes import WrittenByOther, update_own
 
 
 class PageTask(WalkerBase):
@@ -126,10 +127,10 @@ class PageTask(WalkerBase):
         Fence(self.table, LEASE_PK, walk, self.ctx.clock, LeaseLost).renew()
         try:
             # Only after every key's repair finished: the cursor (compare-and-set) and the counters.
-            self.table.update(pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),
-                              names=names, values=values, condition=OWNED + " AND #a = :prev")
-        except ConditionFailed:
-            current = self.table.get(pk, sk)
+            update_own(self.table, pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),
+                       names=names, values=values, condition=OWNED + " AND #a = :prev")
+        except WrittenByOther as moved:  # not this page's own commit (§11.1)
+            current = moved.current
             if current is None or current.get("owner") != walk["owner"] or int(current.get("epoch", -1)) != walk["epoch"]:
                 raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
             # The cursor moved already: this page was walked twice (a retried task); nothing to count.

@@ -21,6 +21,7 @@ from typing import Any
 
 from lightmetrics.ops import leases
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
+from lightmetrics.protocol.own_writes import update_own
 
 _NS = 1_000_000_000
 
@@ -103,10 +104,10 @@ def set_watermark(table: ControlStore, index: str, w_ns: int, *, epoch: int, now
     """Raise ``watermark#<index>`` to ``w_ns`` (monotonic: never lowered); True if it moved.
     ``set_by`` names the check that proved it (``walk epoch N``, ``audit run R``)."""
     try:
-        table.update(watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep, #by = :by",
-                     names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch", "#by": "set_by"},
-                     values={":w": w_ns, ":now": now_ns, ":ep": epoch, ":by": set_by or f"walk epoch {epoch}"},
-                     condition="attribute_not_exists(#w) OR #w < :w")
+        update_own(table, watermark_pk(index), "current", "SET #w = :w, #at = :now, #ep = :ep, #by = :by",
+                   names={"#w": "w_ns", "#at": "set_at_ns", "#ep": "epoch", "#by": "set_by"},
+                   values={":w": w_ns, ":now": now_ns, ":ep": epoch, ":by": set_by or f"walk epoch {epoch}"},
+                   condition="attribute_not_exists(#w) OR #w < :w")
         return True
     except ConditionFailed:
         return False

@@ -57,6 +57,7 @@ from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
+from lightmetrics.protocol.own_writes import put_own
 
 #: Keys with an open blocker a round hands its pages to re-check (§11 O4), at most: the work list
 #: travels in the Step Functions state (256 KB). More wait for a later round or walk.
@@ -129,8 +130,8 @@ class Walker(PageTask):
                 raise NothingToResume(f"{cp_pk} changed while resuming; start again") from None
             walk["executions"] = int(cp.get("executions", 0)) + 1
         else:
-            self.table.put(self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
-                           values_for_condition={":e": epoch})
+            put_own(self.table, self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
+                    values_for_condition={":e": epoch})
             walk["executions"] = 1
         log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
         return {"walk": walk}

@@ -6,8 +6,10 @@ land or not land the request:
 * ``403`` (AccessDenied), ``409``, ``412``, ``500``, ``503`` (SlowDown): answered locally, the
   request never reaches S3;
 * ``timeout``: the request is not sent, the caller sees a read timeout;
-* ``timeout_after_landing``: the request *is* sent and applied by S3, then the caller sees a read
-  timeout — the case that tempts an implementation into a double acceptance;
+* ``timeout_after_landing``: the request *is* sent and applied by S3 (or DynamoDB), then the caller
+  sees a read timeout — the case that tempts an implementation into a double acceptance; a client
+  with botocore's own retries (the control table's) then sends the request again, and a
+  conditional write's retry fails its own condition;
 * ``stall_after_landing``: the request lands, a marker file is touched, then the call sleeps
   (the demo kills the process in that sleep: a real crash between two protocol steps);
 * ``down``: connection refused, nothing sent.
@@ -55,6 +57,8 @@ class FaultRule:
     fault: str
     operation: str | None = None  # botocore operation name, e.g. "PutObject"
     key_contains: str | None = None  # substring of the decoded request URL
+    #: substring of the request body: DynamoDB requests all go to one URL, their item key is in the JSON body
+    body_contains: str | None = None
     times: int = 1  # -1 = forever
     after: int = 0
     every: int = 1
@@ -76,6 +80,13 @@ class _Raw:
 
     def stream(self, **_kwargs: Any):  # type: ignore[no-untyped-def]
         yield self._body
+
+
+def _text(body: Any) -> str:
+    """A request body as text to match on (a streamed S3 body matches nothing)."""
+    if isinstance(body, bytes):
+        return body.decode("utf-8", "replace")
+    return body if isinstance(body, str) else ""
 
 
 def _error_response(url: str, fault: str) -> AWSResponse:
@@ -111,12 +122,14 @@ class FaultInjector:
         with self._lock:
             self.rules.clear()
 
-    def _match(self, operation: str, url: str) -> FaultRule | None:
+    def _match(self, operation: str, url: str, body: Any = b"") -> FaultRule | None:
         with self._lock:
             for rule in self.rules:
                 if rule.operation and rule.operation != operation:
                     continue
                 if rule.key_contains and rule.key_contains not in url:
+                    continue
+                if rule.body_contains and rule.body_contains not in _text(body):
                     continue
                 rule.seen += 1
                 if rule.seen <= rule.after or (rule.times >= 0 and rule.fired >= rule.times):
@@ -131,7 +144,7 @@ class FaultInjector:
     def _before_send(self, request: Any, event_name: str = "", **_kwargs: Any) -> AWSResponse | None:
         operation = event_name.rsplit(".", 1)[-1]
         url = unquote(request.url)
-        rule = self._match(operation, url)
+        rule = self._match(operation, url, request.body)
         if rule is None:
             return None
         if rule.fault in _ERRORS:
