@@ -71,7 +71,7 @@ def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
     assert leading_keys("RollupLease") == ["lease#rollup"]  # the only items the jobs write, but ...
     assert leading_keys("AuditWatermarks") == sorted(f"watermark#{i}" for i in (  # ... the watermarks the audit proves
         "accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob"))
-    assert listed(by_sid["AuditWatermarks"]["Action"]) == ["dynamodb:UpdateItem"]
+    assert listed(by_sid["AuditWatermarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:UpdateItem"]  # + read-back (CW1)
     assert leading_keys("ReadCheckpointsAndGcMarks") == ["checkpoint#reap", "checkpoint#reconcile"]
     assert listed(by_sid["ReadCheckpointsAndGcMarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:Query"]
 

@@ -187,7 +187,8 @@ class Pipeline(NestedStack):
             resources=[table_arn],
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(LEASE_KEYS)}}))
         self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="AuditWatermarks", actions=["dynamodb:UpdateItem"], resources=[table_arn],
+            # GetItem: a raise whose answer was lost is read back before it is called unmoved (§11.1 CW1)
+            sid="AuditWatermarks", actions=["dynamodb:GetItem", "dynamodb:UpdateItem"], resources=[table_arn],
             conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(WATERMARK_KEYS)}}))
         # Read only: the reconciler's checkpoints (which hours are closed) and GC's recorded marks
         # (the audit's blobs in GC's hands, docs/protocol.md §15).
