@@ -121,9 +121,9 @@ def test_status_is_not_ok_while_the_checkpoint_lags_beyond_the_alarm(system):  #
 def test_status_is_not_ok_while_the_last_walk_failed(system):  # type: ignore[no-untyped-def]
     reconciled(system)
     system.work_context().table.put({"pk": checkpoint_pk(None), "sk": "current", "status": "failed", "epoch": 4,
-                                     "scope": "all", "error": "WalkFailed: S3 unavailable for 20 minutes",
+                                     "scope": "all", "error": "WalkFailed: S3 unavailable for 20 minutes [page 7]",
                                      "failed_at_ns": now_ns()})
-    assert_stuck(system, "walk", "failed", "S3 unavailable for 20 minutes")
+    assert_stuck(system, "walk", "failed", "S3 unavailable for 20 minutes [page 7]")
 
 
 def test_status_is_not_ok_while_the_last_reap_failed(system):  # type: ignore[no-untyped-def]
