@@ -133,7 +133,9 @@ def test_admin_routes_list_show_resolve_blockers_status(system, runtime, admin):
     status, blockers = call(admin, "GET", "/blockers?all=true")
     assert status == 200 and blockers == {"blockers": [], "open": 0}
     status, st = call(admin, "GET", "/status")
-    assert status == 200 and st["unresolved_conflicts"] == 1 and st["ok"] is True
+    # an unresolved conflict waits for a decision, it is not stuck; the reconciler never ran here (R9)
+    assert status == 200 and st["unresolved_conflicts"] == 1 and st["ok"] is False
+    assert [c.split(":")[0] for c in st["causes"]] == ["reconciler shard 0 has never run"], st["causes"]
     assert set(st["queues"]) == set(system.settings.queue_urls)
 
 

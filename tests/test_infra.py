@@ -575,7 +575,9 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         if fn.trigger_kind != "http":
             want.add(f"Lightmetrics-{c}BlockersOpened")
         if fn.name == "reconcile":
-            want.add(f"Lightmetrics-{c}ReconcilerLag")
+            want |= {f"Lightmetrics-{c}ReconcilerLag", f"Lightmetrics-{c}ReconcilerStuck"}
+        if fn.name == "reap-retention":
+            want.add(f"Lightmetrics-{c}RetentionUnfinished")
         if fn.name in ("reconcile", "walk-page", "index-raw-blobs"):  # repair_accepted; D6 in the blob indexer
             want.add(f"Lightmetrics-{c}IntegrityViolation")
         if fn.name in ("index-quarantine", "walk-page"):  # the functions that run index_quarantine
@@ -590,8 +592,9 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
     for name, alarm in alarms.items():
         p = alarm["Properties"]
         assert p["AlarmActions"] == [{"Ref": topic_id}] and p["OKActions"] == [{"Ref": topic_id}], name
-        assert p["TreatMissingData"] == "notBreaching"
-        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|IntegrityViolation|ExecutionsFailed|NewConflicts|GcRestored)$", r"\1", name)
+        # a reconciler that stopped reporting is stuck too (docs/protocol.md §12 R9)
+        assert p["TreatMissingData"] == ("breaching" if name.endswith("ReconcilerStuck") else "notBreaching"), name
+        kind = re.sub(r"^Lightmetrics-[A-Za-z0-9]*?(5xxRate|Throttles|InvariantViolation|Errors|DlqNotEmpty|OldestMessage|BlockersOpened|ReconcilerLag|ReconcilerStuck|RetentionUnfinished|IntegrityViolation|ExecutionsFailed|NewConflicts|GcRestored)$", r"\1", name)
         assert f"Runbook: docs/runbook.md#{kind.lower()}" in p["AlarmDescription"]
 
     rate = alarms["Lightmetrics-Ingest5xxRate"]["Properties"]
@@ -607,6 +610,28 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         "Lightmetrics", "InvariantViolation", [{"Name": "service", "Value": "ingest"}])
     (thr,) = _alarm_metrics(alarms["Lightmetrics-IngestThrottles"])
     assert (thr["Namespace"], thr["MetricName"]) == ("AWS/Lambda", "Throttles")
+
+
+def test_every_cause_status_calls_stuck_has_an_alarm(cdk_synth: Any) -> None:
+    """Issue 23 property 5: what ``lmctl status`` calls stuck, an alarm fires for (docs/runbook.md,
+    "What lmctl status calls stuck"): the lag at the same threshold; a shard that never ran, failed
+    or stopped (ReconcilerStuck); a retention hour left unfinished (RetentionUnfinished)."""
+    from lightmetrics.composition.config import Settings
+    from lightmetrics.derived.reconcile_state import lag_limit_s
+
+    alarms = {render(a["Properties"]["AlarmName"]): a["Properties"]
+              for a in resources(cdk_synth, "AWS::CloudWatch::Alarm").values()}
+    lag = alarms["Lightmetrics-ReconcileReconcilerLag"]
+    assert lag["Threshold"] == lag_limit_s(Settings.from_env({"LM_BUCKET": "b-1"}).settle_s)
+    for name, metric, service in (("ReconcileReconcilerStuck", "ReconcilerShardsStuck", "reconcile"),
+                                  ("ReapRetentionRetentionUnfinished", "RetentionHoursUnfinished", "reap-retention")):
+        p = alarms[f"Lightmetrics-{name}"]
+        (m,) = _alarm_metrics({"Properties": p})
+        assert (m["MetricName"], m["Dimensions"]) == (metric, [{"Name": "service", "Value": service}]), name
+        assert p["Threshold"] == 1 and p["ComparisonOperator"] == "GreaterThanOrEqualToThreshold", name
+    reconcile = (ROOT / "shared" / "lightmetrics" / "derived" / "reconcile.py").read_text()
+    retention = (ROOT / "shared" / "lightmetrics" / "reaps" / "retention_tasks.py").read_text()
+    assert 'name="ReconcilerShardsStuck"' in reconcile and 'name="RetentionHoursUnfinished"' in retention
 
 
 def test_alarm_metric_names_are_the_ones_the_code_emits() -> None:
@@ -626,8 +651,8 @@ def test_runbook_has_an_entry_per_alarm_kind() -> None:
     runbook = (ROOT / "docs" / "runbook.md").read_text()
     headings = {h.strip().lower() for h in re.findall(r"^## (.+)$", runbook, re.M)}
     assert {"5xxrate", "throttles", "invariantviolation", "errors", "dlqnotempty", "oldestmessage",
-            "blockersopened", "reconcilerlag", "integrityviolation", "executionsfailed", "newconflicts",
-            "gcrestored"} <= headings
+            "blockersopened", "reconcilerlag", "reconcilerstuck", "retentionunfinished", "integrityviolation",
+            "executionsfailed", "newconflicts", "gcrestored"} <= headings
 
 
 # --------------------------------------------------------------------------- cdk-nag

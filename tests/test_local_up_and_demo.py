@@ -89,9 +89,14 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
         assert set(json.loads(drained.stdout)["queues"]) == {
             "index-accepted", "index-accepted-dlq", "index-raw-blobs", "index-raw-blobs-dlq",
             "index-quarantine", "index-quarantine-dlq"}
+        # status is ok once the reconciler ran with the queues drained (before, it names the shard that
+        # never ran or the hours left open: protocol §12 R9); its schedule here runs every minute
+        ran = subprocess.run(LMCTL + ["reconcile", "--json"], capture_output=True, text=True, env=shell, timeout=120)
+        assert ran.returncode == 0, ran.stdout + ran.stderr  # what the schedule runs
         shown = subprocess.run(LMCTL + ["status", "--json"], capture_output=True, text=True, env=shell, timeout=60)
         status = json.loads(shown.stdout)
-        assert shown.returncode == 0 and status["ok"] is True and status["open_blockers"] == 0
+        assert shown.returncode == 0 and status["ok"] is True and status["causes"] == [], status
+        assert status["open_blockers"] == 0
         listing = subprocess.run(LMCTL + ["show", "--agent-id", i.agent_id, "--boot-id", i.boot_id, "--seq-start",
                                           str(i.seq_start), "--seq-end", str(i.seq_end), "--json"],
                                  capture_output=True, text=True, env=shell, timeout=60)

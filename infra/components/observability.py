@@ -11,7 +11,13 @@ Alarm kinds (the suffix of every alarm name, and the runbook heading):
 * ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind;
 * ``ExecutionsFailed`` (every state machine): executions that failed, timed out or were aborted;
 * ``NewConflicts`` (``index-quarantine``, ``walk-page``): an identity conflict was registered;
-* ``GcRestored`` (GC-role functions, ``reap-gc``): GC restored a blob it had marked (a race caught).
+* ``GcRestored`` (GC-role functions, ``reap-gc``): GC restored a blob it had marked (a race caught);
+* ``ReconcilerStuck`` (``reconcile``): shards that never ran, failed their last run or finished none
+  for an hour, as shard 0 counts them — or shard 0 stopped reporting (missing data breaches);
+* ``RetentionUnfinished`` (``reap-retention``): a retention hour was left skipped or blocked.
+
+``lmctl status`` calls stuck what these alarms fire for (docs/protocol.md §12 R9; the table in
+docs/runbook.md, "What lmctl status calls stuck").
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from infra.components.queues import BuiltQueue
 from infra.components.statemachines import BuiltStateMachine
 from infra.config import METRICS_NAMESPACE, InfraConfig
 from lightmetrics.acceptance.accept import AcceptStatus
+from lightmetrics.derived.reconcile_state import lag_limit_s
 
 RUNBOOK = "docs/runbook.md"
 
@@ -38,6 +45,10 @@ INVARIANT_METRIC = "InvariantViolation"
 BLOCKERS_METRIC = "BlockersOpened"
 #: emitted by the reconciler after each run (seconds behind the first open hour)
 RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"
+#: emitted by reconciler shard 0 after each run: shards stuck (never ran, last run failed, none finished for an hour)
+RECONCILER_STUCK_METRIC = "ReconcilerShardsStuck"
+#: emitted by the retention task when an hour is left skipped or blocked (it cannot finish yet)
+RETENTION_UNFINISHED_METRIC = "RetentionHoursUnfinished"
 #: emitted when an accepted batch's blob is missing or of the wrong size
 INTEGRITY_METRIC = "IntegrityViolation"
 ACCEPT_METRICS = tuple(f"Accept_{s.value}" for s in AcceptStatus)
@@ -143,7 +154,7 @@ class Observability(Construct):
                     anchor="blockersopened",
                 )
             if spec.name == "reconcile":
-                lag_limit = 2 * 3600 + config.settings.settle_s
+                lag_limit = lag_limit_s(config.settings.settle_s)  # lmctl status's threshold too (R9)
                 self._alarm(
                     f"{cid}ReconcilerLag",
                     app_metric(RECONCILER_LAG_METRIC, spec.service, statistic="Maximum", period=Duration.minutes(15)),
@@ -153,6 +164,26 @@ class Observability(Construct):
                     comparison=cw.ComparisonOperator.GREATER_THAN_THRESHOLD,
                     what=f"reconciler checkpoint more than {lag_limit} s behind",
                     anchor="reconcilerlag",
+                )
+                self._alarm(
+                    f"{cid}ReconcilerStuck",
+                    app_metric(RECONCILER_STUCK_METRIC, spec.service, statistic="Maximum", period=Duration.minutes(15)),
+                    threshold=1,
+                    evaluation_periods=2,
+                    datapoints=2,
+                    # shard 0 emits it every run: no data for 30 minutes means shard 0 is not running
+                    missing=cw.TreatMissingData.BREACHING,
+                    what="reconciler shards never ran, failed their last run or finished none for an hour "
+                         "(see `lmctl status`)",
+                    anchor="reconcilerstuck",
+                )
+            if spec.name == "reap-retention":
+                self._alarm(
+                    f"{cid}RetentionUnfinished",
+                    app_metric(RETENTION_UNFINISHED_METRIC, spec.service, period=Duration.minutes(5)),
+                    threshold=1,
+                    what="a retention hour was left skipped or blocked: it cannot finish (see `lmctl status`)",
+                    anchor="retentionunfinished",
                 )
             if spec.name in CONFLICT_FUNCTIONS:
                 self._alarm(
@@ -248,6 +279,7 @@ class Observability(Construct):
         evaluation_periods: int = 1,
         datapoints: int = 1,
         comparison: cw.ComparisonOperator = cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        missing: cw.TreatMissingData = cw.TreatMissingData.NOT_BREACHING,
     ) -> cw.Alarm:
         alarm = cw.Alarm(
             self,
@@ -259,7 +291,7 @@ class Observability(Construct):
             evaluation_periods=evaluation_periods,
             datapoints_to_alarm=datapoints,
             comparison_operator=comparison,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            treat_missing_data=missing,
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
         alarm.add_ok_action(cw_actions.SnsAction(self.topic))

@@ -112,8 +112,13 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 @config_options
 @json_option
 def status_cmd(settings: Settings, as_json: bool) -> None:
-    """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks
-    (exit 1 if anything is stuck)."""
+    """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks,
+    and what is stuck, one line each. Exit 1 if anything is stuck (a blocker, a dead letter, a
+    reconciler shard that never ran, failed or stopped, a lag above the alarm's, a failed walk or
+    reap, a retention hour that cannot finish: docs/protocol.md §12 R9), 0 if nothing is; 4 if
+    AWS is unreachable, 2 for invalid configuration."""
+    from rich.markup import escape
+
     from lightmetrics.ops.status import system_status
 
     ctx = configured_context(settings, as_json=as_json)
@@ -132,6 +137,10 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
                                                                 for k, v in info["watermarks"].items())))
         console.print(f"open blockers: {open_blockers}")
         console.print(f"unresolved identity conflicts: {info['unresolved_conflicts']}  (lmctl conflicts list)")
+        for cause in info["causes"]:  # escaped: an error recorded by a job may hold [brackets]
+            console.print(f"[bold red]stuck:[/] {escape(cause)}")
+        if not stuck:
+            console.print("[green]ok: nothing is stuck[/]")
     sys.exit(EXIT_VIOLATIONS if stuck else EXIT_OK)
 
 

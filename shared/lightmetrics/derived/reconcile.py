@@ -70,6 +70,11 @@ has more ranges than N has ranges no shard checks: every shard keeps it open and
 slowest shard's (:func:`read_shard_checkpoints`); shard 0 of several emits that lag, the others
 their own, all as ``ReconcilerLagSeconds``, so the alarm's Maximum is the slowest shard's.
 
+Stuck is loud (R9). A run's final save records when it finished and why it failed (``finished_ns``,
+``failure``; progress saves keep the last run's); shard 0 emits ``ReconcilerShardsStuck``, the
+shards that never ran, failed their last run or finished none for an hour, and ``lmctl status``
+names each of them.
+
 What it cannot do: find an accepted manifest whose ``accepted-by-time`` entry is missing (that
 index is its input). The bootstrap walk and the inventory audit find those.
 
@@ -101,6 +106,7 @@ from lightmetrics.derived.reconcile_state import (
     CHECKPOINT_PK,
     Checkpoint,
     ReconcileReport,
+    ShardCheckpoints,
     UnownedRangesError,
     check_shard,
     checkpoint_of,
@@ -183,6 +189,7 @@ class Reconciler:
         self.checkpoint_sk = checkpoint_sk(self.shard)
         self.scanner = HourScanner(ctx, settings.reconcile_margin_s if settings is not None else 0, self.shard)
         self._rechecked = False
+        self._every: ShardCheckpoints | None = None  # shard 0 of several: every shard's item, read at the run's end
 
     # -- checkpoint ------------------------------------------------------------------------
     def checkpoint(self) -> Checkpoint | None:
@@ -191,11 +198,13 @@ class Reconciler:
     def _save(self, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int, verified_before_ns: int = 0, *,
               verified_through: UtcHour | None = None, scan_from: UtcHour | None = None,
               failed_entries: tuple[str, ...] = (), failed_overflow: bool = False, scan_after: str | None = None,
-              scan_after_before_ns: int = 0, scan_after_unlisted: bool = False) -> bool:
+              scan_after_before_ns: int = 0, scan_after_unlisted: bool = False, finished_ns: int = 0,
+              failure: str = "") -> bool:
         return write_checkpoint(self.table, self.checkpoint_sk, new_hour, expected, now_ns, verified_before_ns,
                                 verified_through=verified_through, scan_from=scan_from, failed_entries=failed_entries,
                                 failed_overflow=failed_overflow, scan_after=scan_after,
-                                scan_after_before_ns=scan_after_before_ns, scan_after_unlisted=scan_after_unlisted)
+                                scan_after_before_ns=scan_after_before_ns, scan_after_unlisted=scan_after_unlisted,
+                                finished_ns=finished_ns, failure=failure)
 
     def lag_s(self, now_ns: int | None = None) -> float | None:
         cp = self.checkpoint()
@@ -387,29 +396,42 @@ class Reconciler:
             state.cp, state.failed_now, state.start, scanned_to, new_open, covered_all, retry_now=state.retry_now,
             cursor=(stopped[0], stopped[1]) if stopped and stopped[1] else None)
         unlisted = unlisted or (state.unlisted_behind_cursor and stopped is not None and stopped[0] == state.start)
+        failure = "" if not report.unowned_ranges else (
+            f"shard {self.shard}: hours whose range plan has more ranges than LM_RECONCILE_SHARDS are kept open, "
+            f"their extra ranges checked by no shard: {'; '.join(report.unowned_ranges)}. Raise "
+            f"LM_RECONCILE_SHARDS to the plan's ranges (docs/protocol.md §12 R8)")
+        # R9: the run's end and its failure go into the item, so status and shard 0 see a failing shard
         if not self._save(new_open, state.saved, now, state.since, verified_through=state.verified_through,
                           scan_from=scan_from, failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
-                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted):
+                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted, finished_ns=now,
+                          failure=failure):
             report.moved_by_other_run = True  # another run advanced it; never move it back
             other = self.checkpoint()
             new_open = other.hour if other else new_open
         report.checkpoint_after = str(new_open)
         report.lag_s = max(0.0, (now - new_open.start_ns) / _NS)
+        self._emit_metrics(report, now)
+        if failure:
+            raise UnownedRangesError(failure, report)
+
+    def _emit_metrics(self, report: ReconcileReport, now: int) -> None:
+        """``ReconcilerLagSeconds`` (:meth:`_lag_to_emit`) and, from shard 0, ``ReconcilerShardsStuck``
+        (R9): how many shards never ran, failed their last run or finished none for an hour — with
+        one shard, whether this run failed (no other item to read)."""
         self.ctx.metrics.add_metric(name="ReconcilerLagSeconds", unit="Seconds", value=self._lag_to_emit(report, now))
-        if report.unowned_ranges:
-            raise UnownedRangesError(
-                f"shard {self.shard}: hours whose range plan has more ranges than LM_RECONCILE_SHARDS are kept open, "
-                f"their extra ranges checked by no shard: {'; '.join(report.unowned_ranges)}. Raise "
-                f"LM_RECONCILE_SHARDS to the plan's ranges (docs/protocol.md §12 R8)", report)
+        if self.shard == 0:
+            stuck = len(self._every.shard_causes(now)) if self._every is not None else int(bool(report.unowned_ranges))
+            self.ctx.metrics.add_metric(name="ReconcilerShardsStuck", unit="Count", value=stuck)
 
     def _lag_to_emit(self, report: ReconcileReport, now: int) -> float:
         """``ReconcilerLagSeconds`` (R8): every shard emits its own lag, and shard 0 of several the
         overall one — the slowest shard's, read from every shard's checkpoint (N GetItems), so a
         shard that stopped running is seen too; one that never ran counts as far behind as the
         lookback it would begin at. The alarm takes the Maximum: the slowest shard's lag."""
+        self._every = None
         if self.shard != 0 or self.settings.reconcile_shards == 1:
             return report.lag_s
-        every = read_shard_checkpoints(self.table, self.settings.reconcile_shards)
+        every = self._every = read_shard_checkpoints(self.table, self.settings.reconcile_shards)
         report.slowest_shard = str(every.slowest)
         report.overall_checkpoint = str(every.hour) if every.hour else "-"
         lag = every.lag_s(now)
@@ -439,7 +461,8 @@ class Reconciler:
         if not self._save(first_open, saved, now, since if saved else 0,
                           verified_through=verified_through if saved else None, scan_from=scan_from,
                           failed_entries=failed, failed_overflow=overflow, scan_after=scan_after,
-                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted):
+                          scan_after_before_ns=scan_after_before, scan_after_unlisted=unlisted,
+                          finished_ns=saved.finished_ns if saved else 0, failure=saved.failure if saved else ""):
             return None
         if saved is None:
             return self.checkpoint()

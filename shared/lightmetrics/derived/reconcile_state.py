@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.derived.hour_ranges import RangePlan
+from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
@@ -22,6 +23,21 @@ from lightmetrics.protocol.own_writes import put_own
 _NS = 1_000_000_000
 
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reconcile", "current"
+
+#: A shard none of whose runs finished for this long has stopped (R9): its schedule fires every
+#: 5 minutes and a run ends within the function's 900 s timeout, so an hour is several runs lost.
+RUN_OVERDUE_S = 3600
+
+
+def lag_limit_s(settle_s: int) -> int:
+    """The checkpoint lag above which the reconciler is stuck (R9): the ``ReconcilerLag`` alarm's
+    threshold and ``lmctl status``'s. An hour closes ``settle_s`` after it ends at the earliest, so
+    a healthy checkpoint is at most an hour plus ``settle_s`` behind; two hours leave a run's slack.
+
+    >>> lag_limit_s(900)
+    8100
+    """
+    return 2 * 3600 + settle_s
 
 
 def checkpoint_sk(shard: int) -> str:
@@ -112,6 +128,10 @@ class Checkpoint:
     #: ``failed_entries``: the run that finishes this pass over the hour neither closes it nor moves
     #: the R4 watermark, and the hour is listed again from its start (R7)
     scan_after_unlisted: bool = False
+    #: when a run of this shard last finished (its final save; progress saves keep it), 0 before R9
+    finished_ns: int = 0
+    #: why that run failed ("" if it did not): status and ``ReconcilerShardsStuck`` name it (R9)
+    failure: str = ""
 
 
 def checkpoint_of(item: dict[str, Any] | None) -> Checkpoint | None:
@@ -127,16 +147,18 @@ def checkpoint_of(item: dict[str, Any] | None) -> Checkpoint | None:
                       hour_or_none("scan_from_s"), tuple(item.get("failed_entries") or ()),
                       bool(item.get("failed_overflow", False)), item.get("scan_after") or None,
                       int(item.get("scan_after_before_ns") or 0), bool(item.get("scan_after_failures_listed")),
-                      bool(item.get("scan_after_unlisted")))
+                      bool(item.get("scan_after_unlisted")), int(item.get("finished_ns") or 0),
+                      str(item.get("failure") or ""))
 
 
 def write_checkpoint(table: ControlStore, sk: str, new_hour: UtcHour, expected: Checkpoint | None, now_ns: int,
                      verified_before_ns: int = 0, *, verified_through: UtcHour | None = None,
                      scan_from: UtcHour | None = None, failed_entries: tuple[str, ...] = (),
                      failed_overflow: bool = False, scan_after: str | None = None, scan_after_before_ns: int = 0,
-                     scan_after_unlisted: bool = False) -> bool:
+                     scan_after_unlisted: bool = False, finished_ns: int = 0, failure: str = "") -> bool:
     """Write a checkpoint item over ``expected`` (conditional on its version; None: on no item).
-    False if another run wrote first: a checkpoint never moves back."""
+    False if another run wrote first: a checkpoint never moves back. ``finished_ns`` and
+    ``failure``: when the shard's last run finished and why it failed (R9)."""
     values = {"pk": CHECKPOINT_PK, "sk": sk, "hour_start_s": new_hour.start_unix_s,
               "hour": str(new_hour), "version": (expected.version + 1) if expected else 1, "last_run_ns": now_ns,
               "verified_before_ns": verified_before_ns,
@@ -145,7 +167,8 @@ def write_checkpoint(table: ControlStore, sk: str, new_hour: UtcHour, expected: 
               "failed_entries": list(failed_entries) or None, "failed_overflow": failed_overflow or None,
               "scan_after": scan_after, "scan_after_before_ns": scan_after_before_ns if scan_after else None,
               "scan_after_failures_listed": True if scan_after else None,
-              "scan_after_unlisted": True if scan_after and scan_after_unlisted else None}
+              "scan_after_unlisted": True if scan_after and scan_after_unlisted else None,
+              "finished_ns": finished_ns or None, "failure": failure or None}
     try:
         if expected is None:
             put_own(table, values, condition="attribute_not_exists(pk)")
@@ -216,6 +239,32 @@ class ShardCheckpoints:
         hour = self.hour
         return None if hour is None else max(0.0, (now_ns - hour.start_ns) / _NS)
 
+    def shard_causes(self, now_ns: int) -> list[str]:
+        """Why shards are stuck (R9), one line each: a shard that never ran, whose last run failed,
+        or none of whose runs finished for :data:`RUN_OVERDUE_S` ([] if none is)."""
+        causes, shards = [], len(self.checkpoints)
+        for i, cp in enumerate(self.checkpoints):
+            if cp is None:
+                causes.append(f"reconciler shard {i} has never run: no checkpoint item (is its schedule deployed? "
+                              f"LM_RECONCILE_SHARDS = {shards}; run it: lmctl reconcile --shard {i})")
+                continue
+            ended = cp.finished_ns or cp.last_run_ns  # a checkpoint older than R9 has no finished_ns
+            if cp.failure:
+                causes.append(f"reconciler shard {i}: its last run failed (finished {utc_text(ended)}): {cp.failure}")
+            if now_ns - ended > RUN_OVERDUE_S * _NS:
+                causes.append(f"reconciler shard {i}: no run finished since {utc_text(ended)} (more than "
+                              f"{RUN_OVERDUE_S} s; its schedule runs every 5 minutes): see its function's Errors")
+        return causes
+
+    def lag_cause(self, now_ns: int, settle_s: int) -> str:
+        """The overall lag, if above :func:`lag_limit_s` (R9); "" otherwise (a shard without a
+        checkpoint is named by :meth:`shard_causes`)."""
+        lag, limit = self.lag_s(now_ns), lag_limit_s(settle_s)
+        if lag is None or lag <= limit:
+            return ""
+        return (f"reconciler lag {lag:.0f} s is above the ReconcilerLag alarm's {limit} s: shard {self.slowest}'s "
+                f"checkpoint {self.hour} is the first hour not closed (why: lmctl reconcile --shard {self.slowest})")
+
 
 def read_shard_checkpoints(table: ControlStore, shards: int) -> ShardCheckpoints:
     """The checkpoints of shards ``0 .. shards - 1``: one GetItem each (the items may be large,
@@ -280,6 +329,6 @@ class UnownedRangesError(LightmetricsError):
         self.report = report
 
 
-__all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "Checkpoint", "ReconcileReport", "ShardCheckpoints", "ShardError",
-           "UnownedRangesError", "check_shard", "checkpoint_of", "checkpoint_sk", "failed_after", "failures_that_fit",
-           "read_shard_checkpoints", "unowned_ranges", "write_checkpoint"]
+__all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "RUN_OVERDUE_S", "Checkpoint", "ReconcileReport", "ShardCheckpoints",
+           "ShardError", "UnownedRangesError", "check_shard", "checkpoint_of", "checkpoint_sk", "failed_after",
+           "failures_that_fit", "lag_limit_s", "read_shard_checkpoints", "unowned_ranges", "write_checkpoint"]

@@ -2,14 +2,17 @@
 
 Queue and DLQ depths, the reconciler's checkpoint and lag (the slowest of its
 ``LM_RECONCILE_SHARDS`` shards, and which one: protocol §12 R8), open blockers, the completeness
-watermarks and the number of unresolved identity conflicts. ``ok`` is False when something is
-stuck (an open blocker or a dead letter); unresolved conflicts are reported, not "stuck": they
-wait for an operator decision by design.
+watermarks and the number of unresolved identity conflicts. ``ok`` is False exactly when
+``causes`` is not empty: one line for each thing that is stuck (protocol §12 R9) — an open
+blocker, a dead letter, a reconciler shard that never ran, failed its last run or finished none
+for an hour, a checkpoint lag above the ``ReconcilerLag`` alarm's threshold, a walk or reap whose
+last execution failed, a retention hour that cannot finish. Unresolved conflicts are reported, not
+"stuck": they wait for an operator decision by design.
 
 Example:
     >>> report = system_status(ctx, settings, sqs)          # doctest: +SKIP
-    >>> report["ok"], report["open_blockers"]               # doctest: +SKIP
-    (True, 0)
+    >>> report["ok"], report["causes"]                      # doctest: +SKIP
+    (False, ['reconciler shard 1 has never run: ...'])
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from typing import Any
 from lightmetrics.composition.config import Settings
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import utc_text
+from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
     """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems — one per reconciler
-    shard —, two Queries); raise on failure — a missing bucket, table or queue is
+    shard, the walk's and the reap's summaries —, four Queries: conflicts, blockers, and the
+    retention records of both scopes); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
     from lightmetrics.aws.sqs_queues import queue_depth
     from lightmetrics.derived.reconcile_state import read_shard_checkpoints
     from lightmetrics.derived.walk import read_watermarks
+    from lightmetrics.derived.walk.state import walk_failure
     from lightmetrics.ops.conflict_records import CONFLICTS_PK, UNRESOLVED
 
     table = ctx.blockers.table
@@ -36,13 +42,19 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     # is a prefix every caller of status (the admin function, operators) may list.
     ctx.store.require_bucket(ctx.codec.root(KeyKind.QUARANTINE))
     depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
+    now = ctx.clock.now_ns()
     shards = read_shard_checkpoints(table, settings.reconcile_shards)  # overall = the slowest shard (R8)
     cp = shards.checkpoints[shards.slowest]
-    lag = shards.lag_s(ctx.clock.now_ns())
+    lag = shards.lag_s(now)
     open_blockers = len(ctx.blockers.list())
     watermarks = read_watermarks(table)
     unresolved = sum(1 for i in table.query(CONFLICTS_PK) if i.get("resolution", UNRESOLVED) == UNRESOLVED)
-    dlq_messages = sum(v for k, v in depths.items() if k.endswith("-dlq"))
+    causes = [f"{open_blockers} open blocker(s): work stopped (lmctl blockers list)"] if open_blockers else []
+    causes += [f"{name} holds {n} dead letter(s) (lmctl blockers list; lmctl blockers redrive)"
+               for name, n in depths.items() if name.endswith("-dlq") and n]
+    causes += shards.shard_causes(now) + [c for c in (shards.lag_cause(now, settings.settle_s),
+                                                      walk_failure(table)) if c]
+    causes += reap_causes(table)
     return {
         "queues": depths,
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
@@ -51,8 +63,42 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
         "open_blockers": open_blockers,
         "watermarks": {index: utc_text(w) for index, w in watermarks.items()},
         "unresolved_conflicts": unresolved,
-        "ok": not (open_blockers > 0 or dlq_messages > 0),
+        "causes": causes,
+        "ok": not causes,
     }
 
 
-__all__ = ["system_status"]
+def reap_causes(table: ControlStore) -> list[str]:
+    """Why reaps are stuck (R9): the last reap's execution failed (its checkpoint says ``failed``);
+    a retention hour tombstoned but not reaped that no running retention is working on (R-I5, R-I6:
+    the next run retries it, but it cannot finish while its cause holds); an hour the last
+    retention run skipped. One GetItem and a Query of each scope's retention records (one item per
+    reaped hour: a page holds years of them)."""
+    from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK
+    from lightmetrics.reaps.report import hour_unfinished
+    from lightmetrics.reaps.retention import unfinished_hours
+
+    cp = plain(table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
+    causes = []
+    if cp.get("status") == "failed":
+        causes.append(f"reap ({cp.get('mode')}) epoch {cp.get('epoch')}: its last execution failed: "
+                      f"{cp.get('error') or '(no error recorded)'} (start it again: lmctl reap {cp.get('mode')} "
+                      f"--execute --wait; lmctl reap status)")
+    retention = cp.get("mode") == "retention"
+    statuses: dict[str, str] = dict(cp.get("hour_status") or {}) if retention else {}
+    running = retention and cp.get("status") == "running"
+    for scope in ("raw", "rollup"):
+        ours = retention and (cp.get("scope") or "raw") == scope
+        in_hand = set((cp.get("hours") or [])[int(cp.get("hour_index") or 0):]) if ours and running else set()
+        stuck = {str(h): statuses.get(str(h), "") if ours else "" for h in unfinished_hours(table, scope)}
+        if ours and not running:
+            stuck.update({h: s for h, s in statuses.items() if hour_unfinished(s)})
+        for hour, why in sorted(stuck.items()):
+            if hour not in in_hand:
+                causes.append(f"retention ({scope}) hour {hour} cannot finish: "
+                              f"{why or 'tombstoned, not reaped: its retention stopped part-way'} "
+                              f"(lmctl reap status; lmctl reap retention --scope {scope} --execute --wait)")
+    return causes
+
+
+__all__ = ["reap_causes", "system_status"]

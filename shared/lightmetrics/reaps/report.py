@@ -17,6 +17,17 @@ from lightmetrics.protocol.control_store import plain
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored", "would_settle")
 
 
+def hour_unfinished(status: str) -> bool:
+    """Whether a retention hour's status (the report's ``hour_status``) leaves it to a later run:
+    skipped (the watermark does not cover it, entries kept appearing) or blocked (an entry's open
+    blocker). Such an hour is stuck for ``lmctl status`` and ``RetentionHoursUnfinished`` (R9).
+
+    >>> hour_unfinished("blocked: 1 entries have an open reap-retention blocker"), hour_unfinished("reaped")
+    (True, False)
+    """
+    return status.startswith(("skipped", "blocked"))
+
+
 def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:
     """A page's proofs (:class:`~lightmetrics.reaps.gc_proof.Proof`): the deletable ones (retention: only those
     proven "hour tombstoned") and the page's counters ``c_examined``, ``c_deletable``, ``kept#<reason>``.
@@ -72,4 +83,4 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["COUNTERS", "proof_counts", "report_of", "settle_counts"]
+__all__ = ["COUNTERS", "hour_unfinished", "proof_counts", "report_of", "settle_counts"]

@@ -16,6 +16,7 @@ from lightmetrics.reaps.params import (
     DEFAULT_RANGE_PARALLELISM,
 )
 from lightmetrics.reaps.reaper_base import CP_STEP_DONE, NS, REPORT_BLOCKED_MAX, ReaperBase
+from lightmetrics.reaps.report import hour_unfinished
 from lightmetrics.reaps.retention import KIND_RETENTION, HourRetention, WatermarkBehind
 from lightmetrics.reaps.retention_ranges import (
     CP_RANGES_FOLDED,
@@ -133,6 +134,8 @@ class RetentionTasks(ReaperBase):
         return set_
 
     def _next_hour(self, cp: dict[str, Any], hour: str, status: str) -> dict[str, Any]:
+        if hour_unfinished(status):  # the hour cannot finish yet: alarm RetentionUnfinished (R9)
+            self.ctx.metrics.add_metric(name="RetentionHoursUnfinished", unit="Count", value=1)
         statuses = dict(cp.get("hour_status") or {})
         statuses[hour] = status
         last = int(cp["hour_index"]) + 1 >= len(cp["hours"])

@@ -122,6 +122,17 @@ def read_watermarks(table: ControlStore) -> dict[str, int | None]:
     return out
 
 
+def walk_failure(table: ControlStore) -> str:
+    """Why the last full walk is stuck (docs/protocol.md §12 R9), "" if it is not: its summary says
+    ``failed`` (the Abort task recorded the error). One GetItem: agent-scoped walks are an
+    operator's, who follows them (``lmctl walk start --wait``)."""
+    cp = table.get(checkpoint_pk(None), CHECKPOINT_SK)
+    if cp is None or cp.get("status") != "failed":
+        return ""
+    return (f"walk epoch {cp.get('epoch')}: its last execution failed: {cp.get('error') or '(no error recorded)'} "
+            f"(continue it: lmctl walk start --resume --wait)")
+
+
 def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> dict[str, Any]:
     """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate.
     ``keys_present`` and ``keys_reaped`` are the NOOP_RESOLVED keys no repair ran for (W4, W5)."""
@@ -164,4 +175,4 @@ def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> d
 
 __all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
            "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "proven_before", "read_lease", "read_walk",
-           "read_watermarks", "set_watermark", "summarize", "watermark_blocker", "watermark_pk"]
+           "read_watermarks", "set_watermark", "summarize", "walk_failure", "watermark_blocker", "watermark_pk"]

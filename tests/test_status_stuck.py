@@ -1,0 +1,189 @@
+"""Issue 23, property 5: ``lmctl status`` is never ok while something is stuck.
+
+Each test sets up one stuck state on the moto server — by running the job into it (a shard whose
+plan leaves ranges unowned, a shard never run) or by writing the record the code reads (a failed
+walk or reap, an unfinished retention hour) — and asks the real CLI: exit 1 and a cause naming
+it, in the text output and in ``--json``. A healthy system exits 0 with no cause.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import consume_all
+
+from lightmetrics.cli.main import cli
+from lightmetrics.derived.hour_ranges import RangePlans
+from lightmetrics.derived.walk.state import checkpoint_pk
+from lightmetrics.local.system import LocalSystem
+from lightmetrics.protocol.clock import SystemClock
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps.params import CHECKPOINT_PK as REAP_PK
+from lightmetrics.reaps.params import CHECKPOINT_SK as REAP_SK
+
+_NS = 1_000_000_000
+SHARDS = 2
+
+
+@pytest.fixture
+def system(runtime):  # type: ignore[no-untyped-def]
+    tag = uuid.uuid4().hex[:10]
+    s = LocalSystem(runtime, bucket=f"lm-st-{tag}", table=f"lm-st-{tag}", secret_name=f"lm-st/{tag}",
+                    queue_name_prefix=f"st{tag}-", overrides={"reconcile_shards": SHARDS, "reconcile_lookback_s": 3600}).provision()
+    yield s
+    s.stop()
+
+
+def lmctl(system: LocalSystem, *args: str, as_json: bool = True) -> tuple[int, Any]:
+    env = {**system.environment(), "LM_RECONCILE_SHARDS": str(SHARDS)}
+    r = CliRunner().invoke(cli, list(args) + (["--json"] if as_json else []), env=env)
+    if not as_json:
+        return r.exit_code, r.stdout
+    try:
+        return r.exit_code, json.loads(r.stdout)
+    except ValueError:
+        return r.exit_code, {"output": r.output}
+
+
+def status(system: LocalSystem) -> tuple[int, dict[str, Any], str]:
+    """``lmctl status`` twice: its JSON (strict: one document) and its text."""
+    code, out = lmctl(system, "status")
+    text_code, text = lmctl(system, "status", as_json=False)
+    assert text_code == code, (code, text_code, text)
+    return code, out, text
+
+
+def reconciled(system: LocalSystem) -> None:
+    """Every shard runs once, as its schedule would, with nothing queued (the pump consumed the
+    provisioning's test events), so it closes every hour that settled."""
+    sqs = system.runtime.boto3_client("sqs")
+    for url in system.queue_urls():
+        consume_all(sqs, url)
+    code, out = lmctl(system, "reconcile")
+    assert code == 0, out
+
+
+def assert_stuck(system: LocalSystem, *words: str) -> str:
+    """Exit 1, and one cause (in --json and as a line of the text) holding every word."""
+    code, out, text = status(system)
+    assert code == 1 and out["ok"] is False, out
+    causes = [c for c in out.get("causes", []) if all(w in c for w in words)]
+    assert causes, f"no cause naming {words}: {out.get('causes')}"
+    lines = [line for line in text.splitlines() if line.startswith("stuck: ") and all(w in line for w in words)]
+    assert lines, text
+    return causes[0]
+
+
+def now_ns() -> int:
+    return SystemClock().now_ns()
+
+
+def test_status_is_ok_when_nothing_is_stuck(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    code, out, text = status(system)
+    assert code == 0 and out["ok"] is True and out["causes"] == [], out
+    assert "stuck:" not in text and "ok: nothing is stuck" in text, text
+
+
+def test_status_is_not_ok_while_a_configured_shard_has_never_run(system):  # type: ignore[no-untyped-def]
+    code, out = lmctl(system, "reconcile", "--shard", "0")  # shard 1's schedule never fires
+    assert code == 0, out
+    assert_stuck(system, "shard 1", "never run")
+
+
+def test_status_is_not_ok_while_a_shards_last_runs_failed(system):  # type: ignore[no-untyped-def]
+    current = UtcHour.of_unix_ns(now_ns())
+    # a plan of three ranges for two shards (by hand: `lmctl reconcile plan` refuses it): every run fails
+    RangePlans(system.work_context().table).propose(("b", "m"), effective_from=current,
+                                                    now_ns=current.start_ns - 2 * 3600 * _NS)
+    for _ in range(2):
+        code, out = lmctl(system, "reconcile")
+        assert code == 1, out
+    assert_stuck(system, "shard 0", "last run failed", "range 2 of 3 has no shard")
+    assert_stuck(system, "shard 1", "last run failed")
+
+
+def test_status_is_not_ok_while_the_checkpoint_lags_beyond_the_alarm(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    now = now_ns()
+    behind = UtcHour.of_unix_ns(now) + -6  # runs go on, but an hour 6 hours back never closes
+    for shard in range(SHARDS):
+        rec = system.reconciler(shard=shard)
+        assert rec._save(behind, rec.checkpoint(), now)
+    cause = assert_stuck(system, "lag", "shard 0")
+    assert str(2 * 3600 + system.settings.settle_s) in cause  # the ReconcilerLag alarm's threshold
+
+
+def test_status_is_not_ok_while_the_last_walk_failed(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    system.work_context().table.put({"pk": checkpoint_pk(None), "sk": "current", "status": "failed", "epoch": 4,
+                                     "scope": "all", "error": "WalkFailed: S3 unavailable for 20 minutes [page 7]",
+                                     "failed_at_ns": now_ns()})
+    assert_stuck(system, "walk", "failed", "S3 unavailable for 20 minutes [page 7]")
+
+
+def test_status_is_not_ok_while_the_last_reap_failed(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    system.work_context().table.put({"pk": REAP_PK, "sk": REAP_SK, "status": "failed", "mode": "gc", "epoch": 2,
+                                     "error": "ReapFailed: DynamoDB throttled past the retries",
+                                     "dry_run": False})
+    assert_stuck(system, "reap", "gc", "failed", "DynamoDB throttled past the retries")
+
+
+def test_status_is_not_ok_while_a_retention_hour_cannot_finish(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    hour = str(UtcHour.of_unix_ns(now_ns()) + -24 * 40)
+    table = system.work_context().table
+    # the run tombstoned the hour but an entry's blocker keeps it from being reaped (R-I5, R-I6)
+    table.put({"pk": "retention#raw", "sk": hour, "status": "tombstoned", "tombstoned_at_ns": now_ns(), "epoch": 1})
+    reason = "blocked: 1 entries have an open reap-retention blocker (lmctl blockers list)"
+    table.put({"pk": REAP_PK, "sk": REAP_SK, "status": "finished", "mode": "retention", "epoch": 1,
+               "dry_run": False, "hours": [hour], "hour_index": 1, "hour_status": {hour: reason}})
+    assert_stuck(system, "retention", hour, "blocked")
+
+
+def test_status_is_not_ok_while_retention_skips_an_hour_the_watermark_does_not_cover(system):  # type: ignore[no-untyped-def]
+    reconciled(system)
+    hour = str(UtcHour.of_unix_ns(now_ns()) + -24 * 40)
+    system.work_context().table.put({
+        "pk": REAP_PK, "sk": REAP_SK, "status": "finished", "mode": "retention", "epoch": 1, "dry_run": False,
+        "hours": [hour], "hour_index": 1, "hour_status": {hour: "skipped: watermark does not cover the hour"}})
+    assert_stuck(system, "retention", hour, "watermark does not cover the hour")
+
+
+def test_shard_0_counts_the_stuck_shards_for_the_alarm_without_extra_requests(system):  # type: ignore[no-untyped-def]
+    """``ReconcilerShardsStuck`` (alarm ReconcilerStuck): shard 0 counts, from the items it reads for
+    the lag anyway, the shards that never ran or failed their last run; a healthy set counts 0."""
+    from conftest import RecordingMetrics
+
+    from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.derived.reconcile_state import UnownedRangesError
+
+    def run(shard: int) -> tuple[float | None, dict[str, int]]:
+        """One run of ``shard``: the ReconcilerShardsStuck it emitted (None: none) and its requests."""
+        counter, metrics = RequestCounter(), RecordingMetrics()
+        ctx = system.work_context(metrics=metrics, counter=counter)
+        with counter.operation("reconcile") as op:
+            try:
+                system.reconciler(ctx, shard=shard).run()
+            except UnownedRangesError:
+                pass
+        return metrics.values.get("ReconcilerShardsStuck"), dict(op.by_api)
+
+    sqs = system.runtime.boto3_client("sqs")
+    for url in system.queue_urls():
+        consume_all(sqs, url)
+    assert run(0)[0] == 1  # shard 1 never ran
+    assert run(1)[0] is None  # only shard 0 counts
+    stuck, requests = run(0)
+    assert stuck == 0
+    assert requests.get("GetItem", 0) <= 1 + SHARDS, requests  # its own item, then every shard's (for the lag too)
+    current = UtcHour.of_unix_ns(now_ns())
+    RangePlans(system.work_context().table).propose(("b", "m"), effective_from=current,
+                                                    now_ns=current.start_ns - 2 * 3600 * _NS)
+    run(1)
+    assert run(0)[0] == 2  # both failed their last run: range 2 of 3 has no shard
