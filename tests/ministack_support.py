@@ -20,7 +20,7 @@ from typing import Any
 from lightmetrics.local.server import runtime_client
 
 #: The services the suite uses on MiniStack (fewer handlers, faster start).
-SERVICES = "s3,dynamodb,stepfunctions"
+SERVICES = "s3,dynamodb,stepfunctions,secretsmanager,sqs"
 
 
 def _free_port() -> int:
