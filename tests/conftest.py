@@ -85,7 +85,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("backends")
     backends = marker.args if marker else getattr(metafunc.module, "BACKENDS", None)
     if backends and "runtime" in metafunc.fixturenames:
-        metafunc.parametrize("runtime", list(backends), indirect=True, ids=list(backends), scope="session")
+        # scope="function": tests keep their written order (each on moto, then MiniStack) instead of pytest
+        # regrouping the whole session by backend; switching costs only the environment swap below
+        metafunc.parametrize("runtime", list(backends), indirect=True, ids=list(backends), scope="function")
 
 
 def on_ministack(runtime: Any) -> bool:
