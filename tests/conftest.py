@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
+from ministack_support import MiniStackRuntime
 
 from lightmetrics.acceptance.accept import AcceptContext
 from lightmetrics.aws.request_counter import RequestCounter
@@ -29,8 +31,14 @@ import_functions()
 T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
 
 
+#: The backends a storage test can run on (docs/reliability.md, "Backends the suite runs on"). A module
+#: sets ``BACKENDS = ALL_BACKENDS`` (or a test is marked ``@pytest.mark.backends(...)``) and every test of it
+#: that uses ``runtime`` runs once per backend, its id naming the backend; others run on moto only.
+ALL_BACKENDS = ("moto", "ministack")
+
+
 @pytest.fixture(scope="session")
-def runtime() -> Iterator[LocalRuntime]:
+def moto_runtime() -> Iterator[LocalRuntime]:
     rt = LocalRuntime(port=0).start()
     saved = dict(os.environ)
     os.environ.update(local_environment(rt.endpoint_url, {}))
@@ -40,6 +48,50 @@ def runtime() -> Iterator[LocalRuntime]:
         os.environ.clear()
         os.environ.update(saved)
         rt.stop()
+
+
+@pytest.fixture(scope="session")
+def ministack_runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniStackRuntime]:
+    rt = MiniStackRuntime(tmp_path_factory.mktemp("ministack")).start()
+    try:
+        yield rt
+    finally:
+        rt.stop()
+
+
+@pytest.fixture(scope="session")
+def runtime(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The backend a test runs on: moto's server unless the test is parametrized (see ALL_BACKENDS).
+    On MiniStack the process environment points at it (AWS_ENDPOINT_URL) until the next moto test."""
+    moto = request.getfixturevalue("moto_runtime")  # started first: it sets the session's environment
+    if getattr(request, "param", "moto") == "moto":
+        yield moto
+        return
+    rt = request.getfixturevalue("ministack_runtime")
+    saved = dict(os.environ)
+    os.environ.update(local_environment(rt.endpoint_url, {}))
+    try:
+        yield rt
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "backends(*names): run this test on each named backend (moto, ministack)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker("backends")
+    backends = marker.args if marker else getattr(metafunc.module, "BACKENDS", None)
+    if backends and "runtime" in metafunc.fixturenames:
+        # scope="function": tests keep their written order (each on moto, then MiniStack) instead of pytest
+        # regrouping the whole session by backend; switching costs only the environment swap below
+        metafunc.parametrize("runtime", list(backends), indirect=True, ids=list(backends), scope="function")
+
+
+def on_ministack(runtime: Any) -> bool:
+    return getattr(runtime, "name", "") == "ministack"
 
 
 def make_bucket(runtime: LocalRuntime, versioned: bool = True) -> str:

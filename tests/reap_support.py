@@ -44,8 +44,8 @@ def session() -> Any:
     return _SESSION[0]
 
 
-def make_table(name: str) -> None:
-    ddb = session().client("dynamodb")
+def make_table(name: str, client: Any = None) -> None:
+    ddb = client or session().client("dynamodb")
     ddb.create_table(TableName=name, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
                                                 {"AttributeName": "sk", "KeyType": "RANGE"}],
                      AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},

@@ -1,15 +1,17 @@
-"""The accept algorithm against moto's S3, with faults injected at the client (docs/protocol.md §5)."""
+"""The accept algorithm against moto's and MiniStack's S3, with faults injected at the client (docs/protocol.md §5)."""
 
 from __future__ import annotations
 
 import hashlib
 
 import pytest
-from conftest import ident, make_frame
+from conftest import ALL_BACKENDS, ident, make_frame
 
 from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY, AcceptStatus, accept_batch
 from lightmetrics.harness.testing.faults import FaultRule
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 
 def keys(s3, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
@@ -191,3 +193,27 @@ def test_manifest_is_canonical_json(ctx):  # type: ignore[no-untyped-def]
     raw = ctx.store.get(ctx.codec.accepted(i))
     assert raw == AcceptedBatchManifest.from_bytes(raw).to_bytes()
     assert raw.startswith(b'{"accepted_at_unix_ns":') and b" " not in raw
+
+
+def test_frame_bytes_corrupted_in_transit_are_refused_by_s3_and_never_accepted(ctx, s3, bucket, runtime, request):  # type: ignore[no-untyped-def]
+    """The raw blob's PUT carries the frame's SHA-256 (§3.1) so S3, not our code, checks the bytes it
+    stores: a body changed on the way is refused (BadDigest) and no record names it."""
+    if getattr(runtime, "name", "moto") == "moto":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="moto stores the object whatever ChecksumSHA256 "
+                                               "says; AWS refuses a wrong one (BadDigest)"))
+    i, frame = ident(3), make_frame(ident(3))
+
+    def corrupt(request, **_kw):  # type: ignore[no-untyped-def]
+        body = request.body.getvalue() if hasattr(request.body, "getvalue") else request.body
+        if request.method == "PUT" and body == frame:
+            request.body = frame[:-1] + bytes([frame[-1] ^ 1])  # one bit flipped after the checksum was taken
+
+    s3.meta.events.register_first("before-send.s3.PutObject", corrupt)
+    try:
+        r = accept_batch(ctx, i, frame)
+        outcome = (r.status, r.http_status)
+    except Exception as exc:  # refused: the accept must not turn it into an acceptance
+        outcome = (type(exc).__name__, str(exc))
+    assert outcome[0] is not AcceptStatus.ACCEPTED, outcome
+    assert "BadDigest" in str(outcome) or outcome[1] >= 500, outcome
+    assert keys(s3, bucket) == []  # neither the blob nor a record

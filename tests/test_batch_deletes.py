@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import ident
+from conftest import ALL_BACKENDS, ident
 from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.aws import s3_deletes as store_module
@@ -33,6 +33,8 @@ from lightmetrics.reaps import gc as gc_module
 from lightmetrics.reaps import retention as retention_module
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.retention import HourRetention
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import FAST, RecordingMetrics, make_frame
+from conftest import ALL_BACKENDS, FAST, RecordingMetrics, make_frame
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
@@ -50,6 +50,12 @@ class FakeMonotonic:
         return self.t
 
 
+#: The registry's storage behaviour (conditional writes racing, queries and pages, a resolution's conditional
+#: update) runs on moto and MiniStack; the CLI, token and denylist tests are not about storage, and the walk's
+#: rebuild needs the local runtime's Lambda host, which only the moto runtime has.
+STORAGE = pytest.mark.backends(*ALL_BACKENDS)
+
+
 @pytest.fixture
 def clock() -> FrozenClock:
     return FrozenClock(T0)
@@ -87,6 +93,7 @@ def make_conflict(system: LocalSystem, runtime: Any, clock: Any, ident: BatchIde
 # --------------------------------------------------------------------------- registry
 
 
+@STORAGE
 def test_racing_collectors_make_one_registry_entry_with_both_hashes(system, runtime, clock):  # type: ignore[no-untyped-def]
     """Six collectors (threads, each with its own client and collector id) race two different frames
     for one identity: one is accepted, every other submission is the same conflict -> one entry."""
@@ -154,6 +161,7 @@ def test_conflict_ids_parse_and_reject(system, runtime, clock):  # type: ignore[
         registry(system).show(cid)
 
 
+@STORAGE
 def test_list_filters_and_pagination(system, runtime, clock):  # type: ignore[no-untyped-def]
     reg = registry(system)
     made = []
@@ -202,6 +210,7 @@ def _post(service: IngestService, token: str, ident: BatchIdentity, frame: bytes
     return r.status, r.body
 
 
+@STORAGE
 def test_accept_existing_then_the_agent_learns_it_and_a_second_resolve_is_refused(system, runtime, clock):  # type: ignore[no-untyped-def]
     keys = TokenKeys.generate("k1")
     now = FakeMonotonic()

@@ -7,10 +7,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ALL_BACKENDS
 
 from functions.ingest import app
 from lightmetrics.harness.testing import sample_events
 from lightmetrics.local.function_host import LambdaContext
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 EVENTS = Path(__file__).resolve().parent.parent / "events" / "ingest"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import ident, make_frame
+from conftest import ALL_BACKENDS, ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.acceptance.accept import accept_batch
@@ -19,6 +19,8 @@ from lightmetrics.derived.indexing import index_accepted, index_quarantine
 from lightmetrics.derived.verify import verify
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.gc import BlobCollector
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 _NS = 1_000_000_000
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ident
+from conftest import ALL_BACKENDS, ident
 from reap_support import OLD_NS, World, drive, drive_from, make_world, rollup_keys
 
 import lightmetrics.reaps  # noqa: F401  (registers the reap's points)
@@ -29,6 +29,8 @@ from lightmetrics.harness.testing.crashes import CRASH_ENV
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.blocker_actions import skip
 from lightmetrics.protocol.keys import UtcHour
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 BLOCKED_HOUR = HOUR + 1  # its one record vanished: a reap-retention blocker

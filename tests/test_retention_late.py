@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import FAST, ident
+from conftest import ALL_BACKENDS, FAST, ident
 from reap_support import OLD_NS, World, drive, make_world, session
 
 from lightmetrics.composition.services import work_context
@@ -28,6 +28,8 @@ from lightmetrics.reaps import CHECKPOINT_PK
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, Proof
 from lightmetrics.reaps.retention import HourRetention, PageRecords
+
+BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)

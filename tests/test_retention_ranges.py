@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import FAST, ident, make_bucket, make_frame
+from conftest import ALL_BACKENDS, FAST, ident, make_bucket, make_frame
 from reap_support import OLD_NS, World, drive, make_world, request_recorder
 from test_retention_late import stale_writer
 
@@ -57,6 +57,11 @@ from lightmetrics.reaps import (
 )
 from lightmetrics.reaps.gc_marks import decode_marks_item
 from lightmetrics.reaps.retention_ranges import RANGE_PK
+
+#: A representative core on MiniStack too: the ranges' deletes, a lost lease, a late entry, two tasks at once,
+#: a resumed reap — their storage steps. The cost counts, crash points (every step; tests/test_reap_crash.py
+#: runs the reap's on both) and state-machine tests stay on moto, keeping MiniStack's share of the suite short.
+STORAGE = pytest.mark.backends(*ALL_BACKENDS)
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -101,6 +106,7 @@ def test_range_parallelism_is_validated_with_a_clear_message() -> None:
 
 
 # ------------------------------------------------------------------- (a) exactly once, Python-driven
+@STORAGE
 def test_every_entry_blob_and_derived_entry_of_four_ranges_is_deleted_exactly_once(bucket: str) -> None:
     w = make_world(bucket)
     results = accept_many(w, [ident(n) for n in range(16)])
@@ -408,6 +414,7 @@ LOST_IN_RANGE_AT = ["reap-range.intent-recorded", "gc.marked-one", "gc.rechecked
 
 
 @pytest.mark.parametrize("point", LOST_IN_RANGE_AT)
+@STORAGE
 def test_a_range_task_that_lost_the_lease_changes_nothing_afterwards(bucket: str, point: str) -> None:
     w = make_world(bucket)
     accept_many(w, [ident(n) for n in range(8)])
@@ -450,6 +457,7 @@ def test_a_range_task_that_lost_the_lease_changes_nothing_afterwards(bucket: str
 
 
 # --------------------------------------------------- (e) a late entry in range 2: verify, second pass
+@STORAGE
 def test_an_entry_written_late_in_range_two_is_found_by_verify_and_reaped(bucket: str) -> None:
     """A late writer (a stale "not tombstoned" answer; D5: accepted-by-blob first) indexes a record
     of HOUR in range 2 after range 2's derived listing has passed: verify lists it, the hour runs a
@@ -487,6 +495,7 @@ def test_an_entry_written_late_in_range_two_is_found_by_verify_and_reaped(bucket
 
 
 # ------------------------------------------------------- (4) two range tasks deleting one blob at once
+@STORAGE
 def test_two_range_tasks_proving_marking_and_settling_one_blob_at_once_end_clean(bucket: str) -> None:
     """In the real system two entries of an hour never share a blob: a frame carries its identity, so
     a blob belongs to one record (docs/protocol.md §3.1), one record has one entry, and an entry lies
@@ -629,6 +638,7 @@ def test_every_s3_request_of_a_range_task_is_allowed_by_its_function_spec(bucket
 
 
 # ------------------------------------------------------------------ resume; one task stays bounded
+@STORAGE
 def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
     """The execution dies right after a range recorded an intent (its markers may be on their way);
     ``resume`` continues the same epoch under a new owner: each range item is taken over at its

@@ -2,7 +2,7 @@
 
 Conditional create (``If-None-Match: *``: 412, reported as ``EXISTS`` — a delete marker is no
 object), versions and delete markers (a ``DeleteObject`` without a version id places a marker on a
-versioned bucket — as moto, not on a key that never existed, where AWS would place one too; with a
+versioned bucket — as AWS does, also on a key that never existed, where moto places none; with a
 version id, it removes exactly that version), ``ListObjectsV2`` in UTF-8 byte order
 with prefix, delimiter (common prefixes count towards ``MaxKeys``), ``StartAfter`` and opaque
 continuation tokens, ``ListObjectVersions``, ``DeleteObjects`` with per-key results, ranged reads
@@ -221,7 +221,7 @@ class InMemoryObjectStore:
     def _delete_one(self, key: str, version_id: str | None) -> str | None:
         """Apply one delete; the marker it placed, if any."""
         if version_id is None:
-            if self.versioned and key in self._keys:  # moto places no marker on a key it never held
+            if self.versioned:  # as on AWS, a marker even on a key never held (moto places none)
                 return self._new_version(key).version_id
             self._keys.pop(key, None)
             return None
