@@ -26,7 +26,7 @@ NODE_MAJOR  := $(shell node --version 2>/dev/null | sed 's/^v\([0-9]*\).*/\1/')
 CDK_ENV     := JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=$(NODE_MAJOR) \
                CDK_DISABLE_CLI_TELEMETRY=true
 
-.PHONY: demo demo-small demo-full test install clean layer emr-bundle cdk-cli synth scan-tools scan
+.PHONY: demo demo-small demo-full test install clean layer emr-bundle cdk-cli synth scan-tools scan ministack
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,19 @@ $(SCAN_STAMP): infra/scan-requirements.txt
 
 scan-tools: $(SCAN_STAMP)
 
+# MiniStack, the suite's second AWS implementation, in a venv of its own (tests/ministack-requirements.txt says why).
+MINISTACK_VENV  := .venv-ministack
+MINISTACK_STAMP := $(MINISTACK_VENV)/.installed-$(shell cat tests/ministack-requirements.txt | sha256sum | cut -c1-12)
+
+$(MINISTACK_STAMP): tests/ministack-requirements.txt
+	test -x $(MINISTACK_VENV)/bin/python || $(PYTHON) -m venv $(MINISTACK_VENV)
+	$(MINISTACK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MINISTACK_VENV)/bin/python -m pip install --quiet -r tests/ministack-requirements.txt
+	rm -f $(MINISTACK_VENV)/.installed-*
+	touch $@
+
+ministack: $(MINISTACK_STAMP)
+
 # checkov and cfn-lint on a fresh synth; skips and their reasons: .checkov.yaml, .cfnlintrc.yaml, infra/scanners.py.
 scan: synth scan-tools
 	$(BIN)/python -m infra.scanners cdk.out
@@ -99,8 +112,8 @@ synth: $(STAMP) layer emr-bundle cdk-cli
 	$(CDK_ENV) $(CDK_CLI) synth --quiet
 
 # pytest exits 5 when it collected no tests: that is a failure here, like any non-zero code.
-test: $(STAMP) layer emr-bundle cdk-cli scan-tools
+test: $(STAMP) layer emr-bundle cdk-cli scan-tools ministack
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) build *.egg-info .pytest_cache .hypothesis $(LAYER_DIR) $(EMR_DIR) $(CDK_CLI_DIR) cdk.out
+	rm -rf $(VENV) $(SCAN_VENV) $(MINISTACK_VENV) build *.egg-info .pytest_cache .hypothesis $(LAYER_DIR) $(EMR_DIR) $(CDK_CLI_DIR) cdk.out

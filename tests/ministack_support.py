@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,11 @@ from lightmetrics.local.server import runtime_client
 
 #: The services the suite uses on MiniStack (fewer handlers, faster start).
 SERVICES = "s3,dynamodb,stepfunctions,secretsmanager,sqs"
+
+#: MiniStack's own venv (`make ministack`, which `make test` runs): it pins botocore exactly, so it
+#: cannot share the project's venv; LM_MINISTACK_PYTHON names another interpreter that has it.
+MINISTACK_PYTHON = Path(os.environ.get("LM_MINISTACK_PYTHON")
+                        or Path(__file__).resolve().parents[1] / ".venv-ministack" / "bin" / "python")
 
 
 def _free_port() -> int:
@@ -46,12 +50,15 @@ class MiniStackRuntime:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> MiniStackRuntime:
+        if not MINISTACK_PYTHON.is_file():
+            raise RuntimeError(f"MiniStack's interpreter {MINISTACK_PYTHON} is missing: run `make ministack` "
+                               "(make test installs it) or set LM_MINISTACK_PYTHON")
         env = dict(os.environ, GATEWAY_PORT=str(self.port), SERVICES=SERVICES, LOG_LEVEL="WARNING",
                    MINISTACK_HOST=self.host, S3_PERSIST="0")
         with open(self.log_path, "wb") as log:
             # stdout/stderr to a file: a child holding the test runner's pipes would outlive it
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "hypercorn", "ministack.app:app", "--bind", f"{self.host}:{self.port}",
+                [str(MINISTACK_PYTHON), "-m", "hypercorn", "ministack.app:app", "--bind", f"{self.host}:{self.port}",
                  "--log-level", "WARNING"], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
