@@ -159,3 +159,29 @@ def test_a_dry_run_that_reached_a_settle_would_refuse_before_any_delete(bucket: 
         w.reaper().gc({"reap": out["reap"]})
     assert [r for r in sent if not r[0].startswith(READS)] == []
     assert _marks_items(w) == marks and w.versions(orphan) == versions
+
+
+@pytest.mark.parametrize("inp", [{**GC, "resume": True}, {**RETENTION, "resume": True},
+                                 {**RETENTION, "dry_run": False, "resume": True}], ids=["dry-gc", "dry-retention",
+                                                                                         "retention"])
+def test_a_dry_run_deletes_nothing_even_when_it_asks_to_resume(bucket: str, inp: dict[str, Any]) -> None:
+    """DR1 with ``resume``: a resume carries on the failed reap as it was started, so one whose mode
+    or dry_run differ from the checkpoint's is refused before any write — it never settles the
+    failed GC's marks in the name of a dry run, nor runs a GC asked to be retention."""
+    from lightmetrics.reaps import InvalidReapInput
+
+    w = make_world(bucket)
+    orphan = w.orphan(ident(9))
+    _failed_gc(w, orphan)
+    marks, versions = _marks_items(w), w.versions(orphan)
+    checkpoint, lease = w.ctx.table.get("checkpoint#reap", "current"), w.ctx.table.get("lease#reap", "lease")
+    sent = _s3_requests(w)
+    with pytest.raises(InvalidReapInput) as refused:
+        drive(w.reaper(), inp, w.clock)
+    message = str(refused.value)
+    assert "resume" in message and f"dry_run {str(inp['dry_run']).lower()}" in message, message
+    assert "dry_run false" in message and "mode gc" in message, message
+    assert [r for r in sent if not r[0].startswith(READS)] == []
+    assert _marks_items(w) == marks and w.versions(orphan) == versions and not w.blob_exists(orphan)
+    assert w.ctx.table.get("checkpoint#reap", "current") == checkpoint
+    assert w.ctx.table.get("lease#reap", "lease") == lease

@@ -23,7 +23,7 @@ from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, read_lease
+from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume, read_lease
 from lightmetrics.reaps.report import report_of
 
 
@@ -62,7 +62,9 @@ class ReapControl:
         if live:
             raise LeaseHeld(leases.describe(live, self.ctx.clock.now_ns(), "reap"))
         inp = {k: v for k, v in inp.items() if v is not None}
-        ReapParams.parse(inp)
+        params = ReapParams.parse(inp)
+        if params.resume:  # refused here, before an execution starts, as Begin would refuse it
+            check_resume(params, self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))
         name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         arn: str = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
                                             input=json.dumps(inp, sort_keys=True))["executionArn"]

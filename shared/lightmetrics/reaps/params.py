@@ -184,6 +184,21 @@ class ReapParams:
                    range_parallelism=range_parallelism(integer))
 
 
+def check_resume(params: ReapParams, checkpoint: dict[str, Any] | None) -> None:
+    """Rule DR1 with ``resume`` (docs/protocol.md §16.1): a resume carries on the unfinished reap as it
+    was started, so its input must say the same ``mode`` and ``dry_run``; anything else is refused
+    before any write — a dry run never settles a failed reap's marks by resuming it."""
+    if checkpoint is None or checkpoint.get("status") == "finished":
+        raise InvalidReapInput("resume: no unfinished reap to resume")
+    was = (str(checkpoint["mode"]), bool(checkpoint["dry_run"]))
+    if (params.mode, params.dry_run) != was:
+        raise InvalidReapInput(
+            f"resume: the unfinished reap (epoch {checkpoint.get('epoch')}) is mode {was[0]} with dry_run "
+            f"{str(was[1]).lower()}, the input says mode {params.mode} with dry_run {str(params.dry_run).lower()}: "
+            f"a resume carries on that reap as it was started. Resume it with mode {was[0]} and dry_run "
+            f"{str(was[1]).lower()}, or start a new reap without resume")
+
+
 def range_parallelism(integer: Any) -> int:
     """The input's ``range_parallelism`` (``integer``: :meth:`ExecutionInput.integer`), with why it is bounded."""
     try:
@@ -208,5 +223,6 @@ def tombstone_wait(seconds: int) -> int:
 __all__ = ["CHECKPOINT_PK", "CHECKPOINT_SK", "DEFAULT_MAX_PAGES", "DEFAULT_RANGE_PARALLELISM", "EVENTS_FIXED",
            "EVENTS_PER_MAP_VISIT", "EVENTS_PER_RANGE_ITERATION", "EVENTS_PER_TASK", "INPUT_FIELDS", "LATEST_AUDIT",
            "LEASE_PK", "LEASE_SK", "MAX_RANGE_PARALLELISM", "MODES", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS",
-           "ReapParams", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "latest_audit_run", "map_visit_tasks",
+           "ReapParams", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "check_resume", "latest_audit_run",
+           "map_visit_tasks",
            "max_tasks_for", "range_parallelism", "read_lease", "source_cursor_sk", "tombstone_wait"]

@@ -67,6 +67,7 @@ from lightmetrics.reaps.params import (
     LATEST_AUDIT,
     LEASE_PK,
     ReapParams,
+    check_resume,
     latest_audit_run,
     source_cursor_sk,
 )
@@ -94,8 +95,8 @@ class Reaper(GcTasks, RetentionTasks):
         cp = plain(cp) if cp else None
         hours = self._retention_hours(params, now) if not params.resume and params.mode == "retention" else []
         if params.resume:
-            if cp is None or cp.get("status") == "finished":
-                raise InvalidReapInput("resume: no unfinished reap to resume")
+            check_resume(params, cp)
+            assert cp is not None
             epoch = int(cp["epoch"])
         else:
             epoch = int((lease or {}).get("epoch", 0)) + 1
@@ -114,7 +115,7 @@ class Reaper(GcTasks, RetentionTasks):
                                      "#os": "owned_since_ns"},
                               values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
-            reap.update(mode=cp["mode"], dry_run=bool(cp["dry_run"]), executions=int(cp.get("executions", 1)))
+            reap.update(executions=int(cp.get("executions", 1)))  # mode and dry_run: check_resume
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
         item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
         item = put_own(self.table, item, condition="attribute_not_exists(pk) OR epoch < :e",
