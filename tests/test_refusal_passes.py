@@ -20,7 +20,7 @@ from test_reconcile import H0, make_system, purge
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
-from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_REPAIR, index_accepted
+from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_REPAIR, index_accepted, raw_blob_entry
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.ops.blockers import Blocker
 from lightmetrics.ops.outcome import Outcome
@@ -128,6 +128,35 @@ def test_a_refusal_that_passes_on_the_event_path_never_keeps_the_reconcilers_hou
         assert ctx.store.head(ctx.codec.accepted_by_time(H0, ident(7))) is not None  # indexed by the re-check
     finally:
         system.stop()
+
+
+def test_a_blocker_is_resolved_only_by_a_run_that_checked_again_what_opened_it(  # type: ignore[no-untyped-def]
+        reconciled, runtime):
+    """O4: an integrity blocker (the blob behind the record is the wrong size) stays open when the
+    blob's raw-blobs-by-time hint arrives later: the reconciler's shortcut (the hint says the blob is
+    indexed) never looked at the blob, so the unit that failed before is checked in full again."""
+    system, ctx, (damaged, _) = reconciled
+    ctx.store.delete_objects([(damaged.blob_key, None)])
+    ctx.store.put_if_absent(damaged.blob_key, b"truncated")
+    purge(system, runtime)
+    first = system.reconciler(ctx).run()
+    assert first.outcomes.get("BLOCKED") == 1, first.to_json()
+    [blocker] = ctx.blockers.list()
+    assert blocker.work_key == f"{KIND_REPAIR}:{damaged.manifest_key}" and "blob is 9 bytes" in blocker.reason
+
+    # the blob's event, late: its hint (no size check), in H0 as the blob's LastModified would put it
+    # (moto stamps the wall clock)
+    sha = ctx.codec.parse(damaged.blob_key).sha256 or ""
+    _, hint = raw_blob_entry(ctx, ctx.store.head(damaged.blob_key, checksum=True), sha)
+    ctx.store.put_if_absent(ctx.codec.raw_blobs_by_time(H0, sha), hint.to_bytes())
+    system.clock.advance(seconds=60)
+    second = system.reconciler(system.work_context(policy=FAST)).run()  # a new process: the checkpoint only
+    assert second.outcomes.get("BLOCKED") == 1, second.to_json()
+    [still] = ctx.blockers.list()
+    assert still.work_key == blocker.work_key and still.status == "open" and still.audit == [], still
+    assert still.reason.startswith("integrity:") and "blob is 9 bytes" in still.reason
+    assert str(H0) not in second.closed and "blocker" in second.not_closed_because, second.to_json()
+    assert ctx.store.head(damaged.blob_key).size == 9
 
 
 # ------------------------------------------------------------------------------------ retention

@@ -129,9 +129,12 @@ class HourScanner:
             except PermanentWorkError:
                 kind, object_key = KIND_TIME_ENTRY, entry_key
             # Work key as before (``repair-accepted:<record>``): ``lmctl blockers retry`` runs the
-            # full repair_accepted; the time-entry kind runs verify_time_entry (RUNNERS).
+            # full repair_accepted; the time-entry kind runs verify_time_entry (RUNNERS). An entry
+            # that failed before gets the full check (no ``indexed`` shortcut past the blob's HEAD):
+            # only that may resolve its blocker (§11 O4).
             return run_unit(self.ctx, kind=kind, object_key=object_key, source="reconcile",
                             fn=lambda: verify_time_entry(self.ctx, entry_key, indexed),
+                            full_check=lambda: verify_time_entry(self.ctx, entry_key),
                             previously_failed=all_failed_before or entry_key in failed_before).outcome
 
         saved_after = self._check_in_slices(hour, units, run, scan, report, cursor, save_every, save_inside)

@@ -112,12 +112,15 @@ class RetryBudget:
         """Clear the budget of a unit that just succeeded, if a failure may have been recorded for
         it: ``previously_failed`` (the caller knows) or this process recorded one. True if it
         sent the ``DeleteItem``; the happy path sends nothing."""
-        with self._lock:
-            recorded_here = work_key in self._recorded
-        if not (previously_failed or recorded_here):
+        if not (previously_failed or self.failed_here(work_key)):
             return False
         self.clear(work_key)
         return True
+
+    def failed_here(self, work_key: str) -> bool:
+        """Whether this process recorded a failure of ``work_key`` (and no success cleared it)."""
+        with self._lock:
+            return work_key in self._recorded
 
     def remember_failure(self, work_key: str) -> None:
         """Note in this process that ``work_key`` failed (a refusal blocks it without a budget item)."""

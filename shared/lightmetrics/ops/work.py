@@ -91,11 +91,17 @@ def run_unit(
     fn: Callable[[], Outcome],
     payload: dict[str, Any] | None = None,
     previously_failed: bool = False,
+    full_check: Callable[[], Outcome] | None = None,
 ) -> WorkResult:
-    """Run ``fn`` and classify its end; see the module docstring."""
+    """Run ``fn`` and classify its end; see the module docstring. ``full_check``: the unit's whole
+    check, where ``fn`` may take a shortcut past part of it (the reconciler's). A unit that failed
+    before runs it instead of ``fn``: a blocker is resolved only by a run that checked again what
+    opened it (O4); a shortcut's success clears and resolves nothing."""
     key = work_key(kind, object_key)
+    failed_before = previously_failed or ctx.budget.failed_here(key)
+    shortcut = full_check is not None and not failed_before
     try:
-        outcome = fn()
+        outcome = (full_check if full_check is not None and failed_before else fn)()
     except PermanentWorkError as exc:
         if exc.alarm:
             ctx.metrics.add_metric(name=exc.alarm, unit="Count", value=1)
@@ -116,7 +122,9 @@ def run_unit(
             detail = f"retry budget spent after {state.count} attempts: {reason}"
             return _block(ctx, key, kind, object_key, detail, source, payload)
         return WorkResult(Outcome.RETRY_LATER, key, reason)
-    return _after_success(ctx, key, source, outcome, previously_failed)
+    if shortcut:
+        return WorkResult(outcome, key)  # nothing on record for the unit when it began: nothing to clear
+    return _after_success(ctx, key, source, outcome, failed_before)
 
 
 def _after_success(ctx: WorkContext, key: str, source: str, outcome: Outcome, previously_failed: bool) -> WorkResult:
