@@ -204,10 +204,19 @@ def test_a_refusal_that_persists_keeps_only_its_own_entry_in_retention(bucket: s
 
 
 # ------------------------------------------------------------------------------------ the walk
-def test_a_refusal_that_passes_is_resolved_by_the_next_walk(runtime, clock, monkeypatch):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("retention_blockers", [0, 3])
+def test_a_refusal_that_passes_is_resolved_by_the_next_walk(  # type: ignore[no-untyped-def]
+        runtime, clock, monkeypatch, retention_blockers):
     """The walk opens the same kind of blocker through the same mechanism: the next walk's round
-    hands the blocked key to its page as failed before, and the page's success resolves it."""
+    hands the blocked key to its page as failed before, and the page's success resolves it — even
+    when more open blockers than the round's re-check slots are ones the walk cannot act on
+    (retention's, under ``accepted-by-time/``, which sort before ``accepted/``)."""
     from test_walk import accept_all, run_walk
+
+    from lightmetrics.derived.walk import steps
+    from lightmetrics.ops.work import work_key
+
+    monkeypatch.setattr(steps, "RECHECK_MAX", 2)
 
     system = make_system(runtime, clock)
     try:
@@ -229,12 +238,16 @@ def test_a_refusal_that_passes_is_resolved_by_the_next_walk(runtime, clock, monk
         [blocker] = system.work_context().blockers.list()
         assert blocker.work_key == f"{KIND_REPAIR}:{denied}" and blocker.source == "walk"
         assert_names_the_request(blocker, denied)
+        ctx = system.work_context()
+        others = [ctx.codec.accepted_by_time(H0, ident(100 + n)) for n in range(retention_blockers)]
+        for key in others:
+            ctx.blockers.block(work_key(KIND_RETENTION, key), kind=KIND_RETENTION, object_key=key,
+                               reason="access: denied", source="reap")
 
         system.register_task_functions()  # a new process: it knows nothing of the first walk's failures
         again = run_walk(system, page_size=2)
         assert again.summary["outcomes"].get("BLOCKED", 0) == 0, again.summary
-        ctx = system.work_context()
-        assert ctx.blockers.list() == []
+        assert sorted(b.object_key for b in ctx.blockers.list()) == others
         assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
     finally:
         system.stop()

@@ -240,7 +240,12 @@ class Walker(PageTask):
         # resolves it (§11 O4). Read once per round here (one Query) rather than once per page.
         blockers = self.ctx.blockers.list(status=None)
         skipped = sorted({b.object_key for b in blockers if b.status == "skipped"})
-        blocked = sorted({b.object_key for b in blockers if b.status in ("open", "resumed")})[:RECHECK_MAX]
+        # Only blockers a page can resolve take a slot: its partitions', of the kind it repairs under
+        # (others — retention's under accepted-by-time/, which sort first — would crowd them out).
+        partitions = tuple(active)
+        blocked = sorted({b.object_key for b in blockers if b.status in ("open", "resumed")
+                          and b.object_key.startswith(partitions) and b.kind == self._unit_kind(b.object_key)}
+                         )[:RECHECK_MAX]
         work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)],
                  **({"failed_through": f["failed_through"]} if f.get("failed_through") else {}),
                  **({"blocked": mine} if (mine := [k for k in blocked if k.startswith(p)]) else {})}

@@ -84,11 +84,12 @@ class WalkerBase:
     def _kind(self, partition: str) -> str:
         return "quarantine" if partition.startswith(self.codec.quarantine_root()) else "accepted"
 
+    def _unit_kind(self, key: str) -> str:
+        """The work kind the walk repairs ``key`` under: the only blockers its success resolves."""
+        return KIND_QUARANTINE if key.startswith(self.codec.quarantine_root()) else KIND_REPAIR
+
     def _repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
-        fn: Callable[[WorkContext, str], Outcome]
-        if key.startswith(self.codec.quarantine_root()):
-            kind, fn = KIND_QUARANTINE, index_quarantine
-        else:
-            kind, fn = KIND_REPAIR, repair_accepted
+        kind = self._unit_kind(key)
+        fn: Callable[[WorkContext, str], Outcome] = index_quarantine if kind == KIND_QUARANTINE else repair_accepted
         return run_unit(self.ctx, kind=kind, object_key=key, source="walk", fn=lambda: fn(self.ctx, key),
                         previously_failed=previously_failed).outcome
