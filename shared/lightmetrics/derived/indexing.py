@@ -259,7 +259,8 @@ def repair_accepted(ctx: WorkContext, manifest_key: str) -> Outcome:
     return _repair(ctx, manifest_key, load_manifest(ctx, manifest_key), by_time_present=False, indexed=None)
 
 
-def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | HeadedBlobs | None = None) -> Outcome:
+def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | HeadedBlobs | None = None, *,
+                      shortcut: bool = True) -> Outcome:
     """The reconciler's check of one ``accepted-by-time`` entry (protocol §12).
 
     One GET of the record it names (validated like every reader). If the record's blob is in
@@ -267,7 +268,8 @@ def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | 
     (§9 D5, D6): NOOP_RESOLVED, no further request. Otherwise the full repair, writing only what
     is missing (the ``accepted-by-time`` entry is the input, so it exists; ``accepted-by-blob``
     and ``raw-blobs-by-time`` are HEADed before any PUT). Without ``indexed`` (``lmctl blockers
-    retry``) it is always the full repair. An entry whose key is outside the layout is a blocker
+    retry``) or ``shortcut`` (an entry that failed before, §11 O4) it is always the full repair; a
+    blob ``indexed`` holds then needs no ``raw-blobs-by-time`` request. An entry whose key is outside the layout is a blocker
     (§9 D4) until it is gone (an operator removed it): then NOOP_RESOLVED.
 
     Example:
@@ -282,13 +284,14 @@ def verify_time_entry(ctx: WorkContext, entry_key: str, indexed: IndexedBlobs | 
         raise
     m = load_manifest(ctx, manifest_key)
     entry_hour = ctx.codec.parse(entry_key).hour
-    if indexed is not None and entry_hour is not None and indexed.holds(m.frame_sha256, near=entry_hour):
+    held = indexed is not None and entry_hour is not None and indexed.holds(m.frame_sha256, near=entry_hour)
+    if held and shortcut:
         return Outcome.NOOP_RESOLVED
-    return _repair(ctx, manifest_key, m, by_time_present=True, indexed=indexed)
+    return _repair(ctx, manifest_key, m, by_time_present=True, indexed=indexed, hint_held=held)
 
 
 def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by_time_present: bool,
-            indexed: IndexedBlobs | HeadedBlobs | None) -> Outcome:
+            indexed: IndexedBlobs | HeadedBlobs | None, hint_held: bool = False) -> Outcome:
     """The repair behind :func:`repair_accepted` and :func:`verify_time_entry`. With
     ``by_time_present`` (the caller listed the ``accepted-by-time`` entry) it checks before it
     writes: a HEAD (read class) where the entry is most likely present, instead of a PUT's 412."""
@@ -314,7 +317,7 @@ def _repair(ctx: WorkContext, manifest_key: str, m: AcceptedBatchManifest, *, by
     # without one, the size is all a HEAD can tell.
     check_blob_checksum(head, m.frame_sha256, manifest_key)
     blob_hour, _ = raw_blob_entry(ctx, head, m.frame_sha256)
-    known = indexed.known(m.frame_sha256, blob_hour) if indexed is not None else None
+    known = True if hint_held else indexed.known(m.frame_sha256, blob_hour) if indexed is not None else None
     if known:
         blob_outcome = Outcome.NOOP_RESOLVED
     elif known is None and by_time_present and ctx.store.head(

@@ -134,7 +134,7 @@ class HourScanner:
             # only that may resolve its blocker (§11 O4).
             return run_unit(self.ctx, kind=kind, object_key=object_key, source="reconcile",
                             fn=lambda: verify_time_entry(self.ctx, entry_key, indexed),
-                            full_check=lambda: verify_time_entry(self.ctx, entry_key),
+                            full_check=lambda: verify_time_entry(self.ctx, entry_key, indexed, shortcut=False),
                             previously_failed=all_failed_before or entry_key in failed_before).outcome
 
         saved_after = self._check_in_slices(hour, units, run, scan, report, cursor, save_every, save_inside)
