@@ -150,8 +150,14 @@ def test_a_blocker_is_resolved_only_by_a_run_that_checked_again_what_opened_it( 
     _, hint = raw_blob_entry(ctx, ctx.store.head(damaged.blob_key, checksum=True), sha)
     ctx.store.put_if_absent(ctx.codec.raw_blobs_by_time(H0, sha), hint.to_bytes())
     system.clock.advance(seconds=60)
-    second = system.reconciler(system.work_context(policy=FAST)).run()  # a new process: the checkpoint only
+    later = system.work_context(policy=FAST)  # a new process: it knows the checkpoint only
+    heads: list[str] = []
+    later.store.client.meta.events.register("before-parameter-build.s3.HeadObject",  # type: ignore[attr-defined]
+                                            lambda params, **_: heads.append(params["Key"]))
+    second = system.reconciler(later).run()
     assert second.outcomes.get("BLOCKED") == 1, second.to_json()
+    # the full check's cost: two HEADs (accepted-by-blob, the blob); the listing found its hint
+    assert [k.split("/")[0] for k in sorted(heads) if sha in k] == ["accepted-by-blob", "raw-blobs"], heads
     [still] = ctx.blockers.list()
     assert still.work_key == blocker.work_key and still.status == "open" and still.audit == [], still
     assert still.reason.startswith("integrity:") and "blob is 9 bytes" in still.reason
@@ -251,3 +257,34 @@ def test_a_refusal_that_passes_is_resolved_by_the_next_walk(  # type: ignore[no-
         assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
     finally:
         system.stop()
+
+
+def test_a_shortcut_never_resolves_a_blocker_in_general() -> None:
+    """O4 in run_unit, for any driver: a unit that failed before (the driver says so, or this
+    process recorded it) runs its ``full_check``, never the shortcut; a shortcut's success resolves
+    nothing. In-memory adapters: the rule lives in run_unit alone."""
+    from memory_support import memory_world
+
+    from lightmetrics.ops.outcome import PermanentWorkError
+
+    ctx = memory_world().ctx
+    ran: list[str] = []
+
+    def shortcut() -> Outcome:
+        ran.append("shortcut")
+        return Outcome.NOOP_RESOLVED
+
+    def failing_check() -> Outcome:
+        ran.append("full")
+        raise PermanentWorkError("blob is 9 bytes, record says 177", kind="integrity")
+
+    def unit(fn: Any, **kw: Any) -> Outcome:
+        return run_unit(ctx, kind=KIND_REPAIR, object_key="k", source="reconcile", fn=fn, full_check=failing_check,
+                        **kw).outcome
+
+    assert unit(shortcut) is Outcome.NOOP_RESOLVED and ran == ["shortcut"]  # nothing on record: the shortcut
+    assert unit(failing_check) is Outcome.BLOCKED
+    assert unit(shortcut) is Outcome.BLOCKED and ran[-1] == "full"  # failed in this process
+    ctx.budget.clear(f"{KIND_REPAIR}:k")  # a new process: only the driver knows
+    assert unit(shortcut, previously_failed=True) is Outcome.BLOCKED and ran[-1] == "full"
+    assert [b.status for b in ctx.blockers.list()] == ["open"]
