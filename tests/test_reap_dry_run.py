@@ -168,7 +168,7 @@ def test_a_dry_run_deletes_nothing_even_when_it_asks_to_resume(bucket: str, inp:
     """DR1 with ``resume``: a resume carries on the failed reap as it was started, so one whose mode
     or dry_run differ from the checkpoint's is refused before any write — it never settles the
     failed GC's marks in the name of a dry run, nor runs a GC asked to be retention."""
-    from lightmetrics.reaps import InvalidReapInput
+    from lightmetrics.reaps import InvalidReapInput, ReapControl
 
     w = make_world(bucket)
     orphan = w.orphan(ident(9))
@@ -181,6 +181,8 @@ def test_a_dry_run_deletes_nothing_even_when_it_asks_to_resume(bucket: str, inp:
     message = str(refused.value)
     assert "resume" in message and f"dry_run {str(inp['dry_run']).lower()}" in message, message
     assert "dry_run false" in message and "mode gc" in message, message
+    with pytest.raises(InvalidReapInput, match="resume: the unfinished reap"):  # lmctl's start (exit 2) ...
+        ReapControl(w.ctx, None, "arn:reap").start(**inp)  # ... refuses before it starts an execution
     assert [r for r in sent if not r[0].startswith(READS)] == []
     assert _marks_items(w) == marks and w.versions(orphan) == versions and not w.blob_exists(orphan)
     assert w.ctx.table.get("checkpoint#reap", "current") == checkpoint
