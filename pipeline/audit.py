@@ -61,6 +61,7 @@ from lightmetrics_pipeline.audit_classify import KINDS, classify
 from lightmetrics_pipeline.audit_confirm import (
     FINDING_COLUMNS,
     FINDING_SCHEMA,
+    UNREADABLE,
     MarkedBlobs,
     check_orphan,
     confirm,
@@ -145,6 +146,7 @@ def run_audit(
     parallel, one task each). ``settle_s`` (``LM_SETTLE_S``): plan the watermarks this run proves
     into its summary (:func:`plan_watermarks`; the job applies them once the summary is committed)."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     started = time.monotonic()
     last = [started]
@@ -174,9 +176,12 @@ def run_audit(
         findings = _confirmed(spark, candidates, access, gc_marked, horizon_before, acc, workers, cached)
         by_rule = findings.groupBy("category", "rule").count().collect()
         counts = {c: sum(int(r["count"]) for r in by_rule if r["category"] == c) for c in CATEGORIES}
-        report.confirmed_by_rule = {r["rule"]: int(r["count"]) for r in sorted(by_rule, key=lambda r: r["rule"])}
+        report.confirmed_by_rule = {r["rule"]: int(r["count"]) for r in sorted(by_rule, key=lambda r: r["rule"])
+                                    if r["category"] in CATEGORIES}
         if settle_s is not None:
-            report.watermarks = plan_watermarks(report.inventory, settle_s, missing_by_index(findings))
+            unreadable = {r["rule"]: int(r["count"]) for r in by_rule if r["category"] == UNREADABLE}
+            report.watermarks = plan_watermarks(report.inventory, settle_s, missing_by_index(findings), unreadable)
+        findings = findings.where(F.col("category") != UNREADABLE)  # counted, never written (no consumer)
         mark("join+confirm")
 
         # -- write the confirmed findings, then the summary (the commit point) -------------------------

@@ -14,7 +14,7 @@ from typing import Any
 
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.protocol import invariants as inv
-from lightmetrics.protocol.errors import ManifestError
+from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
@@ -30,6 +30,10 @@ CATEGORY_OF_RULE = {
     inv.ORPHAN_BLOB.name: "orphan-blob-candidates",  # the daily GC
     inv.OVERLAPPING_RANGES.name: "overlapping-ranges",  # operators (warning)
 }
+#: Not an output folder: a record this reader cannot read (a newer writer's, §17 E3, or invalid). The
+#: walk and the reconciler block it; the audit only counts it, since it cannot say which entries the
+#: record lacks, so no watermark may move past it (docs/protocol.md §13 W6).
+UNREADABLE = "unreadable"
 
 class MarkedBlobs(frozenset):  # type: ignore[type-arg]
     """The blob keys in GC's recorded marks as read at one instant, and how to read them again.
@@ -85,8 +89,9 @@ class LiveReads:
             return None
         try:
             return parse_record(self.codec, key, raw)  # the core's one record validation
-        except ManifestError as exc:
-            return f"invalid: {exc}"
+        except ManifestError as exc:  # "<rule>: why", the catalogue's name for it
+            rule = inv.UNSUPPORTED_VERSION if isinstance(exc, UnsupportedVersionError) else inv.INVALID_MANIFEST
+            return f"{rule.name}: {exc}"
 
 
 def per_task(access: S3Access) -> Any:
@@ -108,7 +113,7 @@ MANIFEST_CHECK_COLUMNS = ["rule", "manifest_key", "manifest_id", "frame_sha256",
 
 def check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) -> Any:
     """Live state of one acceptance record: its derived entries (``missing-derived``) and its blob
-    (``blob-missing``, ``blob-size``)."""
+    (``blob-missing``, ``blob-size``); a record it cannot read, counted (:data:`UNREADABLE`)."""
 
     live_of = per_task(access)
 
@@ -116,8 +121,11 @@ def check_manifest(access: S3Access, gc_marked: frozenset[str] = frozenset()) ->
         live = live_of()
         key = row["key"]
         m = live.manifest(key)
-        if not isinstance(m, AcceptedBatchManifest):
-            return []  # gone or invalid now: the reconciler/walk raise those as blockers, not the audit
+        if isinstance(m, str):  # the reconciler/walk block it; its entries are unknown, so W waits (W6)
+            rule, _, why = m.partition(": ")
+            return [{"rule": rule, "manifest_key": key, "missing": "", "detail": why, "unreadable": True}]
+        if m is None:
+            return []  # gone now
         ident, codec = m.identity, live.codec
         hour = UtcHour.of_unix_ns(m.accepted_at_unix_ns)
         if inv.tombstone_exemption(live.tombstoned(hour)):
@@ -307,7 +315,8 @@ def confirm(access: S3Access, gc_marked: frozenset[str], horizon_before_s: int) 
 
     def confirm_row(row: dict[str, Any]) -> list[dict[str, Any]]:
         check, columns = checks[row["check"]]
-        return [{"category": CATEGORY_OF_RULE[found["rule"]], "rule": found["rule"],
+        return [{"category": UNREADABLE if found.get("unreadable") else CATEGORY_OF_RULE[found["rule"]],
+                 "rule": found["rule"],
                  "doc": canonical_json({c: found.get(c) for c in columns}).decode(),
                  "held_blob": found.get("held_blob"), "held_entry": found.get("held_entry")}
                 for found in check(row)]
@@ -338,6 +347,6 @@ def recheck_held(access: S3Access, marked_again: frozenset[str]) -> Any:
     return recheck
 
 
-__all__ = ["CANDIDATE_COLUMNS", "CATEGORY_OF_RULE", "FINDING_COLUMNS", "FINDING_SCHEMA", "LiveReads", "MarkedBlobs",
-           "check_derived", "check_manifest", "check_orphan", "check_overlap", "check_quarantine", "confirm",
+__all__ = ["CANDIDATE_COLUMNS", "CATEGORY_OF_RULE", "FINDING_COLUMNS", "FINDING_SCHEMA", "UNREADABLE", "LiveReads",
+           "MarkedBlobs", "check_derived", "check_manifest", "check_orphan", "check_overlap", "check_quarantine", "confirm",
            "gc_marked_blobs", "identity_of", "recheck_held"]

@@ -8,6 +8,8 @@ a finding is proven complete up to ``creationTimestamp − LM_SETTLE_S`` (a reco
 then had landed before the scan began: the walk's W3 argument, with the inventory's scan as the
 listing), and its watermark moves there — after the run's summary is committed, never before. An
 index with a finding keeps its W (``withheld``, with the count): a proof with a hole in it is none.
+So does every index when a candidate record could not be read (a newer writer's, §17 E3, or
+invalid): which entries it lacks is unknown, and retention must not enumerate its hour by them.
 
 Cost: no request per record. The counts come from the confirmed findings (one small Spark
 aggregation, at most four rows to the driver) and each proven index costs one conditional
@@ -38,17 +40,22 @@ def missing_by_index(findings: Any) -> dict[str, int]:
     return {r["index"]: int(r["count"]) for r in rows}
 
 
-def plan_watermarks(inventory_info: dict[str, Any], settle_s: int, missing: dict[str, int]) -> dict[str, Any]:
+def plan_watermarks(inventory_info: dict[str, Any], settle_s: int, missing: dict[str, int],
+                    unreadable: dict[str, int] | None = None) -> dict[str, Any]:
     """``{"inventory_created_ns", "proved": {index: W}, "withheld": {index: why}}`` for a finished audit
-    of the report ``inventory_info`` (:meth:`InventoryReport.to_json`) with ``missing`` findings."""
+    of the report ``inventory_info`` (:meth:`InventoryReport.to_json`) with ``missing`` findings per
+    index and ``unreadable`` candidate records per rule (``unsupported-version``, ``invalid-manifest``)."""
     created_ms = inventory_info.get("creation_timestamp_ms")
     if created_ms is None:
         return {"inventory_created_ns": None, "proved": {},
                 "withheld": {i: "the inventory report has no creationTimestamp" for i in INDEXES}}
+    unread = [f"{n} record(s) this audit cannot read ({rule})" for rule, n in sorted((unreadable or {}).items()) if n]
+    why = {i: "; ".join(([f"{missing[i]} confirmed missing-derived finding(s)"] if missing.get(i) else []) + unread)
+           for i in INDEXES}
     w_ns = proven_before(int(created_ms) * 1_000_000, settle_s)
     return {"inventory_created_ns": int(created_ms) * 1_000_000,
-            "proved": {i: w_ns for i in INDEXES if not missing.get(i)},
-            "withheld": {i: f"{missing[i]} confirmed missing-derived finding(s)" for i in INDEXES if missing.get(i)}}
+            "proved": {i: w_ns for i in INDEXES if not why[i]},
+            "withheld": {i: reason for i, reason in why.items() if reason}}
 
 
 def apply_watermarks(table: Any, plan: dict[str, Any], *, now_ns: int, run_id: str) -> list[str]:

@@ -163,6 +163,22 @@ def test_an_update_whose_answer_was_lost_returns_the_item_it_wrote(table: Contro
     assert item["n"] == 1
 
 
+def test_a_retry_budget_failure_whose_answer_was_lost_counts_once(table: ControlTable) -> None:
+    """Protocol §11.1 CW2: the budget's count is idempotent — a failure whose UpdateItem landed and
+    whose answer was lost, retried by botocore, is one failure, not two (else a unit is promoted to
+    a blocker an attempt early). Both of record_failure's writes: counting on, and starting over."""
+    budget = RetryBudget(table, max_count=3, max_age_s=3600, clock=FrozenClock(NOW))
+    rule = lose_answer(table, "UpdateItem", "budget#w1")
+    assert budget.record_failure("w1", "503").count == 1 and rule.fired == 1
+    rule = lose_answer(table, "UpdateItem", "budget#w1")
+    state = budget.record_failure("w1", "503")
+    assert rule.fired == 1 and (state.count, state.exhausted) == (2, False)
+    assert int(table.get("budget#w1", "budget")["count"]) == 2
+    later = RetryBudget(table, max_count=3, max_age_s=3600, clock=FrozenClock(NOW + 7200 * _NS))
+    rule = lose_answer(table, "UpdateItem", "budget#w1", after=1)  # the reset of the stale item
+    assert later.record_failure("w1", "503").count == 1 and rule.fired == 1
+
+
 # --------------------------------------------------------------------------- the walk's writes, end to end
 # S3 in memory, the control table on moto with the fault at its client: a whole walk.
 WALK_SITES = [

@@ -80,7 +80,14 @@ def test_an_entry_lost_behind_the_systems_back_is_missing_derived_after_the_sche
     w1 = first["creation_timestamp_ms"] * 1_000_000 - settle_ns
     assert read_watermarks(table) == {index: w1 for index in INDEXES}
 
-    # Next week's audit reports both as missing-derived and withholds those two indexes' watermarks.
+    # A newer writer's record (a rolling deploy: collectors upgraded before the EMR image), no entries:
+    # this audit cannot read it, so it cannot say which entries it lacks (rule W6).
+    newer = json.loads(s3.get_object(Bucket=bucket, Key=results[2].manifest_key)["Body"].read())
+    newer["schema"] = re.sub(r"\.v\d+$", ".v999", newer["schema"])
+    s3.put_object(Bucket=bucket, Key=codec.accepted(ident(7)), Body=json.dumps(newer).encode())
+
+    # Next week's audit reports both lost entries as missing-derived, and withholds every index's
+    # watermark: two for those findings, all four for the record it could not read.
     second = _snapshot(runner, cli, f"s3://{bucket}/inventory-2")
     assert job_main(scheduled_job_arguments("audit", f"s3://{bucket}/inventory-2/", "week-2")) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -88,11 +95,13 @@ def test_an_entry_lost_behind_the_systems_back_is_missing_derived_after_the_sche
     access = S3Access.from_settings(system.settings, endpoint_url=runtime.endpoint_url)
     found = sorted(row["missing"] for row in read_findings(access, "week-2", "repair"))
     assert found == ["accepted-by-blob", "raw-blobs-by-time"]
-    w2 = second["creation_timestamp_ms"] * 1_000_000 - settle_ns
-    assert summary["watermarks"]["proved"] == {"accepted-by-time": w2, "quarantine-by-blob": w2}
-    assert sorted(summary["watermarks"]["withheld"]) == ["accepted-by-blob", "raw-blobs-by-time"]
-    assert read_watermarks(table) == {"accepted-by-time": w2, "quarantine-by-blob": w2,
-                                      "accepted-by-blob": w1, "raw-blobs-by-time": w1}
+    assert second["creation_timestamp_ms"] * 1_000_000 - settle_ns > w1
+    withheld = summary["watermarks"]["withheld"]
+    assert summary["watermarks"]["proved"] == {}, withheld
+    assert sorted(withheld) == sorted(INDEXES)
+    assert all("1 record(s) this audit cannot read (unsupported-version)" in why for why in withheld.values()), withheld
+    assert "1 confirmed missing-derived finding(s)" in withheld["accepted-by-blob"]
+    assert read_watermarks(table) == {index: w1 for index in INDEXES}
 
 
 def test_an_audits_watermarks_cost_at_most_four_conditional_updates_and_never_move_back() -> None:
@@ -108,7 +117,12 @@ def test_an_audits_watermarks_cost_at_most_four_conditional_updates_and_never_mo
     older = plan_watermarks({"creation_timestamp_ms": 1_763_000_000_000}, 900, {"raw-blobs-by-time": 3})
     assert older["withheld"] == {"raw-blobs-by-time": "3 confirmed missing-derived finding(s)"}
     assert apply_watermarks(table, older, now_ns=2, run_id="w0") == []  # monotonic: never lowered
-    assert table.requests == {"UpdateItem": 7}  # the three proven indexes tried, the withheld one not
+    # the three proven indexes tried (each failed condition read back once: update_own), the withheld one not
+    assert table.requests == {"UpdateItem": 7, "GetItem": 3}
     w = read_watermarks(table)
     assert w == {i: 1_764_000_000 * _NS - 900 * _NS for i in INDEXES}
+    newer = plan_watermarks({"creation_timestamp_ms": 1_765_000_000_000}, 900, {}, {"invalid-manifest": 2})
+    assert newer["proved"] == {} and sorted(newer["withheld"]) == sorted(INDEXES)  # unreadable: no index proven
+    before = dict(table.requests)
+    assert apply_watermarks(table, newer, now_ns=3, run_id="w2") == [] and table.requests == before  # none sent
     assert table.get("watermark#accepted-by-blob", "current")["set_by"] == "audit run w1"

@@ -187,3 +187,87 @@ def test_shard_0_counts_the_stuck_shards_for_the_alarm_without_extra_requests(sy
                                                     now_ns=current.start_ns - 2 * 3600 * _NS)
     run(1)
     assert run(0)[0] == 2  # both failed their last run: range 2 of 3 has no shard
+
+
+def test_status_names_a_retention_hour_skipped_before_a_gc_replaced_the_reap_checkpoint(system):  # type: ignore[no-untyped-def]
+    """The daily GC (04:00) replaces ``checkpoint#reap/current`` before retention (05:00) runs again:
+    the hour the last retention run skipped is still named, from the outcome it left for status."""
+    from reap_support import drive
+
+    from lightmetrics.protocol.clock import FrozenClock
+    from lightmetrics.reaps import Reaper
+
+    reconciled(system)
+    hour = str(UtcHour.of_unix_ns(now_ns()) + -24 * 400)  # expired; no watermark covers it
+    clock = FrozenClock(now_ns())
+    report = drive(Reaper(system.work_context(), system.settings),
+                   {"mode": "retention", "dry_run": False, "hour": hour}, clock)
+    assert report["hours_skipped"] == {hour: "skipped: watermark does not cover the hour"}, report
+    assert_stuck(system, "retention", hour, "watermark does not cover the hour")
+    report = drive(Reaper(system.work_context(), system.settings), {"mode": "gc", "dry_run": False}, clock)
+    assert report["status"] == "finished", report
+    assert_stuck(system, "retention", hour, "watermark does not cover the hour")
+
+
+@pytest.mark.parametrize("job", ["reap", "walk"])
+def test_status_is_not_ok_while_a_job_stopped_without_finishing(system, job):  # type: ignore[no-untyped-def]
+    """StopExecution or a timeout ends an execution without its Abort task: the summary still says
+    ``running`` and the lease lapses. Named once the lease expired more than the margin ago."""
+    from lightmetrics.ops import leases
+
+    reconciled(system)
+    table, now = system.work_context().table, now_ns()
+    cp_pk = REAP_PK if job == "reap" else checkpoint_pk(None)
+    table.put({"pk": cp_pk, "sk": "current", "status": "running", "mode": "gc", "epoch": 3, "dry_run": False,
+               "scope": "all"})
+    lease = {"pk": f"lease#{job}", "sk": "lease", "owner": "o", "epoch": 3, "lease_seconds": 900,
+             "expires_at_ns": now + 60 * _NS}
+    table.put(lease)
+    code, out, _ = status(system)
+    assert code == 0, out  # its lease is live: running, not stuck
+    table.put({**lease, "expires_at_ns": now - (leases.STOPPED_MARGIN_S + 60) * _NS})
+    cause = assert_stuck(system, job, "epoch 3", "stopped without finishing", "lease expired at")
+    assert ("lmctl reap gc --execute --wait" if job == "reap" else "lmctl walk start --resume --wait") in cause
+
+
+def test_status_reads_a_fixed_number_of_items(system):  # type: ignore[no-untyped-def]
+    """Status is an operator's call, and its reads do not grow with history: a GetItem per shard,
+    per watermark, the walk's and the reap's summaries and each retention scope's last outcome, a
+    lease only while its job's summary says running; four Queries."""
+    from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.ops.status import system_status
+
+    def requests() -> dict[str, int]:
+        counter = RequestCounter()
+        with counter.operation("status") as op:
+            system_status(system.work_context(counter=counter), system.settings, system.runtime.boto3_client("sqs"))
+        return {api.split(".")[1]: n for api, n in op.by_api.items() if api in ("dynamodb.GetItem", "dynamodb.Query")}
+
+    reconciled(system)
+    assert requests() == {"GetItem": SHARDS + 4 + 2 + 2, "Query": 4}
+    table = system.work_context().table
+    table.put({"pk": REAP_PK, "sk": REAP_SK, "status": "running", "mode": "gc", "epoch": 1, "dry_run": False})
+    table.put({"pk": checkpoint_pk(None), "sk": "current", "status": "running", "epoch": 1, "scope": "all"})
+    assert requests() == {"GetItem": SHARDS + 4 + 2 + 2 + 2, "Query": 4}  # and both leases
+
+
+def test_status_names_a_retention_run_that_failed_or_stopped_after_a_gc_replaced_its_checkpoint(system):  # type: ignore[no-untyped-def]
+    """A retention run that failed before tombstoning anything, or stopped (its lease lapsed) and
+    was replaced by the next GC's checkpoint, stays named until a retention run of its scope ends."""
+    from reap_support import drive
+
+    from lightmetrics.protocol.clock import FrozenClock
+    from lightmetrics.reaps import Reaper
+
+    reconciled(system)
+    table, now = system.work_context().table, now_ns()
+    table.put({"pk": REAP_PK, "sk": "retention-last#rollup", "scope": "rollup", "status": "failed", "epoch": 2,
+               "hours": [], "hour_status": {}, "error": "States.Timeout"})
+    table.put({"pk": REAP_PK, "sk": REAP_SK, "status": "running", "mode": "retention", "scope": "raw", "epoch": 3,
+               "dry_run": False, "hours": [], "hour_index": 0, "hour_status": {}})
+    table.put({"pk": "lease#reap", "sk": "lease", "owner": "o", "epoch": 3, "lease_seconds": 900,
+               "expires_at_ns": now - 3600 * _NS})
+    report = drive(Reaper(system.work_context(), system.settings), {"mode": "gc", "dry_run": False}, FrozenClock(now))
+    assert report["status"] == "finished", report
+    assert_stuck(system, "retention (rollup) epoch 2", "last run failed", "States.Timeout")
+    assert_stuck(system, "retention (raw) epoch 3", "last run stopped")

@@ -70,6 +70,35 @@ def is_live(item: dict[str, Any] | None, now_ns: int) -> bool:
     return bool(item) and int((item or {}).get("expires_at_ns", 0)) > now_ns
 
 
+#: How long after its lease lapsed a job whose summary still says ``running`` is called stopped
+#: (R9): longer than Step Functions takes to retry a crashed task, whose first write renews it.
+STOPPED_MARGIN_S = 300
+
+
+def stopped_at(item: dict[str, Any] | None, now_ns: int, margin_s: int = STOPPED_MARGIN_S) -> int | None:
+    """When the lease of a job still recorded ``running`` lapsed (expired, or released), if that
+    was more than ``margin_s`` ago: its execution stopped without its End task (StopExecution, a
+    timeout). None while the lease is live or lapsed only just.
+
+    >>> stopped_at({"expires_at_ns": 1}, 400 * 10**9), stopped_at({"expires_at_ns": 1}, 2)
+    (1, None)
+    """
+    if not item:
+        return None
+    at = int(item.get("expires_at_ns") or 0) or int(item.get("released_at_ns") or 0)
+    return at if at and at + margin_s * _NS <= now_ns else None
+
+
+def stopped_cause(item: dict[str, Any] | None, now_ns: int, what: str, next_step: str) -> list[str]:
+    """``lmctl status``'s cause (R9) for a job whose summary says ``running`` and whose lease
+    ``item`` lapsed more than :data:`STOPPED_MARGIN_S` ago; [] otherwise."""
+    from lightmetrics.protocol.clock import utc_text
+
+    at = stopped_at(item, now_ns)
+    return [] if at is None else [f"{what} stopped without finishing: its lease expired at {utc_text(at)} "
+                                  f"(aborted or timed out; {next_step})"]
+
+
 def describe(item: dict[str, Any], now_ns: int, what: str) -> str:
     """``the <what> lease is held by epoch N (<scope or owner>), execution E, for another S s``."""
     left = (int(item.get("expires_at_ns", 0)) - now_ns) / _NS
@@ -248,6 +277,7 @@ class Lease:
             pass  # somebody took it over after it expired: nothing of ours to release
 
 
-__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "Fence", "Lease", "LeaseError", "LeaseHeld", "LeaseLost",
+__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "Lease", "LeaseError", "LeaseHeld", "LeaseLost",
            "describe", "is_live", "lease_pk", "lease_rule_broken", "longest_task_timeout_s", "min_lease_s",
-           "release", "renewal", "renewal_of", "take", "task_lease_rule_broken"]
+           "release", "renewal", "renewal_of", "stopped_at", "stopped_cause", "take",
+           "task_lease_rule_broken"]

@@ -10,7 +10,8 @@ An expired item counts as absent. DynamoDB's TTL deletes lazily (up to days late
 whose ``expires_at`` has passed, or whose last failure is older than the age window, would
 otherwise lend its old ``first_seen_ns`` to a new failure and make it look like an hour-long
 outage. :meth:`RetryBudget.record_failure` resets such an item with a conditional update, so
-concurrent failures are each counted once.
+concurrent failures are each counted once; and each update carries its call's token, so a
+request retried after its answer was lost counts once too (docs/protocol.md §11.1).
 
 Example:
     >>> budget = RetryBudget(table, max_count=5, max_age_s=3600, clock=clock)   # doctest: +SKIP
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
+from lightmetrics.protocol.own_writes import update_own
 
 _NS = 1_000_000_000
 #: work keys this process recorded failures for, remembered for clearing on success (bounded:
@@ -82,9 +84,9 @@ class RetryBudget:
         # a writer that loses the reset to another one counts onto the fresh item in the next round
         for _round in range(5):
             for expression, condition in (count_on, start_over):
-                try:
-                    item = self.table.update(self.pk(work_key), "budget", expression, names=names, values=values,
-                                             condition=condition)
+                try:  # once: a retried request that landed is this call's one count (§11.1 CW1)
+                    item = update_own(self.table, self.pk(work_key), "budget", expression, names=names,
+                                      values=values, condition=condition, once=True)
                     break
                 except ConditionFailed:
                     continue

@@ -6,7 +6,8 @@ watermarks and the number of unresolved identity conflicts. ``ok`` is False exac
 ``causes`` is not empty: one line for each thing that is stuck (protocol §12 R9) — an open
 blocker, a dead letter, a reconciler shard that never ran, failed its last run or finished none
 for an hour, a checkpoint lag above the ``ReconcilerLag`` alarm's threshold, a walk or reap whose
-last execution failed, a retention hour that cannot finish. Unresolved conflicts are reported, not
+last execution failed or stopped without finishing (its lease lapsed), a retention run that failed,
+a retention hour that cannot finish. Unresolved conflicts are reported, not
 "stuck": they wait for an operator decision by design.
 
 Example:
@@ -28,7 +29,8 @@ from lightmetrics.protocol.keys import KeyKind
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
     """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems — one per reconciler
-    shard, the walk's and the reap's summaries —, four Queries: conflicts, blockers, and the
+    shard, the walk's and the reap's summaries, each retention scope's last outcome, and a job's
+    lease only while its summary says running —, four Queries: conflicts, blockers, and the
     retention records of both scopes); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
     from lightmetrics.aws.sqs_queues import queue_depth
@@ -53,8 +55,8 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     causes += [f"{name} holds {n} dead letter(s) (lmctl blockers list; lmctl blockers redrive)"
                for name, n in depths.items() if name.endswith("-dlq") and n]
     causes += shards.shard_causes(now) + [c for c in (shards.lag_cause(now, settings.settle_s),
-                                                      walk_failure(table)) if c]
-    causes += reap_causes(table)
+                                                      walk_failure(table, now)) if c]
+    causes += reap_causes(table, now)
     return {
         "queues": depths,
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
@@ -68,36 +70,60 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     }
 
 
-def reap_causes(table: ControlStore) -> list[str]:
-    """Why reaps are stuck (R9): the last reap's execution failed (its checkpoint says ``failed``);
-    a retention hour tombstoned but not reaped that no running retention is working on (R-I5, R-I6:
-    the next run retries it, but it cannot finish while its cause holds); an hour the last
-    retention run skipped. One GetItem and a Query of each scope's retention records (one item per
-    reaped hour: a page holds years of them)."""
-    from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK
-    from lightmetrics.reaps.report import hour_unfinished
-    from lightmetrics.reaps.retention import unfinished_hours
+def reap_causes(table: ControlStore, now_ns: int) -> list[str]:
+    """Why reaps are stuck (R9): the last reap's execution failed (its checkpoint says ``failed``),
+    or stopped without finishing (``running``, its lease lapsed: ``leases.stopped_cause``); a retention
+    hour tombstoned but not reaped that no running retention is working on (R-I5, R-I6: the next
+    run retries it, but it cannot finish while its cause holds); an hour the last retention run of
+    a scope skipped or left blocked, and that run failing — from ``retention-last#<scope>``, which
+    GC's runs do not replace. GetItems of the checkpoint, both scopes' last outcomes (and of the
+    lease, only while a run is recorded running), and a Query of each scope's retention records
+    (one item per reaped hour: a page holds years of them)."""
+    from lightmetrics.ops import leases
+    from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, LEASE_PK
 
     cp = plain(table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
     causes = []
+    mode = cp.get("mode")
     if cp.get("status") == "failed":
-        causes.append(f"reap ({cp.get('mode')}) epoch {cp.get('epoch')}: its last execution failed: "
-                      f"{cp.get('error') or '(no error recorded)'} (start it again: lmctl reap {cp.get('mode')} "
+        causes.append(f"reap ({mode}) epoch {cp.get('epoch')}: its last execution failed: "
+                      f"{cp.get('error') or '(no error recorded)'} (start it again: lmctl reap {mode} "
                       f"--execute --wait; lmctl reap status)")
-    retention = cp.get("mode") == "retention"
-    statuses: dict[str, str] = dict(cp.get("hour_status") or {}) if retention else {}
-    running = retention and cp.get("status") == "running"
+    elif cp.get("status") == "running":
+        causes += leases.stopped_cause(leases.read(table, LEASE_PK), now_ns, f"reap ({mode}) epoch {cp.get('epoch')}",
+                                       f"start it again: lmctl reap {mode} --execute --wait; lmctl reap status")
     for scope in ("raw", "rollup"):
-        ours = retention and (cp.get("scope") or "raw") == scope
-        in_hand = set((cp.get("hours") or [])[int(cp.get("hour_index") or 0):]) if ours and running else set()
-        stuck = {str(h): statuses.get(str(h), "") if ours else "" for h in unfinished_hours(table, scope)}
-        if ours and not running:
-            stuck.update({h: s for h, s in statuses.items() if hour_unfinished(s)})
-        for hour, why in sorted(stuck.items()):
-            if hour not in in_hand:
-                causes.append(f"retention ({scope}) hour {hour} cannot finish: "
-                              f"{why or 'tombstoned, not reaped: its retention stopped part-way'} "
-                              f"(lmctl reap status; lmctl reap retention --scope {scope} --execute --wait)")
+        causes += _retention_causes(table, cp, scope)
+    return causes
+
+
+def _retention_causes(table: ControlStore, cp: dict[str, Any], scope: str) -> list[str]:
+    """One scope's retention causes: its hours left tombstoned, and those its last run skipped or
+    left blocked. The last run is the current checkpoint while it is that scope's retention (and
+    ``running``: its hours still in hand are not stuck), else ``retention-last#<scope>``."""
+    from lightmetrics.reaps.params import CHECKPOINT_PK
+    from lightmetrics.reaps.report import hour_unfinished, retention_last_sk
+    from lightmetrics.reaps.retention import unfinished_hours
+
+    last = plain(table.get(CHECKPOINT_PK, retention_last_sk(scope)) or {})
+    current = cp.get("mode") == "retention" and (cp.get("scope") or "raw") == scope \
+        and int(cp.get("epoch") or 0) >= int(last.get("epoch") or 0)
+    run, causes = (cp if current else last), []
+    if not current and last.get("status") in ("failed", "stopped"):
+        causes.append(f"retention ({scope}) epoch {last.get('epoch')}: its last run {last['status']}: "
+                      f"{last.get('error') or '(no error recorded)'} "
+                      f"(lmctl reap status; lmctl reap retention --scope {scope} --execute --wait)")
+    statuses: dict[str, str] = dict(run.get("hour_status") or {})
+    running = current and cp.get("status") == "running"
+    in_hand = set((cp.get("hours") or [])[int(cp.get("hour_index") or 0):]) if running else set()
+    stuck = {str(h): statuses.get(str(h), "") for h in unfinished_hours(table, scope)}
+    if not running:
+        stuck.update({h: s for h, s in statuses.items() if hour_unfinished(s)})
+    for hour, why in sorted(stuck.items()):
+        if hour not in in_hand:
+            causes.append(f"retention ({scope}) hour {hour} cannot finish: "
+                          f"{why or 'tombstoned, not reaped: its retention stopped part-way'} "
+                          f"(lmctl reap status; lmctl reap retention --scope {scope} --execute --wait)")
     return causes
 
 

@@ -88,11 +88,16 @@ def with_token(expression: str) -> str:
 
 
 def update_own(table: ControlStore, pk: str, sk: str, expression: str, *, condition: str,
-               names: dict[str, str] | None = None, values: dict[str, Any] | None = None) -> dict[str, Any]:
+               names: dict[str, str] | None = None, values: dict[str, Any] | None = None,
+               once: bool = False) -> dict[str, Any]:
     """:meth:`ControlStore.update` on ``condition`` that also writes a fresh ``write_token``; the
     item after it. A failed condition is read back as in :func:`put_own` (there the item read is
-    returned)."""
+    returned). ``once``: the condition also requires the item not to hold this call's token, so an
+    update that is not idempotent (an ``ADD``) is applied once even when a retry of a landed
+    request would pass ``condition`` again: the retry fails, is read back, and is this call's."""
     token = uuid.uuid4().hex
+    if once:
+        condition = f"({condition}) AND (attribute_not_exists(#lm_wt) OR #lm_wt <> :lm_wt)"
     try:
         return table.update(pk, sk, with_token(expression), names={**(names or {}), "#lm_wt": WRITE_TOKEN},
                             values={**(values or {}), ":lm_wt": token}, condition=condition)

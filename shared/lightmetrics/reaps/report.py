@@ -28,6 +28,24 @@ def hour_unfinished(status: str) -> bool:
     return status.startswith(("skipped", "blocked"))
 
 
+def retention_last_sk(scope: str) -> str:
+    """``retention-last#<scope>`` (under ``checkpoint#reap``): the outcome of the last retention run
+    of a scope, which GC's runs, replacing ``current``, leave alone (read by ``lmctl status``, R9)."""
+    return f"retention-last#{scope}"
+
+
+def retention_outcome(cp: dict[str, Any], pk: str, **set_: Any) -> dict[str, Any] | None:
+    """The ``retention-last#<scope>`` item for a retention checkpoint ``cp`` as it ends (``set_``:
+    its final status, error, finished_at_ns); None for GC or a dry run (which deletes nothing)."""
+    cp = {**plain(cp), **set_}
+    if cp.get("mode") != "retention" or cp.get("dry_run"):
+        return None
+    scope = cp.get("scope") or "raw"
+    kept = ("epoch", "status", "hours", "hour_status", "error", "finished_at_ns")
+    return {"pk": pk, "sk": retention_last_sk(scope), "scope": scope,
+            **{k: cp[k] for k in kept if cp.get(k) is not None}}
+
+
 def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:
     """A page's proofs (:class:`~lightmetrics.reaps.gc_proof.Proof`): the deletable ones (retention: only those
     proven "hour tombstoned") and the page's counters ``c_examined``, ``c_deletable``, ``kept#<reason>``.
@@ -83,4 +101,5 @@ def report_of(cp: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["COUNTERS", "hour_unfinished", "proof_counts", "report_of", "settle_counts"]
+__all__ = ["COUNTERS", "hour_unfinished", "proof_counts", "report_of", "retention_last_sk", "retention_outcome",
+           "settle_counts"]

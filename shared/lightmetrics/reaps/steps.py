@@ -56,7 +56,7 @@ from typing import Any
 from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.ops import crashpoints, leases
 from lightmetrics.ops.leases import LeaseHeld, LeaseLost
-from lightmetrics.protocol.control_store import plain
+from lightmetrics.protocol.control_store import Op, plain
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
@@ -72,7 +72,7 @@ from lightmetrics.reaps.params import (
     source_cursor_sk,
 )
 from lightmetrics.reaps.reaper_base import CP_CONTINUATION_BEGUN, CP_CONTINUED, NS, log
-from lightmetrics.reaps.report import report_of
+from lightmetrics.reaps.report import report_of, retention_outcome
 from lightmetrics.reaps.retention import expired_hours
 from lightmetrics.reaps.retention_tasks import RetentionTasks
 
@@ -117,6 +117,10 @@ class Reaper(GcTasks, RetentionTasks):
                               condition="#ep = :ep")
             reap.update(executions=int(cp.get("executions", 1)))  # mode and dry_run: check_resume
             return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
+        if cp and cp.get("status") == "running":  # a retention run that stopped without End: say so (R9)
+            stopped = retention_outcome(cp, CHECKPOINT_PK, status="stopped", error="stopped without finishing")
+            if stopped:
+                self.table.put(stopped)
         item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
         item = put_own(self.table, item, condition="attribute_not_exists(pk) OR epoch < :e",
                        values_for_condition={":e": epoch})
@@ -215,7 +219,10 @@ class Reaper(GcTasks, RetentionTasks):
         set_: dict[str, Any] = {"status": "finished" if outcome == "finished" else "failed", "finished_at_ns": now}
         if outcome != "finished":
             set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
-        self._commit(reap, set_=set_, lease=leases.release(LEASE_PK, reap["owner"], reap["epoch"], now))
+        # A retention run's outcome, kept where GC's next checkpoint does not replace it (R9).
+        last = retention_outcome(cp, CHECKPOINT_PK, **set_)
+        self._commit(reap, set_=set_, lease=leases.release(LEASE_PK, reap["owner"], reap["epoch"], now),
+                     ops=[Op("Put", CHECKPOINT_PK, last["sk"], item=last)] if last else [])
         report = report_of({**cp, **set_})
         for name in ("purged", "restored", "marked"):
             if report[name]:

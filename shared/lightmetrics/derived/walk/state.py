@@ -122,15 +122,19 @@ def read_watermarks(table: ControlStore) -> dict[str, int | None]:
     return out
 
 
-def walk_failure(table: ControlStore) -> str:
+def walk_failure(table: ControlStore, now_ns: int) -> str:
     """Why the last full walk is stuck (docs/protocol.md §12 R9), "" if it is not: its summary says
-    ``failed`` (the Abort task recorded the error). One GetItem: agent-scoped walks are an
-    operator's, who follows them (``lmctl walk start --wait``)."""
+    ``failed`` (the Abort task recorded the error), or ``running`` while its lease lapsed more than
+    ``leases.STOPPED_MARGIN_S`` ago (StopExecution, a timeout: no Abort ran). One GetItem, and the
+    lease's only while it says running: agent-scoped walks are an operator's, who follows them
+    (``lmctl walk start --wait``)."""
     cp = table.get(checkpoint_pk(None), CHECKPOINT_SK)
+    step = "continue it: lmctl walk start --resume --wait"
+    if cp is not None and cp.get("status") == "running":
+        return "".join(leases.stopped_cause(read_lease(table), now_ns, f"walk epoch {cp.get('epoch')}", step))
     if cp is None or cp.get("status") != "failed":
         return ""
-    return (f"walk epoch {cp.get('epoch')}: its last execution failed: {cp.get('error') or '(no error recorded)'} "
-            f"(continue it: lmctl walk start --resume --wait)")
+    return f"walk epoch {cp.get('epoch')}: its last execution failed: {cp.get('error') or '(no error recorded)'} ({step})"
 
 
 def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> dict[str, Any]:
