@@ -6,9 +6,7 @@
   run created, dropped, duplicated and reordered by the seed; SQS redelivers what was not
   acknowledged (at least once).
 * ``reconciler`` — one run of shard 0.
-* ``gc`` / ``retention`` — the reap state machine (infra/statemachines/reap.asl.json): a task that
-  died is re-run with the same input, as its Retry does; any other error takes the Catch (``end``
-  with ``failed``). A task's ``wait`` moves the world's clock.
+* ``gc`` / ``retention`` — reap executions (:mod:`lightmetrics.harness.sim.reap_driver`).
 """
 
 from __future__ import annotations
@@ -24,22 +22,9 @@ from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import Ack, World, frame, identity
 from lightmetrics.protocol.errors import KeyLayoutError
-from lightmetrics.reaps import Reaper
 
 #: attempts of one task before the driver gives up (the ASL retries a task's crash up to 6 times)
 TASK_ATTEMPTS = 6
-
-
-class InlineSfn:
-    """Step Functions' StartExecution for a reap's Continue: a repeated start of one name is one execution."""
-
-    def __init__(self) -> None:
-        self.inputs: dict[str, dict[str, Any]] = {}
-
-    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, str]:  # noqa: A002,N803
-        arn = f"sim:execution:{name}"
-        self.inputs.setdefault(arn, json.loads(input))
-        return {"executionArn": arn}
 
 
 class QuietQueues:
@@ -112,7 +97,7 @@ def indexer(world: World, *, drop: float = 0.1, duplicate: float = 0.1, idle_lim
             seen = len(world.store.created)
             if not queue:
                 idle += 1
-                world.scheduler.before_call("Receive", "queue")  # a poll of an empty queue
+                world.scheduler.pause("Receive")  # a poll of an empty queue
                 continue
             idle = 0
             key, receives = queue.pop(rng.randrange(len(queue)))  # SQS standard: no order
@@ -143,7 +128,7 @@ def reconciler(world: World) -> Any:
 
     def body(actor: Actor) -> None:
         for _ in range(world.rng.randrange(40)):
-            world.scheduler.before_call("Schedule", "reconciler")  # the schedule fires later
+            world.scheduler.pause("Schedule")  # the schedule fires later
         for _attempt in range(TASK_ATTEMPTS):
             actor.crashed = False
             try:
@@ -157,67 +142,4 @@ def reconciler(world: World) -> Any:
     return body
 
 
-def reap(world: World, inp: dict[str, Any], *, delay: int = 0) -> Any:
-    """One reap execution from Begin to End (begun again while another reap holds the lease)."""
-    clock = world.clock_for()
-    reaper = Reaper(world.work_context(clock), world.system.settings, sfn_client=InlineSfn())
-
-    def body(actor: Actor) -> None:
-        for _ in range(delay):
-            world.scheduler.before_call("Schedule", inp["mode"])
-        for _ in range(TASK_ATTEMPTS):
-            out = _task(world, actor, reaper, "begin", {"input": inp, "execution_arn": f"sim-{actor.name}"})
-            if out is not None:
-                drive_reap(world, actor, reaper, out, clock)
-                return
-            world.scheduler.before_call("Schedule", inp["mode"])
-    return body
-
-
-def _task(world: World, actor: Actor, reaper: Reaper, step: str, event: dict[str, Any]) -> dict[str, Any] | None:
-    """One Lambda task with the state machine's Retry on a dead Lambda; None when it failed."""
-    for _attempt in range(TASK_ATTEMPTS):
-        actor.crashed = False
-        try:
-            return getattr(reaper, step)(event)  # type: ignore[no-any-return]
-        except SimCrash:
-            continue
-        except Exception as exc:  # noqa: BLE001 - the ASL's Catch
-            world.scheduler.note(f"task {step} failed {type(exc).__name__}: {exc}")
-            return None
-    return None
-
-
-def drive_reap(world: World, actor: Actor, reaper: Reaper, out: dict[str, Any], clock: Any) -> None:
-    """The reap state machine's loop from Begin's answer (see tests/reap_support.py ``drive_from``)."""
-    for _ in range(2000):
-        nxt = out["next"]
-        if nxt == "finish":
-            _task(world, actor, reaper, "end", {"reap": out["reap"], "outcome": "finished"})
-            return
-        if nxt == "continue":  # Continue starts the next execution; its Begin carries the reap on
-            started = _task(world, actor, reaper, "cont", {"reap": out["reap"]})
-            if started is None:
-                return
-            arn = started["next_execution"]
-            nxt_out = _task(world, actor, reaper, "begin", {"input": reaper._sfn.inputs[arn], "execution_arn": arn})
-            if nxt_out is None:
-                return
-            out = nxt_out
-            continue
-        if nxt == "ranges":
-            for item in out["ranges"]:
-                _task(world, actor, reaper, item["task"], {"reap": out["reap"], "job": out["range_job"], "range": item})
-            nxt = "retention"
-        elif nxt == "wait":
-            clock.advance(out["wait_s"])
-            nxt = out["after"]
-        step = {"continue": "cont"}.get(nxt, nxt)
-        got = _task(world, actor, reaper, step, {"reap": out["reap"]})
-        if got is None:
-            _task(world, actor, reaper, "end", {"reap": out["reap"], "outcome": "failed", "error": {"Error": "TaskFailed"}})
-            return
-        out = got
-
-
-__all__ = ["QuietQueues", "collector", "collector_plans", "drive_reap", "indexer", "reap", "reconciler"]
+__all__ = ["QuietQueues", "collector", "collector_plans", "indexer", "reconciler"]

@@ -80,6 +80,8 @@ class SimObjectStore:
             result = fn()
         finally:
             self.inner.clear_faults()
+        if operation.startswith("Delete") and actor is not None and actor.dry_run:
+            self.scheduler.flag(f"a dry run sent {operation} {key}")  # rule DR1
         if landed and operation == "DeleteObjects":
             raise s3_error(operation, "RequestTimeout")
         if kind == "crash-after":
@@ -88,10 +90,11 @@ class SimObjectStore:
 
     def put_if_absent(self, key: str, body: bytes, **kw: Any) -> Any:
         before = self.inner._current(key)
-        result = self._call("PutObject", key, lambda: self.inner.put_if_absent(key, body, **kw), write=True)
-        if before is None and self.inner._current(key) is not None:
-            self.created.append(key)
-        return result
+        try:
+            return self._call("PutObject", key, lambda: self.inner.put_if_absent(key, body, **kw), write=True)
+        finally:  # S3 sends the event of an object that landed, whatever its writer then saw
+            if before is None and self.inner._current(key) is not None:
+                self.created.append(key)
 
     def lines_from(self, key: str, offset: int) -> Any:
         return iter(self._call("GetObject", key, lambda: list(self.inner.lines_from(key, offset))))

@@ -19,6 +19,7 @@ from typing import Any
 
 from lightmetrics.harness.sim import actors
 from lightmetrics.harness.sim.checks import quiescence, safety
+from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
@@ -71,10 +72,12 @@ def _spawn_run_phase(world: World) -> None:
         s.spawn(f"collector#{n}", actors.collector(world, n, plan))
     s.spawn("indexer", actors.indexer(world))
     s.spawn("reconciler", actors.reconciler(world))
-    gc = {"mode": "gc", "dry_run": rng.random() < 0.3, "source": rng.choice(("scan", "by-time")), "concurrency": 1}
-    s.spawn("gc", actors.reap(world, gc, delay=rng.randrange(40)))
-    retention = {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}
-    s.spawn("retention", actors.reap(world, retention, delay=rng.randrange(40)))
+    gcs = [{"mode": "gc", "dry_run": rng.random() < 0.3, "source": rng.choice(("scan", "by-time")), "concurrency": 1}
+           for _ in range(2)]
+    s.spawn("gc", reap(world, gcs, delay=rng.randrange(40)))
+    retention = [{"mode": "retention", "dry_run": dry, "hour": str(world.old_hour), "concurrency": 1}
+                 for dry in ([rng.random() < 0.3] + ([False] if rng.random() < 0.5 else []))]
+    s.spawn("retention", reap(world, retention, delay=rng.randrange(40)))
 
 
 def _quiesce(world: World) -> None:
@@ -82,8 +85,8 @@ def _quiesce(world: World) -> None:
     world.faults.enabled = False
     world.clock.advance(3600)  # every lease a dead task held has expired
     jobs = [actors.indexer(world, drop=0.0, duplicate=0.0, idle_limit=1),
-            actors.reap(world, {"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1}),
-            actors.reap(world, {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}),
+            reap(world, [{"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
+                         {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}]),
             actors.reconciler(world)]
     s = world.scheduler
     s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
@@ -98,7 +101,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
 
     def check() -> None:
         running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
-        found = safety(world, reap_running=running)
+        found = world.scheduler.flagged + safety(world, reap_running=running)
         if found and not violations:
             violations.extend(found)
             world.scheduler.note(f"VIOLATION {found[0]}")
@@ -113,7 +116,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
         violations.extend(errors)
         if not violations:
             _quiesce(world)
-            violations.extend(quiescence(world))
+            violations.extend(world.scheduler.flagged + quiescence(world))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
     return SimResult(seed, run_steps, violations, world.scheduler.trace, world.faults.coverage, hit)
 

@@ -67,6 +67,7 @@ class Actor:
     body: Callable[[Actor], None]
     done: bool = False
     crashed: bool = False  # died at a call; every later call of this attempt dies too
+    dry_run: bool = False  # runs a dry-run reap now: it may send no delete
     error: str | None = None
     thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -83,6 +84,8 @@ class Scheduler:
         self.trace: list[str] = []
         self.steps = 0
         self.stopping = False
+        #: safety violations found by the actors' drivers and the proxies (checked after each step)
+        self.flagged: list[str] = []
         self._cv = threading.Condition()
         self._turn: Actor | None = None
         self._holder: Actor | None = None  # the actor running now (threads it started run as it)
@@ -98,6 +101,10 @@ class Scheduler:
         """A trace line of the running actor (faults, crash points, outcomes)."""
         actor = self.current()
         self.trace.append(f"{self.steps:05d} {actor.name if actor else '-'} {text}")
+
+    def flag(self, violation: str) -> None:
+        self.note(f"VIOLATION {violation}")
+        self.flagged.append(violation)
 
     def before_call(self, operation: str, key: str) -> Actor | None:
         """Called by a proxy before each storage call: hand the baton back and wait for it again."""
@@ -117,6 +124,14 @@ class Scheduler:
             raise SimStop()
         self.note(f"{operation} {key}")
         return actor
+
+    def pause(self, label: str) -> None:
+        """A turn spent without a storage call (a poll, a schedule not yet due): a fresh
+        invocation begins after it, so an earlier crash no longer applies."""
+        actor = getattr(self._local, "actor", None)
+        if actor is not None:
+            actor.crashed = False
+        self.before_call(label, "")
 
     def _main(self, actor: Actor) -> None:
         self._local.actor = actor
