@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 import uuid
@@ -35,6 +36,7 @@ _REAPERS = ("gc", "retention")
 class SimResult:
     seed: int
     steps: int
+    calls: int
     violations: list[str]
     trace: list[str]
     coverage: Counter[tuple[str, str, str]] = field(default_factory=Counter)
@@ -118,15 +120,17 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
             _quiesce(world)
             violations.extend(world.scheduler.flagged + quiescence(world))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
-    return SimResult(seed, run_steps, violations, world.scheduler.trace, world.faults.coverage, hit)
+    return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage, hit)
 
 
 def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, steps: int = DEFAULT_STEPS,
-             stop_at_first: bool = True, fresh: random.Random | None = None) -> dict[str, Any]:
-    """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``."""
+             stop_at_first: bool = True, fresh: random.Random | None = None,
+             keep: list[SimResult] | None = None) -> dict[str, Any]:
+    """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``.
+    ``keep`` receives every result (the CLI prints a failing one's trace)."""
     started = time.monotonic()
     pick = fresh or random.Random()
-    results: list[SimResult] = []
+    results: list[SimResult] = [] if keep is None else keep
     queue = list(seeds or [])
     while queue or (minutes is not None and time.monotonic() - started < minutes * 60):
         seed = queue.pop(0) if queue else pick.randrange(2**32)
@@ -143,11 +147,14 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
         coverage.update(r.coverage)
         points |= r.crash_points
     steps = sum(r.steps for r in results)
+    calls = sum(r.calls for r in results)
     kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point")})
     for (_actor, _call, kind), n in coverage.items():
         kinds[kind] += n
     return {
         "seeds": [r.seed for r in results], "schedules": len(results), "steps": steps,
+        "trace_sha256": {str(r.seed): hashlib.sha256("\n".join(r.trace).encode()).hexdigest() for r in results},
+        "storage_calls": calls, "calls_per_schedule": round(calls / len(results), 1) if results else 0.0,
         "elapsed_s": round(elapsed_s, 3), "steps_per_s": round(steps / elapsed_s, 1) if elapsed_s else 0.0,
         "schedules_per_min": round(len(results) * 60 / elapsed_s, 1) if elapsed_s else 0.0,
         "violations": [{"seed": r.seed, "found": r.violations, "trace_tail": r.trace[-40:]}

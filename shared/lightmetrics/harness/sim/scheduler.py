@@ -83,6 +83,7 @@ class Scheduler:
         self.actors: list[Actor] = []
         self.trace: list[str] = []
         self.steps = 0
+        self.calls = 0  # storage calls, quiescence included (a pause is none)
         self.stopping = False
         #: safety violations found by the actors' drivers and the proxies (checked after each step)
         self.flagged: list[str] = []
@@ -106,8 +107,9 @@ class Scheduler:
         self.note(f"VIOLATION {violation}")
         self.flagged.append(violation)
 
-    def before_call(self, operation: str, key: str) -> Actor | None:
+    def before_call(self, operation: str, key: str, *, storage: bool = True) -> Actor | None:
         """Called by a proxy before each storage call: hand the baton back and wait for it again."""
+        self.calls += storage
         actor = getattr(self._local, "actor", None)
         if actor is None:  # a service's own worker thread: it runs in its actor's turn
             if self._holder is not None and self._holder.crashed:
@@ -131,7 +133,7 @@ class Scheduler:
         actor = getattr(self._local, "actor", None)
         if actor is not None:
             actor.crashed = False
-        self.before_call(label, "")
+        self.before_call(label, "", storage=False)
 
     def _main(self, actor: Actor) -> None:
         self._local.actor = actor
