@@ -20,14 +20,16 @@ TRACE_TAIL = 40
 @click.command("sim")
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="Replay this one seed exactly.")
 @click.option("--seeds", "fresh", type=click.IntRange(min=1), default=None, help="Run this many fresh random seeds.")
+@click.option("--start", type=click.IntRange(min=0), default=None,
+              help="With --seeds N: seeds START .. START+N-1 instead of random ones (a reproducible batch).")
 @click.option("--minutes", type=click.FloatRange(min=0.01, max=1440), default=None,
               help="Run fresh random seeds until this many minutes have passed.")
 @click.option("--steps", type=click.IntRange(min=20, max=100_000), default=300, show_default=True,
               help="Storage calls of one schedule's run phase (quiescence follows).")
 @click.option("--trace", "show_trace", is_flag=True, help="Print the whole trace of each seed that found a violation.")
 @json_option
-def sim_cmd(seed: int | None, fresh: int | None, minutes: float | None, steps: int, show_trace: bool,
-            as_json: bool) -> None:
+def sim_cmd(seed: int | None, fresh: int | None, start: int | None, minutes: float | None, steps: int,
+            show_trace: bool, as_json: bool) -> None:
     """The real service code as actors on the in-memory adapters under a seeded scheduler, faults at
     every storage call; safety checks after every step, the invariant catalogue and liveness at
     quiescence. Without options: seeds 1-20. Exit 0 clean, 1 on a violation (its seed and trace tail
@@ -37,8 +39,11 @@ def sim_cmd(seed: int | None, fresh: int | None, minutes: float | None, steps: i
     if seed is not None and (fresh is not None or minutes is not None):
         fail("lmctl sim: --seed replays one seed; it cannot be combined with --seeds or --minutes", EXIT_USAGE,
              as_json=as_json)
+    if start is not None and fresh is None:
+        fail("lmctl sim: --start numbers the seeds of --seeds N; give --seeds too", EXIT_USAGE, as_json=as_json)
     pick = random.Random()
-    seeds = [seed] if seed is not None else [pick.randrange(2**32) for _ in range(fresh or 0)]
+    seeds = [seed] if seed is not None else [pick.randrange(2**32) if start is None else start + n
+                                             for n in range(fresh or 0)]
     if seed is None and fresh is None and minutes is None:
         seeds = list(DEFAULT_SEEDS)
     results: list[SimResult] = []

@@ -5,7 +5,8 @@ batch has its record with that hash and its blob; no blob a record names is gone
 expired, tombstoned hour's are retention's to delete); none is hidden while no reap runs.
 :func:`quiescence` runs once every job has run to completion with faults off: the invariant
 catalogue through ``verify`` (strict), and liveness — no blocker open, the reap lease released,
-the expired hour reaped.
+the expired hour reaped. A record a newer writer wrote (planted, :mod:`~lightmetrics.harness.sim.world`)
+must keep its blob like any other, and is expected to stay blocked.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def safety(world: World, *, reap_running: bool) -> list[str]:
             found.append(f"acknowledged batch without its record: {mid} ({ack.actor})")
         elif record.frame_sha256 != ack.frame_sha256:
             found.append(f"acknowledged batch's record holds another hash: {mid}")
+    for key, blob_key in world.newer_records.items():  # no reader may take it for "no record"
+        state = _blob_state(world, blob_key)
+        if state == "gone" or (state == "hidden" and not reap_running):
+            found.append(f"blob a newer writer's record names {state}: {blob_key} (record {key})")
     for key in world.system.store.keys(codec.accepted_root()):
         record = _record(world, key)
         if record is None or _tombstoned(world, record.accepted_at_unix_ns):
@@ -72,8 +77,12 @@ def quiescence(world: World) -> list[str]:
     found = safety(world, reap_running=False)
     ctx = world.system.ctx
     report = verify(ctx, strict=True, workers=1)
-    found += [f"verify: {v.rule} {' '.join(v.keys)}" for v in report.violations]
-    found += [f"liveness: blocker left open: {b.kind} {b.object_key}" for b in ctx.blockers.list(status="open")]
+    # A newer writer's record is the operator's to act on (upgrade the readers, §17 E2): its
+    # unsupported-version finding and its blocker are the protocol's answer, not a defect.
+    expected = set(world.newer_records)
+    found += [f"verify: {v.rule} {' '.join(v.keys)}" for v in report.violations if not expected & set(v.keys)]
+    found += [f"liveness: blocker left open: {b.kind} {b.object_key}" for b in ctx.blockers.list(status="open")
+              if b.object_key not in expected]
     lease = leases.read(ctx.table, LEASE_PK)
     if leases.is_live(lease, world.clock.now_ns()):
         found.append(f"liveness: the reap lease is held after every reap ended: {lease}")

@@ -3,6 +3,7 @@ each actor's contexts (its own skewed clock) over the scheduling, fault-injectin
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,8 @@ class World:
     table: SimControlTable
     rng: random.Random
     acks: list[Ack] = field(default_factory=list)
+    #: records a newer writer wrote (this reader cannot parse them) -> the blob each names
+    newer_records: dict[str, str] = field(default_factory=dict)
     old_hour: UtcHour = field(default_factory=lambda: UtcHour.of_unix_ns(OLD_NS))
 
     def clock_for(self, max_skew_s: int = 5) -> SkewedClock:
@@ -86,8 +89,10 @@ def build_world(seed: int, *, fault_rate: float, max_steps: int, after_step: Any
     _plant_history(system, clock)
     scheduler = Scheduler(rng, clock, max_steps=max_steps, after_step=after_step)
     faults = FaultPlan(rng, fault_rate)
-    return World(system, clock, scheduler, faults, SimObjectStore(system.store, scheduler, faults),
-                 SimControlTable(system.table, scheduler, faults), rng)
+    world = World(system, clock, scheduler, faults, SimObjectStore(system.store, scheduler, faults),
+                  SimControlTable(system.table, scheduler, faults), rng)
+    world.newer_records = _plant_newer_record(system, clock)
+    return world
 
 
 def _plant_history(system: MemorySystem, clock: SimClock) -> None:
@@ -107,6 +112,23 @@ def _plant_history(system: MemorySystem, clock: SimClock) -> None:
     clock._now = now
     for index in INDEXES:
         set_watermark(system.table, index, now - 3600 * _NS, epoch=1, now_ns=now)
+
+
+def _plant_newer_record(system: MemorySystem, clock: SimClock) -> dict[str, str]:
+    """A batch whose record a newer writer rewrote (a higher schema version and a field this reader
+    does not know), accepted an hour back: no reader may take it for "no record" (§17 E2)."""
+    now, clock._now = clock.now_ns(), ORPHAN_NS
+    ident = identity(96, "agent-newer")
+    result = accept_batch(system.accept, ident, frame(ident))
+    index_raw_blob(system.ctx, result.blob_key)
+    clock._now = now
+    key = str(result.manifest_key)
+    doc = json.loads(system.store.get(key) or b"{}")
+    doc.update(schema="lightmetrics.accepted_batch.v2", written_by_newer=True)
+    for version in system.store.versions_of(key):
+        system.store.delete_objects([(key, version.version_id)])
+    system.store.put_if_absent(key, json.dumps(doc).encode())
+    return {key: str(result.blob_key)}
 
 
 __all__ = ["Ack", "HORIZON_S", "OLD_NS", "World", "build_world", "frame", "identity"]
