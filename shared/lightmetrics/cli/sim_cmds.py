@@ -48,7 +48,7 @@ def sim_cmd(seed: int | None, fresh: int | None, start: int | None, minutes: flo
         seeds = list(DEFAULT_SEEDS)
     results: list[SimResult] = []
     # the services' warnings under injected faults are the point of the run, not news: the trace has them
-    logging.disable(logging.WARNING)
+    logging.disable(logging.CRITICAL)
     figures = run_many(seeds, minutes=minutes, steps=steps, fresh=pick, keep=results)
     if as_json:
         emit_json(figures)

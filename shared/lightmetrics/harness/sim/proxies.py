@@ -24,6 +24,8 @@ from lightmetrics.harness.testing.memory.object_store import s3_error
 from lightmetrics.protocol.control_store import ConditionFailed, Op
 
 FAULT_KINDS = ("fail", "lost", "crash-before", "crash-after")
+WRITES = frozenset({"PutObject", "DeleteObject", "DeleteObjects", "PutItem", "UpdateItem", "DeleteItem",
+                    "TransactWriteItems"})
 _S3_CODES = ("ServiceUnavailable", "SlowDown", "InternalError")
 _READS = {"get": "GetObject", "head": "HeadObject", "list_page": "ListObjectsV2", "list_keys": "ListObjectsV2",
           "list_modified": "ListObjectsV2", "versions_of": "ListObjectVersions", "require_bucket": "ListObjectsV2"}
@@ -33,12 +35,15 @@ class FaultPlan:
     """Which fault (if any) each call meets, drawn from the run's PRNG; ``coverage`` counts
     ``(actor, call, fault)``."""
 
-    def __init__(self, rng: random.Random, rate: float) -> None:
+    def __init__(self, rng: random.Random, rate: float, write_rate: float | None = None) -> None:
         self.rng, self.rate, self.enabled = rng, rate, True
+        # writes are few and decide the most (a take, a mark, a commit): they meet faults more often
+        self.write_rate = 3 * rate if write_rate is None else write_rate
         self.coverage: Counter[tuple[str, str, str]] = Counter()
 
     def pick(self, actor: Actor | None, call: str, kinds: tuple[str, ...] = FAULT_KINDS) -> str | None:
-        if not self.enabled or actor is None or self.rng.random() >= self.rate:
+        rate = self.write_rate if call in WRITES else self.rate
+        if not self.enabled or actor is None or self.rng.random() >= rate:
             return None
         kind = self.rng.choice(kinds)
         self.coverage[(actor.name.split("#")[0], call, kind)] += 1

@@ -29,6 +29,7 @@ from lightmetrics.ops import crashpoints
 DEFAULT_STEPS = 300
 DEFAULT_FAULT_RATE = 0.06
 CRASH_POINT_RATE = 0.2
+CLOCK_JUMP_RATE = 0.004
 _REAPERS = ("gc", "retention")
 
 
@@ -41,6 +42,7 @@ class SimResult:
     trace: list[str]
     coverage: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     crash_points: set[str] = field(default_factory=set)
+    clock_jumps: int = 0
 
 
 @contextmanager
@@ -85,9 +87,13 @@ def _spawn_run_phase(world: World) -> None:
 def _quiesce(world: World) -> None:
     """Faults off; every job once more, one after another, to completion."""
     world.faults.enabled = False
+    world.scheduler.jump_rate = 0.0
     world.clock.advance(3600)  # every lease a dead task held has expired
     jobs = [actors.indexer(world, drop=0.0, duplicate=0.0, idle_limit=1),
-            reap(world, [{"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
+            # an operator's dry runs first: what a reap the run phase cut short left must stay untouched
+            reap(world, [{"mode": "retention", "dry_run": True, "hour": str(world.old_hour), "concurrency": 1},
+                         {"mode": "gc", "dry_run": True, "source": "by-time", "concurrency": 1},
+                         {"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
                          {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}]),
             actors.reconciler(world)]
     s = world.scheduler
@@ -110,6 +116,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
             world.scheduler.stopping = True
 
     world.scheduler.after_step = check
+    world.scheduler.jump_rate = CLOCK_JUMP_RATE
     with _seeded_uuids(seed), crashpoints.hooked(_crash_hook(world, hit)):
         _spawn_run_phase(world)
         world.scheduler.run()
@@ -120,7 +127,8 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
             _quiesce(world)
             violations.extend(world.scheduler.flagged + quiescence(world))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
-    return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage, hit)
+    return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
+                     hit, world.scheduler.jumps)
 
 
 def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, steps: int = DEFAULT_STEPS,
@@ -149,6 +157,7 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
     steps = sum(r.steps for r in results)
     calls = sum(r.calls for r in results)
     kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point")})
+    kinds["clock-jump"] = sum(r.clock_jumps for r in results)
     for (_actor, _call, kind), n in coverage.items():
         kinds[kind] += n
     return {

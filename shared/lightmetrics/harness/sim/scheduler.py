@@ -84,6 +84,9 @@ class Scheduler:
         self.trace: list[str] = []
         self.steps = 0
         self.calls = 0  # storage calls, quiescence included (a pause is none)
+        #: chance per step that the clock jumps minutes ahead (a slow actor whose lease expires)
+        self.jump_rate = 0.0
+        self.jumps = 0
         self.stopping = False
         #: safety violations found by the actors' drivers and the proxies (checked after each step)
         self.flagged: list[str] = []
@@ -170,6 +173,11 @@ class Scheduler:
                 break
             actor = self.rng.choice(runnable)
             self.clock.advance(ns=self.rng.randrange(0, self.max_tick_ms) * 1_000_000)
+            if self.rng.random() < self.jump_rate:  # the world pauses (a slow actor): leases run out
+                jump_s = self.rng.randrange(300, 1800)
+                self.clock.advance(jump_s)
+                self.jumps += 1
+                self.trace.append(f"{self.steps:05d} - clock jump +{jump_s}s")
             self.steps += 1
             self.stopping = self.stopping or self.steps > self.max_steps
             self._give(actor)
