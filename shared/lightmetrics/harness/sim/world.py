@@ -105,7 +105,7 @@ def _plant_history(system: MemorySystem, clock: SimClock) -> None:
         index_raw_blob(system.ctx, result.blob_key)
     clock._now = ORPHAN_NS
     for n in (93, 94):
-        system.store.fail("PutObject", "ServiceUnavailable", key_contains="accepted/v1/", times=-1)
+        system.store.fail("PutObject", "ServiceUnavailable", key_contains=system.ctx.codec.accepted_root(), times=-1)
         result = accept_batch(system.accept, identity(n, "agent-orphan"), frame(identity(n, "agent-orphan")))
         system.store.clear_faults()
         index_raw_blob(system.ctx, result.blob_key)
