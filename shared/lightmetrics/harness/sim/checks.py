@@ -30,18 +30,27 @@ def _blob_state(world: World, blob_key: str) -> str:
 
 
 def _tombstoned(world: World, accepted_at_ns: int) -> bool:
-    tomb = world.system.ctx.codec.retention_tombstone("raw", UtcHour.of_unix_ns(accepted_at_ns))
-    return world.system.store._current(tomb) is not None
+    hour = UtcHour.of_unix_ns(accepted_at_ns)
+    if hour not in world.tombstoned:  # a tombstone is permanent: "yes" is kept
+        if world.system.store._current(world.system.ctx.codec.retention_tombstone("raw", hour)) is None:
+            return False
+        world.tombstoned.add(hour)
+    return True
 
 
 def _record(world: World, key: str) -> Any:
     current = world.system.store._current(key)
     if current is None:
         return None
+    cached = world.parsed.get(key)  # a version is immutable: parse it once (the checks run every step)
+    if cached is not None and cached[0] == current.version_id:
+        return cached[1]
     try:
-        return parse_record(world.system.ctx.codec, key, current.body or b"")
+        record = parse_record(world.system.ctx.codec, key, current.body or b"")
     except Exception:  # noqa: BLE001 - an unreadable record is verify's finding, not a crash of the check
-        return None
+        record = None
+    world.parsed[key] = (current.version_id, record)
+    return record
 
 
 def safety(world: World, *, reap_running: bool) -> list[str]:

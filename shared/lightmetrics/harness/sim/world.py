@@ -61,6 +61,10 @@ class World:
     acks: list[Ack] = field(default_factory=list)
     #: records a newer writer wrote (this reader cannot parse them) -> the blob each names
     newer_records: dict[str, str] = field(default_factory=dict)
+    #: the checks' parsed records, by key: (version id, record or None)
+    parsed: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    #: hours the checks saw tombstoned (for good)
+    tombstoned: set[UtcHour] = field(default_factory=set)
     old_hour: UtcHour = field(default_factory=lambda: UtcHour.of_unix_ns(OLD_NS))
 
     def clock_for(self, max_skew_s: int = 5) -> SkewedClock:
