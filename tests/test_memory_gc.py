@@ -15,11 +15,12 @@ from reap_support import drive
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.derived.indexing import index_quarantine
+from lightmetrics.ops import crashpoints
 from lightmetrics.ops.leases import LeaseLost, take
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
 from lightmetrics.reaps import gc_proof as gcm
-from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.gc import CP_PURGED_MARKERS, BlobCollector
 from lightmetrics.reaps.params import LEASE_PK
 
 _NS = 1_000_000_000
@@ -104,6 +105,24 @@ def test_settle_before_the_grace_is_refused() -> None:
         gc.settle([mark])
     w.clock.advance(900)
     assert gc.settle([mark]) == ["purged"] and w.versions(orphan) == ([], [])
+
+
+def test_a_settle_rerun_after_its_purge_died_deletes_the_purged_blobs_hint() -> None:
+    """G-I9: a mark without its marker id (the marking DeleteObjects' answer was lost) whose settle
+    died after the purge's versions went: the re-run finds the captured version gone and still
+    deletes the blob's raw-blobs-by-time hint (found by the simulation, seed 111)."""
+    w = memory_world()
+    orphan = w.orphan(ident(16))
+    hint = w.ctx.codec.raw_blobs_by_time(UtcHour.of_unix_ns(w.accept_clock.now_ns()), orphan.rsplit("/", 1)[-1].split(".")[0])
+    gc = BlobCollector(w.ctx, w.settings)
+    [mark] = gc.mark([gc.intent(gc.prove(orphan), w.clock.now_ns())])
+    mark = {k: v for k, v in mark.items() if k != "marker_version_id"}  # its answer was lost
+    hook, _ = crashpoints.crash_once_at(CP_PURGED_MARKERS)
+    with crashpoints.hooked(hook), pytest.raises(crashpoints.InjectedCrash):
+        gc.settle([mark])
+    assert w.versions(orphan) == ([], []) and w.store.head(hint) is not None  # died before the hint
+    assert gc.settle([mark]) == ["purged"]
+    assert w.store.head(hint) is None
 
 
 def test_a_collector_whose_fence_fails_deletes_nothing() -> None:

@@ -334,10 +334,11 @@ from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402
 from lightmetrics.cli.ops_cmds import blockers, reconcile_cmd, status_cmd  # noqa: E402
 from lightmetrics.cli.pipeline_cmds import bench, inventory, pipeline, query_cmd  # noqa: E402
 from lightmetrics.cli.reap_cmds import reap  # noqa: E402
+from lightmetrics.cli.sim_cmds import sim_cmd  # noqa: E402
 from lightmetrics.cli.soak_cmds import soak_cmd  # noqa: E402
 from lightmetrics.cli.walk_cmds import verify_cmd, walk  # noqa: E402
 
-for command in (local, demo_cmd, soak_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, reap, conflicts,
+for command in (local, demo_cmd, soak_cmd, sim_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, reap, conflicts,
                 denylist_cmd, agent, inventory, pipeline, query_cmd, bench, cost_cmd, env_cmd):
     cli.add_command(command)
 

@@ -311,19 +311,23 @@ class BlobCollector:
         """The re-check of one mark and what settling it deletes (nothing is deleted here)."""
         deletable, reason = self.recheck(m, now_ns)
         crashpoints.point(CP_RECHECKED)
+        # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
+        hint = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
         markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
         if markers is None:
             markers, exists = self.find_markers(m)
-            if not markers:
+            if not markers and exists:
                 # The marker was never placed (crash before DeleteObjects answered): nothing to undo.
-                return _Settling(f"kept:{KEEP_MARK_NOT_PLACED}" if exists else "purged")
+                return _Settling(f"kept:{KEEP_MARK_NOT_PLACED}")
+            if not markers:
+                # The captured version is gone: an earlier settle of this mark purged it and died
+                # before its hint went, so the hint goes now (G-I9).
+                return _Settling("purged", hint=hint if deletable else None)
         if not deletable:
             # Every marker above the captured version goes, recorded or not: a retried invocation's
             # twin may have placed one more (rule L3), and any one of them hides the blob.
             found, _ = self.find_markers(m)
             return _Settling("restored", markers=list(dict.fromkeys([*markers, *found])), reason=reason)
-        # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
-        hint = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
         return _Settling("purged", version=m.get("version_id"), markers=markers, hint=hint)
 
     def _carry_out(self, marks: list[dict[str, Any]], plans: list["_Settling"]) -> list[str]:

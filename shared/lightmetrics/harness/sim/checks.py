@@ -1,0 +1,104 @@
+"""The simulation's checks, read straight from the in-memory adapters (no request, no fault).
+
+:func:`safety` runs after every step: no identity acknowledged with two hashes; every acknowledged
+batch has its record with that hash and its blob; no blob a record names is gone for good (an
+expired, tombstoned hour's are retention's to delete); none is hidden while no reap runs.
+:func:`quiescence` runs once every job has run to completion with faults off: the invariant
+catalogue through ``verify`` (strict), and liveness — no blocker open, the reap lease released,
+the expired hour reaped. A record a newer writer wrote (planted, :mod:`~lightmetrics.harness.sim.world`)
+must keep its blob like any other, and is expected to stay blocked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightmetrics.derived.indexing import parse_record
+from lightmetrics.derived.verify import verify
+from lightmetrics.harness.sim.world import World
+from lightmetrics.ops import leases
+from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.reaps.params import LEASE_PK
+
+
+def _blob_state(world: World, blob_key: str) -> str:
+    """``present``, ``hidden`` (only delete markers on top of a version) or ``gone``."""
+    versions = world.system.store._keys.get(blob_key) or []
+    if versions and not versions[-1].marker:
+        return "present"
+    return "hidden" if any(not v.marker for v in versions) else "gone"
+
+
+def _tombstoned(world: World, accepted_at_ns: int) -> bool:
+    hour = UtcHour.of_unix_ns(accepted_at_ns)
+    if hour not in world.tombstoned:  # a tombstone is permanent: "yes" is kept
+        if world.system.store._current(world.system.ctx.codec.retention_tombstone("raw", hour)) is None:
+            return False
+        world.tombstoned.add(hour)
+    return True
+
+
+def _record(world: World, key: str) -> Any:
+    current = world.system.store._current(key)
+    if current is None:
+        return None
+    cached = world.parsed.get(key)  # a version is immutable: parse it once (the checks run every step)
+    if cached is not None and cached[0] == current.version_id:
+        return cached[1]
+    try:
+        record = parse_record(world.system.ctx.codec, key, current.body or b"")
+    except Exception:  # noqa: BLE001 - an unreadable record is verify's finding, not a crash of the check
+        record = None
+    world.parsed[key] = (current.version_id, record)
+    return record
+
+
+def safety(world: World, *, reap_running: bool) -> list[str]:
+    found: list[str] = []
+    codec = world.system.ctx.codec
+    acked: dict[str, str] = {}
+    for ack in world.acks:
+        mid = ack.identity.manifest_id
+        if acked.setdefault(mid, ack.frame_sha256) != ack.frame_sha256:
+            found.append(f"identity accepted twice: {mid} acknowledged as {acked[mid]} and {ack.frame_sha256}")
+        record = _record(world, codec.accepted(ack.identity))
+        if record is None:
+            found.append(f"acknowledged batch without its record: {mid} ({ack.actor})")
+        elif record.frame_sha256 != ack.frame_sha256:
+            found.append(f"acknowledged batch's record holds another hash: {mid}")
+    for key, blob_key in world.newer_records.items():  # no reader may take it for "no record"
+        state = _blob_state(world, blob_key)
+        if state == "gone" or (state == "hidden" and not reap_running):
+            found.append(f"blob a newer writer's record names {state}: {blob_key} (record {key})")
+    for key in world.system.store.keys(codec.accepted_root()):
+        record = _record(world, key)
+        if record is None or _tombstoned(world, record.accepted_at_unix_ns):
+            continue
+        state = _blob_state(world, record.raw_blob_key)
+        if state == "gone":
+            found.append(f"blob a record names deleted: {record.raw_blob_key} (record {key})")
+        elif state == "hidden" and not reap_running:
+            found.append(f"blob a record names left hidden with no reap running: {record.raw_blob_key}")
+    return found
+
+
+def quiescence(world: World) -> list[str]:
+    found = safety(world, reap_running=False)
+    ctx = world.system.ctx
+    report = verify(ctx, strict=True, workers=1)
+    # A newer writer's record is the operator's to act on (upgrade the readers, §17 E2): its
+    # unsupported-version finding and its blocker are the protocol's answer, not a defect.
+    expected = set(world.newer_records)
+    found += [f"verify: {v.rule} {' '.join(v.keys)}" for v in report.violations if not expected & set(v.keys)]
+    found += [f"liveness: blocker left open: {b.kind} {b.object_key}" for b in ctx.blockers.list(status="open")
+              if b.object_key not in expected]
+    lease = leases.read(ctx.table, LEASE_PK)
+    if leases.is_live(lease, world.clock.now_ns()):
+        found.append(f"liveness: the reap lease is held after every reap ended: {lease}")
+    item = ctx.table.get("retention#raw", str(world.old_hour))
+    if item is None or item.get("status") != "reaped":
+        found.append(f"liveness: retention of expired hour {world.old_hour} did not finish: {item}")
+    return found
+
+
+__all__ = ["quiescence", "safety"]

@@ -1,0 +1,148 @@
+"""Reap executions as infra/statemachines/reap.asl.json runs them, in Python, one task a turn.
+
+Begin, Continue and Finish are retried on ``ReapTransient`` and on a dead Lambda; ``LeaseHeld`` or
+any other error at Begin ends the execution unstarted (the next schedule begins again). Gc and
+Retention tasks (and a Ranges visit's range tasks) are retried on any error but ``LeaseLost`` and
+``InvalidReapInput``, 6 times, the clock moving by the Retry's backoff; then the Catch runs Abort
+(``end`` with ``failed``). A dead Lambda is re-run with the same input. A task's ``wait`` moves the
+world's clock.
+
+Two checks belong to the driver: a dry run's execution sends no delete (``actor.dry_run`` is what
+the store proxy checks), and an execution that ended without a crash leaves the reap lease to no
+one but a running execution (a lost answer must not be read as someone else's take, §11.1).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lightmetrics.harness.sim.scheduler import Actor, SimCrash
+from lightmetrics.harness.sim.world import World
+from lightmetrics.ops import leases
+from lightmetrics.reaps import Reaper
+from lightmetrics.reaps.params import LEASE_PK
+
+TASK_RETRIES, CONTROL_RETRIES, ABORT_RETRIES = 6, 5, 3
+_NEVER_RETRIED = ("LeaseLost", "InvalidReapInput")
+_CONTROL_RETRIED = ("ReapTransient",)
+#: errors no fault can explain: a task raising one is a bug the simulation reports
+BUG_ERRORS = ("DryRunWrite", "AssertionError", "TypeError", "AttributeError", "NameError", "KeyError")
+
+
+class InlineSfn:
+    """Step Functions' StartExecution for a reap's Continue: a repeated start of one name is one execution."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, dict[str, Any]] = {}
+
+    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, str]:  # noqa: A002,N803
+        arn = f"sim:execution:{name}"
+        self.inputs.setdefault(arn, json.loads(input))
+        return {"executionArn": arn}
+
+
+class Execution:
+    """One execution's tasks on one Reaper; ``crashed``: a Lambda of it died (its lease may outlive it)."""
+
+    def __init__(self, world: World, actor: Actor, reaper: Reaper, clock: Any) -> None:
+        self.world, self.actor, self.reaper, self.clock = world, actor, reaper, clock
+        self.crashed = False
+        self.errors: list[str] = []  # the error names its tasks raised
+        self.ended = False  # its End task (finished or failed) answered
+
+    def task(self, step: str, event: dict[str, Any], *, control: bool = False) -> dict[str, Any] | None:
+        """The task with its Retry; None when its errors outlasted it (the Catch decides)."""
+        retries = CONTROL_RETRIES if control else TASK_RETRIES
+        for attempt in range(retries + 1):
+            self.actor.crashed = False
+            try:
+                return getattr(self.reaper, step)(event)  # type: ignore[no-any-return]
+            except SimCrash:
+                self.crashed = True
+                continue
+            except Exception as exc:  # noqa: BLE001 - the state machine's Retry and Catch
+                name = type(exc).__name__
+                self.errors.append(name)
+                self.world.scheduler.note(f"task {step} failed {name}: {exc}")
+                if name in BUG_ERRORS:
+                    self.world.scheduler.flag(f"reap task {step} raised {name}: {exc}")
+                if name in _NEVER_RETRIED or (control and name not in _CONTROL_RETRIED):
+                    return None
+                self.clock.advance(2 * 2 ** attempt)
+        return None
+
+    def abort(self, reap: dict[str, Any]) -> None:
+        for _ in range(ABORT_RETRIES + 1):
+            if self.task("end", {"reap": reap, "outcome": "failed", "error": {"Error": "TaskFailed"}}, control=True):
+                self.ended = True
+                return
+
+    def drive(self, out: dict[str, Any]) -> None:
+        """From Begin's answer to the end of the reap (through Continue's executions)."""
+        for _ in range(2000):
+            nxt = out["next"]
+            if nxt == "finish":
+                self.ended = self.task("end", {"reap": out["reap"], "outcome": "finished"}, control=True) is not None
+                return None
+            if nxt == "continue":
+                started = self.task("cont", {"reap": out["reap"]}, control=True)
+                if started is None:
+                    return self.abort(out["reap"])
+                arn = started["next_execution"]
+                begun = self.task("begin", {"input": self.reaper._sfn.inputs[arn], "execution_arn": arn}, control=True)
+                if begun is None:
+                    return None
+                out = begun
+                continue
+            if nxt == "ranges":
+                for item in out["ranges"]:
+                    event = {"reap": out["reap"], "job": out["range_job"], "range": item}
+                    if self.task(item["task"], event) is None:
+                        return self.abort(out["reap"])
+                nxt = "retention"
+            elif nxt == "wait":
+                self.clock.advance(out["wait_s"])
+                nxt = out["after"]
+            got = self.task(nxt, {"reap": out["reap"]})
+            if got is None:
+                return self.abort(out["reap"])
+            out = got
+        return None
+
+
+def reap(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, begins: int = 6) -> Any:
+    """Reap executions of ``inputs`` one after another (each begun again while another holds the lease)."""
+    def body(actor: Actor) -> None:
+        for _ in range(delay):
+            world.scheduler.pause("Schedule")
+        for inp in inputs:
+            clock = world.clock_for()
+            execution = Execution(world, actor, Reaper(world.work_context(clock), world.system.settings,
+                                                       sfn_client=InlineSfn()), clock)
+            actor.dry_run = bool(inp.get("dry_run"))
+            for n in range(begins):
+                arn = f"sim-{actor.name}-{len(world.scheduler.trace)}-{n}"
+                out = execution.task("begin", {"input": inp, "execution_arn": arn}, control=True)
+                if out is not None:
+                    execution.drive(out)
+                _lease_left(world, execution, arn)
+                if out is not None:
+                    break
+                world.scheduler.pause("Schedule")
+            actor.dry_run = False
+    return body
+
+
+def _lease_left(world: World, execution: Execution, arn: str) -> None:
+    """An execution whose End answered, or whose Begin said another holds the lease, holds no
+    lease, unless a Lambda of it died (a dead one's lease expires; so does one a Begin that failed
+    otherwise left)."""
+    if execution.crashed or not (execution.ended or execution.errors[-1:] == ["LeaseHeld"]):
+        return
+    lease = leases.read(world.system.table, LEASE_PK)
+    if leases.is_live(lease, world.clock.now_ns()) and (lease or {}).get("execution") == arn:
+        world.scheduler.flag(f"the reap lease is held by execution {arn}, which ended without a crash: {lease}")
+
+
+__all__ = ["BUG_ERRORS", "Execution", "InlineSfn", "reap"]

@@ -1,0 +1,178 @@
+"""One simulated schedule per seed, and many: the run phase (faults on), then quiescence (faults off,
+every job run to completion), the checks after every step and at the end, and the figures.
+
+Example:
+    >>> run_seed(3, steps=60).seed
+    3
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightmetrics.harness.sim import actors
+from lightmetrics.harness.sim.checks import quiescence, safety
+from lightmetrics.harness.sim.reap_driver import reap
+from lightmetrics.harness.sim.scheduler import SimCrash
+from lightmetrics.harness.sim.world import World, build_world
+from lightmetrics.ops import crashpoints
+
+#: the figures of one schedule: storage calls in the run phase before the step budget stops it
+DEFAULT_STEPS = 300
+DEFAULT_FAULT_RATE = 0.06
+CRASH_POINT_RATE = 0.2
+CLOCK_JUMP_RATE = 0.004
+_REAPERS = ("gc", "retention")
+
+
+@dataclass
+class SimResult:
+    seed: int
+    steps: int
+    calls: int
+    violations: list[str]
+    trace: list[str]
+    coverage: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    crash_points: set[str] = field(default_factory=set)
+    clock_jumps: int = 0
+
+
+@contextmanager
+def _seeded_uuids(seed: int) -> Iterator[None]:
+    """Request tokens and owners from the seed, so a replay writes the same items."""
+    rng, original = random.Random(seed ^ 0x5EED), uuid.uuid4
+    uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128), version=4)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        uuid.uuid4 = original  # type: ignore[assignment]
+
+
+def _crash_hook(world: World, hit: set[str]) -> Any:
+    def hook(name: str) -> None:
+        actor = world.scheduler.current()
+        if actor is None or not world.faults.enabled:
+            return
+        hit.add(name)
+        if world.rng.random() < CRASH_POINT_RATE:
+            world.scheduler.note(f"crash point {name}")
+            world.faults.coverage[(actor.name.split("#")[0], name, "crash-point")] += 1
+            actor.crashed = True
+            raise SimCrash(name)
+    return hook
+
+
+def _spawn_run_phase(world: World) -> None:
+    s, rng = world.scheduler, world.rng
+    for n, plan in enumerate(actors.collector_plans(world, 3, 3)):
+        s.spawn(f"collector#{n}", actors.collector(world, n, plan))
+    s.spawn("indexer", actors.indexer(world))
+    s.spawn("reconciler", actors.reconciler(world))
+    gcs = [{"mode": "gc", "dry_run": rng.random() < 0.3, "source": rng.choice(("scan", "by-time")), "concurrency": 1}
+           for _ in range(2)]
+    s.spawn("gc", reap(world, gcs, delay=rng.randrange(40)))
+    retention = [{"mode": "retention", "dry_run": dry, "hour": str(world.old_hour), "concurrency": 1}
+                 for dry in ([rng.random() < 0.3] + ([False] if rng.random() < 0.5 else []))]
+    s.spawn("retention", reap(world, retention, delay=rng.randrange(40)))
+
+
+def _quiesce(world: World) -> None:
+    """Faults off; every job once more, one after another, to completion."""
+    world.faults.enabled = False
+    world.scheduler.jump_rate = 0.0
+    world.clock.advance(3600)  # every lease a dead task held has expired
+    jobs = [actors.indexer(world, drop=0.0, duplicate=0.0, idle_limit=1),
+            # an operator's dry runs first: what a reap the run phase cut short left must stay untouched
+            reap(world, [{"mode": "retention", "dry_run": True, "hour": str(world.old_hour), "concurrency": 1},
+                         {"mode": "gc", "dry_run": True, "source": "by-time", "concurrency": 1},
+                         {"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
+                         {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}]),
+            actors.reconciler(world)]
+    s = world.scheduler
+    s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
+    s.spawn("quiesce", lambda actor: [job(actor) for job in jobs])
+    s.run()
+
+
+def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAULT_FAULT_RATE) -> SimResult:
+    world = build_world(seed, fault_rate=fault_rate, max_steps=steps)
+    violations: list[str] = []
+    hit: set[str] = set()
+
+    def check() -> None:
+        running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
+        found = world.scheduler.flagged + safety(world, reap_running=running)
+        if found and not violations:
+            violations.extend(found)
+            world.scheduler.note(f"VIOLATION {found[0]}")
+            world.scheduler.stopping = True
+
+    world.scheduler.after_step = check
+    world.scheduler.jump_rate = CLOCK_JUMP_RATE
+    with _seeded_uuids(seed), crashpoints.hooked(_crash_hook(world, hit)):
+        _spawn_run_phase(world)
+        world.scheduler.run()
+        run_steps = world.scheduler.steps
+        errors = [f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error]
+        violations.extend(errors)
+        if not violations:
+            _quiesce(world)
+            violations.extend(world.scheduler.flagged + quiescence(world))
+            violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
+    return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
+                     hit, world.scheduler.jumps)
+
+
+def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, steps: int = DEFAULT_STEPS,
+             stop_at_first: bool = True, fresh: random.Random | None = None,
+             keep: list[SimResult] | None = None) -> dict[str, Any]:
+    """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``.
+    ``keep`` receives every result (the CLI prints a failing one's trace)."""
+    started = time.monotonic()
+    pick = fresh or random.Random()
+    results: list[SimResult] = [] if keep is None else keep
+    queue = list(seeds or [])
+    while queue or (minutes is not None and time.monotonic() - started < minutes * 60):
+        seed = queue.pop(0) if queue else pick.randrange(2**32)
+        results.append(run_seed(seed, steps=steps))
+        if results[-1].violations and stop_at_first:
+            break
+    return summary(results, time.monotonic() - started)
+
+
+def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
+    coverage: Counter[tuple[str, str, str]] = Counter()
+    points: set[str] = set()
+    for r in results:
+        coverage.update(r.coverage)
+        points |= r.crash_points
+    steps = sum(r.steps for r in results)
+    calls = sum(r.calls for r in results)
+    kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point")})
+    kinds["clock-jump"] = sum(r.clock_jumps for r in results)
+    for (_actor, _call, kind), n in coverage.items():
+        kinds[kind] += n
+    return {
+        "seeds": [r.seed for r in results], "schedules": len(results), "steps": steps,
+        "trace_sha256": {str(r.seed): hashlib.sha256("\n".join(r.trace).encode()).hexdigest() for r in results},
+        "storage_calls": calls, "calls_per_schedule": round(calls / len(results), 1) if results else 0.0,
+        "elapsed_s": round(elapsed_s, 3), "steps_per_s": round(steps / elapsed_s, 1) if elapsed_s else 0.0,
+        "schedules_per_min": round(len(results) * 60 / elapsed_s, 1) if elapsed_s else 0.0,
+        "violations": [{"seed": r.seed, "found": r.violations, "trace_tail": r.trace[-40:]}
+                       for r in results if r.violations],
+        "coverage": {"fault_kinds": dict(kinds),
+                     "combinations": sorted(f"{a} {c} {k}" for (a, c, k) in coverage),
+                     "crash_points_hit": sorted(points),
+                     "crash_points_missed": sorted(set(crashpoints.REGISTRY) - points)},
+    }
+
+
+__all__ = ["SimResult", "run_many", "run_seed", "summary"]
