@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -37,16 +38,25 @@ T0_NS = 1_764_000_000_000_000_000  # 2025-11-24T16:00:00Z, a fixed test time
 ALL_BACKENDS = ("moto", "ministack")
 
 
-@pytest.fixture(scope="session")
-def moto_runtime() -> Iterator[LocalRuntime]:
-    rt = LocalRuntime(port=0).start()
+@contextlib.contextmanager
+def _environment_of(endpoint_url: str) -> Iterator[None]:
+    """The process environment pointed at one backend (``AWS_ENDPOINT_URL`` and the rest), restored after."""
     saved = dict(os.environ)
-    os.environ.update(local_environment(rt.endpoint_url, {}))
+    os.environ.update(local_environment(endpoint_url, {}))
     try:
-        yield rt
+        yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def moto_runtime() -> Iterator[LocalRuntime]:
+    rt = LocalRuntime(port=0).start()
+    try:
+        with _environment_of(rt.endpoint_url):
+            yield rt
+    finally:
         rt.stop()
 
 
@@ -68,13 +78,8 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[Any]:
         yield moto
         return
     rt = request.getfixturevalue("ministack_runtime")
-    saved = dict(os.environ)
-    os.environ.update(local_environment(rt.endpoint_url, {}))
-    try:
+    with _environment_of(rt.endpoint_url):
         yield rt
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def pytest_configure(config: pytest.Config) -> None:
