@@ -32,6 +32,7 @@ OUTER_PACKAGES = ("local", "cli", "client", "harness")
 #: definitions are rendered at synth and by the local runtime), relative to the package. A test keeps this list equal to what no
 #: function reaches.
 OPERATOR_MODULES = (
+    "derived/audit_watermarks.py",
     "derived/verify.py",
     "derived/verify_report.py",
     "deployment/cost_model.py",

@@ -55,6 +55,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.derived.audit_watermarks import plan_watermarks
 from lightmetrics.protocol.manifests import canonical_json
 from lightmetrics_pipeline.audit_candidates import candidate_rows
 from lightmetrics_pipeline.audit_classify import KINDS, classify
@@ -69,7 +70,7 @@ from lightmetrics_pipeline.audit_confirm import (
     recheck_held,
 )
 from lightmetrics_pipeline.audit_output import ROWS_PER_PART, output_parts, read_findings, write_findings
-from lightmetrics_pipeline.audit_watermarks import missing_by_index, plan_watermarks
+from lightmetrics_pipeline.audit_watermarks import missing_by_index
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 
 #: The output folders (categories), one per consumer; lightmetrics_pipeline.audit_confirm.CATEGORY_OF_RULE says

@@ -31,8 +31,8 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
               table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.composition.services import control_table
+    from lightmetrics.derived.audit_watermarks import apply_watermarks
     from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
-    from lightmetrics_pipeline.audit_watermarks import apply_watermarks
     from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")

@@ -136,8 +136,9 @@ def decode_marks_item(item: dict[str, Any], codec: Any) -> dict[str, Any]:
 
 def read_marks_items(table: ControlStore, codec: Any) -> list[dict[str, Any]]:
     """The recorded pages' items (every epoch's, every range's), their marks decoded."""
-    return [decode_marks_item(item, codec) for item in table.query(CHECKPOINT_PK)
-            if str(item["sk"]).startswith(MARKS_PREFIX)]
+    # The marks prefix only: the partition also holds a cursor per audit run and each scope's last
+    # retention outcome, which would make every read grow with history.
+    return [decode_marks_item(item, codec) for item in table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
 
 
 def page_prefix(epoch: int, page: int) -> str:

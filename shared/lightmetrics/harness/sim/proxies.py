@@ -56,6 +56,18 @@ def _crash(actor: Actor | None, where: str) -> SimCrash:
     return SimCrash(where)
 
 
+def _enter(scheduler: Scheduler, faults: FaultPlan, operation: str, key: str) -> tuple[Actor | None, str | None]:
+    """Every storage call's start, on either port: hand the baton to the scheduler, then draw this
+    call's fault (noted in the trace); a ``crash-before`` ends the actor here."""
+    actor = scheduler.before_call(operation, key)
+    kind = faults.pick(actor, operation)
+    if kind is not None:
+        scheduler.note(f"fault {kind} {operation} {key}")
+    if kind == "crash-before":
+        raise _crash(actor, f"before {operation} {key}")
+    return actor, kind
+
+
 class SimObjectStore:
     """:class:`~lightmetrics.protocol.object_store.ObjectStore` over an :class:`InMemoryObjectStore`."""
 
@@ -65,12 +77,7 @@ class SimObjectStore:
         self.created: list[str] = []  # keys created, in order (the S3 event stream)
 
     def _call(self, operation: str, key: str, fn: Any, *, write: bool = False) -> Any:
-        actor = self.scheduler.before_call(operation, key)
-        kind = self.faults.pick(actor, operation)
-        if kind is not None:
-            self.scheduler.note(f"fault {kind} {operation} {key}")
-        if kind == "crash-before":
-            raise _crash(actor, f"before {operation} {key}")
+        actor, kind = _enter(self.scheduler, self.faults, operation, key)
         landed = kind == "lost" and write
         if kind in ("fail", "lost") and not landed:
             if operation == "DeleteObjects":
@@ -129,18 +136,13 @@ class SimControlTable:
         self.inner, self.scheduler, self.faults = inner, scheduler, faults
 
     def _call(self, operation: str, key: str, fn: Any, *, conditional: bool = False) -> Any:
-        actor = self.scheduler.before_call(operation, key)
-        kind = self.faults.pick(actor, operation)
-        if kind is not None:
-            self.scheduler.note(f"fault {kind} {operation} {key}")
-        if kind == "crash-before":
-            raise _crash(actor, f"before {operation} {key}")
+        actor, kind = _enter(self.scheduler, self.faults, operation, key)
         if kind == "fail":
             self.inner.fail(operation, "ProvisionedThroughputExceededException")
         try:
             result = fn()
         finally:
-            self.inner._faults.clear()
+            self.inner.clear_faults()
         if kind == "lost":
             if not conditional:
                 raise s3_error(operation, "RequestTimeout")  # botocore's error: the caller's transient handling

@@ -90,6 +90,10 @@ class InMemoryControlTable(ControlTable):
         ``DeleteItem``, ``TransactWriteItems``, ``Query``) answer error ``code``."""
         self._faults.append([operation, code, times])
 
+    def clear_faults(self) -> None:
+        """Forget the faults :meth:`fail` armed and no call has met yet."""
+        self._faults.clear()
+
     def items(self) -> list[dict[str, Any]]:
         """Every item, as :meth:`get` returns them, in key order."""
         with self._lock:
