@@ -96,12 +96,20 @@ class QueryResult:
     requests: Tally = field(default_factory=Tally)
     #: hours of the queried sample time without a committed rollup (not closed yet, or not rolled up)
     uncommitted_hours: list[str] = field(default_factory=list)
+    #: whether a committed hour read holds the metric (any series, any label, any time); None when
+    #: no hour read is committed, so nothing can say
+    metric_known: bool | None = None
+    #: when no committed hour holds the metric: the closest names the newest committed hours hold
+    #: (lightmetrics_pipeline.query_names), and how many names they hold
+    close_matches: list[str] = field(default_factory=list)
+    known_metrics: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "window": self.window, "from": iso(self.start_ns), "to": iso(self.end_ns),
                 "labels": self.label_filter, "generations": self.generations, "chunks_read": self.chunks_read,
                 "objects_read": self.objects_read,
-                "uncommitted_hours": self.uncommitted_hours,
+                "uncommitted_hours": self.uncommitted_hours, "metric_known": self.metric_known,
+                "close_matches": self.close_matches, "known_metrics": self.known_metrics,
                 "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
 
 
@@ -138,6 +146,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         wanted: list[tuple[UtcHour, dict[str, Any]]] = []
         objects: list[tuple[UtcHour, dict[str, Any]]] = []  # v3: the metric's Parquet object per hour
         sampled = set(hours_between(UtcHour.of_unix_ns(start_ns), UtcHour.of_unix_ns(end_ns - 1)))
+        committed = [doc for doc in manifests if doc is not None]
         for hour, doc in zip(hours, manifests):
             if doc is None:
                 if hour in sampled:
@@ -147,7 +156,9 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
             if doc.get("schema") == RM.MANIFEST_SCHEMA_V3:
                 objects.extend((hour, o) for o in P.objects_of(doc, window, metric))
                 continue
-            for c in committed_chunks(access, doc, metric):  # one chunk list: the metric's
+            of_metric = committed_chunks(access, doc, metric)  # one chunk list: the metric's
+            result.metric_known = result.metric_known or bool(of_metric)
+            for c in of_metric:
                 if c["window"] != window:  # committed_chunks gave this metric's alone
                     continue
                 chunk_labels = {k: v for k, v in c["labels"]}
@@ -173,8 +184,16 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         if data is None or hashlib.sha256(data).hexdigest() != o["sha256"]:
             raise RuntimeError(f"rollup object {o['key']} of the committed generation in {hour} is missing or does "
                                "not match its sha256")
-        for series, series_labels, agg in P.window_aggs(P.read_part(data, metric)):
+        rows = P.read_part(data, metric)
+        result.metric_known = result.metric_known or rows.num_rows > 0
+        for series, series_labels, agg in P.window_aggs(rows):
             add(series, series_labels, agg)
+    if committed and not result.metric_known:  # a misspelling: no committed hour asked for holds it
+        from lightmetrics_pipeline.query_names import NAME_HOURS, closest, committed_metric_names
+
+        result.metric_known = False
+        names = committed_metric_names(access, committed[-NAME_HOURS:])
+        result.close_matches, result.known_metrics = closest(metric, names), len(names)
     for key in sorted(merged, key=lambda k: sorted(label_of[k].items())):
         points = [W.merge_aggs(v) for _, v in sorted(merged[key].items())]
         result.series.append(Series(label_of[key], points))

@@ -70,6 +70,29 @@ def test_frame_encode_rejects_bad_input_with_exit_2(tmp_path, samples):  # type:
     assert r.returncode == 2 and "line 2" in r.stderr
 
 
+def test_frame_encode_refuses_a_frame_over_the_ingest_limit(tmp_path, samples):  # type: ignore[no-untyped-def]
+    # Issue 27 item 5: a frame no collector accepts (413) is not written silently. The limit is
+    # LM_MAX_FRAME_BYTES, the one ingest enforces (or `lmctl --max-frame-bytes N`).
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps({"metric": "cpu", "labels": {"host": f"h{i}"}, "ts_unix_ns": i, "value": i}) + "\n"
+                           for i in range(100)))
+    out = tmp_path / "big.lmframe"
+    size = encode(tmp_path, big, "ok.lmframe").stat().st_size  # under the default limit (6 MiB): written
+    env = {**os.environ, "LM_MAX_FRAME_BYTES": "1024"}
+    r = run("frame", "encode", *IDENT, "--samples", str(big), "-o", str(out), env=env)
+    assert r.returncode == 2 and r.stdout == "" and not out.exists()
+    assert r.stderr.startswith(f"error: frame is {size} bytes, over the 1024 byte limit (LM_MAX_FRAME_BYTES): "
+                               "ingest would answer 413; nothing written."), r.stderr
+    assert "--allow-oversize" in r.stderr
+    r = run("--max-frame-bytes", "1024", "frame", "encode", *IDENT, "--samples", str(big), "-o", str(out), "--json")
+    assert r.returncode == 2 and not out.exists() and json.loads(r.stdout)["exit_code"] == 2
+    # Asked to: written, with a warning on stderr; the JSON says so.
+    r = run("frame", "encode", *IDENT, "--samples", str(big), "-o", str(out), "--allow-oversize", "--json", env=env)
+    info = json.loads(r.stdout)
+    assert r.returncode == 0 and (info["frame_bytes"], info["max_frame_bytes"], info["oversize"]) == (size, 1024, True)
+    assert f"is {size} bytes, over the 1024 byte limit" in r.stderr and out.stat().st_size == size
+
+
 def test_accept_duplicate_conflict_and_show(tmp_path, samples, env):  # type: ignore[no-untyped-def]
     frame = encode(tmp_path, samples)
     first = run("accept", *IDENT, "--frame", str(frame), "--json", env=env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 
 import pytest
@@ -266,7 +267,7 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
                                     f"{NEXT}:30:00Z", "--window", "1h", "--accept-lag-hours", "0"],
                               env={"COLUMNS": "200"})
     assert open_only.exit_code == 0, open_only.output
-    assert "no data: sample hours" in open_only.output and "no committed rollup yet" in open_only.output
+    assert f"no data: no committed rollup yet for hour {NEXT} (uncommitted_hours in --json)" in open_only.output
 
 
 def test_fast_frame_columns_equal_the_validating_decoder() -> None:
@@ -288,3 +289,51 @@ def test_fast_frame_columns_equal_the_validating_decoder() -> None:
     # Not the canonical layout (here: a truncated copy): the full decoder decides, and refuses.
     with pytest.raises(Exception):
         decode_columns([(None, "m", data[:-5])])
+
+
+def test_query_says_a_metric_is_unknown_prints_values_in_full_and_notes_only_uncommitted_hours(  # type: ignore[no-untyped-def]
+        system, runtime, clock, spark, monkeypatch):
+    # Issue 27 items 3 and 6, as the operator sees them.
+    from click.testing import CliRunner
+
+    from lightmetrics.cli.main import cli
+    from lightmetrics.protocol.frame import Sample
+
+    big = Sample("net.bytes", {"host": "h1"}, T0_NS - 30 * 60 * 10**9, 1000000119.0)  # sample hour 15, accepted in 16
+    accept_indexed(system, runtime, clock, _ident(4), [*varied_samples(4), big])
+    RollupJob(spark, access_for(system, runtime), table=system.work_context().table, clock=clock).run(
+        [H0], first_open=NEXT)  # H0 (16) committed; 15 and 17 have none
+    for name, value in system.environment().items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    span = ["--from", "2025-11-24T15:00:00Z", "--to", "2025-11-24T18:00:00Z", "--accept-lag-hours", "0"]
+
+    # 3: a misspelled metric was an empty table and exit 0; now exit 2 naming the closest names.
+    r = runner.invoke(cli, ["query", "--metric", "cpu.usag", *span])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("error: unknown metric 'cpu.usag': none of the 1 committed hour(s) asked for "
+                                f"({H0}) holds it; did you mean: cpu.usage?"), r.stderr
+    j = runner.invoke(cli, ["query", "--metric", "cpu.usag", *span, "--json"])
+    doc = json.loads(j.stdout)
+    assert j.exit_code == 2 and (doc["status"], doc["metric_known"], doc["close_matches"]) == (
+        "unknown_metric", False, ["cpu.usage"])
+    far = runner.invoke(cli, ["query", "--metric", "zzz", *span])
+    assert far.exit_code == 2 and "no known name is close (the newest committed hours hold 4 metrics)" in far.stderr
+    # A known metric whose label filter matches nothing is still an empty answer, not an error.
+    none = runner.invoke(cli, ["query", "--metric", "cpu.usage", "--label", "host=nope", *span, "--json"])
+    assert none.exit_code == 0 and json.loads(none.stdout)["metric_known"] is True
+
+    # 6: full precision (1000000119 was shown as 1e+09), --digits to round; the note names the
+    # hours the JSON lists, and never the committed hour between them (it said "15 to 17").
+    r = runner.invoke(cli, ["query", "--metric", "net.bytes", *span, "--window", "1h", "--stat", "max"])
+    assert r.exit_code == 0, r.output
+    assert "1000000119" in r.stdout and "1e+09" not in r.stdout
+    assert ("no committed rollup yet for hours 2025-11-24T15, 2025-11-24T17 (uncommitted_hours in --json)"
+            in r.stdout), r.stdout
+    assert str(H0) not in r.stdout.split("no committed rollup yet")[1]
+    j = runner.invoke(cli, ["query", "--metric", "net.bytes", *span, "--window", "1h", "--stat", "max", "--json"])
+    doc = json.loads(j.stdout)
+    assert doc["uncommitted_hours"] == ["2025-11-24T15", "2025-11-24T17"] and doc["series"][0]["points"][0]["max"] == 1000000119.0
+    rounded = runner.invoke(cli, ["query", "--metric", "net.bytes", *span, "--window", "1h", "--stat", "max",
+                                  "--digits", "4"])
+    assert rounded.exit_code == 0 and "1e+09" in rounded.stdout

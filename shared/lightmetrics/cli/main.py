@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from lightmetrics.cli.options import (
     config_options,
     exit_for_error,
     identity_options,
+    identity_or_exit,
     json_option,
     settings_options,
 )
@@ -33,12 +33,10 @@ from lightmetrics.cli.output import (
 from lightmetrics.composition.config import Settings
 from lightmetrics.protocol.errors import (
     ConfigError,
-    FrameError,
     InvalidIdentityError,
     LightmetricsError,
     ResourceAccessError,
 )
-from lightmetrics.protocol.identity import BatchIdentity
 
 
 class Lmctl(click.Group):
@@ -67,73 +65,6 @@ def cli() -> None:
     """
 
 
-def _identity(agent_id: str, boot_id: str, seq_start: str, seq_end: str, as_json: bool) -> BatchIdentity:
-    try:
-        return BatchIdentity.create(agent_id, boot_id, seq_start, seq_end)
-    except InvalidIdentityError as exc:
-        fail(f"invalid identity: {exc}", EXIT_USAGE, as_json=as_json)
-
-
-# --------------------------------------------------------------------------------------- frame
-@cli.group()
-def frame() -> None:
-    """Encode and inspect Lightmetrics frame v1 files."""
-
-
-@frame.command("encode")
-@identity_options
-@click.option("--samples", "samples_path", required=True, type=click.Path(dir_okay=False), help="Samples JSONL.")
-@click.option("--zstd", is_flag=True, help="Compress the samples block with zstd (frame flag).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the frame.")
-@json_option
-def frame_encode(agent_id, boot_id, seq_start, seq_end, samples_path, zstd, output, as_json) -> None:  # type: ignore[no-untyped-def]
-    """Encode samples (JSONL: metric, labels, ts_unix_ns, value) into a frame file."""
-    from lightmetrics.protocol.frame import encode_frame, load_samples_jsonl
-
-    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
-    try:
-        lines = Path(samples_path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"cannot read samples file: {exc}", EXIT_USAGE, as_json=as_json)
-    try:
-        data = encode_frame(ident, load_samples_jsonl(lines), compress=zstd)
-    except FrameError as exc:
-        fail(f"{samples_path}: {exc}", EXIT_USAGE, as_json=as_json)
-    Path(output).write_bytes(data)
-    info = {"output": output, "frame_bytes": len(data), "frame_sha256": hashlib.sha256(data).hexdigest()}
-    if as_json:
-        emit_json(info)
-    else:
-        console.print(kv_table("frame written", info.items()))
-
-
-@frame.command("inspect")
-@click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--samples", "show_samples", is_flag=True, help="Also list the samples.")
-@json_option
-def frame_inspect(path: str, show_samples: bool, as_json: bool) -> None:
-    """Validate a frame file and summarize it (exit 2 if invalid)."""
-    from lightmetrics.protocol.frame import decode_frame, summarize_frame
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        fail(f"cannot read {path}: {exc}", EXIT_USAGE, as_json=as_json)
-    try:
-        decoded = decode_frame(data)
-    except FrameError as exc:
-        fail(f"{path} is not a valid frame: {exc}", EXIT_USAGE, as_json=as_json)
-    summary = summarize_frame(decoded, data)
-    if show_samples:
-        summary["samples"] = [s.to_json() for s in decoded.samples]
-    if as_json:
-        emit_json(summary)
-        return
-    console.print(kv_table(f"frame {path}", ((k, v) for k, v in summary.items() if k != "samples")))
-    for s in summary.get("samples", []):
-        console.print(json.dumps(s, sort_keys=True))
-
-
 # -------------------------------------------------------------------------------------- accept
 @cli.command("accept")
 @identity_options
@@ -149,7 +80,7 @@ def accept_cmd(agent_id, boot_id, seq_start, seq_end, frame_path, settings: Sett
     from lightmetrics.aws.request_counter import RequestCounter
     from lightmetrics.composition.services import accept_context
 
-    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
+    ident = identity_or_exit(agent_id, boot_id, seq_start, seq_end, as_json)
     try:
         data = Path(frame_path).read_bytes()
     except OSError as exc:
@@ -180,7 +111,7 @@ def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json)
     from lightmetrics.composition.services import accept_context
     from lightmetrics.ops.identity_view import describe_identity
 
-    ident = _identity(agent_id, boot_id, seq_start, seq_end, as_json)
+    ident = identity_or_exit(agent_id, boot_id, seq_start, seq_end, as_json)
     ctx = accept_context(settings)
     try:
         info = describe_identity(ctx.store, ctx.codec, ident)
@@ -330,6 +261,7 @@ from lightmetrics.cli.agent_cmds import agent  # noqa: E402
 from lightmetrics.cli.conflict_cmds import conflicts, denylist_cmd  # noqa: E402
 from lightmetrics.cli.cost_cmds import cost_cmd  # noqa: E402
 from lightmetrics.cli.env_cmds import env_cmd  # noqa: E402
+from lightmetrics.cli.frame_cmds import frame  # noqa: E402
 from lightmetrics.cli.local_cmds import demo_cmd, local  # noqa: E402
 from lightmetrics.cli.ops_cmds import blockers, reconcile_cmd, status_cmd  # noqa: E402
 from lightmetrics.cli.pipeline_cmds import bench, inventory, pipeline, query_cmd  # noqa: E402
@@ -338,7 +270,7 @@ from lightmetrics.cli.sim_cmds import sim_cmd  # noqa: E402
 from lightmetrics.cli.soak_cmds import soak_cmd  # noqa: E402
 from lightmetrics.cli.walk_cmds import verify_cmd, walk  # noqa: E402
 
-for command in (local, demo_cmd, soak_cmd, sim_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, reap, conflicts,
+for command in (frame, local, demo_cmd, soak_cmd, sim_cmd, blockers, status_cmd, reconcile_cmd, walk, verify_cmd, reap, conflicts,
                 denylist_cmd, agent, inventory, pipeline, query_cmd, bench, cost_cmd, env_cmd):
     cli.add_command(command)
 

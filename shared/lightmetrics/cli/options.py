@@ -14,7 +14,8 @@ import click
 
 from lightmetrics.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, fail
 from lightmetrics.composition.config import Settings
-from lightmetrics.protocol.errors import ConfigError, ResourceAccessError
+from lightmetrics.protocol.errors import ConfigError, InvalidIdentityError, ResourceAccessError
+from lightmetrics.protocol.identity import BatchIdentity
 
 if TYPE_CHECKING:
     from lightmetrics.ops.work import WorkContext
@@ -175,3 +176,11 @@ def identity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for name, kind in reversed((("agent-id", str), ("boot-id", str), ("seq-start", str), ("seq-end", str))):
         fn = click.option(f"--{name}", required=True, type=kind, help=f"Batch identity: {name}.")(fn)
     return fn
+
+
+def identity_or_exit(agent_id: str, boot_id: str, seq_start: str, seq_end: str, as_json: bool) -> BatchIdentity:
+    """The batch identity of :func:`identity_options`' values, or exit 2 saying what is wrong with it."""
+    try:
+        return BatchIdentity.create(agent_id, boot_id, seq_start, seq_end)
+    except InvalidIdentityError as exc:
+        fail(f"invalid identity: {exc}", EXIT_USAGE, as_json=as_json)

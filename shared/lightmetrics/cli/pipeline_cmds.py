@@ -196,11 +196,17 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
 @click.option("--accept-lag-hours", type=click.IntRange(0, 24 * 31), default=24, show_default=True,
               help="How long after their samples batches may have been accepted (rollup hours are acceptance hours).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write a PNG chart here.")
+@click.option("--digits", type=click.IntRange(1, 17), default=None,
+              help="Round the table's values to this many significant digits (default: full precision, as --json).")
 @config_options
 @json_option
 def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window: str, stat: str,
-              accept_lag_hours: int, plot_path: str | None, settings: Settings, as_json: bool) -> None:
-    """Read a metric back from the committed rollups (the highest generation of each hour)."""
+              accept_lag_hours: int, plot_path: str | None, digits: int | None, settings: Settings,
+              as_json: bool) -> None:
+    """Read a metric back from the committed rollups (the highest generation of each hour).
+
+    Exit 2 if no committed hour asked for holds the metric (the closest known names are listed).
+    """
     import time
 
     from lightmetrics_pipeline.query import iso, parse_time, plot, run_query, stat_value
@@ -215,6 +221,8 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     except Exception as exc:
         exit_for_error(exc, "query failed", as_json=as_json)
+    if result.metric_known is False:
+        _unknown_metric(result, as_json)
     if plot_path:
         plot(result, plot_path, stat)
     if as_json:
@@ -224,18 +232,67 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
     for s in result.series:
         name = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
         for p in s.points:
-            v = stat_value(p, stat)
-            rows.append((name, iso(p.window_start_ns), p.count, "" if v is None else f"{v:.4g}"))
+            rows.append((name, iso(p.window_start_ns), p.count, value_text(stat_value(p, stat), digits)))
     console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, "
                        f"{result.objects_read + result.chunks_read} objects read)",
                        ["series", "window start", "#samples", stat], rows))
     if result.uncommitted_hours:
-        hours = result.uncommitted_hours
-        span = hours[0] if len(hours) == 1 else f"{hours[0]} to {hours[-1]}"
-        console.print(f"{'no data: ' if not rows else ''}sample hours {span} have no committed rollup yet: an hour "
-                      f"is rolled up after the reconciler closes it (the current hour is still open; see lmctl status)")
+        console.print(f"{'no data: ' if not rows else ''}no committed rollup yet for {hour_runs(result.uncommitted_hours)} "
+                      f"(uncommitted_hours in --json): an hour is rolled up after the reconciler closes it "
+                      f"(the current hour is still open; see lmctl status)")
     if plot_path:
         console.print(f"plot: {plot_path}")
+
+
+def _unknown_metric(result: Any, as_json: bool) -> None:
+    """Exit 2: no committed hour the query read holds the metric — a misspelling looks like this,
+    not like an empty table."""
+    hours = sorted(result.generations)
+    span = hours[0] if len(hours) == 1 else f"{hours[0]} to {hours[-1]}"
+    if result.close_matches:
+        hint = f"did you mean: {', '.join(result.close_matches)}?"
+    else:
+        hint = f"no known name is close (the newest committed hours hold {result.known_metrics} metrics)"
+    reason = (f"unknown metric {result.metric!r}: none of the {len(hours)} committed hour(s) asked for "
+              f"({span}) holds it; {hint}")
+    if as_json:
+        emit_json({**result.to_json(), "status": "unknown_metric", "reason": reason, "exit_code": EXIT_USAGE})
+        sys.exit(EXIT_USAGE)
+    fail(reason, EXIT_USAGE)
+
+
+def value_text(v: float | None, digits: int | None = None) -> str:
+    """A value as the query table shows it: in full (the shortest text that reads back as the same
+    float, as in --json; whole numbers without a fraction), or to ``digits`` significant digits.
+
+    >>> value_text(1000000119.0), value_text(1000000119.0, 4), value_text(0.1 + 0.2), value_text(None)
+    ('1000000119', '1e+09', '0.30000000000000004', '')
+    """
+    if v is None:
+        return ""
+    if digits is not None:
+        return f"{v:.{digits}g}"
+    if v.is_integer() and abs(v) < 2**53:
+        return str(int(v))
+    return repr(v)
+
+
+def hour_runs(hours: list[str]) -> str:
+    """Hours as runs of consecutive hours: exactly the hours given, never one between them.
+
+    >>> hour_runs(["2025-11-24T15", "2025-11-24T17"]), hour_runs(["2025-11-24T14", "2025-11-24T15"])
+    ('hours 2025-11-24T15, 2025-11-24T17', 'hours 2025-11-24T14 to 2025-11-24T15')
+    """
+    from lightmetrics.protocol.keys import UtcHour
+
+    runs: list[list[UtcHour]] = []
+    for h in sorted(UtcHour.parse(x) for x in hours):
+        if runs and runs[-1][-1].next() == h:
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]} to {r[-1]}" for r in runs)
+    return f"hour{'s' if len(hours) > 1 else ''} {text}"
 
 
 def _label(text: str) -> tuple[str, str]:

@@ -20,9 +20,9 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
 
 from lightmetrics.protocol.errors import ConfigError
 
@@ -235,6 +235,27 @@ class Settings(BaseModel):
             return cls.model_validate(values, context={_TIMING_RULES: enforce})
         except ValidationError as exc:
             raise ConfigError(_describe(exc)) from None
+
+
+def setting_from_env(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """One setting from its ``LM_*`` variable, validated by its field's rules, without the
+    settings a command that needs only this one does not use (``LM_BUCKET``, ...): e.g.
+    ``lmctl frame encode`` reads ``LM_MAX_FRAME_BYTES``, the limit ingest enforces (413 above).
+
+    >>> setting_from_env("max_frame_bytes", {}), setting_from_env("max_frame_bytes", {"LM_MAX_FRAME_BYTES": "4194304"})
+    (6291456, 4194304)
+    """
+    env = os.environ if env is None else env
+    field = Settings.model_fields[name]
+    raw = env.get(Settings.env_name(name), "")
+    if raw == "":
+        return field.default
+    definition: Any = (field.annotation, field)
+    one: Any = create_model("OneSetting", **{name: definition})
+    try:
+        return getattr(one.model_validate({name: raw}), name)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
 
 
 def _describe(exc: ValidationError) -> str:
