@@ -34,7 +34,7 @@ from lightmetrics.ops.conflict_records import (
 )
 from lightmetrics.ops.conflicts import ConflictRegistry
 from lightmetrics.ops.outcome import Outcome
-from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.clock import FrozenClock, utc_text
 from lightmetrics.protocol.identity import BatchIdentity
 
 T0 = 1_764_000_000_000_000_000
@@ -365,16 +365,25 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
     assert table.exit_code == 1 and "agent-cli/boot-7" in table.stdout and "collector-1, collector-2" in table.stdout
     first_column = "".join(line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│"))
     assert first_column == cid  # the id is folded over lines, never cut short
+    # Issue 27 item 7: the hint said "--accept-existing | --deny-identity --reason TEXT", as if only a deny took a reason.
+    assert ("decide (--reason with either): lmctl conflicts resolve ID (--accept-existing | --deny-identity) "
+            "--reason TEXT") in table.stdout
 
     r = runner.invoke(cli, ["conflicts", "resolve", cid, "--reason", "x"], env=env)
     assert r.exit_code == 2 and "--accept-existing or --deny-identity" in r.output
     r = runner.invoke(cli, ["conflicts", "resolve", cid, "--accept-existing", "--reason", "stale replay", "--json"],
                       env=env)
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["record"]["resolved_by"] == "operator-1"
+    resolved = json.loads(r.stdout)["record"]
+    assert resolved["resolved_by"] == "operator-1"
     r = runner.invoke(cli, ["conflicts", "resolve", cid, "--deny-identity", "--reason", "again", "--yes", "--json"],
                       env=env)
     assert r.exit_code == 2 and json.loads(r.stdout)["status"] == "already_resolved"
+    # ... and said when in raw nanoseconds; now the time operators read everywhere else.
+    r = runner.invoke(cli, ["conflicts", "resolve", cid, "--accept-existing", "--reason", "again"], env=env)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"error: conflict {cid} was already resolved as accept_existing by operator-1 at "
+                                f"{utc_text(resolved['resolved_at_unix_ns'])} ('stale replay'); resolutions are write-once"), r.stderr
     r = runner.invoke(cli, ["conflicts", "list", "--status", "unresolved", "--json"], env=env)
     assert r.exit_code == 0 and json.loads(r.stdout)["count"] == 0
     r = runner.invoke(cli, ["conflicts", "show", "bogus", "--json"], env=env)

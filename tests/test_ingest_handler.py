@@ -107,3 +107,20 @@ def test_an_empty_body_is_400_saying_so(ingest_env, runtime):  # type: ignore[no
     assert body["reason"].startswith("empty body"), body
     assert [k for k in out["headers"] if k.lower() == "content-type"] == ["content-type"]
     assert runtime.boto3_client("s3").list_objects_v2(Bucket=ingest_env).get("KeyCount") == 0
+
+
+def test_a_missing_identity_header_is_named(ingest_env, runtime):  # type: ignore[no-untyped-def]
+    """Issue 27 item 7: a POST without ``X-Lm-Boot-Id`` was answered "boot_id must be a string"; the
+    400 names the header (and every other one that is missing), and nothing is written."""
+    event = json.loads((EVENTS / "accepted.json").read_text())
+    event["headers"] = {k: v for k, v in event["headers"].items() if k.lower() != "x-lm-boot-id"}
+    out = app.handler(event, LambdaContext("ingest"))
+    body = json.loads(out["body"])
+    assert out["statusCode"] == 400 and body["status"] == "invalid", out
+    assert body["reason"] == ("invalid identity headers: missing header X-Lm-Boot-Id (a submission names its "
+                              "identity in X-Lm-Agent-Id, X-Lm-Boot-Id, X-Lm-Seq-Start, X-Lm-Seq-End)"), body
+    event["headers"] = {k: v for k, v in event["headers"].items() if not k.lower().startswith("x-lm-seq")}
+    body = json.loads(app.handler(event, LambdaContext("ingest"))["body"])
+    assert body["reason"].startswith("invalid identity headers: missing header X-Lm-Boot-Id, X-Lm-Seq-Start, "
+                                     "X-Lm-Seq-End ("), body
+    assert runtime.boto3_client("s3").list_objects_v2(Bucket=ingest_env).get("KeyCount") == 0

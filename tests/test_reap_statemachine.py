@@ -154,3 +154,21 @@ def test_a_refused_start_says_why_in_the_tasks_own_words(system: LocalSystem) ->
     assert r.exit_code == 2, r.output
     reason = json.loads(r.stdout)["reason"]
     assert f"{hour} is not older than LM_RETENTION_S" in reason and "InvalidReapInput" in reason, reason
+
+
+def test_the_hint_after_a_start_names_a_command_that_follows(system: LocalSystem, runtime: Any) -> None:
+    # Issue 27 item 7: `reap gc` said "follow with: lmctl reap status", which printed a snapshot;
+    # `reap status --follow` now follows the running reap to its end, as `walk status --follow` does.
+    plant(system, runtime)
+    env = {**system.environment(), "COLUMNS": "200"}
+    runner = CliRunner()
+    r = runner.invoke(_cli(), ["reap", "gc", "--execute"], env=env)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.rstrip().endswith("follow with: lmctl reap status --follow")
+    followed = runner.invoke(_cli(), ["reap", "status", "--follow"], env=env)  # the grace (1 s) is still running
+    assert followed.exit_code == 0, followed.output
+    assert "reap finished" in followed.stdout and "reap: " in followed.stderr, followed.output
+    assert json.loads(runner.invoke(_cli(), ["reap", "status", "--json"], env=env).stdout)["reap"]["purged"] == 1
+    # Nothing running: --follow prints the last report, as plain status does.
+    again = runner.invoke(_cli(), ["reap", "status", "--follow"], env=env)
+    assert again.exit_code == 0 and "last reap" in again.stdout

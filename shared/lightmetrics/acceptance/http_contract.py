@@ -35,6 +35,8 @@ from lightmetrics.protocol.identity import BatchIdentity, id_from_header
 log = logging.getLogger(__name__)
 
 H_AGENT, H_BOOT, H_START, H_END = "x-lm-agent-id", "x-lm-boot-id", "x-lm-seq-start", "x-lm-seq-end"
+#: the identity headers as the protocol spells them (docs/protocol.md §7), for the 400 that names a missing one
+IDENTITY_HEADERS = {H_AGENT: "X-Lm-Agent-Id", H_BOOT: "X-Lm-Boot-Id", H_START: "X-Lm-Seq-Start", H_END: "X-Lm-Seq-End"}
 
 
 @dataclass
@@ -117,6 +119,10 @@ class IngestService:
             return _error(AcceptStatus.INVALID, "empty body: POST one Lightmetrics frame (docs/frame-format.md)")
         try:
             token = bearer_token(request.headers.get("authorization"))
+            missing = [shown for name, shown in IDENTITY_HEADERS.items() if name not in request.headers]
+            if missing:
+                return _error(AcceptStatus.INVALID, f"invalid identity headers: missing header {', '.join(missing)} "
+                              f"(a submission names its identity in {', '.join(IDENTITY_HEADERS.values())})")
             identity = BatchIdentity.create(
                 id_from_header(request.headers.get(H_AGENT), "agent_id"),
                 id_from_header(request.headers.get(H_BOOT), "boot_id"),

@@ -113,8 +113,8 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
         if page.next_token:
             console.print(f"more: --next-token {page.next_token}")
         if unresolved:
-            console.print("inspect: lmctl conflicts show ID; decide: lmctl conflicts resolve ID "
-                          "--accept-existing | --deny-identity --reason TEXT")
+            console.print("inspect: lmctl conflicts show ID; decide (--reason with either): lmctl conflicts "
+                          "resolve ID (--accept-existing | --deny-identity) --reason TEXT")
     sys.exit(EXIT_VIOLATIONS if unresolved else EXIT_OK)
 
 

@@ -101,8 +101,13 @@ def _start(mode: str, hour: str | None, execute: bool, wait: bool, source: str |
             emit_json({**info, "status": "running"})
         else:
             console.print(kv_table("reap started", info.items()))
-            console.print("follow with: lmctl reap status")
+            console.print("follow with: lmctl reap status --follow")
         sys.exit(EXIT_OK)
+    _follow(control, arn, info, as_json)
+
+
+def _follow(control: Any, arn: str, info: dict[str, Any], as_json: bool) -> None:
+    """Follow execution ``arn`` to its end, print its report, exit 0 if it finished, else 1."""
     with progress_lines("reap") as say:
         result = control.follow(arn, on_progress=lambda r: say(
             f"{r.get('phase') or r.get('status')}: {r['pages']} pages, examined {r['examined']}, marked {r['marked']}, "
@@ -152,9 +157,11 @@ _mode_command("retention", "Reap hours older than LM_RETENTION_S (or --hour): to
 
 
 @reap.command("status")
+@click.option("--follow", is_flag=True, help="Follow the running reap to its end and print its report (exit 1 if "
+                                            "it failed); without a running reap, the last report.")
 @config_options
 @json_option
-def reap_status(settings: Settings, as_json: bool) -> None:
+def reap_status(follow: bool, settings: Settings, as_json: bool) -> None:
     """The reap lease and the last reap's report (counts and reasons)."""
     control = _control(settings, as_json)
     try:
@@ -164,6 +171,9 @@ def reap_status(settings: Settings, as_json: bool) -> None:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
     lease_info = {"held": bool(lease), "epoch": (lease or {}).get("epoch"), "mode": (lease or {}).get("scope"),
                   "execution": (lease or {}).get("execution"), "expires": utc_text((lease or {}).get("expires_at_ns"))}
+    if follow and lease and lease.get("execution"):
+        _follow(control, str(lease["execution"]), {"execution_arn": lease["execution"], "mode": lease.get("scope"),
+                                                   "lease": lease_info}, as_json)
     if as_json:
         emit_json({"lease": lease_info, "reap": report})
     else:

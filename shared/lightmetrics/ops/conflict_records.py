@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from lightmetrics.acceptance.denylist import MAX_REASON
+from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.errors import InvalidIdentityError, KeyLayoutError, LightmetricsError
 from lightmetrics.protocol.identity import SEQ_WIDTH, BatchIdentity, hex_to_id
@@ -59,7 +60,7 @@ class ConflictAlreadyResolved(ConflictError):
     def __init__(self, record: "ConflictResolutionRecord") -> None:
         super().__init__(
             f"conflict {record.conflict_id} was already resolved as {record.resolution} by {record.resolved_by} "
-            f"at {record.resolved_at_unix_ns} ({record.reason!r}); resolutions are write-once"
+            f"at {utc_text(record.resolved_at_unix_ns)} ({record.reason!r}); resolutions are write-once"
         )
         self.record = record
 
