@@ -95,3 +95,15 @@ def test_manifests_table_and_the_current_view(cdk_synth) -> None:  # type: ignor
     for needle in ("max(generation)", "'lightmetrics.rollup_manifest.v3'", "r.acceptance_hour = c.hour",
                    "r.rollup_generation = c.generation", "r.inputs_sha256 = c.inputs_sha256"):
         assert needle in sql, needle
+
+
+def test_pipeline_doc_states_the_projected_generation_range_the_code_sets() -> None:
+    # Issue 27 item 7: docs/pipeline.md §6.1 said `1-9999999999` while the table projects 1 to 999.
+    from pathlib import Path
+
+    from infra.components.rollup_catalog import MAX_PROJECTED_GENERATION
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "pipeline.md").read_text()
+    section = doc.split("### 6.1 ", 1)[1].split("\n### ", 1)[0]
+    assert f"`generation`\n  integer `1-{MAX_PROJECTED_GENERATION}` (`MAX_PROJECTED_GENERATION`)" in section
+    assert f"more than {MAX_PROJECTED_GENERATION} times" in section and "9999999999" not in section
