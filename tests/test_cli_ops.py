@@ -106,3 +106,27 @@ def test_blockers_list_prints_the_whole_reason(system):  # type: ignore[no-untyp
     env = {**os.environ, **system.environment()}
     r = subprocess.run(LMCTL + ["blockers", "list"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 1 and reason in r.stdout, r.stdout
+
+
+def test_blocker_commands_take_the_object_the_table_shows_and_suggest_the_match(system):  # type: ignore[no-untyped-def]
+    # Issue 27 item 4: the table shows kind and object apart; `blockers skip <object>` answered
+    # `no blocker` with no suggestion. The object alone now names its blocker, and a typo gets the match.
+    ctx = system.work_context(policy=FAST)
+    key = ctx.codec.accepted(ident(41))
+    process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
+                       queue="index-accepted")
+    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator", "COLUMNS": "400"}
+
+    def human(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)
+
+    listed = human("blockers", "list")
+    assert listed.returncode == 1 and key in listed.stdout
+    assert "(WORK_KEY = kind:object, or the object alone when only one blocker is about it)" in listed.stdout
+    typo = key[:-3] + key[-2:]  # one character dropped
+    r = human("blockers", "skip", typo, "--reason", "retired")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (f"error: no blocker {typo!r} (WORK_KEY is kind:object, or the object alone); "
+                                f"did you mean {KIND_ACCEPTED}:{key}?"), r.stderr
+    r = human("blockers", "skip", key, "--reason", "retired")
+    assert r.returncode == 0 and "skip: skipped" in r.stdout and f"{KIND_ACCEPTED}:{key}" in r.stdout, r.stdout

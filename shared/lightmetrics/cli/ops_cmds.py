@@ -44,7 +44,8 @@ def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
         console.print(grid(f"blockers ({open_count} open)", ["status", "kind", "object", "#attempts", "first seen",
                                                              "reason"], rows))
         if items:
-            console.print("act with: lmctl blockers retry|resume|skip WORK_KEY  (WORK_KEY = kind:object)")
+            console.print("act with: lmctl blockers retry|resume|skip WORK_KEY  (WORK_KEY = kind:object, or the "
+                          "object alone when only one blocker is about it)")
     sys.exit(EXIT_VIOLATIONS if open_count else EXIT_OK)
 
 
@@ -54,7 +55,11 @@ def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwarg
 
     ctx = configured_context(settings, as_json=as_json)
     try:
-        result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
+        try:
+            result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
+        except BlockerNotFound:  # the object column of `blockers list` alone names it too, if only one
+            work_key = _work_key_of(ctx.blockers.list(status=None), work_key, as_json)
+            result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
     except BlockerNotFound:
         fail(f"no blocker {work_key!r}; see `lmctl blockers list`", EXIT_USAGE, as_json=as_json)
     except blocker_actions.ActionError as exc:
@@ -64,6 +69,28 @@ def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwarg
     else:
         console.print(kv_table(f"{result.action}: {result.status}", result.to_json().items()))
     sys.exit(EXIT_OK if result.status != "open" else EXIT_VIOLATIONS)
+
+
+def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
+    """The work key (``kind:object``) that ``text`` names: a blocker's object key alone (the list's
+    ``object`` column) when exactly one blocker — the open one, if any is open — is about that
+    object; else exit 2 naming the candidates, or the closest work keys (difflib)."""
+    import difflib
+
+    about = [b for b in known if b.object_key == text]
+    chosen = [b for b in about if b.status == "open"] or about
+    if len(chosen) == 1:
+        return str(chosen[0].work_key)
+    if chosen:
+        fail(f"several blockers are about {text!r}: {', '.join(sorted(b.work_key for b in chosen))}; give one "
+             f"WORK_KEY (kind:object)", EXIT_USAGE, as_json=as_json)
+    keys = sorted({b.work_key for b in known})
+    close = difflib.get_close_matches(text, keys, n=3, cutoff=0.6)
+    if not close:  # an object key with a typo: compare it with the objects, answer their work keys
+        by_object = {b.object_key: b.work_key for b in known}
+        close = [by_object[o] for o in difflib.get_close_matches(text, sorted(by_object), n=3, cutoff=0.6)]
+    hint = f"did you mean {' or '.join(close)}?" if close else "see `lmctl blockers list`"
+    fail(f"no blocker {text!r} (WORK_KEY is kind:object, or the object alone); {hint}", EXIT_USAGE, as_json=as_json)
 
 
 @blockers.command("retry")
