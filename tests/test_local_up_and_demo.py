@@ -117,6 +117,35 @@ def test_local_up_serves_ingest_and_stops_cleanly_on_sigterm():  # type: ignore[
     assert gone.returncode == 2 and "no local runtime" in gone.stderr  # its exports went with it
 
 
+def test_local_up_output_can_be_evaled_by_a_shell():  # type: ignore[no-untyped-def]
+    """Issue 27 item 2: the first stdout line was not a comment; every line is now a comment or an
+    export (the handlers' logs, while the schedules run them, go to stderr), and the output points at
+    `lmctl env --local PORT`."""
+    port = _free_port_pair()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LM_"))}
+    proc = subprocess.Popen(LMCTL + ["local", "up", "--port", str(port), "--reconcile-every", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("# Ctrl-C"):
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            assert line, proc.stderr.read()  # type: ignore[union-attr]
+            lines.append(line.rstrip("\n"))
+        assert lines[0].startswith(f"# local runtime up: AWS at http://127.0.0.1:{port}, ingest at "), lines[0]
+        assert lines[1] == f'# configure a shell: eval "$(lmctl env --local {port})"  (or eval these lines)'
+        assert all(x.startswith(("# ", "export ")) for x in lines), lines
+        shell = subprocess.run(["bash", "-c", 'eval "$1" && echo "$LM_BUCKET $AWS_ENDPOINT_URL"', "-", "\n".join(lines)],
+                               capture_output=True, text=True, timeout=30)
+        assert shell.returncode == 0 and shell.stderr == "", shell.stderr
+        assert shell.stdout.strip() == f"lightmetrics-local http://127.0.0.1:{port}"
+        time.sleep(3)  # the reconciler and sweeper schedules run their handlers meanwhile
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert all(x.startswith(("# ", "export ")) for x in rest.splitlines()), rest
+
+
 def test_demo_quick_scale_end_to_end(tmp_path):  # type: ignore[no-untyped-def]
     """``make demo`` as a person sees it (the report on stdout, progress and the demo's own log lines
     on stderr), with the same report as JSON for the assertions (``--report-json``)."""

@@ -13,7 +13,16 @@ from typing import Any
 import click
 
 from lightmetrics.cli.options import config_options, json_option
-from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, strict_json
+from lightmetrics.cli.output import (
+    EXIT_OK,
+    EXIT_USAGE,
+    EXIT_VIOLATIONS,
+    console,
+    emit_json,
+    fail,
+    stdout_to_stderr,
+    strict_json,
+)
 from lightmetrics.local.function_code import import_functions
 
 
@@ -59,38 +68,38 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         fail(f"cannot listen on port {port}: {exc}", EXIT_USAGE, as_json=as_json)
     ingest = admin = None
     system = LocalSystem(runtime, bucket=bucket, table=table, prefix=prefix)
+    out = sys.stdout  # every line written here is a shell comment or an export (eval-safe), or the JSON
     try:
         try:
             system.provision()
         except ConfigError as exc:
             fail(str(exc), EXIT_USAGE, as_json=as_json)
         os.environ.update(system.environment())
-        import_functions()
-        from functions.ingest.app import handler
+        with stdout_to_stderr():  # the handlers' Powertools logs, now and while it runs: stderr
+            import_functions()
+            from functions.ingest.app import handler
 
-        assert system.settings is not None
-        ingest = IngestHTTPServer(handler, port=runtime.ingest_port, max_body_bytes=system.settings.max_frame_bytes).start()
-        from functions.admin.app import handler as admin_handler
-        from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
+            assert system.settings is not None
+            ingest = IngestHTTPServer(handler, port=runtime.ingest_port,
+                                      max_body_bytes=system.settings.max_frame_bytes).start()
+            from functions.admin.app import handler as admin_handler
+            from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
 
-        admin = admin_server(admin_handler, port=runtime.port + ADMIN_PORT_OFFSET).start()  # SigV4, like AWS_IAM
-        system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
-        values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
-        exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
-        env_file = local_env_file(runtime.port)  # `lmctl env --local` prints it while this runs
-        env_file.parent.mkdir(parents=True, exist_ok=True)
-        env_file.write_text("\n".join(exports) + "\n", encoding="utf-8")
-        if as_json:
-            emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "admin_url": admin.url,
-                       "exports": exports, **system.made})
-        else:
-            console.print(f"[bold green]local runtime up[/]: AWS at {runtime.endpoint_url}, ingest at {ingest.url}, "
-                          f"admin (SigV4, service lambda) at {admin.url}")
-            console.print("# configure a shell with:")
-            click.echo("\n".join(exports))
-            console.print("# Ctrl-C stops it (state is in memory and is lost).")
-        sys.stdout.flush()
-        _wait_for_signal()
+            admin = admin_server(admin_handler, port=runtime.port + ADMIN_PORT_OFFSET).start()  # SigV4, like AWS_IAM
+            system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
+            values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
+            exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
+            env_file = local_env_file(runtime.port)  # `lmctl env --local` prints it while this runs
+            env_file.parent.mkdir(parents=True, exist_ok=True)
+            env_file.write_text("\n".join(exports) + "\n", encoding="utf-8")
+            if as_json:
+                emit_json({"endpoint_url": runtime.endpoint_url, "ingest_url": ingest.url, "admin_url": admin.url,
+                           "exports": exports, **system.made}, file=out)
+            else:
+                click.echo("\n".join(up_lines(runtime.port, runtime.endpoint_url, ingest.url, admin.url, exports)),
+                           file=out)
+            out.flush()
+            _wait_for_signal()
     finally:
         local_env_file(runtime.port).unlink(missing_ok=True)
         system.stop()
@@ -99,6 +108,21 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         if admin is not None:
             admin.stop()
         runtime.stop()
+
+
+def up_lines(port: int, endpoint_url: str, ingest_url: str, admin_url: str, exports: list[str]) -> list[str]:
+    """What ``lmctl local up`` prints: shell comments and ``export`` lines only, so its whole output
+    can be eval'd (``lmctl local up > up.sh &``, then ``. up.sh``); ``lmctl env --local PORT`` prints
+    the exports alone while it runs.
+
+    >>> up_lines(4566, "http://127.0.0.1:4566", "http://127.0.0.1:4567", "http://127.0.0.1:4568", ["export A=1"])[1:3]
+    ['# configure a shell: eval "$(lmctl env --local 4566)"  (or eval these lines)', 'export A=1']
+    """
+    return [f"# local runtime up: AWS at {endpoint_url}, ingest at {ingest_url}, admin (SigV4, service lambda) "
+            f"at {admin_url}",
+            f'# configure a shell: eval "$(lmctl env --local {port})"  (or eval these lines)',
+            *exports,
+            "# Ctrl-C stops it (state is in memory and is lost)."]
 
 
 @local.command("drain")

@@ -51,9 +51,9 @@ def strict_json(data: Any) -> Any:
     return data
 
 
-def emit_json(data: Any) -> None:
-    """One strict JSON document on stdout (RFC 8259: no NaN or Infinity; see :func:`strict_json`)."""
-    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=True, default=str, allow_nan=False))
+def emit_json(data: Any, file: Any = None) -> None:
+    """One strict JSON document on stdout, or ``file`` (RFC 8259: no NaN or Infinity; see :func:`strict_json`)."""
+    click.echo(json.dumps(strict_json(data), indent=2, sort_keys=True, default=str, allow_nan=False), file=file)
 
 
 @contextmanager
