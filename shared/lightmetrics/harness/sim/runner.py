@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.harness.sim import actors
-from lightmetrics.harness.sim.checks import quiescence, safety
+from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash
 from lightmetrics.harness.sim.world import World, build_world
@@ -106,10 +106,11 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     world = build_world(seed, fault_rate=fault_rate, max_steps=steps)
     violations: list[str] = []
     hit: set[str] = set()
+    watch = SafetyWatch(world)
 
     def check() -> None:
         running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
-        found = world.scheduler.flagged + safety(world, reap_running=running)
+        found = world.scheduler.flagged + watch.check(reap_running=running)
         if found and not violations:
             violations.extend(found)
             world.scheduler.note(f"VIOLATION {found[0]}")

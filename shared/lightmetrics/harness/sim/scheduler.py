@@ -2,7 +2,9 @@
 
 Each actor runs in its own thread, but only the actor holding the baton runs: at every storage call
 (:meth:`Scheduler.before_call`, from the port proxies) it hands the baton back, and the scheduler's
-seeded ``random.Random`` picks which unfinished actor proceeds next. So a seed fixes the interleaving,
+seeded ``random.Random`` picks which unfinished actor proceeds next. The baton is a pair of plain
+locks per hand-over (the actor's ``go``, the scheduler's ``back``): one release wakes exactly the
+thread whose turn it is, where a shared condition woke every waiting actor at every step. So a seed fixes the interleaving,
 the faults and the clock, and two runs of one seed produce the same trace. Threads a service starts
 itself (a pool of one worker) call while their actor holds the baton: they run as that actor.
 
@@ -70,6 +72,8 @@ class Actor:
     dry_run: bool = False  # runs a dry-run reap now: it may send no delete
     error: str | None = None
     thread: threading.Thread | None = field(default=None, repr=False)
+    #: released by the scheduler to give this actor its turn (held while the actor waits)
+    go: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class Scheduler:
@@ -90,13 +94,15 @@ class Scheduler:
         self.stopping = False
         #: safety violations found by the actors' drivers and the proxies (checked after each step)
         self.flagged: list[str] = []
-        self._cv = threading.Condition()
-        self._turn: Actor | None = None
+        self._back = threading.Lock()  # released by the running actor when it hands the baton back
+        self._back.acquire()
         self._holder: Actor | None = None  # the actor running now (threads it started run as it)
         self._local = threading.local()
 
     def spawn(self, name: str, body: Callable[[Actor], None]) -> None:
-        self.actors.append(Actor(name, body))
+        actor = Actor(name, body)
+        actor.go.acquire()
+        self.actors.append(actor)
 
     def current(self) -> Actor | None:
         return getattr(self._local, "actor", None) or self._holder
@@ -121,10 +127,8 @@ class Scheduler:
             return self._holder
         if actor.crashed:
             raise SimCrash(f"{actor.name} is dead")
-        with self._cv:
-            self._turn = None
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self._turn is actor)
+        self._back.release()
+        actor.go.acquire()
         if self.stopping:
             raise SimStop()
         self.note(f"{operation} {key}")
@@ -140,8 +144,7 @@ class Scheduler:
 
     def _main(self, actor: Actor) -> None:
         self._local.actor = actor
-        with self._cv:
-            self._cv.wait_for(lambda: self._turn is actor)
+        actor.go.acquire()
         try:
             if not self.stopping:
                 actor.body(actor)
@@ -150,16 +153,13 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - an actor's escape is reported, never lost
             actor.error = f"{type(exc).__name__}: {exc}"
         finally:
-            with self._cv:
-                actor.done = True
-                self._turn = None
-                self._cv.notify_all()
+            actor.done = True
+            self._back.release()
 
     def _give(self, actor: Actor) -> None:
-        with self._cv:
-            self._turn = self._holder = actor
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self._turn is None)
+        self._holder = actor
+        actor.go.release()
+        self._back.acquire()
         self._holder = None
 
     def run(self) -> None:
