@@ -11,6 +11,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lightmetrics.harness.sim import run_many, run_seed
 from lightmetrics.ops import crashpoints
@@ -44,6 +47,19 @@ def test_a_settle_rerun_after_its_purge_died_deletes_the_purged_blobs_hint() -> 
     captured version gone and left the blob's raw-blobs-by-time hint behind (docs/protocol.md §15 G-I9)."""
     result = run_seed(111)
     assert result.violations == [], result.violations
+
+
+@pytest.mark.sim_background
+def test_the_bounded_background_run_on_fixed_and_fresh_seeds_finds_nothing(sim_background: Any) -> None:
+    """tests/sim_support.py: fixed seeds, then fresh ones beside the suite (the summary prints them)."""
+    sim_background.request_stop()
+    bounded = sim_background.result("bounded")
+    figures = bounded["figures"]
+    assert figures["schedules"] >= len(range(bounded["fixed"][0], bounded["fixed"][1] + 1)) + 20
+    assert figures["calls_per_schedule"] >= 200
+    shrunk = bounded["shrunk"]
+    assert figures["violations"] == [], (figures["violations"][0]["seed"], figures["violations"][0]["found"][:3],
+                                         "replay the minimal run: " + (shrunk["replay"] if shrunk else "-"))
 
 
 def _lmctl_sim(*args: str, hash_seed: str = "0") -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ Example:
     >>> s.spawn("a", lambda actor: [s.before_call("GetObject", "k") for _ in range(2)])
     >>> s.spawn("b", lambda actor: s.before_call("PutObject", "k"))
     >>> s.run(); [line.split()[1] for line in s.trace]
-    ['a', 'b', 'a']
+    ['a', 'a', 'b']
 """
 
 from __future__ import annotations
