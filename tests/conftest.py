@@ -101,7 +101,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the simulation's background runs on the idle core when a selected test will collect them."""
-    if any(item.get_closest_marker("sim_background") for item in session.items) and not _SIM_BACKGROUND:
+    if session.config.option.collectonly or _SIM_BACKGROUND:
+        return
+    if any(item.get_closest_marker("sim_background") for item in session.items):
         from sim_support import Background
 
         _SIM_BACKGROUND.append(Background())

@@ -6,6 +6,7 @@ and the defect it found on main stays fixed (tests/test_sim_mutants.py shows it 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -78,3 +79,21 @@ def test_lmctl_sim_replays_a_seed_in_another_process_and_refuses_a_contradictory
     assert {"steps", "storage_calls", "steps_per_s", "violations", "coverage"} <= set(first)
     usage = _lmctl_sim("--seed", "7", "--seeds", "3")
     assert usage.returncode == 2 and "--seed replays one seed" in usage.stderr
+
+
+def test_the_replay_flags_fix_a_run_exactly_and_an_unknown_actor_is_a_usage_error() -> None:
+    """What --shrink prints (lightmetrics.harness.sim.shrink.RunParams.command) replays in another process."""
+    from lightmetrics.harness.sim.shrink import RunParams, violation_kind
+
+    params = RunParams(5, steps=90, fault_rate=0.015, actors=("collector#1", "indexer", "gc"))
+    assert params.command() == "lmctl sim --seed 5 --steps 90 --fault-rate 0.015 --actors collector#1,indexer,gc --trace"
+    here = params.run()
+    assert here.steps <= 90 + 3 and here.actors[:3] == ["collector#0", "collector#1", "collector#2"]
+    assert not any(" reconciler " in line or " retention " in line for line in here.trace)  # not started
+    there = _lmctl_sim(*params.command().split()[2:-1], "--json", hash_seed="3")
+    assert there.returncode == 0, there.stderr
+    assert json.loads(there.stdout)["trace_sha256"]["5"] == hashlib.sha256("\n".join(here.trace).encode()).hexdigest()
+    unknown = _lmctl_sim("--seed", "5", "--actors", "indexer,walker")
+    assert unknown.returncode == 2 and "no such actor: walker" in unknown.stderr
+    assert violation_kind("verify: derived-without-source raw-blobs-by-time/x/1 raw-blobs/y") == \
+        "verify: derived-without-source *"
