@@ -97,3 +97,50 @@ def test_the_replay_flags_fix_a_run_exactly_and_an_unknown_actor_is_a_usage_erro
     assert unknown.returncode == 2 and "no such actor: walker" in unknown.stderr
     assert violation_kind("verify: derived-without-source raw-blobs-by-time/x/1 raw-blobs/y") == \
         "verify: derived-without-source *"
+
+
+def test_the_incremental_safety_watch_gives_the_whole_checks_verdict_at_every_step(monkeypatch: Any) -> None:
+    """An injected defect (GC reads some records as absent and purges their blobs): up to the first
+    finding, SafetyWatch (what the step changed) and safety() (everything) agree after every step."""
+    from lightmetrics.harness.sim import checks, runner
+    from lightmetrics.reaps import gc
+
+    real = gc.BlobCollector._record
+    monkeypatch.setattr(gc.BlobCollector, "_record",
+                        lambda self, ident: None if ident.seq_start % 20 == 10 else real(self, ident))
+    verdicts: list[tuple[bool, bool]] = []
+
+    class Both(checks.SafetyWatch):
+        def check(self, *, reap_running: bool) -> list[str]:
+            found = super().check(reap_running=reap_running)
+            if not any(whole for _, whole in verdicts):
+                verdicts.append((bool(found), bool(checks.safety(self.world, reap_running=reap_running))))
+            return found
+
+    monkeypatch.setattr(runner, "SafetyWatch", Both)
+    failing = 0
+    for seed in range(1, 6):
+        verdicts.clear()
+        result = runner.run_seed(seed)
+        assert all(mine == whole for mine, whole in verdicts), (seed, verdicts.index(next(
+            v for v in verdicts if v[0] != v[1])))
+        failing += any(whole for _, whole in verdicts)
+        assert not result.violations or result.violations[0].startswith("blob a record names")
+    assert failing >= 3  # the defect is found during the run phase, where the watch decides
+
+
+def test_a_run_gives_the_services_pools_one_worker_each_so_their_calls_keep_one_order() -> None:
+    """Found while shrinking: the reconciler's pool of 8 workers made its GETs, in one step, in an order
+    no seed fixed (about 1 run in 20 replayed differently). Every pool a service keeps is swapped."""
+    import importlib
+
+    from lightmetrics.harness.sim.scheduler import SERVICE_POOLS, serial_pools
+
+    modules = [(importlib.import_module(m), name) for m, name in SERVICE_POOLS]
+    before = [getattr(m, name) for m, name in modules]
+    with serial_pools():
+        assert all(getattr(m, name)._max_workers == 1 for m, name in modules)
+    assert [getattr(m, name) for m, name in modules] == before
+    assert any(p._max_workers > 1 for p in before)
+    traces = {"\n".join(run_seed(seed).trace) for seed in (7, 7, 7)}
+    assert len(traces) == 1

@@ -21,7 +21,7 @@ from typing import Any
 from lightmetrics.harness.sim import actors
 from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
-from lightmetrics.harness.sim.scheduler import SimCrash
+from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
 
@@ -122,7 +122,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
 
     world.scheduler.after_step = check
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
-    with _seeded_uuids(seed), crashpoints.hooked(_crash_hook(world, hit)):
+    with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, hit)):
         _spawn_run_phase(world)
         spawned = [a.name for a in world.scheduler.actors]
         if actors is not None:

@@ -6,7 +6,10 @@ seeded ``random.Random`` picks which unfinished actor proceeds next. The baton i
 locks per hand-over (the actor's ``go``, the scheduler's ``back``): one release wakes exactly the
 thread whose turn it is, where a shared condition woke every waiting actor at every step. So a seed fixes the interleaving,
 the faults and the clock, and two runs of one seed produce the same trace. Threads a service starts
-itself (a pool of one worker) call while their actor holds the baton: they run as that actor.
+itself (a pool) call while their actor holds the baton: they run as that actor. A pool of several
+workers would make those calls in an order no seed fixes, so :func:`serial_pools` gives the services'
+module-level pools one worker each for a run (their tasks then run in the order submitted), as
+:mod:`~lightmetrics.harness.sim.runner` gives ``uuid4`` the seed: nothing in the services changes.
 
 Example:
     >>> import random
@@ -19,12 +22,34 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _NS = 1_000_000_000
+#: where the services keep a pool of several workers (module, name), each at the module that uses it
+SERVICE_POOLS = (("lightmetrics.derived.reconcile_scan", "_POOL"), ("lightmetrics.lambda_shell.sqs_batch", "_EXECUTOR"),
+                 ("lightmetrics.derived.walk.page_task", "POOL"))
+
+
+@contextmanager
+def serial_pools() -> Iterator[None]:
+    """Each of :data:`SERVICE_POOLS` one worker for the duration (tasks in submission order)."""
+    saved = []
+    for module_name, name in SERVICE_POOLS:
+        module = importlib.import_module(module_name)
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sim-{name.strip('_').lower()}"))
+    try:
+        yield
+    finally:
+        for module, name, pool in saved:
+            getattr(module, name).shutdown(wait=False)
+            setattr(module, name, pool)
 
 
 class SimCrash(BaseException):
@@ -187,4 +212,4 @@ class Scheduler:
             actor.thread.join()
 
 
-__all__ = ["Actor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock"]
+__all__ = ["SERVICE_POOLS", "Actor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock", "serial_pools"]
