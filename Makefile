@@ -112,6 +112,7 @@ synth: $(STAMP) layer emr-bundle cdk-cli
 	$(CDK_ENV) $(CDK_CLI) synth --quiet
 
 # pytest exits 5 when it collected no tests: that is a failure here, like any non-zero code.
+# The simulation's bounded run and its mutant suite run beside it on the second core (tests/sim_support.py).
 test: $(STAMP) layer emr-bundle cdk-cli scan-tools ministack
 	$(BIN)/python -m pytest -q
 

@@ -84,6 +84,47 @@ def runtime(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "backends(*names): run this test on each named backend (moto, ministack)")
+    config.addinivalue_line("markers", "sim_background: collects a result of the simulation's background runs "
+                            "(tests/sim_support.py); such tests run last")
+
+
+# --------------------------------------------------------------------------- the simulation in the background
+
+_SIM_BACKGROUND: list[Any] = []  # the one sim_support.Background of this session, once started
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests collecting the background runs' results go last: the runs have the session to finish."""
+    items.sort(key=lambda item: item.get_closest_marker("sim_background") is not None)  # stable
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the simulation's background runs on the idle core when a selected test will collect them."""
+    if session.config.option.collectonly or _SIM_BACKGROUND:
+        return
+    if any(item.get_closest_marker("sim_background") for item in session.items):
+        from sim_support import Background
+
+        _SIM_BACKGROUND.append(Background())
+
+
+@pytest.fixture(scope="session")
+def sim_background() -> Any:
+    assert _SIM_BACKGROUND, "the background runs start when a sim_background test is selected"
+    return _SIM_BACKGROUND[0]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SIM_BACKGROUND:
+        terminalreporter.section("deterministic simulation (background runs, tests/sim_support.py)")
+        for line in _SIM_BACKGROUND[0].summary_lines():
+            terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _SIM_BACKGROUND:
+        _SIM_BACKGROUND.pop().stop()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -1,6 +1,8 @@
 """The simulation finds defects once fixed (issue 24's mutant suite, first part): each mutant
 re-introduces one in a temporary copy of ``shared/``, and ``lmctl sim`` run on that copy (a
-subprocess, fixed seeds from 1) must report a violation with its seed within ``MAX_SEEDS``.
+subprocess, fixed seeds from 1) must report a violation with its seed within ``MAX_SEEDS``. The runs
+happen in the background of the session, on the idle core (``tests/sim_support.py``); these tests,
+run last, collect them. The first mutant's failing seed is shrunk, and the minimal run replayed.
 
 Seeds that found each on the day they were written (one core): see docs/reliability.md,
 "Deterministic simulation".
@@ -8,13 +10,10 @@ Seeds that found each on the day they were written (one core): see docs/reliabil
 
 from __future__ import annotations
 
-import json
-import os
+import hashlib
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,16 +49,31 @@ def _mutated(tmp: Path, path: str, fixed: str, defect: str) -> Path:
     return copy
 
 
+@pytest.mark.sim_background
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_the_simulation_finds_a_reintroduced_defect(name: str, tmp_path: Path) -> None:
-    shared = _mutated(tmp_path, *MUTANTS[name])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shared), str(ROOT / ".pp")])}
-    started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "lightmetrics.cli.main", "sim", "--seeds", str(MAX_SEEDS),
-                          "--start", "1", "--json"], capture_output=True, text=True, env=env, timeout=300)
-    figures = json.loads(run.stdout)
-    assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+def test_the_simulation_finds_a_reintroduced_defect(name: str, sim_background: Any) -> None:
+    run = sim_background.result(f"mutant-{name}")
+    figures = run["figures"]
+    assert run["returncode"] == 1, (run["returncode"], run["stderr"])
     [found] = figures["violations"]
     print(f"{name}: seed {found['seed']} after {figures['schedules']} schedules, "
-          f"{time.monotonic() - started:.1f} s: {found['found'][0][:200]}")
+          f"{run['seconds']:.1f} s: {found['found'][0][:200]}")
     assert found["seed"] == figures["seeds"][-1] and found["found"] and found["trace_tail"]
+
+
+@pytest.mark.sim_background
+def test_shrinking_a_mutants_failing_seed_gives_a_smaller_run_that_replays_alike(sim_background: Any) -> None:
+    from lightmetrics.harness.sim.shrink import violation_kind
+
+    run = sim_background.result("shrink")
+    shrunk, replay = run["shrunk"], run["replay"]
+    assert run["returncode"] == 1 and shrunk, run["stderr"]
+    was, now = shrunk["original"], shrunk["minimal"]
+    assert (now["steps"], len(now["actors"]), now["fault_rate"]) != (was["steps"], len(was["actors"]), was["fault_rate"])
+    assert now["steps"] <= was["steps"] and set(now["actors"]) <= set(was["actors"]) and now["fault_rate"] <= was["fault_rate"]
+    assert now["trace_lines"] < was["trace_lines"], (was, now)
+    assert violation_kind(was["violations"][0]) == shrunk["kind"] == violation_kind(now["violations"][0])
+    # the printed command, run in another process, replays the minimal run byte for byte
+    assert replay["returncode"] == 1 and replay["seeds"] == [run["seed"]]
+    assert replay["trace_sha256"][str(run["seed"])] == hashlib.sha256("\n".join(shrunk["trace"]).encode()).hexdigest()
+    assert shrunk["kind"] in {violation_kind(v) for v in replay["violations"][0]["found"]}

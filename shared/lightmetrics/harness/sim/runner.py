@@ -13,15 +13,15 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.harness.sim import actors
-from lightmetrics.harness.sim.checks import quiescence, safety
+from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
-from lightmetrics.harness.sim.scheduler import SimCrash
+from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
 
@@ -43,6 +43,7 @@ class SimResult:
     coverage: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     crash_points: set[str] = field(default_factory=set)
     clock_jumps: int = 0
+    actors: list[str] = field(default_factory=list)  # the run phase's actors the seed spawns (all of them)
 
 
 @contextmanager
@@ -102,14 +103,18 @@ def _quiesce(world: World) -> None:
     s.run()
 
 
-def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAULT_FAULT_RATE) -> SimResult:
+def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAULT_FAULT_RATE,
+             actors: Collection[str] | None = None) -> SimResult:
+    """``actors``: run only these of the run phase's actors (the others are built, drawing what they
+    draw from the seed, but not started): what :mod:`~lightmetrics.harness.sim.shrink` varies."""
     world = build_world(seed, fault_rate=fault_rate, max_steps=steps)
     violations: list[str] = []
     hit: set[str] = set()
+    watch = SafetyWatch(world)
 
     def check() -> None:
         running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
-        found = world.scheduler.flagged + safety(world, reap_running=running)
+        found = world.scheduler.flagged + watch.check(reap_running=running)
         if found and not violations:
             violations.extend(found)
             world.scheduler.note(f"VIOLATION {found[0]}")
@@ -117,8 +122,13 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
 
     world.scheduler.after_step = check
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
-    with _seeded_uuids(seed), crashpoints.hooked(_crash_hook(world, hit)):
+    with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, hit)):
         _spawn_run_phase(world)
+        spawned = [a.name for a in world.scheduler.actors]
+        if actors is not None:
+            if unknown := sorted(set(actors) - set(spawned)):
+                raise ValueError(f"no such actor: {', '.join(unknown)} (the seed spawns {', '.join(spawned)})")
+            world.scheduler.actors = [a for a in world.scheduler.actors if a.name in actors]
         world.scheduler.run()
         run_steps = world.scheduler.steps
         errors = [f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error]
@@ -128,12 +138,13 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
             violations.extend(world.scheduler.flagged + quiescence(world))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
     return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
-                     hit, world.scheduler.jumps)
+                     hit, world.scheduler.jumps, spawned)
 
 
 def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, steps: int = DEFAULT_STEPS,
              stop_at_first: bool = True, fresh: random.Random | None = None,
-             keep: list[SimResult] | None = None) -> dict[str, Any]:
+             keep: list[SimResult] | None = None, fault_rate: float = DEFAULT_FAULT_RATE,
+             actors: Collection[str] | None = None) -> dict[str, Any]:
     """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``.
     ``keep`` receives every result (the CLI prints a failing one's trace)."""
     started = time.monotonic()
@@ -142,7 +153,7 @@ def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, st
     queue = list(seeds or [])
     while queue or (minutes is not None and time.monotonic() - started < minutes * 60):
         seed = queue.pop(0) if queue else pick.randrange(2**32)
-        results.append(run_seed(seed, steps=steps))
+        results.append(run_seed(seed, steps=steps, fault_rate=fault_rate, actors=actors))
         if results[-1].violations and stop_at_first:
             break
     return summary(results, time.monotonic() - started)

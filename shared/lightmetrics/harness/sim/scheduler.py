@@ -2,9 +2,14 @@
 
 Each actor runs in its own thread, but only the actor holding the baton runs: at every storage call
 (:meth:`Scheduler.before_call`, from the port proxies) it hands the baton back, and the scheduler's
-seeded ``random.Random`` picks which unfinished actor proceeds next. So a seed fixes the interleaving,
+seeded ``random.Random`` picks which unfinished actor proceeds next. The baton is a pair of plain
+locks per hand-over (the actor's ``go``, the scheduler's ``back``): one release wakes exactly the
+thread whose turn it is, where a shared condition woke every waiting actor at every step. So a seed fixes the interleaving,
 the faults and the clock, and two runs of one seed produce the same trace. Threads a service starts
-itself (a pool of one worker) call while their actor holds the baton: they run as that actor.
+itself (a pool) call while their actor holds the baton: they run as that actor. A pool of several
+workers would make those calls in an order no seed fixes, so :func:`serial_pools` gives the services'
+module-level pools one worker each for a run (their tasks then run in the order submitted), as
+:mod:`~lightmetrics.harness.sim.runner` gives ``uuid4`` the seed: nothing in the services changes.
 
 Example:
     >>> import random
@@ -12,17 +17,39 @@ Example:
     >>> s.spawn("a", lambda actor: [s.before_call("GetObject", "k") for _ in range(2)])
     >>> s.spawn("b", lambda actor: s.before_call("PutObject", "k"))
     >>> s.run(); [line.split()[1] for line in s.trace]
-    ['a', 'b', 'a']
+    ['a', 'a', 'b']
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 _NS = 1_000_000_000
+#: where the services keep a pool of several workers (module, name), each at the module that uses it
+SERVICE_POOLS = (("lightmetrics.derived.reconcile_scan", "_POOL"), ("lightmetrics.lambda_shell.sqs_batch", "_EXECUTOR"),
+                 ("lightmetrics.derived.walk.page_task", "POOL"))
+
+
+@contextmanager
+def serial_pools() -> Iterator[None]:
+    """Each of :data:`SERVICE_POOLS` one worker for the duration (tasks in submission order)."""
+    saved = []
+    for module_name, name in SERVICE_POOLS:
+        module = importlib.import_module(module_name)
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sim-{name.strip('_').lower()}"))
+    try:
+        yield
+    finally:
+        for module, name, pool in saved:
+            getattr(module, name).shutdown(wait=False)
+            setattr(module, name, pool)
 
 
 class SimCrash(BaseException):
@@ -70,6 +97,8 @@ class Actor:
     dry_run: bool = False  # runs a dry-run reap now: it may send no delete
     error: str | None = None
     thread: threading.Thread | None = field(default=None, repr=False)
+    #: released by the scheduler to give this actor its turn (held while the actor waits)
+    go: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class Scheduler:
@@ -90,13 +119,15 @@ class Scheduler:
         self.stopping = False
         #: safety violations found by the actors' drivers and the proxies (checked after each step)
         self.flagged: list[str] = []
-        self._cv = threading.Condition()
-        self._turn: Actor | None = None
+        self._back = threading.Lock()  # released by the running actor when it hands the baton back
+        self._back.acquire()
         self._holder: Actor | None = None  # the actor running now (threads it started run as it)
         self._local = threading.local()
 
     def spawn(self, name: str, body: Callable[[Actor], None]) -> None:
-        self.actors.append(Actor(name, body))
+        actor = Actor(name, body)
+        actor.go.acquire()
+        self.actors.append(actor)
 
     def current(self) -> Actor | None:
         return getattr(self._local, "actor", None) or self._holder
@@ -121,10 +152,8 @@ class Scheduler:
             return self._holder
         if actor.crashed:
             raise SimCrash(f"{actor.name} is dead")
-        with self._cv:
-            self._turn = None
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self._turn is actor)
+        self._back.release()
+        actor.go.acquire()
         if self.stopping:
             raise SimStop()
         self.note(f"{operation} {key}")
@@ -140,8 +169,7 @@ class Scheduler:
 
     def _main(self, actor: Actor) -> None:
         self._local.actor = actor
-        with self._cv:
-            self._cv.wait_for(lambda: self._turn is actor)
+        actor.go.acquire()
         try:
             if not self.stopping:
                 actor.body(actor)
@@ -150,16 +178,13 @@ class Scheduler:
         except BaseException as exc:  # noqa: BLE001 - an actor's escape is reported, never lost
             actor.error = f"{type(exc).__name__}: {exc}"
         finally:
-            with self._cv:
-                actor.done = True
-                self._turn = None
-                self._cv.notify_all()
+            actor.done = True
+            self._back.release()
 
     def _give(self, actor: Actor) -> None:
-        with self._cv:
-            self._turn = self._holder = actor
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: self._turn is None)
+        self._holder = actor
+        actor.go.release()
+        self._back.acquire()
         self._holder = None
 
     def run(self) -> None:
@@ -187,4 +212,4 @@ class Scheduler:
             actor.thread.join()
 
 
-__all__ = ["Actor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock"]
+__all__ = ["SERVICE_POOLS", "Actor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock", "serial_pools"]

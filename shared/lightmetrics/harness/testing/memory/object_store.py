@@ -101,6 +101,8 @@ class InMemoryObjectStore:
         self._lock = threading.RLock()
         self._faults: list[_Fault] = []
         self._next_version = 0
+        #: called with the key after every change of a key's versions (the simulation's incremental checks)
+        self.on_change: Callable[[str], None] | None = None
 
     # -- test controls -------------------------------------------------------------------------------
     def fail(self, operation: str, code: str, *, key_contains: str | None = None, times: int = 1,
@@ -169,6 +171,8 @@ class InMemoryObjectStore:
             self._keys.setdefault(key, []).append(v)
         else:
             self._keys[key] = [v]
+        if self.on_change is not None:
+            self.on_change(key)
         return v
 
     def _read(self, operation: str, key: str, fn: Callable[[], _T]) -> _T | None:
@@ -223,12 +227,15 @@ class InMemoryObjectStore:
         if version_id is None:
             if self.versioned:  # as on AWS, a marker even on a key never held (moto places none)
                 return self._new_version(key).version_id
-            self._keys.pop(key, None)
+            if self._keys.pop(key, None) is not None and self.on_change is not None:
+                self.on_change(key)
             return None
         versions = self._keys.get(key) or []
         self._keys[key] = [v for v in versions if v.version_id != version_id]
         if not self._keys[key]:
             del self._keys[key]
+        if self.on_change is not None:
+            self.on_change(key)
         return None
 
     def delete_objects(self, objects: list[tuple[str, str | None]], *, fence: Callable[[], None] | None = None,
