@@ -15,6 +15,7 @@ from typing import Any
 
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.derived.verify import verify
+from lightmetrics.harness.sim.reap_world import reap_liveness
 from lightmetrics.harness.sim.world import World
 from lightmetrics.ops import leases
 from lightmetrics.protocol.keys import UtcHour
@@ -95,10 +96,7 @@ def quiescence(world: World) -> list[str]:
     lease = leases.read(ctx.table, LEASE_PK)
     if leases.is_live(lease, world.clock.now_ns()):
         found.append(f"liveness: the reap lease is held after every reap ended: {lease}")
-    item = ctx.table.get("retention#raw", str(world.old_hour))
-    if item is None or item.get("status") != "reaped":
-        found.append(f"liveness: retention of expired hour {world.old_hour} did not finish: {item}")
-    return found
+    return found + reap_liveness(world, world.reaps)
 
 
 __all__ = ["quiescence", "safety"]
