@@ -8,7 +8,8 @@ Retention tasks (and a Ranges visit's range tasks) are retried on any error but 
 world's clock.
 
 Two checks belong to the driver: a dry run's execution sends no delete (``actor.dry_run`` is what
-the store proxy checks), and an execution that ended without a crash leaves the reap lease to no
+the store proxy checks; the lease check, :mod:`~lightmetrics.harness.sim.lease_check`, is told which
+execution's lease the actor runs under), and an execution that ended without a crash leaves the reap lease to no
 one but a running execution (a lost answer must not be read as someone else's take, §11.1).
 """
 
@@ -125,7 +126,9 @@ def reap(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, begins: 
                 arn = f"sim-{actor.name}-{len(world.scheduler.trace)}-{n}"
                 out = execution.task("begin", {"input": inp, "execution_arn": arn}, control=True)
                 if out is not None:
+                    world.store.watch.hold(actor, out["reap"])  # the lease check (harness/sim/lease_check.py)
                     execution.drive(out)
+                    world.store.watch.hold(actor, None)
                 _lease_left(world, execution, arn)
                 if out is not None:
                     break

@@ -11,6 +11,7 @@ from typing import Any
 from lightmetrics.acceptance.accept import AcceptContext, NoMetrics, accept_batch
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.sim.lease_check import LeaseWatch
 from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObjectStore
 from lightmetrics.harness.sim.reap_world import ReapWorld, plant_reaps
 from lightmetrics.harness.sim.scheduler import Scheduler, SimClock, SkewedClock
@@ -100,6 +101,7 @@ def build_world(seed: int, *, fault_rate: float, max_steps: int, after_step: Any
     world = World(system, clock, scheduler, faults, SimObjectStore(system.store, scheduler, faults),
                   SimControlTable(system.table, scheduler, faults), rng, reaps=reaps)
     world.newer_records = _plant_newer_record(system, clock)
+    world.store.watch = world.table.watch = LeaseWatch(system.table, scheduler)
     return world
 
 
