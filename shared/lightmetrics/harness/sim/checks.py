@@ -15,7 +15,7 @@ from typing import Any
 
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.derived.verify import verify
-from lightmetrics.harness.sim.reap_world import reap_liveness
+from lightmetrics.harness.sim.reap_world import awaiting_settle, reap_liveness
 from lightmetrics.harness.sim.world import World
 from lightmetrics.ops import leases
 from lightmetrics.protocol.keys import UtcHour
@@ -78,7 +78,7 @@ def safety(world: World, *, reap_running: bool) -> list[str]:
         state = _blob_state(world, record.raw_blob_key)
         if state == "gone":
             found.append(f"blob a record names deleted: {record.raw_blob_key} (record {key})")
-        elif state == "hidden" and not reap_running:
+        elif state == "hidden" and not reap_running and not awaiting_settle(world, record.raw_blob_key):
             found.append(f"blob a record names left hidden with no reap running: {record.raw_blob_key}")
     return found
 

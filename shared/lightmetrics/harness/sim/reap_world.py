@@ -8,7 +8,10 @@ Planted before the run (no faults, no scheduling), with the real service code:
 * ``old_hour`` also holds a stray key under its ``accepted-by-time`` prefix (a key outside the
   layout): retention must block on that entry alone and keep the hour tombstoned, unreaped, until
   an operator skips the blocker (:func:`operator_skips`);
-* rollup chunks, a chunk index and a generation manifest of ``old_hour``, for rollup retention.
+* rollup chunks, a chunk index and a generation manifest of ``old_hour``, for rollup retention;
+* two reaps that failed before the run (:mod:`~lightmetrics.harness.sim.reap_history`): a retention
+  stopped after emptying its hour (two hours before ``old_hour``), and a GC that left a raced blob
+  hidden under its marks.
 
 The reap inputs: each run-phase reap may get a small ``max_tasks_per_execution`` (rule G-B2), so a
 reap continues across executions as the state machine does (Continue starts the next execution with
@@ -26,9 +29,12 @@ from typing import Any
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.derived.hour_ranges import PLAN_PK
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.harness.sim.reap_history import plant_failed_gc, plant_stopped_retention
 from lightmetrics.harness.testing.memory import MemorySystem
 from lightmetrics.ops.blocker_actions import skip
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, UtcHour
+from lightmetrics.reaps.gc_marks import MARKS_PREFIX
+from lightmetrics.reaps.params import CHECKPOINT_PK
 from lightmetrics.reaps.retention import KIND_RETENTION
 
 _NS = 1_000_000_000
@@ -39,6 +45,8 @@ CUT = "0"
 #: small execution budgets: a reap continues into the next execution (G-B2); 0: the default
 MAX_TASKS = (0, 0, 2, 4)
 STRAY_NAME = "stray-upload.json"
+#: rule L1's shortest reap lease: the longest reap task (600 s) plus LEASE_MARGIN_S
+MIN_LEASE_S = 660
 
 
 @dataclass
@@ -49,6 +57,11 @@ class ReapWorld:
     rollup_hours: list[UtcHour]
     #: keys outside the layout under an expired hour: an operator skips their blockers
     stray_keys: list[str] = field(default_factory=list)
+    #: blobs a failed GC left hidden under its marks while a record names them (G-I8: the next reap
+    #: that is not a dry run settles them before it ends)
+    raced_blobs: list[str] = field(default_factory=list)
+    #: (storage calls when read, whether a marks# item was left): the checks read it once a step
+    marks_read: tuple[int, bool] = (-1, False)
 
 
 def plant_reaps(system: MemorySystem, clock: Any, old_ns: int, identity: Any, frame: Any) -> ReapWorld:
@@ -76,18 +89,24 @@ def plant_reaps(system: MemorySystem, clock: Any, old_ns: int, identity: Any, fr
                codec.rollup_index_hour(old_hour) + "index.json", codec.rollup_manifest_hour(old_hour) + "gen-1.json"]
     for key in rollups:
         system.store.put_if_absent(key, b"rollup")
-    return ReapWorld([ranged, old_hour], [old_hour], [stray])
+    stopped = UtcHour.of_unix_ns(old_ns - 2 * 3600 * _NS)
+    plant_stopped_retention(system, clock, stopped, identity, frame, run_at_ns=now - 30 * 3600 * _NS)
+    raced = plant_failed_gc(system, clock, now - 3 * 3600 * _NS, identity, frame, run_at_ns=now - 5400 * _NS)
+    clock._now = now
+    return ReapWorld([ranged, old_hour, stopped], [old_hour], [stray], [raced])
 
 
 def _budget(rng: Any) -> dict[str, int]:
+    """A small execution budget (G-B2) maybe, and maybe the shortest lease rule L1 allows."""
     n = rng.choice(MAX_TASKS)
-    return {"max_tasks_per_execution": n} if n else {}
+    lease = {"lease_seconds": MIN_LEASE_S} if rng.random() < 0.5 else {}
+    return {**({"max_tasks_per_execution": n} if n else {}), **lease}
 
 
 def gc_inputs(rng: Any) -> list[dict[str, Any]]:
-    """Two GC runs; in half the schedules none (GC's schedule is not due while retention runs:
+    """Two GC runs; in 60% of the schedules none (GC's schedule is not due while retention runs:
     a ranged hour's retention then has the run phase to itself)."""
-    if rng.random() < 0.5:
+    if rng.random() < 0.6:
         return []
     return [{"mode": "gc", "dry_run": rng.random() < 0.3, "source": rng.choice(("scan", "by-time")), "concurrency": 1,
              **_budget(rng)} for _ in range(2)]
@@ -99,8 +118,8 @@ def retention_inputs(rng: Any, reaps: ReapWorld) -> list[dict[str, Any]]:
     out = []
     for dry in [rng.random() < 0.3] + ([False] if rng.random() < 0.5 else []):
         pick = rng.random()
-        what: dict[str, Any] = ({"hour": str(reaps.hours[0])} if pick < 0.55 else {"hour": str(reaps.hours[1])}
-                                if pick < 0.7 else {} if pick < 0.8 else {"scope": "rollup"})
+        what: dict[str, Any] = ({"hour": str(reaps.hours[0])} if pick < 0.6 else {"hour": str(reaps.hours[1])}
+                                if pick < 0.72 else {} if pick < 0.8 else {"scope": "rollup"})
         out.append({"mode": "retention", "dry_run": dry, "concurrency": 1, **what, **_budget(rng)})
     return out
 
@@ -110,9 +129,8 @@ def quiesce_inputs(reaps: ReapWorld) -> tuple[list[dict[str, Any]], list[dict[st
     scheduled = [{"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
                  {"mode": "retention", "dry_run": False, "concurrency": 1},
                  {"mode": "retention", "dry_run": False, "scope": "rollup", "concurrency": 1}]
-    # an operator's dry runs first: what a reap the run phase cut short left must stay untouched
-    dry = [{"mode": "retention", "dry_run": True, "hour": str(reaps.hours[0]), "concurrency": 1},
-           {"mode": "gc", "dry_run": True, "source": "by-time", "concurrency": 1}]
+    # an operator's dry run first: what a reap the run phase cut short left must stay untouched
+    dry = [{"mode": "retention", "dry_run": True, "hour": str(reaps.hours[0]), "concurrency": 1}]
     return dry + scheduled, scheduled[1:2]
 
 
@@ -124,9 +142,24 @@ def operator_skips(world: Any, reaps: ReapWorld) -> None:
             skip(ctx, blocker.work_key, who="operator", reason="a stray upload, not an entry of the layout")
 
 
+def awaiting_settle(world: Any, blob_key: str) -> bool:
+    """A blob the planted failed GC hid, while its marks wait for the next reap (not a running one's);
+    the marks are read once a step."""
+    if blob_key not in world.reaps.raced_blobs:
+        return False
+    reaps = world.reaps
+    if reaps.marks_read[0] != world.scheduler.calls:
+        reaps.marks_read = (world.scheduler.calls, bool(marks_left(world)))
+    return reaps.marks_read[1]
+
+
+def marks_left(world: Any) -> list[str]:
+    return [str(i["sk"]) for i in world.system.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
+
+
 def reap_liveness(world: Any, reaps: ReapWorld) -> list[str]:
-    """Every expired hour reaped once every job ran to completion."""
-    found = []
+    """Every expired hour reaped, and no reap's marks left, once every job ran to completion (G-I8)."""
+    found = [f"liveness: marks left after every reap ended: {sk}" for sk in marks_left(world)]
     for scope, hours in (("raw", reaps.hours), ("rollup", reaps.rollup_hours)):
         for hour in hours:
             item = world.system.ctx.table.get(f"retention#{scope}", str(hour))
@@ -135,5 +168,5 @@ def reap_liveness(world: Any, reaps: ReapWorld) -> list[str]:
     return found
 
 
-__all__ = ["ReapWorld", "gc_inputs", "operator_skips", "plant_reaps", "quiesce_inputs", "reap_liveness",
-           "retention_inputs"]
+__all__ = ["ReapWorld", "awaiting_settle", "gc_inputs", "marks_left", "operator_skips", "plant_reaps",
+           "quiesce_inputs", "reap_liveness", "retention_inputs"]

@@ -101,7 +101,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     hit: set[str] = set()
 
     def check() -> None:
-        running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
+        running = any(a.name.split("#")[0] in _REAPERS and not a.done for a in world.scheduler.actors)
         found = world.scheduler.flagged + safety(world, reap_running=running)
         if found and not violations:
             violations.extend(found)
