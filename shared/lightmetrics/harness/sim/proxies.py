@@ -98,7 +98,8 @@ class SimObjectStore:
         try:
             result = fn()
         except Exception:
-            if landed:  # a lost answer: the request took effect all the same
+            if landed and operation != "DeleteObjects":  # a lost answer: the request took effect all the same
+                # (a DeleteObjects' lost answer is raised below, once it landed: raising here, it did not)
                 _landed(self.watch, actor, operation, key, sent, destructive=operation.startswith("Delete") and bool(key))
             raise
         finally:
