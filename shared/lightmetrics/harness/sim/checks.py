@@ -73,9 +73,11 @@ def safety(world: World, *, reap_running: bool) -> list[str]:
             found.append(f"blob a newer writer's record names {state}: {blob_key} (record {key})")
     for key in world.system.store.keys(codec.accepted_root()):
         record = _record(world, key)
-        if record is None or _tombstoned(world, record.accepted_at_unix_ns):
+        if record is None:
             continue
-        state = _blob_state(world, record.raw_blob_key)
+        state = _blob_state(world, record.raw_blob_key)  # present, mostly: the tombstone is read only if not
+        if state == "present" or _tombstoned(world, record.accepted_at_unix_ns):
+            continue
         if state == "gone":
             found.append(f"blob a record names deleted: {record.raw_blob_key} (record {key})")
         elif state == "hidden" and not reap_running and not awaiting_settle(world, record.raw_blob_key):
