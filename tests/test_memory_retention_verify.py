@@ -88,3 +88,26 @@ def test_verify_is_clean_on_a_consistent_namespace_and_names_each_planted_fault(
     }
     lenient = verify(w.ctx)  # no watermark yet: a missing entry is pending, not a violation
     assert "missing-derived" not in lenient.violation_counts() and lenient.pending["accepted-by-blob"] == 1
+
+
+def test_a_skipped_stray_key_under_an_hour_never_stops_its_retention() -> None:
+    """The simulation found it (R-I5): a key outside the layout under an expired hour's
+    ``accepted-by-time`` prefix blocks only itself; once an operator skips its blocker, the next reap
+    deletes it and reaps the hour (before the fix, every later reap of the hour failed on the skipped
+    key with KeyLayoutError)."""
+    from lightmetrics.ops.blocker_actions import skip
+
+    w, old, _ = _two_hours()
+    w.cover_watermark()
+    hour = UtcHour.of_unix_ns(OLD_NS)
+    stray = w.ctx.codec.accepted_by_time_hour(hour) + "stray-upload.json"
+    w.store.put_if_absent(stray, b"{}")
+    job = {"mode": "retention", "dry_run": False, "hour": str(hour)}
+    first = drive(Reaper(w.ctx, w.settings), job, w.clock)
+    assert first["status"] == "finished" and str(hour) in first["hours_skipped"], first
+    assert stray in w.store.keys() and w.table.get("retention#raw", str(hour))["status"] == "tombstoned"
+    skip(w.ctx, f"reap-retention:{stray}", who="op", reason="a stray upload")
+    second = drive(Reaper(w.ctx, w.settings), job, w.clock)
+    assert second["status"] == "finished", second
+    assert stray not in w.store.keys() and w.table.get("retention#raw", str(hour))["status"] == "reaped"
+    assert all(r.manifest_key in w.store.keys() for r in old)

@@ -35,8 +35,35 @@ MUTANTS = {
         "lightmetrics/protocol/own_writes.py",
         "if current is not None and current.get(WRITE_TOKEN) == token:",
         "if False:"),
+    # GC's collector sent its deletes (markers, purges) with no lease re-check (the fix: §13 L2, a
+    # fence before every delete): a GC task that outlived its lease hid or purged blobs (lease check)
+    "a-gc-task-that-outlived-its-lease-deletes": (
+        "lightmetrics/reaps/gc.py",
+        "self.fence = fence or (lambda: None)",
+        "self.fence = lambda: None"),
+    # retention found unfinished hours only by listing: an hour whose prefixes a failed retention
+    # emptied was never finished (R-I6: unfinished hours from their control-table records)
+    "retention-not-finishing-after-its-prefixes-emptied": (
+        "lightmetrics/reaps/retention.py",
+        "unfinished = unfinished_hours(ctx.table, scope)",
+        "unfinished: list[UtcHour] = []"),
+    # a key whose parse fails aborted the reap instead of becoming its entry's blocker (R-I5)
+    "one-bad-key-stops-a-reap": (
+        "lightmetrics/reaps/retention.py",
+        'raise PermanentWorkError(str(exc), kind="layout") from None',
+        "raise"),
+    # a retention's last hour ended the reap without settling a failed GC's marks (G-I8): the ranged
+    # path (and rollups) settle only their own marks, so a raced blob stayed hidden
+    "ranged-retention-does-not-settle-a-failed-gcs-marks": (
+        "lightmetrics/reaps/retention_tasks.py",
+        '"listing_done": False, "wait_until_ns": 0, "phase": "commit"}\n        if last:\n'
+        '            out.update(self._finishing(cp))',
+        '"listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}'),
 }
 MAX_SEEDS = 40
+#: a mutant found only when a world pause (a clock jump longer than the lease) falls inside a GC
+#: task: more seeds (found at seed 22 on the day it was written, 47 in a world of the same day)
+MORE_SEEDS = {"a-gc-task-that-outlived-its-lease-deletes": 100}
 
 
 def _mutated(tmp: Path, path: str, fixed: str, defect: str) -> Path:

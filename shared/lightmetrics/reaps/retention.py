@@ -351,7 +351,11 @@ class HourRetention:
                 m = page.records[key]
                 return self.codec.accepted_by_blob(m.frame_sha256, m.identity)
             if key in page.skipped:
-                entry, identity = self.entry(key), self.codec.parse(key).identity
+                try:
+                    identity = self.codec.parse(key).identity
+                except KeyLayoutError:
+                    return None  # a key outside the layout (R-I5) names no accepted-by-blob entry: it alone goes
+                entry = self.entry(key)
                 if entry is not None and identity is not None:
                     return self.codec.accepted_by_blob(entry.frame_sha256, identity)
             return None

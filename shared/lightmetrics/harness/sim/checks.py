@@ -18,6 +18,7 @@ from typing import Any
 
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.derived.verify import verify
+from lightmetrics.harness.sim.reap_world import awaiting_settle, reap_liveness
 from lightmetrics.harness.sim.world import Ack, World
 from lightmetrics.ops import leases
 from lightmetrics.protocol.keys import UtcHour
@@ -75,12 +76,14 @@ def safety(world: World, *, reap_running: bool) -> list[str]:
             found.append(f"blob a newer writer's record names {state}: {blob_key} (record {key})")
     for key in world.system.store.keys(codec.accepted_root()):
         record = _record(world, key)
-        if record is None or _tombstoned(world, record.accepted_at_unix_ns):
+        if record is None:
             continue
-        state = _blob_state(world, record.raw_blob_key)
+        state = _blob_state(world, record.raw_blob_key)  # present, mostly: the tombstone is read only if not
+        if state == "present" or _tombstoned(world, record.accepted_at_unix_ns):
+            continue
         if state == "gone":
             found.append(f"blob a record names deleted: {record.raw_blob_key} (record {key})")
-        elif state == "hidden" and not reap_running:
+        elif state == "hidden" and not reap_running and not awaiting_settle(world, record.raw_blob_key):
             found.append(f"blob a record names left hidden with no reap running: {record.raw_blob_key}")
     return found
 
@@ -174,10 +177,7 @@ def quiescence(world: World) -> list[str]:
     lease = leases.read(ctx.table, LEASE_PK)
     if leases.is_live(lease, world.clock.now_ns()):
         found.append(f"liveness: the reap lease is held after every reap ended: {lease}")
-    item = ctx.table.get("retention#raw", str(world.old_hour))
-    if item is None or item.get("status") != "reaped":
-        found.append(f"liveness: retention of expired hour {world.old_hour} did not finish: {item}")
-    return found
+    return found + reap_liveness(world, world.reaps)
 
 
 __all__ = ["SafetyWatch", "quiescence", "safety"]

@@ -68,6 +68,11 @@ def _enter(scheduler: Scheduler, faults: FaultPlan, operation: str, key: str) ->
     return actor, kind
 
 
+def _landed(watch: Any, actor: Actor | None, operation: str, key: str, sent: int, *, destructive: bool) -> None:
+    if watch is not None:
+        watch.landed(actor, operation, key, sent, destructive=destructive)
+
+
 class SimObjectStore:
     """:class:`~lightmetrics.protocol.object_store.ObjectStore` over an :class:`InMemoryObjectStore`."""
 
@@ -75,8 +80,10 @@ class SimObjectStore:
         self.inner, self.scheduler, self.faults = inner, scheduler, faults
         self.bucket = inner.bucket
         self.created: list[str] = []  # keys created, in order (the S3 event stream)
+        self.watch: Any = None  # the lease check (harness/sim/lease_check.py), told of every landed call
 
     def _call(self, operation: str, key: str, fn: Any, *, write: bool = False) -> Any:
+        sent = self.scheduler.jumps
         actor, kind = _enter(self.scheduler, self.faults, operation, key)
         landed = kind == "lost" and write
         if kind in ("fail", "lost") and not landed:
@@ -90,8 +97,14 @@ class SimObjectStore:
             self.inner.fail(operation, "RequestTimeout", key_contains=key, landed=True)
         try:
             result = fn()
+        except Exception:
+            if landed and operation != "DeleteObjects":  # a lost answer: the request took effect all the same
+                # (a DeleteObjects' lost answer is raised below, once it landed: raising here, it did not)
+                _landed(self.watch, actor, operation, key, sent, destructive=operation.startswith("Delete") and bool(key))
+            raise
         finally:
             self.inner.clear_faults()
+        _landed(self.watch, actor, operation, key, sent, destructive=operation.startswith("Delete") and bool(key))
         if operation.startswith("Delete") and actor is not None and actor.dry_run:
             self.scheduler.flag(f"a dry run sent {operation} {key}")  # rule DR1
         if landed and operation == "DeleteObjects":
@@ -134,8 +147,10 @@ class SimControlTable:
 
     def __init__(self, inner: InMemoryControlTable, scheduler: Scheduler, faults: FaultPlan) -> None:
         self.inner, self.scheduler, self.faults = inner, scheduler, faults
+        self.watch: Any = None  # the lease check (harness/sim/lease_check.py), told of every landed call
 
-    def _call(self, operation: str, key: str, fn: Any, *, conditional: bool = False) -> Any:
+    def _call(self, operation: str, key: str, fn: Any, *, conditional: bool = False, destructive: bool = False) -> Any:
+        sent = self.scheduler.jumps
         actor, kind = _enter(self.scheduler, self.faults, operation, key)
         if kind == "fail":
             self.inner.fail(operation, "ProvisionedThroughputExceededException")
@@ -143,6 +158,7 @@ class SimControlTable:
             result = fn()
         finally:
             self.inner.clear_faults()
+        _landed(self.watch, actor, operation, key, sent, destructive=destructive)
         if kind == "lost":
             if not conditional:
                 raise s3_error(operation, "RequestTimeout")  # botocore's error: the caller's transient handling
@@ -168,11 +184,11 @@ class SimControlTable:
 
     def delete(self, pk: str, sk: str, **kw: Any) -> None:
         self._call("DeleteItem", f"{pk}/{sk}", lambda: self.inner.delete(pk, sk, **kw),
-                   conditional=kw.get("condition") is not None)
+                   conditional=kw.get("condition") is not None, destructive=kw.get("condition") is not None)
 
     def transact(self, ops: list[Op]) -> None:
         self._call("TransactWriteItems", ",".join(f"{o.pk}/{o.sk}" for o in ops), lambda: self.inner.transact(ops),
-                   conditional=any(o.condition for o in ops))
+                   conditional=any(o.condition for o in ops), destructive=any(o.kind == "Delete" for o in ops))
 
     def query_page(self, pk: str, **kw: Any) -> Any:
         return self._call("Query", pk, lambda: self.inner.query_page(pk, **kw))

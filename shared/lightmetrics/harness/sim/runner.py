@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.harness.sim import actors
+from lightmetrics.harness.sim import actors, reap_world
 from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
@@ -77,12 +77,8 @@ def _spawn_run_phase(world: World) -> None:
         s.spawn(f"collector#{n}", actors.collector(world, n, plan))
     s.spawn("indexer", actors.indexer(world))
     s.spawn("reconciler", actors.reconciler(world))
-    gcs = [{"mode": "gc", "dry_run": rng.random() < 0.3, "source": rng.choice(("scan", "by-time")), "concurrency": 1}
-           for _ in range(2)]
-    s.spawn("gc", reap(world, gcs, delay=rng.randrange(40)))
-    retention = [{"mode": "retention", "dry_run": dry, "hour": str(world.old_hour), "concurrency": 1}
-                 for dry in ([rng.random() < 0.3] + ([False] if rng.random() < 0.5 else []))]
-    s.spawn("retention", reap(world, retention, delay=rng.randrange(40)))
+    s.spawn("gc", reap(world, reap_world.gc_inputs(rng), delay=rng.randrange(40)))
+    s.spawn("retention", reap(world, reap_world.retention_inputs(rng, world.reaps), delay=rng.randrange(2)))
 
 
 def _quiesce(world: World) -> None:
@@ -90,12 +86,9 @@ def _quiesce(world: World) -> None:
     world.faults.enabled = False
     world.scheduler.jump_rate = 0.0
     world.clock.advance(3600)  # every lease a dead task held has expired
+    before, after = reap_world.quiesce_inputs(world.reaps)
     jobs = [actors.indexer(world, drop=0.0, duplicate=0.0, idle_limit=1),
-            # an operator's dry runs first: what a reap the run phase cut short left must stay untouched
-            reap(world, [{"mode": "retention", "dry_run": True, "hour": str(world.old_hour), "concurrency": 1},
-                         {"mode": "gc", "dry_run": True, "source": "by-time", "concurrency": 1},
-                         {"mode": "gc", "dry_run": False, "source": "scan", "concurrency": 1},
-                         {"mode": "retention", "dry_run": False, "hour": str(world.old_hour), "concurrency": 1}]),
+            reap(world, before), lambda actor: reap_world.operator_skips(world, world.reaps), reap(world, after),
             actors.reconciler(world)]
     s = world.scheduler
     s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
@@ -113,7 +106,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     watch = SafetyWatch(world)
 
     def check() -> None:
-        running = any(a.name in _REAPERS and not a.done for a in world.scheduler.actors)
+        running = any(a.name.split("#")[0] in _REAPERS and not a.done for a in world.scheduler.actors)
         found = world.scheduler.flagged + watch.check(reap_running=running)
         if found and not violations:
             violations.extend(found)

@@ -11,7 +11,9 @@ from typing import Any
 from lightmetrics.acceptance.accept import AcceptContext, NoMetrics, accept_batch
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
+from lightmetrics.harness.sim.lease_check import LeaseWatch
 from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObjectStore
+from lightmetrics.harness.sim.reap_world import ReapWorld, plant_reaps
 from lightmetrics.harness.sim.scheduler import Scheduler, SimClock, SkewedClock
 from lightmetrics.harness.testing.memory import NO_WAIT, T0_NS, MemorySystem, memory_system
 from lightmetrics.ops.blockers import BlockerStore
@@ -66,6 +68,8 @@ class World:
     #: hours the checks saw tombstoned (for good)
     tombstoned: set[UtcHour] = field(default_factory=set)
     old_hour: UtcHour = field(default_factory=lambda: UtcHour.of_unix_ns(OLD_NS))
+    #: the reaps' expired history (:mod:`lightmetrics.harness.sim.reap_world`)
+    reaps: ReapWorld = field(default_factory=lambda: ReapWorld([], []))
 
     def clock_for(self, max_skew_s: int = 5) -> SkewedClock:
         return SkewedClock(self.clock, self.rng.randint(-max_skew_s, max_skew_s) * _NS)
@@ -91,11 +95,13 @@ def build_world(seed: int, *, fault_rate: float, max_steps: int, after_step: Any
     system = memory_system(clock=clock, retry_horizon_s=HORIZON_S, gc_grace_s=0, retention_s=RETENTION_S,
                            rollup_retention_s=RETENTION_S)
     _plant_history(system, clock)
+    reaps = plant_reaps(system, clock, OLD_NS, identity, frame)
     scheduler = Scheduler(rng, clock, max_steps=max_steps, after_step=after_step)
     faults = FaultPlan(rng, fault_rate)
     world = World(system, clock, scheduler, faults, SimObjectStore(system.store, scheduler, faults),
-                  SimControlTable(system.table, scheduler, faults), rng)
+                  SimControlTable(system.table, scheduler, faults), rng, reaps=reaps)
     world.newer_records = _plant_newer_record(system, clock)
+    world.store.watch = world.table.watch = LeaseWatch(system.table, scheduler)
     return world
 
 
