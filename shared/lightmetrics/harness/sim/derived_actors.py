@@ -30,12 +30,14 @@ from lightmetrics.derived.hour_ranges import RangePlans
 from lightmetrics.derived.indexing import KIND_FOR_KEY
 from lightmetrics.derived.reconcile import INDEXING_KINDS, Reconciler
 from lightmetrics.derived.walk import walker_base
-from lightmetrics.harness.sim.actors import TASK_ATTEMPTS, QuietQueues, _sqs_record
+from lightmetrics.harness.sim import actors
+from lightmetrics.harness.sim.actors import TASK_ATTEMPTS, QuietQueues
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
 from lightmetrics.ops.blocker_actions import skip
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.protocol.errors import KeyLayoutError
+from lightmetrics.protocol.keys import UtcHour
 
 _NS = 1_000_000_000
 #: shards of the simulated deployment (LM_RECONCILE_SHARDS) and the range plan's cut
@@ -116,10 +118,12 @@ def reconciler_shard(world: World, shared: Derived, shard: int, *, runs: int, de
             save_every = rng.choice((1, 2, 5_000, 5_000)) if caps else 5_000
             for _attempt in range(TASK_ATTEMPTS):
                 actor.crashed = False
+                mark = len(world.scheduler.trace)
                 try:
                     report = reconciler.run(max_entries=max_entries, save_every=save_every)
                     world.scheduler.note(f"reconciled shard {shard}: {report.checkpoint_before} -> "
                                          f"{report.checkpoint_after} ({report.not_closed_because})")
+                    _closed_only_scanned(world, actor, shard, report, mark)
                     break
                 except SimCrash:
                     continue
@@ -128,6 +132,20 @@ def reconciler_shard(world: World, shared: Derived, shard: int, *, runs: int, de
                     break
             shared.reconcile_runs += 1
     return body
+
+
+def _closed_only_scanned(world: World, actor: Actor, shard: int, report: Any, mark: int) -> None:
+    """R5: a run closes only hours it scanned to their end — not one it did not list (shard 0 owns
+    range 0 of every hour), nor the hour it stopped in and continues from."""
+    codec = world.system.ctx.codec
+    listed = {line.split(" ", 3)[3] for line in world.scheduler.trace[mark:]
+              if line.split(" ", 2)[1] == actor.name and " ListObjectsV2 " in line}
+    until = UtcHour.parse(report.continues_from) if report.continues_from else None
+    for text in report.closed:
+        hour = UtcHour.parse(text)
+        if (until is not None and not hour < until) or (shard == 0 and codec.accepted_by_time_hour(hour) not in listed):
+            world.scheduler.flag(f"R5: shard {shard} closed hour {hour}, which its run did not scan to its end "
+                                 f"(continues from {report.continues_from or '-'})")
 
 
 def indexer(world: World, shared: Derived, *, drop: float = 0.1, duplicate: float = 0.15, delay: float = 0.15,
@@ -172,7 +190,7 @@ def _deliver(world: World, ctx: Any, actor: Actor, key: str, receives: int, fail
     actor.crashed = False
     mark = len(world.scheduler.trace)
     try:
-        results = process_sqs_record(ctx, _sqs_record(world, key, receives), kind=kind, bucket=world.store.bucket)
+        results = process_sqs_record(ctx, actors._sqs_record(world, key, receives), kind=kind, bucket=world.store.bucket)
     except SimCrash:
         return receives >= 5  # the Lambda died; after maxReceiveCount the message goes to the DLQ
     world.scheduler.note(f"indexed {key} {[r.outcome.value for r in results]}")

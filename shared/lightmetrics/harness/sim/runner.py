@@ -79,7 +79,7 @@ def _spawn_run_phase(world: World, derived: derived_actors.Derived) -> None:
     s.spawn("indexer", derived_actors.indexer(world, derived))
     for shard in range(derived_actors.SHARDS):
         s.spawn(f"reconciler#{shard}", derived_actors.reconciler_shard(world, derived, shard, runs=rng.randint(1, 2)))
-    if rng.random() < 0.7:
+    if rng.random() < 0.5:
         s.spawn("walk", walk(world, [{"page_size": rng.choice((1, 2, 3)), "parallelism": rng.choice((1, 2)),
                                       "max_rounds_per_execution": rng.choice((1, 2, 100))}],
                              delay=rng.randrange(60), outcomes=derived.walk_outcomes))
@@ -106,8 +106,8 @@ def _quiesce(world: World, derived: derived_actors.Derived) -> None:
             # shard runs once the hours have settled
             walk(world, [{"resume": True}, {}], outcomes=derived.walk_outcomes),
             lambda actor: derived_actors.operator_settles(world),
-            *[derived_actors.reconciler_shard(world, derived, shard, runs=2, delay=0, caps=False)
-              for shard in range(derived_actors.SHARDS)]]
+            *[derived_actors.reconciler_shard(world, derived, shard, runs=runs, delay=0, caps=caps)
+              for caps, runs in ((True, 2), (False, 2)) for shard in range(derived_actors.SHARDS)]]
     s = world.scheduler
     s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
     s.spawn("quiesce", lambda actor: [job(actor) for job in jobs])
@@ -170,7 +170,7 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
         points |= r.crash_points
     steps = sum(r.steps for r in results)
     calls = sum(r.calls for r in results)
-    kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point")})
+    kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point", "refused")})
     kinds["clock-jump"] = sum(r.clock_jumps for r in results)
     for (_actor, _call, kind), n in coverage.items():
         kinds[kind] += n
