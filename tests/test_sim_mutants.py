@@ -59,6 +59,24 @@ MUTANTS = {
         '"listing_done": False, "wait_until_ns": 0, "phase": "commit"}\n        if last:\n'
         '            out.update(self._finishing(cp))',
         '"listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}'),
+    # the reconciler closed hours its run never scanned to their end (fixed in 9156b59: R5, "only
+    # hours this run scanned are closed")
+    "the-reconciler-closes-hours-it-never-scanned": (
+        "lightmetrics/derived/reconcile.py",
+        "            if not start <= new_open <= scanned_to:\n",
+        "            if False:\n"),
+    # a unit's success cleared its retry budget only when the caller knew it failed, not when this
+    # process had recorded the failure (fixed in 9156b59: O1a)
+    "a-success-does-not-clear-the-retry-budget-this-process-counted": (
+        "lightmetrics/ops/retry_budget.py",
+        "            return work_key in self._recorded\n",
+        "            return False\n"),
+    # a refusal (403 AccessDenied) that passed kept its blocker open for good: run_unit did not
+    # resolve it when the unit's full check succeeded (fixed in bf86467: O4)
+    "a-passing-refusal-blocks-for-good": (
+        "lightmetrics/ops/work.py",
+        "    if failed_before:\n        try:\n            ctx.blockers.resolve_by_success",
+        "    if False:\n        try:\n            ctx.blockers.resolve_by_success"),
 }
 MAX_SEEDS = 40
 #: a mutant found only when a world pause (a clock jump longer than the lease) falls inside a GC

@@ -7,7 +7,9 @@ Every call first hands the baton to the scheduler, then may meet one fault the s
 * ``lost`` — the request lands and its answer is lost (a timeout). A conditional table write is then
   sent again as the client's retry would, and that retry meets its own write (``ConditionFailed``
   with ``retried=True``, docs/protocol.md §11.1);
-* ``crash-before`` / ``crash-after`` — the actor dies right before or right after the call.
+* ``crash-before`` / ``crash-after`` — the actor dies right before or right after the call;
+* ``refused`` — a read of a derived-state actor (event path, reconciler, walk) is refused once
+  with 403 AccessDenied (a policy being rolled out): a refusal that passes (§11 O4).
 
 Nothing here switches production code: the services get these objects where the adapters would be.
 """
@@ -26,6 +28,9 @@ from lightmetrics.protocol.control_store import ConditionFailed, Op
 FAULT_KINDS = ("fail", "lost", "crash-before", "crash-after")
 WRITES = frozenset({"PutObject", "DeleteObject", "DeleteObjects", "PutItem", "UpdateItem", "DeleteItem",
                     "TransactWriteItems"})
+#: reads a derived-state actor may see refused once (403 AccessDenied), and those actors
+REFUSABLE = frozenset({"GetObject", "HeadObject"})
+REFUSED_ACTORS = frozenset({"indexer", "reconciler", "walk"})
 _S3_CODES = ("ServiceUnavailable", "SlowDown", "InternalError")
 _READS = {"get": "GetObject", "head": "HeadObject", "list_page": "ListObjectsV2", "list_keys": "ListObjectsV2",
           "list_modified": "ListObjectsV2", "versions_of": "ListObjectVersions", "require_bucket": "ListObjectsV2"}
@@ -46,6 +51,9 @@ class FaultPlan:
         if not self.enabled or actor is None or self.rng.random() >= rate:
             return None
         kind = self.rng.choice(kinds)
+        if kind == "fail" and call in REFUSABLE and actor.name.split("#")[0] in REFUSED_ACTORS \
+                and self.rng.random() < 0.3:
+            kind = "refused"
         self.coverage[(actor.name.split("#")[0], call, kind)] += 1
         return kind
 
@@ -86,6 +94,8 @@ class SimObjectStore:
         sent = self.scheduler.jumps
         actor, kind = _enter(self.scheduler, self.faults, operation, key)
         landed = kind == "lost" and write
+        if kind == "refused":
+            self.inner.fail(operation, "AccessDenied", key_contains=key, times=1)
         if kind in ("fail", "lost") and not landed:
             if operation == "DeleteObjects":
                 raise s3_error(operation, self.faults.rng.choice(_S3_CODES))

@@ -18,10 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.harness.sim import actors, reap_world
+from lightmetrics.harness.sim import actors, derived_actors, derived_checks, reap_world
 from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
+from lightmetrics.harness.sim.walk_driver import walk
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
 
@@ -71,25 +72,36 @@ def _crash_hook(world: World, hit: set[str]) -> Any:
     return hook
 
 
-def _spawn_run_phase(world: World) -> None:
+def _spawn_run_phase(world: World, derived: derived_actors.Derived) -> None:
     s, rng = world.scheduler, world.rng
     for n, plan in enumerate(actors.collector_plans(world, 3, 3)):
         s.spawn(f"collector#{n}", actors.collector(world, n, plan))
-    s.spawn("indexer", actors.indexer(world))
-    s.spawn("reconciler", actors.reconciler(world))
+    derived_actors.plant_range_plan(world)
+    s.spawn("indexer", derived_actors.indexer(world, derived))
+    for shard in range(derived_actors.SHARDS):
+        s.spawn(f"reconciler#{shard}", derived_actors.reconciler_shard(world, derived, shard, runs=rng.randint(1, 2)))
+    if rng.random() < 0.5:
+        s.spawn("walk", walk(world, [{"page_size": rng.choice((1, 2, 3)), "parallelism": rng.choice((1, 2)),
+                                      "max_rounds_per_execution": rng.choice((1, 2, 100))}],
+                             delay=rng.randrange(60), outcomes=derived.walk_outcomes))
     s.spawn("gc", reap(world, reap_world.gc_inputs(rng), delay=rng.randrange(40)))
     s.spawn("retention", reap(world, reap_world.retention_inputs(rng, world.reaps), delay=rng.randrange(2)))
 
 
-def _quiesce(world: World) -> None:
+def _quiesce(world: World, derived: derived_actors.Derived) -> None:
     """Faults off; every job once more, one after another, to completion."""
     world.faults.enabled = False
     world.scheduler.jump_rate = 0.0
     world.clock.advance(3600)  # every lease a dead task held has expired
     before, after = reap_world.quiesce_inputs(world.reaps)
-    jobs = [actors.indexer(world, drop=0.0, duplicate=0.0, idle_limit=1),
+    jobs = [derived_actors.indexer(world, derived, drop=0.0, duplicate=0.0, delay=0.0, idle_limit=1),
             reap(world, before), lambda actor: reap_world.operator_skips(world, world.reaps), reap(world, after),
-            actors.reconciler(world)]
+            # an operator resumes a walk the run phase left unfinished (or walks again), then every
+            # shard runs once the hours have settled
+            walk(world, [{"resume": True}, {}], outcomes=derived.walk_outcomes),
+            lambda actor: derived_actors.operator_settles(world),
+            *[derived_actors.reconciler_shard(world, derived, shard, runs=runs, delay=0, caps=caps)
+              for caps, runs in ((True, 2), (False, 2)) for shard in range(derived_actors.SHARDS)]]
     s = world.scheduler
     s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
     s.spawn("quiesce", lambda actor: [job(actor) for job in jobs])
@@ -115,8 +127,10 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
 
     world.scheduler.after_step = check
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
-    with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, hit)):
-        _spawn_run_phase(world)
+    derived = derived_actors.Derived()
+    with _seeded_uuids(seed), serial_pools(), derived_actors.serial_pools(), \
+            crashpoints.hooked(_crash_hook(world, hit)):
+        _spawn_run_phase(world, derived)
         spawned = [a.name for a in world.scheduler.actors]
         if actors is not None:
             if unknown := sorted(set(actors) - set(spawned)):
@@ -127,8 +141,9 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
         errors = [f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error]
         violations.extend(errors)
         if not violations:
-            _quiesce(world)
-            violations.extend(world.scheduler.flagged + quiescence(world))
+            _quiesce(world, derived)
+            violations.extend(world.scheduler.flagged + quiescence(world)
+                              + derived_checks.quiescence(world, derived, derived_actors.SHARDS))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
     return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
                      hit, world.scheduler.jumps, spawned)
@@ -160,7 +175,7 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
         points |= r.crash_points
     steps = sum(r.steps for r in results)
     calls = sum(r.calls for r in results)
-    kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point")})
+    kinds = Counter({k: 0 for k in ("fail", "lost", "crash-before", "crash-after", "crash-point", "refused")})
     kinds["clock-jump"] = sum(r.clock_jumps for r in results)
     for (_actor, _call, kind), n in coverage.items():
         kinds[kind] += n
