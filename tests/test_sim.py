@@ -52,6 +52,24 @@ def test_a_settle_rerun_after_its_purge_died_deletes_the_purged_blobs_hint() -> 
     assert result.violations == [], result.violations
 
 
+def test_a_failure_no_budget_counted_needs_no_budget_cleared_on_success() -> None:
+    """Fresh seed 2533623448 of a make test run: an index unit succeeded (its budget item deleted), its
+    blocker's resolve was then refused (RETRY_LATER, no budget counted), and its next delivery found the
+    work done (NOOP_RESOLVED) with no budget to delete. The simulator's O1a check had taken every
+    RETRY_LATER for a counted failure and flagged it; a failure counts once its budget UpdateItem landed."""
+    result = run_seed(2533623448)
+    assert result.violations == [], result.violations
+    assert any("fault fail UpdateItem blockers/index-quarantine:" in line for line in result.trace)
+    # and 2746949485: a counted failure, then a success whose resolve was refused (the budget deleted in a
+    # delivery that answered RETRY_LATER), then NOOP_RESOLVED — the clear happened, in the middle delivery
+    result = run_seed(2746949485)
+    assert result.violations == [], result.violations
+    # and 1971753095: the success's DeleteItem of the budget was refused; O1a: logged, the item waits for O1b
+    result = run_seed(1971753095)
+    assert result.violations == [], result.violations
+    assert any("fault fail DeleteItem budget#index-quarantine:" in line for line in result.trace)
+
+
 @pytest.mark.sim_background
 def test_the_bounded_background_run_on_fixed_and_fresh_seeds_finds_nothing(sim_background: Any) -> None:
     """tests/sim_support.py: fixed seeds, then fresh ones beside the suite (the summary prints them)."""

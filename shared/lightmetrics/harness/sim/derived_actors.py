@@ -3,8 +3,9 @@
 * ``indexer`` — the event path (:func:`process_sqs_record`) fed the S3 events of the objects the run
   created, dropped, duplicated, reordered, and some held back until a reconciler run has ended (an
   event delivered after the reconcile that could have seen its object). It checks rule O1a as the
-  event path's host sees it: a unit this process saw fail (RETRY_LATER or BLOCKED) that then succeeds
-  in this process sends the ``DeleteItem`` of its retry budget.
+  event path's host sees it: a unit whose failure this process counted in its retry budget (RETRY_LATER
+  or BLOCKED with the budget's ``UpdateItem`` landed) and that then succeeds in this process sends the
+  ``DeleteItem`` of its retry budget.
 * ``reconciler#i`` — shard i of ``reconcile_shards`` (the world's deployment has two, under a range
   plan an operator wrote before the run), a few scheduled runs each, with small caps on a run's
   entries and on its saves' spacing (the run's own parameters: a bucket of a few dozen keys
@@ -195,15 +196,36 @@ def _deliver(world: World, ctx: Any, actor: Actor, key: str, receives: int, fail
         return receives >= 5  # the Lambda died; after maxReceiveCount the message goes to the DLQ
     world.scheduler.note(f"indexed {key} {[r.outcome.value for r in results]}")
     for r in results:
-        if r.outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED):
-            failed_here.add(r.work_key)
-        elif r.work_key in failed_here:
+        counted = _budget_counted(world.scheduler.trace[mark:], r.work_key)
+        if counted is not None:  # this delivery counted a failure, or cleared the budget
+            (failed_here.add if counted else failed_here.discard)(r.work_key)
+        if r.outcome in (Outcome.RETRY_LATER, Outcome.BLOCKED) or r.work_key not in failed_here:
+            continue
+        sent = f" DeleteItem budget#{r.work_key}/budget"  # a clear refused is logged and waits for O1b
+        if not any(line.endswith(sent) for line in world.scheduler.trace[mark:]):
             failed_here.discard(r.work_key)
-            sent = f" DeleteItem budget#{r.work_key}/budget"
-            if not any(line.endswith(sent) for line in world.scheduler.trace[mark:]):
-                world.scheduler.flag(f"O1a: {r.work_key} succeeded after a failure this process saw and its "
-                                     f"retry budget was not cleared")
+            world.scheduler.flag(f"O1a: {r.work_key} succeeded after a failure this process saw and its "
+                                 f"retry budget was not cleared")
     return all(r.acknowledged for r in results) or receives >= 5
+
+
+def _budget_counted(lines: list[str], work_key: str) -> bool | None:
+    """What this delivery last did to the unit's retry budget and landed: True after a counted failure
+    (its ``UpdateItem``), False after a clear (its ``DeleteItem``), None if neither. A unit can fail
+    without a count — its blocker's resolve refused after the unit itself succeeded and cleared the
+    budget — and then there is none to clear."""
+    state: bool | None = None
+    before: bool | None = None
+    for line in lines:
+        for op, value in (("UpdateItem", True), ("DeleteItem", False)):
+            call = f" {op} budget#{work_key}/budget"
+            if not line.endswith(call):
+                continue
+            if " fault fail " in line:
+                state = before  # refused before landing: as if never sent
+            elif " fault " not in line:
+                before, state = state, value
+    return state
 
 
 __all__ = ["Derived", "InlineExecutor", "indexer", "plant_range_plan", "reconciler_shard",
