@@ -31,6 +31,13 @@ class OperationCount:
 
     name: str
     by_api: Counter[str] = field(default_factory=Counter)
+    #: Attempts that got no answer (a timeout, a reset connection): already in ``by_api``. A busy
+    #: machine makes them; a caller's retry then sends the same request again.
+    unanswered_by_api: Counter[str] = field(default_factory=Counter)
+
+    def answered(self) -> Counter[str]:
+        """``by_api`` less the attempts that got no answer: the requests the operation's logic made."""
+        return self.by_api - self.unanswered_by_api
 
     @property
     def total(self) -> int:
@@ -53,6 +60,7 @@ class RequestCounter:
 
     def attach(self, client: Any) -> Any:
         client.meta.events.register("before-send", self._on_send)
+        client.meta.events.register("after-call-error", self._on_unanswered)
         return client
 
     def _on_send(self, event_name: str = "", **_kwargs: Any) -> None:
@@ -65,6 +73,15 @@ class RequestCounter:
             if op is not None:
                 op.by_api[api] += 1
                 self.requests_by_operation[op.name] += 1
+
+    def _on_unanswered(self, event_name: str = "", **_kwargs: Any) -> None:
+        # event_name looks like "after-call-error.s3.ListObjectsV2"
+        parts = event_name.split(".")
+        api = ".".join(parts[1:3]) if len(parts) >= 3 else event_name
+        op = self._current.get()
+        if op is not None:
+            with self._lock:
+                op.unanswered_by_api[api] += 1
 
     @contextmanager
     def operation(self, name: str) -> Iterator[OperationCount]:
