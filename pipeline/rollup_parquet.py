@@ -104,7 +104,7 @@ def part_rows(chunk_row: dict[str, Any], generation: int, inputs_sha256: str) ->
     series = str(chunk_row["series"])
     metric, labels = C.parse_series(series)
     hour = str(UtcHour(int(chunk_row["hour_s"])))
-    mapping = SK.new_sketch()._mapping
+    mapping = SK.quantile_mapping()
     out = []
     for r in chunk_row["rows"]:
         agg = window_agg(r)

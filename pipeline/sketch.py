@@ -10,6 +10,7 @@ would serialize differently.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Iterable
@@ -28,6 +29,29 @@ def new_sketch() -> Any:
     from ddsketch import DDSketch
 
     return DDSketch(SKETCH_RELATIVE_ACCURACY)
+
+
+@functools.lru_cache(maxsize=1)
+def quantile_mapping() -> Any:
+    """The rollup sketches' key mapping, built once: every serialized sketch states its accuracy and
+    :func:`sketch_bins` refuses any other, so one mapping turns every sketch's keys into values."""
+    from ddsketch.mapping import LogarithmicMapping
+
+    return LogarithmicMapping(SKETCH_RELATIVE_ACCURACY)
+
+
+def _checked_head(data: bytes) -> tuple[int, float, float]:
+    if len(data) < _SKETCH_HEAD.size:
+        raise ChunkFormatError("truncated sketch")
+    version, accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
+    if version != SKETCH_VERSION:
+        raise ChunkFormatError(f"unsupported sketch version {version}")
+    if accuracy != SKETCH_RELATIVE_ACCURACY:
+        # another accuracy bins values on another scale: its keys read with this mapping would be
+        # wrong quantiles, silently
+        raise ChunkFormatError(f"a rollup sketch has relative accuracy {SKETCH_RELATIVE_ACCURACY}, "
+                               f"this one states {accuracy}")
+    return version, accuracy, zero
 
 
 def sketch_of(values: Iterable[float]) -> Any:
@@ -56,7 +80,7 @@ def sketch_keys(values: Any) -> tuple[Any, Any]:
     """
     import numpy as np
 
-    mapping = new_sketch()._mapping
+    mapping = quantile_mapping()
     v = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(v)
     limit = mapping.min_possible
@@ -129,9 +153,7 @@ def _read_store(data: bytes, pos: int, store: Any) -> int:
 def sketch_bins(data: bytes) -> tuple[float, list[tuple[int, float]], list[tuple[int, float]]]:
     """``(zero_count, positive bins, negative bins)`` of a serialized sketch, bins as ``(key,
     count)`` in increasing key order (no ``ddsketch`` objects: the Parquet rows' quantiles)."""
-    version, _accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
-    if version != SKETCH_VERSION:
-        raise ChunkFormatError(f"unsupported sketch version {version}")
+    _version, _accuracy, zero = _checked_head(data)
     pos = _SKETCH_HEAD.size
     stores = []
     for _ in range(2):
@@ -144,20 +166,15 @@ def sketch_bins(data: bytes) -> tuple[float, list[tuple[int, float]], list[tuple
 
 def deserialize_sketch(data: bytes) -> Any:
     from ddsketch.ddsketch import BaseDDSketch
-    from ddsketch.mapping import LogarithmicMapping
     from ddsketch.store import DenseStore
 
-    if len(data) < _SKETCH_HEAD.size:
-        raise ChunkFormatError("truncated sketch")
-    version, accuracy, zero = _SKETCH_HEAD.unpack_from(data, 0)
-    if version != SKETCH_VERSION:
-        raise ChunkFormatError(f"unsupported sketch version {version}")
+    _version, _accuracy, zero = _checked_head(data)
     pos_store, neg_store = DenseStore(), DenseStore()
     pos = _read_store(data, _SKETCH_HEAD.size, pos_store)
     pos = _read_store(data, pos, neg_store)
     if pos != len(data):
         raise ChunkFormatError("bytes after the sketch")
-    return BaseDDSketch(LogarithmicMapping(accuracy), pos_store, neg_store, zero)
+    return BaseDDSketch(quantile_mapping(), pos_store, neg_store, zero)
 
 
 def quantile(sk: Any, q: float) -> float | None:
@@ -165,4 +182,4 @@ def quantile(sk: Any, q: float) -> float | None:
 
 
 __all__ = ["SKETCH_RELATIVE_ACCURACY", "SKETCH_VERSION", "deserialize_sketch", "merge_sketches", "new_sketch",
-    "quantile", "serialize_sketch", "sketch_bins", "sketch_from_bins", "sketch_keys", "sketch_of"]
+    "quantile", "quantile_mapping", "serialize_sketch", "sketch_bins", "sketch_from_bins", "sketch_keys", "sketch_of"]

@@ -218,6 +218,30 @@ def test_sketch_accuracy_against_exact_quantiles() -> None:
     assert SK.serialize_sketch(merged) == SK.serialize_sketch(SK.sketch_of(values))
 
 
+def test_a_sketch_of_another_accuracy_is_refused_and_quantiles_use_the_one_mapping() -> None:
+    """The serialized accuracy is read, not assumed: a sketch binned at 2 % read with the 1 %
+    mapping would answer quantiles off by a factor, without a sign; the mapping is built once."""
+    import struct
+
+    from lightmetrics_pipeline import rollup_parquet as P
+    from lightmetrics_pipeline.rollup_codec import ChunkFormatError
+    from lightmetrics_pipeline.window_agg import WindowAgg
+
+    good = SK.serialize_sketch(SK.sketch_of([1.0, 2.0, 40.0]))
+    other = good[:1] + struct.pack(">d", 0.02) + good[9:]
+    for read in (SK.sketch_bins, SK.deserialize_sketch):
+        with pytest.raises(ChunkFormatError, match="relative accuracy 0.01, this one states 0.02"):
+            read(other)
+        with pytest.raises(ChunkFormatError, match="truncated sketch"):
+            read(good[:5])
+    assert SK.quantile_mapping() is SK.quantile_mapping()
+    assert SK.deserialize_sketch(good)._mapping is SK.quantile_mapping()
+    agg = WindowAgg(window_start_ns=0, count=3, nan_count=0, sum=43.0, min=1.0, max=40.0, last=40.0,
+                    last_ts_ns=0, sketch=good)
+    want = [SK.quantile(SK.deserialize_sketch(good), q) for _, q in P.QUANTILES]
+    assert P.quantiles(agg, SK.quantile_mapping()) == want
+
+
 def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     import json
 
