@@ -65,22 +65,43 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
                recompute: bool = False, owner: str | None = None, access: S3Access | None = None, spark: Any = None,
                clock: Clock = DEFAULT_CLOCK, table: Any = None, master: str | None = "local[2]",
                progress: Any = None) -> Any:
+    """Roll up ``hours`` (default: the ``lookback_hours`` closed hours before the reconciler's
+    checkpoint). A preflight of a few listings first: when no asked hour can be rolled up (open, or
+    no batch and no rollup) Spark is not started and the report says why (``notes``)."""
     from lightmetrics.composition.services import control_table
+    from lightmetrics_pipeline import s3io
     from lightmetrics_pipeline.rollup import RollupJob
+    from lightmetrics_pipeline.rollup_plan import HourResult, RollupReport
+    from lightmetrics_pipeline.rollup_preflight import preflight
 
+    started = time.monotonic()
     access = access or S3Access.from_settings(settings, component="pipeline-rollup")
     table = table or control_table(settings)
     first_open = closed_boundary(settings, table)
+    now_hour = UtcHour.of_unix_ns(clock.now_ns())
+    explicit = hours is not None
     if hours is None:
-        now_hour = UtcHour.of_unix_ns(clock.now_ns())
         end = now_hour if allow_open else (first_open + (-1) if first_open else None)
-        if end is None:
-            hours = []
-        else:
-            hours = hours_between(end + (-(lookback_hours - 1)), end)
+        hours = [] if end is None else hours_between(end + (-(lookback_hours - 1)), end)
+    with s3io.task_tally() as tally:
+        pre = preflight(s3io.store(access), access.codec, hours, first_open=first_open, now_hour=now_hour,
+                        settle_s=settings.settle_s, explicit=explicit, allow_open=allow_open)
+    # hours asked by name are planned whatever they hold (the plan reports each: empty, tombstoned,
+    # open ...) once one of them is closed; the default window only where there is something
+    work = sorted(hours) if explicit and pre.closed else pre.with_data
+    if not work:
+        report = RollupReport(owner or "-", spark_started=False, notes=pre.notes)
+        report.hours = [HourResult(str(h), "open") for h in pre.asked_open]
+        report.requests.add(tally)
+        report.seconds = time.monotonic() - started
+        return report
     spark = spark or _spark(master)
     job = RollupJob(spark, access, table=table, clock=clock, owner=owner, progress=progress)
-    return job.run(hours, first_open=first_open, allow_open=allow_open, recompute=recompute)
+    report = job.run(work, first_open=first_open, allow_open=allow_open, recompute=recompute)
+    report.notes = pre.notes
+    report.requests.add(tally)
+    report.seconds = time.monotonic() - started
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,8 +88,11 @@ class RollupReport:
     owner: str
     hours: list[HourResult] = field(default_factory=list)
     requests: Tally = field(default_factory=Tally)
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole run: Spark's start, the plan, the writes
     tasks: dict[str, int] = field(default_factory=dict)  # Spark tasks that got input, by stage
+    #: what the preflight found (lightmetrics_pipeline.rollup_preflight): open hours, empty ones
+    notes: list[str] = field(default_factory=list)
+    spark_started: bool = True
 
     @property
     def samples(self) -> int:
@@ -107,7 +110,7 @@ class RollupReport:
         return {"owner": self.owner, "hours": [h.to_json() for h in self.hours], "samples": self.samples,
                 "skipped_inputs": self.skipped, "objects_created": self.created,
                 "s3_requests": self.requests.to_json(), "tasks": dict(sorted(self.tasks.items())),
-                "seconds": round(self.seconds, 2)}
+                "seconds": round(self.seconds, 2), "notes": list(self.notes), "spark_started": self.spark_started}
 
 
 __all__ = ["ROLLUP_FORMAT", "GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupPlan",

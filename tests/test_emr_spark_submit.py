@@ -157,7 +157,9 @@ def test_emr_main_runs_under_spark_submit_with_the_synthesized_bundle_and_argume
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     by_hour = {h["hour"]: h for h in report["hours"]}
-    assert args == ["rollup", "--lookback-hours", "24"] and len(by_hour) == 24
+    # the 24 closed hours of the window are looked at before Spark starts; the one with batches is planned
+    assert args == ["rollup", "--lookback-hours", "24"] and list(by_hour) == [str(H0)], report
+    assert any(n.startswith("23 closed hours looked at") and "hold no batch" in n for n in report["notes"]), report["notes"]
     assert (by_hour[str(H0)]["status"], by_hour[str(H0)]["generation"]) == ("committed", 1)
     committed = read_committed(access_for(system, runtime), H0)
     assert committed is not None and committed["generation"] == 1  # the hour's commit point, read as readers do

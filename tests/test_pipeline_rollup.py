@@ -262,7 +262,10 @@ def test_cli_rollup_lease_and_query(system, runtime, clock, spark, tmp_path, mon
     doc = json.loads(out.stdout)  # stdout is the one JSON document; progress goes to stderr
     assert [(h["hour"], h["status"], h["generation"]) for h in doc["hours"]] == [(str(H0), "committed", 1)]
     assert f"rollup: committing {H0}" in out.stderr
-    assert runner.invoke(cli, ["pipeline", "rollup", "--hour", str(NEXT)]).exit_code == 0  # open: skipped, not an error
+    # NEXT is open: refused before Spark, saying when it closes (issue 27 item 1)
+    asked_open = runner.invoke(cli, ["pipeline", "rollup", "--hour", str(NEXT)])
+    assert asked_open.exit_code == 2 and f"note: {NEXT} was asked for but is open" in asked_open.stderr, \
+        asked_open.output
 
     from lightmetrics.protocol.clock import SystemClock
 
@@ -361,3 +364,50 @@ def test_query_says_a_metric_is_unknown_prints_values_in_full_and_notes_only_unc
     rounded = runner.invoke(cli, ["query", "--metric", "net.bytes", *span, "--window", "1h", "--stat", "max",
                                   "--digits", "4"])
     assert rounded.exit_code == 0 and "1e+09" in rounded.stdout
+
+
+def test_rollup_says_which_hours_hold_data_and_when_an_open_one_closes_before_spark_starts(
+        system, runtime, clock, monkeypatch):  # type: ignore[no-untyped-def]
+    """A first-day operator rolls up the hour their batches are in: it is open. Without arguments
+    the run looks at the 24 closed hours before the reconciler's checkpoint (none holds a batch) and
+    names the open hour that does; asking for that hour is refused. Spark never starts, and the
+    run's time is the whole run's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from lightmetrics.cli.main import cli
+    from lightmetrics_pipeline import jobs
+
+    def no_spark(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise AssertionError("Spark started for a run with nothing to do")
+
+    monkeypatch.setattr(jobs, "_spark", no_spark)
+    accept_indexed(system, runtime, clock, _ident(5), varied_samples(5))
+    table = system.work_context().table
+    table.put({"pk": "checkpoint#reconcile", "sk": "current", "hour_start_s": H0.start_unix_s, "hour": str(H0),
+               "version": 1, "last_run_ns": T0_NS})  # the hours before H0 are closed; H0, with the batch, is not
+    for name, value in system.environment().items():
+        monkeypatch.setenv(name, value)
+    runner = CliRunner()
+    default = runner.invoke(cli, ["pipeline", "rollup"], env={"COLUMNS": "300"})
+    assert default.exit_code == 0, default.output
+    assert "nothing rolled up" in default.stdout and "Spark not started" in default.stdout
+    closes = f"{H0.start_unix_s + 3600 + 900}"
+    from datetime import datetime, timezone
+
+    at = datetime.fromtimestamp(int(closes), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"note: {H0} holds batches but is open (the reconciler has closed the hours before {H0})" in default.stdout
+    assert f"closes at the reconciler's first run after {at}" in default.stdout and "lmctl reconcile" in default.stdout
+    assert f"note: 24 closed hours looked at ({H0 + -24} to {H0 + -1}) hold no batch and no rollup" in default.stdout
+    assert "empty" not in default.stdout  # no table of 24 empty hours
+
+    doc = json.loads(runner.invoke(cli, ["pipeline", "rollup", "--json"]).stdout)
+    assert doc["spark_started"] is False and doc["hours"] == [] and doc["exit_code"] == 0
+    assert doc["notes"][0].startswith(f"{H0} holds batches but is open")
+
+    asked = runner.invoke(cli, ["pipeline", "rollup", "--hour", str(H0), "--json"])
+    assert asked.exit_code == 2, asked.output
+    doc = json.loads(asked.stdout)
+    assert [(h["hour"], h["status"]) for h in doc["hours"]] == [(str(H0), "open")] and doc["exit_code"] == 2
+    assert doc["notes"][0].startswith(f"{H0} holds batches but is open") and "--allow-open-hour" in doc["notes"][0]

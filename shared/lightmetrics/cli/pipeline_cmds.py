@@ -24,6 +24,7 @@ from lightmetrics.cli.output import (
     EXIT_VIOLATIONS,
     console,
     emit_json,
+    err_console,
     fail,
     grid,
     kv_table,
@@ -168,10 +169,13 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:
         fail(str(exc), EXIT_VIOLATIONS, as_json=as_json)
-    code = EXIT_VIOLATIONS if report.skipped else EXIT_OK
+    # every hour asked by name is open: refused before Spark started, with when each closes
+    refused = bool(wanted) and not report.spark_started
+    code = EXIT_USAGE if refused else EXIT_VIOLATIONS if report.skipped else EXIT_OK
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
-    else:
+        sys.exit(code)
+    if report.spark_started:
         rows = [(h.hour, h.status, h.generation, h.inputs, h.series, h.objects if h.format == 3 else f"{h.chunks} chunks",
                  h.samples, h.skipped_count,
                  ", ".join(f"{k} {v}" for k, v in sorted(h.writes.items()))) for h in report.hours]
@@ -181,6 +185,10 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         for h in report.hours:
             for s in h.skipped[:10]:
                 console.print(f"[red]skipped[/] {h.hour} {s['manifest_id']}: {s['reason']}")
+    else:
+        console.print(f"rollup: nothing rolled up ({report.seconds:.1f} s; Spark not started)")
+    for note in report.notes:  # a refusal's reasons go to stderr, as every error's do
+        (err_console if refused else console).print(f"note: {note}", markup=False)
     sys.exit(code)
 
 
