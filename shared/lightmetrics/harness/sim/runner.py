@@ -22,6 +22,7 @@ from lightmetrics.harness.sim import actors, derived_actors, derived_checks, rea
 from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
+from lightmetrics.harness.sim.source_watch import SourceWatch
 from lightmetrics.harness.sim.walk_driver import walk
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
@@ -116,10 +117,11 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     violations: list[str] = []
     hit: set[str] = set()
     watch = SafetyWatch(world)
+    sources = SourceWatch(world)
 
     def check() -> None:
         running = any(a.name.split("#")[0] in _REAPERS and not a.done for a in world.scheduler.actors)
-        found = world.scheduler.flagged + watch.check(reap_running=running)
+        found = world.scheduler.flagged + watch.check(reap_running=running) + sources.check()
         if found and not violations:
             violations.extend(found)
             world.scheduler.note(f"VIOLATION {found[0]}")
