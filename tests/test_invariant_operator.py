@@ -310,6 +310,55 @@ def test_property_8_a_lift_cut_short_by_a_crash_is_completed_by_its_retry(system
     assert [e.who for e in store.list()] == ["dave"] and store.lifts() == [lift]
 
 
+def test_property_8_a_deny_decision_made_while_a_lift_is_on_its_way_stands_and_one_before_it_does_not(
+        system, clock):  # type: ignore[no-untyped-def]
+    """C6 under concurrency: a lift cancels the decisions at or before it, whatever order the
+    requests land in. A decision after the lift that finds the entry between the lift's record and
+    its delete keeps the entry (and a later lift can still remove it); one at or before the lift,
+    landing in the same window, or re-creating the entry after the delete, does not."""
+    t = table(system)
+    store = DenylistStore(t, clock)
+    agent, sk = "agent-race", f"{b'agent-race'.hex()}#{b'boot-1'.hex()}"
+    real_delete = t.delete
+
+    def lift_with(decision_offset_s: int) -> Any:
+        """bob lifts; another operator's decision (at the lift's time + offset) lands between the
+        lift record and the entry's delete."""
+        def delete(pk: str, key: str, **kw: Any) -> Any:
+            if pk == DENYLIST_PK:
+                store.add(agent, "boot-1", who="carol", reason="deny again",
+                          decided_at_unix_ns=clock.now_ns() + decision_offset_s * 10**9)
+            return real_delete(pk, key, **kw)
+
+        t.delete = delete  # type: ignore[method-assign]
+        try:
+            return store.remove(agent, "boot-1", who="bob", reason="benign")
+        finally:
+            t.delete = real_delete  # type: ignore[method-assign]
+
+    store.add(agent, "boot-1", who="alice", reason="clone?")
+    clock.advance(10)
+    first = lift_with(+5)  # carol decided after bob's lift: denied again
+    [entry] = store.list()
+    assert entry.who == "alice" and entry.decided_at_unix_ns == first.lifted_at_unix_ns + 5 * 10**9
+    clock.advance(10)
+    second = store.remove(agent, "boot-1", who="dave", reason="carol agrees now")  # a lift of carol's decision
+    assert store.list() == [] and second.sk != first.sk and len(store.lifts()) == 2
+
+    clock.advance(1)  # a decision at a lift's very instant is one the lift cancels
+    store.add(agent, "boot-1", who="alice", reason="again")
+    clock.advance(10)
+    lift_with(-5)  # carol's decision is older than bob's lift: the lift cancels it
+    assert store.list() == []
+    # a stale re-apply of a decision older than the lift re-creates the entry after the delete: it goes again
+    assert t.get(DENYLIST_PK, sk) is None
+    store.add(agent, "boot-1", who="carol", reason="re-applied", decided_at_unix_ns=clock.now_ns() - 5 * 10**9)
+    assert store.list() == [] and t.get(DENYLIST_PK, sk) is None
+    clock.advance(1)
+    store.add(agent, "boot-1", who="erin", reason="a new decision")  # after every lift: it stands
+    assert [e.who for e in store.list()] == ["erin"]
+
+
 # =========================================================================== property 9
 def agent_client(spool: Path, ingest: Ingest, clock: FrozenClock, agent: str, **kw: Any) -> AgentClient:
     kw.setdefault("token", mint_token(KEYS, agent))

@@ -10,10 +10,12 @@ a denial takes effect in every ingest process within ``LM_DENYLIST_TTL_S`` secon
 does its lift.
 
 A lift is audited: :meth:`DenylistStore.remove` first creates a write-once **lift record**
-(``pk=denylist#lifted``, ``sk=<entry>#<denied-at-ns:20>``: which entry, who denied it and why,
+(``pk=denylist#lifted``, ``sk=<entry>#<decided-at-ns:20>``: which entry, who denied it and why,
 who lifted it, when and why), then deletes the entry on the condition that it is still the
-denial the record names. A lift cancels every deny decision of that entry made before it, so
-re-applying an older resolution (``resolve`` repairs side effects) does not deny again.
+denial the record names and no deny decision after the lift has found it. A lift cancels every
+deny decision of that entry made at or before it, so re-applying an older resolution
+(``resolve`` repairs side effects) does not deny again; a decision after it denies again, even
+one that found the entry while the lift was on its way (the entry's ``decided_at_unix_ns``).
 
 If the table cannot be read, the cache keeps the last list it had (or none) and tries again
 after another TTL: the denylist is an investigation tool layered on top of token
@@ -106,17 +108,22 @@ class DenylistEntry:
     reason: str
     at_unix_ns: int
     conflict_id: str | None = None
+    #: the newest deny decision that found the entry (its creation's, or a later one's); an entry
+    #: written before the field existed reads ``at_unix_ns``
+    decided_at_unix_ns: int = 0
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> "DenylistEntry":
         boot = item.get("boot_id")
+        at = int(item.get("at_unix_ns", 0))
         return cls(sk=item["sk"], agent_id=item.get("agent_id", ""), boot_id=None if boot in (None, ALL_BOOTS) else boot,
-                   who=item.get("who", ""), reason=item.get("reason", ""), at_unix_ns=int(item.get("at_unix_ns", 0)),
-                   conflict_id=item.get("conflict_id"))
+                   who=item.get("who", ""), reason=item.get("reason", ""), at_unix_ns=at,
+                   conflict_id=item.get("conflict_id"), decided_at_unix_ns=int(item.get("decided_at_unix_ns", at)))
 
     def to_json(self) -> dict[str, Any]:
         return {"entry": self.sk, "agent_id": self.agent_id, "boot_id": self.boot_id, "who": self.who,
-                "reason": self.reason, "at_unix_ns": self.at_unix_ns, "conflict_id": self.conflict_id}
+                "reason": self.reason, "at_unix_ns": self.at_unix_ns, "conflict_id": self.conflict_id,
+                "decided_at_unix_ns": self.decided_at_unix_ns}
 
     @property
     def label(self) -> str:
@@ -137,24 +144,30 @@ class DenylistLift:
     lifted_by: str
     reason: str
     lifted_at_unix_ns: int
+    #: the entry's newest decision when the lift read it: one lift per decision (a record written
+    #: before the field existed reads ``denied_at_unix_ns``, which its entry then had)
+    decided_at_unix_ns: int = 0
 
     @property
     def sk(self) -> str:
-        return f"{self.entry}#{self.denied_at_unix_ns:020d}"
+        return f"{self.entry}#{self.decided_at_unix_ns or self.denied_at_unix_ns:020d}"
 
     @classmethod
     def of(cls, entry: DenylistEntry, *, who: str, reason: str, at_unix_ns: int) -> "DenylistLift":
         return cls(entry=entry.sk, agent_id=entry.agent_id, boot_id=entry.boot_id, denied_by=entry.who,
                    denied_reason=entry.reason, denied_at_unix_ns=entry.at_unix_ns, conflict_id=entry.conflict_id,
-                   lifted_by=who, reason=reason, lifted_at_unix_ns=at_unix_ns)
+                   lifted_by=who, reason=reason, lifted_at_unix_ns=at_unix_ns,
+                   decided_at_unix_ns=entry.decided_at_unix_ns or entry.at_unix_ns)
 
     @classmethod
     def from_item(cls, item: dict[str, Any]) -> "DenylistLift":
         boot = item.get("boot_id")
+        denied = int(item["denied_at_unix_ns"])
         return cls(entry=item["entry"], agent_id=item["agent_id"], boot_id=None if boot in (None, ALL_BOOTS) else boot,
                    denied_by=item.get("denied_by", ""), denied_reason=item.get("denied_reason", ""),
-                   denied_at_unix_ns=int(item["denied_at_unix_ns"]), conflict_id=item.get("conflict_id"),
-                   lifted_by=item["lifted_by"], reason=item["reason"], lifted_at_unix_ns=int(item["lifted_at_unix_ns"]))
+                   denied_at_unix_ns=denied, conflict_id=item.get("conflict_id"),
+                   lifted_by=item["lifted_by"], reason=item["reason"], lifted_at_unix_ns=int(item["lifted_at_unix_ns"]),
+                   decided_at_unix_ns=int(item.get("decided_at_unix_ns", denied)))
 
     def to_item(self) -> dict[str, Any]:
         return {"pk": LIFTS_PK, "sk": self.sk, **self.to_json(),
@@ -164,7 +177,7 @@ class DenylistLift:
         return {"entry": self.entry, "agent_id": self.agent_id, "boot_id": self.boot_id, "denied_by": self.denied_by,
                 "denied_reason": self.denied_reason, "denied_at_unix_ns": self.denied_at_unix_ns,
                 "conflict_id": self.conflict_id, "lifted_by": self.lifted_by, "reason": self.reason,
-                "lifted_at_unix_ns": self.lifted_at_unix_ns}
+                "lifted_at_unix_ns": self.lifted_at_unix_ns, "decided_at_unix_ns": self.decided_at_unix_ns}
 
 
 class DenylistStore:
@@ -173,21 +186,38 @@ class DenylistStore:
     def __init__(self, table: ControlStore, clock: Clock = DEFAULT_CLOCK) -> None:
         self.table, self.clock = table, clock
 
-    def add(self, agent_id: str, boot_id: str | None, *, who: str, reason: str,
-            conflict_id: str | None = None) -> DenylistEntry:
-        """Deny ``agent_id``/``boot_id`` (every boot when None). Idempotent: the first denial's
-        audit fields are kept if the entry already exists."""
+    def add(self, agent_id: str, boot_id: str | None, *, who: str, reason: str, conflict_id: str | None = None,
+            decided_at_unix_ns: int | None = None) -> DenylistEntry:
+        """Deny ``agent_id``/``boot_id`` (every boot when None) by a decision made at
+        ``decided_at_unix_ns`` (default now). Idempotent: the first denial's audit fields are kept
+        if the entry already exists, and the decision is recorded on it (``decided_at_unix_ns``,
+        raised only), so a lift on its way when it landed leaves the entry unless the lift is at
+        or after the decision (C6). A lift of this decision that landed while the entry was being
+        created is honoured: the entry this call created goes again."""
         sk = entry_sk(agent_id, boot_id)
+        decided = self.clock.now_ns() if decided_at_unix_ns is None else decided_at_unix_ns
         values = {"pk": DENYLIST_PK, "sk": sk, "agent_id": agent_id, "boot_id": ALL_BOOTS if boot_id is None else boot_id,
-                  "who": who, "reason": reason[:MAX_REASON], "at_unix_ns": self.clock.now_ns(),
-                  "conflict_id": conflict_id}
-        try:
-            self.table.put(values, condition="attribute_not_exists(pk)")
-        except ConditionFailed:
-            item = self.table.get(DENYLIST_PK, sk)
-            if item is not None:
-                return DenylistEntry.from_item(item)
-        return DenylistEntry.from_item(values)
+                  "who": who, "reason": reason[:MAX_REASON], "at_unix_ns": decided, "conflict_id": conflict_id,
+                  "decided_at_unix_ns": decided}
+        for _ in range(3):  # the entry may be lifted (deleted) between a failed create and its update
+            try:
+                self.table.put(values, condition="attribute_not_exists(pk)")
+            except ConditionFailed:
+                try:
+                    self.table.update(DENYLIST_PK, sk, "SET decided_at_unix_ns = :d", values={":d": decided},
+                                      condition="attribute_exists(pk) AND (attribute_not_exists(decided_at_unix_ns) "
+                                                "OR decided_at_unix_ns < :d)")
+                except ConditionFailed:
+                    pass  # gone (created again below), or a decision as new (perhaps this one, retried) is on it
+                item = self.table.get(DENYLIST_PK, sk)
+                if item is not None:
+                    return DenylistEntry.from_item(item)
+                continue
+            if self.lifted_since(sk, decided):  # that lift deleted the entry before this call created it
+                # ... unless a newer decision has found the new entry since (decided_at is raised only)
+                self._delete_if(sk, at_unix_ns=decided, decided_by_ns=decided)
+            return DenylistEntry.from_item(values)
+        raise ConditionFailed(f"denylist entry {sk} was created and lifted three times while this denial was written")
 
     def list(self) -> list[DenylistEntry]:
         return [DenylistEntry.from_item(i) for i in self.table.query(DENYLIST_PK)]
@@ -226,12 +256,19 @@ class DenylistStore:
             existing = self.table.get(LIFTS_PK, lift.sk)
             if existing is not None:
                 lift = DenylistLift.from_item(existing)
+        self._delete_if(sk, at_unix_ns=entry.at_unix_ns, decided_by_ns=lift.lifted_at_unix_ns)
+        return lift
+
+    def _delete_if(self, sk: str, *, at_unix_ns: int, decided_by_ns: int) -> None:
+        """Delete entry ``sk`` if it is still the denial created at ``at_unix_ns`` and no decision
+        after ``decided_by_ns`` (a lift's time) has found it."""
         try:
-            self.table.delete(DENYLIST_PK, sk, condition="at_unix_ns = :at",
-                              values_for_condition={":at": entry.at_unix_ns})
+            self.table.delete(DENYLIST_PK, sk,
+                              condition="at_unix_ns = :at AND (attribute_not_exists(decided_at_unix_ns) "
+                                        "OR decided_at_unix_ns <= :by)",
+                              values_for_condition={":at": at_unix_ns, ":by": decided_by_ns})
         except ConditionFailed:
             log.info("denylist entry %s changed since it was read; the newer denial stays", sk)
-        return lift
 
 
 class DenylistCache:

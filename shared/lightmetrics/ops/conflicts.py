@@ -219,7 +219,7 @@ class ConflictRegistry:
                     continue  # an operator lifted this denial after the decision: re-applying must not undo that
                 boot = None if sk.endswith("#*") else record.boot_id
                 self.denylist.add(record.agent_id, boot, who=record.resolved_by, reason=record.reason,
-                                  conflict_id=record.conflict_id)
+                                  conflict_id=record.conflict_id, decided_at_unix_ns=record.resolved_at_unix_ns)
         self._upsert(entry.with_resolution(record))
 
     def _upsert(self, entry: ConflictEntry) -> None:
