@@ -33,6 +33,8 @@ from lightmetrics.ops.conflict_records import (
     UNRESOLVED,
     ConflictAlreadyResolved,
     ConflictResolutionRecord,
+    conflict_id,
+    parse_conflict_id,
 )
 from lightmetrics.ops.conflicts import ConflictRegistry
 from lightmetrics.protocol.identity import BatchIdentity
@@ -78,6 +80,8 @@ class Conflicts:
     unfinished: list[tuple[str, Any]] = field(default_factory=list)
     #: parked batches (denied or unresolved) of each suspect, re-sent at quiescence
     parked: dict[str, dict[str, tuple[BatchIdentity, float]]] = field(default_factory=dict)
+    plan: list[tuple[str, int]] = field(default_factory=list)  # the identities the suspects send
+    alerts: list[str] = field(default_factory=list)  # the quarantine keys of the 409s the agents alerted on
 
 
 def _service(world: World, clock: Any, name: str) -> IngestService:
@@ -115,6 +119,8 @@ def send(world: World, shared: Conflicts, actor: Actor, state: dict[str, Any], i
     status = str(body["status"])
     world.scheduler.note(f"answer {status} {ident.manifest_id} {body.get('resolution', '')}")
     shared.answers.append(Answer(state["name"], ident, status, asked, state["failed"]))
+    if status == AcceptStatus.IDENTITY_CONFLICT.value and body["quarantine_key"] not in shared.alerts:
+        shared.alerts.append(str(body["quarantine_key"]))
     if status in (AcceptStatus.ACCEPTED.value, AcceptStatus.DUPLICATE.value):
         world.acks.append(Ack(ident, str(body.get("frame_sha256") or ""), actor.name))
     return status
@@ -122,7 +128,8 @@ def send(world: World, shared: Conflicts, actor: Actor, state: dict[str, Any], i
 
 def suspect(world: World, shared: Conflicts, n: int) -> Any:
     rng = world.rng
-    plan = [(rng.choice(BOOTS), rng.randrange(3), float(rng.random() < 0.4)) for _ in range(rng.randint(3, 5))]
+    shared.plan = shared.plan or [(rng.choice(BOOTS), rng.randrange(3)) for _ in range(rng.randint(3, 5))]
+    plan = [(boot, num, float(n * (rng.random() < 0.5))) for boot, num in shared.plan]  # the other's bytes, often
     clock = world.clock_for()
 
     def body(actor: Actor) -> None:
@@ -174,16 +181,17 @@ def command(world: World, actor: Actor, fn: Any, label: str, unfinished: list[tu
 def resolve(world: World, shared: Conflicts, actor: Actor, registry: ConflictRegistry, cid: str, decision: str,
             whole_agent: bool, call: int) -> None:
     attempts: list[Resolve] = []
+    normal = conflict_id(*parse_conflict_id(cid, registry.codec))  # the id of an evidence key too
 
     def run() -> ConflictResolutionRecord:
-        mine = Resolve(actor.name, cid, f"{actor.name} call {call} attempt {len(attempts) + 1}", "failed")
+        mine = Resolve(actor.name, normal, f"{actor.name} call {call} attempt {len(attempts) + 1}", "failed")
         attempts.append(mine)
         shared.resolves.append(mine)
         record = registry.resolve(cid, decision, reason=mine.reason, who=actor.name, whole_agent=whole_agent)
         mine.outcome, mine.record = "resolved", record
         return record
 
-    label = f"resolve {cid[:24]} {decision}{' whole agent' if whole_agent else ''}"
+    label = f"resolve {normal[:24]} {decision}{' whole agent' if whole_agent else ''}"
     outcome, value = command(world, actor, run, label, shared.unfinished)
     if outcome == "refused":
         attempts[-1].outcome, attempts[-1].record = "already-resolved", value.record
@@ -215,17 +223,23 @@ def operator(world: World, shared: Conflicts, n: int) -> Any:
             looks += 1
             for _ in range(rng.randrange(0, 10)):
                 world.scheduler.pause("Operator")
-            status, agent = rng.choice(("unresolved", "all")), rng.choice((None, SUSPECT))
-            outcome, page = command(world, actor, lambda: registry.list(status=status, agent=agent), "conflicts list")
-            if outcome == "ok" and page.items:
+            if shared.alerts and rng.random() < 0.5:  # the agent's alert names the evidence: resolve it by key
+                cid, agent_id = shared.alerts[0 if rng.random() < 0.6 else rng.randrange(len(shared.alerts))], SUSPECT
+            else:
+                status, agent = rng.choice(("unresolved", "all")), rng.choice((None, SUSPECT))
+                outcome, page = command(world, actor, lambda: registry.list(status=status, agent=agent),
+                                        "conflicts list")
+                if outcome != "ok" or not page.items:
+                    continue
                 items = [e for e in page.items if e.resolution == UNRESOLVED] or page.items
                 entry = items[0] if rng.random() < 0.6 else rng.choice(items)  # often the same one as the other
-                decision = rng.choice((ACCEPT_EXISTING, DENY_IDENTITY)) if entry.agent_id == SUSPECT else ACCEPT_EXISTING
-                whole = decision == DENY_IDENTITY and rng.random() < 0.3
-                resolve(world, shared, actor, registry, entry.conflict_id, decision, whole, call)
-                call += 1
-                if rng.random() < 0.4:
-                    lift(world, shared, actor, registry.denylist)
+                cid, agent_id = entry.conflict_id, entry.agent_id
+            decision = rng.choice((ACCEPT_EXISTING, DENY_IDENTITY)) if agent_id == SUSPECT else ACCEPT_EXISTING
+            whole = decision == DENY_IDENTITY and rng.random() < 0.3
+            resolve(world, shared, actor, registry, cid, decision, whole, call)
+            call += 1
+            if rng.random() < 0.4:
+                lift(world, shared, actor, registry.denylist)
     return body
 
 
