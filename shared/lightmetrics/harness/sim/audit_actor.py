@@ -109,9 +109,10 @@ def _confirm(world: World, index: str, key: str) -> bool:
                                         world.system.store.keys(codec.root(KeyKind.RAW_BLOBS_BY_TIME)))
 
 
-def audit(world: World, watch: AuditWatch, n: int, *, delay: int = 40) -> Any:
+def audit(world: World, watch: AuditWatch, n: int, *, delay: int = 15) -> Any:
     rng = world.rng
-    upgraded, back_s, wait = rng.random() < 0.5, rng.randrange(0, 3600), rng.randrange(delay) if delay else 0
+    upgraded, back_s = rng.random() < 0.5, rng.choice((0, 600, 1800, 5400))  # an older report re-run: 5400
+    wait = rng.randrange(delay) if delay else 0
 
     def body(actor: Actor) -> None:
         for _ in range(wait):

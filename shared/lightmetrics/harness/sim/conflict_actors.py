@@ -128,7 +128,7 @@ def send(world: World, shared: Conflicts, actor: Actor, state: dict[str, Any], i
 
 def suspect(world: World, shared: Conflicts, n: int) -> Any:
     rng = world.rng
-    shared.plan = shared.plan or [(rng.choice(BOOTS), rng.randrange(3)) for _ in range(rng.randint(3, 5))]
+    shared.plan = shared.plan or [(rng.choice(BOOTS), rng.randrange(3)) for _ in range(rng.randint(2, 4))]
     plan = [(boot, num, float(n * (rng.random() < 0.5))) for boot, num in shared.plan]  # the other's bytes, often
     clock = world.clock_for()
 
@@ -144,8 +144,8 @@ def suspect(world: World, shared: Conflicts, n: int) -> Any:
             if status in (None, AcceptStatus.UNAVAILABLE.value, AcceptStatus.DENIED.value) or (
                     status == AcceptStatus.IDENTITY_CONFLICT.value):
                 parked[ident.manifest_id] = (ident, variant)
-                if tries < 4:  # the parked cadence (a denial may be lifted, a conflict resolved)
-                    for _ in range(rng.randrange(2, 12) if status else rng.randrange(3)):
+                if tries < 3:  # the parked cadence (a denial may be lifted, a conflict resolved)
+                    for _ in range(rng.randrange(1, 6) if status else rng.randrange(2)):
                         world.scheduler.pause("Parked")
                     queue.append((boot, num, variant, tries + 1))
             else:
@@ -219,9 +219,9 @@ def operator(world: World, shared: Conflicts, n: int) -> Any:
     def body(actor: Actor) -> None:
         registry = ConflictRegistry(world.store, world.system.ctx.codec, world.table, clock=clock, policy=NO_WAIT)
         call = looks = 0
-        while call < rounds and looks < 15:
+        while call < rounds and looks < 6:
             looks += 1
-            for _ in range(rng.randrange(0, 10)):
+            for _ in range(rng.randrange(0, 4)):
                 world.scheduler.pause("Operator")
             if shared.alerts and rng.random() < 0.5:  # the agent's alert names the evidence: resolve it by key
                 cid, agent_id = shared.alerts[0 if rng.random() < 0.6 else rng.randrange(len(shared.alerts))], SUSPECT

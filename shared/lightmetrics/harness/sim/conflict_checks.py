@@ -24,7 +24,6 @@ after a lift is not refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from lightmetrics.acceptance.accept import AcceptStatus
 from lightmetrics.acceptance.denylist import ALL_BOOTS, DENYLIST_PK, LIFTS_PK

@@ -27,7 +27,7 @@ from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
 
 #: the figures of one schedule: storage calls in the run phase before the step budget stops it
-DEFAULT_STEPS = 300
+DEFAULT_STEPS = 380
 DEFAULT_FAULT_RATE = 0.06
 CRASH_POINT_RATE = 0.2
 CLOCK_JUMP_RATE = 0.004

@@ -25,8 +25,7 @@ def spawn(world: World) -> Side:
     shared = conflict_actors.Conflicts()
     side = Side(shared, conflict_checks.ConflictWatch(world, shared), AuditWatch(world))
     conflict_actors.spawn(world, shared)
-    for n in range(world.rng.randint(1, 2)):
-        world.scheduler.spawn(f"audit#{n}", audit(world, side.audits, n))
+    world.scheduler.spawn("audit", audit(world, side.audits, 0))
     before = world.scheduler.after_step
 
     def after() -> None:
