@@ -77,6 +77,24 @@ MUTANTS = {
         "lightmetrics/ops/work.py",
         "    if failed_before:\n        try:\n            ctx.blockers.resolve_by_success",
         "    if False:\n        try:\n            ctx.blockers.resolve_by_success"),
+    # a resolve whose conditional create's answer was lost, retried into its own record, called it
+    # another's: ConflictAlreadyResolved for the operator's own decision (§11.1 CW3, §14 rule 1)
+    "a-resolve-reads-its-own-lost-create-as-already-resolved": (
+        "lightmetrics/ops/conflicts.py",
+        "            mine = landed_earlier(self.store, key, body, created)\n",
+        "            mine = False\n"),
+    # re-applying a deny decision (a second resolve repairing side effects) denied again after an
+    # operator lifted that denial (§14 C6)
+    "a-re-applied-decision-undoes-a-lift": (
+        "lightmetrics/ops/conflicts.py",
+        "                if self.denylist.lifted_since(sk, record.resolved_at_unix_ns):\n",
+        "                if False:\n"),
+    # a watermark write not conditioned on moving forward: an audit of an older inventory lowered
+    # it (§13 W3, W6: monotonic)
+    "an-older-audit-lowers-the-watermark": (
+        "lightmetrics/derived/walk/state.py",
+        'condition="attribute_not_exists(#w) OR #w < :w")',
+        'condition="attribute_not_exists(#w) OR #w <> :w")'),
 }
 MAX_SEEDS = 40
 #: a mutant found only when a world pause (a clock jump longer than the lease) falls inside a GC

@@ -76,6 +76,7 @@ class Derived:
 
     reconcile_runs: int = 0  # reconciler runs ended (delayed events wait for one)
     walk_outcomes: list[str] = field(default_factory=list)
+    side: Any = None  # side_actors.Side: conflicts, the denylist, the audit
 
 
 def operator_settles(world: World) -> None:

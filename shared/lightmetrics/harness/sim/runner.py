@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.harness.sim import actors, derived_actors, derived_checks, reap_world
+from lightmetrics.harness.sim import actors, derived_actors, derived_checks, reap_world, side_actors
 from lightmetrics.harness.sim.checks import SafetyWatch, quiescence
 from lightmetrics.harness.sim.reap_driver import reap
 from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
@@ -28,7 +28,7 @@ from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
 
 #: the figures of one schedule: storage calls in the run phase before the step budget stops it
-DEFAULT_STEPS = 300
+DEFAULT_STEPS = 380
 DEFAULT_FAULT_RATE = 0.06
 CRASH_POINT_RATE = 0.2
 CLOCK_JUMP_RATE = 0.004
@@ -87,6 +87,7 @@ def _spawn_run_phase(world: World, derived: derived_actors.Derived) -> None:
                              delay=rng.randrange(60), outcomes=derived.walk_outcomes))
     s.spawn("gc", reap(world, reap_world.gc_inputs(rng), delay=rng.randrange(40)))
     s.spawn("retention", reap(world, reap_world.retention_inputs(rng, world.reaps), delay=rng.randrange(2)))
+    derived.side = side_actors.spawn(world)  # conflicts, the denylist, the audit's watermarks
 
 
 def _quiesce(world: World, derived: derived_actors.Derived) -> None:
@@ -95,14 +96,15 @@ def _quiesce(world: World, derived: derived_actors.Derived) -> None:
     world.scheduler.jump_rate = 0.0
     world.clock.advance(3600)  # every lease a dead task held has expired
     before, after = reap_world.quiesce_inputs(world.reaps)
-    jobs = [derived_actors.indexer(world, derived, drop=0.0, duplicate=0.0, delay=0.0, idle_limit=1),
+    first, last = side_actors.quiesce_jobs(world, derived.side)
+    jobs = [*first, derived_actors.indexer(world, derived, drop=0.0, duplicate=0.0, delay=0.0, idle_limit=1),
             reap(world, before), lambda actor: reap_world.operator_skips(world, world.reaps), reap(world, after),
             # an operator resumes a walk the run phase left unfinished (or walks again), then every
             # shard runs once the hours have settled
             walk(world, [{"resume": True}, {}], outcomes=derived.walk_outcomes),
             lambda actor: derived_actors.operator_settles(world),
             *[derived_actors.reconciler_shard(world, derived, shard, runs=runs, delay=0, caps=caps)
-              for caps, runs in ((True, 2), (False, 2)) for shard in range(derived_actors.SHARDS)]]
+              for caps, runs in ((True, 2), (False, 2)) for shard in range(derived_actors.SHARDS)], *last]
     s = world.scheduler
     s.actors, s.stopping, s.max_steps = [], False, s.steps + 1_000_000
     s.spawn("quiesce", lambda actor: [job(actor) for job in jobs])
@@ -145,7 +147,8 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
         if not violations:
             _quiesce(world, derived)
             violations.extend(world.scheduler.flagged + quiescence(world)
-                              + derived_checks.quiescence(world, derived, derived_actors.SHARDS))
+                              + derived_checks.quiescence(world, derived, derived_actors.SHARDS)
+                              + side_actors.quiescence(world, derived.side))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
     return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
                      hit, world.scheduler.jumps, spawned)
