@@ -202,6 +202,7 @@ class DenylistStore:
         for _ in range(3):  # the entry may be lifted (deleted) between a failed create and its update
             try:
                 self.table.put(values, condition="attribute_not_exists(pk)")
+                entry = DenylistEntry.from_item(values)
             except ConditionFailed:
                 try:
                     self.table.update(DENYLIST_PK, sk, "SET decided_at_unix_ns = :d", values={":d": decided},
@@ -210,14 +211,21 @@ class DenylistStore:
                 except ConditionFailed:
                     pass  # gone (created again below), or a decision as new (perhaps this one, retried) is on it
                 item = self.table.get(DENYLIST_PK, sk)
-                if item is not None:
-                    return DenylistEntry.from_item(item)
-                continue
-            if self.lifted_since(sk, decided):  # that lift deleted the entry before this call created it
-                # ... unless a newer decision has found the new entry since (decided_at is raised only)
-                self._delete_if(sk, at_unix_ns=decided, decided_by_ns=decided)
-            return DenylistEntry.from_item(values)
+                if item is None:
+                    continue
+                entry = DenylistEntry.from_item(item)
+            if entry.at_unix_ns == decided:  # perhaps created by this call (or its lost attempt)
+                self.withdraw(sk, decided)  # ... after a lift that cancels this decision had read the entry
+            return entry
         raise ConditionFailed(f"denylist entry {sk} was created and lifted three times while this denial was written")
+
+    def withdraw(self, sk: str, decided_at_unix_ns: int) -> None:
+        """Honour the lifts of the decision made at ``decided_at_unix_ns``: when one is recorded (at
+        or after it), the entry that decision created goes, unless a newer decision has found it.
+        Re-applying a lifted decision calls it too: an earlier attempt whose answer was lost may
+        have created the entry after the lift had deleted the one before."""
+        if self.lifted_since(sk, decided_at_unix_ns):
+            self._delete_if(sk, at_unix_ns=decided_at_unix_ns, decided_by_ns=decided_at_unix_ns)
 
     def list(self) -> list[DenylistEntry]:
         return [DenylistEntry.from_item(i) for i in self.table.query(DENYLIST_PK)]

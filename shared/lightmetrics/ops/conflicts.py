@@ -216,7 +216,10 @@ class ConflictRegistry:
         if record.resolution == DENY_IDENTITY:
             for sk in record.denylist_entries:
                 if self.denylist.lifted_since(sk, record.resolved_at_unix_ns):
-                    continue  # an operator lifted this denial after the decision: re-applying must not undo that
+                    # an operator lifted this denial after the decision: re-applying must not undo that, and
+                    # an entry an earlier attempt of this decision created after the lift goes
+                    self.denylist.withdraw(sk, record.resolved_at_unix_ns)
+                    continue
                 boot = None if sk.endswith("#*") else record.boot_id
                 self.denylist.add(record.agent_id, boot, who=record.resolved_by, reason=record.reason,
                                   conflict_id=record.conflict_id, decided_at_unix_ns=record.resolved_at_unix_ns)
