@@ -89,6 +89,12 @@ MUTANTS = {
         "lightmetrics/ops/conflicts.py",
         "                if self.denylist.lifted_since(sk, record.resolved_at_unix_ns):\n",
         "                if False:\n"),
+    # a deny decision whose create's answer was lost re-created the entry after a lift had deleted it,
+    # and nothing withdrew it: the lifted denial stays in force (§14 C6)
+    "a-lost-create-leaves-a-lifted-denial-in-force": (
+        "lightmetrics/acceptance/denylist.py",
+        "        if self.lifted_since(sk, decided_at_unix_ns):\n",
+        "        if False:\n"),
     # a watermark write not conditioned on moving forward: an audit of an older inventory lowered
     # it (§13 W3, W6: monotonic)
     "an-older-audit-lowers-the-watermark": (
