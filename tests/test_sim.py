@@ -149,17 +149,19 @@ def test_the_incremental_safety_watch_gives_the_whole_checks_verdict_at_every_st
     assert failing >= 3  # the defect is found during the run phase, where the watch decides
 
 
-def test_a_run_gives_the_services_pools_one_worker_each_so_their_calls_keep_one_order() -> None:
+def test_a_run_runs_the_services_pools_inline_so_their_calls_keep_one_order() -> None:
     """Found while shrinking: the reconciler's pool of 8 workers made its GETs, in one step, in an order
-    no seed fixed (about 1 run in 20 replayed differently). Every pool a service keeps is swapped."""
+    no seed fixed (about 1 run in 20 replayed differently). Every pool a service keeps is swapped for
+    one that runs each task in its actor's thread, in its turn (one implementation: scheduler.py)."""
     import importlib
 
-    from lightmetrics.harness.sim.scheduler import SERVICE_POOLS, serial_pools
+    from lightmetrics.harness.sim.scheduler import SERVICE_POOLS, InlineExecutor, serial_pools
 
     modules = [(importlib.import_module(m), name) for m, name in SERVICE_POOLS]
     before = [getattr(m, name) for m, name in modules]
     with serial_pools():
-        assert all(getattr(m, name)._max_workers == 1 for m, name in modules)
+        assert all(isinstance(getattr(m, name), InlineExecutor) for m, name in modules)
+        assert InlineExecutor().submit(lambda n: n * n, 3).result() == 9
     assert [getattr(m, name) for m, name in modules] == before
     assert any(p._max_workers > 1 for p in before)
     traces = {"\n".join(run_seed(seed).trace) for seed in (7, 7, 7)}

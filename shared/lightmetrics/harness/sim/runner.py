@@ -128,8 +128,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     world.scheduler.after_step = check
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
     derived = derived_actors.Derived()
-    with _seeded_uuids(seed), serial_pools(), derived_actors.serial_pools(), \
-            crashpoints.hooked(_crash_hook(world, hit)):
+    with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, hit)):
         _spawn_run_phase(world, derived)
         spawned = [a.name for a in world.scheduler.actors]
         if actors is not None:
