@@ -179,7 +179,7 @@ def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, st
              actors: Collection[str] | None = None) -> dict[str, Any]:
     """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``.
     ``keep`` receives every result (the CLI prints a failing one's trace)."""
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     pick = fresh or random.Random()
     results: list[SimResult] = [] if keep is None else keep
     queue = list(seeds or [])
@@ -188,10 +188,12 @@ def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, st
         results.append(run_seed(seed, steps=steps, fault_rate=fault_rate, actors=actors))
         if results[-1].violations and stop_at_first:
             break
-    return summary(results, time.monotonic() - started)
+    return summary(results, time.monotonic() - started, cpu_s=time.process_time() - cpu)
 
 
-def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
+def summary(results: list[SimResult], elapsed_s: float, *, cpu_s: float | None = None) -> dict[str, Any]:
+    """The figures; ``cpu_s`` (the process's CPU time for them) gives ``schedules_per_cpu_min``,
+    the speed a busy machine does not change."""
     coverage: Counter[tuple[str, str, str]] = Counter()
     points: set[str] = set()
     for r in results:
@@ -209,6 +211,8 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
         "storage_calls": calls, "calls_per_schedule": round(calls / len(results), 1) if results else 0.0,
         "elapsed_s": round(elapsed_s, 3), "steps_per_s": round(steps / elapsed_s, 1) if elapsed_s else 0.0,
         "schedules_per_min": round(len(results) * 60 / elapsed_s, 1) if elapsed_s else 0.0,
+        **({"cpu_s": round(cpu_s, 3), "schedules_per_cpu_min": round(len(results) * 60 / cpu_s, 1)}
+           if cpu_s else {}),
         "violations": [{"seed": r.seed, "found": r.violations, "trace_tail": r.trace[-40:]}
                        for r in results if r.violations],
         "coverage": {"fault_kinds": dict(kinds),

@@ -253,4 +253,5 @@ class Scheduler:
             raise self._error
 
 
-__all__ = ["SERVICE_POOLS", "Actor", "InlineExecutor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock", "serial_pools"]
+__all__ = ["SERVICE_POOLS", "Actor", "InlineExecutor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock",
+           "serial_pools"]

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from decimal import Decimal  # noqa: F401 - the doctest's
+from functools import lru_cache
 from typing import Any
 
 from lightmetrics.harness.testing.memory.dynamo_values import COMPARE, MISSING, dynamo_type, equal, ordered, sort_key
