@@ -26,7 +26,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from lightmetrics.aws.control_table import ControlTable, table_error, to_item
+from lightmetrics.aws.control_table import ControlTable, table_error
 from lightmetrics.harness.testing.memory.dynamo_values import dynamo_type
 from lightmetrics.harness.testing.memory.expressions import (
     Bindings,
@@ -51,7 +51,25 @@ def _client_error(operation: str, code: str, message: str, **extra: Any) -> Clie
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` as DynamoDB keeps them (the adapter's own serializer: floats refused, None dropped)."""
-    return {k: _de.deserialize(v) for k, v in to_item(values).items()}
+    return {k: _kept(v) for k, v in values.items() if v is not None}
+
+
+_MAX_INT = 10**38  # an int of at most 38 digits is a DynamoDB number exactly
+
+
+def _kept(v: Any) -> Any:
+    """``_de.deserialize(_ser.serialize(v))``: the common types directly (what the serializer makes
+    of them), anything else — floats (refused), sets, binaries, subclasses — through the serializer."""
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return v
+    if t is int and -_MAX_INT < v < _MAX_INT:
+        return Decimal(v)
+    if t is dict:
+        return {k: _kept(x) for k, x in v.items()}
+    if t is list or t is tuple:
+        return [_kept(x) for x in v]
+    return _de.deserialize(_ser.serialize(v))
 
 
 def _answer(item: dict[str, Any]) -> dict[str, Any]:
