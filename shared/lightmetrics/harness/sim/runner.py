@@ -61,9 +61,9 @@ def _seeded_uuids(seed: int) -> Iterator[None]:
 @dataclass
 class _CrashPoints:
     """The crash points reached while armed. Quiescence's first pass of the reaps arms them too,
-    storage faults off, each name crashing there at most once (so every task still ends within its
-    retries): a reap's late stages, which the run phase's step budget often ends before, die there
-    as well, and are run to completion after."""
+    storage faults off, each name the run phase did not reach crashing there at most once (so every
+    task still ends within its retries): a reap's late stages, which the run phase's step budget
+    often ends before, die there as well, and are run to completion after."""
 
     hit: set[str] = field(default_factory=set)
     quiet: bool = False
@@ -113,7 +113,7 @@ def _quiesce(world: World, derived: derived_actors.Derived, points: _CrashPoints
     first_pass = reap(world, before)
 
     def crashing(actor: Any) -> None:
-        points.quiet = True
+        points.quiet, points.quiet_crashed = True, set(points.hit)  # only where the run phase did not reach
         try:
             first_pass(actor)
         finally:
