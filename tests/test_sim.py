@@ -177,3 +177,18 @@ def test_a_run_runs_the_services_pools_inline_so_their_calls_keep_one_order() ->
     assert any(p._max_workers > 1 for p in before)
     traces = {"\n".join(run_seed(seed).trace) for seed in (7, 7, 7)}
     assert len(traces) == 1
+
+
+def test_lmctl_sim_runs_on_one_core_so_a_hand_over_wakes_no_thread_on_another() -> None:
+    """``scheduler.pin_to_one_core`` (what ``lmctl sim`` calls first): the process and the actor threads
+    it starts after keep to one CPU of those allowed; a process of its own, so pytest is not pinned."""
+    code = ("import os, threading; from lightmetrics.harness.sim.scheduler import pin_to_one_core; "
+            "before = len(os.sched_getaffinity(0)); pin_to_one_core(); seen = []; "
+            "t = threading.Thread(target=lambda: seen.append(len(os.sched_getaffinity(0)))); t.start(); t.join(); "
+            "print(before, len(os.sched_getaffinity(0)), seen[0])")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "shared"), str(root / ".pp")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    before, after, thread = map(int, out.stdout.split())
+    expected = (1, 1) if before > 1 else (before, before)
+    assert (after, thread) == expected, out
