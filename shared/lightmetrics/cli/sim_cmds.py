@@ -46,6 +46,7 @@ def sim_cmd(seed: int | None, fresh: int | None, start: int | None, minutes: flo
     printed; `lmctl sim --seed S` replays it; --shrink finds a smaller run failing alike and prints
     the command replaying it), 2 on a usage error."""
     from lightmetrics.harness.sim.runner import SimResult, run_many
+    from lightmetrics.harness.sim.scheduler import pin_to_one_core
     from lightmetrics.harness.sim.shrink import RunParams  # noqa: F811 - the runtime import (the CLI starts lazily)
 
     if seed is not None and (fresh is not None or minutes is not None):
@@ -61,6 +62,7 @@ def sim_cmd(seed: int | None, fresh: int | None, start: int | None, minutes: flo
     results: list[SimResult] = []
     # the services' warnings under injected faults are the point of the run, not news: the trace has them
     logging.disable(logging.CRITICAL)
+    pin_to_one_core()  # the actors take turns: one core, no hand-over across cores
     only = tuple(a for a in actors.split(",") if a) if actors is not None else None
     try:
         figures = run_many(seeds, minutes=minutes, steps=steps, fresh=pick, keep=results, fault_rate=fault_rate,

@@ -96,7 +96,7 @@ class SafetyWatch:
     needs its trigger here; until it has one, the whole check every ``FULL_EVERY`` steps still finds
     its violation, a few steps late (tests/test_sim.py holds the two to the same verdict at every step)."""
 
-    FULL_EVERY = 25
+    FULL_EVERY = 100
 
     def __init__(self, world: World) -> None:
         self.world, self.codec = world, world.system.ctx.codec

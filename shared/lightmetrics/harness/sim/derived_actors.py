@@ -13,24 +13,20 @@
 * ``walk`` — :mod:`lightmetrics.harness.sim.walk_driver`.
 
 Services that fan out to a thread pool (the reconciler's units, a walk page's keys) run on
-:class:`InlineExecutor` inside the simulation (:func:`serial_pools`), so the schedule stays the
-seed's; the pools are the services' module attributes, not a switch.
+:class:`~lightmetrics.harness.sim.scheduler.InlineExecutor` inside the simulation
+(:func:`~lightmetrics.harness.sim.scheduler.serial_pools`), so the schedule stays the seed's; the
+pools are the services' module attributes, not a switch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived import reconcile_scan
 from lightmetrics.derived.event_path import process_sqs_record
 from lightmetrics.derived.hour_ranges import RangePlans
 from lightmetrics.derived.indexing import KIND_FOR_KEY
 from lightmetrics.derived.reconcile import INDEXING_KINDS, Reconciler
-from lightmetrics.derived.walk import walker_base
 from lightmetrics.harness.sim import actors
 from lightmetrics.harness.sim.actors import TASK_ATTEMPTS, QuietQueues
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
@@ -44,30 +40,6 @@ _NS = 1_000_000_000
 #: shards of the simulated deployment (LM_RECONCILE_SHARDS) and the range plan's cut
 SHARDS = 2
 PLAN_CUT = "8"
-
-
-class InlineExecutor(Executor):
-    """An executor that runs each task at once in the caller's thread (its actor's turn)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - a SimCrash too: the caller's result() raises it
-            future.set_exception(exc)
-        return future
-
-
-@contextmanager
-def serial_pools() -> Iterator[None]:
-    """The reconciler's and the walk's pools run inline for the block (restored after)."""
-    inline = InlineExecutor()
-    saved = reconcile_scan._POOL, walker_base.POOL
-    reconcile_scan._POOL = walker_base.POOL = inline  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        reconcile_scan._POOL, walker_base.POOL = saved
 
 
 @dataclass
@@ -229,5 +201,4 @@ def _budget_counted(lines: list[str], work_key: str) -> bool | None:
     return state
 
 
-__all__ = ["Derived", "InlineExecutor", "indexer", "plant_range_plan", "reconciler_shard",
-           "serial_pools"]
+__all__ = ["Derived", "indexer", "plant_range_plan", "reconciler_shard"]

@@ -59,13 +59,28 @@ def _seeded_uuids(seed: int) -> Iterator[None]:
         uuid.uuid4 = original  # type: ignore[assignment]
 
 
-def _crash_hook(world: World, hit: set[str]) -> Any:
+@dataclass
+class _CrashPoints:
+    """The crash points reached while armed. Quiescence's first pass of the reaps arms them too,
+    storage faults off, each name the run phase did not reach crashing there at most once (so every
+    task still ends within its retries): a reap's late stages, which the run phase's step budget
+    often ends before, die there as well, and are run to completion after."""
+
+    hit: set[str] = field(default_factory=set)
+    quiet: bool = False
+    quiet_crashed: set[str] = field(default_factory=set)
+
+
+def _crash_hook(world: World, points: _CrashPoints) -> Any:
     def hook(name: str) -> None:
         actor = world.scheduler.current()
-        if actor is None or not world.faults.enabled:
+        faults = world.faults.enabled
+        if actor is None or not (faults or points.quiet):
             return
-        hit.add(name)
-        if world.rng.random() < CRASH_POINT_RATE:
+        points.hit.add(name)
+        if (faults or name not in points.quiet_crashed) and world.rng.random() < CRASH_POINT_RATE:
+            if not faults:
+                points.quiet_crashed.add(name)
             world.scheduler.note(f"crash point {name}")
             world.faults.coverage[(actor.name.split("#")[0], name, "crash-point")] += 1
             actor.crashed = True
@@ -90,15 +105,25 @@ def _spawn_run_phase(world: World, derived: derived_actors.Derived) -> None:
     derived.side = side_actors.spawn(world)  # conflicts, the denylist, the audit's watermarks
 
 
-def _quiesce(world: World, derived: derived_actors.Derived) -> None:
-    """Faults off; every job once more, one after another, to completion."""
+def _quiesce(world: World, derived: derived_actors.Derived, points: _CrashPoints) -> None:
+    """Faults off; every job once more, one after another, to completion (the first pass of the
+    reaps with crashes at crash points, each task retried as the state machine does)."""
     world.faults.enabled = False
     world.scheduler.jump_rate = 0.0
     world.clock.advance(3600)  # every lease a dead task held has expired
     before, after = reap_world.quiesce_inputs(world.reaps)
     first, last = side_actors.quiesce_jobs(world, derived.side)
+    first_pass = reap(world, before)
+
+    def crashing(actor: Any) -> None:
+        points.quiet, points.quiet_crashed = True, set(points.hit)  # only where the run phase did not reach
+        try:
+            first_pass(actor)
+        finally:
+            points.quiet = False
+
     jobs = [*first, derived_actors.indexer(world, derived, drop=0.0, duplicate=0.0, delay=0.0, idle_limit=1),
-            reap(world, before), lambda actor: reap_world.operator_skips(world, world.reaps), reap(world, after),
+            crashing, lambda actor: reap_world.operator_skips(world, world.reaps), reap(world, after),
             # an operator resumes a walk the run phase left unfinished (or walks again), then every
             # shard runs once the hours have settled
             walk(world, [{"resume": True}, {}], outcomes=derived.walk_outcomes),
@@ -117,7 +142,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     draw from the seed, but not started): what :mod:`~lightmetrics.harness.sim.shrink` varies."""
     world = build_world(seed, fault_rate=fault_rate, max_steps=steps)
     violations: list[str] = []
-    hit: set[str] = set()
+    points = _CrashPoints()
     watch = SafetyWatch(world)
     sources = SourceWatch(world)
 
@@ -132,8 +157,7 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     world.scheduler.after_step = check
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
     derived = derived_actors.Derived()
-    with _seeded_uuids(seed), serial_pools(), derived_actors.serial_pools(), \
-            crashpoints.hooked(_crash_hook(world, hit)):
+    with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, points)):
         _spawn_run_phase(world, derived)
         spawned = [a.name for a in world.scheduler.actors]
         if actors is not None:
@@ -145,13 +169,13 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
         errors = [f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error]
         violations.extend(errors)
         if not violations:
-            _quiesce(world, derived)
+            _quiesce(world, derived, points)
             violations.extend(world.scheduler.flagged + quiescence(world)
                               + derived_checks.quiescence(world, derived, derived_actors.SHARDS)
                               + side_actors.quiescence(world, derived.side))
             violations.extend(f"actor {a.name} escaped: {a.error}" for a in world.scheduler.actors if a.error)
     return SimResult(seed, run_steps, world.scheduler.calls, violations, world.scheduler.trace, world.faults.coverage,
-                     hit, world.scheduler.jumps, spawned)
+                     points.hit, world.scheduler.jumps, spawned)
 
 
 def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, steps: int = DEFAULT_STEPS,
@@ -160,7 +184,7 @@ def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, st
              actors: Collection[str] | None = None) -> dict[str, Any]:
     """Seeds in order (or fresh ones until ``minutes`` pass): the figures of ``lmctl sim --json``.
     ``keep`` receives every result (the CLI prints a failing one's trace)."""
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     pick = fresh or random.Random()
     results: list[SimResult] = [] if keep is None else keep
     queue = list(seeds or [])
@@ -169,10 +193,12 @@ def run_many(seeds: list[int] | None = None, *, minutes: float | None = None, st
         results.append(run_seed(seed, steps=steps, fault_rate=fault_rate, actors=actors))
         if results[-1].violations and stop_at_first:
             break
-    return summary(results, time.monotonic() - started)
+    return summary(results, time.monotonic() - started, cpu_s=time.process_time() - cpu)
 
 
-def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
+def summary(results: list[SimResult], elapsed_s: float, *, cpu_s: float | None = None) -> dict[str, Any]:
+    """The figures; ``cpu_s`` (the process's CPU time for them) gives ``schedules_per_cpu_min``,
+    the speed a busy machine does not change."""
     coverage: Counter[tuple[str, str, str]] = Counter()
     points: set[str] = set()
     for r in results:
@@ -190,6 +216,8 @@ def summary(results: list[SimResult], elapsed_s: float) -> dict[str, Any]:
         "storage_calls": calls, "calls_per_schedule": round(calls / len(results), 1) if results else 0.0,
         "elapsed_s": round(elapsed_s, 3), "steps_per_s": round(steps / elapsed_s, 1) if elapsed_s else 0.0,
         "schedules_per_min": round(len(results) * 60 / elapsed_s, 1) if elapsed_s else 0.0,
+        **({"cpu_s": round(cpu_s, 3), "schedules_per_cpu_min": round(len(results) * 60 / cpu_s, 1)}
+           if cpu_s else {}),
         "violations": [{"seed": r.seed, "found": r.violations, "trace_tail": r.trace[-40:]}
                        for r in results if r.violations],
         "coverage": {"fault_kinds": dict(kinds),

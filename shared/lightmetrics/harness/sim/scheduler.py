@@ -1,15 +1,17 @@
 """The deterministic scheduler: real service code as actors, one at a time, switched at storage calls.
 
 Each actor runs in its own thread, but only the actor holding the baton runs: at every storage call
-(:meth:`Scheduler.before_call`, from the port proxies) it hands the baton back, and the scheduler's
-seeded ``random.Random`` picks which unfinished actor proceeds next. The baton is a pair of plain
-locks per hand-over (the actor's ``go``, the scheduler's ``back``): one release wakes exactly the
-thread whose turn it is, where a shared condition woke every waiting actor at every step. So a seed fixes the interleaving,
-the faults and the clock, and two runs of one seed produce the same trace. Threads a service starts
-itself (a pool) call while their actor holds the baton: they run as that actor. A pool of several
-workers would make those calls in an order no seed fixes, so :func:`serial_pools` gives the services'
-module-level pools one worker each for a run (their tasks then run in the order submitted), as
-:mod:`~lightmetrics.harness.sim.runner` gives ``uuid4`` the seed: nothing in the services changes.
+(:meth:`Scheduler.before_call`, from the port proxies) its step ends — the step's checks
+(``after_step``) run — and the scheduler's seeded ``random.Random`` picks which unfinished actor
+proceeds next. That decision runs in the thread holding the baton, which passes it straight to the
+picked actor's ``go`` lock (one release wakes exactly the thread whose turn it is) or, when the seed
+picks the same actor again (always, with one actor left), simply goes on: no thread in between. So
+a seed fixes the interleaving, the faults and the clock, and two runs of one seed produce the same
+trace. A pool of several workers would make a service's calls in an order no seed fixes, so
+:func:`serial_pools` gives the services' module-level pools an :class:`InlineExecutor` for a run
+(their tasks run in the actor's thread, in the order submitted, each call a step of the actor's),
+as :mod:`~lightmetrics.harness.sim.runner` gives ``uuid4`` the seed: nothing in the services
+changes. A thread a service starts itself calls while its actor holds the baton: it runs as that actor.
 
 Example:
     >>> import random
@@ -23,12 +25,14 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 import random
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 _NS = 1_000_000_000
 #: where the services keep a pool of several workers (module, name), each at the module that uses it
@@ -36,20 +40,43 @@ SERVICE_POOLS = (("lightmetrics.derived.reconcile_scan", "_POOL"), ("lightmetric
                  ("lightmetrics.derived.walk.page_task", "POOL"))
 
 
+class InlineExecutor(Executor):
+    """An executor that runs each task at once in the caller's thread (its actor's turn, its calls
+    scheduled as the actor's own), in the order submitted."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - a SimCrash too: the caller's result() raises it
+            future.set_exception(exc)
+        return future
+
+
 @contextmanager
 def serial_pools() -> Iterator[None]:
-    """Each of :data:`SERVICE_POOLS` one worker for the duration (tasks in submission order)."""
+    """Each of :data:`SERVICE_POOLS` an :class:`InlineExecutor` for the duration (restored after)."""
+    inline = InlineExecutor()
     saved = []
     for module_name, name in SERVICE_POOLS:
         module = importlib.import_module(module_name)
         saved.append((module, name, getattr(module, name)))
-        setattr(module, name, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sim-{name.strip('_').lower()}"))
+        setattr(module, name, inline)
     try:
         yield
     finally:
         for module, name, pool in saved:
-            getattr(module, name).shutdown(wait=False)
             setattr(module, name, pool)
+
+
+def pin_to_one_core() -> None:
+    """Keep this thread, and the threads it starts after, on one CPU of those allowed (picked by
+    process id, so parallel runs spread). Actors take turns, so a run uses one core; on two, each
+    hand-over wakes a thread on the other core, which costs more than the turn (about a third of a
+    run's CPU time). For a process that only simulates (``lmctl sim``); nothing else changes."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(allowed) > 1:
+        os.sched_setaffinity(0, {allowed[os.getpid() % len(allowed)]})
 
 
 class SimCrash(BaseException):
@@ -119,18 +146,23 @@ class Scheduler:
         self.stopping = False
         #: safety violations found by the actors' drivers and the proxies (checked after each step)
         self.flagged: list[str] = []
-        self._back = threading.Lock()  # released by the running actor when it hands the baton back
-        self._back.acquire()
+        self._finished = threading.Lock()  # released when the last actor is done
         self._holder: Actor | None = None  # the actor running now (threads it started run as it)
         self._local = threading.local()
+        self._error: BaseException | None = None  # what escaped ``after_step`` (``run`` raises it)
 
     def spawn(self, name: str, body: Callable[[Actor], None]) -> None:
         actor = Actor(name, body)
         actor.go.acquire()
         self.actors.append(actor)
 
+    def start(self, actor: Actor) -> None:
+        """The actor's thread (it waits for its first turn)."""
+        actor.thread = threading.Thread(target=self._main, args=(actor,), name=f"sim-{actor.name}", daemon=True)
+        actor.thread.start()
+
     def current(self) -> Actor | None:
-        return getattr(self._local, "actor", None) or self._holder
+        return None if self._holder is None else getattr(self._local, "actor", None) or self._holder
 
     def note(self, text: str) -> None:
         """A trace line of the running actor (faults, crash points, outcomes)."""
@@ -142,7 +174,8 @@ class Scheduler:
         self.flagged.append(violation)
 
     def before_call(self, operation: str, key: str, *, storage: bool = True) -> Actor | None:
-        """Called by a proxy before each storage call: hand the baton back and wait for it again."""
+        """Called by a proxy before each storage call: the step ends; the next one (maybe this
+        actor's again) begins once the seed picked its actor."""
         self.calls += storage
         actor = getattr(self._local, "actor", None)
         if actor is None:  # a service's own worker thread: it runs in its actor's turn
@@ -152,8 +185,11 @@ class Scheduler:
             return self._holder
         if actor.crashed:
             raise SimCrash(f"{actor.name} is dead")
-        self._back.release()
-        actor.go.acquire()
+        nxt = self._next()
+        if nxt is not actor:
+            self._give(nxt)
+            actor.go.acquire()
+        self._holder = actor
         if self.stopping:
             raise SimStop()
         self.note(f"{operation} {key}")
@@ -170,6 +206,7 @@ class Scheduler:
     def _main(self, actor: Actor) -> None:
         self._local.actor = actor
         actor.go.acquire()
+        self._holder = actor
         try:
             if not self.stopping:
                 actor.body(actor)
@@ -179,37 +216,53 @@ class Scheduler:
             actor.error = f"{type(exc).__name__}: {exc}"
         finally:
             actor.done = True
-            self._back.release()
+            self._give(self._next())
 
-    def _give(self, actor: Actor) -> None:
-        self._holder = actor
-        actor.go.release()
-        self._back.acquire()
+    def _next(self, *, ended: bool = True) -> Actor | None:
+        """The step's end (``after_step``) and the next step's actor: the seed picks it among those
+        not done, and moves the clock. Runs in the thread holding the baton, so only one runs it;
+        the baton then passes straight to the picked actor (no thread in between)."""
         self._holder = None
+        if ended:
+            try:
+                self.after_step()
+            except BaseException as exc:  # noqa: BLE001 - raised by run(), not into an actor
+                self._error = self._error or exc
+                self.stopping = True
+        runnable = [a for a in self.actors if not a.done]
+        if not runnable:
+            return None
+        actor = self.rng.choice(runnable)
+        self.clock.advance(ns=self.rng.randrange(0, self.max_tick_ms) * 1_000_000)
+        if self.rng.random() < self.jump_rate:  # the world pauses (a slow actor): leases run out
+            jump_s = self.rng.randrange(300, 1800)
+            self.clock.advance(jump_s)
+            self.jumps += 1
+            self.trace.append(f"{self.steps:05d} - clock jump +{jump_s}s")
+        self.steps += 1
+        self.stopping = self.stopping or self.steps > self.max_steps
+        return actor
+
+    def _give(self, actor: Actor | None) -> None:
+        if actor is None:
+            self._finished.release()
+        else:
+            actor.go.release()
 
     def run(self) -> None:
         """Until every actor is done; past ``max_steps`` the rest stop at their next call."""
         for actor in self.actors:
-            actor.thread = threading.Thread(target=self._main, args=(actor,), name=f"sim-{actor.name}", daemon=True)
-            actor.thread.start()
-        while True:
-            runnable = [a for a in self.actors if not a.done]
-            if not runnable:
-                break
-            actor = self.rng.choice(runnable)
-            self.clock.advance(ns=self.rng.randrange(0, self.max_tick_ms) * 1_000_000)
-            if self.rng.random() < self.jump_rate:  # the world pauses (a slow actor): leases run out
-                jump_s = self.rng.randrange(300, 1800)
-                self.clock.advance(jump_s)
-                self.jumps += 1
-                self.trace.append(f"{self.steps:05d} - clock jump +{jump_s}s")
-            self.steps += 1
-            self.stopping = self.stopping or self.steps > self.max_steps
-            self._give(actor)
-            self.after_step()
+            self.start(actor)
+        self._finished.acquire()
+        self._give(self._next(ended=False))
+        self._finished.acquire()
+        self._finished.release()
         for actor in self.actors:
             assert actor.thread is not None
             actor.thread.join()
+        if self._error is not None:
+            raise self._error
 
 
-__all__ = ["SERVICE_POOLS", "Actor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock", "serial_pools"]
+__all__ = ["SERVICE_POOLS", "Actor", "InlineExecutor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock",
+           "pin_to_one_core", "serial_pools"]

@@ -3,8 +3,11 @@ each actor's contexts (its own skewed clock) over the scheduling, fault-injectin
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import random
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,17 +95,55 @@ def build_world(seed: int, *, fault_rate: float, max_steps: int, after_step: Any
     """A fresh namespace with planted history (no faults, no scheduling) and the run's scheduler."""
     rng = random.Random(seed)
     clock = SimClock(T0_NS)
-    system = memory_system(clock=clock, retry_horizon_s=HORIZON_S, gc_grace_s=0, retention_s=RETENTION_S,
-                           rollup_retention_s=RETENTION_S)
-    _plant_history(system, clock)
-    reaps = plant_reaps(system, clock, OLD_NS, identity, frame)
+    planted = _planted()
+    system = memory_system(clock=clock, settings=planted.system.settings)
+    planted.copy_into(system)
     scheduler = Scheduler(rng, clock, max_steps=max_steps, after_step=after_step)
     faults = FaultPlan(rng, fault_rate)
     world = World(system, clock, scheduler, faults, SimObjectStore(system.store, scheduler, faults),
-                  SimControlTable(system.table, scheduler, faults), rng, reaps=reaps)
-    world.newer_records = _plant_newer_record(system, clock)
+                  SimControlTable(system.table, scheduler, faults), rng, reaps=copy.deepcopy(planted.reaps))
+    world.newer_records = dict(planted.newer_records)
     world.store.watch = world.table.watch = LeaseWatch(system.table, scheduler)
     return world
+
+
+@dataclass
+class _Planted:
+    """The history every schedule starts from, planted once per process through the real code
+    (the same for every seed: its request tokens come from a fixed seed); each world gets a copy
+    of its bucket's versions and its table's items."""
+
+    system: MemorySystem
+    reaps: ReapWorld
+    newer_records: dict[str, str]
+
+    def copy_into(self, system: MemorySystem) -> None:
+        store, table = self.system.store, self.system.table
+        system.store._keys = {k: [dataclasses.replace(v, metadata=dict(v.metadata)) for v in versions]
+                              for k, versions in store._keys.items()}
+        system.store._next_version = store._next_version
+        system.table._items = copy.deepcopy(table._items)
+
+
+_PLANTED: list[_Planted] = []
+
+
+def _planted() -> _Planted:
+    if not _PLANTED:
+        clock = SimClock(T0_NS)
+        system = memory_system(clock=clock, retry_horizon_s=HORIZON_S, gc_grace_s=0, retention_s=RETENTION_S,
+                               rollup_retention_s=RETENTION_S)
+        rng, original = random.Random(0x91A47ED), uuid.uuid4
+        uuid.uuid4 = lambda: uuid.UUID(int=rng.getrandbits(128), version=4)  # type: ignore[assignment]
+        try:
+            _plant_history(system, clock)
+            reaps = plant_reaps(system, clock, OLD_NS, identity, frame)
+            newer = _plant_newer_record(system, clock)
+        finally:
+            uuid.uuid4 = original  # type: ignore[assignment]
+        assert clock.now_ns() == T0_NS
+        _PLANTED.append(_Planted(system, reaps, newer))
+    return _PLANTED[0]
 
 
 def _plant_history(system: MemorySystem, clock: SimClock) -> None:

@@ -20,14 +20,21 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
-from lightmetrics.aws.control_table import ControlTable, from_item, table_error, to_item
+from lightmetrics.aws.control_table import ControlTable, table_error
 from lightmetrics.harness.testing.memory.dynamo_values import dynamo_type
-from lightmetrics.harness.testing.memory.expressions import Bindings, ExpressionInvalid, parse_condition, parse_update
+from lightmetrics.harness.testing.memory.expressions import (
+    Bindings,
+    ExpressionInvalid,
+    deep_copy,
+    parse_condition,
+    parse_update,
+)
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 
 _ser, _de = TypeSerializer(), TypeDeserializer()
@@ -44,7 +51,41 @@ def _client_error(operation: str, code: str, message: str, **extra: Any) -> Clie
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` as DynamoDB keeps them (the adapter's own serializer: floats refused, None dropped)."""
-    return {k: _de.deserialize(v) for k, v in to_item(values).items()}
+    return {k: _kept(v) for k, v in values.items() if v is not None}
+
+
+_MAX_INT = 10**38  # an int of at most 38 digits is a DynamoDB number exactly
+
+
+def _kept(v: Any) -> Any:
+    """``_de.deserialize(_ser.serialize(v))``: the common types directly (what the serializer makes
+    of them), anything else — floats (refused), sets, binaries, subclasses — through the serializer."""
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return v
+    if t is int and -_MAX_INT < v < _MAX_INT:
+        return Decimal(v)
+    if t is dict:
+        return {k: _kept(x) for k, x in v.items()}
+    if t is list or t is tuple:
+        return [_kept(x) for x in v]
+    return _de.deserialize(_ser.serialize(v))
+
+
+def _answer(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored item as the adapter returns it: ``from_item(to_item(item))`` — a copy, top-level
+    numbers as ``int``/``float`` — without the wire format's round trip (the values are stored ones)."""
+    out = {k: deep_copy(v) for k, v in item.items()}
+    for k, v in out.items():
+        if isinstance(v, Decimal):
+            out[k] = int(v) if v == int(v) else float(v)
+    return out
+
+
+def _may_exceed(item: dict[str, Any]) -> bool:
+    """False when ``item`` is surely under the size limit: its ``repr`` spells every name and value
+    (a number in more characters than its size), each character at most 4 bytes of UTF-8."""
+    return 4 * len(repr(item)) > MAX_ITEM_BYTES
 
 
 def item_size(item: dict[str, Any]) -> int:
@@ -97,7 +138,7 @@ class InMemoryControlTable(ControlTable):
     def items(self) -> list[dict[str, Any]]:
         """Every item, as :meth:`get` returns them, in key order."""
         with self._lock:
-            return [from_item(to_item(self._items[k])) for k in sorted(self._items)]
+            return [_answer(self._items[k]) for k in sorted(self._items)]
 
     # -- the port ------------------------------------------------------------------------------------
     def _request(self, operation: str) -> None:
@@ -119,7 +160,7 @@ class InMemoryControlTable(ControlTable):
         with self._lock:
             self._request("GetItem")
             item = self._items.get((pk, sk))
-            return from_item(to_item(item)) if item is not None else None
+            return _answer(item) if item is not None else None
 
     def put(self, values: dict[str, Any], *, condition: str | None = None, names: dict[str, str] | None = None,
             values_for_condition: dict[str, Any] | None = None) -> None:
@@ -134,7 +175,7 @@ class InMemoryControlTable(ControlTable):
             self._request("UpdateItem")
             op = Op("Update", pk, sk, expression, names or {}, values or {}, condition)
             self._apply("UpdateItem", op, single=True)
-            return from_item(to_item(self._items[(pk, sk)]))
+            return _answer(self._items[(pk, sk)])
 
     def delete(self, pk: str, sk: str, *, condition: str | None = None,
                values_for_condition: dict[str, Any] | None = None) -> None:
@@ -174,14 +215,14 @@ class InMemoryControlTable(ControlTable):
                 sks = [s for s in sks if (s.encode() < after if newest_first else s.encode() > after)]
             page = sks[:limit]
             items = [self._items[(pk, s)] for s in page]
-            out = [from_item(to_item(i)) for i in items if cond is None or cond.evaluate(i, bindings)]
+            out = [_answer(i) for i in items if cond is None or cond.evaluate(i, bindings)]
             return out, (page[-1] if len(page) == limit and len(sks) > limit else None)
 
     def query(self, pk: str, *, limit: int | None = None, sk_prefix: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
             self._request("Query")
             sks = [s for s in self._sks(pk, False) if sk_prefix is None or s.encode().startswith(sk_prefix.encode())]
-            items = [from_item(to_item(self._items[(pk, s)])) for s in sks]
+            items = [_answer(self._items[(pk, s)]) for s in sks]
             return items[:limit] if limit is not None else items
 
     # -- the semantics -------------------------------------------------------------------------------
@@ -222,7 +263,7 @@ class InMemoryControlTable(ControlTable):
                 return _FAILED
         except ExpressionInvalid as exc:
             raise _client_error(operation, "ValidationException", str(exc)) from None
-        if new is not None and item_size(new) > MAX_ITEM_BYTES:
+        if new is not None and _may_exceed(new) and item_size(new) > MAX_ITEM_BYTES:
             raise _client_error(operation, "ValidationException", "Item size has exceeded the maximum allowed size")
         return new
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal  # noqa: F401 - the doctest's
+from functools import lru_cache
 from typing import Any
 
 from lightmetrics.harness.testing.memory.dynamo_values import COMPARE, MISSING, dynamo_type, equal, ordered, sort_key
@@ -42,7 +43,9 @@ _TOKEN = re.compile(r"\s*(?:(?P<name>#[A-Za-z0-9_]+)|(?P<value>:[A-Za-z0-9_]+)|(
 _KEYWORDS = {"AND", "OR", "NOT", "BETWEEN", "IN", "SET", "REMOVE", "ADD", "DELETE"}
 
 
-def _tokens(text: str) -> list[str]:
+@lru_cache(maxsize=1024)
+def _tokens(text: str) -> tuple[str, ...]:
+    """The tokens of ``text`` (an expression's text is code, few distinct: each is read once)."""
     out, pos = [], 0
     text = text.rstrip()
     while pos < len(text):
@@ -51,7 +54,14 @@ def _tokens(text: str) -> list[str]:
             raise ExpressionInvalid(f"Invalid expression: syntax error near {text[pos:pos + 20]!r}")
         out.append(m.group(m.lastgroup or "op"))
         pos = m.end()
-    return out
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def _placeholders(expressions: tuple[str | None, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """The ``#names`` and ``:values`` the expressions use."""
+    toks = [t for e in expressions if e for t in _tokens(e)]
+    return frozenset(t for t in toks if t.startswith("#")), frozenset(t for t in toks if t.startswith(":"))
 
 
 @dataclass
@@ -70,9 +80,7 @@ class Bindings:
     def check(self, *expressions: str | None) -> None:
         """DynamoDB's rules for one request's expressions: every ``#name``/``:value`` they use is
         defined, and every one given is used (``ValidationException`` otherwise)."""
-        toks = [t for e in expressions if e for t in _tokens(e)]
-        names = {t for t in toks if t.startswith("#")}
-        values = {t for t in toks if t.startswith(":")}
+        names, values = _placeholders(expressions)
         for t in sorted(names - set(self.names)):
             raise ExpressionInvalid(f"An expression attribute name used in the document path is not defined; "
                                     f"attribute name: {t}")
@@ -270,7 +278,9 @@ class _Parser:
         return Path(tuple(parts))
 
 
+@lru_cache(maxsize=1024)
 def parse_condition(text: str) -> Condition:
+    """The parsed condition (immutable: parsed once per text)."""
     p = _Parser(text)
     cond = p.condition()
     p.done()
@@ -299,7 +309,7 @@ class Update:
         for p, v in self.adds:
             path, add, old = p.resolve(b), v.get(item, b), p.get(item, b)
             writes.append((path, _added(old, add)))
-        new: dict[str, Any] = _deep_copy(item)
+        new: dict[str, Any] = deep_copy(item)
         for path, value in writes:
             _parent(new, path)[path[-1]] = value
         for path in (p.resolve(b) for p in self.removes):
@@ -321,11 +331,12 @@ def _added(old: Any, add: Any) -> Any:
     raise ExpressionInvalid("An operand in the update expression has an incorrect data type")
 
 
-def _deep_copy(v: Any) -> Any:
+def deep_copy(v: Any) -> Any:
+    """A copy of a stored value (maps, lists and sets copied; the rest is immutable)."""
     if isinstance(v, dict):
-        return {k: _deep_copy(x) for k, x in v.items()}
+        return {k: deep_copy(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_deep_copy(x) for x in v]
+        return [deep_copy(x) for x in v]
     if isinstance(v, set):
         return set(v)
     return v
@@ -344,7 +355,9 @@ def _parent(item: dict[str, Any], path: tuple[str, ...], *, removing: bool = Fal
     return node
 
 
+@lru_cache(maxsize=1024)
 def parse_update(text: str) -> Update:
+    """The parsed update (immutable: parsed once per text)."""
     p = _Parser(text)
     sets: list[tuple[Path, Any]] = []
     removes: list[Path] = []
