@@ -57,14 +57,15 @@ def _write(out: Path, name: str, doc: dict[str, Any]) -> None:
 
 def run_mutants(out: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_sim_mutants import MAX_SEEDS, MORE_SEEDS, MUTANTS, _mutated
+    from test_sim_mutants import MAX_SEEDS, MORE_SEEDS, MUTANTS, START_AT, _mutated
 
     first: tuple[str, Path, int] | None = None
     for name in sorted(MUTANTS):
         tmp = Path(tempfile.mkdtemp(prefix=f"sim-mutant-{name[:20]}-", dir=out))
         shared = _mutated(tmp, *MUTANTS[name])
         started = time.monotonic()
-        code, figures, stderr = _lmctl_sim(shared, "--seeds", str(MORE_SEEDS.get(name, MAX_SEEDS)), "--start", "1")
+        code, figures, stderr = _lmctl_sim(shared, "--seeds", str(MORE_SEEDS.get(name, MAX_SEEDS)),
+                                           "--start", str(START_AT.get(name, 1)))
         _write(out, f"mutant-{name}", {"returncode": code, "figures": figures, "stderr": stderr,
                                        "seconds": round(time.monotonic() - started, 1)})
         if first is None and figures.get("violations"):

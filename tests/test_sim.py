@@ -49,10 +49,12 @@ def test_a_bounded_run_on_fixed_seeds_finds_nothing_and_covers_every_fault_kind_
     assert set(DEFAULT_SEEDS) <= set(FIXED_SEEDS)
     default = summary([r for r in results if r.seed in DEFAULT_SEEDS], 1.0)
     assert default["coverage"]["crash_points_missed"] == [], default["coverage"]["crash_points_missed"]
-    # and the run phase (faults on) crashes at most of them, quiescence at the rest
+    # and the run phase (faults on, every actor running) crashes at many of them, among them the
+    # reconciler's, the reaps' and the indexers'; quiescence's first pass of the reaps at the rest
     crashed = {c.split()[1] for c in figures["coverage"]["combinations"] if c.endswith(" crash-point")
                and not c.startswith("quiesce ")}
-    assert len(crashed) >= 14 and "reconcile.progress-saved" in crashed, sorted(crashed)
+    assert len(crashed) >= 11 and {"reconcile.hour-saved", "gc.proved", "retention.committed",
+                                   "index.by-blob-written"} <= crashed, sorted(crashed)
 
 
 def test_a_settle_rerun_after_its_purge_died_deletes_the_purged_blobs_hint() -> None:
@@ -186,9 +188,17 @@ def test_operators_resolve_deny_and_lift_suspects_are_refused_and_audits_move_wa
     seen: dict[str, int] = {}
     marks = {"resolved": ": ok", "already": " refused", "denied": "answer denied ", "deny": " deny_identity: ok",
              "accept": " accept_existing: ok", "lift": "denylist remove ", "audit": "audit 0 moved ['"}
-    for seed in range(1, 16):
+    import random
+
+    from lightmetrics.harness.sim.runner import SIDE_RATE
+
+    # the first 30 seeds whose world has these actors (half of them: runner.SIDE_RATE)
+    seeds = [s for s in range(1, 100) if random.Random(f"side-{s}").random() < SIDE_RATE][:30]
+    assert len(seeds) == 30
+    for seed in seeds:
         result = run_seed(seed)
         assert result.violations == [], (seed, result.violations)
+        assert any(a.startswith("operator") for a in result.actors), result.actors
         for name, mark in marks.items():
             seen[name] = seen.get(name, 0) + sum(mark in line for line in result.trace)
     assert all(seen[name] > 0 for name in marks), seen
