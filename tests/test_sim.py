@@ -217,3 +217,20 @@ def test_lmctl_sim_runs_on_one_core_so_a_hand_over_wakes_no_thread_on_another() 
     before, after, thread = map(int, out.stdout.split())
     expected = (1, 1) if before > 1 else (before, before)
     assert (after, thread) == expected, out
+
+
+def test_gc_of_source_audit_proves_a_committed_audit_runs_candidates_a_stale_one_kept() -> None:
+    """In the worlds whose GC takes source ``audit`` (runner.AUDIT_SOURCE_RATE), GC reads the planted
+    committed run's candidates — two orphans, a blob a record names and the newer writer's record's
+    blob (world._plant_audit_run) — and proves each: the checks hold the named blobs kept."""
+    import random
+
+    from lightmetrics.harness.sim.runner import AUDIT_SOURCE_RATE
+
+    read = 0
+    for seed in [s for s in range(1, 60) if random.Random(f"gc-audit-{s}").random() < AUDIT_SOURCE_RATE][:12]:
+        result = run_seed(seed)
+        assert result.violations == [], (seed, result.violations)
+        read += sum("GetObject audit/v1/run=sim-audit-1/orphan-blob-candidates/part-00000.json" in line
+                    for line in result.trace)
+    assert read > 0

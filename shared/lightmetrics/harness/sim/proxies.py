@@ -132,7 +132,8 @@ class SimObjectStore:
                 self.created.append(key)
 
     def lines_from(self, key: str, offset: int) -> Any:
-        return iter(self._call("GetObject", key, lambda: list(self.inner.lines_from(key, offset))))
+        lines = self._call("GetObject", key, lambda: list(self.inner.lines_from(key, offset)))
+        yield from lines  # a generator, as the adapters' (callers close it when they stop early)
 
     def delete(self, key: str) -> None:
         self._call("DeleteObject", key, lambda: self.inner.delete(key), write=True)

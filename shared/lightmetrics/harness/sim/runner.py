@@ -26,6 +26,7 @@ from lightmetrics.harness.sim.source_watch import SourceWatch
 from lightmetrics.harness.sim.walk_driver import walk
 from lightmetrics.harness.sim.world import World, build_world
 from lightmetrics.ops import crashpoints
+from lightmetrics.reaps.params import LATEST_AUDIT
 
 #: the figures of one schedule: storage calls in the run phase before the step budget stops it
 DEFAULT_STEPS = 300
@@ -34,6 +35,10 @@ DEFAULT_STEPS = 300
 #: long tasks need (drawn from the seed apart from the world's generator, so a seed without them
 #: schedules exactly as before they existed)
 SIDE_RATE = 0.5
+#: the share of seeds whose GC runs (if the seed has any) prove the planted audit run's orphan
+#: candidates (source ``audit``) instead of a scan or the blob index: drawn apart from the world's
+#: generator too
+AUDIT_SOURCE_RATE = 0.4
 DEFAULT_FAULT_RATE = 0.06
 CRASH_POINT_RATE = 0.2
 CLOCK_JUMP_RATE = 0.004
@@ -93,7 +98,7 @@ def _crash_hook(world: World, points: _CrashPoints) -> Any:
     return hook
 
 
-def _spawn_run_phase(world: World, derived: derived_actors.Derived, *, side: bool) -> None:
+def _spawn_run_phase(world: World, derived: derived_actors.Derived, *, side: bool, audit_source: bool) -> None:
     s, rng = world.scheduler, world.rng
     for n, plan in enumerate(actors.collector_plans(world, 3, 3)):
         s.spawn(f"collector#{n}", actors.collector(world, n, plan))
@@ -105,7 +110,10 @@ def _spawn_run_phase(world: World, derived: derived_actors.Derived, *, side: boo
         s.spawn("walk", walk(world, [{"page_size": rng.choice((1, 2, 3)), "parallelism": rng.choice((1, 2)),
                                       "max_rounds_per_execution": rng.choice((1, 2, 100))}],
                              delay=rng.randrange(60), outcomes=derived.walk_outcomes))
-    s.spawn("gc", reap(world, reap_world.gc_inputs(rng), delay=rng.randrange(40)))
+    gc_runs = reap_world.gc_inputs(rng)
+    if audit_source:
+        gc_runs = [{**run, "source": "audit", "audit_run": LATEST_AUDIT} for run in gc_runs]
+    s.spawn("gc", reap(world, gc_runs, delay=rng.randrange(40)))
     s.spawn("retention", reap(world, reap_world.retention_inputs(rng, world.reaps), delay=rng.randrange(2)))
     if side:
         derived.side = side_actors.spawn(world)  # conflicts, the denylist, the audit's watermarks
@@ -164,7 +172,8 @@ def run_seed(seed: int, *, steps: int = DEFAULT_STEPS, fault_rate: float = DEFAU
     world.scheduler.jump_rate = CLOCK_JUMP_RATE
     derived = derived_actors.Derived()
     with _seeded_uuids(seed), serial_pools(), crashpoints.hooked(_crash_hook(world, points)):
-        _spawn_run_phase(world, derived, side=random.Random(f"side-{seed}").random() < SIDE_RATE)
+        _spawn_run_phase(world, derived, side=random.Random(f"side-{seed}").random() < SIDE_RATE,
+                         audit_source=random.Random(f"gc-audit-{seed}").random() < AUDIT_SOURCE_RATE)
         spawned = [a.name for a in world.scheduler.actors]
         if actors is not None:
             if unknown := sorted(set(actors) - set(spawned)):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.acceptance.accept import AcceptContext, NoMetrics, accept_batch
-from lightmetrics.derived.indexing import index_accepted, index_raw_blob
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob, parse_record
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.sim.lease_check import LeaseWatch
 from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObjectStore
@@ -24,7 +24,7 @@ from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.keys import KeyKind, UtcHour
 
 _NS = 1_000_000_000
 HORIZON_S = 60
@@ -139,6 +139,7 @@ def _planted() -> _Planted:
             _plant_history(system, clock)
             reaps = plant_reaps(system, clock, OLD_NS, identity, frame)
             newer = _plant_newer_record(system, clock)
+            _plant_audit_run(system, newer)
         finally:
             uuid.uuid4 = original  # type: ignore[assignment]
         assert clock.now_ns() == T0_NS
@@ -182,4 +183,24 @@ def _plant_newer_record(system: MemorySystem, clock: SimClock) -> dict[str, str]
     return {key: str(result.blob_key)}
 
 
-__all__ = ["Ack", "HORIZON_S", "OLD_NS", "World", "build_world", "frame", "identity"]
+#: the committed audit run whose orphan candidates a GC of source ``audit`` proves
+AUDIT_RUN = "sim-audit-1"
+
+
+def _plant_audit_run(system: MemorySystem, newer: dict[str, str]) -> None:
+    """A committed audit run (its summary, then its commit marker) whose orphan candidates are the
+    two orphans, a blob a live record names (the audit is a week old: a late accept has referenced
+    it since) and the newer writer's record's blob: GC's proof, not the audit, decides (G1)."""
+    codec, store = system.ctx.codec, system.store
+    named = sorted(parse_record(codec, k, store.get(k) or b"").raw_blob_key
+                   for k in store.keys(codec.accepted_root()) if k not in newer)
+    orphans = sorted(set(store.keys(codec.root(KeyKind.RAW_BLOB))) - set(named) - set(newer.values()))
+    lines = [{"blob_key": k} for k in orphans[:2] + named[:1] + sorted(newer.values())]
+    run = codec.audit_run(AUDIT_RUN)
+    store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.json",
+                        b"".join(json.dumps(line, sort_keys=True).encode() + b"\n" for line in lines))
+    store.put_if_absent(f"{run}summary.json", json.dumps({"run_id": AUDIT_RUN, "candidates": len(lines)}).encode())
+    store.put_if_absent(codec.audit_committed(ORPHAN_NS // _NS, AUDIT_RUN), json.dumps({"run_id": AUDIT_RUN}).encode())
+
+
+__all__ = ["AUDIT_RUN", "Ack", "HORIZON_S", "OLD_NS", "World", "build_world", "frame", "identity"]
