@@ -37,6 +37,11 @@ MANIFEST_SCHEMA_V3 = RM.MANIFEST_SCHEMA_V3
 #: Rows per Parquet object (and its one row group): ~150 bytes a row with a small sketch, so an
 #: object stays in the tens of MB; a generation's window of N rows has ceil(N / this) objects.
 ROWS_PER_PART = 250_000
+#: The highest generation the job builds for an hour (docs/pipeline.md §1): the Athena table projects
+#: exactly the generations 1..this (infra/components/rollup_catalog.py), so every committed
+#: generation is one Athena sees; an hour at it is refused a new generation (status
+#: ``generation-limit``, exit 1) rather than committing one that would drop out of ``rollups_current``.
+MAX_GENERATION = 999
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 3
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -199,6 +204,6 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
     return out
 
 
-__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "ROWS_PER_PART", "arrow_schema", "manifest_v3_bytes",
+__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "MAX_GENERATION", "ROWS_PER_PART", "arrow_schema", "manifest_v3_bytes",
            "objects_of", "part_bytes", "part_count", "part_ref", "part_rows", "quantiles", "read_part",
            "window_aggs"]

@@ -36,6 +36,7 @@ from lightmetrics_pipeline.aggregate import chunk_rows
 from lightmetrics_pipeline.query import run_query
 from lightmetrics_pipeline.rollup import RollupJob
 from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup_plan import NondeterministicRollup
 from lightmetrics_pipeline.s3io import store
 
 NEXT = H0.next()
@@ -118,9 +119,11 @@ def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series
     doc = read_committed(access, H0)
     assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["totals"]["objects"] == 3
     assert doc["totals"]["rows"] == sum(o["rows"] for o in doc["parquet"]["objects"]) == h.rows
-    # Rerun with --recompute: the same object keys and bytes -> every write answers 412.
+    # Rerun with --recompute: the same object keys, compared with the committed ones before any
+    # write -> no object PUT at all; only the manifest's create, which answers 412.
     again = job.run([H0], first_open=NEXT, recompute=True)
-    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 4}
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    assert dict(again.hours[0].writes) == {"committed": 3, "exists": 1}
     # Smaller parts: more objects, each window's rows split by metric; still objects + 1 PUTs, and a
     # one-metric query reads exactly one object.
     monkeypatch.setattr(P, "ROWS_PER_PART", max(1, h.rows // 12))
@@ -135,6 +138,34 @@ def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series
     q = run_query(access, "load.m3", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="5m")
     assert q.objects_read == 1 and q.chunks_read == 0 and q.generations == {str(H0): 2}
     assert {s.labels["host"] for s in q.series} == {f"h{i:04d}" for i in range(series) if i % 7 == 3}
+
+
+def test_a_recompute_that_differs_writes_nothing_and_is_refused(system, runtime, clock, spark,
+                                                                monkeypatch):  # type: ignore[no-untyped-def]
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(4))
+    access = access_for(system, runtime, "pipeline-recompute")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    s3, bucket = runtime.boto3_client("s3"), system.settings.bucket
+
+    def keys() -> set[str]:
+        return {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+                for o in page.get("Contents", [])}
+
+    before = keys()
+    plan = job.plan
+
+    def nondeterministic(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # The rows carry the hour's inputs digest: another one makes every object's bytes (and key) differ.
+        p = plan(*args, **kwargs)
+        for h in p.hours:
+            h.input_sha256 = "0" * 64
+        return p
+
+    monkeypatch.setattr(job, "plan", nondeterministic)
+    with pytest.raises(NondeterministicRollup, match=r"1m part 0: committed [0-9a-f]{12}, recomputed [0-9a-f]{12}"):
+        job.run([H0], first_open=NEXT, recompute=True)
+    assert keys() == before  # nothing landed beside the committed objects
 
 
 def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]

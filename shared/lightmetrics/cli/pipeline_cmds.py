@@ -142,7 +142,8 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
 @click.option("--allow-open-hour", is_flag=True,
               help="Also roll up hours the reconciler has not closed (the demo only: a later run supersedes "
                    "the generation when more batches arrive).")
-@click.option("--recompute", is_flag=True, help="Recompute up-to-date hours; every write must answer 412.")
+@click.option("--recompute", is_flag=True, help="Recompute up-to-date hours and compare with the committed generation "
+                                             "(v3: nothing is written; exit 1 if anything differs).")
 @click.option("--owner", default=None, help="Owner id for the lease (default: random).")
 @config_options
 @json_option
@@ -168,7 +169,8 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:
         fail(str(exc), EXIT_VIOLATIONS, as_json=as_json)
-    code = EXIT_VIOLATIONS if report.skipped else EXIT_OK
+    # An hour at the generation limit (docs/pipeline.md §1) has late inputs no generation holds.
+    code = EXIT_VIOLATIONS if report.skipped or any(h.status == "generation-limit" for h in report.hours) else EXIT_OK
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
     else:
