@@ -200,7 +200,7 @@ class RollupJob:
             status, gen, sup = decide(committed, n, digest, recompute, P.MAX_GENERATION)
             fmt = self.rollup_format
             if status == "recompute" and committed is not None:
-                fmt = 3 if committed.get("schema") == RM.MANIFEST_SCHEMA_V3 else 2
+                fmt = 3 if RM.is_parquet_manifest(committed) else 2
             plans.append(HourPlan(h, status, gen, sup, n, digest, committed, fmt))
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
@@ -314,7 +314,11 @@ class RollupJob:
             result.objects, result.rows, result.series, result.samples = (len(objs.objects), objs.rows, objs.series,
                                                                           objs.samples)
             result.writes.update(objs.outcomes)
-            return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals())
+            # A recompute keeps the committed manifest's schema (v3 or v4): the same bytes, a 412.
+            schema = (str(p.committed["schema"]) if p.status == "recompute" and p.committed is not None
+                      else RM.WRITTEN_MANIFEST_SCHEMA)
+            return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals(),
+                                       schema=schema)
         lists, totals, writes = built if built is not None else ([], {}, Counter())
         totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
         result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]

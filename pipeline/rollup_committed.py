@@ -16,10 +16,9 @@ from lightmetrics_pipeline.s3io import S3Access
 
 
 def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two manifests of one generation name the same objects (v3: the same Parquet
-    objects; v1/v2: the same chunks, by id and bytes)."""
-    v3 = RM.MANIFEST_SCHEMA_V3
-    if a.get("schema") == v3 or b.get("schema") == v3:
+    """Whether two manifests of one generation name the same objects (v3/v4: the same schema and
+    Parquet objects; v1/v2: the same chunks, by id and bytes)."""
+    if RM.is_parquet_manifest(a) or RM.is_parquet_manifest(b):
         return a.get("schema") == b.get("schema") and a.get("parquet") == b.get("parquet")
     return list_refs(codec, a) == list_refs(codec, b)
 
@@ -27,8 +26,10 @@ def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
 def differing_objects(committed: dict[str, Any], mine: dict[str, Any], shown: int = 5) -> str:
     """What differs between two v3 manifests of one generation, for an error message: per
     (window, part), the committed sha256 and the recomputed one (``-`` where one has no object)."""
-    if committed.get("schema") != RM.MANIFEST_SCHEMA_V3 or mine.get("schema") != RM.MANIFEST_SCHEMA_V3:
+    if not RM.is_parquet_manifest(committed) or not RM.is_parquet_manifest(mine):
         return "chunks differ"
+    if committed["schema"] != mine["schema"]:
+        return f"schema {committed['schema']} vs {mine['schema']}"
 
     def refs(doc: dict[str, Any]) -> dict[tuple[str, int], str]:
         return {(str(o["window"]), int(o["part"])): str(o["sha256"]) for o in doc["parquet"]["objects"]}

@@ -117,7 +117,7 @@ def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series
     # as for 400 (the per-series format wrote 2 per series and window: 6 x series + 2).
     assert report.requests.statuses("PutObject") == {"200": 4} and h.objects == 3
     doc = read_committed(access, H0)
-    assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["totals"]["objects"] == 3
+    assert doc["schema"] == P.MANIFEST_SCHEMA_V4 and doc["totals"]["objects"] == 3
     assert doc["totals"]["rows"] == sum(o["rows"] for o in doc["parquet"]["objects"]) == h.rows
     # Rerun with --recompute: the same object keys, compared with the committed ones before any
     # write -> no object PUT at all; only the manifest's create, which answers 412.
@@ -168,6 +168,26 @@ def test_a_recompute_that_differs_writes_nothing_and_is_refused(system, runtime,
     assert keys() == before  # nothing landed beside the committed objects
 
 
+def test_a_generation_committed_with_a_v3_manifest_is_read_and_recomputed_as_v3(system, runtime, clock, spark,
+                                                                              monkeypatch):  # type: ignore[no-untyped-def]
+    # Issue 27 item 8: new manifests name the hour acceptance_hour (v4); those committed as v3 stay
+    # readable, and a recompute writes their own bytes again (the manifest's create answers 412).
+    from lightmetrics_pipeline import rollup_manifest as RM
+
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(3))
+    access = access_for(system, runtime, "pipeline-v3-manifest")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    monkeypatch.setattr(RM, "WRITTEN_MANIFEST_SCHEMA", RM.MANIFEST_SCHEMA_V3)  # as a job before v4 wrote it
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    monkeypatch.undo()
+    doc = read_committed(access, H0)
+    assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["hour"] == str(H0) and "acceptance_hour" not in doc
+    again = job.run([H0], first_open=NEXT, recompute=True)
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    q = run_query(access, "load.m1", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="1h")
+    assert q.generations == {str(H0): 1} and q.objects_read == 1 and {s.labels["host"] for s in q.series} == {"h0001"}
+
+
 def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]
     return {(tuple(sorted(s.labels.items())), p.window_start_ns): _agg_bits(p) for s in q.series for p in s.points}
 
@@ -182,7 +202,7 @@ def test_query_answers_the_same_from_v2_and_v3(runtime, clock, spark) -> None:  
         report = RollupJob(spark, access, table=None, clock=clock, rollup_format=fmt).run([H0], first_open=NEXT)
         assert report.hours[0].format == fmt
         assert read_committed(access, H0)["schema"] == ("lightmetrics.rollup_manifest.v2" if fmt == 2 else
-                                                       P.MANIFEST_SCHEMA_V3)
+                                                       P.MANIFEST_SCHEMA_V4)
         per_format = {}
         for metric in ("cpu.usage", "mem.rss", "disk/io"):
             for window in ("1m", "5m", "1h"):
@@ -206,8 +226,9 @@ def _plain_read(s3, bucket: str) -> list[dict[str, object]]:  # type: ignore[no-
     for key in keys("manifests/v1/"):
         if re.search(r"/generation=\d{10}\.json$", key):
             doc = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-            if doc["hour"] not in best or doc["generation"] > best[doc["hour"]]["generation"]:
-                best[doc["hour"]] = doc
+            hour = doc.get("acceptance_hour", doc.get("hour"))  # manifest v4; v3 named it hour
+            if hour not in best or doc["generation"] > best[hour]["generation"]:
+                best[hour] = doc
     current = {(h, d["generation"], d["inputs"]["sha256"]) for h, d in best.items()}
     out = []
     for key in keys("rollup/v1/"):

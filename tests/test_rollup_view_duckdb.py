@@ -6,7 +6,10 @@ returns equals `lmctl query`'s numbers (``run_query``), and nothing else comes b
 The two Glue tables are transcribed as Athena reads them: ``rollups`` = the Parquet files under the
 projection's template (``window=/date=/hour=/generation=`` folders, the partition values as
 strings), ``rollup_manifests`` = one JSON line per manifest with the table's columns, its partition
-columns ``date``/``hour_part`` taken from the template's folders, and Athena's ``"$path"``."""
+columns ``date``/``hour_part`` taken from the template's folders, and Athena's ``"$path"``.
+
+Issue 27 item 8: the manifests (v4: the hour is ``acceptance_hour``) are also read by DuckDB and
+pyarrow with Hive partitioning from their folders, as their defaults do, without a collision."""
 
 from __future__ import annotations
 
@@ -66,15 +69,43 @@ def _mirror(s3: Any, bucket: str, root: Path) -> None:
             path.write_bytes(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
 
 
-def test_the_named_query_run_by_duckdb_returns_exactly_lmctl_query_rows(cdk_synth, runtime, clock, spark,
-                                                                        tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _default_reads(root: Path, hour: str) -> None:
+    """The manifests as DuckDB reads them by default (Hive partitions from the folders) and as a
+    pyarrow Hive dataset with the Glue table's columns: the folder's ``hour`` beside the manifest's
+    own ``acceptance_hour`` (a v3 manifest's ``hour`` field collided with the folder's)."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    from lightmetrics_pipeline import rollup_manifest as RM
+
+    got = duckdb.sql(f"SELECT schema, acceptance_hour, hour, generation FROM read_json('{root}/manifests/v1/*/*/*.json') "
+                     "ORDER BY generation").fetchall()
+    assert [(g, a, str(h)) for s, a, h, g in got if s == RM.MANIFEST_SCHEMA_V4] == [(2, hour, hour[-2:])]
+    v4 = [str(p) for p in (root / "manifests/v1").rglob("generation=0000000002.json")]
+    schema = pa.schema([("schema", pa.string()), ("acceptance_hour", pa.string()), ("generation", pa.int32()),
+                        ("inputs", pa.struct([("count", pa.int64()), ("sha256", pa.string())])),
+                        ("date", pa.string()), ("hour", pa.int32())])
+    table = ds.dataset(v4, format="json", partitioning="hive", partition_base_dir=str(root / "manifests/v1"),
+                       schema=schema).to_table()
+    assert [(r["acceptance_hour"], r["hour"], r["date"]) for r in table.to_pylist()] == [(hour, int(hour[-2:]),
+                                                                                           hour[:10])]
+
+
+def test_the_named_query_run_by_duckdb_returns_exactly_lmctl_query_rows(cdk_synth, runtime, clock, spark, tmp_path,
+                                                                        monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from lightmetrics_pipeline import rollup_manifest as RM
+
     system = make_system(runtime, clock)
     for n in range(2):
         accept_indexed(system, runtime, clock, BatchIdentity.create("agent-d", "boot-1", n * 10, n * 10 + 9),
                        varied_samples(n, n=30))
     access = access_for(system, runtime)
     job = RollupJob(spark, access, table=None, clock=clock)
+    # Generation 1 as a job before manifest v4 wrote it (the hour named `hour`), generation 2 as v4:
+    # the view takes the hour from either (coalesce), so generation 2 supersedes generation 1.
+    monkeypatch.setattr(RM, "WRITTEN_MANIFEST_SCHEMA", RM.MANIFEST_SCHEMA_V3)
     assert job.run([H0], first_open=H0.next()).hours[0].generation == 1
+    monkeypatch.undo()
     accept_indexed(system, runtime, clock, BatchIdentity.create("agent-d", "boot-1", 50, 59), varied_samples(5, n=30))
     assert job.run([H0], first_open=H0.next()).hours[0].generation == 2  # generation 1 stays, superseded
     root = tmp_path / "bucket"
@@ -86,6 +117,7 @@ def test_the_named_query_run_by_duckdb_returns_exactly_lmctl_query_rows(cdk_synt
     current = read_committed(access, H0)["parquet"]["objects"][0]["key"][len(access.codec.prefix):]
     stray = re.sub(r"generation=\d{10}/part-\d{5}\.", "generation=0000000001/part-00009.", current)
     shutil.copy(root / current, root / stray)
+    _default_reads(root, str(H0))
 
     database, sql = _named_query(cdk_synth)
     (duck_sql,) = sqlglot.transpile(sql, read="athena", write="duckdb")

@@ -19,6 +19,7 @@ from aws_cdk import aws_glue as glue
 from constructs import Construct
 
 from lightmetrics.protocol.keys import KeyKind, layout_root
+from lightmetrics_pipeline.rollup_manifest import PARQUET_MANIFEST_SCHEMAS
 from lightmetrics_pipeline.rollup_parquet import COLUMNS, MAX_GENERATION
 
 ROLLUPS_TABLE = "rollups"
@@ -31,8 +32,10 @@ MAX_PROJECTED_GENERATION = MAX_GENERATION
 #: The width of ``generation=`` in the keys (``KeyCodec.rollup_part``): the view joins on it as text.
 GENERATION_DIGITS = 10
 FIRST_DATE = "2025-01-01"
-MANIFEST_COLUMNS = (("schema", "string"), ("hour", "string"), ("generation", "int"), ("supersedes", "int"),
-                    ("inputs", "struct<count:bigint,sha256:string>"))
+#: The manifests' own fields the view needs: ``hour`` (manifest v3) and ``acceptance_hour`` (v4: the
+#: field renamed so that it no longer collides with the ``hour=`` folder); a field a manifest lacks is null.
+MANIFEST_COLUMNS = (("schema", "string"), ("hour", "string"), ("acceptance_hour", "string"), ("generation", "int"),
+                    ("supersedes", "int"), ("inputs", "struct<count:bigint,sha256:string>"))
 _PARQUET_SERDE = "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"
 _PARQUET_IN = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat"
 _PARQUET_OUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
@@ -69,7 +72,8 @@ def current_view_sql(database: str) -> str:
     manifest_key = r"'/generation=[0-9]{10}\.json$'"
     return f"""CREATE OR REPLACE VIEW {database}.{CURRENT_VIEW} AS
 WITH manifests AS (
-  SELECT m."date" AS manifest_date, m.hour_part, m.hour, m.generation, m.schema, m.inputs.sha256 AS inputs_sha256
+  SELECT m."date" AS manifest_date, m.hour_part, coalesce(m.acceptance_hour, m.hour) AS hour, m.generation, m.schema,
+         m.inputs.sha256 AS inputs_sha256
   FROM {database}.{MANIFESTS_TABLE} m
   WHERE regexp_like(m."$path", {manifest_key})
 ), highest AS (
@@ -78,7 +82,7 @@ WITH manifests AS (
   SELECT m.manifest_date, m.hour_part, m.hour, m.generation, m.inputs_sha256,
          lpad(CAST(m.generation AS varchar), {GENERATION_DIGITS}, '0') AS generation_folder
   FROM manifests m JOIN highest h ON m.hour = h.hour AND m.generation = h.generation
-  WHERE m.schema = 'lightmetrics.rollup_manifest.v3'
+  WHERE m.schema IN ({", ".join(f"'{s}'" for s in PARQUET_MANIFEST_SCHEMAS)})
 )
 SELECT r.*
 FROM {database}.{ROLLUPS_TABLE} r
