@@ -153,7 +153,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                     result.uncommitted_hours.append(str(hour))
                 continue
             result.generations[str(hour)] = int(doc["generation"])
-            if doc.get("schema") == RM.MANIFEST_SCHEMA_V3:
+            if RM.is_parquet_manifest(doc):
                 objects.extend((hour, o) for o in P.objects_of(doc, window, metric))
                 continue
             of_metric = committed_chunks(access, doc, metric)  # one chunk list: the metric's

@@ -33,7 +33,7 @@ def committed_metric_names(access: S3Access, docs: Iterable[dict[str, Any]]) -> 
     names: set[str] = set()
     st = store(access)
     for doc in docs:
-        if doc.get("schema") == RM.MANIFEST_SCHEMA_V3:
+        if RM.is_parquet_manifest(doc):
             for o in P.objects_of(doc, "1h"):
                 data = st.get(o["key"])
                 if data is not None:

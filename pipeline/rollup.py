@@ -23,7 +23,9 @@ The driver collects only bounded summaries: per hour (counts, the first skipped 
 written object; nothing it holds grows with the series.
 
 Object bytes and the manifest are pure functions of the inputs, so a rerun is a no-op: every
-write answers 412.
+write answers 412. A v3 ``--recompute`` compares before it writes: each object's key (its sha256)
+is compared with the committed one and none is PUT; any difference raises
+:class:`NondeterministicRollup` with nothing new in the bucket.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline import rollup_parquet as P
 from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
 from lightmetrics_pipeline.lease import Lease
-from lightmetrics_pipeline.rollup_committed import read_committed, same_chunks
+from lightmetrics_pipeline.rollup_committed import differing_objects, read_committed, same_chunks
 from lightmetrics_pipeline.rollup_inputs import list_agents, list_ranges
 from lightmetrics_pipeline.rollup_plan import (
     ROLLUP_FORMAT,
@@ -53,9 +55,10 @@ from lightmetrics_pipeline.rollup_plan import (
     NondeterministicRollup,
     RollupPlan,
     RollupReport,
+    decide,
 )
 from lightmetrics_pipeline.rollup_write_chunks import chunk_writes, write_chunks
-from lightmetrics_pipeline.rollup_write_parquet import HourObjects, write_parquet
+from lightmetrics_pipeline.rollup_write_parquet import HourObjects, committed_refs, write_parquet
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
 #: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
@@ -194,15 +197,10 @@ class RollupJob:
         for h in eligible:
             n, digest = digests.get(h.start_unix_s, (0, C.inputs_digest([])))
             committed = self.committed(h, requests)
-            if committed is None:
-                status, gen, sup = ("empty", None, None) if n == 0 else ("build", 1, None)
-            elif committed["inputs"]["sha256"] == digest:
-                status, gen, sup = ("recompute" if recompute else "up-to-date"), committed["generation"], committed["supersedes"]
-            else:
-                status, gen, sup = "build", int(committed["generation"]) + 1, int(committed["generation"])
+            status, gen, sup = decide(committed, n, digest, recompute, P.MAX_GENERATION)
             fmt = self.rollup_format
             if status == "recompute" and committed is not None:
-                fmt = 3 if committed.get("schema") == RM.MANIFEST_SCHEMA_V3 else 2
+                fmt = 3 if RM.is_parquet_manifest(committed) else 2
             plans.append(HourPlan(h, status, gen, sup, n, digest, committed, fmt))
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
@@ -295,8 +293,11 @@ class RollupJob:
                 these = samples.where(F.col("hour_s").isin(list(gens)))
                 if fmt == 3:
                     digests = {p.hour.start_unix_s: p.input_sha256 for p in plan.hours if p.hour.start_unix_s in gens}
+                    # A recompute compares with the committed objects before it writes (none is written).
+                    committed = {p.hour.start_unix_s: committed_refs(p.committed) for p in plan.hours
+                                 if p.hour.start_unix_s in gens and p.status == "recompute" and p.committed is not None}
                     built.update(write_parquet(these.where(~failed).drop("error"), self.access, gens, digests, acc,
-                                               self.tasks, write_tasks, _count_tasks))
+                                               self.tasks, write_tasks, _count_tasks, committed))
                 else:
                     built.update(write_chunks(these, self.access, gens, acc, self.tasks, write_tasks, _count_tasks))
         finally:
@@ -313,7 +314,11 @@ class RollupJob:
             result.objects, result.rows, result.series, result.samples = (len(objs.objects), objs.rows, objs.series,
                                                                           objs.samples)
             result.writes.update(objs.outcomes)
-            return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals())
+            # A recompute keeps the committed manifest's schema (v3 or v4): the same bytes, a 412.
+            schema = (str(p.committed["schema"]) if p.status == "recompute" and p.committed is not None
+                      else RM.WRITTEN_MANIFEST_SCHEMA)
+            return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals(),
+                                       schema=schema)
         lists, totals, writes = built if built is not None else ([], {}, Counter())
         totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
         result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]
@@ -331,7 +336,8 @@ class RollupJob:
         mine = RM.parse_manifest(body)
         if p.status == "recompute" and p.committed is not None and not same_chunks(codec, p.committed, mine):
             raise NondeterministicRollup(f"{p.hour} generation {p.generation}: recomputed objects differ from the "
-                                         "committed ones")
+                                         f"committed ones ({differing_objects(p.committed, mine)}); nothing "
+                                         "was written")
         if self.lease is not None:
             self.lease.renew()  # LeaseLost: stop before committing anything else
         with task_tally() as tally:

@@ -16,12 +16,31 @@ from lightmetrics_pipeline.s3io import S3Access
 
 
 def same_chunks(codec: Any, a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two manifests of one generation name the same objects (v3: the same Parquet
-    objects; v1/v2: the same chunks, by id and bytes)."""
-    v3 = RM.MANIFEST_SCHEMA_V3
-    if a.get("schema") == v3 or b.get("schema") == v3:
+    """Whether two manifests of one generation name the same objects (v3/v4: the same schema and
+    Parquet objects; v1/v2: the same chunks, by id and bytes)."""
+    if RM.is_parquet_manifest(a) or RM.is_parquet_manifest(b):
         return a.get("schema") == b.get("schema") and a.get("parquet") == b.get("parquet")
     return list_refs(codec, a) == list_refs(codec, b)
+
+
+def differing_objects(committed: dict[str, Any], mine: dict[str, Any], shown: int = 5) -> str:
+    """What differs between two v3 manifests of one generation, for an error message: per
+    (window, part), the committed sha256 and the recomputed one (``-`` where one has no object)."""
+    if not RM.is_parquet_manifest(committed) or not RM.is_parquet_manifest(mine):
+        return "chunks differ"
+    if committed["schema"] != mine["schema"]:
+        return f"schema {committed['schema']} vs {mine['schema']}"
+
+    def refs(doc: dict[str, Any]) -> dict[tuple[str, int], str]:
+        return {(str(o["window"]), int(o["part"])): str(o["sha256"]) for o in doc["parquet"]["objects"]}
+
+    a, b = refs(committed), refs(mine)
+    diff = [f"{w} part {p}: committed {a.get((w, p), '-')[:12]}, recomputed {b.get((w, p), '-')[:12]}"
+            for w, p in sorted(set(a) | set(b)) if a.get((w, p)) != b.get((w, p))]
+    if committed["parquet"].get("parts") != mine["parquet"].get("parts"):
+        diff.insert(0, f"parts {committed['parquet'].get('parts')} vs {mine['parquet'].get('parts')}")
+    more = f" and {len(diff) - shown} more" if len(diff) > shown else ""
+    return "; ".join(diff[:shown]) + more if diff else "object sizes or counts differ"
 
 
 def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
@@ -48,4 +67,4 @@ def read_committed(access: S3Access, hour: UtcHour) -> dict[str, Any] | None:
     return doc
 
 
-__all__ = ["read_committed", "same_chunks"]
+__all__ = ["differing_objects", "read_committed", "same_chunks"]

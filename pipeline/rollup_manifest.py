@@ -18,8 +18,16 @@ from lightmetrics_pipeline.rollup_codec import ChunkFormatError, check_object_sc
 
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v2"
 MANIFEST_SCHEMA_V1 = "lightmetrics.rollup_manifest.v1"  # chunks inline; still read, no longer written
-#: Parquet objects (lightmetrics_pipeline.rollup_parquet): what the job writes; v2 is still read and recomputed.
+#: Parquet objects (lightmetrics_pipeline.rollup_parquet), the hour named ``hour``: still read, and a
+#: generation committed in it is recomputed in it (byte for byte).
 MANIFEST_SCHEMA_V3 = "lightmetrics.rollup_manifest.v3"
+#: v3 with the hour named ``acceptance_hour`` (as the Parquet column): a ``hour`` field collides with
+#: the ``hour=HH/`` folder for readers that derive Hive partitions (DuckDB's and pyarrow's datasets);
+#: what the job writes (docs/pipeline.md §6).
+MANIFEST_SCHEMA_V4 = "lightmetrics.rollup_manifest.v4"
+#: The manifests of Parquet-object generations (format v3 objects), and the one new generations get.
+PARQUET_MANIFEST_SCHEMAS = (MANIFEST_SCHEMA_V3, MANIFEST_SCHEMA_V4)
+WRITTEN_MANIFEST_SCHEMA = MANIFEST_SCHEMA_V4
 CHUNK_LIST_SCHEMA = "lightmetrics.rollup_chunk_list.v1"
 #: A generation's chunk entries are split into ceil(chunks / CHUNKS_PER_LIST) chunk lists, by metric.
 CHUNKS_PER_LIST = 20_000
@@ -123,20 +131,31 @@ def manifest_v1_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
     })
 
 
+def is_parquet_manifest(doc: dict[str, Any]) -> bool:
+    """Whether ``doc`` commits Parquet objects (manifest v3 or v4) rather than chunks (v1, v2)."""
+    return doc.get("schema") in PARQUET_MANIFEST_SCHEMAS
+
+
+def manifest_hour(doc: dict[str, Any]) -> str:
+    """The acceptance hour a manifest commits (``acceptance_hour`` from v4 on, ``hour`` before)."""
+    return str(doc["acceptance_hour"] if "acceptance_hour" in doc else doc["hour"])
+
+
 def parse_manifest(data: bytes) -> dict[str, Any]:
-    """A rollup manifest, v3 (Parquet objects), v2 (chunk lists) or v1 (chunks inline). A newer
+    """A rollup manifest, v4/v3 (Parquet objects), v2 (chunk lists) or v1 (chunks inline). A newer
     version is refused (docs/protocol.md §17)."""
     try:
         doc = json.loads(data)
     except ValueError:
         raise ChunkFormatError("rollup manifest is not JSON") from None
     stored = doc.get("schema") if isinstance(doc, dict) else None
-    if stored not in (MANIFEST_SCHEMA_V1, MANIFEST_SCHEMA):
-        check_object_schema(stored, MANIFEST_SCHEMA_V3, "rollup manifest")
+    if stored not in (MANIFEST_SCHEMA_V1, MANIFEST_SCHEMA, MANIFEST_SCHEMA_V3):
+        check_object_schema(stored, MANIFEST_SCHEMA_V4, "rollup manifest")
     return doc
 
 
 __all__ = ["CHUNKS_PER_LIST", "CHUNK_LIST_SCHEMA", "MANIFEST_SCHEMA", "MANIFEST_SCHEMA_V1", "MANIFEST_SCHEMA_V3",
-    "SKIPPED_SAMPLE", "chunk_list_bytes", "chunk_list_part", "chunk_list_part_col", "chunk_list_parts",
-    "chunk_list_ref", "chunk_lists", "chunk_order", "manifest_bytes", "manifest_v1_bytes", "parse_chunk_list",
+    "MANIFEST_SCHEMA_V4", "PARQUET_MANIFEST_SCHEMAS", "SKIPPED_SAMPLE", "WRITTEN_MANIFEST_SCHEMA", "chunk_list_bytes",
+    "chunk_list_part", "chunk_list_part_col", "chunk_list_parts", "chunk_list_ref", "chunk_lists", "chunk_order",
+    "is_parquet_manifest", "manifest_bytes", "manifest_hour", "manifest_v1_bytes", "parse_chunk_list",
     "parse_manifest"]

@@ -34,9 +34,15 @@ from lightmetrics_pipeline import sketch as SK
 from lightmetrics_pipeline import window_agg as W
 
 MANIFEST_SCHEMA_V3 = RM.MANIFEST_SCHEMA_V3
+MANIFEST_SCHEMA_V4 = RM.MANIFEST_SCHEMA_V4
 #: Rows per Parquet object (and its one row group): ~150 bytes a row with a small sketch, so an
 #: object stays in the tens of MB; a generation's window of N rows has ceil(N / this) objects.
 ROWS_PER_PART = 250_000
+#: The highest generation the job builds for an hour (docs/pipeline.md §1): the Athena table projects
+#: exactly the generations 1..this (infra/components/rollup_catalog.py), so every committed
+#: generation is one Athena sees; an hour at it is refused a new generation (status
+#: ``generation-limit``, exit 1) rather than committing one that would drop out of ``rollups_current``.
+MAX_GENERATION = 999
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 3
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -166,13 +172,17 @@ def part_ref(codec: Any, hour: UtcHour, generation: int, window: str, part: int,
 
 def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int,
                       input_sha256: str, skipped: Sequence[dict[str, str]], skipped_count: int,
-                      parts: dict[str, int], objects: Sequence[dict[str, Any]], totals: dict[str, int]) -> bytes:
-    """The hour's commit point (``lightmetrics.rollup_manifest.v3``): pure function of the inputs
+                      parts: dict[str, int], objects: Sequence[dict[str, Any]], totals: dict[str, int],
+                      schema: str = RM.MANIFEST_SCHEMA_V4) -> bytes:
+    """The hour's commit point (``lightmetrics.rollup_manifest.v4``; ``schema`` v3 for the recompute
+    of a generation committed in it: the hour is then named ``hour``): pure function of the inputs
     (no wall clock, no owner); names every Parquet object (a part without rows has none) and the
     part count of each window, which a reader needs to find a metric's part."""
+    if schema not in RM.PARQUET_MANIFEST_SCHEMAS:
+        raise ValueError(f"not a Parquet-object manifest schema: {schema}")
     doc = {
-        "schema": MANIFEST_SCHEMA_V3,
-        "hour": str(hour),
+        "schema": schema,
+        ("hour" if schema == RM.MANIFEST_SCHEMA_V3 else "acceptance_hour"): str(hour),
         "generation": generation,
         "supersedes": supersedes,
         "inputs": {"count": input_count, "sha256": input_sha256},
@@ -184,7 +194,9 @@ def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
         "totals": {"objects": len(objects), "rows": int(totals["rows"]), "series": int(totals["series"]),
                    "samples": int(totals["samples"])},
     }
-    return canonical_json(doc)
+    # v4 is one newline-terminated JSON line (pyarrow's JSON reader reads a last line without its
+    # newline as nulls); v3 had no newline, and its recompute keeps its bytes.
+    return canonical_json(doc) + (b"" if schema == RM.MANIFEST_SCHEMA_V3 else b"\n")
 
 
 def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
@@ -199,6 +211,6 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
     return out
 
 
-__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "ROWS_PER_PART", "arrow_schema", "manifest_v3_bytes",
-           "objects_of", "part_bytes", "part_count", "part_ref", "part_rows", "quantiles", "read_part",
+__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "MANIFEST_SCHEMA_V4", "MAX_GENERATION", "ROWS_PER_PART", "arrow_schema",
+           "manifest_v3_bytes", "objects_of", "part_bytes", "part_count", "part_ref", "part_rows", "quantiles", "read_part",
            "window_aggs"]

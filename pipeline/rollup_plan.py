@@ -23,13 +23,34 @@ class GenerationTaken(Exception):
 
 
 class NondeterministicRollup(Exception):
-    """A recomputed generation produced other chunk bytes than the committed one."""
+    """A recomputed generation produced other object (v3) or chunk (v1/v2) bytes than the committed one."""
+
+
+def decide(committed: dict[str, Any] | None, inputs: int, digest: str, recompute: bool,
+           max_generation: int) -> tuple[str, int | None, int | None]:
+    """``(status, generation, supersedes)`` of an eligible hour from its highest committed manifest
+    and its current inputs: ``empty``, ``build`` (generation 1, or the next), ``up-to-date``,
+    ``recompute``, or ``generation-limit`` when the next generation would pass ``max_generation``
+    (the catalog's projected range: docs/pipeline.md §1): nothing is built, the committed
+    generation stays the hour's current one.
+
+    >>> decide({"generation": 999, "supersedes": 998, "inputs": {"sha256": "a"}}, 3, "b", False, 999)
+    ('generation-limit', 999, 998)
+    """
+    if committed is None:
+        return ("empty", None, None) if inputs == 0 else ("build", 1, None)
+    generation, supersedes = int(committed["generation"]), committed["supersedes"]
+    if committed["inputs"]["sha256"] == digest:
+        return ("recompute" if recompute else "up-to-date"), generation, supersedes
+    if generation >= max_generation:
+        return "generation-limit", generation, supersedes  # the committed one stays the current one
+    return "build", generation + 1, generation
 
 
 @dataclass
 class HourPlan:
     hour: UtcHour
-    status: str  # build | recompute | up-to-date | empty | open | tombstoned | raw-reaped
+    status: str  # build | recompute | up-to-date | empty | open | tombstoned | raw-reaped | generation-limit
     generation: int | None = None
     supersedes: int | None = None
     input_count: int = 0
@@ -113,5 +134,5 @@ class RollupReport:
                 "seconds": round(self.seconds, 2), "notes": list(self.notes), "spark_started": self.spark_started}
 
 
-__all__ = ["ROLLUP_FORMAT", "GenerationTaken", "HourPlan", "HourResult", "NondeterministicRollup", "RollupPlan",
+__all__ = ["ROLLUP_FORMAT", "GenerationTaken", "decide", "HourPlan", "HourResult", "NondeterministicRollup", "RollupPlan",
            "RollupReport"]

@@ -7,6 +7,13 @@ its metric mod ``P``, in SQL), the rows are repartitioned by (hour, window, part
 partition per possible object and sorted within it, and each task writes its objects one after
 the other (at most one object's rows in memory) by conditional create. The driver collects one
 row per object.
+
+A recompute (``--recompute`` of a committed generation) compares before it writes: it is given the
+committed objects' keys by (window, part) (:func:`committed_refs`), and an object whose key (named
+by its sha256) is the committed one is not written at all (outcome ``"committed"``: it exists),
+while one that differs — or has no committed counterpart — is not written either (outcome
+``"differs"``); the driver then refuses the generation (``NondeterministicRollup``) with nothing
+new in the bucket.
 """
 
 from __future__ import annotations
@@ -38,8 +45,19 @@ class HourObjects:
         return {"rows": self.rows, "series": self.series, "samples": self.samples}
 
 
-def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[int, str], accumulator: Any) -> Any:
-    """``mapInArrow`` over rows sorted by (hour, window, part): each run of one key is an object."""
+#: Per recomputed hour (``hour_s``), the committed generation's object keys by (window, part).
+CommittedRefs = dict[int, dict[tuple[str, int], str]]
+
+
+def committed_refs(manifest: dict[str, Any]) -> dict[tuple[str, int], str]:
+    """The object keys a committed v3 manifest names, by (window, part)."""
+    return {(str(o["window"]), int(o["part"])): str(o["key"]) for o in manifest["parquet"]["objects"]}
+
+
+def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[int, str], accumulator: Any,
+                 committed: CommittedRefs) -> Any:
+    """``mapInArrow`` over rows sorted by (hour, window, part): each run of one key is an object.
+    An hour in ``committed`` (a recompute) writes nothing: each object is compared by key."""
 
     def run(batches: Any) -> Any:
         import pyarrow as pa
@@ -58,9 +76,13 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
             hour_s, window, part = current
             data = P.part_bytes(rows)
             ref = P.part_ref(access.codec, UtcHour(hour_s), generations[hour_s], window, part, data, len(rows), series)
-            with s3io.task_tally() as tally:
-                outcome = s3io.put_if_absent(access, ref["key"], data, content_type="application/vnd.apache.parquet")
-            accumulator.add(tally.counts)
+            if hour_s in committed:  # a recompute: compare, never write
+                outcome = "committed" if committed[hour_s].get((window, part)) == ref["key"] else "differs"
+            else:
+                with s3io.task_tally() as tally:
+                    outcome = s3io.put_if_absent(access, ref["key"], data,
+                                                 content_type="application/vnd.apache.parquet")
+                accumulator.add(tally.counts)
             values = [hour_s, window, part, ref["key"], ref["sha256"], ref["bytes"], ref["rows"], ref["series"], outcome]
             return pa.RecordBatch.from_arrays([pa.array([v], type=f.type) for v, f in zip(values, schema)],
                                               schema=schema)
@@ -82,9 +104,11 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
 
 
 def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], digests: dict[int, str],
-                  accumulator: Any, tasks: Any, aggregate_tasks: int, count_tasks: Any) -> dict[int, HourObjects]:
+                  accumulator: Any, tasks: Any, aggregate_tasks: int, count_tasks: Any,
+                  committed: CommittedRefs | None = None) -> dict[int, HourObjects]:
     """Aggregate the decoded ``samples`` (no error rows) and write the v3 objects of every hour in
-    ``generations``; per hour, what its manifest names."""
+    ``generations``; per hour, what its manifest names. The hours in ``committed`` are recomputes:
+    their objects are compared with the committed ones by key, and none is written."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -114,7 +138,8 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
         written = rows.select("hour_s", "window", part.alias("part"), "series", "rows") \
             .repartition(max(1, min(2_000, objects)), "hour_s", "window", "part") \
             .sortWithinPartitions("hour_s", "window", "part", "series") \
-            .mapInArrow(count_tasks(tasks, "write", _write_parts(access, generations, digests, accumulator)),
+            .mapInArrow(count_tasks(tasks, "write", _write_parts(access, generations, digests, accumulator,
+                                                                       committed or {})),
                         WRITTEN_SCHEMA).collect()  # one row per object
     finally:
         rows.unpersist()
@@ -126,4 +151,4 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
     return hours
 
 
-__all__ = ["HourObjects", "WRITTEN_SCHEMA", "write_parquet"]
+__all__ = ["CommittedRefs", "HourObjects", "WRITTEN_SCHEMA", "committed_refs", "write_parquet"]

@@ -95,6 +95,26 @@ def test_manifests_table_and_the_current_view(cdk_synth) -> None:  # type: ignor
     for needle in ("max(generation)", "'lightmetrics.rollup_manifest.v3'", "r.acceptance_hour = c.hour",
                    "r.rollup_generation = c.generation", "r.inputs_sha256 = c.inputs_sha256"):
         assert needle in sql, needle
+    # Issue 27 item 9: ... joined on the rollups table's partition columns too (the generation as
+    # the key's 10-digit text), so Athena prunes the hour's other generation folders.
+    for needle in ('r."date" = c.manifest_date', "r.hour = c.hour_part", "r.generation = c.generation_folder",
+                   "lpad(CAST(m.generation AS varchar), 10, '0') AS generation_folder"):
+        assert needle in sql, needle
+
+
+def test_the_job_builds_no_generation_the_catalog_does_not_project() -> None:
+    # Issue 27 item 9: an hour rebuilt past the projected range dropped out of rollups_current.
+    from infra.components.rollup_catalog import MAX_PROJECTED_GENERATION
+    from lightmetrics_pipeline.rollup_parquet import MAX_GENERATION
+    from lightmetrics_pipeline.rollup_plan import decide
+
+    assert MAX_PROJECTED_GENERATION == MAX_GENERATION
+    committed = {"generation": MAX_GENERATION - 1, "supersedes": MAX_GENERATION - 2, "inputs": {"sha256": "a"}}
+    assert decide(committed, 3, "b", False, MAX_GENERATION) == ("build", MAX_GENERATION, MAX_GENERATION - 1)
+    at_limit = {**committed, "generation": MAX_GENERATION, "supersedes": MAX_GENERATION - 1}
+    assert decide(at_limit, 3, "b", False, MAX_GENERATION) == ("generation-limit", MAX_GENERATION, MAX_GENERATION - 1)
+    assert decide(at_limit, 3, "a", True, MAX_GENERATION)[0] == "recompute"  # its own generation: still recomputable
+    assert decide(None, 0, "x", False, MAX_GENERATION) == ("empty", None, None)
 
 
 def test_pipeline_doc_states_the_projected_generation_range_the_code_sets() -> None:

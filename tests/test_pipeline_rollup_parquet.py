@@ -36,6 +36,7 @@ from lightmetrics_pipeline.aggregate import chunk_rows
 from lightmetrics_pipeline.query import run_query
 from lightmetrics_pipeline.rollup import RollupJob
 from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup_plan import NondeterministicRollup
 from lightmetrics_pipeline.s3io import store
 
 NEXT = H0.next()
@@ -116,11 +117,13 @@ def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series
     # as for 400 (the per-series format wrote 2 per series and window: 6 x series + 2).
     assert report.requests.statuses("PutObject") == {"200": 4} and h.objects == 3
     doc = read_committed(access, H0)
-    assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["totals"]["objects"] == 3
+    assert doc["schema"] == P.MANIFEST_SCHEMA_V4 and doc["totals"]["objects"] == 3
     assert doc["totals"]["rows"] == sum(o["rows"] for o in doc["parquet"]["objects"]) == h.rows
-    # Rerun with --recompute: the same object keys and bytes -> every write answers 412.
+    # Rerun with --recompute: the same object keys, compared with the committed ones before any
+    # write -> no object PUT at all; only the manifest's create, which answers 412.
     again = job.run([H0], first_open=NEXT, recompute=True)
-    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 4}
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    assert dict(again.hours[0].writes) == {"committed": 3, "exists": 1}
     # Smaller parts: more objects, each window's rows split by metric; still objects + 1 PUTs, and a
     # one-metric query reads exactly one object.
     monkeypatch.setattr(P, "ROWS_PER_PART", max(1, h.rows // 12))
@@ -137,6 +140,54 @@ def test_puts_per_hour_are_the_objects_and_a_manifest_whatever_the_series(series
     assert {s.labels["host"] for s in q.series} == {f"h{i:04d}" for i in range(series) if i % 7 == 3}
 
 
+def test_a_recompute_that_differs_writes_nothing_and_is_refused(system, runtime, clock, spark,
+                                                                monkeypatch):  # type: ignore[no-untyped-def]
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(4))
+    access = access_for(system, runtime, "pipeline-recompute")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    s3, bucket = runtime.boto3_client("s3"), system.settings.bucket
+
+    def keys() -> set[str]:
+        return {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+                for o in page.get("Contents", [])}
+
+    before = keys()
+    plan = job.plan
+
+    def nondeterministic(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # The rows carry the hour's inputs digest: another one makes every object's bytes (and key) differ.
+        p = plan(*args, **kwargs)
+        for h in p.hours:
+            h.input_sha256 = "0" * 64
+        return p
+
+    monkeypatch.setattr(job, "plan", nondeterministic)
+    with pytest.raises(NondeterministicRollup, match=r"1m part 0: committed [0-9a-f]{12}, recomputed [0-9a-f]{12}"):
+        job.run([H0], first_open=NEXT, recompute=True)
+    assert keys() == before  # nothing landed beside the committed objects
+
+
+def test_a_generation_committed_with_a_v3_manifest_is_read_and_recomputed_as_v3(system, runtime, clock, spark,
+                                                                              monkeypatch):  # type: ignore[no-untyped-def]
+    # Issue 27 item 8: new manifests name the hour acceptance_hour (v4); those committed as v3 stay
+    # readable, and a recompute writes their own bytes again (the manifest's create answers 412).
+    from lightmetrics_pipeline import rollup_manifest as RM
+
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(3))
+    access = access_for(system, runtime, "pipeline-v3-manifest")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    monkeypatch.setattr(RM, "WRITTEN_MANIFEST_SCHEMA", RM.MANIFEST_SCHEMA_V3)  # as a job before v4 wrote it
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    monkeypatch.undo()
+    doc = read_committed(access, H0)
+    assert doc["schema"] == P.MANIFEST_SCHEMA_V3 and doc["hour"] == str(H0) and "acceptance_hour" not in doc
+    again = job.run([H0], first_open=NEXT, recompute=True)
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    q = run_query(access, "load.m1", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="1h")
+    assert q.generations == {str(H0): 1} and q.objects_read == 1 and {s.labels["host"] for s in q.series} == {"h0001"}
+
+
 def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]
     return {(tuple(sorted(s.labels.items())), p.window_start_ns): _agg_bits(p) for s in q.series for p in s.points}
 
@@ -151,7 +202,7 @@ def test_query_answers_the_same_from_v2_and_v3(runtime, clock, spark) -> None:  
         report = RollupJob(spark, access, table=None, clock=clock, rollup_format=fmt).run([H0], first_open=NEXT)
         assert report.hours[0].format == fmt
         assert read_committed(access, H0)["schema"] == ("lightmetrics.rollup_manifest.v2" if fmt == 2 else
-                                                       P.MANIFEST_SCHEMA_V3)
+                                                       P.MANIFEST_SCHEMA_V4)
         per_format = {}
         for metric in ("cpu.usage", "mem.rss", "disk/io"):
             for window in ("1m", "5m", "1h"):
@@ -175,8 +226,9 @@ def _plain_read(s3, bucket: str) -> list[dict[str, object]]:  # type: ignore[no-
     for key in keys("manifests/v1/"):
         if re.search(r"/generation=\d{10}\.json$", key):
             doc = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-            if doc["hour"] not in best or doc["generation"] > best[doc["hour"]]["generation"]:
-                best[doc["hour"]] = doc
+            hour = doc.get("acceptance_hour", doc.get("hour"))  # manifest v4; v3 named it hour
+            if hour not in best or doc["generation"] > best[hour]["generation"]:
+                best[hour] = doc
     current = {(h, d["generation"], d["inputs"]["sha256"]) for h, d in best.items()}
     out = []
     for key in keys("rollup/v1/"):

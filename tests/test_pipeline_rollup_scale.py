@@ -69,7 +69,7 @@ def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
     assert not same_chunks(codec, v1, v2)
     newer = json.loads(RM.manifest_bytes(**common, skipped=[], skipped_count=0, parts=1, lists=lists,
                                         totals={"chunks": 21, "series": 7, "samples": 35}))
-    newer["schema"] = "lightmetrics.rollup_manifest.v4"  # v3 (Parquet objects) is read; v4 would be newer
+    newer["schema"] = "lightmetrics.rollup_manifest.v5"  # v4 and v3 (Parquet objects) are read; v5 would be newer
     from lightmetrics.protocol.errors import UnsupportedVersionError
 
     with pytest.raises(UnsupportedVersionError):

@@ -7,7 +7,8 @@ No crawler and no partition maintenance: **partition projection** computes every
 location from the key layout (``KeyCodec.rollup_part``), and ``storage.location.template`` reads
 only the v3 ``generation=`` folders, never the v1/v2 ``metric=`` folders beside them. The columns
 come from ``lightmetrics_pipeline.rollup_parquet.COLUMNS`` (a test compares them with a file the rollup wrote).
-Athena itself cannot run locally (moto has no query engine): the SQL of the view is unexercised.
+Athena itself cannot run locally (moto has no query engine): tests/test_rollup_view_duckdb.py runs the
+view's SQL in DuckDB (transpiled by sqlglot) over the rollups the job wrote.
 """
 
 from __future__ import annotations
@@ -18,17 +19,23 @@ from aws_cdk import aws_glue as glue
 from constructs import Construct
 
 from lightmetrics.protocol.keys import KeyKind, layout_root
-from lightmetrics_pipeline.rollup_parquet import COLUMNS
+from lightmetrics_pipeline.rollup_manifest import PARQUET_MANIFEST_SCHEMAS
+from lightmetrics_pipeline.rollup_parquet import COLUMNS, MAX_GENERATION
 
 ROLLUPS_TABLE = "rollups"
 MANIFESTS_TABLE = "rollup_manifests"
 CURRENT_VIEW = "rollups_current"
-#: Projected generations per hour: an hour rebuilt more often than this has rows Athena does not
-#: see (``lmctl query`` still does); a wider range costs listings of empty folders per query.
-MAX_PROJECTED_GENERATION = 999
+#: Projected generations per hour: the job's own limit (``MAX_GENERATION``: it builds no generation
+#: past it), so every committed generation is projected; a wider range would cost a direct query of
+#: ``rollups`` (filtered on date and hour only) a listing per projected folder.
+MAX_PROJECTED_GENERATION = MAX_GENERATION
+#: The width of ``generation=`` in the keys (``KeyCodec.rollup_part``): the view joins on it as text.
+GENERATION_DIGITS = 10
 FIRST_DATE = "2025-01-01"
-MANIFEST_COLUMNS = (("schema", "string"), ("hour", "string"), ("generation", "int"), ("supersedes", "int"),
-                    ("inputs", "struct<count:bigint,sha256:string>"))
+#: The manifests' own fields the view needs: ``hour`` (manifest v3) and ``acceptance_hour`` (v4: the
+#: field renamed so that it no longer collides with the ``hour=`` folder); a field a manifest lacks is null.
+MANIFEST_COLUMNS = (("schema", "string"), ("hour", "string"), ("acceptance_hour", "string"), ("generation", "int"),
+                    ("supersedes", "int"), ("inputs", "struct<count:bigint,sha256:string>"))
 _PARQUET_SERDE = "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"
 _PARQUET_IN = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat"
 _PARQUET_OUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
@@ -56,24 +63,32 @@ def _date_hour_projection(hour_key: str) -> dict[str, str]:
 
 
 def current_view_sql(database: str) -> str:
-    """The view of the rows of each hour's highest committed generation, if it is v3 (docs/pipeline.md §1)."""
+    """The view of the rows of each hour's highest committed generation, if it is v3 (docs/pipeline.md §1).
+
+    The rows are joined on the ``rollups`` table's **partition** columns (``date``, ``hour`` and
+    ``generation``, the latter as the key's zero-padded text), not only on the data columns, so
+    the engine prunes every other generation folder of the hour (dynamic partition pruning) instead
+    of listing and reading all projected ones; the data columns are compared too."""
     manifest_key = r"'/generation=[0-9]{10}\.json$'"
     return f"""CREATE OR REPLACE VIEW {database}.{CURRENT_VIEW} AS
 WITH manifests AS (
-  SELECT m.hour, m.generation, m.schema, m.inputs.sha256 AS inputs_sha256
+  SELECT m."date" AS manifest_date, m.hour_part, coalesce(m.acceptance_hour, m.hour) AS hour, m.generation, m.schema,
+         m.inputs.sha256 AS inputs_sha256
   FROM {database}.{MANIFESTS_TABLE} m
   WHERE regexp_like(m."$path", {manifest_key})
 ), highest AS (
   SELECT hour, max(generation) AS generation FROM manifests GROUP BY hour
 ), committed AS (
-  SELECT m.hour, m.generation, m.inputs_sha256
+  SELECT m.manifest_date, m.hour_part, m.hour, m.generation, m.inputs_sha256,
+         lpad(CAST(m.generation AS varchar), {GENERATION_DIGITS}, '0') AS generation_folder
   FROM manifests m JOIN highest h ON m.hour = h.hour AND m.generation = h.generation
-  WHERE m.schema = 'lightmetrics.rollup_manifest.v3'
+  WHERE m.schema IN ({", ".join(f"'{s}'" for s in PARQUET_MANIFEST_SCHEMAS)})
 )
 SELECT r.*
 FROM {database}.{ROLLUPS_TABLE} r
 JOIN committed c
-  ON r.acceptance_hour = c.hour AND r.rollup_generation = c.generation AND r.inputs_sha256 = c.inputs_sha256
+  ON r."date" = c.manifest_date AND r.hour = c.hour_part AND r.generation = c.generation_folder
+  AND r.acceptance_hour = c.hour AND r.rollup_generation = c.generation AND r.inputs_sha256 = c.inputs_sha256
 """
 
 

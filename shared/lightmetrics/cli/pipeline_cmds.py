@@ -143,7 +143,8 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
 @click.option("--allow-open-hour", is_flag=True,
               help="Also roll up hours the reconciler has not closed (the demo only: a later run supersedes "
                    "the generation when more batches arrive).")
-@click.option("--recompute", is_flag=True, help="Recompute up-to-date hours; every write must answer 412.")
+@click.option("--recompute", is_flag=True, help="Recompute up-to-date hours and compare with the committed generation "
+                                             "(v3: nothing is written; exit 1 if anything differs).")
 @click.option("--owner", default=None, help="Owner id for the lease (default: random).")
 @config_options
 @json_option
@@ -169,9 +170,11 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:
         fail(str(exc), EXIT_VIOLATIONS, as_json=as_json)
-    # every hour asked by name is open: refused before Spark started, with when each closes
+    # every hour asked by name is open: refused before Spark started, with when each closes; an hour
+    # at the generation limit (docs/pipeline.md §1) has late inputs no generation holds
     refused = bool(wanted) and not report.spark_started
-    code = EXIT_USAGE if refused else EXIT_VIOLATIONS if report.skipped else EXIT_OK
+    limited = any(h.status == "generation-limit" for h in report.hours)
+    code = EXIT_USAGE if refused else EXIT_VIOLATIONS if report.skipped or limited else EXIT_OK
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
         sys.exit(code)
