@@ -304,6 +304,28 @@ def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime
     assert result.summary["keys"] == 8 and result.summary["pages"] == 4
 
 
+def test_a_start_refused_by_the_lease_of_an_ended_execution_says_it_ended_and_when_the_lease_expires(
+        system, runtime, clock):  # type: ignore[no-untyped-def]
+    """A walk finished, but its End task's release of the lease was lost: the lease still holds for
+    its duration. The refusal names the execution as ended, not as a walk still running, and says
+    when a start succeeds (issue 27 item 7: "held ... for another 900 s" after a walk that finished)."""
+    from lightmetrics.protocol.clock import utc_text
+
+    accept_all(system, runtime, clock, [ident(n) for n in range(3)])
+    done = run_walk(system, page_size=10)
+    assert done.status == "finished"
+    table = system.work_context().table
+    expires = clock.now_ns() + 900 * 10**9
+    table.put({"pk": LEASE_PK, "sk": "lease", "owner": "end-task-lost-its-answer", "epoch": done.summary["epoch"],
+               "scope": "all", "execution": done.executions[-1], "expires_at_ns": expires,
+               "checkpoint_pk": done.started.checkpoint_pk})  # type: ignore[attr-defined]
+    with pytest.raises(LeaseHeld) as refused:
+        system.walk_control().start(page_size=10)
+    text = str(refused.value)
+    assert "for another 900 s" in text and "that execution has ended (SUCCEEDED) without releasing the lease" in text
+    assert f"expires at {utc_text(expires)}" in text and "`lmctl walk start` succeeds then" in text, text
+
+
 def test_retry_later_holds_the_cursor_until_the_budget_makes_blockers(system, runtime, clock):  # type: ignore[no-untyped-def]
     """The page task itself (no interpreter): RETRY_LATER keys fail the page and keep its cursor;
     the retries count against the keys' budgets, which turn them into blockers; then it moves."""

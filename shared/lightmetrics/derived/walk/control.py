@@ -77,7 +77,7 @@ class WalkControl:
         self.ctx.store.require_bucket(self.ctx.codec.accepted_root())
         live = self.lease_live()
         if live:
-            raise LeaseHeld(describe_lease(live, self.ctx.clock.now_ns()))
+            raise LeaseHeld(self._held(live))
         inp: dict[str, Any] = {"agent": agent, "resume": resume}
         if full:
             inp["full"] = True
@@ -117,6 +117,25 @@ class WalkControl:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{arn} did not take the lease within {timeout_s} s")
             self.sleep(0.1)
+
+    def _held(self, lease: dict[str, Any]) -> str:
+        """Why a start is refused. A lease whose execution has ended (its release was lost, or the
+        execution was stopped) is still the lease until it expires: say so, and when."""
+        from lightmetrics.protocol.clock import utc_text
+
+        text = describe_lease(lease, self.ctx.clock.now_ns())
+        execution = lease.get("execution")
+        if not execution:
+            return text
+        try:
+            status = self.sfn.describe_execution(executionArn=execution)["status"]
+        except Exception:  # noqa: BLE001 - the refusal stands; only its explanation is missing
+            return text
+        if status == "RUNNING":
+            return text
+        return (f"{text}: that execution has ended ({status}) without releasing the lease, which "
+                f"expires at {utc_text(int(lease.get('expires_at_ns', 0)))}; `lmctl walk start` succeeds then "
+                f"(add --resume to continue an unfinished walk)")
 
     def _begin_error(self, arn: str) -> tuple[str, str]:
         """The Begin task's own error (type, message), from the execution history."""
