@@ -219,13 +219,16 @@ class DenylistStore:
             return entry
         raise ConditionFailed(f"denylist entry {sk} was created and lifted three times while this denial was written")
 
-    def withdraw(self, sk: str, decided_at_unix_ns: int) -> None:
+    def withdraw(self, sk: str, decided_at_unix_ns: int) -> bool:
         """Honour the lifts of the decision made at ``decided_at_unix_ns``: when one is recorded (at
         or after it), the entry that decision created goes, unless a newer decision has found it.
         Re-applying a lifted decision calls it too: an earlier attempt whose answer was lost may
-        have created the entry after the lift had deleted the one before."""
-        if self.lifted_since(sk, decided_at_unix_ns):
-            self._delete_if(sk, at_unix_ns=decided_at_unix_ns, decided_by_ns=decided_at_unix_ns)
+        have created the entry after the lift had deleted the one before. True if the decision is
+        lifted."""
+        if not self.lifted_since(sk, decided_at_unix_ns):
+            return False
+        self._delete_if(sk, at_unix_ns=decided_at_unix_ns, decided_by_ns=decided_at_unix_ns)
+        return True
 
     def list(self) -> list[DenylistEntry]:
         return [DenylistEntry.from_item(i) for i in self.table.query(DENYLIST_PK)]
@@ -235,8 +238,9 @@ class DenylistStore:
         return [DenylistLift.from_item(i) for i in self.table.query(LIFTS_PK)]
 
     def lifted_since(self, sk: str, at_unix_ns: int) -> bool:
-        """True if entry ``sk`` was lifted at or after ``at_unix_ns`` (a decision of that time is void)."""
-        return any(lift.entry == sk and lift.lifted_at_unix_ns >= at_unix_ns for lift in self.lifts())
+        """True if entry ``sk`` was lifted at or after ``at_unix_ns`` (a decision of that time is void).
+        One ``Query`` of that entry's lift records only (their keys start ``<entry>#``)."""
+        return any(int(i["lifted_at_unix_ns"]) >= at_unix_ns for i in self.table.query(LIFTS_PK, sk_prefix=f"{sk}#"))
 
     def remove(self, agent_id: str, boot_id: str | None, *, whole_agent: bool = False, who: str,
                reason: str) -> DenylistLift:

@@ -215,10 +215,9 @@ class ConflictRegistry:
     def _apply(self, entry: ConflictEntry, record: ConflictResolutionRecord) -> None:
         if record.resolution == DENY_IDENTITY:
             for sk in record.denylist_entries:
-                if self.denylist.lifted_since(sk, record.resolved_at_unix_ns):
+                if self.denylist.withdraw(sk, record.resolved_at_unix_ns):
                     # an operator lifted this denial after the decision: re-applying must not undo that, and
                     # an entry an earlier attempt of this decision created after the lift goes
-                    self.denylist.withdraw(sk, record.resolved_at_unix_ns)
                     continue
                 boot = None if sk.endswith("#*") else record.boot_id
                 self.denylist.add(record.agent_id, boot, who=record.resolved_by, reason=record.reason,
