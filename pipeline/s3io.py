@@ -25,12 +25,13 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightmetrics.aws.s3_store import S3ObjectStore, bucket_refusal, s3_client_config
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.object_store import ObjectStore
 from lightmetrics.protocol.retry import RetryPolicy
 
 
@@ -47,6 +48,9 @@ class S3Access:
     timeout_s: int = 5
     max_attempts: int = 5
     component: str = "pipeline"
+    #: An object store to reach the bucket through instead of a boto3 client (the in-memory store of
+    #: a test or of the deterministic simulation); never compared, and not for shipping to executors.
+    object_store: ObjectStore | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Any, *, component: str = "pipeline", endpoint_url: str | None = None,
@@ -62,8 +66,7 @@ class S3Access:
                    max_attempts=settings.s3_max_attempts, component=component)
 
     def with_bucket(self, bucket: str) -> "S3Access":
-        return S3Access(bucket, self.prefix, self.endpoint_url, self.region, self.access_key, self.secret_key,
-                        self.timeout_s, self.max_attempts, self.component)
+        return replace(self, bucket=bucket)
 
     @property
     def codec(self) -> KeyCodec:
@@ -143,7 +146,10 @@ def client(access: S3Access) -> Any:
         return c
 
 
-def store(access: S3Access) -> S3ObjectStore:
+def store(access: S3Access) -> ObjectStore:
+    """The object store of ``access``: the one it carries, else the S3 adapter over this process's client."""
+    if access.object_store is not None:
+        return access.object_store
     return S3ObjectStore(client(access), access.bucket, read_policy=access.policy)
 
 

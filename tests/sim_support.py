@@ -36,7 +36,9 @@ BOUNDED_S = float(os.environ.get("LM_SIM_BOUNDED_S", "120"))
 
 
 def _env(shared: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shared), str(ROOT / ".pp")]), "PYTHONHASHSEED": "0"}
+    pipeline = shared.parent / "pp"  # a mutated copy's pipeline (test_sim_mutants._mutated), else the tree's
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shared), str(pipeline if pipeline.is_dir() else ROOT / ".pp")]),
+            "PYTHONHASHSEED": "0"}
 
 
 def _lmctl_sim(shared: Path, *args: str, timeout: float = 300) -> tuple[int, dict[str, Any], str]:

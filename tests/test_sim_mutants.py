@@ -89,6 +89,12 @@ MUTANTS = {
         "lightmetrics/acceptance/denylist.py",
         "        self._delete_if(sk, at_unix_ns=decided_at_unix_ns, decided_by_ns=decided_at_unix_ns)\n        return True\n",
         "        return True\n"),
+    # the audit's confirmation took a record it cannot read (a newer writer's) for one that is gone,
+    # so nothing withheld the watermarks it may lack entries below (§13 W6: unreadable keeps every W)
+    "an-audit-proves-past-a-record-it-cannot-read": (
+        "lightmetrics_pipeline/audit_confirm.py",
+        '            return [{"rule": rule, "manifest_key": key, "missing": "", "detail": why, "unreadable": True}]',
+        "            return []"),
     # a watermark write not conditioned on moving forward: an audit of an older inventory lowered
     # it (§13 W3, W6: monotonic)
     "an-older-audit-lowers-the-watermark": (
@@ -112,9 +118,13 @@ START_AT = {"a-resolve-reads-its-own-lost-create-as-already-resolved": 320,
 
 
 def _mutated(tmp: Path, path: str, fixed: str, defect: str) -> Path:
+    """A copy of ``shared/`` and, beside it, of the pipeline (``pp/lightmetrics_pipeline``: the
+    ``PYTHONPATH`` of the run is both) with the defect in ``path`` (under ``shared/``, or
+    ``lightmetrics_pipeline/...``)."""
     copy = tmp / "shared"
     shutil.copytree(ROOT / "shared", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    target = copy / path
+    shutil.copytree(ROOT / "pipeline", tmp / "pp" / "lightmetrics_pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    target = (tmp / "pp" if path.startswith("lightmetrics_pipeline/") else copy) / path
     text = target.read_text()
     assert text.count(fixed) == 1, f"{path}: the fixed code moved; update the mutant"
     target.write_text(text.replace(fixed, defect))

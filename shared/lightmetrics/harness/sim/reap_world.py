@@ -134,12 +134,16 @@ def quiesce_inputs(reaps: ReapWorld) -> tuple[list[dict[str, Any]], list[dict[st
     return dry + scheduled, scheduled[1:2]
 
 
-def operator_skips(world: Any, reaps: ReapWorld) -> None:
-    """``lmctl blockers skip`` of each stray key's ``reap-retention`` blocker (an operator's decision)."""
+def operator_skips(world: Any, reaps: ReapWorld) -> int:
+    """``lmctl blockers skip`` of each open ``reap-retention`` blocker of a stray key (an operator's
+    decision); how many it skipped."""
     ctx = world.work_context(world.clock_for())
+    skipped = 0
     for blocker in ctx.blockers.list():
         if blocker.kind == KIND_RETENTION and blocker.object_key in reaps.stray_keys:
             skip(ctx, blocker.work_key, who="operator", reason="a stray upload, not an entry of the layout")
+            skipped += 1
+    return skipped
 
 
 def awaiting_settle(world: Any, blob_key: str) -> bool:

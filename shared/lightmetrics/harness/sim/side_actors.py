@@ -37,8 +37,12 @@ def spawn(world: World) -> Side:
 
 
 def quiesce_jobs(world: World, side: Side) -> tuple[list[Any], list[Any]]:
-    """First the operators' unfinished commands and the parked re-sends; the audit comes last."""
-    return [conflict_actors.quiesce(world, side.conflicts)], [audit(world, side.audits, 9, delay=0)]
+    """First the operators' unfinished commands and the parked re-sends; the audits come last: today's
+    report, then an older report re-run by the same image (it proves less: no watermark may move back)."""
+    upgraded = world.rng.random() < 0.5
+    return [conflict_actors.quiesce(world, side.conflicts)], [
+        audit(world, side.audits, 9, delay=0, upgraded=upgraded, back_s=0),
+        audit(world, side.audits, 10, delay=0, upgraded=upgraded, back_s=5400)]
 
 
 def quiescence(world: World, side: Side) -> list[str]:
