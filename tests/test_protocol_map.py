@@ -24,9 +24,12 @@ MAX_LINE = 110
 
 #: A rule id: ``D5``, ``O1a``, ``CW2``, ``G-I8``, ``R-I5``, ``RR3``, ``DR1``.
 RULE = r"(?:[A-Z]{1,2}|[A-Z]-[A-Z])\d+[a-z]?"
-#: Where protocol.md defines a rule: a list item that begins with it (``* **D5 ...``, ``* C6 —``),
-#: the first cell of a table row (``| I1 |``), or a named assumption (``Timing assumption (H1):``).
-DEFINITION = re.compile(rf"^\s*\* (?:\*\*)?({RULE})\b(?![-.\w])|^\| ({RULE}) \||^Timing assumption \(({RULE})\):")
+#: Where protocol.md defines a rule: a list item that begins with it (``* **D5 ...``, ``* C6 —``)
+#: or the first cell of a table row (``| I1 |``).
+DEFINITION = re.compile(rf"^\s*\* (?:\*\*)?({RULE})\b(?![-.\w])|^\| ({RULE}) \|")
+#: What the protocol leaves to the map, the runbook and the cost docs: module paths, settings,
+#: test paths and the code's own names for the constants and metrics (checked below).
+IMPLEMENTATION_DETAIL = re.compile(r"\b[\w/]+\.py\b|\bLM_[A-Z0-9_]+|\btests/|\blightmetrics\.(?!(?:[a-z_]+\.v\d|<))[a-z_]+")
 HEADING = re.compile(r"^#{2,3} (\d+)\. |^#{2,3} (\d+\.\d+) ")
 CITATION = re.compile(rf"§(\d+(?:\.\d+)?)\s+({RULE})(?![\w-])")
 
@@ -50,7 +53,7 @@ def defined_rules() -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for section, line in _lines(PROTOCOL.read_text(encoding="utf-8")):
         if section is not None and (m := DEFINITION.match(line)):
-            found.setdefault(next(g for g in m.groups() if g), []).append(section)
+            found.setdefault((m.group(1) or m.group(2)), []).append(section)
     return found
 
 
@@ -72,11 +75,13 @@ def paths(cell: str) -> list[str]:
 
 
 def _exists(path: str) -> bool:
+    """A file, or ``file::name``: a function or class ``name`` defined in it."""
     file, _, name = path.partition("::")
     target = ROOT / file
     if not target.is_file():
         return False
-    return not name or re.search(rf"^\s*def {re.escape(name)}\(", target.read_text(encoding="utf-8"), re.M) is not None
+    pattern = rf"^\s*(?:def|class) {re.escape(name)}\b"
+    return not name or re.search(pattern, target.read_text(encoding="utf-8"), re.M) is not None
 
 
 def _module_name(path: str) -> str:
@@ -133,6 +138,63 @@ def test_the_map_names_only_sections_the_protocol_has() -> None:
 # ------------------------------------------------------------------ settings, constants, metrics
 
 
+def parameters() -> dict[str, str]:
+    """The parameters protocol.md §18.1 lists, with their default or value cell."""
+    text = PROTOCOL.read_text(encoding="utf-8")
+    assert "\n### 18.1 Parameters\n" in text, "docs/protocol.md has no '### 18.1 Parameters'"
+    block = text.split("\n### 18.1 Parameters\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| \*([^*|]+)\* \| [^|]+ \| ([^|]+) \|$", block, re.M))
+
+
+def _number(cell: str) -> int | None:
+    m = re.match(r"`?([\d,]+)", cell.strip())
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def test_the_protocols_parameters_are_the_maps() -> None:
+    """§18.1 names every parameter the map backs with a setting or a constant, with the same
+    default or value (numbers compared), and nothing more."""
+    protocol = parameters()
+    mapped = {row[0]: row[2] for name in ("Settings", "Constants") for row in table(name)}
+    assert sorted(protocol) == sorted(mapped), "docs/protocol.md §18.1 and docs/protocol-map.md differ: " + str(
+        sorted(set(protocol) ^ set(mapped)))
+    for name, value in mapped.items():
+        want = _number(paths(value)[0]) if paths(value) else None
+        if want is not None:
+            assert _number(protocol[name]) == want, f"docs/protocol.md §18.1: *{name}* is {protocol[name]}, the code {want}"
+
+
+#: Italic words of protocol.md that are emphasis or a term defined where it is used, not a parameter.
+EMPHASIS = {"at the write", "before", "candidate hours", "expected", "intent", "it", "italics", "italic", "key",
+            "marks", "pre-existing", "submitted", "violation", "warning", "closing", "conflict id",
+            "denylist enforcement", "denylist entry", "lift record", "registry item", "batch deletes",
+            "the arithmetic"}
+
+
+def test_every_parameter_and_signal_the_protocol_names_is_defined() -> None:
+    """Every *italic* name in protocol.md is a parameter or signal §18.1 lists (or plain emphasis),
+    every one §18.1 lists is used, and every signal of the map is one of them."""
+    text = PROTOCOL.read_text(encoding="utf-8")
+    body, table_18_1 = text.split("\n### 18.1 Parameters\n", 1)
+    known = set(parameters()) | set(re.findall(r"^\| \*([^*|]+)\* \| [^|]+ \|$", table_18_1, re.M))
+    used = {" ".join(m.split()).lower() for m in re.findall(r"(?<![*\w])\*([A-Za-z][A-Za-z -]*(?:\n *[A-Za-z -]+)?)\*(?![*\w])", body)}
+    unknown = sorted(used - {k.lower() for k in known} - EMPHASIS)
+    assert not unknown, f"docs/protocol.md names parameters §18.1 does not list: {unknown}"
+    unused = sorted(k for k in known if k.lower() not in used)
+    assert not unused, f"docs/protocol.md §18.1 lists parameters no rule names: {unused}"
+    signals = {row[0] for row in table("Metrics")}
+    assert signals <= known, f"signals of docs/protocol-map.md not in docs/protocol.md §18.1: {sorted(signals - known)}"
+
+
+def test_the_protocol_names_no_module_setting_or_metric() -> None:
+    text = PROTOCOL.read_text(encoding="utf-8")
+    found = sorted(set(IMPLEMENTATION_DETAIL.findall(text)))
+    assert not found, f"docs/protocol.md names implementation detail (move it to docs/protocol-map.md): {found}"
+    metrics = [paths(row[1])[0] for row in table("Metrics")]
+    named = [m for m in metrics if re.search(rf"`{m}`", text)]
+    assert not named, f"docs/protocol.md names metrics (say the signal; the map names the metric): {named}"
+
+
 def test_every_setting_is_read_where_the_map_says_with_its_default() -> None:
     from lightmetrics.composition.config import Settings
 
@@ -162,7 +224,8 @@ def test_every_metric_is_emitted_where_the_map_says() -> None:
         (metric,) = paths(metric_cell)
         for module in paths(module_cell):
             assert _exists(module), f"docs/protocol-map.md: {metric} is emitted by {module}, which does not exist"
-            assert re.search(rf"\b{metric}\b", (ROOT / module).read_text(encoding="utf-8")), (
+            source = (ROOT / module.partition("::")[0]).read_text(encoding="utf-8")
+            assert re.search(rf"\b{metric}\b", source), (
                 f"{module} does not name the metric {metric}")
 
 
@@ -184,9 +247,14 @@ def test_every_citation_of_a_rule_names_its_section() -> None:
     assert not stale, "citations of protocol rules that name another section: " + "; ".join(stale)
 
 
+def test_protocol_lines_are_at_most_110_characters() -> None:
+    long = [n for n, line in enumerate(PROTOCOL.read_text(encoding="utf-8").splitlines(), 1) if len(line) > MAX_LINE]
+    assert not long, f"docs/protocol.md lines longer than {MAX_LINE} characters: {long}"
+
+
 @pytest.mark.parametrize("text, rule", [("* **D5 `accepted-by-blob` before", "D5"), ("* C6 — a lift", "C6"),
                                         ("| I1 | at most one", "I1"), ("  * **L1 a lease", "L1"),
                                         ("* R-I5 — **one bad", "R-I5"), ("* **G-B3 the", "G-B3")])
 def test_a_definition_is_recognised(text: str, rule: str) -> None:
     m = DEFINITION.match(text)
-    assert m and next(g for g in m.groups() if g) == rule
+    assert m and (m.group(1) or m.group(2)) == rule
