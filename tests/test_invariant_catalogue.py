@@ -120,13 +120,14 @@ def test_every_rule_has_one_name_a_severity_and_a_checker() -> None:
 
 def test_the_protocol_table_lists_exactly_the_catalogue() -> None:
     """docs/protocol.md §13.1: one row per rule, in the catalogue's order, with its severity and
-    checkers; the audit's rules name their output folder."""
+    checkers; the audit's rules name their output folder; and each rule's meaning follows the table."""
     from lightmetrics_pipeline.audit_confirm import CATEGORY_OF_RULE
 
     text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
     section = text.split("### 13.1 ", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `([a-z-]+)` \| (violation|warning|expected) \| [^|]+ \| ([^|]+) \|", section, re.M)
+    rows = re.findall(r"^\| `([a-z-]+)` \| (violation|warning|expected) \| ([^|]+) \|$", section, re.M)
     assert [name for name, _, _ in rows] == list(inv.RULES)
+    assert re.findall(r"^\* `([a-z-]+)`: \S", section, re.M) == list(inv.RULES)
     for name, severity, checked in rows:
         rule = inv.RULES[name]
         assert severity == rule.severity.value, name

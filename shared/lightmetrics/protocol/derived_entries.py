@@ -1,4 +1,4 @@
-"""Schemas of the derived index entries (docs/protocol.md §3, "derived").
+"""Schemas of the derived index entries (docs/protocol.md §3, "derived"; §4.5).
 
 Each entry is a small canonical-JSON object written once by conditional create. Its content is
 a pure function of its source (manifest, blob HEAD, quarantine manifest), so the event path, the
