@@ -184,10 +184,14 @@ def test_a_run_runs_the_services_pools_inline_so_their_calls_keep_one_order() ->
 def test_operators_resolve_deny_and_lift_suspects_are_refused_and_audits_move_watermarks() -> None:
     """The conflict actors (harness/sim/conflict_actors.py) and the audit's watermark step
     (audit_actor.py) run in the schedules: both decisions, a second resolve refused, denials
-    answered 403 denied, lifts, and an audit apply that moved a watermark; their checks find nothing."""
+    answered 403 denied, lifts, run-phase audits that commit (their confirmation read under faults)
+    and one that fails, an audit apply that moved a watermark and an older report's that moved none;
+    their checks find nothing."""
     seen: dict[str, int] = {}
     marks = {"resolved": ": ok", "already": " refused", "denied": "answer denied ", "deny": " deny_identity: ok",
-             "accept": " accept_existing: ok", "lift": "denylist remove ", "audit": "audit 0 moved ['"}
+             "accept": " accept_existing: ok", "lift": "denylist remove ", "audit committed": "audit 0 committed",
+             "audit failed": "audit 0 failed before its commit", "audit moved": " moved ['",
+             "older audit": "audit 10 moved []"}
     import random
 
     from lightmetrics.harness.sim.runner import SIDE_RATE
@@ -201,7 +205,7 @@ def test_operators_resolve_deny_and_lift_suspects_are_refused_and_audits_move_wa
         assert any(a.startswith("operator") for a in result.actors), result.actors
         for name, mark in marks.items():
             seen[name] = seen.get(name, 0) + sum(mark in line for line in result.trace)
-    assert all(seen[name] > 0 for name in marks), seen
+    assert all(seen[name] > 0 for name in marks), sorted(seen.items())
 
 
 def test_lmctl_sim_runs_on_one_core_so_a_hand_over_wakes_no_thread_on_another() -> None:

@@ -243,11 +243,27 @@ def operator(world: World, shared: Conflicts, n: int) -> Any:
     return body
 
 
+def lifter(world: World, shared: Conflicts) -> Any:
+    """An operator who clears denials as hosts are re-imaged: a few ``lmctl denylist remove``, spaced
+    out, racing the other operators' decisions on the same entries."""
+    rng = world.rng
+    lifts = rng.randint(1, 3)
+
+    def body(actor: Actor) -> None:
+        store = DenylistStore(world.table, clock=world.clock_for())
+        for _ in range(lifts):
+            for _ in range(rng.randrange(2, 12)):
+                world.scheduler.pause("Operator")
+            lift(world, shared, actor, store)
+    return body
+
+
 def spawn(world: World, shared: Conflicts) -> None:
     for n in range(2):
         world.scheduler.spawn(f"suspect#{n}", suspect(world, shared, n))
     for n in range(2):
         world.scheduler.spawn(f"operator#{n}", operator(world, shared, n))
+    world.scheduler.spawn("operator#2", lifter(world, shared))
 
 
 def quiesce(world: World, shared: Conflicts) -> Any:
