@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -31,8 +31,9 @@ from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, Fence, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled
 
-#: A run as Step Functions carries it between tasks (plain JSON values: the execution's state).
-Run = dict[str, Any]
+#: A run as Step Functions carries it between tasks (plain JSON values: the execution's state; the
+#: walk's :class:`~lightmetrics.derived.walk.state.WalkRun`, the reap's :class:`~lightmetrics.reaps.state.ReapRun`).
+Run = Mapping[str, Any]
 
 
 class JobStatus(StrEnum):
@@ -75,14 +76,14 @@ class JobKernel:
                            what=self.name, epoch=epoch, **attributes)
 
     def renewal(self, run: Run, now_ns: int, **extra: Any) -> Op:
-        return leases.renewal_of(self.lease_pk, run, now_ns, **extra)
+        return leases.renewal_of(self.lease_pk, dict(run), now_ns, **extra)
 
     def release(self, run: Run, now_ns: int) -> Op:
         return leases.release(self.lease_pk, run["owner"], run["epoch"], now_ns)
 
     def fence(self, run: Run, kind: type[Fence] = Fence) -> Fence:
         """Rule L2: the run's fence, called right before every destructive request."""
-        return kind(self.table, self.lease_pk, run, self.clock, LeaseLost)
+        return kind(self.table, self.lease_pk, dict(run), self.clock, LeaseLost)
 
     # -- owned writes -------------------------------------------------------------------------------
     @staticmethod

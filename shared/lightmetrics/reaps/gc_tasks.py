@@ -18,7 +18,7 @@ from lightmetrics.reaps.gc_sources import GcSources
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, DEFAULT_MAX_PAGES, source_cursor_sk
 from lightmetrics.reaps.reap_job import CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED, NS, ReapJob
-from lightmetrics.reaps.state import MarkState, PageOutcome, ReapCheckpoint, ReapPhase
+from lightmetrics.reaps.state import MarkState, PageOutcome, ReapCheckpoint, ReapPhase, ReapRun
 
 Job = dict[str, Any]  # the execution's state (``reap``, as Step Functions carries it) and a write's changes
 
@@ -30,7 +30,7 @@ class SummaryPages:
 
     points = Points(CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED)
 
-    def __init__(self, tasks: GcTasks, reap: Job, cp: ReapCheckpoint) -> None:
+    def __init__(self, tasks: GcTasks, reap: ReapRun, cp: ReapCheckpoint) -> None:
         self.tasks, self.reap, self.cp = tasks, reap, cp
         self.set_: Job = {}
 
@@ -120,7 +120,7 @@ class GcTasks:
         return GcSources(self.ctx, self.settings).page(
             cp.source, after=cp.after, limit=cp.page_size, hour=cp.hour, audit_run=cp.audit_run)
 
-    def _mark_page(self, reap: Job, cp: ReapCheckpoint, home: SummaryPages, pipeline: MarkSettle) -> Job:
+    def _mark_page(self, reap: ReapRun, cp: ReapCheckpoint, home: SummaryPages, pipeline: MarkSettle) -> Job:
         prefix = home.page_prefix()
         intent = [i for i in self.job.marks_items()
                   if str(i["sk"]).startswith(prefix) and i.get("state") == MarkState.INTENT.value]
@@ -157,7 +157,7 @@ class GcTasks:
         return [Op("Update", CHECKPOINT_PK, sk, expr, names, values,
                    "attribute_not_exists(#a) OR #a <= :a" if by_time else None)]
 
-    def _settle(self, reap: Job, cp: ReapCheckpoint, pipeline: MarkSettle) -> Job:
+    def _settle(self, reap: ReapRun, cp: ReapCheckpoint, pipeline: MarkSettle) -> Job:
         items = self.job.marks_items()
         now = self.job.now()
         if items:

@@ -27,7 +27,7 @@ from lightmetrics.reaps.params import (
     map_visit_tasks,
     max_tasks_for,
 )
-from lightmetrics.reaps.state import MarkState, ReapCheckpoint, ReapPhase
+from lightmetrics.reaps.state import MarkState, ReapCheckpoint, ReapPhase, ReapRun
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000
@@ -63,13 +63,13 @@ class ReapJob:
         """The recorded pages' items, their marks decoded (:func:`~lightmetrics.reaps.gc_marks.read_marks_items`)."""
         return read_marks_items(self.table, self.codec)
 
-    def summary(self, reap: dict[str, Any]) -> ReapCheckpoint:
+    def summary(self, reap: ReapRun) -> ReapCheckpoint:
         item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         if item is None or item.get("owner") != reap["owner"] or int(item.get("epoch", -1)) != int(reap["epoch"]):
             raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
         return ReapCheckpoint.of(plain(item))
 
-    def commit(self, reap: dict[str, Any], *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
+    def commit(self, reap: ReapRun, *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
                 remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
         """One transaction: the summary update (owned), the lease renewal, and ``ops``."""
         names, values = JobKernel.owned(reap)
@@ -110,7 +110,7 @@ class ReapJob:
             return {"reap": reap, "next": "continue"}
         return out
 
-    def route(self, reap: dict[str, Any], cp: ReapCheckpoint) -> dict[str, Any]:
+    def route(self, reap: ReapRun, cp: ReapCheckpoint) -> dict[str, Any]:
         """Which task runs next, from the checkpoint's phase."""
         task = cp.phase.role
         if task == "finish":
@@ -130,12 +130,12 @@ class ReapJob:
         return {"phase": ReapPhase.SETTLE.value, "closing": True, "listing_done": True, "wait_until_ns": 0}
 
     # -- fencing (docs/protocol.md §13, L2 and L3) --------------------------------------------------
-    def fence(self, reap: dict[str, Any]) -> Fence:
+    def fence(self, reap: ReapRun) -> Fence:
         """This task's fence: called right before every S3 delete and commit of the task. A dry
         run's refuses them all (rule DR1, :class:`~lightmetrics.reaps.dry_run.DryRunFence`)."""
         return self.kernel.fence(reap, DryRunFence if reap.get("dry_run") else Fence)
 
-    def writer_may_run_until(self, item: dict[str, Any], reap: dict[str, Any], cp: ReapCheckpoint) -> int:
+    def writer_may_run_until(self, item: dict[str, Any], reap: ReapRun, cp: ReapCheckpoint) -> int:
         """Rule L3 for a ``marks#`` item (:func:`~lightmetrics.reaps.mark_settle.writer_may_run_until`):
         until when the invocation that recorded it may still be placing its delete markers; 0 for
         recorded marks, which need no wait here: the grace is at least as long (rule H2, checked at start)."""
@@ -144,12 +144,12 @@ class ReapJob:
         return self.intent_writer_until(int(item.get("created_at_ns") or 0), str(item.get("owner")), reap,
                                         owned_since_ns=cp.owned_since_ns)
 
-    def intent_writer_until(self, created_at_ns: int, writer: str, reap: dict[str, Any], *, owned_since_ns: int) -> int:
+    def intent_writer_until(self, created_at_ns: int, writer: str, reap: ReapRun, *, owned_since_ns: int) -> int:
         """Rule L3 for an intent recorded at ``created_at_ns`` by owner ``writer``, this run being ``reap``."""
         return writer_may_run_until(created_at_ns, writer, reap["owner"], owned_since_ns=owned_since_ns,
                                     longest_ns=longest_reap_task_s() * NS)
 
-    def wait(self, reap: dict[str, Any], cp: ReapCheckpoint, until_ns: int) -> dict[str, Any]:
+    def wait(self, reap: ReapRun, cp: ReapCheckpoint, until_ns: int) -> dict[str, Any]:
         wait = {"wait_until_ns": until_ns}
         self.commit(reap, set_=wait)
         return self.route(reap, cp.with_changes(wait))

@@ -30,7 +30,7 @@ from lightmetrics.reaps.retention_ranges import (
     range_sk,
     read_ranges,
 )
-from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase
+from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
 
 
 class RetentionTasks:
@@ -96,7 +96,7 @@ class RetentionTasks:
         crashpoints.point(CP_STEP_DONE)
         return self.job.route(reap, cp.with_changes(set_))
 
-    def _tombstone_step(self, reap: dict[str, Any], cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
+    def _tombstone_step(self, reap: ReapRun, cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
                         first: str, now: int) -> tuple[dict[str, Any], dict[str, int]]:
         """Phase ``commit``: the hour's tombstone (a dry run only counts what would go); then ``first``,
         or the hour's key ranges in parallel when its plan has more than one."""
@@ -124,7 +124,7 @@ class RetentionTasks:
                     set_.update(phase=ReapPhase.RANGES.value, ranges=plan.ranges)
         return set_, add
 
-    def _verify_step(self, reap: dict[str, Any], cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
+    def _verify_step(self, reap: ReapRun, cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
                      first: str, now: int) -> dict[str, Any]:
         """Phase ``verify``: the hour is reaped, gets another pass (late writes), or is left with a reason."""
         scope = cp.scope
@@ -162,7 +162,7 @@ class RetentionTasks:
         return out
 
     # -- an hour in key ranges (reap.ranges; docs/protocol.md §16) -------------------------------------
-    def _ranges(self, reap: dict[str, Any], cp: ReapCheckpoint, hour: str) -> dict[str, Any]:
+    def _ranges(self, reap: ReapRun, cp: ReapCheckpoint, hour: str) -> dict[str, Any]:
         """The hour's task between visits of the Ranges Map: the ranges with work now go to the next
         visit; if every range waits (a grace, rule L3), the execution waits for the first; once every
         range is done, their counters are folded into the summary, their items deleted, and the hour

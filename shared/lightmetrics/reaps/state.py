@@ -18,7 +18,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
+
+
+class ReapRun(TypedDict):
+    """The reap's run as Step Functions carries it from task to task (``reap`` in every task's input
+    and output): its lease (``owner``, ``epoch``, ``lease_seconds``), mode, the tasks this execution
+    ran against its budget (rule G-B2), and its executions so far."""
+
+    epoch: int
+    owner: str
+    mode: str
+    dry_run: bool
+    lease_seconds: int
+    max_tasks: int
+    tasks: int
+    executions: int
+    state_machine_arn: str
 
 
 class ReapPhase(StrEnum):
@@ -249,4 +265,4 @@ class ReapCheckpoint:
 
 
 __all__ = ["MarkState", "PageOutcome", "PendingPage", "RangeIntent", "RangeItem", "RangePhase", "ReapCheckpoint",
-           "ReapPhase", "counts_of"]
+           "ReapPhase", "ReapRun", "counts_of"]

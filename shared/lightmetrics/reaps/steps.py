@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops import crashpoints
@@ -77,7 +77,7 @@ from lightmetrics.reaps.report import report_of, retention_outcome
 from lightmetrics.reaps.retention import expired_hours
 from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
-from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase
+from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
 
 
 class Reaper:
@@ -141,7 +141,7 @@ class Reaper:
         execution = event.get("execution_arn", "")
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now, epoch=epoch,
                          scope=params.mode, execution=execution)
-        reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
+        reap: ReapRun = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
                 "lease_seconds": params.lease_seconds, "max_tasks": params.max_tasks_per_execution, "tasks": 0,
                 "executions": 1, "state_machine_arn": event.get("state_machine_arn", "")}
         if params.resume:
@@ -152,7 +152,7 @@ class Reaper:
                                      "#os": "owned_since_ns"},
                               values={":own": owner, ":run": JobStatus.RUNNING.value, ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
-            reap.update(executions=int(cp.get("executions", 1)))  # mode and dry_run: check_resume
+            reap["executions"] = int(cp.get("executions", 1))  # mode and dry_run: check_resume
             return self.job.route(reap, ReapCheckpoint.of(plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))))
         if cp and cp.get("status") == JobStatus.RUNNING:  # a retention run that stopped without End: say so (R9)
             stopped = retention_outcome(cp, CHECKPOINT_PK, status=JobStatus.STOPPED.value,
@@ -221,16 +221,17 @@ class Reaper:
         lease is renewed and the checkpoint names this execution, in one owned transaction."""
         if not isinstance(cont, dict) or any(k not in cont for k in self.CARRIED):
             raise InvalidReapInput(f"continuation must carry {list(self.CARRIED)}")
-        reap = {k: cont[k] for k in self.CARRIED}
-        reap.update(tasks=0, executions=int(cont["executions"]) + 1)
+        reap = cast(ReapRun, {k: cont[k] for k in self.CARRIED})
+        reap["tasks"], reap["executions"] = 0, int(cont["executions"]) + 1
         self.job.commit(reap, set_={"execution": execution, "executions": reap["executions"]})
         crashpoints.point(CP_CONTINUATION_BEGUN)
         log.info("reap %s epoch %s continues in execution %d", reap["mode"], reap["epoch"], reap["executions"])
         return self.job.route(reap, self.job.summary(reap))
 
-    def continuation(self, reap: dict[str, Any]) -> dict[str, Any]:
+    def continuation(self, reap: ReapRun) -> dict[str, Any]:
         """The input of the next execution: ``{"continuation": ...}``."""
-        return {"continuation": {k: reap[k] for k in self.CARRIED}}
+        carried = dict(reap)
+        return {"continuation": {k: carried[k] for k in self.CARRIED}}
 
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
         """The ``Continue`` task: start the next execution, record it in the checkpoint; this

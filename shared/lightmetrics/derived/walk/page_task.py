@@ -10,7 +10,7 @@ from typing import Any
 from lightmetrics.derived.walk.checks import RecordChecks
 from lightmetrics.derived.walk.errors import WalkRetryLater
 from lightmetrics.derived.walk.params import LIST_MAX_KEYS
-from lightmetrics.derived.walk.state import KEY_CHECKS, PART_PREFIX
+from lightmetrics.derived.walk.state import KEY_CHECKS, PART_PREFIX, WalkRun
 from lightmetrics.derived.walk.walker_base import POOL, WalkJob, add_counts
 from lightmetrics.ops.leases import OWNED, LeaseLost
 from lightmetrics.ops.outcome import Outcome
@@ -44,7 +44,7 @@ class PageTask:
             modified = []  # a listing without LastModified: every key is repaired in full
         return ListPage(keys=keys, sizes=sizes, prefixes=[], truncated=truncated, last_modified_ns=modified)
 
-    def _owned_update(self, walk: dict[str, Any], partition: str, expression: str, names: dict[str, str],
+    def _owned_update(self, walk: WalkRun, partition: str, expression: str, names: dict[str, str],
                       values: dict[str, Any]) -> None:
         """Update ``partition``'s item on condition this walk's epoch still owns it; else LeaseLost."""
         own_names, own_values = self.kernel.owned(walk)
@@ -54,7 +54,7 @@ class PageTask:
         except ConditionFailed:
             raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
 
-    def _run_keys(self, walk: dict[str, Any], partition: str, listing: ListPage, skipped: set[str], retried: bool,
+    def _run_keys(self, walk: WalkRun, partition: str, listing: ListPage, skipped: set[str], retried: bool,
                   failed_through: str, blocked: frozenset[str] = frozenset()) -> list[tuple[str, str | None]]:
         """Each key's (outcome, the check that settled it or None), in the listing's order."""
         keys = listing.keys

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops import leases
@@ -44,6 +44,27 @@ OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
 #: — its ``accepted-by-time`` entry exists; ``reaped`` — its hour is tombstoned, nothing probed.
 #: Partition items and the summary keep them as ``keys_present`` and ``keys_reaped``.
 KEY_CHECKS = ("present", "reaped")
+
+
+class WalkRun(TypedDict, total=False):
+    """The walk's run as Step Functions carries it from task to task (``walk`` in every task's input
+    and output): its scope and checkpoint, its lease (``owner``, ``epoch``, ``lease_seconds``), its
+    page parameters, the rounds of this execution (against ``max_rounds``) and its executions so far."""
+
+    scope: str
+    agent: str | None
+    checkpoint_pk: str
+    epoch: int
+    owner: str
+    page_size: int
+    parallelism: int
+    max_rounds: int
+    full: bool
+    lease_seconds: int
+    state_machine_arn: str
+    execution_arn: str
+    round: int
+    executions: int
 
 
 @dataclass(frozen=True)
@@ -212,6 +233,7 @@ def summarize(cp: dict[str, Any], parts: list[WalkPartition], now_ns: int) -> di
     }
 
 
-__all__ = ["WalkPartition", "CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
-           "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "proven_before", "read_lease", "read_walk",
-           "read_watermarks", "set_watermark", "summarize", "walk_failure", "watermark_blocker", "watermark_pk"]
+__all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
+           "PRESENCE_WALK_INDEXES", "WalkPartition", "WalkRun", "checkpoint_pk", "describe_lease", "proven_before",
+           "read_lease", "read_walk", "read_watermarks", "set_watermark", "summarize", "walk_failure",
+           "watermark_blocker", "watermark_pk"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
 from lightmetrics.derived.walk.page_task import PageTask
@@ -44,6 +44,7 @@ from lightmetrics.derived.walk.state import (
     PART_PREFIX,
     PRESENCE_WALK_INDEXES,
     WalkPartition,
+    WalkRun,
     checkpoint_pk,
     proven_before,
     read_walk,
@@ -59,6 +60,9 @@ from lightmetrics.protocol.control_store import ConditionFailed, Op, Transaction
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
 
+#: What a continuation carries into the next execution.
+CARRIED = ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size", "parallelism", "max_rounds", "full",
+           "lease_seconds", "state_machine_arn", "executions")
 #: Keys with an open blocker a round hands its pages to re-check (§11 O4), at most: the work list
 #: travels in the Step Functions state (256 KB). More wait for a later round or walk.
 RECHECK_MAX = 200
@@ -119,7 +123,7 @@ class Walker:
         scope = "all" if params.agent is None else f"agent={params.agent_hex}"
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, epoch=epoch, execution=execution,
                          scope=scope, checkpoint_pk=cp_pk)
-        walk = {
+        walk: WalkRun = {
             "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
             "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
             "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine,
@@ -153,7 +157,7 @@ class Walker:
         log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
         return {"walk": walk}
 
-    def _fresh_checkpoint(self, walk: dict[str, Any], now: int) -> dict[str, Any]:
+    def _fresh_checkpoint(self, walk: WalkRun, now: int) -> dict[str, Any]:
         return {
             "pk": walk["checkpoint_pk"], "sk": CHECKPOINT_SK, "epoch": walk["epoch"], "owner": walk["owner"],
             "scope": walk["scope"], "agent": walk["agent"], "status": JobStatus.RUNNING.value, "started_at_ns": now,
@@ -169,10 +173,10 @@ class Walker:
                     "lease_seconds", "state_machine_arn", "executions")
         if not isinstance(cont, dict) or any(k not in cont for k in required):
             raise InvalidWalkInput(f"continuation must carry {list(required)}")
-        walk = {k: cont[k] for k in required}
+        walk = cast(WalkRun, {k: cont[k] for k in required})
         walk["full"] = bool(cont.get("full", False))
         now = self.now()
-        walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
+        walk["execution_arn"], walk["round"], walk["executions"] = execution, 0, int(cont["executions"]) + 1
         self.kernel.commit(walk, [
             self.kernel.renewal(walk, now, execution=execution),
             self.kernel.owned_update(walk, walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
@@ -183,7 +187,7 @@ class Walker:
 
     # -- plan --------------------------------------------------------------------------------------
     @staticmethod
-    def _summary_update(walk: dict[str, Any], finished: list[WalkPartition], strays: Counter[str],
+    def _summary_update(walk: WalkRun, finished: list[WalkPartition], strays: Counter[str],
                         enum: dict[str, Any], new: int, now: int) -> Op:
         """The owned checkpoint update that folds ``finished`` partitions and the ``strays`` into the
         walk's summary and saves the enumeration's state."""
@@ -205,7 +209,7 @@ class Walker:
                   names, values, OWNED)
 
     def plan(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk = dict(event["walk"])
+        walk = cast(WalkRun, dict(event["walk"]))
         pk = walk["checkpoint_pk"]
         leftovers: list[WalkPartition] = []  # partition items of an unfinished older epoch
         cp, parts = read_walk(self.table, pk, leftovers=leftovers)
@@ -292,10 +296,9 @@ class Walker:
 
     # -- continue ----------------------------------------------------------------------------------
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk = event["walk"]
-        carried = {k: walk[k] for k in ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size",
-                                         "parallelism", "max_rounds", "full", "lease_seconds",
-                                         "state_machine_arn", "executions") if k in walk}
+        walk: WalkRun = event["walk"]
+        run: dict[str, Any] = dict(walk)
+        carried = {k: run[k] for k in CARRIED if k in run}
         arn = self.kernel.continue_in(self._sfn, walk, carried)
         names, values = JobKernel.owned(walk)
         try:
