@@ -9,7 +9,7 @@ the reaps; docs/protocol.md §13 L1-L3).
 
 The walk (:mod:`lightmetrics.derived.walk`) and the reap (:mod:`lightmetrics.reaps`) each hold a
 kernel and a control (composition); the rollup's lease (:mod:`lightmetrics_pipeline.lease`) is the
-same lease (:mod:`lightmetrics.ops.leases`) held by one process.
+kernel's :class:`~lightmetrics.jobs.kernel.Lease`, held by one process.
 
 Example::
 
@@ -20,6 +20,6 @@ Example::
 from __future__ import annotations
 
 from lightmetrics.jobs.control import JobControl
-from lightmetrics.jobs.kernel import JobKernel, JobStatus, Run
+from lightmetrics.jobs.kernel import JobKernel, JobStatus, Lease, Run
 
-__all__ = ["JobControl", "JobKernel", "JobStatus", "Run"]
+__all__ = ["JobControl", "JobKernel", "JobStatus", "Lease", "Run"]

@@ -29,7 +29,7 @@ from typing import Any
 from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import OWNED, Fence, LeaseHeld, LeaseLost
-from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, TransactionCancelled
 
 #: A run as Step Functions carries it between tasks (plain JSON values: the execution's state; the
 #: walk's :class:`~lightmetrics.derived.walk.state.WalkRun`, the reap's :class:`~lightmetrics.reaps.state.ReapRun`).
@@ -69,9 +69,10 @@ class JobKernel:
         if leases.is_live(lease, now_ns):
             raise LeaseHeld(self.describe(lease or {}, now_ns))
 
-    def take(self, lease: dict[str, Any] | None, *, owner: str, lease_seconds: int, now_ns: int, epoch: int,
-             **attributes: Any) -> dict[str, Any]:
-        """Take the lease read as ``lease`` for epoch ``epoch`` (:func:`~lightmetrics.ops.leases.take`)."""
+    def take(self, lease: dict[str, Any] | None, *, owner: str, lease_seconds: int, now_ns: int,
+             epoch: int | None = None, **attributes: Any) -> dict[str, Any]:
+        """Take the lease read as ``lease`` for epoch ``epoch`` (by default one more than any before;
+        :func:`~lightmetrics.ops.leases.take`)."""
         return leases.take(self.table, self.lease_pk, lease, owner=owner, lease_seconds=lease_seconds, now_ns=now_ns,
                            what=self.name, epoch=epoch, **attributes)
 
@@ -122,4 +123,53 @@ class JobKernel:
         return arn
 
 
-__all__ = ["JobKernel", "JobStatus", "Run"]
+@dataclass
+class Lease:
+    """A job's lease held by one process (the rollup, :mod:`lightmetrics_pipeline.lease`):
+    :meth:`acquire`, :meth:`renew`, :meth:`release` by the kernel's rules, outside Step Functions.
+
+    Example:
+        >>> lease = Lease(table, "rollup", owner="run-1", clock=clock, duration_s=900)   # doctest: +SKIP
+        >>> lease.acquire().epoch                                                         # doctest: +SKIP
+        1
+    """
+
+    table: ControlStore
+    name: str
+    owner: str
+    clock: Any
+    duration_s: int = 900
+    epoch: int = 0
+
+    @property
+    def kernel(self) -> JobKernel:
+        return JobKernel(self.table, self.name, self.clock)
+
+    @property
+    def run(self) -> Run:
+        return {"owner": self.owner, "epoch": self.epoch, "lease_seconds": self.duration_s}
+
+    def current(self) -> dict[str, Any] | None:
+        """The lease's item as stored, or None."""
+        return self.table.get(self.kernel.lease_pk, leases.LEASE_SK)
+
+    def acquire(self) -> Lease:
+        kernel = self.kernel
+        item = kernel.take(kernel.lease(), owner=self.owner, lease_seconds=self.duration_s, now_ns=self.clock.now_ns())
+        self.epoch = int(item["epoch"])
+        return self
+
+    def renew(self) -> None:
+        try:
+            self.kernel.renewal(self.run, self.clock.now_ns()).apply(self.table)
+        except ConditionFailed:
+            raise LeaseLost(f"owner {self.owner} lost the {self.name} lease (epoch {self.epoch})") from None
+
+    def release(self) -> None:
+        try:
+            self.kernel.release(self.run, self.clock.now_ns()).apply(self.table)
+        except ConditionFailed:
+            pass  # somebody took it over after it expired: nothing of ours to release
+
+
+__all__ = ["JobKernel", "JobStatus", "Lease", "Run"]
