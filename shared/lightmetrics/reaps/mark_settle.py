@@ -14,8 +14,8 @@ A page goes **intent → markers → record → settle**:
    counts them.
 
 Where a page's state lives is the :class:`PageHome`'s: GC's summary checkpoint
-(:class:`~lightmetrics.reaps.gc_pages.SummaryPages`) or a key range's item
-(:class:`~lightmetrics.reaps.range_blobs.RangePages`). The pipeline writes only through it, and
+(:class:`~lightmetrics.reaps.gc_tasks.SummaryPages`) or a key range's item
+(:class:`~lightmetrics.reaps.retention_ranges.RangePages`). The pipeline writes only through it, and
 passes each home's crash points.
 
 Example::
