@@ -123,7 +123,7 @@ def blob_page(hr: HourRetention, after: str, limit: int, *, end_at: str | None =
     ``end_at``: a key range's bound): the candidates retention proves "hour tombstoned", with the
     records read to find them (rule G-R1: each read once). An unreadable record blocks its entry,
     not the page."""
-    keys, more = hr.page(after, limit, end_at=end_at)
+    keys, more = hr.page(after, limit) if end_at is None else hr.page(after, limit, end_at=end_at)
     page = hr.records(keys)
     counts = {"kept#blocked": len(page.blocked)} if page.blocked else {}
     return CandidatePage(page.blob_keys, keys[-1] if keys else after, more, counts,
