@@ -1,5 +1,5 @@
-"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.ops.leases.Lease`, the one lease
-implementation of the walks, the reaps and the rollup.
+"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.jobs.kernel.Lease`, held by one process
+on the job kernel of the walks and the reaps (one lease implementation: :mod:`lightmetrics.ops.leases`).
 
 The lease avoids wasted work; it is not what makes a rollup correct (S3 cannot check a fencing
 token). Correctness comes from conditional creates on keys that carry the generation number: of
@@ -9,6 +9,7 @@ other is refused (:class:`lightmetrics_pipeline.rollup_plan.GenerationTaken`).
 
 from __future__ import annotations
 
-from lightmetrics.ops.leases import Lease, LeaseHeld, LeaseLost
+from lightmetrics.jobs.kernel import Lease
+from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 
 __all__ = ["Lease", "LeaseHeld", "LeaseLost"]

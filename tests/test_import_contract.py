@@ -27,15 +27,14 @@ BOTO_EXCEPTIONS = {
                    "blocks on them); it imports the exception classes only, never builds a client",
 }
 #: the services: what the protocol is for, reaching storage, queues and executions through ports
-SERVICE_FOLDERS = ("acceptance", "derived", "reaps", "ops")
+SERVICE_FOLDERS = ("acceptance", "derived", "reaps", "ops", "jobs")
 #: adapter names a service still imports, (module, "adapter module.name") -> why
 ADAPTER_EXCEPTIONS = {
-    **{(f, "lightmetrics.aws.step_functions.start_continuation"): "the walk and the reap are handed a raw Step "
-       "Functions client (sfn_client); a port of the executions they start and describe is the follow-up"
-       for f in ("derived/walk/steps.py", "reaps/steps.py")},
-    **{(f, "lightmetrics.aws.step_functions.execution_history"): "the walk's and the reap's controls call the raw "
-       "Step Functions client (start_execution, describe_execution) too; same follow-up"
-       for f in ("derived/walk/control.py", "reaps/control.py")},
+    ("jobs/kernel.py", "lightmetrics.aws.step_functions.start_continuation"): "the job kernel (the walk's and the "
+        "reap's continuations) is handed a raw Step Functions client (sfn_client); a port of the executions they "
+        "start and describe is the follow-up",
+    ("jobs/control.py", "lightmetrics.aws.step_functions.execution_history"): "the job control (the walk's and the "
+        "reap's) calls the raw Step Functions client (start_execution, describe_execution) too; same follow-up",
     ("ops/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
         "blocker actions are (ctx.sqs()); a queue port is the follow-up",
     **{("ops/work.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "

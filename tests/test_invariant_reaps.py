@@ -30,6 +30,7 @@ from lightmetrics.reaps import CHECKPOINT_PK, RANGE_PK, InvalidReapInput, LeaseL
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_marks import decode_mark
 from lightmetrics.reaps.gc_proof import Proof
+from lightmetrics.reaps.mark_settle import CandidatePage
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -240,7 +241,7 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
         sha = f"{n:064x}"
         proofs.append(Proof(codec.raw_blob(sha), sha, True, "unreferenced", version_id="v" * version_id_bytes,
                             last_modified_unix_s=OLD_NS // _NS, identity=_long_identity(n)))
-    monkeypatch.setattr(Reaper, "_candidates", lambda self, cp: ([p.key for p in proofs], proofs[-1].key, False, {}))
+    monkeypatch.setattr(Reaper, "candidates", lambda self, cp: CandidatePage([p.key for p in proofs], proofs[-1].key, False))
     monkeypatch.setattr(BlobCollector, "prove_all", lambda self, keys, now_ns=None: proofs)
     marked_seen: list[int] = []
 

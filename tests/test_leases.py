@@ -11,9 +11,9 @@ import pytest
 from reap_support import make_table, session
 
 from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.jobs.kernel import Lease
 from lightmetrics.ops.leases import (
     Fence,
-    Lease,
     LeaseHeld,
     LeaseLost,
     lease_pk,

@@ -27,8 +27,8 @@ MUTANTS = {
         "            self._block_record(key, exc)\n            return None"),
     # a dry run entered the settle phase for marks a failed reap left (rule DR1)
     "a-dry-run-settles": (
-        "lightmetrics/reaps/reaper_base.py",
-        'if cp["dry_run"] or not self.table.query(CHECKPOINT_PK',
+        "lightmetrics/reaps/reap_job.py",
+        'if dry_run or not self.table.query(CHECKPOINT_PK',
         "if not self.table.query(CHECKPOINT_PK"),
     # a conditional write whose answer was lost, retried against its own write, read as another's (§11.1)
     "a-lost-answer-read-as-someone-elses-write": (
@@ -56,9 +56,9 @@ MUTANTS = {
     # path (and rollups) settle only their own marks, so a raced blob stayed hidden
     "ranged-retention-does-not-settle-a-failed-gcs-marks": (
         "lightmetrics/reaps/retention_tasks.py",
-        '"listing_done": False, "wait_until_ns": 0, "phase": "commit"}\n        if last:\n'
-        '            out.update(self._finishing(cp))',
-        '"listing_done": False, "wait_until_ns": 0, "phase": "done" if last else "commit"}'),
+        '"listing_done": False, "wait_until_ns": 0, "phase": ReapPhase.COMMIT.value}\n        if last:\n'
+        '            out.update(self.job.finishing(cp.dry_run))',
+        '"listing_done": False, "wait_until_ns": 0, "phase": (ReapPhase.DONE if last else ReapPhase.COMMIT).value}'),
     # the reconciler closed hours its run never scanned to their end (fixed in 9156b59: R5, "only
     # hours this run scanned are closed")
     "the-reconciler-closes-hours-it-never-scanned": (

@@ -17,9 +17,12 @@ holder's), ``expires_at_ns`` (liveness: never the item's presence; 0 once releas
 Renewals and releases are :class:`~lightmetrics.protocol.control_store.Op` values, so a job puts them in
 the same transaction as the checkpoint update they guard.
 
+A holder of a lease builds on these through the job kernel (:mod:`lightmetrics.jobs.kernel`: the walk,
+the reaps, and the rollup's :class:`~lightmetrics.jobs.kernel.Lease`).
+
 Example:
-    >>> lease = Lease(table, "rollup", owner="run-1", clock=clock, duration_s=900)   # doctest: +SKIP
-    >>> lease.acquire().epoch                                                         # doctest: +SKIP
+    >>> item = take(table, "lease#rollup", None, owner="run-1", lease_seconds=900, now_ns=0, what="rollup")  # doctest: +SKIP
+    >>> item["epoch"]                                                                 # doctest: +SKIP
     1
 """
 
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.composition.config import LEASE_MARGIN_S
@@ -238,46 +240,7 @@ def task_lease_rule_broken(lease_s: int, task_functions: Iterable[str], setting:
                              f"the Lambda timeout of {', '.join(names)} in lightmetrics.deployment.resources", setting)
 
 
-# --- a holder in one process ---------------------------------------------------------------------------
-@dataclass
-class Lease:
-    """A lease held by one process (the rollup): :meth:`acquire`, :meth:`renew`, :meth:`release`
-    with the rules above."""
-
-    table: ControlStore
-    name: str
-    owner: str
-    clock: Any
-    duration_s: int = 900
-    epoch: int = 0
-
-    @property
-    def pk(self) -> str:
-        return lease_pk(self.name)
-
-    def current(self) -> dict[str, Any] | None:
-        return self.table.get(self.pk, LEASE_SK)
-
-    def acquire(self) -> "Lease":
-        item = take(self.table, self.pk, self.current(), owner=self.owner, lease_seconds=self.duration_s,
-                    now_ns=self.clock.now_ns(), what=self.name)
-        self.epoch = int(item["epoch"])
-        return self
-
-    def renew(self) -> None:
-        try:
-            renewal(self.pk, self.owner, self.epoch, self.duration_s, self.clock.now_ns()).apply(self.table)
-        except ConditionFailed:
-            raise LeaseLost(f"owner {self.owner} lost the {self.name} lease (epoch {self.epoch})") from None
-
-    def release(self) -> None:
-        try:
-            release(self.pk, self.owner, self.epoch, self.clock.now_ns()).apply(self.table)
-        except ConditionFailed:
-            pass  # somebody took it over after it expired: nothing of ours to release
-
-
-__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "Lease", "LeaseError", "LeaseHeld", "LeaseLost",
+__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "LeaseError", "LeaseHeld", "LeaseLost",
            "describe", "is_live", "lease_pk", "lease_rule_broken", "longest_task_timeout_s", "min_lease_s",
            "release", "renewal", "renewal_of", "stopped_at", "stopped_cause", "take",
            "task_lease_rule_broken"]

@@ -7,16 +7,23 @@ state machine routes on ``next``. One lease ``lease#reap`` serves both modes; th
 every S3 delete is sent right after a fence (docs/protocol.md §13, L1-L3). The package, one
 concept a module:
 
-``params``   the execution input (:class:`ReapParams`), the control-table keys, GC's durable
-             source cursors, the newest audit run (G-B3), the history bound (G-B2)
-``marks``    a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
-``ranges``   an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
-``steps``    the Lambda tasks (:class:`Reaper`)
-``report``   the operator's report from a checkpoint (:func:`report_of`)
-``dry_run``  what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
-``control``  the operator side (:class:`ReapControl`: start, status, follow)
-``handler``  the Lambda handlers (:func:`reap_task_handler`)
-``errors``   the errors a task raises on purpose (their names are the ASL's error names)
+``params``      the execution input (:class:`ReapParams`), the control-table keys, GC's durable
+                source cursors, the newest audit run (G-B3), the history bound (G-B2)
+``state``       the typed state: phases (enums), a key range's item, its pages, converted at the table
+``gc``          the one raw-blob deleter: proof, mark, settle (:class:`BlobCollector`)
+``gc_marks``    the ``marks#`` items of a page, split under DynamoDB's item size limit (G-I6)
+``mark_settle`` the mark-and-settle pipeline (intent, markers, record, settle) over where a page lives
+``gc_sources``  GC's candidate sources: scan, by-time, audit
+``gc_tasks``    the GC role's task over the summary's pages (:class:`SummaryPages`)
+``retention``   one expired hour's steps; ``retention_tasks`` the retention role's task
+``retention_ranges`` an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
+``reap_job``    the job the tasks share (on :mod:`lightmetrics.jobs`): summary, owned writes, routing, budget, fence
+``steps``       the Lambda tasks (:class:`Reaper`: begin, gc, retention, continue, end)
+``report``      the operator's report from a checkpoint (:func:`report_of`)
+``dry_run``     what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
+``control``     the operator side (:class:`ReapControl`: start, status, follow)
+``handler``     the Lambda handlers (:func:`reap_task_handler`)
+``errors``      the errors a task raises on purpose (their names are the ASL's error names)
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
 
@@ -59,7 +66,7 @@ from lightmetrics.reaps.params import (
     source_cursor_sk,
     tombstone_wait,
 )
-from lightmetrics.reaps.reaper_base import (
+from lightmetrics.reaps.reap_job import (
     CP_CONTINUATION_BEGUN,
     CP_CONTINUED,
     CP_INTENT,

@@ -8,22 +8,21 @@ Example (what ``lmctl reap gc --execute --wait`` does)::
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.step_functions import execution_history
+from lightmetrics.jobs.control import JobControl
+from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, plain
-from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume, read_lease
+from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume
 from lightmetrics.reaps.report import report_of
 
 
@@ -36,16 +35,17 @@ class Followed:
 
 
 class ReapControl:
-    """Start and watch reaps through Step Functions (the CLI and the demo)."""
+    """Start and watch reaps through Step Functions (the CLI and the demo), on the job's
+    :class:`~lightmetrics.jobs.control.JobControl`."""
 
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
         self.table: ControlStore = ctx.table
+        self.job = JobControl(ctx, sfn_client, state_machine_arn, "reap", sleep=sleep)
 
     def lease_live(self) -> dict[str, Any] | None:
-        lease = read_lease(self.table)
-        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+        return self.job.lease_live()
 
     def checkpoint(self) -> dict[str, Any] | None:
         item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
@@ -66,25 +66,15 @@ class ReapControl:
         if params.resume:  # refused here, before an execution starts, as Begin would refuse it
             check_resume(params, self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))
         name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        arn: str = self.sfn.start_execution(stateMachineArn=self.arn, name=name,
-                                            input=json.dumps(inp, sort_keys=True))["executionArn"]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lease = read_lease(self.table)
-            if lease and lease.get("execution") == arn:
-                return arn
-            d = self.sfn.describe_execution(executionArn=arn)
-            if d["status"] != "RUNNING":
-                if d.get("error") == "LeaseHeld":
-                    raise LeaseHeld(f"refused: {d.get('cause', '')}")
-                # The Begin task's own message says what was wrong (e.g. "hour ... is not older than
-                # LM_RETENTION_S"); the execution's cause is the catching state's, which says less.
-                kind, message = task_error(execution_history(self.sfn, arn))
-                raise InvalidReapInput(f"the reap did not start ({d['status']} {kind or d.get('error', '')}): "
-                                       f"{message or d.get('cause', '')}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{arn} did not take the reap lease within {timeout_s} s")
-            self.sleep(0.1)
+        arn, _ = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s, lease_name="reap lease")
+        return arn
+
+    @staticmethod
+    def _refused(d: dict[str, Any], kind: str, message: str) -> Exception:
+        """Why the reap did not start: the Begin task's own message (e.g. "hour ... is not older than
+        LM_RETENTION_S")."""
+        return InvalidReapInput(f"the reap did not start ({d['status']} {kind or d.get('error', '')}): "
+                                f"{message or d.get('cause', '')}")
 
     def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None,
                on_progress: Callable[[dict[str, Any]], None] | None = None) -> Followed:
@@ -103,12 +93,12 @@ class ReapControl:
             d = self.sfn.describe_execution(executionArn=arn)
             if d["status"] == "SUCCEEDED":
                 item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
-                if item.get("status") == "running" and item.get("next_execution") not in (None, arn):
+                if item.get("status") == JobStatus.RUNNING and item.get("next_execution") not in (None, arn):
                     arn = str(item["next_execution"])  # it handed over to the next execution (Continue)
                     continue
             if d["status"] != "RUNNING":
                 report = self.checkpoint() or {}
-                ok = d["status"] == "SUCCEEDED" and report.get("status") == "finished"
+                ok = d["status"] == "SUCCEEDED" and report.get("status") == JobStatus.FINISHED
                 return Followed("finished" if ok else "failed", report, arn,
                                 "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
             if deadline is not None and time.monotonic() > deadline:

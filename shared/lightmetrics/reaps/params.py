@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops import leases
 from lightmetrics.ops.leases import task_lease_rule_broken
 from lightmetrics.protocol.control_store import ControlStore
@@ -188,7 +189,7 @@ def check_resume(params: ReapParams, checkpoint: dict[str, Any] | None) -> None:
     """Rule DR1 with ``resume`` (docs/protocol.md §16.1): a resume carries on the unfinished reap as it
     was started, so its input must say the same ``mode`` and ``dry_run``; anything else is refused
     before any write — a dry run never settles a failed reap's marks by resuming it."""
-    if checkpoint is None or checkpoint.get("status") == "finished":
+    if checkpoint is None or checkpoint.get("status") == JobStatus.FINISHED:
         raise InvalidReapInput("resume: no unfinished reap to resume")
     was = (str(checkpoint["mode"]), bool(checkpoint["dry_run"]))
     if (params.mode, params.dry_run) != was:

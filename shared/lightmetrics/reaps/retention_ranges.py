@@ -31,7 +31,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from lightmetrics.ops import crashpoints
 from lightmetrics.ops.leases import LeaseLost
@@ -39,11 +39,12 @@ from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, O
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import decode_marks_item, page_ops, range_page_prefix
+from lightmetrics.reaps.gc_marks import decode_marks_item, range_page_prefix
+from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, RANGE_TASK_SECONDS, RANGE_TASK_UNITS
-from lightmetrics.reaps.report import proof_counts, settle_counts
+from lightmetrics.reaps.reap_job import ReapJob
 from lightmetrics.reaps.retention import HourRetention
+from lightmetrics.reaps.state import MarkState, PageOutcome, PendingPage, RangeIntent, RangeItem, RangePhase
 
 _NS = 1_000_000_000
 RANGE_PK = "checkpoint#reap#range"
@@ -80,49 +81,102 @@ def range_sk(epoch: int, hour: str, passes: int, r: int) -> str:
     return f"{range_prefix(epoch, hour, passes)}{int(r):04d}"
 
 
-def read_ranges(table: ControlStore, epoch: int, hour: str, passes: int) -> dict[int, dict[str, Any]]:
+def read_ranges(table: ControlStore, epoch: int, hour: str, passes: int) -> dict[int, RangeItem]:
     """This pass's range items by range number: one Query of their sort-key prefix, so the items a
     crashed epoch or pass left (until their TTL) are never read."""
-    return {int(i["range"]): plain(i) for i in table.query(RANGE_PK, sk_prefix=range_prefix(epoch, hour, passes))}
+    return {int(i["range"]): RangeItem.of(plain(i))
+            for i in table.query(RANGE_PK, sk_prefix=range_prefix(epoch, hour, passes))}
 
 
-def plan_visit(items: dict[int, dict[str, Any]], ranges: int, now_ns: int) -> tuple[list[dict[str, Any]], list[int]]:
+def plan_visit(items: dict[int, RangeItem], ranges: int, now_ns: int) -> tuple[list[dict[str, Any]], list[int]]:
     """The next visit of the Map: the ranges with work now (``{"r", "task"}``: ``gc`` or
     ``retention``, the role their phase needs) and the times the others wait for; a range without
     an item has not begun. Both empty: every range is done.
 
-    >>> plan_visit({0: {"phase": "done"}, 1: {"phase": "derived"}, 2: {"phase": "blobs", "wait_until_ns": 9}}, 4, 5)
+    >>> item = lambda r, phase, wait=0: RangeItem(1, "o", "h", 1, r, phase=RangePhase(phase), wait_until_ns=wait)
+    >>> plan_visit({0: item(0, "done"), 1: item(1, "derived"), 2: item(2, "blobs", 9)}, 4, 5)
     ([{'r': 1, 'task': 'retention'}, {'r': 3, 'task': 'gc'}], [9])
     """
     ready, waits = [], []
     for r in range(ranges):
         item = items.get(r)
-        if item is not None and item["phase"] == "done":
+        if item is not None and item.phase is RangePhase.DONE:
             continue
-        if item is not None and int(item.get("wait_until_ns") or 0) > now_ns:
-            waits.append(int(item["wait_until_ns"]))
+        if item is not None and item.wait_until_ns > now_ns:
+            waits.append(item.wait_until_ns)
         else:
-            ready.append({"r": r, "task": "retention" if item is not None and item["phase"] == "derived" else "gc"})
+            ready.append({"r": r, "task": item.phase.role if item is not None else "gc"})
     return ready, waits
 
 
-def folded(items: dict[int, dict[str, Any]]) -> dict[str, int]:
+def folded(items: dict[int, RangeItem]) -> dict[str, int]:
     """The ranges' counters summed, and their pages as ``page``: what the summary adds."""
     out: dict[str, int] = {}
     for item in items.values():
-        for k, v in {**(item.get("counts") or {}), "page": item.get("page", 0)}.items():
+        for k, v in {**item.counts, "page": item.page}.items():
             out[k] = out.get(k, 0) + int(v)
     return out
 
 
+def blob_page(hr: HourRetention, after: str, limit: int, *, end_at: str | None = None) -> CandidatePage:
+    """The blobs of one page of the hour's ``accepted-by-time`` entries after ``after`` (up to
+    ``end_at``: a key range's bound): the candidates retention proves "hour tombstoned", with the
+    records read to find them (rule G-R1: each read once). An unreadable record blocks its entry,
+    not the page."""
+    keys, more = hr.page(after, limit) if end_at is None else hr.page(after, limit, end_at=end_at)
+    page = hr.records(keys)
+    counts = {"kept#blocked": len(page.blocked)} if page.blocked else {}
+    return CandidatePage(page.blob_keys, keys[-1] if keys else after, more, counts,
+                         records_read={hr.codec.accepted(m.identity): m for m in page.records.values()})
+
+
+class RangePages:
+    """A key range's pages in its range item (:class:`~lightmetrics.reaps.state.RangeItem`): the
+    intent in the item, recorded pages pending their grace, the cursor and counters; every write
+    is the range task's :meth:`RangeTask.save`."""
+
+    points = Points(CP_RANGE_INTENT, CP_RANGE_PAGE, CP_RANGE_SETTLED)
+
+    def __init__(self, task: RangeTask) -> None:
+        self.task = task
+
+    def page_prefix(self) -> str:
+        t = self.task
+        return range_page_prefix(t.reap["epoch"], t.r, t.passes, t.item.page)
+
+    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> dict[str, Any]:
+        base = {"epoch": self.task.reap["epoch"], "owner": self.task.reap["owner"], "state": state.value}
+        return {**base, "created_at_ns" if state is MarkState.INTENT else "marked_at_ns": at_ns}
+
+    def write_intent(self, prefix: str, ops: list[Op], outcome: PageOutcome, now_ns: int) -> None:
+        # The intent is durable (in the range item and its marks items) before the first marker.
+        self.task.item.intent = RangeIntent(PendingPage(prefix, len(ops), now_ns), self.task.reap["owner"], outcome)
+        self.task.save(ops)
+
+    def record(self, outcome: PageOutcome, marks: list[dict[str, Any]], prefix: str, ops: list[Op]) -> None:
+        """A page done: its marks (replacing its intent items) pending settle, the cursor, the counts."""
+        item = self.task.item
+        if marks:
+            parts = sum(1 for op in ops if op.kind == "Put")
+            item.pending = [*item.pending, PendingPage(prefix, parts, max(int(m["marked_at_ns"]) for m in marks))]
+        item.after, item.listing_done, item.page, item.intent = outcome.cursor, not outcome.more, item.page + 1, None
+        item.add({**outcome.counts, "c_marked": len(marks)})
+        self.task.save(ops)
+
+    def settled(self, prefix: str, counts: dict[str, int], ops: list[Op]) -> None:
+        item = self.task.item
+        item.add(counts)
+        item.pending = [p for p in item.pending if p.prefix != prefix]
+        self.task.save(ops)
+
+
 class RangeTask:
     """One Map iteration: a bounded piece of one range's work (module docstring). ``reaper`` is the
-    task's :class:`~lightmetrics.reaps.Reaper` (its context, fence and clock; nothing of it is shared
-    with the other ranges' tasks of the same process). ``event``: ``reap`` (the execution's),
-    ``job`` (the hour, pass, range count and page parameters the hour's task planned with) and
-    ``range`` (``{"r": ..., "task": ...}``)."""
+    task's reap (its context, fence and clock; nothing of it is shared with the other ranges' tasks
+    of the same process). ``event``: ``reap`` (the execution's), ``job`` (the hour, pass, range
+    count and page parameters the hour's task planned with) and ``range`` (``{"r": ..., "task": ...}``)."""
 
-    def __init__(self, reaper: Any, event: dict[str, Any]) -> None:
+    def __init__(self, reaper: ReapJob, event: dict[str, Any]) -> None:
         self.reaper, self.reap, self.job = reaper, event["reap"], event["job"]
         self.r = int(event["range"]["r"])
         self.ctx, self.settings, self.codec = reaper.ctx, reaper.settings, reaper.codec
@@ -136,33 +190,32 @@ class RangeTask:
         self.item = self._load()
 
     # -- the range item ------------------------------------------------------------------------------
-    def _load(self) -> dict[str, Any]:
+    def _load(self) -> RangeItem:
         found = self.table.get(RANGE_PK, self.sk)
         if found is not None:
-            return cast(dict[str, Any], plain(found))
+            return RangeItem.of(plain(found))
         plan = self.hr.plan()  # the first task of this range and pass: its bounds
         if plan.ranges != int(self.job["ranges"]) or not 0 <= self.r < plan.ranges:
             raise InvalidReapInput(f"range {self.r} of {self.job['ranges']}: the plan of {self.job['hour']} "
                                    f"has {plan.ranges} ranges")
         start_after, end_at = plan.key_bounds(self.hr.by_time_prefix, self.r)
-        return {"epoch": int(self.reap["epoch"]), "owner": self.reap["owner"], "hour": self.job["hour"],
-                "pass": self.passes, "range": self.r, "start_after": start_after or "", "end_at": end_at or "",
-                "phase": "blobs", "after": start_after or "", "listing_done": False, "page": 0, "pending": [],
-                "wait_until_ns": 0, "version": 0, "counts": {}}
+        return RangeItem(epoch=int(self.reap["epoch"]), owner=self.reap["owner"], hour=self.job["hour"],
+                         passes=self.passes, r=self.r, start_after=start_after or "", end_at=end_at or "",
+                         after=start_after or "")
 
-    def _save(self, ops: list[Op] | None = None) -> None:
+    def save(self, ops: list[Op] | None = None) -> None:
         """Write the range item (with ``ops``: in one transaction): after a fence, conditional on the
         owner and version this task read. Another owner's item is taken over by the lease's holder
         (a ``resume``); a twin that moved the range on makes this task stop (:class:`RangeStale`)."""
         self.fence.renew()  # rule L2: right before the write; LeaseLost if the reap lost its lease
         read, now = self.item, self.reaper.now()
-        item = {**read, "pk": RANGE_PK, "sk": self.sk, "owner": self.reap["owner"], "version": int(read["version"]) + 1,
+        item = {**read.stored(), "pk": RANGE_PK, "sk": self.sk, "owner": self.reap["owner"], "version": read.version + 1,
                 "updated_at_ns": now, "expires_at": now // _NS + RANGE_ITEM_TTL_S}
-        if int(read["version"]) == 0:
+        if read.version == 0:
             cond, names, values = "attribute_not_exists(pk)", {}, {}
         else:
             cond = "#v = :v AND #own = :own"
-            names, values = {"#v": "version", "#own": "owner"}, {":v": int(read["version"]), ":own": read["owner"]}
+            names, values = {"#v": "version", "#own": "owner"}, {":v": read.version, ":own": read.owner}
         try:
             if ops:
                 self.table.transact([Op("Put", RANGE_PK, self.sk, names=names, values=values, condition=cond,
@@ -175,125 +228,70 @@ class RangeTask:
             if current is not None and current.get("owner") != self.reap["owner"]:
                 raise LeaseLost(f"range {self.r} of {self.job['hour']} is another owner's") from None
             raise RangeStale(f"range {self.r} of {self.job['hour']} moved on (a twin of this task)") from None
-        self.item = item
-
-    def _add(self, counts: dict[str, int]) -> None:
-        mine = dict(self.item.get("counts") or {})
-        for k, v in counts.items():
-            if v:
-                mine[k] = int(mine.get(k, 0)) + int(v)
-        self.item["counts"] = mine
+        self.item = RangeItem.of(item)
 
     def _result(self) -> dict[str, Any]:
-        return {"r": self.r, "phase": self.item["phase"], "wait_until_ns": int(self.item.get("wait_until_ns") or 0)}
+        return {"r": self.r, "phase": self.item.phase.value, "wait_until_ns": self.item.wait_until_ns}
 
     def _budget_left(self, units: int) -> bool:
         return units < RANGE_TASK_UNITS and self.reaper.now() - self.started_ns < RANGE_TASK_SECONDS * _NS
 
     def _wait_until(self, until_ns: int) -> bool:
-        if int(self.item.get("wait_until_ns") or 0) != until_ns:
-            self.item["wait_until_ns"] = until_ns
-            self._save()
+        if self.item.wait_until_ns != until_ns:
+            self.item.wait_until_ns = until_ns
+            self.save()
         return False
 
     # -- the GC role: marks and settles ------------------------------------------------------------
     def gc(self) -> dict[str, Any]:
         """Up to RANGE_TASK_UNITS units of the range's blobs phase; ``phase``/``wait_until_ns`` say
         what the range needs next."""
-        if self.item["phase"] != "blobs":
+        if self.item.phase is not RangePhase.BLOBS:
             return self._result()  # a retried task whose range moved on
-        collector = BlobCollector(self.ctx, self.settings, concurrency=int(self.job["concurrency"]), fence=self.fence)
+        pipeline = MarkSettle.open(self.ctx, self.settings, RangePages(self), epoch=self.reap["epoch"], retention=True,
+                                   concurrency=int(self.job["concurrency"]), fence=self.fence)
         try:
             units = 0
-            while self.item["phase"] == "blobs" and self._budget_left(units) and self._blobs_unit(collector):
+            while self.item.phase is RangePhase.BLOBS and self._budget_left(units) and self._blobs_unit(pipeline):
                 units += 1
         except RangeStale:
             return {**self._result(), "stale": True}
         finally:
-            collector.close()
+            pipeline.close()
         return self._result()
 
-    def _blobs_unit(self, collector: BlobCollector) -> bool:
+    def _blobs_unit(self, pipeline: MarkSettle) -> bool:
         """One unit of the blobs phase; False when the range has nothing to do now."""
         now, item = self.reaper.now(), self.item
-        intent = item.get("intent")
-        if intent:
+        if item.intent is not None:
             # A crash after the intent: find or place its markers once its writer cannot be placing them (L3).
-            until = self.reaper._writer_may_run_until(
-                {"state": "intent", "created_at_ns": intent["t"], "owner": intent["owner"]}, self.reap,
-                {"owned_since_ns": self.job.get("owned_since_ns", 0)})
+            intent = item.intent
+            until = self.reaper.intent_writer_until(intent.page.marked_at_ns, intent.owner, self.reap,
+                                                    owned_since_ns=int(self.job.get("owned_since_ns", 0)))
             if until > now:
                 return self._wait_until(until)
-            stored = self._read_marks(intent["p"], int(intent["n"]))
-            self._record(collector.recover([m for i in stored for m in i["marks"]]), intent,
-                         [f"{intent['p']}{k:03d}" for k in range(int(intent["n"]))])
+            stored = self._read_marks(intent.page)
+            pipeline.recover([m for i in stored for m in i["marks"]], intent.outcome, intent.page.prefix,
+                             intent.page.sks())
             return True
-        due = [p for p in item["pending"] if collector.due({"marked_at_ns": p["t"]}, now)]
+        due = [p for p in item.pending if pipeline.due(p.marked_at_ns, now)]
         if due:
-            self._settle(collector, due[0], now)
+            pipeline.settle(due[0].prefix, [m for i in self._read_marks(due[0]) for m in i["marks"]], due[0].sks(), now)
             return True
-        if not item["listing_done"] and len(item["pending"]) < int(self.job["max_pending_pages"]):
-            self._mark(collector, now)
+        if not item.listing_done and len(item.pending) < int(self.job["max_pending_pages"]):
+            page = blob_page(self.hr, item.after, int(self.job["page_size"]), end_at=item.end_at or None)
+            pipeline.mark(page, now, dry_run=False)
             return True
-        if item["listing_done"] and not item["pending"]:
-            item.update(phase="derived", after=item["start_after"], wait_until_ns=0)
-            self._save()
+        if item.listing_done and not item.pending:
+            item.phase, item.after, item.wait_until_ns = RangePhase.DERIVED, item.start_after, 0
+            self.save()
             crashpoints.point(CP_RANGE_BLOBS_DONE)
             return False
-        return self._wait_until(min(int(p["t"]) for p in item["pending"]) + int(self.settings.gc_grace_s) * _NS)
+        return self._wait_until(min(p.marked_at_ns for p in item.pending) + int(self.settings.gc_grace_s) * _NS)
 
-    def _mark(self, collector: BlobCollector, now: int) -> None:
-        item = self.item
-        keys, more = self.hr.page(item["after"], int(self.job["page_size"]), end_at=item["end_at"] or None)
-        page = self.hr.records(keys)  # an unreadable record blocks its entry, not the page
-        collector.records_read = {self.codec.accepted(m.identity): m for m in page.records.values()}  # rule G-R1
-        deletable, counts = proof_counts(collector.prove_all(page.blob_keys, now_ns=now), retention=True)
-        if page.blocked:
-            counts["kept#blocked"] = len(page.blocked)
-        cursor = keys[-1] if keys else item["after"]
-        if not deletable:
-            self._record([], {"after": cursor, "more": more, "counts": counts}, [])
-            return
-        intents = [collector.intent(p, now) for p in deletable]
-        prefix = range_page_prefix(self.reap["epoch"], self.r, self.passes, int(item["page"]))
-        ops = page_ops(self.reap["epoch"], 0, intents, {"epoch": self.reap["epoch"], "owner": self.reap["owner"],
-                                                        "state": "intent", "created_at_ns": now}, [], prefix=prefix)
-        # The intent is durable (in the range item and its marks items) before the first marker.
-        item["intent"] = {"p": prefix, "n": len(ops), "t": now, "owner": self.reap["owner"], "after": cursor,
-                          "more": more, "counts": counts}
-        self._save(ops)
-        crashpoints.point(CP_RANGE_INTENT)
-        self._record(collector.mark(intents), item["intent"], [op.sk for op in ops])
-
-    def _record(self, marks: list[dict[str, Any]], page: dict[str, Any], replaces: list[str]) -> None:
-        """A page done: its marks (replacing its intent items) pending settle, the cursor, the counts."""
-        item = self.item
-        if marks:
-            marked_at = max(int(m["marked_at_ns"]) for m in marks)
-            ops = page_ops(self.reap["epoch"], 0, marks, {"epoch": self.reap["epoch"], "owner": self.reap["owner"],
-                                                          "state": "marked", "marked_at_ns": marked_at},
-                           replaces, prefix=page["p"])
-            parts = sum(1 for op in ops if op.kind == "Put")
-            item["pending"] = [*item["pending"], {"p": page["p"], "n": parts, "t": marked_at}]
-        else:  # nothing marked (nothing deletable, or every captured version was gone): no items left
-            ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
-        item.update(after=page["after"], listing_done=not page["more"], page=int(item["page"]) + 1)
-        item.pop("intent", None)
-        self._add({**page["counts"], "c_marked": len(marks)})
-        self._save(ops)
-        crashpoints.point(CP_RANGE_PAGE)
-
-    def _read_marks(self, prefix: str, parts: int) -> list[dict[str, Any]]:
-        found = (self.table.get(CHECKPOINT_PK, f"{prefix}{k:03d}") for k in range(parts))
+    def _read_marks(self, page: PendingPage) -> list[dict[str, Any]]:
+        found = (self.table.get(CHECKPOINT_PK, sk) for sk in page.sks())
         return [decode_marks_item(i, self.codec) for i in found if i is not None]
-
-    def _settle(self, collector: BlobCollector, pending: dict[str, Any], now: int) -> None:
-        """Purge or restore one recorded page's marks; its items go in the transaction that counts them."""
-        stored = self._read_marks(pending["p"], int(pending["n"]))
-        self._add(settle_counts(collector.settle([m for i in stored for m in i["marks"]], now_ns=now)))
-        self.item["pending"] = [p for p in self.item["pending"] if p["p"] != pending["p"]]
-        self._save([Op("Delete", CHECKPOINT_PK, f"{pending['p']}{k:03d}") for k in range(int(pending["n"]))])
-        crashpoints.point(CP_RANGE_SETTLED)
 
     # -- the retention role: derived entries -------------------------------------------------------
     def derived(self) -> dict[str, Any]:
@@ -301,14 +299,14 @@ class RangeTask:
         ``accepted-by-blob`` entries, then its ``accepted-by-time`` entries, on one listing (R-I8)."""
         units = 0
         try:
-            while self.item["phase"] == "derived" and self._budget_left(units):
+            while self.item.phase is RangePhase.DERIVED and self._budget_left(units):
                 item = self.item
-                keys, more = self.hr.page(item["after"], int(self.job["page_size"]), end_at=item["end_at"] or None)
+                keys, more = self.hr.page(item.after, int(self.job["page_size"]), end_at=item.end_at or None)
                 self.hr.delete_page(keys)
-                item["after"] = keys[-1] if keys else item["after"]
+                item.after = keys[-1] if keys else item.after
                 if not more:
-                    item["phase"] = "done"
-                self._save()
+                    item.phase = RangePhase.DONE
+                self.save()
                 crashpoints.point(CP_RANGE_DERIVED)
                 units += 1
         except RangeStale:
@@ -317,5 +315,5 @@ class RangeTask:
 
 
 __all__ = ["CP_RANGES_FOLDED", "CP_RANGE_BLOBS_DONE", "CP_RANGE_DERIVED", "CP_RANGE_INTENT", "CP_RANGE_PAGE",
-           "CP_RANGE_SETTLED", "FOLD_DELETES_PER_TRANSACTION", "RANGE_ITEM_TTL_S", "RANGE_PK", "RangeStale",
-           "RangeTask", "folded", "plan_visit", "range_prefix", "range_sk", "read_ranges"]
+           "CP_RANGE_SETTLED", "FOLD_DELETES_PER_TRANSACTION", "RANGE_ITEM_TTL_S", "RANGE_PK", "RangePages", "RangeStale",
+           "RangeTask", "blob_page", "folded", "plan_visit", "range_prefix", "range_sk", "read_ranges"]

@@ -51,35 +51,73 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, cast
 
-from lightmetrics.aws.step_functions import start_continuation
-from lightmetrics.ops import crashpoints, leases
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.jobs.kernel import JobStatus
+from lightmetrics.ops import crashpoints
+from lightmetrics.ops.leases import LeaseLost
+from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import Op, plain
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.gc_tasks import GcTasks
+from lightmetrics.reaps.mark_settle import CandidatePage
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
     LATEST_AUDIT,
-    LEASE_PK,
     ReapParams,
     check_resume,
     latest_audit_run,
     source_cursor_sk,
 )
-from lightmetrics.reaps.reaper_base import CP_CONTINUATION_BEGUN, CP_CONTINUED, NS, log
+from lightmetrics.reaps.reap_job import CP_CONTINUATION_BEGUN, CP_CONTINUED, NS, ReapJob, log
 from lightmetrics.reaps.report import report_of, retention_outcome
 from lightmetrics.reaps.retention import expired_hours
+from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
+from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
 
 
-class Reaper(GcTasks, RetentionTasks):
+class Reaper:
     """The reap's Lambda tasks over a :class:`WorkContext` (one method per task): ``begin``, ``gc``
-    (:class:`GcTasks`), ``retention`` (:class:`RetentionTasks`), ``cont`` and ``end``."""
+    (:class:`GcTasks`), ``retention`` (:class:`RetentionTasks`), ``cont`` and ``end`` — composed of
+    the reap's :class:`ReapJob` (its job kernel: the lease, owned writes, continuations) and the two
+    roles' tasks."""
+
+    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+        self.job = ReapJob(ctx, settings)
+        self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
+        self._sfn = sfn_client
+        self.retention_tasks = RetentionTasks(self.job)
+        self.gc_tasks = GcTasks(self.job, candidates=lambda cp: self.candidates(cp))
+
+    def now(self) -> int:
+        return self.job.now()
+
+    def lease(self) -> dict[str, Any] | None:
+        """The reap lease's item (plain values), or None if no reap ever took it."""
+        return self.kernel.lease()
+
+    def marks_items(self) -> list[dict[str, Any]]:
+        """The recorded pages' ``marks#`` items, their marks decoded."""
+        return self.job.marks_items()
+
+    # -- gc: GC's pages, a retention hour's blobs, or a key range's (reap.retention_ranges) --------
+    def gc(self, event: dict[str, Any]) -> dict[str, Any]:
+        if "range" in event:  # an iteration of the Ranges Map: one key range's blobs
+            return RangeTask(self.job, event).gc()
+        return self.job.counted(self.gc_tasks.gc_page(event))
+
+    def retention(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self.retention_tasks.retention(event)
+
+    def candidates(self, cp: ReapCheckpoint) -> CandidatePage:
+        """A page's candidates: a retention hour's blobs in phase ``blobs``, else GC's source's."""
+        if cp.phase is ReapPhase.BLOBS:
+            return self.retention_tasks.hour_blobs(cp)
+        return self.gc_tasks.source_page(cp)
 
     # -- begin -----------------------------------------------------------------------------------
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -87,10 +125,9 @@ class Reaper(GcTasks, RetentionTasks):
         if isinstance(inp, dict) and "continuation" in inp:
             return self._begin_continuation(inp["continuation"], event.get("execution_arn", ""))
         params = ReapParams.parse(inp)
-        now = self.now()
-        lease = self.lease()
-        if leases.is_live(lease, now):
-            raise LeaseHeld(leases.describe(lease or {}, now, "reap"))
+        now = self.job.now()
+        lease = self.kernel.lease()
+        self.kernel.refuse_if_held(lease, now)
         cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
         cp = plain(cp) if cp else None
         hours = self._retention_hours(params, now) if not params.resume and params.mode == "retention" else []
@@ -102,9 +139,9 @@ class Reaper(GcTasks, RetentionTasks):
             epoch = int((lease or {}).get("epoch", 0)) + 1
         owner = uuid.uuid4().hex
         execution = event.get("execution_arn", "")
-        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now,
-                    what="reap", epoch=epoch, scope=params.mode, execution=execution)
-        reap = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
+        self.kernel.take(lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now, epoch=epoch,
+                         scope=params.mode, execution=execution)
+        reap: ReapRun = {"epoch": epoch, "owner": owner, "mode": params.mode, "dry_run": params.dry_run,
                 "lease_seconds": params.lease_seconds, "max_tasks": params.max_tasks_per_execution, "tasks": 0,
                 "executions": 1, "state_machine_arn": event.get("state_machine_arn", "")}
         if params.resume:
@@ -113,19 +150,20 @@ class Reaper(GcTasks, RetentionTasks):
                               "SET #own = :own, #st = :run, #x = :x, #os = :now REMOVE #err",
                               names={"#own": "owner", "#st": "status", "#x": "execution", "#err": "error", "#ep": "epoch",
                                      "#os": "owned_since_ns"},
-                              values={":own": owner, ":run": "running", ":x": execution, ":ep": epoch, ":now": now},
+                              values={":own": owner, ":run": JobStatus.RUNNING.value, ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
-            reap.update(executions=int(cp.get("executions", 1)))  # mode and dry_run: check_resume
-            return self._route(reap, plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)))
-        if cp and cp.get("status") == "running":  # a retention run that stopped without End: say so (R9)
-            stopped = retention_outcome(cp, CHECKPOINT_PK, status="stopped", error="stopped without finishing")
+            reap["executions"] = int(cp.get("executions", 1))  # mode and dry_run: check_resume
+            return self.job.route(reap, ReapCheckpoint.of(plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))))
+        if cp and cp.get("status") == JobStatus.RUNNING:  # a retention run that stopped without End: say so (R9)
+            stopped = retention_outcome(cp, CHECKPOINT_PK, status=JobStatus.STOPPED.value,
+                                        error="stopped without finishing")
             if stopped:
                 self.table.put(stopped)
         item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
         item = put_own(self.table, item, condition="attribute_not_exists(pk) OR epoch < :e",
                        values_for_condition={":e": epoch})
         log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
-        return self._route(reap, item)
+        return self.job.route(reap, ReapCheckpoint.of(item))
 
     def _retention_hours(self, params: ReapParams, now: int) -> list[str]:
         """The hours a retention reap deletes: the one asked for (refused unless expired), or every
@@ -143,31 +181,31 @@ class Reaper(GcTasks, RetentionTasks):
                         now: int, hours: list[str]) -> dict[str, Any]:
         """A new reap's checkpoint item: where GC starts (rules G-B1, G-B3) or the hours retention reaps."""
         item: dict[str, Any] = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner,
-                                "mode": params.mode,
-                                "dry_run": params.dry_run, "status": "running", "started_at_ns": now, "updated_at_ns": now,
-                                "owned_since_ns": now,
+                                "mode": params.mode, "dry_run": params.dry_run, "status": JobStatus.RUNNING.value,
+                                "started_at_ns": now, "updated_at_ns": now, "owned_since_ns": now,
                                 "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
                                 "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
                                 "hour": str(params.hour) if params.hour else None,
                                 "page_size": params.page_size, "concurrency": params.concurrency,
                                 "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
-                                "verify_passes": params.verify_passes, "phase": "mark" if params.mode == "gc" else "commit",
+                                "verify_passes": params.verify_passes,
+                                "phase": (ReapPhase.MARK if params.mode == "gc" else ReapPhase.COMMIT).value,
                                 "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
                                 "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
                                 "range_parallelism": params.range_parallelism}
         if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
             # Rule G-B3: the newest committed audit run, each run's candidates proven once.
-            run = latest_audit_run(self.ctx.store, self.codec)
+            run = latest_audit_run(self.ctx.store, self.job.codec)
             item["audit_run"] = run
             if run is None:
-                item.update(phase="done", note="no committed audit run yet: nothing to prove")
+                item.update(phase=ReapPhase.DONE.value, note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
-                item.update(phase="done", note=f"audit run {run}: every candidate already proven")
-            if item["phase"] == "done":
-                item.update(self._finishing(item))  # marks a failed reap left: settled now (G-I8)
+                item.update(phase=ReapPhase.DONE.value, note=f"audit run {run}: every candidate already proven")
+            if item["phase"] == ReapPhase.DONE:
+                item.update(self.job.finishing(params.dry_run))  # marks a failed reap left: settled now (G-I8)
         if params.dry_run:  # rule DR1: marks a failed reap left are reported, never settled by a dry run
-            item["c_would_settle"] = would_settle(self.marks_items())
-        if params.mode == "gc" and item["phase"] != "done" \
+            item["c_would_settle"] = would_settle(self.job.marks_items())
+        if params.mode == "gc" and item["phase"] != ReapPhase.DONE \
                 and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.
             sk = source_cursor_sk(params.source, item["audit_run"])
@@ -183,28 +221,26 @@ class Reaper(GcTasks, RetentionTasks):
         lease is renewed and the checkpoint names this execution, in one owned transaction."""
         if not isinstance(cont, dict) or any(k not in cont for k in self.CARRIED):
             raise InvalidReapInput(f"continuation must carry {list(self.CARRIED)}")
-        reap = {k: cont[k] for k in self.CARRIED}
-        reap.update(tasks=0, executions=int(cont["executions"]) + 1)
-        self._commit(reap, set_={"execution": execution, "executions": reap["executions"]})
+        reap = cast(ReapRun, {k: cont[k] for k in self.CARRIED})
+        reap["tasks"], reap["executions"] = 0, int(cont["executions"]) + 1
+        self.job.commit(reap, set_={"execution": execution, "executions": reap["executions"]})
         crashpoints.point(CP_CONTINUATION_BEGUN)
         log.info("reap %s epoch %s continues in execution %d", reap["mode"], reap["epoch"], reap["executions"])
-        return self._route(reap, self.summary(reap))
+        return self.job.route(reap, self.job.summary(reap))
 
-    def continuation(self, reap: dict[str, Any]) -> dict[str, Any]:
+    def continuation(self, reap: ReapRun) -> dict[str, Any]:
         """The input of the next execution: ``{"continuation": ...}``."""
-        return {"continuation": {k: reap[k] for k in self.CARRIED}}
+        carried = dict(reap)
+        return {"continuation": {k: carried[k] for k in self.CARRIED}}
 
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
         """The ``Continue`` task: start the next execution, record it in the checkpoint; this
         execution then ends (``Continued``) without releasing the lease."""
         reap = event["reap"]
-        if self._sfn is None:
-            raise RuntimeError("reap-continue needs a Step Functions client")
-        self.summary(reap)  # LeaseLost: a run that lost the reap starts nothing
-        # Deterministic name: a retried task finds the execution it already started.
-        name = f"reap-e{reap['epoch']}-{reap['owner'][:8]}-{int(reap['executions']) + 1:04d}"
-        arn = start_continuation(self._sfn, reap["state_machine_arn"], name, self.continuation(reap))
-        self._commit(reap, set_={"next_execution": arn})
+        # LeaseLost: a run that lost the reap starts nothing
+        arn = self.kernel.continue_in(self._sfn, reap, self.continuation(reap)["continuation"],
+                                      before=lambda: self.job.summary(reap))
+        self.job.commit(reap, set_={"next_execution": arn})
         crashpoints.point(CP_CONTINUED)
         return {"next_execution": arn}
 
@@ -212,18 +248,19 @@ class Reaper(GcTasks, RetentionTasks):
     def end(self, event: dict[str, Any]) -> dict[str, Any]:
         reap, outcome = event["reap"], event.get("outcome", "failed")
         try:
-            cp = self.summary(reap)
+            cp = self.job.summary(reap)
         except LeaseLost:
             return {"status": "lease-lost", "epoch": reap.get("epoch")}
-        now = self.now()
-        set_: dict[str, Any] = {"status": "finished" if outcome == "finished" else "failed", "finished_at_ns": now}
+        now = self.job.now()
+        set_: dict[str, Any] = {"status": (JobStatus.FINISHED if outcome == "finished" else JobStatus.FAILED).value,
+                                "finished_at_ns": now}
         if outcome != "finished":
             set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
         # A retention run's outcome, kept where GC's next checkpoint does not replace it (R9).
-        last = retention_outcome(cp, CHECKPOINT_PK, **set_)
-        self._commit(reap, set_=set_, lease=leases.release(LEASE_PK, reap["owner"], reap["epoch"], now),
+        last = retention_outcome(dict(cp.item), CHECKPOINT_PK, **set_)
+        self.job.commit(reap, set_=set_, lease=self.kernel.release(reap, now),
                      ops=[Op("Put", CHECKPOINT_PK, last["sk"], item=last)] if last else [])
-        report = report_of({**cp, **set_})
+        report = report_of({**cp.item, **set_})
         for name in ("purged", "restored", "marked"):
             if report[name]:
                 self.ctx.metrics.add_metric(name=f"Reap{name.capitalize()}", unit="Count", value=report[name])

@@ -15,8 +15,11 @@ one method of :class:`Walker`. The package, one concept a module:
 
 ``params``   the execution input (:class:`WalkParams`), its limits, the tasks, the history bound
 ``checks``   what a page checks per acceptance record (W4, W5: :class:`RecordChecks`)
-``state``    the control-table records: lease, checkpoint and partition items, watermarks
-``steps``    the Lambda tasks (:class:`Walker`: begin, plan, page, cont, end)
+``state``    the control-table records: lease, checkpoint and partition items (:class:`WalkPartition`), watermarks
+``walker_base`` what the tasks share (:class:`~lightmetrics.derived.walk.walker_base.WalkJob`: the job kernel of
+             :mod:`lightmetrics.jobs`, the enumeration roots, the repair of one key)
+``page_task`` the page task
+``steps``    the Lambda tasks (:class:`Walker`: begin, plan, page, cont, end), composed of the two above
 ``control``  the operator side (:class:`WalkControl`: start, status, follow)
 ``handler``  the Lambda handlers (:func:`walk_task_handler`)
 ``errors``   the errors a task raises on purpose (their names are the ASL's error names)
@@ -73,6 +76,7 @@ from lightmetrics.derived.walk.state import (
     OUTCOMES,
     PART_PREFIX,
     PRESENCE_WALK_INDEXES,
+    WalkPartition,
     checkpoint_pk,
     describe_lease,
     proven_before,
@@ -93,7 +97,7 @@ __all__ = [
     "INPUT_FIELDS", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "LIST_MAX_KEYS", "MAX_LEASE_S", "MAX_PAGE_SIZE",
     "MAX_PARALLELISM", "MIN_LEASE_S", "OUTCOMES", "PART_PREFIX", "PRESENCE_WALK_INDEXES", "STEPS", "TASK_STEPS",
     "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "NothingToResume", "NothingToWalk", "RecordChecks", "Started",
-    "WalkControl", "WalkError", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
+    "WalkControl", "WalkError", "WalkParams", "WalkPartition", "WalkRetryLater", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
     "summarize", "walk_task_handler", "watermark_blocker", "watermark_pk",

@@ -22,7 +22,7 @@ from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.protocol.object_store import TransientStoreError
 
 if TYPE_CHECKING:
-    from lightmetrics.derived.walk.walker_base import WalkerBase
+    from lightmetrics.derived.walk.walker_base import WalkJob
 
 _NS = 1_000_000_000
 
@@ -80,7 +80,7 @@ class RecordChecks:
         'present'
     """
 
-    def __init__(self, walker: "WalkerBase", listed: list[tuple[str, int]]) -> None:
+    def __init__(self, walker: "WalkJob", listed: list[tuple[str, int]]) -> None:
         self.store, codec = walker.ctx.store, walker.codec
         margin = boundary_margin_ns(walker.settings)
         cache = tombstones(walker.ctx)

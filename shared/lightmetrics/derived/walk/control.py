@@ -10,21 +10,20 @@ Example (what ``lmctl walk start --wait`` does)::
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.aws.step_functions import execution_history
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.derived.walk.params import WalkParams
-from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
+from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_walk, summarize
+from lightmetrics.jobs.control import JobControl
+from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops.leases import LeaseHeld
 from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore
-from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.identity import id_to_hex
 
 
@@ -45,20 +44,21 @@ class Followed:
 
 
 class WalkControl:
-    """Start and watch walks through Step Functions (the CLI and the demo; never inside a task)."""
+    """Start and watch walks through Step Functions (the CLI and the demo; never inside a task), on the
+    job's :class:`~lightmetrics.jobs.control.JobControl`."""
 
     def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.ctx, self.sfn, self.state_machine_arn = ctx, sfn_client, state_machine_arn
         self.table: ControlStore = ctx.table
         self.sleep = sleep
+        self.job = JobControl(ctx, sfn_client, state_machine_arn, "walk", sleep=sleep)
 
     def lease(self) -> dict[str, Any] | None:
-        return read_lease(self.table)
+        return self.job.lease()
 
     def lease_live(self) -> dict[str, Any] | None:
-        lease = self.lease()
-        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+        return self.job.lease_live()
 
     def checkpoint(self, agent: str | None = None) -> dict[str, Any] | None:
         """The walk summary of a scope, totals including the partitions in progress (None: never ran)."""
@@ -94,29 +94,20 @@ class WalkControl:
                                     f"(nothing under {' or '.join(prefixes)}): nothing to walk")
         if resume:
             cp = self.checkpoint(agent)
-            if cp is None or cp.get("status") == "finished":
+            if cp is None or cp.get("status") == JobStatus.FINISHED:
                 raise NothingToResume(f"no unfinished walk to resume for {checkpoint_pk(params.agent_hex)} "
                                       f"(last status: {cp.get('status') if cp else 'never ran'})")
         name = f"lmctl-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        arn = self.sfn.start_execution(stateMachineArn=self.state_machine_arn, name=name,
-                                       input=json.dumps(inp, sort_keys=True))["executionArn"]
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lease = self.lease()
-            if lease and lease.get("execution") == arn:
-                return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
-            d = self.sfn.describe_execution(executionArn=arn)
-            if d["status"] != "RUNNING":
-                error, cause = d.get("error", ""), d.get("cause", "")
-                if error == "LeaseHeld":
-                    raise LeaseHeld(f"refused: {cause}")
-                kind, detail = self._begin_error(arn)
-                if kind == "NothingToResume":
-                    raise NothingToResume(detail)
-                raise InvalidWalkInput(f"the walk did not start ({d['status']} {error}): {detail or cause}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{arn} did not take the lease within {timeout_s} s")
-            self.sleep(0.1)
+        arn, lease = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s)
+        return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
+
+    @staticmethod
+    def _refused(d: dict[str, Any], kind: str, detail: str) -> Exception:
+        """Why the walk did not start, from the Begin task's own error (type, message)."""
+        if kind == "NothingToResume":
+            return NothingToResume(detail)
+        return InvalidWalkInput(f"the walk did not start ({d['status']} {d.get('error', '')}): "
+                                f"{detail or d.get('cause', '')}")
 
     def _held(self, lease: dict[str, Any]) -> str:
         """Why a start is refused. A lease whose execution has ended (its release was lost, or the
@@ -137,12 +128,8 @@ class WalkControl:
                 f"expires at {utc_text(int(lease.get('expires_at_ns', 0)))}; `lmctl walk start` succeeds then "
                 f"(add --resume to continue an unfinished walk)")
 
-    def _begin_error(self, arn: str) -> tuple[str, str]:
-        """The Begin task's own error (type, message), from the execution history."""
-        return task_error(self.history(arn))
-
     def history(self, arn: str) -> list[dict[str, Any]]:
-        return execution_history(self.sfn, arn)
+        return self.job.history(arn)
 
     def _until_ended(self, execution: str, deadline: float | None) -> None:
         """Wait (at most 60 s, or until ``deadline``) for ``execution`` to leave RUNNING."""
@@ -182,7 +169,7 @@ class WalkControl:
                 summary = summarize(found, parts, self.ctx.clock.now_ns()) if found else summary
                 return Followed("failed", summary, executions,
                                 f"execution {current} {d['status']} {d.get('error', '')}".strip())
-            if d["status"] == "SUCCEEDED" and cp.get("status") == "running":
+            if d["status"] == "SUCCEEDED" and cp.get("status") == JobStatus.RUNNING:
                 # Handed over to the next execution: Begin records it within moments.
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > 60:

@@ -10,13 +10,9 @@ from typing import Any
 from lightmetrics.derived.walk.checks import RecordChecks
 from lightmetrics.derived.walk.errors import WalkRetryLater
 from lightmetrics.derived.walk.params import LIST_MAX_KEYS
-from lightmetrics.derived.walk.state import (
-    KEY_CHECKS,
-    LEASE_PK,
-    PART_PREFIX,
-)
-from lightmetrics.derived.walk.walker_base import POOL, WalkerBase, add_counts, owned
-from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
+from lightmetrics.derived.walk.state import KEY_CHECKS, PART_PREFIX, WalkRun
+from lightmetrics.derived.walk.walker_base import POOL, WalkJob, add_counts
+from lightmetrics.ops.leases import OWNED, LeaseLost
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.pool import map_in_context
 from lightmetrics.protocol.control_store import ConditionFailed
@@ -24,8 +20,11 @@ from lightmetrics.protocol.object_store import ListPage
 from lightmetrics.protocol.own_writes import WrittenByOther, update_own
 
 
-class PageTask(WalkerBase):
-    """The ``page`` task of :class:`~lightmetrics.derived.walk.steps.Walker`."""
+class PageTask:
+    """The ``page`` task of :class:`~lightmetrics.derived.walk.steps.Walker`, over its :class:`WalkJob`."""
+
+    def __init__(self, job: WalkJob) -> None:
+        self.job, self.kernel, self.ctx, self.table = job, job.kernel, job.ctx, job.table
 
     def _list(self, partition: str, page_size: int, after: str) -> ListPage:
         """Up to ``page_size`` keys of ``partition`` after ``after``, in listings of at most 1,000."""
@@ -45,17 +44,17 @@ class PageTask(WalkerBase):
             modified = []  # a listing without LastModified: every key is repaired in full
         return ListPage(keys=keys, sizes=sizes, prefixes=[], truncated=truncated, last_modified_ns=modified)
 
-    def _owned_update(self, walk: dict[str, Any], partition: str, expression: str, names: dict[str, str],
+    def _owned_update(self, walk: WalkRun, partition: str, expression: str, names: dict[str, str],
                       values: dict[str, Any]) -> None:
         """Update ``partition``'s item on condition this walk's epoch still owns it; else LeaseLost."""
-        own_names, own_values = owned(walk)
+        own_names, own_values = self.kernel.owned(walk)
         try:
             self.table.update(walk["checkpoint_pk"], PART_PREFIX + partition, expression,
                               names={**own_names, **names}, values={**own_values, **values}, condition=OWNED)
         except ConditionFailed:
             raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
 
-    def _run_keys(self, walk: dict[str, Any], partition: str, listing: ListPage, skipped: set[str], retried: bool,
+    def _run_keys(self, walk: WalkRun, partition: str, listing: ListPage, skipped: set[str], retried: bool,
                   failed_through: str, blocked: frozenset[str] = frozenset()) -> list[tuple[str, str | None]]:
         """Each key's (outcome, the check that settled it or None), in the listing's order."""
         keys = listing.keys
@@ -66,9 +65,9 @@ class PageTask(WalkerBase):
         # Rules W4, W5: an acceptance record is probed for its accepted-by-time entry only; a key
         # that may have failed before (a retried page, or up to ``failed_through``) is repaired in
         # full, so its success clears its budget (O1a).
-        checks = RecordChecks(self, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns)
+        checks = RecordChecks(self.job, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns)
                                      if k not in skipped and not failed_before(k)]) \
-            if not retried and not walk.get("full") and self._kind(partition) == "accepted" \
+            if not retried and not walk.get("full") and self.job.kind(partition) == "accepted" \
             and len(listing.last_modified_ns) == len(keys) else None
 
         def one(key: str) -> tuple[str, str | None]:
@@ -77,7 +76,7 @@ class PageTask(WalkerBase):
             settled = checks.settle(key) if checks is not None and not failed_before(key) else None
             if settled is not None:
                 return Outcome.NOOP_RESOLVED.value, settled
-            return self._repair(key, previously_failed=failed_before(key)).value, None
+            return self.job.repair(key, previously_failed=failed_before(key)).value, None
 
         if len(keys) > 1:
             results = map_in_context(POOL, one, keys)
@@ -107,7 +106,7 @@ class PageTask(WalkerBase):
                                  frozenset(item.get("blocked") or ()))
         outcomes = Counter(outcome for outcome, _ in results)
         settled_by = Counter(check for _, check in results if check is not None)
-        now = self.now()
+        now = self.job.now()
         if outcomes["RETRY_LATER"]:
             # ``failed_through`` survives the execution: a resumed page repairs those keys in
             # full, whichever page size it runs with (O1a).
@@ -118,13 +117,13 @@ class PageTask(WalkerBase):
                                  "the cursor stays before them")
         done = not listing.truncated
         last = keys[-1] if keys else after
-        names, values = owned(walk)
+        names, values = self.kernel.owned(walk)
         names.update({"#a": "after", "#d": "done", "#pg": "pages", "#u": "updated_at_ns", "#k": "keys"})
         values.update({":last": last, ":done": done, ":prev": after, ":one": 1, ":n": len(keys), ":now": now})
         adds = ["#pg :one", "#k :n"]
         add_counts(names, values, adds, settled_by, outcomes)
         # Rule L2: the page commits only right after a fence (which also renews the lease).
-        Fence(self.table, LEASE_PK, walk, self.ctx.clock, LeaseLost).renew()
+        self.kernel.fence(walk).renew()
         try:
             # Only after every key's repair finished: the cursor (compare-and-set) and the counters.
             update_own(self.table, pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),

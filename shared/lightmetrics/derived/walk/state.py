@@ -17,8 +17,11 @@ Example (what ``lmctl walk status`` reads)::
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
+from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.ops import leases
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
 from lightmetrics.protocol.own_writes import update_own
@@ -43,6 +46,60 @@ OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
 KEY_CHECKS = ("present", "reaped")
 
 
+class WalkRun(TypedDict, total=False):
+    """The walk's run as Step Functions carries it from task to task (``walk`` in every task's input
+    and output): its scope and checkpoint, its lease (``owner``, ``epoch``, ``lease_seconds``), its
+    page parameters, the rounds of this execution (against ``max_rounds``) and its executions so far."""
+
+    scope: str
+    agent: str | None
+    checkpoint_pk: str
+    epoch: int
+    owner: str
+    page_size: int
+    parallelism: int
+    max_rounds: int
+    full: bool
+    lease_seconds: int
+    state_machine_arn: str
+    execution_arn: str
+    round: int
+    executions: int
+
+
+@dataclass(frozen=True)
+class WalkPartition:
+    """A partition in progress (``part#<partition>`` under the walk's checkpoint), as read: its cursor
+    (``after``), whether its last page was listed (``done``), the epoch that owns it, its counters
+    (``keys``, ``pages``, ``outcomes``, ``keys_<check>`` as ``settled``) and ``failed_through`` (rule O1a)."""
+
+    partition: str
+    kind: str = "accepted"
+    after: str = ""
+    done: bool = False
+    epoch: int | None = None
+    keys: int = 0
+    pages: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    settled: dict[str, int] = field(default_factory=dict)
+    failed_through: str = ""
+
+    @property
+    def sk(self) -> str:
+        return PART_PREFIX + self.partition
+
+    @classmethod
+    def of(cls, item: Mapping[str, Any]) -> WalkPartition:
+        epoch = item.get("epoch")
+        return cls(partition=str(item.get("partition") or str(item["sk"])[len(PART_PREFIX):]),
+                   kind=str(item.get("kind") or "accepted"), after=str(item.get("after") or ""),
+                   done=bool(item.get("done")), epoch=None if epoch is None else int(epoch),
+                   keys=int(item.get("keys") or 0), pages=int(item.get("pages") or 0),
+                   outcomes={str(k): int(v) for k, v in (item.get("outcomes") or {}).items()},
+                   settled={c: int(item.get(f"keys_{c}") or 0) for c in KEY_CHECKS},
+                   failed_through=str(item.get("failed_through") or ""))
+
+
 def checkpoint_pk(agent_hex: str | None) -> str:
     return "checkpoint#walk" if agent_hex is None else f"checkpoint#walk#agent={agent_hex}"
 
@@ -61,8 +118,8 @@ def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
     return leases.describe(lease, now_ns, "walk")
 
 
-def read_walk(table: ControlStore, pk: str, *, leftovers: list[dict[str, Any]] | None = None
-              ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def read_walk(table: ControlStore, pk: str, *, leftovers: list[WalkPartition] | None = None
+              ) -> tuple[dict[str, Any] | None, list[WalkPartition]]:
     """The walk checkpoint of one scope: its summary (``current``) and its partition items
     (``part#<partition>``, the cursors of partitions in progress), with one Query. Partition
     items of an older, unfinished epoch are left out (appended to ``leftovers`` if given)."""
@@ -72,14 +129,14 @@ def read_walk(table: ControlStore, pk: str, *, leftovers: list[dict[str, Any]] |
         if item["sk"] == CHECKPOINT_SK:
             summary = item
         elif item["sk"].startswith(PART_PREFIX):
-            parts.append(item)
+            parts.append(WalkPartition.of(item))
     epoch = (summary or {}).get("epoch")
     if leftovers is not None:
-        leftovers.extend(p for p in parts if p.get("epoch") != epoch)
-    return summary, [p for p in parts if p.get("epoch") == epoch]
+        leftovers.extend(p for p in parts if p.epoch != epoch)
+    return summary, [p for p in parts if p.epoch == epoch]
 
 
-def watermark_blocker(cp: dict[str, Any], parts: list[dict[str, Any]]) -> str | None:
+def watermark_blocker(cp: dict[str, Any], parts: list[WalkPartition]) -> str | None:
     """Why a finished walk may not set the watermark (None: it may)."""
     if cp.get("scope") != "all":
         return "agent-scoped walks never move the watermark"
@@ -130,35 +187,34 @@ def walk_failure(table: ControlStore, now_ns: int) -> str:
     (``lmctl walk start --wait``)."""
     cp = table.get(checkpoint_pk(None), CHECKPOINT_SK)
     step = "continue it: lmctl walk start --resume --wait"
-    if cp is not None and cp.get("status") == "running":
+    if cp is not None and cp.get("status") == JobStatus.RUNNING:
         return "".join(leases.stopped_cause(read_lease(table), now_ns, f"walk epoch {cp.get('epoch')}", step))
-    if cp is None or cp.get("status") != "failed":
+    if cp is None or cp.get("status") != JobStatus.FAILED:
         return ""
     return f"walk epoch {cp.get('epoch')}: its last execution failed: {cp.get('error') or '(no error recorded)'} ({step})"
 
 
-def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> dict[str, Any]:
+def summarize(cp: dict[str, Any], parts: list[WalkPartition], now_ns: int) -> dict[str, Any]:
     """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate.
     ``keys_present`` and ``keys_reaped`` are the NOOP_RESOLVED keys no repair ran for (W4, W5)."""
     cp = plain(cp)
-    outcomes = {o: int((cp.get("outcomes") or {}).get(o, 0)) + sum(int(p["outcomes"].get(o, 0)) for p in parts)
+    outcomes = {o: int((cp.get("outcomes") or {}).get(o, 0)) + sum(p.outcomes.get(o, 0) for p in parts)
                 for o in OUTCOMES}
-    keys = int(cp.get("keys", 0)) + sum(int(p.get("keys", 0)) for p in parts)
-    pages = int(cp.get("pages", 0)) + sum(int(p.get("pages", 0)) for p in parts)
-    settled = {f"keys_{c}": int(cp.get(f"keys_{c}", 0)) + sum(int(p.get(f"keys_{c}", 0)) for p in parts)
-               for c in KEY_CHECKS}
+    keys = int(cp.get("keys", 0)) + sum(p.keys for p in parts)
+    pages = int(cp.get("pages", 0)) + sum(p.pages for p in parts)
+    settled = {f"keys_{c}": int(cp.get(f"keys_{c}", 0)) + sum(p.settled[c] for p in parts) for c in KEY_CHECKS}
     by_kind = Counter({"accepted": int(cp.get("keys_accepted", 0)), "quarantine": int(cp.get("keys_quarantine", 0))})
     for p in parts:
-        by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
+        by_kind[p.kind] += p.keys
     found = int(cp.get("partitions_found", 0))
-    complete = int(cp.get("partitions_done", 0)) + sum(1 for p in parts if p.get("done"))
+    complete = int(cp.get("partitions_done", 0)) + sum(1 for p in parts if p.done)
     enum_done = bool((cp.get("enum") or {}).get("done"))
     since = int(cp.get("rate_since_ns", cp.get("started_at_ns", now_ns)))
-    until = int(cp.get("finished_at_ns") or cp.get("failed_at_ns") or 0) if cp.get("status") != "running" else 0
+    until = int(cp.get("finished_at_ns") or cp.get("failed_at_ns") or 0) if cp.get("status") != JobStatus.RUNNING else 0
     elapsed = ((until or now_ns) - since) / _NS
     rate = (keys - int(cp.get("rate_keys_base", 0))) / elapsed if elapsed > 0 else None
     eta = None
-    if cp.get("status") == "running" and enum_done and rate and complete:
+    if cp.get("status") == JobStatus.RUNNING and enum_done and rate and complete:
         estimated_total = keys * found / complete
         eta = max(0.0, (estimated_total - keys) / rate)
     return {
@@ -166,7 +222,7 @@ def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> d
         "started_at_ns": cp.get("started_at_ns"), "updated_at_ns": cp.get("updated_at_ns"),
         "executions": cp.get("executions"), "resumes": cp.get("resumes", 0), "execution": cp.get("execution"),
         "partitions_found": found, "partitions_done": complete, "enumeration_complete": enum_done,
-        "in_progress": sorted(p["partition"] for p in parts if not p.get("done")),
+        "in_progress": sorted(p.partition for p in parts if not p.done),
         "keys": keys, "keys_accepted": by_kind["accepted"], "keys_quarantine": by_kind["quarantine"],
         "pages": pages, "repairs": outcomes["DONE"], "outcomes": outcomes,
         # NOOP_RESOLVED keys settled without a repair: entry present (W5), hour reaped (W4)
@@ -178,5 +234,6 @@ def summarize(cp: dict[str, Any], parts: list[dict[str, Any]], now_ns: int) -> d
 
 
 __all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
-           "PRESENCE_WALK_INDEXES", "checkpoint_pk", "describe_lease", "proven_before", "read_lease", "read_walk",
-           "read_watermarks", "set_watermark", "summarize", "walk_failure", "watermark_blocker", "watermark_pk"]
+           "PRESENCE_WALK_INDEXES", "WalkPartition", "WalkRun", "checkpoint_pk", "describe_lease", "proven_before",
+           "read_lease", "read_walk", "read_watermarks", "set_watermark", "summarize", "walk_failure",
+           "watermark_blocker", "watermark_pk"]

@@ -31,9 +31,8 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
-from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
 from lightmetrics.derived.walk.page_task import PageTask
 from lightmetrics.derived.walk.params import WalkParams
@@ -41,10 +40,11 @@ from lightmetrics.derived.walk.state import (
     CHECKPOINT_SK,
     INDEXES,
     KEY_CHECKS,
-    LEASE_PK,
     OUTCOMES,
     PART_PREFIX,
     PRESENCE_WALK_INDEXES,
+    WalkPartition,
+    WalkRun,
     checkpoint_pk,
     proven_before,
     read_walk,
@@ -52,20 +52,25 @@ from lightmetrics.derived.walk.state import (
     summarize,
     watermark_blocker,
 )
-from lightmetrics.derived.walk.walker_base import add_counts, counters, log, owned
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
+from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, counters, log
+from lightmetrics.jobs.kernel import JobKernel, JobStatus
+from lightmetrics.ops.leases import OWNED, LeaseLost
+from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
 
+#: What a continuation carries into the next execution.
+CARRIED = ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size", "parallelism", "max_rounds", "full",
+           "lease_seconds", "state_machine_arn", "executions")
 #: Keys with an open blocker a round hands its pages to re-check (§11 O4), at most: the work list
 #: travels in the Step Functions state (256 KB). More wait for a later round or walk.
 RECHECK_MAX = 200
 
 
-class Walker(PageTask):
-    """The walk's Lambda tasks (one method each) over a :class:`WorkContext`.
+class Walker:
+    """The walk's Lambda tasks (one method each) over a :class:`WorkContext`, composed of the walk's
+    :class:`WalkJob` (its job kernel: the lease, owned writes, continuations) and its page task.
 
     Checkpoint layout: the summary ``checkpoint#walk[...]``/``current`` (epoch, owner, status,
     enumeration state, totals of finished partitions) is written by one task at a time (Begin,
@@ -73,6 +78,23 @@ class Walker(PageTask):
     cursor and counters, written by its page task only, so concurrent pages never contend for one
     item; Plan folds a finished partition into the summary and deletes its item, atomically.
     """
+
+    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+        self.job = WalkJob(ctx, settings)
+        self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
+        self._sfn = sfn_client
+        self.page_task = PageTask(self.job)
+
+    def now(self) -> int:
+        return self.job.now()
+
+    def lease(self) -> dict[str, Any] | None:
+        """The walk lease's item (plain values), or None if no walk ever took it."""
+        return self.kernel.lease()
+
+    def page(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The ``page`` task (:class:`~lightmetrics.derived.walk.page_task.PageTask`)."""
+        return self.page_task.page(event)
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -82,13 +104,12 @@ class Walker(PageTask):
             return self._begin_continuation(inp["continuation"], execution)
         params = WalkParams.parse(inp)
         now = self.now()
-        lease = self.lease()
-        if leases.is_live(lease, now):
-            raise LeaseHeld(self._describe_lease(lease or {}))
+        lease = self.kernel.lease()
+        self.kernel.refuse_if_held(lease, now)
         cp_pk = checkpoint_pk(params.agent_hex)
         cp, parts = read_walk(self.table, cp_pk)
         if params.resume:
-            if cp is None or cp.get("status") == "finished":
+            if cp is None or cp.get("status") == JobStatus.FINISHED:
                 raise NothingToResume(f"no unfinished walk to resume for {cp_pk} "
                                       f"(last status: {cp.get('status') if cp else 'never ran'})")
             epoch = int(cp["epoch"])
@@ -100,9 +121,9 @@ class Walker(PageTask):
             epoch = int((lease or {}).get("last_epoch", (lease or {}).get("epoch", 0))) + 1
         owner = uuid.uuid4().hex
         scope = "all" if params.agent is None else f"agent={params.agent_hex}"
-        leases.take(self.table, LEASE_PK, lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, what="walk",
-                    epoch=epoch, execution=execution, scope=scope, checkpoint_pk=cp_pk)
-        walk = {
+        self.kernel.take(lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, epoch=epoch, execution=execution,
+                         scope=scope, checkpoint_pk=cp_pk)
+        walk: WalkRun = {
             "scope": scope, "agent": params.agent, "checkpoint_pk": cp_pk, "epoch": epoch, "owner": owner,
             "page_size": params.page_size, "parallelism": params.parallelism, "max_rounds": params.max_rounds,
             "full": params.full, "lease_seconds": params.lease_s, "state_machine_arn": machine,
@@ -118,11 +139,11 @@ class Walker(PageTask):
                       {"#own": "owner", "#st": "status", "#x": "execution", "#u": "updated_at_ns",
                        "#rs": "rate_since_ns", "#rb": "rate_keys_base", "#ps": "page_size", "#par": "parallelism",
                        "#err": "error", "#n": "executions", "#res": "resumes", "#ep": "epoch"},
-                      {":own": owner, ":running": "running", ":x": execution, ":now": now, ":one": 1,
+                      {":own": owner, ":running": JobStatus.RUNNING.value, ":x": execution, ":now": now, ":one": 1,
                        ":rb": summarize(cp, parts, now)["keys"], ":ps": params.page_size,
                        ":par": params.parallelism, ":ep": epoch},
                       "#ep = :ep")]
-            ops += [Op("Update", cp_pk, p["sk"], "SET #own = :own", {"#own": "owner", "#ep": "epoch"},
+            ops += [Op("Update", cp_pk, p.sk, "SET #own = :own", {"#own": "owner", "#ep": "epoch"},
                        {":own": owner, ":ep": epoch}, "#ep = :ep") for p in parts[:90]]
             try:
                 self.table.transact(ops)
@@ -136,14 +157,14 @@ class Walker(PageTask):
         log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
         return {"walk": walk}
 
-    def _fresh_checkpoint(self, walk: dict[str, Any], now: int) -> dict[str, Any]:
+    def _fresh_checkpoint(self, walk: WalkRun, now: int) -> dict[str, Any]:
         return {
             "pk": walk["checkpoint_pk"], "sk": CHECKPOINT_SK, "epoch": walk["epoch"], "owner": walk["owner"],
-            "scope": walk["scope"], "agent": walk["agent"], "status": "running", "started_at_ns": now,
+            "scope": walk["scope"], "agent": walk["agent"], "status": JobStatus.RUNNING.value, "started_at_ns": now,
             "updated_at_ns": now, "rate_since_ns": now, "rate_keys_base": 0, "page_size": walk["page_size"],
             "full": bool(walk.get("full", False)),
             "parallelism": walk["parallelism"], "execution": walk["execution_arn"], "executions": 1, "resumes": 0,
-            "enum": {"queue": self._roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
+            "enum": {"queue": self.job.roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
             "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **counters(),
         }
 
@@ -152,55 +173,51 @@ class Walker(PageTask):
                     "lease_seconds", "state_machine_arn", "executions")
         if not isinstance(cont, dict) or any(k not in cont for k in required):
             raise InvalidWalkInput(f"continuation must carry {list(required)}")
-        walk = {k: cont[k] for k in required}
+        walk = cast(WalkRun, {k: cont[k] for k in required})
         walk["full"] = bool(cont.get("full", False))
         now = self.now()
-        walk.update(execution_arn=execution, round=0, executions=int(cont["executions"]) + 1)
-        names, values = owned(walk)
-        try:
-            self.table.transact([
-                self._renew(walk, now, execution=execution),
-                Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
-                   {**names, "#x": "execution", "#u": "updated_at_ns", "#n": "executions"},
-                   {**values, ":x": execution, ":now": now, ":one": 1}, OWNED),
-            ])
-        except TransactionCancelled:
-            raise LeaseLost(f"epoch {walk['epoch']} no longer owns the walk lease; not continuing") from None
+        walk["execution_arn"], walk["round"], walk["executions"] = execution, 0, int(cont["executions"]) + 1
+        self.kernel.commit(walk, [
+            self.kernel.renewal(walk, now, execution=execution),
+            self.kernel.owned_update(walk, walk["checkpoint_pk"], CHECKPOINT_SK, "SET #x = :x, #u = :now ADD #n :one",
+                                     {"#x": "execution", "#u": "updated_at_ns", "#n": "executions"},
+                                     {":x": execution, ":now": now, ":one": 1}),
+        ], lost=f"epoch {walk['epoch']} no longer owns the walk lease; not continuing")
         return {"walk": walk}
 
     # -- plan --------------------------------------------------------------------------------------
     @staticmethod
-    def _summary_update(walk: dict[str, Any], finished: list[dict[str, Any]], strays: Counter[str],
+    def _summary_update(walk: WalkRun, finished: list[WalkPartition], strays: Counter[str],
                         enum: dict[str, Any], new: int, now: int) -> Op:
         """The owned checkpoint update that folds ``finished`` partitions and the ``strays`` into the
         walk's summary and saves the enumeration's state."""
-        folded = Counter({o: sum(int(p["outcomes"].get(o, 0)) for p in finished) for o in OUTCOMES}) + strays
+        folded = Counter({o: sum(p.outcomes.get(o, 0) for p in finished) for o in OUTCOMES}) + strays
         by_kind: Counter[str] = Counter()
         for p in finished:
-            by_kind[p.get("kind", "accepted")] += int(p.get("keys", 0))
-        names, values = owned(walk)
+            by_kind[p.kind] += p.keys
+        names, values = JobKernel.owned(walk)
         names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
                       "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
         values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": new,
-                       ":k": sum(int(p.get("keys", 0)) for p in finished) + sum(strays.values()),
-                       ":pg": sum(int(p.get("pages", 0)) for p in finished),
+                       ":k": sum(p.keys for p in finished) + sum(strays.values()),
+                       ":pg": sum(p.pages for p in finished),
                        ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
         adds = ["#pd :fd", "#pf :nf", "#k :k", "#pg :pg", "#ka :ka", "#kq :kq"]
-        add_counts(names, values, adds, {check: sum(int(p.get(f"keys_{check}", 0)) for p in finished)
-                                          for check in KEY_CHECKS}, folded)
+        add_counts(names, values, adds, {check: sum(p.settled[check] for p in finished) for check in KEY_CHECKS},
+                   folded)
         return Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, "SET #en = :en, #u = :now ADD " + ", ".join(adds),
                   names, values, OWNED)
 
     def plan(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk = dict(event["walk"])
+        walk = cast(WalkRun, dict(event["walk"]))
         pk = walk["checkpoint_pk"]
-        leftovers: list[dict[str, Any]] = []  # partition items of an unfinished older epoch
+        leftovers: list[WalkPartition] = []  # partition items of an unfinished older epoch
         cp, parts = read_walk(self.table, pk, leftovers=leftovers)
         if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
             raise LeaseLost(f"checkpoint {pk} is no longer epoch {walk['epoch']} of this run")
         now = self.now()
-        finished = [p for p in parts if p.get("done")]
-        active = {p["partition"]: p for p in parts if not p.get("done")}
+        finished = [p for p in parts if p.done]
+        active = {p.partition: p for p in parts if not p.done}
         enum = cp.get("enum") or {"queue": [], "done": True}
         need = int(walk["parallelism"]) - len(active)
         new: list[str] = []
@@ -209,27 +226,24 @@ class Walker(PageTask):
             new, stray_keys = self._enumerate(enum, need)
             if stray_keys:
                 skipped_strays = {b.object_key for b in self.ctx.blockers.list(status="skipped")}
-                strays = Counter("SKIPPED" if k in skipped_strays else self._repair(k).value for k in stray_keys)
+                strays = Counter("SKIPPED" if k in skipped_strays else self.job.repair(k).value for k in stray_keys)
 
         # Fold finished partitions (and the strays) into the summary, start the new ones.
-        ops = [self._renew(walk, now), self._summary_update(walk, finished, strays, enum, len(new), now)]
-        pnames, pvalues = owned(walk)
-        ops += [Op("Delete", pk, p["sk"], names=pnames, values=pvalues, condition=OWNED) for p in finished]
+        ops = [self.kernel.renewal(walk, now), self._summary_update(walk, finished, strays, enum, len(new), now)]
+        pnames, pvalues = JobKernel.owned(walk)
+        ops += [Op("Delete", pk, p.sk, names=pnames, values=pvalues, condition=OWNED) for p in finished]
         new_sks = {PART_PREFIX + p for p in new}
         for partition in new:
             ops.append(Op("Put", pk, PART_PREFIX + partition, names={"#ep": "epoch"}, values={":ep": walk["epoch"]},
                           condition="attribute_not_exists(pk) OR #ep < :ep",
-                          item={"partition": partition, "kind": self._kind(partition), "after": "", "done": False,
+                          item={"partition": partition, "kind": self.job.kind(partition), "after": "", "done": False,
                                 "epoch": walk["epoch"], "owner": walk["owner"], "updated_at_ns": now,
                                 **counters()}))
         room = 90 - len(ops)
-        ops += [Op("Delete", pk, p["sk"]) for p in leftovers if p["sk"] not in new_sks][:max(0, room)]
-        try:
-            self.table.transact(ops)
-        except TransactionCancelled:
-            raise LeaseLost(f"epoch {walk['epoch']} lost the walk lease") from None
+        ops += [Op("Delete", pk, p.sk) for p in leftovers if p.sk not in new_sks][:max(0, room)]
+        self.kernel.commit(walk, ops, lost=f"epoch {walk['epoch']} lost the walk lease")
         for partition in new:
-            active[partition] = {"partition": partition, "after": ""}
+            active[partition] = WalkPartition(partition)
         if not active:
             return {"walk": walk, "next": "finish", "work": []}
         if int(walk["round"]) >= int(walk["max_rounds"]):
@@ -244,10 +258,10 @@ class Walker(PageTask):
         # (others — retention's under accepted-by-time/, which sort first — would crowd them out).
         partitions = tuple(active)
         blocked = sorted({b.object_key for b in blockers if b.status in ("open", "resumed")
-                          and b.object_key.startswith(partitions) and b.kind == self._unit_kind(b.object_key)}
+                          and b.object_key.startswith(partitions) and b.kind == self.job.unit_kind(b.object_key)}
                          )[:RECHECK_MAX]
-        work = [{"partition": p, "after": f.get("after", ""), "skipped": [k for k in skipped if k.startswith(p)],
-                 **({"failed_through": f["failed_through"]} if f.get("failed_through") else {}),
+        work = [{"partition": p, "after": f.after, "skipped": [k for k in skipped if k.startswith(p)],
+                 **({"failed_through": f.failed_through} if f.failed_through else {}),
                  **({"blocked": mine} if (mine := [k for k in blocked if k.startswith(p)]) else {})}
                 for p, f in sorted(active.items())]
         return {"walk": walk, "next": "pages", "work": work}
@@ -282,17 +296,11 @@ class Walker(PageTask):
 
     # -- continue ----------------------------------------------------------------------------------
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
-        walk = event["walk"]
-        if self._sfn is None:
-            raise RuntimeError("walk-continue needs a Step Functions client")
-        n = int(walk["executions"]) + 1
-        # Deterministic name: a retried task finds the execution it already started.
-        name = f"walk-e{walk['epoch']}-{walk['owner'][:8]}-{n:04d}"
-        carried = {k: walk[k] for k in ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size",
-                                         "parallelism", "max_rounds", "full", "lease_seconds",
-                                         "state_machine_arn", "executions") if k in walk}
-        arn = start_continuation(self._sfn, walk["state_machine_arn"], name, {"continuation": carried})
-        names, values = owned(walk)
+        walk: WalkRun = event["walk"]
+        run: dict[str, Any] = dict(walk)
+        carried = {k: run[k] for k in CARRIED if k in run}
+        arn = self.kernel.continue_in(self._sfn, walk, carried)
+        names, values = JobKernel.owned(walk)
         try:
             self.table.update(walk["checkpoint_pk"], CHECKPOINT_SK, "SET #nx = :nx, #u = :now",
                               names={**names, "#nx": "next_execution", "#u": "updated_at_ns"},
@@ -308,7 +316,7 @@ class Walker(PageTask):
         if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
             return {"status": "lease-lost", "epoch": walk["epoch"]}
         now = self.now()
-        names, values = owned(walk)
+        names, values = JobKernel.owned(walk)
         summary = summarize(cp, parts, now)
         watermark: int | None = None
         if outcome == "finished":
@@ -316,7 +324,7 @@ class Walker(PageTask):
             if not reason:
                 watermark = proven_before(int(cp["started_at_ns"]), self.settings.settle_s)
             names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
-            values.update({":st": "finished", ":now": now})
+            values.update({":st": JobStatus.FINISHED.value, ":now": now})
             expr = "SET #st = :st, #fa = :now, #u = :now"
             if watermark is not None:
                 names["#wm"], values[":wm"] = "watermark_ns", watermark
@@ -331,12 +339,11 @@ class Walker(PageTask):
             update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK,
                         "SET #st = :st, #fa = :now, #u = :now, #err = :err",
                         {**names, "#st": "status", "#fa": "failed_at_ns", "#u": "updated_at_ns", "#err": "error"},
-                        {**values, ":st": "failed", ":now": now, ":err": error}, OWNED)
+                        {**values, ":st": JobStatus.FAILED.value, ":now": now, ":err": error}, OWNED)
             summary.update(status="failed", error=error)
-        release = leases.release(LEASE_PK, walk["owner"], walk["epoch"], now)
         try:
-            self.table.transact([update, release])
-        except TransactionCancelled:
+            self.kernel.commit(walk, [update, self.kernel.release(walk, now)])
+        except LeaseLost:
             return {"status": "lease-lost", "epoch": walk["epoch"]}
         # Only after the owned write (rule L2): an End that lost the walk moves no watermark. A crash
         # in between leaves W where it was (conservative); the retried End, still the owner, moves it.

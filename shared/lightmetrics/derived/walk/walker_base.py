@@ -1,6 +1,7 @@
-"""What every walk task shares (:class:`WalkerBase`): the context, the lease, the enumeration roots,
-the repair of one key under the outcome contract, and the counters' update expressions. The tasks:
-:class:`lightmetrics.derived.walk.page_task.PageTask` (page) and
+"""What every walk task shares (:class:`WalkJob`): the context, the job kernel (the lease ``lease#walk``
+and owned writes: :class:`~lightmetrics.jobs.kernel.JobKernel`), the enumeration roots, the repair of
+one key under the outcome contract, and the counters' update expressions. The tasks are composed of
+it: :class:`lightmetrics.derived.walk.page_task.PageTask` (page) and
 :class:`lightmetrics.derived.walk.steps.Walker` (begin, plan, continue, end).
 """
 
@@ -12,26 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
-from lightmetrics.derived.walk.state import (
-    KEY_CHECKS,
-    LEASE_PK,
-    OUTCOMES,
-    describe_lease,
-    read_lease,
-)
-from lightmetrics.ops import leases
+from lightmetrics.derived.walk.state import KEY_CHECKS, OUTCOMES
+from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.ops.outcome import Outcome
 from lightmetrics.ops.work import WorkContext, run_unit
-from lightmetrics.protocol.control_store import ControlStore, Op
+from lightmetrics.protocol.control_store import ControlStore
 
 log = logging.getLogger(__name__)
 #: One pool for every page task of the process: a page repairs up to 16 keys at a time.
 POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-walk")
 NS = 1_000_000_000
-
-
-def owned(walk: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    return {"#own": "owner", "#ep": "epoch"}, {":own": walk["owner"], ":ep": walk["epoch"]}
 
 
 def counters() -> dict[str, Any]:
@@ -52,44 +43,35 @@ def add_counts(names: dict[str, str], values: dict[str, Any], adds: list[str], s
         adds.append(f"#o.#oc{i} :oc{i}")
 
 
-class WalkerBase:
-    """The state and plumbing of the walk's Lambda tasks over a :class:`WorkContext`."""
+class WalkJob:
+    """The state and plumbing the walk's Lambda tasks share over a :class:`WorkContext`."""
 
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+    def __init__(self, ctx: WorkContext, settings: Any) -> None:
         self.ctx, self.settings = ctx, settings
         self.table: ControlStore = ctx.table
         self.codec = ctx.codec
-        self._sfn = sfn_client
+        self.kernel = JobKernel(self.table, "walk", ctx.clock)
 
     # -- helpers -----------------------------------------------------------------------------------
     def now(self) -> int:
         return self.ctx.clock.now_ns()
 
-    def lease(self) -> dict[str, Any] | None:
-        return read_lease(self.table)
-
-    def _renew(self, walk: dict[str, Any], now: int, **extra: Any) -> Op:
-        return leases.renewal_of(LEASE_PK, walk, now, **extra)
-
-    def _roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
+    def roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
         """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""
         roots = [self.codec.accepted_root(), self.codec.quarantine_root()]
         if agent_hex is None:
             return [{"prefix": r, "level": "agents", "token": None} for r in roots]
         return [{"prefix": self.codec.agent_prefix(r, agent_hex), "level": "boots", "token": None} for r in roots]
 
-    def _describe_lease(self, lease: dict[str, Any]) -> str:
-        return describe_lease(lease, self.now())
-
-    def _kind(self, partition: str) -> str:
+    def kind(self, partition: str) -> str:
         return "quarantine" if partition.startswith(self.codec.quarantine_root()) else "accepted"
 
-    def _unit_kind(self, key: str) -> str:
+    def unit_kind(self, key: str) -> str:
         """The work kind the walk repairs ``key`` under: the only blockers its success resolves."""
         return KIND_QUARANTINE if key.startswith(self.codec.quarantine_root()) else KIND_REPAIR
 
-    def _repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
-        kind = self._unit_kind(key)
+    def repair(self, key: str, *, previously_failed: bool = False) -> Outcome:
+        kind = self.unit_kind(key)
         fn: Callable[[WorkContext, str], Outcome] = index_quarantine if kind == KIND_QUARANTINE else repair_accepted
         return run_unit(self.ctx, kind=kind, object_key=key, source="walk", fn=lambda: fn(self.ctx, key),
                         previously_failed=previously_failed).outcome

@@ -1,30 +1,33 @@
-"""What every reap task shares (:class:`ReaperBase`): the checkpoint summary, one owned transaction
-per write (:meth:`ReaperBase._commit`, which also renews the lease), routing to the next task, the
-task budget of an execution, and fencing (docs/reaps.md; docs/protocol.md §13, L1-L3). The tasks
-themselves: :mod:`lightmetrics.reaps.gc_tasks`, :mod:`lightmetrics.reaps.retention_tasks`, and
-:class:`lightmetrics.reaps.steps.Reaper` (begin, continue, end).
+"""What every reap task shares (:class:`ReapJob`), on the job kernel (the lease ``lease#reap``:
+:class:`~lightmetrics.jobs.kernel.JobKernel`): the checkpoint summary, one owned transaction per write
+(:meth:`ReapJob.commit`, which also renews the lease), routing to the next task, the task budget of
+an execution, and fencing (docs/reaps.md; docs/protocol.md §13, L1-L3). The tasks are composed of
+it: :mod:`lightmetrics.reaps.gc_tasks`, :mod:`lightmetrics.reaps.retention_tasks`, the key ranges'
+:mod:`lightmetrics.reaps.retention_ranges`, and :class:`lightmetrics.reaps.steps.Reaper` (begin,
+continue, end).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any
 
 from lightmetrics.composition.config import longest_reap_task_s
-from lightmetrics.ops import crashpoints, leases
+from lightmetrics.jobs.kernel import JobKernel
+from lightmetrics.ops import crashpoints
 from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
 from lightmetrics.ops.work import WorkContext
-from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
+from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.reaps.dry_run import DryRunFence
 from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items
+from lightmetrics.reaps.mark_settle import writer_may_run_until
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
-    LEASE_PK,
     map_visit_tasks,
     max_tasks_for,
-    read_lease,
 )
+from lightmetrics.reaps.state import MarkState, ReapCheckpoint, ReapPhase, ReapRun
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000
@@ -41,40 +44,35 @@ CP_CONTINUATION_BEGUN = crashpoints.register("reap.continuation-begun",
                                              "a continuation took over the lease and checkpoint, nothing routed")
 
 
-def owned(reap: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    return {"#own": "owner", "#ep": "epoch"}, {":own": reap["owner"], ":ep": reap["epoch"]}
+class ReapJob:
+    """The state and plumbing the reap's Lambda tasks share over a :class:`WorkContext`."""
 
-
-class ReaperBase:
-    """The state and plumbing of the reap's Lambda tasks over a :class:`WorkContext`."""
-
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
-        self.ctx, self.settings, self._sfn = ctx, settings, sfn_client
+    def __init__(self, ctx: WorkContext, settings: Any) -> None:
+        self.ctx, self.settings = ctx, settings
         self.table: ControlStore = ctx.table
         self.codec = ctx.codec
-        #: the acceptance records the current retention page read (record key -> record), for its proof
-        self.records_read: dict[str, Any] = {}
+        self.kernel = JobKernel(self.table, "reap", ctx.clock)
 
     def now(self) -> int:
         return self.ctx.clock.now_ns()
 
     def lease(self) -> dict[str, Any] | None:
-        return read_lease(self.table)
+        return self.kernel.lease()
 
     def marks_items(self) -> list[dict[str, Any]]:
         """The recorded pages' items, their marks decoded (:func:`~lightmetrics.reaps.gc_marks.read_marks_items`)."""
         return read_marks_items(self.table, self.codec)
 
-    def summary(self, reap: dict[str, Any]) -> dict[str, Any]:
-        cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-        if cp is None or cp.get("owner") != reap["owner"] or int(cp.get("epoch", -1)) != int(reap["epoch"]):
+    def summary(self, reap: ReapRun) -> ReapCheckpoint:
+        item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        if item is None or item.get("owner") != reap["owner"] or int(item.get("epoch", -1)) != int(reap["epoch"]):
             raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
-        return cast(dict[str, Any], plain(cp))
+        return ReapCheckpoint.of(plain(item))
 
-    def _commit(self, reap: dict[str, Any], *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
+    def commit(self, reap: ReapRun, *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
                 remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
         """One transaction: the summary update (owned), the lease renewal, and ``ops``."""
-        names, values = owned(reap)
+        names, values = JobKernel.owned(reap)
         now = self.now()
         sets, adds = ["#u = :now"], []
         names["#u"], values[":now"] = "updated_at_ns", now
@@ -90,14 +88,11 @@ class ReaperBase:
             for i, k in enumerate(remove):
                 names[f"#r{i}"] = k
             expr += " REMOVE " + ", ".join(f"#r{i}" for i in range(len(remove)))
-        lease = lease or leases.renewal_of(LEASE_PK, reap, now)
-        try:
-            self.table.transact([Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, OWNED), lease,
-                                  *(ops or [])])
-        except TransactionCancelled:
-            raise LeaseLost(f"reap epoch {reap['epoch']} lost the lease") from None
+        lease = lease or self.kernel.renewal(reap, now)
+        self.kernel.commit(reap, [Op("Update", CHECKPOINT_PK, CHECKPOINT_SK, expr, names, values, OWNED), lease,
+                                  *(ops or [])], lost=f"reap epoch {reap['epoch']} lost the lease")
 
-    def _counted(self, out: dict[str, Any]) -> dict[str, Any]:
+    def counted(self, out: dict[str, Any]) -> dict[str, Any]:
         """Rule G-B2: after ``max_tasks`` tasks this execution hands over to a new one. A visit of
         the ``Ranges`` Map counts as the tasks' worth of history it may take (params.map_visit_tasks)
         plus the hour's task that follows it; it runs only if that fits, or if this execution has
@@ -115,55 +110,46 @@ class ReaperBase:
             return {"reap": reap, "next": "continue"}
         return out
 
-    def _route(self, reap: dict[str, Any], cp: dict[str, Any]) -> dict[str, Any]:
+    def route(self, reap: ReapRun, cp: ReapCheckpoint) -> dict[str, Any]:
         """Which task runs next, from the checkpoint's phase."""
-        phase = cp["phase"]
-        if phase == "done":
+        task = cp.phase.role
+        if task == "finish":
             return {"reap": reap, "next": "finish"}
-        task = self._task_of(phase)
-        wait_ns = int(cp.get("wait_until_ns", 0)) - self.now()
+        wait_ns = cp.wait_until_ns - self.now()
         if wait_ns > 0:
             return {"reap": reap, "next": "wait", "wait_s": max(1, -(-wait_ns // NS)), "after": task}
         return {"reap": reap, "next": task}
 
-    def _finishing(self, cp: dict[str, Any]) -> dict[str, Any]:
+    def finishing(self, dry_run: bool) -> dict[str, Any]:
         """Rule G-I8, the one way a reap ends: what its last step sets. A dry run ends (it only
         reports). Any other reap with a ``marks#`` item left — its own, or a failed reap's of any
         mode, epoch or key range — first runs the settle phase in the GC role, which then ends it
         (``closing``); nothing left: it ends. One Query of the marks prefix."""
-        if cp["dry_run"] or not self.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX, limit=1):
-            return {"phase": "done", "wait_until_ns": 0}
-        return {"phase": "settle", "closing": True, "listing_done": True, "wait_until_ns": 0}
-
-    @staticmethod
-    def _task_of(phase: str) -> str:
-        if phase == "done":
-            return "finish"
-        return "gc" if phase in ("mark", "blobs", "settle") else "retention"
+        if dry_run or not self.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX, limit=1):
+            return {"phase": ReapPhase.DONE.value, "wait_until_ns": 0}
+        return {"phase": ReapPhase.SETTLE.value, "closing": True, "listing_done": True, "wait_until_ns": 0}
 
     # -- fencing (docs/protocol.md §13, L2 and L3) --------------------------------------------------
-    def fence(self, reap: dict[str, Any]) -> Fence:
+    def fence(self, reap: ReapRun) -> Fence:
         """This task's fence: called right before every S3 delete and commit of the task. A dry
         run's refuses them all (rule DR1, :class:`~lightmetrics.reaps.dry_run.DryRunFence`)."""
-        return (DryRunFence if reap.get("dry_run") else Fence)(self.table, LEASE_PK, reap, self.ctx.clock, LeaseLost)
+        return self.kernel.fence(reap, DryRunFence if reap.get("dry_run") else Fence)
 
-    def _writer_may_run_until(self, item: dict[str, Any], reap: dict[str, Any], cp: dict[str, Any]) -> int:
-        """Rule L3: until when an invocation that recorded this intent may still be placing its
-        delete markers. Any invocation — a Step Functions retry of the same task may run beside the
-        one it replaces (a timeout whose request is in flight, a service error while the function
-        runs) — started before it wrote the intent and runs at most the longest reap task; an intent
-        of another owner is also bounded by the time this run took the lease. Recovering waits until
-        then, so every marker that will ever land has landed and is found. Recorded marks need no
-        wait here: the grace is at least as long (rule H2, checked at start)."""
-        if item.get("state") != "intent":
+    def writer_may_run_until(self, item: dict[str, Any], reap: ReapRun, cp: ReapCheckpoint) -> int:
+        """Rule L3 for a ``marks#`` item (:func:`~lightmetrics.reaps.mark_settle.writer_may_run_until`):
+        until when the invocation that recorded it may still be placing its delete markers; 0 for
+        recorded marks, which need no wait here: the grace is at least as long (rule H2, checked at start)."""
+        if item.get("state") != MarkState.INTENT.value:
             return 0
-        longest = longest_reap_task_s() * NS
-        until = int(item.get("created_at_ns") or 0) + longest
-        if item.get("owner") != reap["owner"]:
-            until = max(until, int(cp.get("owned_since_ns", 0)) + longest)
-        return until
+        return self.intent_writer_until(int(item.get("created_at_ns") or 0), str(item.get("owner")), reap,
+                                        owned_since_ns=cp.owned_since_ns)
 
-    def _wait(self, reap: dict[str, Any], cp: dict[str, Any], until_ns: int) -> dict[str, Any]:
+    def intent_writer_until(self, created_at_ns: int, writer: str, reap: ReapRun, *, owned_since_ns: int) -> int:
+        """Rule L3 for an intent recorded at ``created_at_ns`` by owner ``writer``, this run being ``reap``."""
+        return writer_may_run_until(created_at_ns, writer, reap["owner"], owned_since_ns=owned_since_ns,
+                                    longest_ns=longest_reap_task_s() * NS)
+
+    def wait(self, reap: ReapRun, cp: ReapCheckpoint, until_ns: int) -> dict[str, Any]:
         wait = {"wait_until_ns": until_ns}
-        self._commit(reap, set_=wait)
-        return self._route(reap, {**cp, **wait})
+        self.commit(reap, set_=wait)
+        return self.route(reap, cp.with_changes(wait))
