@@ -10,7 +10,7 @@ on a million keys).
 Findings (candidates from the joins, :mod:`lightmetrics_pipeline.audit_candidates`; each is then **confirmed
 with live requests** inside the executors, because inventory lags — only confirmed findings are
 written). The confirmation (:mod:`lightmetrics_pipeline.audit_confirm`) decides with the predicates of the one
-invariant catalogue, :mod:`lightmetrics.protocol.invariants`, and every finding line carries its ``rule``
+invariant catalogue, :mod:`lightmetrics.operator_tools.invariants`, and every finding line carries its ``rule``
 (the name ``lmctl verify`` and the ledger use); the categories below are the output folders, named
 for their consumers (a normative format, docs/pipeline.md §3):
 
@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.audit_watermarks import plan_watermarks
+from lightmetrics.operator_tools.audit_watermarks import plan_watermarks
 from lightmetrics.protocol.manifests import canonical_json
 from lightmetrics_pipeline.audit_candidates import candidate_rows
 from lightmetrics_pipeline.audit_classify import KINDS, classify

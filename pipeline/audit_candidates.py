@@ -1,5 +1,5 @@
 """The audit's candidate selection, in Spark SQL: which keys *may* break a rule of the invariant
-catalogue (:mod:`lightmetrics.protocol.invariants`), found by joins over the classified inventory.
+catalogue (:mod:`lightmetrics.operator_tools.invariants`), found by joins over the classified inventory.
 
 Inventory lags and has no content, so nothing here decides: every candidate row names the check
 (``lightmetrics_pipeline.audit_confirm``) that confirms it with live requests and the catalogue's predicate.

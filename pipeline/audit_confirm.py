@@ -1,6 +1,6 @@
 """The audit's live confirmation: each candidate the Spark SQL joins found is looked at again with
 requests inside the executors (inventory lags), and decided by a predicate of the one invariant
-catalogue, :mod:`lightmetrics.protocol.invariants` — the same predicates ``lmctl verify`` and the ledger
+catalogue, :mod:`lightmetrics.operator_tools.invariants` — the same predicates ``lmctl verify`` and the ledger
 use, so every confirmed finding carries the ``rule`` they would name it by.
 
 A rule's finding is written under its consumer's folder (:data:`CATEGORY_OF_RULE`; the folders are
@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from lightmetrics.derived.indexing import parse_record
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import UtcHour

@@ -31,7 +31,7 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
               table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.composition.services import control_table
-    from lightmetrics.derived.audit_watermarks import apply_watermarks
+    from lightmetrics.operator_tools.audit_watermarks import apply_watermarks
     from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
     from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
 
@@ -146,8 +146,8 @@ def lease_held_line(table: Any, exc: Exception) -> str:
     >>> lease_held_line(Table(), Exception("held"))
     'rollup: not run: the rollup lease is held by owner 3f2a9c1d-77 (epoch 4) until 2026-01-01 00:00:00Z; exit 0'
     """
-    from lightmetrics.ops.leases import lease_pk, read
     from lightmetrics.protocol.clock import utc_text
+    from lightmetrics.work.leases import lease_pk, read
 
     item = read(table, lease_pk("rollup"))
     if not item:

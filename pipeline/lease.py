@@ -1,4 +1,4 @@
-"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.ops.leases.Lease`, the one lease
+"""The rollup's lease (``lease#rollup``): :class:`lightmetrics.work.leases.Lease`, the one lease
 implementation of the walks, the reaps and the rollup.
 
 The lease avoids wasted work; it is not what makes a rollup correct (S3 cannot check a fencing
@@ -9,6 +9,6 @@ other is refused (:class:`lightmetrics_pipeline.rollup_plan.GenerationTaken`).
 
 from __future__ import annotations
 
-from lightmetrics.ops.leases import Lease, LeaseHeld, LeaseLost
+from lightmetrics.work.leases import Lease, LeaseHeld, LeaseLost
 
 __all__ = ["Lease", "LeaseHeld", "LeaseLost"]

@@ -37,9 +37,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from lightmetrics.ops.leases import lease_rule_broken
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.leases import lease_rule_broken
 from lightmetrics_pipeline import chunks as C
 from lightmetrics_pipeline import rollup_manifest as RM
 from lightmetrics_pipeline import rollup_parquet as P

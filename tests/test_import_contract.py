@@ -2,8 +2,9 @@
 are the architecture, and these rules keep them honest. The protocol core imports only itself;
 nothing outside the adapters (``aws/``) and the composition root (``composition/``) imports boto3 or
 botocore; the Lambda layer and the handlers never import the outer shells (the local runtime, the
-CLI, the agent client, the harnesses, the pipeline); no module imports another's private names.
-A short AST walk, no import is executed."""
+CLI, the agent client, the harnesses, the operator tools, the pipeline); every import points down
+the layers (protocol ← services ← composition ← Lambda shell and outer shells, :data:`LAYERS`); no
+module imports another's private names. A short AST walk, no import is executed."""
 
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ from infra import layer_contents
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shared" / "lightmetrics"
 # The outer shells (what only operators, tests and benchmarks run) are what the layer leaves out:
-# one list, infra/layer_contents.py; and the pipeline, which no function runs.
+# whole folders, one list, infra/layer_contents.py; and the pipeline, which no function runs.
 OUTER_PATHS = set(layer_contents.OUTER_PACKAGES)
 OUTER_MODULES = (*(f"lightmetrics.{p}" for p in sorted(OUTER_PATHS)), "lightmetrics_pipeline", "pipeline")
 #: the adapters and the composition root: the only folders that may import boto3/botocore
 BOTO_FOLDERS = {"aws", "composition"}
 #: modules outside those folders that import boto3/botocore, each with its reason
 BOTO_EXCEPTIONS = {
-    "ops/work.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
+    "work/units.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
                    "blocks on them); it imports the exception classes only, never builds a client",
 }
 #: the services: what the protocol is for, reaching storage, queues and executions through ports
-SERVICE_FOLDERS = ("acceptance", "derived", "reaps", "ops")
+SERVICE_FOLDERS = ("work", "acceptance", "derived", "reaps", "admin")
 #: adapter names a service still imports, (module, "adapter module.name") -> why
 ADAPTER_EXCEPTIONS = {
     **{(f, "lightmetrics.aws.step_functions.start_continuation"): "the walk and the reap are handed a raw Step "
@@ -36,13 +37,42 @@ ADAPTER_EXCEPTIONS = {
     **{(f, "lightmetrics.aws.step_functions.execution_history"): "the walk's and the reap's controls call the raw "
        "Step Functions client (start_execution, describe_execution) too; same follow-up"
        for f in ("derived/walk/control.py", "reaps/control.py")},
-    ("ops/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
+    ("admin/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
         "blocker actions are (ctx.sqs()); a queue port is the follow-up",
-    **{("ops/work.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
+    **{("work/units.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
        "refusal) for every service; see BOTO_EXCEPTIONS" for n in ("describe", "is_transient")},
 }
 #: imports of the protocol core from outside it, each with its reason (none: the ports are pure)
 PROTOCOL_EXCEPTIONS: dict[tuple[str, str], str] = {}
+#: The layers, lowest first: a module imports its own layer's modules and those of the layers below,
+#: never above. protocol ← services ← composition ← Lambda shell and outer shells; the adapters and the
+#: deployment's spec stand on the protocol only, and within the services the work runtime is the
+#: lowest and the operator side (admin/) the highest. Every folder of the package is in one layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("protocol",),
+    ("aws", "deployment"),
+    ("work",),
+    ("acceptance",),
+    ("derived",),
+    ("reaps",),
+    ("admin",),
+    ("composition",),
+    ("lambda_shell",),
+    tuple(sorted(OUTER_PATHS)),
+)
+#: upward imports still left, (module, imported module) -> why
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {
+    **{(f, "lightmetrics.composition.config"): "the configuration type and the timing rules live in the "
+       "composition root; their move down is the next step"
+       for f in ("admin/api.py", "admin/status.py", "derived/indexing.py", "derived/reconcile.py", "derived/walk/checks.py",
+                 "derived/walk/handler.py", "reaps/handler.py", "reaps/params.py", "reaps/reaper_base.py",
+                 "work/leases.py", "work/units.py")},
+    **{(f, m): "a handler factory still lives with its service; its move to lambda_shell/ is the next step"
+       for f in ("derived/walk/handler.py", "reaps/handler.py")
+       for m in ("lightmetrics.composition.services", "lightmetrics.lambda_shell.task_handler")},
+    ("work/units.py", "lightmetrics.acceptance.accept"): "MetricsSink lives with the accept; its move to protocol/ is next",
+    ("work/units.py", "lightmetrics.derived.indexing"): "TombstoneCache lives with the indexers; its move is next",
+}
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -73,7 +103,42 @@ def test_the_package_root_holds_folders_only() -> None:
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert loose == []
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert {"protocol", "acceptance", "derived", "reaps", "ops", "aws", "composition", "lambda_shell"} <= folders
+    assert {"protocol", "work", "acceptance", "derived", "reaps", "admin", "aws", "composition", "lambda_shell"} <= folders
+    assert folders == {f for layer in LAYERS for f in layer}, "every folder is in one layer"
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of a ``lightmetrics.<folder>...`` module (None for anything else)."""
+    parts = module.split(".")
+    if parts[0] != "lightmetrics" or len(parts) < 2:
+        return None
+    return next((i for i, layer in enumerate(LAYERS) if parts[1] in layer), None)
+
+
+def imported_modules(path: Path) -> list[str]:
+    """The modules ``path`` imports (``from lightmetrics import aws`` as ``lightmetrics.aws``)."""
+    return [f"{m}.{n}" if m == "lightmetrics" else m for m, names, _ in imports(path) for n in (names or [""])]
+
+
+def upward_imports() -> list[str]:
+    """Every import of a module from a higher layer, as ``<module> imports <imported>``."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        own = layer_of("lightmetrics." + ".".join(p.relative_to(PACKAGE).parts))
+        for m in sorted(set(imported_modules(p))):
+            theirs = layer_of(m)
+            if own is not None and theirs is not None and theirs > own and (rel(p), m) not in LAYER_EXCEPTIONS:
+                found.append(f"{rel(p)} imports {m}")
+    return found
+
+
+def test_every_import_points_down_the_layers() -> None:
+    """Issue 25: the tree is the architecture. Services never import the composition root or the
+    Lambda shell (the handler factories live in lambda_shell/); the work runtime imports no other
+    service; the operator side is imported by nothing in the layer below the composition root."""
+    assert upward_imports() == []
+    stale = [k for k in LAYER_EXCEPTIONS if k[1] not in imported_modules(PACKAGE / k[0])]
+    assert stale == [], "an exception no longer needed"
 
 
 def test_the_protocol_core_imports_only_itself() -> None:
@@ -202,3 +267,6 @@ def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
                                     "lightmetrics.aws.s3_store"]
     bad.write_text("def f(ctx):\n    return ctx.store.client.get_object(Bucket='b', Key='k')\n")
     assert client_reach_throughs(bad) == [2]
+    bad.write_text("from lightmetrics.composition.config import Settings\nfrom lightmetrics import admin\n")
+    assert [layer_of(m) for m in imported_modules(bad)] == [LAYERS.index(("composition",)), LAYERS.index(("admin",))]
+    assert layer_of("lightmetrics.work.units") < layer_of("lightmetrics.derived.indexing") < layer_of("lightmetrics.local")

@@ -16,9 +16,9 @@ from pipeline_support import access_for, make_system
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.derived.verify import verify
 from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import inventory as inv_report

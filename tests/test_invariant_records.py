@@ -16,17 +16,17 @@ from conftest import ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted, index_raw_blob, repair_accepted
-from lightmetrics.derived.verify import verify
-from lightmetrics.ops.blocker_actions import skip
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import run_unit, work_key
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.reaps.retention import ReapedMarker, RetentionTombstone
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import run_unit, work_key
 
 _NS = 1_000_000_000
 

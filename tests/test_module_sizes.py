@@ -23,10 +23,10 @@ LONG_MODULES = {
 }
 
 LONG_FUNCTIONS = {
-    "shared/lightmetrics/ops/admin_api.py:build_resolver": "a route table: one nested handler per route",
+    "shared/lightmetrics/admin/api.py:build_resolver": "a route table: one nested handler per route",
     "shared/lightmetrics/protocol/frame.py:_decode_samples": "the frame codec's inner loop (frame.py is left whole)",
-    "shared/lightmetrics/deployment/cost_model.py:lightmetrics_lines": "a table of priced line items",
-    "shared/lightmetrics/deployment/cost_workload.py:job_units": "a table of per-job request counts",
+    "shared/lightmetrics/operator_tools/cost_model.py:lightmetrics_lines": "a table of priced line items",
+    "shared/lightmetrics/operator_tools/cost_workload.py:job_units": "a table of per-job request counts",
     "shared/lightmetrics/cli/agent_cmds.py:agent_run": "a CLI command: options, then a linear run loop",
     "shared/lightmetrics/cli/cost_cmds.py:cost_cmd": "a CLI command: options, then one table",
     "shared/lightmetrics/harness/bench/pipeline_bench.py:run_bench": "a benchmark: a linear script of measured steps",

@@ -18,7 +18,7 @@ from lightmetrics.protocol.errors import ConfigError, InvalidIdentityError, Reso
 from lightmetrics.protocol.identity import BatchIdentity
 
 if TYPE_CHECKING:
-    from lightmetrics.ops.work import WorkContext
+    from lightmetrics.work.units import WorkContext
 
 _CONFIG_FIELDS = list(Settings.model_fields)
 

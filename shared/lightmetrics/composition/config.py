@@ -61,7 +61,7 @@ def longest_reap_task_s() -> int:
     invocation of it (nor a twin Step Functions started beside it) can still place a marker. Read
     from the resource spec only, so validating settings imports no service (ingest starts cold)."""
     from lightmetrics.deployment.resources import FUNCTIONS
-    from lightmetrics.ops.leases import min_lease_s
+    from lightmetrics.work.leases import min_lease_s
 
     return min_lease_s(f.name for f in FUNCTIONS if f.name.startswith("reap-"))
 

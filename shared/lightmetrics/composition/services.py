@@ -29,13 +29,13 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
 from lightmetrics.composition.config import Settings
 from lightmetrics.composition.hosting import current as current_host
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.retry_budget import RetryBudget
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import Clock
 from lightmetrics.protocol.errors import ConfigError
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.retry_budget import RetryBudget
+from lightmetrics.work.units import WorkContext
 
 if TYPE_CHECKING:
     from lightmetrics.protocol.queue_probe import QueueProbe

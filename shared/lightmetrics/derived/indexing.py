@@ -33,12 +33,9 @@ import base64
 import threading
 import time
 
+from lightmetrics.acceptance.conflict_records import ConflictEntry, register
 from lightmetrics.composition.config import TOMBSTONE_CACHE_S
 from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.conflict_records import ConflictEntry, register
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.derived_entries import (
     AcceptedByBlobEntry,
@@ -51,6 +48,9 @@ from lightmetrics.protocol.identity import hex_to_id
 from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.protocol.object_store import ObjectHead
+from lightmetrics.work import crashpoints
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.work.units import WorkContext
 
 KIND_ACCEPTED = "index-accepted"
 KIND_RAW_BLOB = "index-raw-blob"
@@ -61,7 +61,7 @@ KIND_TIME_ENTRY = "accepted-by-time-entry"
 #: emitted once per conflict when its registry item is created (the NewConflicts alarm)
 CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
 
-#: Crash point (lightmetrics.ops.crashpoints) between the two accepted-* writes (§9 D5): the
+#: Crash point (lightmetrics.work.crashpoints) between the two accepted-* writes (§9 D5): the
 #: ``accepted-by-blob`` entry exists, the ``accepted-by-time`` entry not yet.
 CP_BY_BLOB_WRITTEN = crashpoints.register("index.by-blob-written",
                                           "accepted-by-blob entry created, accepted-by-time not yet")
@@ -236,7 +236,7 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
     entry = QuarantineByBlobEntry(quarantine_key=quarantine_key, submitted_frame_sha256=q.submitted_frame_sha256,
                                   accepted_frame_sha256=q.accepted_frame_sha256)
     created = _create(ctx, ctx.codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity), entry.to_bytes())
-    # The conflict registry (lightmetrics.ops.conflicts): a conditional create, so replays and the walk
+    # The conflict registry (lightmetrics.acceptance.conflicts): a conditional create, so replays and the walk
     # only ever fill a missing item and never overwrite an operator's resolution.
     registered = register(ctx.blockers.table, ConflictEntry.from_evidence(quarantine_key, q))
     if registered:

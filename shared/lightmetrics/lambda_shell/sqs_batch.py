@@ -26,7 +26,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.derived.event_path import process_sqs_record
 from lightmetrics.lambda_shell.per_container import LambdaHandler, PerContainer
-from lightmetrics.ops.outcome import Outcome
+from lightmetrics.work.outcome import Outcome
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=10, thread_name_prefix="lm-sqs-record")
 

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from lightmetrics.admin.blocker_actions import sweep_dlqs
 from lightmetrics.aws.queue_probes import SqsCountProbe
 from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import work_context
@@ -35,9 +36,8 @@ from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime
-from lightmetrics.ops.blocker_actions import sweep_dlqs
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.work.units import WorkContext
 
 #: which indexer serves which queue of the spec
 QUEUE_KIND = {"index-accepted": KIND_ACCEPTED, "index-raw-blobs": KIND_RAW_BLOB, "index-quarantine": KIND_QUARANTINE}

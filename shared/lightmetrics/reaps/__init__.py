@@ -26,7 +26,6 @@ Example (what ``lmctl reap gc --execute --wait`` does)::
 
 from __future__ import annotations
 
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 from lightmetrics.reaps.control import Followed, ReapControl
 from lightmetrics.reaps.errors import InvalidReapInput, ReapError, ReapTransient
 from lightmetrics.reaps.gc_marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
@@ -71,6 +70,7 @@ from lightmetrics.reaps.reaper_base import (
 from lightmetrics.reaps.report import COUNTERS, report_of
 from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
 from lightmetrics.reaps.steps import Reaper
+from lightmetrics.work.leases import LeaseHeld, LeaseLost
 
 __all__ = [
     "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.aws.step_functions import execution_history
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import LeaseHeld
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume, read_lease
 from lightmetrics.reaps.report import report_of
+from lightmetrics.work import leases
+from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.units import WorkContext
 
 
 @dataclass

@@ -8,7 +8,6 @@ import json
 from contextlib import closing
 from typing import Any
 
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour
@@ -32,6 +31,7 @@ from lightmetrics.reaps.retention import HourRetention
 from lightmetrics.reaps.retention_ranges import (
     RangeTask,
 )
+from lightmetrics.work import crashpoints
 
 
 class GcTasks(ReaperBase):

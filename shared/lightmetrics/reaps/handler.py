@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import LeaseError
-from lightmetrics.ops.outcome import PermanentWorkError
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.reaps.errors import ReapError, ReapTransient
 from lightmetrics.reaps.params import STEPS
 from lightmetrics.reaps.steps import Reaper
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import LeaseError
+from lightmetrics.work.outcome import PermanentWorkError
+from lightmetrics.work.units import WorkContext
 
 
 def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None = None,

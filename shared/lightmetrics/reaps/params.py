@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import task_lease_rule_broken
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.executions import HISTORY_BUDGET, ExecutionInput
 from lightmetrics.protocol.keys import RUN_ID_RE, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
+from lightmetrics.work import leases
+from lightmetrics.work.leases import task_lease_rule_broken
 
 LEASE_PK, LEASE_SK = "lease#reap", "lease"
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"

@@ -11,9 +11,6 @@ import logging
 from typing import Any, cast
 
 from lightmetrics.composition.config import longest_reap_task_s
-from lightmetrics.ops import crashpoints, leases
-from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
 from lightmetrics.reaps.dry_run import DryRunFence
 from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items
@@ -25,6 +22,9 @@ from lightmetrics.reaps.params import (
     max_tasks_for,
     read_lease,
 )
+from lightmetrics.work import crashpoints, leases
+from lightmetrics.work.leases import OWNED, Fence, LeaseLost
+from lightmetrics.work.units import WorkContext
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
@@ -44,6 +42,8 @@ from lightmetrics.reaps.gc_marks import decode_marks_item, page_ops, range_page_
 from lightmetrics.reaps.params import CHECKPOINT_PK, RANGE_TASK_SECONDS, RANGE_TASK_UNITS
 from lightmetrics.reaps.report import proof_counts, settle_counts
 from lightmetrics.reaps.retention import HourRetention
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import LeaseLost
 
 _NS = 1_000_000_000
 RANGE_PK = "checkpoint#reap#range"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.work import work_key
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.dry_run import count_keys
@@ -27,6 +25,8 @@ from lightmetrics.reaps.retention_ranges import (
     plan_visit,
     read_ranges,
 )
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import work_key
 
 
 class RetentionTasks(ReaperBase):

@@ -37,7 +37,7 @@ marked twice or forgotten.
 
 Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
 margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
-renewal of the lease, :class:`~lightmetrics.ops.leases.Fence`), so a task that lost the lease deletes
+renewal of the lease, :class:`~lightmetrics.work.leases.Fence`), so a task that lost the lease deletes
 nothing; and an intent another owner recorded is settled only once that owner cannot be running.
 
 Example (the local runtime drives the tasks the same way)::
@@ -54,8 +54,6 @@ import uuid
 from typing import Any
 
 from lightmetrics.aws.step_functions import start_continuation
-from lightmetrics.ops import crashpoints, leases
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import Op, plain
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
@@ -75,6 +73,8 @@ from lightmetrics.reaps.reaper_base import CP_CONTINUATION_BEGUN, CP_CONTINUED, 
 from lightmetrics.reaps.report import report_of, retention_outcome
 from lightmetrics.reaps.retention import expired_hours
 from lightmetrics.reaps.retention_tasks import RetentionTasks
+from lightmetrics.work import crashpoints, leases
+from lightmetrics.work.leases import LeaseHeld, LeaseLost
 
 
 class Reaper(GcTasks, RetentionTasks):

@@ -6,7 +6,7 @@ partitions of ``accepted/v1/`` and ``quarantine/v1/identity-conflict/`` (agent, 
 ``Delimiter``), lists each partition *from its beginning* in pages and repairs every key that needs
 it with the same code as the reconciler and the event path —
 :func:`~lightmetrics.derived.indexing.repair_accepted` and :func:`~lightmetrics.derived.indexing.index_quarantine`
-under :func:`~lightmetrics.ops.work.run_unit`. An acceptance record needs it only when its
+under :func:`~lightmetrics.work.units.run_unit`. An acceptance record needs it only when its
 ``accepted-by-time`` entry is missing; a record of a reaped hour is not probed at all
 (:class:`RecordChecks`, docs/protocol.md §13 W4, W5).
 
@@ -85,7 +85,7 @@ from lightmetrics.derived.walk.state import (
     watermark_pk,
 )
 from lightmetrics.derived.walk.steps import Walker
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.work.leases import LeaseHeld, LeaseLost
 
 __all__ = [
     "CHECKPOINT_SK", "DEFAULT_LEASE_S", "DEFAULT_MAX_ROUNDS", "DEFAULT_PAGE_SIZE", "DEFAULT_PARALLELISM",

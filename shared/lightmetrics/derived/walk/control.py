@@ -21,11 +21,11 @@ from lightmetrics.aws.step_functions import execution_history
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.derived.walk.params import WalkParams
 from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_lease, read_walk, summarize
-from lightmetrics.ops.leases import LeaseHeld
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.executions import task_error
 from lightmetrics.protocol.identity import id_to_hex
+from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.units import WorkContext
 
 
 @dataclass

@@ -13,8 +13,8 @@ from typing import Any
 from lightmetrics.derived.walk.errors import WalkError, WalkTransient
 from lightmetrics.derived.walk.params import STEPS
 from lightmetrics.derived.walk.steps import Walker
-from lightmetrics.ops.leases import LeaseError
-from lightmetrics.ops.work import WorkContext
+from lightmetrics.work.leases import LeaseError
+from lightmetrics.work.units import WorkContext
 
 
 def walk_task_handler(

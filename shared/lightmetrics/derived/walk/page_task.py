@@ -16,12 +16,12 @@ from lightmetrics.derived.walk.state import (
     PART_PREFIX,
 )
 from lightmetrics.derived.walk.walker_base import POOL, WalkerBase, add_counts, owned
-from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.pool import map_in_context
 from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.object_store import ListPage
 from lightmetrics.protocol.own_writes import WrittenByOther, update_own
+from lightmetrics.work.leases import OWNED, Fence, LeaseLost
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.pool import map_in_context
 
 
 class PageTask(WalkerBase):

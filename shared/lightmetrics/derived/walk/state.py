@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from lightmetrics.ops import leases
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
 from lightmetrics.protocol.own_writes import update_own
+from lightmetrics.work import leases
 
 _NS = 1_000_000_000
 
@@ -51,7 +51,7 @@ def watermark_pk(index: str) -> str:
     return f"watermark#{index}"
 
 
-# --- the walk's lease (lightmetrics.ops.leases; docs/protocol.md §13, L1-L3) ----------------------------------
+# --- the walk's lease (lightmetrics.work.leases; docs/protocol.md §13, L1-L3) ----------------------------------
 def read_lease(table: ControlStore) -> dict[str, Any] | None:
     """The walk lease's item (plain values), or None if no walk ever took it."""
     return leases.read(table, LEASE_PK)

@@ -53,11 +53,11 @@ from lightmetrics.derived.walk.state import (
     watermark_blocker,
 )
 from lightmetrics.derived.walk.walker_base import add_counts, counters, log, owned
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import OWNED, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
+from lightmetrics.work import leases
+from lightmetrics.work.leases import OWNED, LeaseHeld, LeaseLost
 
 #: Keys with an open blocker a round hands its pages to re-check (§11 O4), at most: the work list
 #: travels in the Step Functions state (256 KB). More wait for a later round or walk.

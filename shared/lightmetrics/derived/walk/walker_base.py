@@ -19,10 +19,10 @@ from lightmetrics.derived.walk.state import (
     describe_lease,
     read_lease,
 )
-from lightmetrics.ops import leases
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.control_store import ControlStore, Op
+from lightmetrics.work import leases
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
 #: One pool for every page task of the process: a page repairs up to 16 keys at a time.

@@ -20,12 +20,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.audit_watermarks import apply_watermarks, plan_watermarks
 from lightmetrics.derived.indexing import parse_record
 from lightmetrics.derived.walk import INDEXES
 from lightmetrics.derived.walk.state import watermark_pk
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
+from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.protocol.manifests import IdentityConflictManifest

@@ -19,12 +19,12 @@ from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObje
 from lightmetrics.harness.sim.reap_world import ReapWorld, plant_reaps
 from lightmetrics.harness.sim.scheduler import Scheduler, SimClock, SkewedClock
 from lightmetrics.harness.testing.memory import NO_WAIT, T0_NS, MemorySystem, memory_system
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.retry_budget import RetryBudget
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.retry_budget import RetryBudget
+from lightmetrics.work.units import WorkContext
 
 _NS = 1_000_000_000
 HORIZON_S = 60

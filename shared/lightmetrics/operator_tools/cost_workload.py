@@ -1,4 +1,4 @@
-"""What the system does in a month, as input to the cost model (:mod:`lightmetrics.deployment.cost_model`):
+"""What the system does in a month, as input to the cost model (:mod:`lightmetrics.operator_tools.cost_model`):
 requests per unit of work by API — the hot path's (:data:`MEASURED_REQUESTS`, verified live by
 tests/test_bench.py) and the background jobs' (:data:`JOB_REQUESTS`, verified by
 tests/test_cost_measured.py) — the :class:`Assumptions` the model cannot measure, and

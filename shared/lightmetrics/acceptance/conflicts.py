@@ -30,8 +30,7 @@ import re
 from typing import Any, Literal, cast
 
 from lightmetrics.acceptance.accept import RESOLUTION_METADATA_KEY
-from lightmetrics.acceptance.denylist import DenylistStore, entry_sk, operator_reason
-from lightmetrics.ops.conflict_records import (
+from lightmetrics.acceptance.conflict_records import (
     CONFLICT_ID_RE,
     CONFLICTS_PK,
     DENY_IDENTITY,
@@ -53,6 +52,7 @@ from lightmetrics.ops.conflict_records import (
     encode_page_token,
     parse_conflict_id,
 )
+from lightmetrics.acceptance.denylist import DenylistStore, entry_sk, operator_reason
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ControlStore

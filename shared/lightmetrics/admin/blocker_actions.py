@@ -1,6 +1,6 @@
 """What operators (and the DLQ sweeper) do with blockers: sweep, retry, resume, skip, redrive.
 
-The operator verbs of docs/protocol.md §11 on top of :class:`lightmetrics.ops.blockers.BlockerStore`:
+The operator verbs of docs/protocol.md §11 on top of :class:`lightmetrics.work.blockers.BlockerStore`:
 
 * ``sweep_dlqs`` — every message in a DLQ becomes a blocker (written before the message is
   deleted), so nothing sits unseen in a dead-letter queue;
@@ -8,9 +8,10 @@ The operator verbs of docs/protocol.md §11 on top of :class:`lightmetrics.ops.b
 * ``resume`` — clear the blocker and its retry budget and let the worker try again (work that
   came from a queue is sent back to it);
 * ``skip`` — stop working on it, audited with who, when and why;
-* ``redrive`` — resume every open blocker that came from a DLQ;
-* ``recheck`` — what a job does by itself (docs/protocol.md §11 O4): run the unit of each open
-  blocker again, and a success resolves it.
+* ``redrive`` — resume every open blocker that came from a DLQ.
+
+What a job does by itself (§11 O4: run a blocked unit again, a success resolves it) is
+:mod:`lightmetrics.derived.rerun`'s; ``retry`` runs the unit the same way.
 
 Example:
     >>> retry(ctx, "index-accepted:accepted/v1/...", who="alice")     # doctest: +SKIP
@@ -23,13 +24,10 @@ from typing import Any
 
 from lightmetrics.derived.event_path import parse_notification, process_sqs_record
 from lightmetrics.derived.indexing import RUNNERS
-from lightmetrics.ops.blockers import OPEN, Blocker
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, WorkResult
-from lightmetrics.ops.work import WorkContext, run_unit
-
-#: open blockers one run checks again by itself (§11 O4), at most; the least recently seen first,
-#: and a failed re-check sees it again, so refusals that persist never starve the others
-RECHECK_PER_RUN = 100
+from lightmetrics.derived.rerun import rerun
+from lightmetrics.work.blockers import OPEN, Blocker
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, WorkResult
+from lightmetrics.work.units import WorkContext
 
 DLQ_SUFFIX = "-dlq"
 #: index queue name -> the kind of work its messages carry
@@ -113,29 +111,12 @@ def retry(ctx: WorkContext, work_key: str, *, who: str) -> ActionResult:
     else:
         if blocker.kind not in RUNNERS:
             raise ActionError(f"{work_key}: kind {blocker.kind!r} cannot be retried from here")
-        result = _rerun(ctx, blocker, source=blocker.source)
+        result = rerun(ctx, blocker, source=blocker.source)
         outcome, detail = result.outcome, result.detail
     if outcome in (Outcome.DONE, Outcome.NOOP_RESOLVED):
         ctx.blockers.transition(work_key, "resolved", who=who, action="retry", reason=outcome.value)
         return ActionResult(work_key, "retry", "resolved", detail or outcome.value)
     return ActionResult(work_key, "retry", OPEN, f"{outcome.value}: {detail}")
-
-
-def _rerun(ctx: WorkContext, blocker: Blocker, *, source: str) -> WorkResult:
-    """The blocker's unit, run again as one that failed before (a success resolves it, §11 O4)."""
-    runner = RUNNERS[blocker.kind]
-    return run_unit(ctx, kind=blocker.kind, object_key=blocker.object_key, source=source,
-                    fn=lambda: runner(ctx, blocker.object_key), previously_failed=True)
-
-
-def recheck(ctx: WorkContext, blockers: list[Blocker], *, source: str, seen_before_ns: int) -> list[WorkResult]:
-    """§11 O4: run again the unit of each open blocker of ``blockers`` that a runner can run (a DLQ
-    message's or an unparsable message's is redriven instead) and that was last seen before
-    ``seen_before_ns`` (not one this run just checked), at most :data:`RECHECK_PER_RUN`, least
-    recently seen first."""
-    due = sorted((b for b in blockers if b.status == OPEN and b.kind in RUNNERS and b.last_seen_ns < seen_before_ns),
-                 key=lambda b: b.last_seen_ns)
-    return [_rerun(ctx, b, source=source) for b in due[:RECHECK_PER_RUN]]
 
 
 def _worst(results: list[WorkResult]) -> Outcome:
@@ -168,5 +149,4 @@ def redrive(ctx: WorkContext, *, who: str) -> list[ActionResult]:
             if b.source == "dlq"]
 
 
-__all__ = ["sweep_dlqs", "retry", "recheck", "resume", "skip", "redrive", "ActionError", "ActionResult",
-           "RECHECK_PER_RUN"]
+__all__ = ["sweep_dlqs", "retry", "resume", "skip", "redrive", "ActionError", "ActionResult"]

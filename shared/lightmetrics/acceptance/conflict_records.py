@@ -1,7 +1,7 @@
 """Identity conflicts' records: conflict ids, the registry entry, the resolution record, and their errors.
 
-The objects and the registry item are described in :mod:`lightmetrics.ops.conflicts` (docs/protocol.md
-§4.2-4.3, §14), whose :class:`~lightmetrics.ops.conflicts.ConflictRegistry` lists, shows and resolves
+The objects and the registry item are described in :mod:`lightmetrics.acceptance.conflicts` (docs/protocol.md
+§4.2-4.3, §14), whose :class:`~lightmetrics.acceptance.conflicts.ConflictRegistry` lists, shows and resolves
 them. Here: the conflict id (:func:`conflict_id`, :func:`parse_conflict_id`), :class:`ConflictEntry`
 (a registry item, built from the evidence), :class:`ConflictResolutionRecord` (the write-once
 decision), the registry's conditional create (:func:`register`) and its page token.

@@ -1,7 +1,7 @@
 """Running one unit of background work under the outcome contract.
 
 :func:`run_unit` is the only place that turns what a unit of work did into an
-:class:`~lightmetrics.ops.outcome.Outcome`: exceptions that say "try later" are counted by the
+:class:`~lightmetrics.work.outcome.Outcome`: exceptions that say "try later" are counted by the
 durable retry budget and promoted to a blocker when it is spent; permanent failures write a
 blocker first and only then report BLOCKED (if the blocker cannot be written, the unit is
 RETRY_LATER, so nothing is ever silently dropped). A unit that succeeds clears its budget and
@@ -29,14 +29,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from lightmetrics.acceptance.accept import MetricsSink, NoMetrics
 from lightmetrics.aws.errors import describe, is_transient
 from lightmetrics.composition.config import Settings
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
-from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
 from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
+from lightmetrics.work.retry_budget import RetryBudget
 
 if TYPE_CHECKING:
     from lightmetrics.derived.indexing import TombstoneCache

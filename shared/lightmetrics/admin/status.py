@@ -21,10 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 from lightmetrics.composition.config import Settings
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
+from lightmetrics.work.units import WorkContext
 
 
 def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
@@ -33,11 +33,11 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     lease only while its summary says running —, four Queries: conflicts, blockers, and the
     retention records of both scopes); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
+    from lightmetrics.acceptance.conflict_records import CONFLICTS_PK, UNRESOLVED
     from lightmetrics.aws.sqs_queues import queue_depth
     from lightmetrics.derived.reconcile_state import read_shard_checkpoints
     from lightmetrics.derived.walk import read_watermarks
     from lightmetrics.derived.walk.state import walk_failure
-    from lightmetrics.ops.conflict_records import CONFLICTS_PK, UNRESOLVED
 
     table = ctx.blockers.table
     # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
@@ -79,8 +79,8 @@ def reap_causes(table: ControlStore, now_ns: int) -> list[str]:
     GC's runs do not replace. GetItems of the checkpoint, both scopes' last outcomes (and of the
     lease, only while a run is recorded running), and a Query of each scope's retention records
     (one item per reaped hour: a page holds years of them)."""
-    from lightmetrics.ops import leases
     from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, LEASE_PK
+    from lightmetrics.work import leases
 
     cp = plain(table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
     causes = []

@@ -1,4 +1,4 @@
-"""What ``lmctl verify`` reports (:mod:`lightmetrics.derived.verify`): findings by rule, and the
+"""What ``lmctl verify`` reports (:mod:`lightmetrics.operator_tools.verify`): findings by rule, and the
 ``pending`` ones with their age.
 
 A ``pending`` record (newer than its index's watermark W, lacking the entry: docs/protocol.md
@@ -20,13 +20,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.protocol.clock import utc_text
 
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # a name from lightmetrics.protocol.invariants.RULES
+    rule: str  # a name from lightmetrics.operator_tools.invariants.RULES
     keys: tuple[str, ...]
     detail: str
 

@@ -11,7 +11,7 @@ Routes (JSON in and out; the same core as ``lmctl conflicts`` / ``blockers list`
 ``POST /denylist/remove``                lift one denial: ``{"agent_id": "...", "boot_id": "..." |
                                          "whole_agent": true, "reason": "..."}``
 ``GET  /blockers``                       ``?all=true`` for resumed/resolved/skipped too
-``GET  /status``                         :func:`lightmetrics.ops.status.system_status`
+``GET  /status``                         :func:`lightmetrics.admin.status.system_status`
 =======================================  ==========================================================
 
 Bodies are strict (docs/protocol.md §14, A1): every field has exactly its JSON type — a boolean
@@ -37,9 +37,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
 
-from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDenied
-from lightmetrics.composition.config import Settings
-from lightmetrics.ops.conflict_records import (
+from lightmetrics.acceptance.conflict_records import (
     ConflictAlreadyResolved,
     ConflictError,
     ConflictNotFound,
@@ -47,10 +45,12 @@ from lightmetrics.ops.conflict_records import (
     InvalidConflictId,
     InvalidResolution,
 )
-from lightmetrics.ops.conflicts import ConflictRegistry
-from lightmetrics.ops.work import WorkContext
+from lightmetrics.acceptance.conflicts import ConflictRegistry
+from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDenied
+from lightmetrics.composition.config import Settings
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
+from lightmetrics.work.units import WorkContext
 
 
 class InvalidRequest(LightmetricsError, ValueError):
@@ -179,7 +179,7 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
 
     @app.get("/status")
     def status() -> Response[str]:
-        from lightmetrics.ops.status import system_status
+        from lightmetrics.admin.status import system_status
 
         c = core()
         return _json(200, system_status(c.ctx, c.settings, c.ctx.sqs()))

@@ -2,7 +2,7 @@
 
 It lists every layout prefix, reads every acceptance record and every quarantine manifest, and
 checks, reporting each violation with the keys involved under its rule's name from the one
-catalogue, :mod:`lightmetrics.protocol.invariants` (whose predicates decide; the audit and the ledger use
+catalogue, :mod:`lightmetrics.operator_tools.invariants` (whose predicates decide; the audit and the ledger use
 the same names):
 
 * ``invalid-manifest``: an acceptance record that does not parse or does not match its key
@@ -46,14 +46,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from lightmetrics.derived.indexing import load_manifest
-from lightmetrics.derived.verify_report import Finding, PendingFinding, VerifyReport
-from lightmetrics.ops.outcome import PermanentWorkError
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
+from lightmetrics.operator_tools.verify_report import Finding, PendingFinding, VerifyReport
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyKind, UtcHour, layout_root
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.work.outcome import PermanentWorkError
+from lightmetrics.work.pool import map_in_context
+from lightmetrics.work.units import WorkContext
 
 __all__ = ["Finding", "PendingFinding", "VerifyReport", "verify"]
 
@@ -127,7 +127,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
 
 class _Run:
     """One verification: the listings, what was read so far, and where findings go. Each method is
-    one phase; every decision is a predicate of :mod:`lightmetrics.protocol.invariants`."""
+    one phase; every decision is a predicate of :mod:`lightmetrics.operator_tools.invariants`."""
 
     def __init__(self, ctx: WorkContext, report: VerifyReport, listed: dict[str, dict[str, int]],
                  skipped: set[str], pool: ThreadPoolExecutor) -> None:

@@ -37,7 +37,8 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from lightmetrics.deployment.cost_workload import (
+from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
+from lightmetrics.operator_tools.cost_workload import (
     DAY_S,
     HOUR_CLOSE_REQUESTS,
     JOB_REQUESTS,
@@ -47,7 +48,6 @@ from lightmetrics.deployment.cost_workload import (
     job_requests,
     job_units,
 )
-from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
 
 #: S3 APIs billed at the PUT/LIST rate; DELETE is free (DeleteObjects priced as its deletes: at the
 #: PUT rate it would be 6 requests a 1,000 batches, $0.03 a million); everything else at the GET rate.
