@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lightmetrics.derived.indexing import parse_record
 from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, canonical_json, parse_record
 from lightmetrics.reaps.gc_proof import resolution_settles
 from lightmetrics_pipeline.s3io import S3Access
 

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import UtcHour, hours_between
 from lightmetrics_pipeline.s3io import S3Access

@@ -15,8 +15,8 @@ import boto3
 from conftest import FAST, make_frame
 
 from lightmetrics.acceptance.accept import AcceptContext, accept_batch
-from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import accept_context, work_context
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule

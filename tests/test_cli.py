@@ -217,7 +217,7 @@ def _commands(group, path=()):  # type: ignore[no-untyped-def]
 def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand():  # type: ignore[no-untyped-def]
     """Issue 17: the configuration flags are listed once, on ``lmctl``; no subcommand's help repeats them."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
 
     flags = {f"--{name.replace('_', '-')}" for name in Settings.model_fields}
     assert flags <= {o for p in cli.params for o in p.opts}

@@ -109,7 +109,7 @@ def seed(system: LocalSystem, runtime: Any, shape: Shape) -> None:
 def gc_tombstone_checks(system: LocalSystem, page_size: int) -> int:
     """The tombstone HEADs of a by-time GC over every blob: one per acceptance hour of a page's
     referenced blobs (each page is one task, and a task caches its answers, rule G-R1)."""
-    from lightmetrics.derived.indexing import parse_record
+    from lightmetrics.protocol.manifests import parse_record
 
     ctx = system.work_context(policy=FAST)
     hour_of = {}

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lightmetrics.composition.config import Settings  # noqa: E402
 from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
 from lightmetrics.deployment.resources import SPEC  # noqa: E402
+from lightmetrics.deployment.settings import Settings  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
 from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
 
@@ -616,7 +616,7 @@ def test_every_cause_status_calls_stuck_has_an_alarm(cdk_synth: Any) -> None:
     """Issue 23 property 5: what ``lmctl status`` calls stuck, an alarm fires for (docs/runbook.md,
     "What lmctl status calls stuck"): the lag at the same threshold; a shard that never ran, failed
     or stopped (ReconcilerStuck); a retention hour left unfinished (RetentionUnfinished)."""
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.derived.reconcile_state import lag_limit_s
 
     alarms = {render(a["Properties"]["AlarmName"]): a["Properties"]

@@ -509,10 +509,10 @@ def test_property_13_a_deployed_handler_ignores_test_switches_in_its_environment
 
 def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it_hosts(bucket, monkeypatch):  # type: ignore[no-untyped-def]
     """The features the demo, the soak and the benchmarks rely on, now supplied by the host."""
-    from lightmetrics.composition import hosting
-    from lightmetrics.composition.config import Settings
     from lightmetrics.composition.services import accept_context, work_context
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.local.server import LocalRuntime
+    from lightmetrics.protocol import hosting
 
     monkeypatch.setenv("LM_CLOCK_OFFSET_S", "600")
     monkeypatch.setenv("LM_FAULTS", json.dumps([{"fault": "503", "operation": "PutObject", "times": -1}]))
@@ -537,11 +537,13 @@ def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it
 
 
 def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -> None:
-    from lightmetrics.composition.config import DEFAULT_CLOCK_SKEW_S, Settings, longest_accept_s, longest_reap_task_s
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
     from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.deployment.settings import Settings
+    from lightmetrics.deployment.timeouts import longest_accept_s, longest_reap_task_s
     from lightmetrics.local.hosting import host_from_env
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import DEFAULT_CLOCK_SKEW_S
 
     assert longest_accept_s() == SPEC.function("ingest").timeout_s
     bound = longest_accept_s() + DEFAULT_CLOCK_SKEW_S
@@ -569,9 +571,9 @@ def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -
 
 def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_configuration(system, monkeypatch):  # type: ignore[no-untyped-def]
     from functions.reconcile import app as reconcile_app
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
     from lightmetrics.local.function_host import LambdaContext
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
 
     for name, value in system.environment().items():
         monkeypatch.setenv(name, value)
@@ -585,11 +587,11 @@ def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_confi
 
 
 def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() -> None:
-    from lightmetrics.composition.config import TOMBSTONE_CACHE_S, check_tombstone_wait
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
-    from lightmetrics.derived.indexing import TombstoneCache
     from lightmetrics.local.hosting import host_from_env
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import TOMBSTONE_CACHE_S, check_tombstone_wait
+    from lightmetrics.protocol.tombstones import TombstoneCache
 
     assert TombstoneCache(None, None).ttl_s == TOMBSTONE_CACHE_S  # the rule and the cache share one number
     with hosted(DEPLOYED):
@@ -603,8 +605,8 @@ def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() ->
 
 
 def test_property_14_a_reap_input_with_a_short_tombstone_wait_is_refused_at_begin() -> None:
-    from lightmetrics.composition.config import TOMBSTONE_CACHE_S
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import TOMBSTONE_CACHE_S
     from lightmetrics.reaps import InvalidReapInput, ReapParams
 
     base = {"mode": "retention", "dry_run": False}

@@ -23,7 +23,7 @@ from walk_support import set_last_modified
 
 from lightmetrics.admin.status import system_status
 from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.composition.config import MAX_RECONCILE_SHARDS, Settings
+from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived import reconcile
 from lightmetrics.derived.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
 from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED

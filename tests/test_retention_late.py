@@ -19,9 +19,10 @@ from conftest import ALL_BACKENDS, FAST, ident
 from reap_support import OLD_NS, World, drive, make_world, session
 
 from lightmetrics.composition.services import work_context
-from lightmetrics.derived.indexing import TombstoneCache, write_accepted_entries
+from lightmetrics.derived.indexing import write_accepted_entries
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.reaps import CHECKPOINT_PK
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, Proof

@@ -27,6 +27,7 @@ from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
+from lightmetrics.deployment.timeouts import min_lease_s
 from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
 from lightmetrics.derived.walk import (
     HISTORY_LIMIT,
@@ -43,7 +44,6 @@ from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import SystemClock
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.work.leases import min_lease_s
 
 SETTLE_S = 600
 W_EXPECTED = T0_NS - SETTLE_S * 1_000_000_000

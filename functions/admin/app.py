@@ -25,8 +25,8 @@ tracer = Tracer(service="lightmetrics-admin")
 
 
 def _build_core() -> AdminCore:
-    from lightmetrics.composition.config import Settings
     from lightmetrics.composition.services import work_context
+    from lightmetrics.deployment.settings import Settings
 
     settings = Settings.from_env()
     ctx = work_context(settings, metrics=metrics, component="admin")

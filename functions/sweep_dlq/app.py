@@ -9,7 +9,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from lightmetrics.admin.blocker_actions import sweep_dlqs
 from lightmetrics.aws.metrics import SwitchableMetrics
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.lambda_shell.per_container import PerContainer
 
 logger = Logger(service="lightmetrics-sweep-dlq")

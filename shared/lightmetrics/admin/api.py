@@ -47,7 +47,7 @@ from lightmetrics.acceptance.conflict_records import (
 )
 from lightmetrics.acceptance.conflicts import ConflictRegistry
 from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDenied
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
 from lightmetrics.work.units import WorkContext

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind

@@ -26,7 +26,7 @@ import click
 
 from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
 

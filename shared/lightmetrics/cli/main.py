@@ -30,7 +30,7 @@ from lightmetrics.cli.output import (
     kv_table,
     stdout_to_stderr,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import (
     ConfigError,
     InvalidIdentityError,

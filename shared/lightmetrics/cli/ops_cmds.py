@@ -19,7 +19,7 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
 

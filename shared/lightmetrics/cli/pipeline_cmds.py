@@ -30,7 +30,7 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 
 
 def _access(settings: Settings, component: str) -> Any:

@@ -47,8 +47,8 @@ def sqs_index_handler(
     metrics = SwitchableMetrics(namespace="Lightmetrics", service=queue)
 
     def build() -> tuple[Any, Any]:
-        from lightmetrics.composition.config import Settings
         from lightmetrics.composition.services import work_context
+        from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         return (work_context_factory or work_context)(settings, metrics=metrics), settings

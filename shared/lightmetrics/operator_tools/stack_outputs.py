@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from lightmetrics.composition.config import EMPTY_PREFIX
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
+from lightmetrics.deployment.settings import EMPTY_PREFIX
 
 #: output key -> setting, for the outputs that are one setting each
 SCALAR_OUTPUTS = {"BucketName": "LM_BUCKET", "Prefix": "LM_PREFIX", "TableName": "LM_TABLE",

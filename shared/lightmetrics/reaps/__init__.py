@@ -9,13 +9,12 @@ concept a module:
 
 ``params``   the execution input (:class:`ReapParams`), the control-table keys, GC's durable
              source cursors, the newest audit run (G-B3), the history bound (G-B2)
-``marks``    a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
-``ranges``   an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
+``gc_marks`` a GC page's ``marks#`` items, split under DynamoDB's item size limit (G-I6)
+``retention_ranges`` an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
 ``steps``    the Lambda tasks (:class:`Reaper`)
 ``report``   the operator's report from a checkpoint (:func:`report_of`)
 ``dry_run``  what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
 ``control``  the operator side (:class:`ReapControl`: start, status, follow)
-``handler``  the Lambda handlers (:func:`reap_task_handler`)
 ``errors``   the errors a task raises on purpose (their names are the ASL's error names)
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
@@ -29,7 +28,6 @@ from __future__ import annotations
 from lightmetrics.reaps.control import Followed, ReapControl
 from lightmetrics.reaps.errors import InvalidReapInput, ReapError, ReapTransient
 from lightmetrics.reaps.gc_marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
-from lightmetrics.reaps.handler import reap_task_handler
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
@@ -80,6 +78,6 @@ __all__ = [
     "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
     "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
     "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
-    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for", "reap_task_handler",
+    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for",
     "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",
 ]

@@ -45,11 +45,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.indexing import KIND_REPAIR, TombstoneCache, parse_record
+from lightmetrics.derived.indexing import KIND_REPAIR
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, parse_record
+from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.reaps.gc_marks import identity_from_mark
 from lightmetrics.reaps.gc_proof import (
     DELETE_CONFLICT_RESOLVED,

@@ -211,8 +211,8 @@ def range_parallelism(integer: Any) -> int:
 
 def tombstone_wait(seconds: int) -> int:
     """Rule D1 (docs/protocol.md §16): the wait must outlast the writers' tombstone cache."""
-    from lightmetrics.composition.config import check_tombstone_wait
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.timing import check_tombstone_wait
 
     try:
         return check_tombstone_wait(seconds)

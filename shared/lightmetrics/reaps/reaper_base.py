@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from lightmetrics.composition.config import longest_reap_task_s
+from lightmetrics.deployment.timeouts import longest_reap_task_s
 from lightmetrics.protocol.control_store import ControlStore, Op, TransactionCancelled, plain
 from lightmetrics.reaps.dry_run import DryRunFence
 from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items

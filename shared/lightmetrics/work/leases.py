@@ -12,7 +12,7 @@ holder's), ``expires_at_ns`` (liveness: never the item's presence; 0 once releas
 * **release** — expiry 0, conditional on ``owner`` and ``epoch``.
 * **fence** (:class:`Fence`) — a renewal right before every destructive or committing step (L2).
 * **L1** — a lease outlasts the longest step its holder runs under one fence plus
-  :data:`~lightmetrics.composition.config.LEASE_MARGIN_S` (:func:`lease_rule_broken`).
+  :data:`~lightmetrics.protocol.timing.LEASE_MARGIN_S` (:func:`lease_rule_broken`).
 
 Renewals and releases are :class:`~lightmetrics.protocol.control_store.Op` values, so a job puts them in
 the same transaction as the checkpoint update they guard.
@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.composition.config import LEASE_MARGIN_S
+from lightmetrics.deployment.timeouts import longest_task_timeout_s
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
+from lightmetrics.protocol.timing import LEASE_MARGIN_S
 
 _NS = 1_000_000_000
 LEASE_SK = "lease"
@@ -208,19 +209,6 @@ class Fence:
 
 
 # --- rule L1 -------------------------------------------------------------------------------------------
-def longest_task_timeout_s(task_functions: Iterable[str]) -> int:
-    """The longest Lambda timeout of these task functions, from the resource spec (the one source)."""
-    from lightmetrics.deployment.resources import FUNCTIONS
-
-    names = set(task_functions)
-    return max(f.timeout_s for f in FUNCTIONS if f.name in names)
-
-
-def min_lease_s(task_functions: Iterable[str]) -> int:
-    """Rule L1 for a job of Lambda tasks: its longest task timeout plus ``LEASE_MARGIN_S``."""
-    return longest_task_timeout_s(task_functions) + LEASE_MARGIN_S
-
-
 def lease_rule_broken(lease_s: int, longest_s: int, holder: str, setting: str) -> str | None:
     """Why ``lease_s`` breaks rule L1 — a lease outlasts the longest step that acts under one fence
     (``longest_s``, described by ``holder``) plus ``LEASE_MARGIN_S`` — or None if it does not."""
@@ -278,6 +266,6 @@ class Lease:
 
 
 __all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "Lease", "LeaseError", "LeaseHeld", "LeaseLost",
-           "describe", "is_live", "lease_pk", "lease_rule_broken", "longest_task_timeout_s", "min_lease_s",
+           "describe", "is_live", "lease_pk", "lease_rule_broken",
            "release", "renewal", "renewal_of", "stopped_at", "stopped_cause", "take",
            "task_lease_rule_broken"]

@@ -22,24 +22,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from lightmetrics.acceptance.accept import MetricsSink, NoMetrics
 from lightmetrics.aws.errors import describe, is_transient
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.metrics import MetricsSink, NoMetrics
 from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
 from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.work.blockers import BlockerStore
 from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError, WorkResult
 from lightmetrics.work.retry_budget import RetryBudget
-
-if TYPE_CHECKING:
-    from lightmetrics.derived.indexing import TombstoneCache
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ class WorkContext:
     #: that never touch a queue never build one
     sqs_factory: Callable[[], Any] | None = None
     #: hours found tombstoned by retention, as seen by this process (made on first use)
-    tombstones: "TombstoneCache | None" = None
+    tombstones: TombstoneCache | None = None
     _sqs: Any = field(default=None, repr=False)
 
     def sqs(self) -> Any:

@@ -18,7 +18,6 @@ one method of :class:`Walker`. The package, one concept a module:
 ``state``    the control-table records: lease, checkpoint and partition items, watermarks
 ``steps``    the Lambda tasks (:class:`Walker`: begin, plan, page, cont, end)
 ``control``  the operator side (:class:`WalkControl`: start, status, follow)
-``handler``  the Lambda handlers (:func:`walk_task_handler`)
 ``errors``   the errors a task raises on purpose (their names are the ASL's error names)
 
 Example (what ``lmctl walk start --wait`` does)::
@@ -41,7 +40,6 @@ from lightmetrics.derived.walk.errors import (
     WalkRetryLater,
     WalkTransient,
 )
-from lightmetrics.derived.walk.handler import walk_task_handler
 from lightmetrics.derived.walk.params import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ROUNDS,
@@ -96,5 +94,5 @@ __all__ = [
     "WalkControl", "WalkError", "WalkParams", "WalkRetryLater", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
-    "summarize", "walk_task_handler", "watermark_blocker", "watermark_pk",
+    "summarize", "watermark_blocker", "watermark_pk",
 ]

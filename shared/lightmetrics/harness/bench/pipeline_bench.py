@@ -38,7 +38,7 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
 
     from pyspark.sql import functions as F
 
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.local.environment import local_environment
     from lightmetrics.local.server import LocalRuntime
     from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour

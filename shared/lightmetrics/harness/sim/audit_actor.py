@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.indexing import parse_record
 from lightmetrics.derived.walk import INDEXES
 from lightmetrics.derived.walk.state import watermark_pk
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
@@ -28,7 +27,7 @@ from lightmetrics.harness.sim.world import World
 from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
-from lightmetrics.protocol.manifests import IdentityConflictManifest
+from lightmetrics.protocol.manifests import IdentityConflictManifest, parse_record
 
 _NS = 1_000_000_000
 

@@ -11,8 +11,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.acceptance.accept import AcceptContext, NoMetrics, accept_batch
-from lightmetrics.derived.indexing import index_accepted, index_raw_blob, parse_record
+from lightmetrics.acceptance.accept import AcceptContext, accept_batch
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.sim.lease_check import LeaseWatch
 from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObjectStore
@@ -22,6 +22,8 @@ from lightmetrics.harness.testing.memory import NO_WAIT, T0_NS, MemorySystem, me
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.manifests import parse_record
+from lightmetrics.protocol.metrics import NoMetrics
 from lightmetrics.work.blockers import BlockerStore
 from lightmetrics.work.retry_budget import RetryBudget
 from lightmetrics.work.units import WorkContext

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.acceptance.accept import AcceptContext, MetricsSink, NoMetrics
-from lightmetrics.composition.config import Settings
+from lightmetrics.acceptance.accept import AcceptContext
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.harness.testing.memory.control_table import InMemoryControlTable
 from lightmetrics.harness.testing.memory.object_store import NO_WAIT, InMemoryObjectStore
 from lightmetrics.protocol.clock import Clock, FrozenClock
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.metrics import MetricsSink, NoMetrics
 from lightmetrics.protocol.retry import RetryPolicy
 from lightmetrics.work.blockers import BlockerStore
 from lightmetrics.work.retry_budget import RetryBudget

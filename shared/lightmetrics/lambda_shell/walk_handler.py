@@ -29,8 +29,8 @@ def walk_task_handler(
     from lightmetrics.lambda_shell.task_handler import task_handler
 
     def build(metrics: Any) -> Walker:
-        from lightmetrics.composition.config import Settings
         from lightmetrics.composition.services import step_functions_client, work_context
+        from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         if work_context_factory:

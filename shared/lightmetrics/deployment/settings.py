@@ -3,10 +3,11 @@
 Names are fixed by the interface contract: every field ``x`` is read from ``LM_X`` and the CLI
 flag ``--x`` (underscores as dashes) mirrors it. Durations are whole seconds in ``LM_*_S``.
 
-The protocol's timing assumptions are configuration rules, refused at start (docs/protocol.md
-§18): H1 ``LM_GC_GRACE_S`` > the longest accept + ``LM_CLOCK_SKEW_S``; D1 a retention's
-``tombstone_wait_s`` > the writers' tombstone cache (:func:`check_tombstone_wait`). A local host
-(:mod:`lightmetrics.composition.hosting`) may run shorter waits; configuration read anywhere else may not.
+The protocol's timing assumptions are configuration rules (:mod:`lightmetrics.protocol.timing`),
+refused at start (docs/protocol.md §18): H1 and H2 on ``LM_GC_GRACE_S`` here, against the functions'
+timeouts (:mod:`lightmetrics.deployment.timeouts`); D1 on a retention's ``tombstone_wait_s`` where a
+reap's input is read. A local host (:mod:`lightmetrics.protocol.hosting`) may run shorter waits;
+configuration read anywhere else may not.
 
 Example:
     >>> cfg = Settings.from_env({"LM_BUCKET": "my-bucket", "LM_TABLE": "t", "LM_COLLECTOR_ID": "c1"})
@@ -24,7 +25,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator
 
+from lightmetrics.deployment.timeouts import longest_accept_s, longest_reap_task_s
 from lightmetrics.protocol.errors import ConfigError
+from lightmetrics.protocol.timing import DEFAULT_CLOCK_SKEW_S, gc_grace_rule_broken
 
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
@@ -33,54 +36,11 @@ ENV_PREFIX = "LM_"
 #: ``LM_PREFIX`` accepts it as "".
 EMPTY_PREFIX = "(empty)"
 
-#: Default ``LM_CLOCK_SKEW_S``: how far two hosts' clocks may disagree (H1's allowance).
-DEFAULT_CLOCK_SKEW_S = 60
-#: How long a writer caches "this hour is not tombstoned" (``indexing.TombstoneCache``, rule D1).
-TOMBSTONE_CACHE_S = 60
 #: Most reconciler shards (``LM_RECONCILE_SHARDS``): one per range of an hour's plan, whose ranges
 #: are at most ``hour_ranges.MAX_RANGES`` (the same number; a test holds them equal).
 MAX_RECONCILE_SHARDS = 256
 #: ``Settings.from_env`` validation context: enforce the timing rules (False only for a local host).
 _TIMING_RULES = "timing_rules"
-
-
-def longest_accept_s() -> int:
-    """The longest an accept can run: the ingest function's timeout (Lambda stops it there)."""
-    from lightmetrics.deployment.resources import SPEC
-
-    return SPEC.function("ingest").timeout_s
-
-
-#: What a lease must outlast beyond its longest task: clock skew between tasks and a request still
-#: in flight when its task ends (rules L1, H2; docs/protocol.md §13, §15).
-LEASE_MARGIN_S = 60
-
-
-def longest_reap_task_s() -> int:
-    """The longest a reap task can run (its Lambda timeout) plus :data:`LEASE_MARGIN_S`: after that no
-    invocation of it (nor a twin Step Functions started beside it) can still place a marker. Read
-    from the resource spec only, so validating settings imports no service (ingest starts cold)."""
-    from lightmetrics.deployment.resources import FUNCTIONS
-    from lightmetrics.work.leases import min_lease_s
-
-    return min_lease_s(f.name for f in FUNCTIONS if f.name.startswith("reap-"))
-
-
-def check_tombstone_wait(seconds: int, *, enforced: bool | None = None) -> int:
-    """``seconds`` if it is a valid retention ``tombstone_wait_s`` (rule D1), else ConfigError.
-
-    The wait between a tombstone and the first delete must outlast every writer's cached
-    "not tombstoned" answer, or a writer could re-create an entry the reap already deleted.
-    ``enforced`` defaults to the host's choice (:mod:`lightmetrics.composition.hosting`; always on AWS).
-    """
-    from lightmetrics.composition.hosting import current
-
-    if (current().timing_rules if enforced is None else enforced) and seconds <= TOMBSTONE_CACHE_S:
-        raise ConfigError(
-            f"tombstone_wait_s = {seconds}: must be longer than the writers' tombstone cache "
-            f"({TOMBSTONE_CACHE_S} s), rule D1 (docs/protocol.md §9, §16)"
-        )
-    return seconds
 
 
 class Settings(BaseModel):
@@ -175,22 +135,12 @@ class Settings(BaseModel):
     @field_validator("gc_grace_s")
     @classmethod
     def _gc_grace(cls, v: int, info: ValidationInfo) -> int:
-        # H1: an accept whose blob PUT answered 412 before GC's mark creates its record within the
-        # longest accept; the re-check after the grace must see it, on any host's clock.
         enforced = (info.context or {}).get(_TIMING_RULES, True)
-        skew = info.data.get("clock_skew_s")
-        if enforced and skew is not None and v <= longest_accept_s() + skew:
-            raise ValueError(
-                f"must be longer than the longest accept (the ingest function's timeout, {longest_accept_s()} s) "
-                f"plus LM_CLOCK_SKEW_S ({skew} s), got {v}: rule H1 (docs/protocol.md §15)"
-            )
-        # H2: every marker a page's invocations place (a retried task's twin included) has landed
-        # before the page is settled, so the settle's re-check and restore see all of them.
-        if enforced and v < longest_reap_task_s():
-            raise ValueError(
-                f"must be at least the longest reap task (its Lambda timeout plus the lease margin, "
-                f"{longest_reap_task_s()} s), got {v}: rule H2 (docs/protocol.md §15)"
-            )
+        broken = enforced and gc_grace_rule_broken(v, clock_skew_s=info.data.get("clock_skew_s"),
+                                                   longest_accept_s=longest_accept_s(),
+                                                   longest_reap_task_s=longest_reap_task_s())
+        if broken:
+            raise ValueError(broken)
         return v
 
     @field_validator("reconcile_shards")
@@ -218,10 +168,10 @@ class Settings(BaseModel):
                  **overrides: object) -> "Settings":
         """Build settings from ``LM_*`` variables; ``overrides`` (CLI flags) win when not None.
 
-        ``timing_rules`` (H1) defaults to the host's choice (:mod:`lightmetrics.composition.hosting`): always
+        ``timing_rules`` (H1) defaults to the host's choice (:mod:`lightmetrics.protocol.hosting`): always
         enforced on AWS; the local runtime, which runs the demo's and tests' short waits, passes False.
         """
-        from lightmetrics.composition.hosting import current
+        from lightmetrics.protocol.hosting import current
 
         env = os.environ if env is None else env
         values: dict[str, object] = {}

@@ -27,8 +27,8 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
     from lightmetrics.lambda_shell.task_handler import task_handler
 
     def build(metrics: Any) -> Reaper:
-        from lightmetrics.composition.config import Settings
         from lightmetrics.composition.services import step_functions_client, work_context
+        from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
