@@ -32,14 +32,14 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
               table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.composition.services import control_table
     from lightmetrics.operator_tools.audit_watermarks import apply_watermarks
-    from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
-    from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
+    from lightmetrics_pipeline.audit.job import gc_marked_blobs, run_audit
+    from lightmetrics_pipeline.inventory.report import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
     spark = spark or _spark(master)
     report = open_report(inventory_location, access)
     if report.source_bucket != access.bucket:
-        from lightmetrics_pipeline.inventory import InventoryError
+        from lightmetrics_pipeline.inventory.report import InventoryError
 
         raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
     df = inventory_dataframe(spark, report, access)
@@ -70,9 +70,9 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
     no batch and no rollup) Spark is not started and the report says why (``notes``)."""
     from lightmetrics.composition.services import control_table
     from lightmetrics_pipeline import s3io
-    from lightmetrics_pipeline.rollup import RollupJob
-    from lightmetrics_pipeline.rollup_plan import HourResult, RollupReport
-    from lightmetrics_pipeline.rollup_preflight import preflight
+    from lightmetrics_pipeline.rollup.job import RollupJob
+    from lightmetrics_pipeline.rollup.plan import HourResult, RollupReport
+    from lightmetrics_pipeline.rollup.preflight import preflight
 
     started = time.monotonic()
     access = access or S3Access.from_settings(settings, component="pipeline-rollup")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.to_json(), sort_keys=True))
         return 1 if report.violations else 0
     from lightmetrics.composition.services import control_table
-    from lightmetrics_pipeline.lease import LeaseHeld
+    from lightmetrics_pipeline.rollup.lease import LeaseHeld
 
     table = control_table(settings)
     try:

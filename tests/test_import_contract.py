@@ -182,7 +182,9 @@ def test_every_package_is_installed_under_a_lightmetrics_name() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
     folders = {"lightmetrics." + ".".join(p.parent.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("__init__.py")}
-    folders = {f.rstrip(".") for f in folders} | {"lightmetrics_pipeline"}
+    folders = {f.rstrip(".") for f in folders}
+    folders |= {".".join(("lightmetrics_pipeline", *p.parent.relative_to(ROOT / "pipeline").parts))
+                for p in (ROOT / "pipeline").rglob("__init__.py")}
     assert listed == folders
     assert setuptools["package-dir"] == {"lightmetrics": "shared/lightmetrics", "lightmetrics_pipeline": "pipeline"}
 
@@ -243,7 +245,7 @@ def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     """The walk is not vacuous: a planted violation of each kind is found."""
     bad = tmp_path / "bad.py"
     bad.write_text("from lightmetrics.local.server import LocalRuntime\nfrom lightmetrics.cli.ops_cmds import _who\n"
-                   "from lightmetrics_pipeline.audit import run_audit\nfrom lightmetrics.harness.demo import run_demo\n")
+                   "from lightmetrics_pipeline.audit.job import run_audit\nfrom lightmetrics.harness.demo import run_demo\n")
     found = imports(bad)
     assert sum(is_outer(m) for m, _, _ in found) == 4
     assert any(n.startswith("_") for _, names, _ in found for n in names)

@@ -139,7 +139,7 @@ def test_alarms_on_failed_job_runs(cdk_synth: Any) -> None:
 
 
 def test_inventory_configuration_feeds_the_audit(cdk_synth: Any) -> None:
-    from lightmetrics_pipeline.inventory import CONFIG_ID, DEST_PREFIX, FIELDS
+    from lightmetrics_pipeline.inventory.report import CONFIG_ID, DEST_PREFIX, FIELDS
 
     (bucket,) = [r["Properties"] for r in _of(cdk_synth.json, "AWS::S3::Bucket").values()
                  if r["Properties"].get("InventoryConfigurations")]

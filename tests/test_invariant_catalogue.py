@@ -21,8 +21,8 @@ from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import inventory as inv_report
-from lightmetrics_pipeline.audit import CATEGORIES, read_findings, run_audit
+from lightmetrics_pipeline.audit.job import CATEGORIES, read_findings, run_audit
+from lightmetrics_pipeline.inventory import report as inv_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_every_rule_has_one_name_a_severity_and_a_checker() -> None:
 def test_the_protocol_table_lists_exactly_the_catalogue() -> None:
     """docs/protocol.md §13.1: one row per rule, in the catalogue's order, with its severity and
     checkers; the audit's rules name their output folder."""
-    from lightmetrics_pipeline.audit_confirm import CATEGORY_OF_RULE
+    from lightmetrics_pipeline.audit.confirm import CATEGORY_OF_RULE
 
     text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
     section = text.split("### 13.1 ", 1)[1].split("\n## ", 1)[0]

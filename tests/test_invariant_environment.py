@@ -203,7 +203,8 @@ def test_property_10_walk_and_reap_controls_refuse_a_missing_bucket_before_start
 
 def test_property_10_pipeline_listings_raise_for_a_missing_bucket(runtime):  # type: ignore[no-untyped-def]
     from lightmetrics.protocol.errors import ResourceAccessError
-    from lightmetrics_pipeline import inventory, s3io
+    from lightmetrics_pipeline import s3io
+    from lightmetrics_pipeline.inventory import report as inventory
 
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
     access = s3io.S3Access(bucket=missing, endpoint_url=runtime.endpoint_url, region="us-east-1",

@@ -106,7 +106,7 @@ def test_property_1_gc_never_deletes_or_hides_a_blob_that_an_acceptance_record_n
 
 
 def test_property_1_the_audit_never_lists_a_blob_of_an_unreadable_record_as_an_orphan(bucket: str, runtime) -> None:  # type: ignore[no-untyped-def]
-    from lightmetrics_pipeline.audit_confirm import check_orphan
+    from lightmetrics_pipeline.audit.confirm import check_orphan
     from lightmetrics_pipeline.s3io import S3Access
 
     w = make_world(bucket)

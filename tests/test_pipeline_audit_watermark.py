@@ -18,7 +18,7 @@ from pipeline_support import accept_indexed, make_system, varied_samples
 
 from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
 from lightmetrics.derived.walk import INDEXES, read_watermarks
-from lightmetrics_pipeline.audit import read_findings
+from lightmetrics_pipeline.audit.job import read_findings
 from lightmetrics_pipeline.jobs import main as job_main
 from lightmetrics_pipeline.s3io import S3Access
 

@@ -223,7 +223,7 @@ def test_second_reap_is_refused_while_the_lease_is_held(bucket: str) -> None:
 
 
 def _commit_audit(w: World, run_id: str, at_s: int, blob_keys: list[str]) -> None:
-    """What a committed audit run leaves (pipeline/audit.py): its orphan candidates, its summary,
+    """What a committed audit run leaves (pipeline/audit/job.py): its orphan candidates, its summary,
     then its commit marker."""
     run = w.ctx.codec.audit_run(run_id)
     w.ctx.store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.jsonl",

@@ -1,5 +1,5 @@
 """The completeness watermarks an inventory audit proves (docs/protocol.md §13 W6): the rule, apart
-from the Spark job that counts the findings (``lightmetrics_pipeline.audit_watermarks``).
+from the Spark job that counts the findings (``lightmetrics_pipeline.audit.watermarks``).
 
 An audit checks every acceptance record and quarantine manifest of its inventory for each derived
 index — a candidate for every one the inventory shows without an entry, each confirmed live — so

@@ -311,7 +311,7 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
     orphans = rate * MONTH_S * a.orphan_fraction
     per_audit = orphans / a.audits_per_month
     gc = {"candidate.orphan": orphans, "page": a.audits_per_month * math.ceil(per_audit / a.gc_page_size),
-          "part": a.audits_per_month * max(1, math.ceil(per_audit / 200_000)),  # pipeline/audit.py: rows a part
+          "part": a.audits_per_month * max(1, math.ceil(per_audit / 200_000)),  # pipeline/audit/job.py: rows a part
           "run": a.audits_per_month, "run.nothing_new": max(0.0, g - a.audits_per_month)}
     # Retention: once the system is older than its retention, an hour expires every hour; a daily
     # run takes 24 of them.

@@ -1,7 +1,7 @@
 """The one catalogue of bucket invariants: every rule's name, meaning, severity and predicate.
 
 ``lmctl verify`` (:mod:`lightmetrics.operator_tools.verify`), the inventory audit's live confirmation
-(``lightmetrics_pipeline.audit_confirm``) and the agents' ledger (:mod:`lightmetrics.harness.ledger`) decide with the
+(``lightmetrics_pipeline.audit.confirm``) and the agents' ledger (:mod:`lightmetrics.harness.ledger`) decide with the
 predicates below and report the rule's name, so one fault has one name everywhere (the table in
 docs/protocol.md §13.1 lists them). The predicates take plain facts — present or not, sizes, "the
 hour is tombstoned" — and read nothing: each caller gathers its facts its own way (listings for

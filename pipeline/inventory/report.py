@@ -32,7 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from lightmetrics_pipeline.inventory_format import (
+from lightmetrics_pipeline.inventory.format import (
     COLUMNS,
     CONFIG_ID,
     CSV_FILE_SCHEMA,
@@ -46,7 +46,7 @@ from lightmetrics_pipeline.inventory_format import (
     InventoryError,
     arrow_schema,
 )
-from lightmetrics_pipeline.inventory_reader import (
+from lightmetrics_pipeline.inventory.reader import (
     DataFile,
     InventoryReport,
     inventory_dataframe,
@@ -54,7 +54,7 @@ from lightmetrics_pipeline.inventory_reader import (
     read_data_file,
     spark_reads_s3,
 )
-from lightmetrics_pipeline.inventory_writer import (
+from lightmetrics_pipeline.inventory.writer import (
     WrittenReport,
     listing_rows,
     parquet_table_bytes,

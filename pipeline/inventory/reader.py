@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote_plus
 
-from lightmetrics_pipeline.inventory_format import (
+from lightmetrics_pipeline.inventory.format import (
     COLUMN_OF_CSV_FIELD,
     COLUMNS,
     INVENTORY_SETTING,

@@ -1,6 +1,6 @@
 """The rollup's write stage for format v2 (per-series chunks, index entries, chunk lists), and its readers.
 
-The job writes format v3 (:mod:`lightmetrics_pipeline.rollup_write_parquet`); this stage stays for
+The job writes format v3 (:mod:`lightmetrics_pipeline.rollup.write_parquet`); this stage stays for
 ``--recompute`` of a generation committed as v1 or v2 (it must re-issue the same writes, all 412)
 and as the baseline the benchmark and the tests compare v3 against. One chunk and one index entry
 per (hour, series, window), written in the aggregation's tasks (``mapInArrow``), then the hour's
@@ -15,9 +15,9 @@ from collections import Counter
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import rollup_codec as RC
-from lightmetrics_pipeline import rollup_manifest as RM
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import codec as RC
+from lightmetrics_pipeline.rollup import manifest as RM
 from lightmetrics_pipeline.s3io import S3Access
 
 WRITTEN_SCHEMA = ("hour_s long, metric string, series string, window string, samples long, doc string, "
@@ -26,7 +26,7 @@ LIST_SCHEMA = "hour_s long, part int, parts int, key string, sha256 string, byte
 
 
 def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: Any, workers: int = 16) -> Any:
-    """``mapInArrow`` over :func:`lightmetrics_pipeline.aggregate.chunk_rows`: encode each chunk, then
+    """``mapInArrow`` over :func:`lightmetrics_pipeline.rollup.aggregate.chunk_rows`: encode each chunk, then
     conditionally create it and its index entry. Out: one small row per chunk (its manifest
     entry as JSON and the outcomes), never the bytes."""
 
@@ -36,7 +36,7 @@ def _write_chunks(access: S3Access, generations: dict[int, int], accumulator: An
         import pyarrow as pa
 
         from lightmetrics_pipeline import s3io
-        from lightmetrics_pipeline.aggregate import encode_chunk_row
+        from lightmetrics_pipeline.rollup.aggregate import encode_chunk_row
 
         codec = access.codec
 
@@ -106,7 +106,7 @@ def chunk_writes(samples: Any, access: S3Access, generations: dict[int, int], ac
     explicit count, and nothing shuffles after it, so the writes run in exactly that many tasks."""
     from pyspark.sql import functions as F
 
-    from lightmetrics_pipeline.aggregate import chunk_rows
+    from lightmetrics_pipeline.rollup.aggregate import chunk_rows
 
     rows = chunk_rows(samples.where(F.col("error").isNull()).drop("error"), write_tasks)
     return rows.mapInArrow(count_tasks(tasks, "write", _write_chunks(access, generations, accumulator)),

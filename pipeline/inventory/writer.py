@@ -1,5 +1,5 @@
 """Writing S3 Inventory reports from listings (``lmctl inventory snapshot``), in the format AWS
-writes them (:mod:`lightmetrics_pipeline.inventory_format`), into a bucket or a local directory, so local runs
+writes them (:mod:`lightmetrics_pipeline.inventory.format`), into a bucket or a local directory, so local runs
 and tests read the real format."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote_plus
 
-from lightmetrics_pipeline.inventory_format import (
+from lightmetrics_pipeline.inventory.format import (
     COLUMNS,
     CONFIG_ID,
     CSV_FILE_SCHEMA,

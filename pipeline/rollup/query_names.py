@@ -13,9 +13,9 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline import rollup_parquet as P
-from lightmetrics_pipeline.rollup_write_chunks import committed_chunks
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup import parquet as P
+from lightmetrics_pipeline.rollup.write_chunks import committed_chunks
 from lightmetrics_pipeline.s3io import S3Access, store
 
 #: committed hours (the newest of the query's) whose metric names are read for suggestions

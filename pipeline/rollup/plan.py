@@ -1,7 +1,7 @@
 """The rollup's plan and report: what a run decided for each hour, and what it did.
 
 :class:`RollupPlan` (one :class:`HourPlan` per hour: build, recompute, up to date, ...) is what
-:meth:`lightmetrics_pipeline.rollup.RollupJob.plan` returns and ``execute`` carries out;
+:meth:`lightmetrics_pipeline.rollup.job.RollupJob.plan` returns and ``execute`` carries out;
 :class:`RollupReport` (one :class:`HourResult` per hour) is what ``lmctl pipeline rollup`` prints.
 """
 
@@ -111,7 +111,7 @@ class RollupReport:
     requests: Tally = field(default_factory=Tally)
     seconds: float = 0.0  # the whole run: Spark's start, the plan, the writes
     tasks: dict[str, int] = field(default_factory=dict)  # Spark tasks that got input, by stage
-    #: what the preflight found (lightmetrics_pipeline.rollup_preflight): open hours, empty ones
+    #: what the preflight found (lightmetrics_pipeline.rollup.preflight): open hours, empty ones
     notes: list[str] = field(default_factory=list)
     spark_started: bool = True
 

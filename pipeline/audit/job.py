@@ -7,9 +7,9 @@ hour) extracted with Spark SQL regular expressions, and every finding is a DataF
 nothing collects a key set on the driver (a test runs it with ``spark.driver.maxResultSize=1m``
 on a million keys).
 
-Findings (candidates from the joins, :mod:`lightmetrics_pipeline.audit_candidates`; each is then **confirmed
+Findings (candidates from the joins, :mod:`lightmetrics_pipeline.audit.candidates`; each is then **confirmed
 with live requests** inside the executors, because inventory lags — only confirmed findings are
-written). The confirmation (:mod:`lightmetrics_pipeline.audit_confirm`) decides with the predicates of the one
+written). The confirmation (:mod:`lightmetrics_pipeline.audit.confirm`) decides with the predicates of the one
 invariant catalogue, :mod:`lightmetrics.operator_tools.invariants`, and every finding line carries its ``rule``
 (the name ``lmctl verify`` and the ledger use); the categories below are the output folders, named
 for their consumers (a normative format, docs/pipeline.md §3):
@@ -57,9 +57,9 @@ from typing import Any
 
 from lightmetrics.operator_tools.audit_watermarks import plan_watermarks
 from lightmetrics.protocol.manifests import canonical_json
-from lightmetrics_pipeline.audit_candidates import candidate_rows
-from lightmetrics_pipeline.audit_classify import KINDS, classify
-from lightmetrics_pipeline.audit_confirm import (
+from lightmetrics_pipeline.audit.candidates import candidate_rows
+from lightmetrics_pipeline.audit.classify import KINDS, classify
+from lightmetrics_pipeline.audit.confirm import (
     FINDING_COLUMNS,
     FINDING_SCHEMA,
     UNREADABLE,
@@ -69,11 +69,11 @@ from lightmetrics_pipeline.audit_confirm import (
     gc_marked_blobs,
     recheck_held,
 )
-from lightmetrics_pipeline.audit_output import ROWS_PER_PART, output_parts, read_findings, write_findings
-from lightmetrics_pipeline.audit_watermarks import missing_by_index
+from lightmetrics_pipeline.audit.output import ROWS_PER_PART, output_parts, read_findings, write_findings
+from lightmetrics_pipeline.audit.watermarks import missing_by_index
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, put_if_absent, row_mapper, task_tally
 
-#: The output folders (categories), one per consumer; lightmetrics_pipeline.audit_confirm.CATEGORY_OF_RULE says
+#: The output folders (categories), one per consumer; lightmetrics_pipeline.audit.confirm.CATEGORY_OF_RULE says
 #: which rules each holds.
 CATEGORIES = ("repair", "derived-without-source", "integrity", "orphan-blob-candidates", "overlapping-ranges")
 

@@ -11,10 +11,10 @@ For each hour H (an *acceptance* hour, UTC) the reconciler has closed — hours 
    supersedes, never mutates;
 3. read each batch (acceptance record -> blob, sha256 checked) and decode its frame in Arrow
    batches (``mapInPandas``, tasks sized from the number of inputs), aggregate per series and
-   window (1m, 5m, 1h) in Spark SQL (:mod:`lightmetrics_pipeline.aggregate`);
+   window (1m, 5m, 1h) in Spark SQL (:mod:`lightmetrics_pipeline.rollup.aggregate`);
 4. write the rows of each (window, part) of the hour — the series whose metric hashes to the part —
-   as one Parquet object by conditional create (format v3, :mod:`lightmetrics_pipeline.rollup_write_parquet`;
-   a v1/v2 generation is recomputed in its own format, :mod:`lightmetrics_pipeline.rollup_write_chunks`);
+   as one Parquet object by conditional create (format v3, :mod:`lightmetrics_pipeline.rollup.write_parquet`;
+   a v1/v2 generation is recomputed in its own format, :mod:`lightmetrics_pipeline.rollup.write_chunks`);
 5. renew the lease, then create ``manifests/v1/<H>/generation=<N>.json`` — **last**, the commit
    point, naming the objects by key and sha256. A 412 there with other bytes means another
    owner committed N first: refused (:class:`GenerationTaken`), and its objects stay unreferenced.
@@ -40,14 +40,14 @@ from typing import Any
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.work.leases import lease_rule_broken
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline import rollup_parquet as P
-from lightmetrics_pipeline.decode import SAMPLE_SCHEMA, fetch_and_decode
-from lightmetrics_pipeline.lease import Lease
-from lightmetrics_pipeline.rollup_committed import differing_objects, read_committed, same_chunks
-from lightmetrics_pipeline.rollup_inputs import list_agents, list_ranges
-from lightmetrics_pipeline.rollup_plan import (
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup import parquet as P
+from lightmetrics_pipeline.rollup.committed import differing_objects, read_committed, same_chunks
+from lightmetrics_pipeline.rollup.decode import SAMPLE_SCHEMA, fetch_and_decode
+from lightmetrics_pipeline.rollup.inputs import list_agents, list_ranges
+from lightmetrics_pipeline.rollup.lease import Lease
+from lightmetrics_pipeline.rollup.plan import (
     ROLLUP_FORMAT,
     GenerationTaken,
     HourPlan,
@@ -57,8 +57,8 @@ from lightmetrics_pipeline.rollup_plan import (
     RollupReport,
     decide,
 )
-from lightmetrics_pipeline.rollup_write_chunks import chunk_writes, write_chunks
-from lightmetrics_pipeline.rollup_write_parquet import HourObjects, committed_refs, write_parquet
+from lightmetrics_pipeline.rollup.write_chunks import chunk_writes, write_chunks
+from lightmetrics_pipeline.rollup.write_parquet import HourObjects, committed_refs, write_parquet
 from lightmetrics_pipeline.s3io import S3Access, Tally, counter_accumulator, task_tally
 
 #: Parallelism, sized from the input (docs/pipeline.md §4): agents per listing task, inputs
@@ -100,7 +100,7 @@ def _count_tasks(tasks: Any, name: str, fn: Any) -> Any:
 
 def decode_samples(entries: Any, access: S3Access, generations: dict[int, int], accumulator: Any,
                    tasks: Any, inputs: int) -> Any:
-    """The hours' decoded samples (:data:`lightmetrics_pipeline.decode.SAMPLE_SCHEMA`), in
+    """The hours' decoded samples (:data:`lightmetrics_pipeline.rollup.decode.SAMPLE_SCHEMA`), in
     ``tasks_for(inputs, INPUTS_PER_DECODE_TASK)`` decode tasks (an explicit count: adaptive
     execution does not coalesce it)."""
     from pyspark.sql import functions as F

@@ -1,7 +1,7 @@
 """What every rollup object's bytes share: zstd framing, the schema check, and the format error.
 
-The chunk (:mod:`lightmetrics_pipeline.chunks`), the sketch (:mod:`lightmetrics_pipeline.sketch`), the
-chunk lists and the manifest (:mod:`lightmetrics_pipeline.rollup_manifest`) all refuse bad bytes with
+The chunk (:mod:`lightmetrics_pipeline.rollup.chunks`), the sketch (:mod:`lightmetrics_pipeline.rollup.sketch`), the
+chunk lists and the manifest (:mod:`lightmetrics_pipeline.rollup.manifest`) all refuse bad bytes with
 :class:`ChunkFormatError`, and a newer schema with the core's ``UnsupportedVersionError`` (docs/protocol.md §17).
 """
 

@@ -27,13 +27,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour, hours_between
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline import rollup_parquet as P
-from lightmetrics_pipeline import sketch as SK
-from lightmetrics_pipeline import window_agg as W
-from lightmetrics_pipeline.rollup_committed import read_committed
-from lightmetrics_pipeline.rollup_write_chunks import committed_chunks
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup import parquet as P
+from lightmetrics_pipeline.rollup import sketch as SK
+from lightmetrics_pipeline.rollup import window_agg as W
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.write_chunks import committed_chunks
 from lightmetrics_pipeline.s3io import S3Access, Tally, store, task_tally
 
 STATS = ("mean", "count", "sum", "min", "max", "last", "p50", "p90", "p99")
@@ -100,7 +100,7 @@ class QueryResult:
     #: no hour read is committed, so nothing can say
     metric_known: bool | None = None
     #: when no committed hour holds the metric: the closest names the newest committed hours hold
-    #: (lightmetrics_pipeline.query_names), and how many names they hold
+    #: (lightmetrics_pipeline.rollup.query_names), and how many names they hold
     close_matches: list[str] = field(default_factory=list)
     known_metrics: int = 0
 
@@ -189,7 +189,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         for series, series_labels, agg in P.window_aggs(rows):
             add(series, series_labels, agg)
     if committed and not result.metric_known:  # a misspelling: no committed hour asked for holds it
-        from lightmetrics_pipeline.query_names import NAME_HOURS, closest, committed_metric_names
+        from lightmetrics_pipeline.rollup.query_names import NAME_HOURS, closest, committed_metric_names
 
         result.metric_known = False
         names = committed_metric_names(access, committed[-NAME_HOURS:])

@@ -1,7 +1,7 @@
 """The hour's rollup manifest (``manifests/v1/.../generation=N.json``) and its chunk lists.
 
 v2 names its chunks through chunk lists (one per metric partition, named by their sha256); v1
-held them inline and is still read; v3 (Parquet parts, :mod:`lightmetrics_pipeline.rollup_parquet`)
+held them inline and is still read; v3 (Parquet parts, :mod:`lightmetrics_pipeline.rollup.parquet`)
 is what the job writes. Pure functions, no I/O; the normative description is ``docs/pipeline.md``.
 """
 
@@ -14,11 +14,11 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import canonical_json
-from lightmetrics_pipeline.rollup_codec import ChunkFormatError, check_object_schema, zstd_compress, zstd_decompress
+from lightmetrics_pipeline.rollup.codec import ChunkFormatError, check_object_schema, zstd_compress, zstd_decompress
 
 MANIFEST_SCHEMA = "lightmetrics.rollup_manifest.v2"
 MANIFEST_SCHEMA_V1 = "lightmetrics.rollup_manifest.v1"  # chunks inline; still read, no longer written
-#: Parquet objects (lightmetrics_pipeline.rollup_parquet), the hour named ``hour``: still read, and a
+#: Parquet objects (lightmetrics_pipeline.rollup.parquet), the hour named ``hour``: still read, and a
 #: generation committed in it is recomputed in it (byte for byte).
 MANIFEST_SCHEMA_V3 = "lightmetrics.rollup_manifest.v3"
 #: v3 with the hour named ``acceptance_hour`` (as the Parquet column): a ``hour`` field collides with

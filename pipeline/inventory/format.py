@@ -1,6 +1,6 @@
 """S3 Inventory's report format: the fields, schemas and destinations (AWS "Locating your inventory
-list"); :mod:`lightmetrics_pipeline.inventory` describes the layout, :mod:`lightmetrics_pipeline.inventory_writer` writes
-reports and :mod:`lightmetrics_pipeline.inventory_reader` reads them."""
+list"); :mod:`lightmetrics_pipeline.inventory.report` describes the layout, :mod:`lightmetrics_pipeline.inventory.writer` writes
+reports and :mod:`lightmetrics_pipeline.inventory.reader` reads them."""
 
 from __future__ import annotations
 

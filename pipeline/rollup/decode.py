@@ -23,15 +23,15 @@ from lightmetrics.protocol.errors import FrameError, ManifestError, UnsupportedV
 from lightmetrics.protocol.frame import decode_frame, samples_block
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
-from lightmetrics_pipeline.chunks import series_key
+from lightmetrics_pipeline.rollup.chunks import series_key
+from lightmetrics_pipeline.rollup.sketch import sketch_keys
+from lightmetrics_pipeline.rollup.window_agg import exact_parts
 from lightmetrics_pipeline.s3io import S3Access
-from lightmetrics_pipeline.sketch import sketch_keys
-from lightmetrics_pipeline.window_agg import exact_parts
 
 SAMPLE_COLUMNS = ["hour_s", "manifest_id", "series", "ts_ns", "value", "ord", "sk_store", "sk_key", "exp_b", "mant",
                   "shift", "error"]
-#: ``sk_store``/``sk_key``: the value's DDSketch bin (:func:`lightmetrics_pipeline.sketch.sketch_keys`);
-#: ``exp_b``/``mant``/``shift``: its exact integer parts (:func:`lightmetrics_pipeline.window_agg.exact_parts`, null
+#: ``sk_store``/``sk_key``: the value's DDSketch bin (:func:`lightmetrics_pipeline.rollup.sketch.sketch_keys`);
+#: ``exp_b``/``mant``/``shift``: its exact integer parts (:func:`lightmetrics_pipeline.rollup.window_agg.exact_parts`, null
 #: for zeros and non-finite values) — computed here with numpy, so the aggregation is a grouped
 #: count of keys and a DECIMAL sum in Spark.
 SAMPLE_SCHEMA = ("hour_s long, manifest_id string, series string, ts_ns long, value double, ord long, "

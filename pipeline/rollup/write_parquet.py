@@ -1,6 +1,6 @@
-"""The rollup's write stage for format v3: aggregated rows -> Parquet objects (``lightmetrics_pipeline.rollup_parquet``).
+"""The rollup's write stage for format v3: aggregated rows -> Parquet objects (``lightmetrics_pipeline.rollup.parquet``).
 
-The aggregation (:func:`lightmetrics_pipeline.aggregate.chunk_rows`, one row per hour, series and window) is
+The aggregation (:func:`lightmetrics_pipeline.rollup.aggregate.chunk_rows`, one row per hour, series and window) is
 persisted and counted per (hour, window) — three rows per hour reach the driver — which fixes
 each window's part count ``P`` (a function of the content). Every row gets its part (sha256 of
 its metric mod ``P``, in SQL), the rows are repartitioned by (hour, window, part) into one
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline import rollup_parquet as P
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup import parquet as P
 from lightmetrics_pipeline.s3io import S3Access
 
 WRITTEN_SCHEMA = ("hour_s long, window string, part int, key string, sha256 string, bytes long, rows long, "
@@ -112,7 +112,7 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from lightmetrics_pipeline.aggregate import chunk_rows
+    from lightmetrics_pipeline.rollup.aggregate import chunk_rows
 
     rows = chunk_rows(samples, aggregate_tasks).persist(StorageLevel.MEMORY_AND_DISK)
     try:

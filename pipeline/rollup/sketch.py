@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
-from lightmetrics_pipeline.rollup_codec import ChunkFormatError
+from lightmetrics_pipeline.rollup.codec import ChunkFormatError
 
 SKETCH_VERSION = 1
 SKETCH_RELATIVE_ACCURACY = 0.01

@@ -1,6 +1,6 @@
 """The aggregates of one series in one sample-time window, and their reference definition.
 
-:func:`aggregate_window` is the reference the Spark aggregation (:mod:`lightmetrics_pipeline.aggregate`)
+:func:`aggregate_window` is the reference the Spark aggregation (:mod:`lightmetrics_pipeline.rollup.aggregate`)
 is compared against bit for bit; :func:`exact_parts` and :func:`sum_from_parts` are the exact sum's
 integer decomposition both share. Pure functions, no Spark, no I/O.
 
@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS
-from lightmetrics_pipeline.sketch import deserialize_sketch, merge_sketches, quantile, serialize_sketch, sketch_of
+from lightmetrics_pipeline.rollup.sketch import (
+    deserialize_sketch,
+    merge_sketches,
+    quantile,
+    serialize_sketch,
+    sketch_of,
+)
 
 WINDOW_NS: dict[str, int] = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
 assert tuple(WINDOW_NS) == ROLLUP_WINDOWS

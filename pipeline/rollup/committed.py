@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from lightmetrics.protocol.keys import KeyKind, UtcHour
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline.rollup_write_chunks import list_refs
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup.write_chunks import list_refs
 from lightmetrics_pipeline.s3io import S3Access
 
 

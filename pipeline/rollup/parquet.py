@@ -2,7 +2,7 @@
 
 For each committed (hour, generation) and each window the job writes ``P`` Parquet objects; an
 object holds the rows (series × window start) of every series whose metric falls in its part
-(:func:`lightmetrics_pipeline.rollup_manifest.chunk_list_part`: the first 32 bits of sha256(metric) mod ``P``), so a
+(:func:`lightmetrics_pipeline.rollup.manifest.chunk_list_part`: the first 32 bits of sha256(metric) mod ``P``), so a
 query of one metric reads one object per window. ``P = ceil(rows / ROWS_PER_PART)`` — a function
 of the content, so a rerun writes the same objects. Each object is named by the sha256 of its
 bytes and created by conditional create; its bytes are a pure function of its rows (sorted by
@@ -28,10 +28,10 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import canonical_json
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import rollup_manifest as RM
-from lightmetrics_pipeline import sketch as SK
-from lightmetrics_pipeline import window_agg as W
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import manifest as RM
+from lightmetrics_pipeline.rollup import sketch as SK
+from lightmetrics_pipeline.rollup import window_agg as W
 
 MANIFEST_SCHEMA_V3 = RM.MANIFEST_SCHEMA_V3
 MANIFEST_SCHEMA_V4 = RM.MANIFEST_SCHEMA_V4
@@ -104,8 +104,8 @@ def _key_at_rank(bins: list[tuple[int, float]], rank: float, lower: bool) -> int
 
 
 def part_rows(chunk_row: dict[str, Any], generation: int, inputs_sha256: str) -> list[dict[str, Any]]:
-    """The Parquet rows of one :func:`lightmetrics_pipeline.aggregate.chunk_rows` row (one series, one window)."""
-    from lightmetrics_pipeline.aggregate import window_agg
+    """The Parquet rows of one :func:`lightmetrics_pipeline.rollup.aggregate.chunk_rows` row (one series, one window)."""
+    from lightmetrics_pipeline.rollup.aggregate import window_agg
 
     series = str(chunk_row["series"])
     metric, labels = C.parse_series(series)

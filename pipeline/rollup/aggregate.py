@@ -1,6 +1,6 @@
 """The rollup's aggregation in Spark SQL, and the chunk encoding from its rows.
 
-Decoded samples (``lightmetrics_pipeline.decode.SAMPLE_SCHEMA``: each value already carries its DDSketch bin,
+Decoded samples (``lightmetrics_pipeline.rollup.decode.SAMPLE_SCHEMA``: each value already carries its DDSketch bin,
 ``sk_store``/``sk_key``) are repartitioned by (hour, series) into an explicit number of partitions,
 exploded into their three windows (``window_start = ts - pmod(ts, w)``, integer arithmetic) and
 aggregated in the JVM, with no shuffle after the repartition (every grouping below contains
@@ -8,7 +8,7 @@ aggregated in the JVM, with no shuffle after the repartition (every grouping bel
 
 1. per (hour, series, window, window start, bin): ``count``, NaN count, ``min``/``max`` of the
    non-NaN values, ``last`` by ``max_by(value, struct(ts_ns, manifest_id, ord))`` — the tie-break
-   of :func:`lightmetrics_pipeline.window_agg.aggregate_window` — and the bin's sample count;
+   of :func:`lightmetrics_pipeline.rollup.window_agg.aggregate_window` — and the bin's sample count;
 2. per (hour, series, window, window start): the same combined, the bins collected (the sketch is
    a grouped count of keys: bins only add);
 3. per (hour, series, window): the rows of one chunk, sorted by window start, joined with the
@@ -16,12 +16,13 @@ aggregated in the JVM, with no shuffle after the repartition (every grouping bel
 
 ``sum``: the format defines it as correctly rounded (``math.fsum``, order independent), which
 Spark's double ``sum`` is not. Each value arrives split into exact integer parts
-(:func:`lightmetrics_pipeline.window_agg.exact_parts`: ``mant × 2^shift`` per exponent bucket ``exp_b``), summed
+(:func:`lightmetrics_pipeline.rollup.window_agg.exact_parts`: ``mant × 2^shift`` per exponent bucket ``exp_b``), summed
 exactly as DECIMAL(38, 0) per bucket in SQL; the encoding step (:func:`encode_chunk_row`) adds
 the few bucket sums of a window as Python integers and rounds once
-(:func:`lightmetrics_pipeline.window_agg.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark
+(:func:`lightmetrics_pipeline.rollup.window_agg.sum_from_parts`). The sign of a zero ``min``/``max`` (Spark
 compares -0.0 and 0.0 equal) comes from the zero store's key. The per-series Python of
-:func:`lightmetrics_pipeline.window_agg.aggregate_window` stays as the reference the tests compare this against, bit for bit.
+:func:`lightmetrics_pipeline.rollup.window_agg.aggregate_window` stays as the reference the tests compare
+this against, bit for bit.
 
 Example:
     >>> rows = chunk_rows(samples, partitions=8)                      # doctest: +SKIP
@@ -34,9 +35,9 @@ import math
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import sketch as SK
-from lightmetrics_pipeline import window_agg as W
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import sketch as SK
+from lightmetrics_pipeline.rollup import window_agg as W
 
 #: ``chunk_rows`` output: one row per (hour, series, window).
 CHUNK_ROW_COLUMNS = ("hour_s", "series", "window", "rows", "ts_min", "ts_max", "manifest_ids")

@@ -2,7 +2,7 @@
 catalogue (:mod:`lightmetrics.operator_tools.invariants`), found by joins over the classified inventory.
 
 Inventory lags and has no content, so nothing here decides: every candidate row names the check
-(``lightmetrics_pipeline.audit_confirm``) that confirms it with live requests and the catalogue's predicate.
+(``lightmetrics_pipeline.audit.confirm``) that confirms it with live requests and the catalogue's predicate.
 The queries, and the rule each is for:
 
 =====================  ===================================================  ==============================
@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightmetrics.protocol.keys import KeyCodec, KeyKind
-from lightmetrics_pipeline.audit_confirm import CANDIDATE_COLUMNS
+from lightmetrics_pipeline.audit.confirm import CANDIDATE_COLUMNS
 
 
 class _Sql:

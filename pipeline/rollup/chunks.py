@@ -2,8 +2,8 @@
 
 Pure functions, no Spark, no I/O: the rollup job, ``lmctl query`` and the tests share them. The
 normative description (byte layout, field meanings, reader rules) is ``docs/pipeline.md``. The
-sketch inside a chunk row is :mod:`lightmetrics_pipeline.sketch`, a row's aggregates
-:mod:`lightmetrics_pipeline.window_agg`, the hour's manifest :mod:`lightmetrics_pipeline.rollup_manifest`.
+sketch inside a chunk row is :mod:`lightmetrics_pipeline.rollup.sketch`, a row's aggregates
+:mod:`lightmetrics_pipeline.rollup.window_agg`, the hour's manifest :mod:`lightmetrics_pipeline.rollup.manifest`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import canonical_json
-from lightmetrics_pipeline.rollup_codec import ChunkFormatError, check_object_schema, zstd_compress, zstd_decompress
-from lightmetrics_pipeline.sketch import SKETCH_RELATIVE_ACCURACY
-from lightmetrics_pipeline.window_agg import WINDOW_NS, WindowAgg
+from lightmetrics_pipeline.rollup.codec import ChunkFormatError, check_object_schema, zstd_compress, zstd_decompress
+from lightmetrics_pipeline.rollup.sketch import SKETCH_RELATIVE_ACCURACY
+from lightmetrics_pipeline.rollup.window_agg import WINDOW_NS, WindowAgg
 
 CHUNK_SCHEMA = "lightmetrics.rollup_chunk.v1"
 INDEX_SCHEMA = "lightmetrics.rollup_index.v1"
