@@ -1,6 +1,6 @@
 """Deploy-time configuration of the stack, read from CDK context (``cdk.json`` or ``-c key=value``).
 
-Keys that name a :class:`lightmetrics.composition.config.Settings` field (``prefix``, ``retry_horizon_s``,
+Keys that name a :class:`lightmetrics.deployment.settings.Settings` field (``prefix``, ``retry_horizon_s``,
 ``max_frame_bytes``, ...) become that setting, are validated by ``Settings`` itself and reach
 every function as ``LM_<FIELD>``. The other keys configure the stack:
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightmetrics.composition.config import Settings
 from lightmetrics.deployment.resources import SPEC
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,8 @@
 """What of ``shared/lightmetrics`` the Lambda layer ships: everything a function runs, nothing more.
 
 The outer shells — whole folders: ``local/`` (the local runtime), ``cli/``, ``client/`` (the agent
-client) and ``harness/`` (demo, soak, ledger, benchmarks, test switches) — stay out: no function
+client), ``harness/`` (demo, soak, ledger, benchmarks, test switches) and ``operator_tools/`` (what
+only operators' tools and synth run) — stay out: no function
 imports them (``tests/test_import_contract.py``), and the layer-only sandbox test runs every handler with
 exactly this copy. ``make layer`` copies with :func:`copy_shared_package`; synth refuses a layer
 whose copy differs (:func:`differences`).
@@ -25,23 +26,11 @@ from pathlib import Path
 SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
 
 #: Folders of ``lightmetrics`` the layer leaves out: the outer shells (the local runtime, the CLI, the
-#: agent client, and the harnesses — demo, soak, ledger, benchmarks, test switches).
-OUTER_PACKAGES = ("local", "cli", "client", "harness")
-#: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``
-#: and its invariant catalogue, ``cost``, ``conflicts show``, ``env --stack``; the state machines'
-#: definitions are rendered at synth and by the local runtime), relative to the package. A test keeps this list equal to what no
-#: function reaches.
-OPERATOR_MODULES = (
-    "derived/audit_watermarks.py",
-    "derived/verify.py",
-    "derived/verify_report.py",
-    "deployment/cost_model.py",
-    "deployment/cost_workload.py",
-    "deployment/stack_outputs.py",
-    "deployment/statemachines.py",
-    "ops/identity_view.py",
-    "protocol/invariants.py",
-)
+#: agent client, the harnesses — demo, soak, ledger, benchmarks, test switches) and ``operator_tools``,
+#: what only operators' tools and synth run (``lmctl verify`` and its invariant catalogue, ``cost``,
+#: ``conflicts show``, ``env --stack``; the state machines' definitions are rendered at synth and by
+#: the local runtime). A test keeps the layer equal to what the functions reach.
+OUTER_PACKAGES = ("local", "cli", "client", "harness", "operator_tools")
 
 
 def _files(root: Path) -> list[Path]:
@@ -56,7 +45,7 @@ def is_outer(rel: Path) -> bool:
 
 def shipped(src: Path = SHARED_PACKAGE) -> list[Path]:
     """The files of ``src`` the layer ships, relative to it."""
-    return [rel for rel in _files(src) if not is_outer(rel) and rel.as_posix() not in OPERATOR_MODULES]
+    return [rel for rel in _files(src) if not is_outer(rel)]
 
 
 def differences(dest: Path, src: Path = SHARED_PACKAGE) -> list[str]:

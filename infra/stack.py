@@ -28,7 +28,7 @@ from infra.nag import NagSuppressionRecord, apply_suppressions
 from infra.scanners import apply_checkov_skips
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
-from lightmetrics.deployment.stack_outputs import (
+from lightmetrics.operator_tools.stack_outputs import (
     EMPTY_PREFIX,
     SCALAR_OUTPUTS,
     queue_output_key,
@@ -100,7 +100,7 @@ class LightmetricsStack(Stack):
                                  table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
                                  alarm_topic=self.observability.topic)
 
-        # What `lmctl env --stack <name>` reads back (lightmetrics.deployment.stack_outputs: one list of them).
+        # What `lmctl env --stack <name>` reads back (lightmetrics.operator_tools.stack_outputs: one list of them).
         scalar = {"BucketName": self.storage.bucket.bucket_name, "Prefix": config.prefix or EMPTY_PREFIX,
                   "TableName": self.control.table.table_name, "SecretName": config.secret_name}
         for key, setting in SCALAR_OUTPUTS.items():

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.protocol.keys import UtcHour, hours_between
 from lightmetrics_pipeline.s3io import S3Access
@@ -31,15 +31,15 @@ def audit_job(settings: Settings, inventory_location: str, *, run_id: str, now_n
               access: S3Access | None = None, spark: Any = None, master: str | None = "local[2]",
               table: Any = None, progress: Any = None) -> Any:
     from lightmetrics.composition.services import control_table
-    from lightmetrics.derived.audit_watermarks import apply_watermarks
-    from lightmetrics_pipeline.audit import gc_marked_blobs, run_audit
-    from lightmetrics_pipeline.inventory import inventory_dataframe, open_report
+    from lightmetrics.operator_tools.audit_watermarks import apply_watermarks
+    from lightmetrics_pipeline.audit.job import gc_marked_blobs, run_audit
+    from lightmetrics_pipeline.inventory.report import inventory_dataframe, open_report
 
     access = access or S3Access.from_settings(settings, component="pipeline-audit")
     spark = spark or _spark(master)
     report = open_report(inventory_location, access)
     if report.source_bucket != access.bucket:
-        from lightmetrics_pipeline.inventory import InventoryError
+        from lightmetrics_pipeline.inventory.report import InventoryError
 
         raise InventoryError(f"the report is of bucket {report.source_bucket}, not {access.bucket}")
     df = inventory_dataframe(spark, report, access)
@@ -70,9 +70,9 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
     no batch and no rollup) Spark is not started and the report says why (``notes``)."""
     from lightmetrics.composition.services import control_table
     from lightmetrics_pipeline import s3io
-    from lightmetrics_pipeline.rollup import RollupJob
-    from lightmetrics_pipeline.rollup_plan import HourResult, RollupReport
-    from lightmetrics_pipeline.rollup_preflight import preflight
+    from lightmetrics_pipeline.rollup.job import RollupJob
+    from lightmetrics_pipeline.rollup.plan import HourResult, RollupReport
+    from lightmetrics_pipeline.rollup.preflight import preflight
 
     started = time.monotonic()
     access = access or S3Access.from_settings(settings, component="pipeline-rollup")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.to_json(), sort_keys=True))
         return 1 if report.violations else 0
     from lightmetrics.composition.services import control_table
-    from lightmetrics_pipeline.lease import LeaseHeld
+    from lightmetrics_pipeline.rollup.lease import LeaseHeld
 
     table = control_table(settings)
     try:
@@ -146,8 +146,8 @@ def lease_held_line(table: Any, exc: Exception) -> str:
     >>> lease_held_line(Table(), Exception("held"))
     'rollup: not run: the rollup lease is held by owner 3f2a9c1d-77 (epoch 4) until 2026-01-01 00:00:00Z; exit 0'
     """
-    from lightmetrics.ops.leases import lease_pk, read
     from lightmetrics.protocol.clock import utc_text
+    from lightmetrics.work.leases import lease_pk, read
 
     item = read(table, lease_pk("rollup"))
     if not item:

@@ -23,7 +23,7 @@ from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
-from lightmetrics_pipeline.inventory import Destination, WrittenReport, parquet_table_bytes, write_report_files
+from lightmetrics_pipeline.inventory.report import Destination, WrittenReport, parquet_table_bytes, write_report_files
 
 
 @dataclass

@@ -15,8 +15,8 @@ from ministack_support import MiniStackRuntime
 from lightmetrics.acceptance.accept import AcceptContext
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.aws.s3_store import s3_client_config
-from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import accept_context
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.harness.testing.faults import FaultInjector
 from lightmetrics.local.environment import local_environment
 from lightmetrics.local.function_code import import_functions

@@ -19,9 +19,9 @@ from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.frame import Sample, decode_frame, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import chunks as C
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup.sketch import new_sketch
 from lightmetrics_pipeline.s3io import S3Access
-from lightmetrics_pipeline.sketch import new_sketch
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the acceptance hour of everything accepted at T0
 WINDOWS = {"1m": 60 * 10**9, "5m": 300 * 10**9, "1h": 3600 * 10**9}
@@ -124,13 +124,13 @@ def tricky_sample_rows(seed: int) -> list[tuple[int, str, str, int, float, int]]
 
 def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
     """Decoded sample rows as the rollup sees them (``SAMPLE_SCHEMA`` without errors), each value's
-    sketch bin computed as ``lightmetrics_pipeline.decode`` does, and NaN as null — what a NaN becomes when
+    sketch bin computed as ``lightmetrics_pipeline.rollup.decode`` does, and NaN as null — what a NaN becomes when
     ``mapInPandas`` hands pandas output to Spark."""
     import numpy as np
 
-    from lightmetrics_pipeline.decode import SAMPLE_SCHEMA
-    from lightmetrics_pipeline.sketch import sketch_keys
-    from lightmetrics_pipeline.window_agg import exact_parts
+    from lightmetrics_pipeline.rollup.decode import SAMPLE_SCHEMA
+    from lightmetrics_pipeline.rollup.sketch import sketch_keys
+    from lightmetrics_pipeline.rollup.window_agg import exact_parts
 
     values = np.array([r[4] for r in rows], dtype=np.float64)
     store, key = sketch_keys(values)
@@ -144,8 +144,8 @@ def sample_frame(spark: Any, rows: list[SampleRow]) -> Any:
 def oracle_chunks(rows: list[SampleRow], generation: int, seed: int = 0) -> dict[tuple[int, str, str], bytes]:
     """(hour_s, series, window) -> chunk bytes, computed per series and window by the reference
     Python (``chunks.aggregate_window`` and ``sketch_of``), from the samples in a shuffled order."""
-    from lightmetrics_pipeline import chunks as C
-    from lightmetrics_pipeline import window_agg as W
+    from lightmetrics_pipeline.rollup import chunks as C
+    from lightmetrics_pipeline.rollup import window_agg as W
 
     shuffled = list(rows)
     random.Random(seed).shuffle(shuffled)

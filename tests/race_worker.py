@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import ident, make_frame  # noqa: E402
 
 from lightmetrics.acceptance.accept import accept_batch  # noqa: E402
-from lightmetrics.composition.config import Settings  # noqa: E402
 from lightmetrics.composition.services import accept_context  # noqa: E402
+from lightmetrics.deployment.settings import Settings  # noqa: E402
 
 
 def main() -> None:

@@ -15,17 +15,17 @@ import boto3
 from conftest import FAST, make_frame
 
 from lightmetrics.acceptance.accept import AcceptContext, accept_batch
-from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import accept_context, work_context
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
 from lightmetrics.reaps import Reaper
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import WorkContext
 
 _NS = 1_000_000_000
 HORIZON_S = 60

@@ -18,9 +18,9 @@ from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.errors import is_transient
 from lightmetrics.aws.s3_store import S3ObjectStore
 from lightmetrics.harness.testing.memory import NO_WAIT, memory_system
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import run_unit
 from lightmetrics.protocol.errors import ResourceAccessError
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import run_unit
 
 TRANSIENT = "RETRY_LATER"
 PERMANENT = "BLOCKED"

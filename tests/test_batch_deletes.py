@@ -24,8 +24,7 @@ from lightmetrics.aws.errors import is_transient
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.aws.s3_deletes import delete_objects
 from lightmetrics.aws.s3_store import bucket_refusal
-from lightmetrics.derived.verify import verify
-from lightmetrics.ops import crashpoints
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.protocol.object_store import StoreAccessError
@@ -33,6 +32,7 @@ from lightmetrics.reaps import gc as gc_module
 from lightmetrics.reaps import retention as retention_module
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.retention import HourRetention
+from lightmetrics.work import crashpoints
 
 BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 

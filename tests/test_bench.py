@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 
 from lightmetrics.aws.s3_store import s3_client_config
-from lightmetrics.deployment.cost_workload import MEASURED_REQUESTS
 from lightmetrics.harness.bench.cost_table import OPERATIONS, measure_operation_costs
 from lightmetrics.local.system import LocalSystem
+from lightmetrics.operator_tools.cost_workload import MEASURED_REQUESTS
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,7 +55,7 @@ def test_cost_table_is_flat_and_matches_the_cost_models_table(runtime):  # type:
     assert all(costs["flat"].values()), costs["operations"]
     for op, by_depth in costs["operations"].items():
         for depth, measured in by_depth.items():
-            # The checked-in table the cost model prices (lightmetrics.deployment.cost_model) is the live count.
+            # The checked-in table the cost model prices (lightmetrics.operator_tools.cost_model) is the live count.
             assert measured["by_api"] == MEASURED_REQUESTS[op], (op, depth)
     assert costs["operations"]["accept.new"]["30"] == {"total": 2, "by_api": {"s3.PutObject": 2}}
     assert [s["depth"] for s in costs["seeding"]] == [10, 30]

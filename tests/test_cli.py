@@ -217,7 +217,7 @@ def _commands(group, path=()):  # type: ignore[no-untyped-def]
 def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand():  # type: ignore[no-untyped-def]
     """Issue 17: the configuration flags are listed once, on ``lmctl``; no subcommand's help repeats them."""
     from lightmetrics.cli.main import cli
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
 
     flags = {f"--{name.replace('_', '-')}" for name in Settings.model_fields}
     assert flags <= {o for p in cli.params for o in p.opts}
@@ -232,12 +232,12 @@ def test_settings_are_flags_of_lmctl_itself_not_repeated_on_every_subcommand(): 
 @pytest.fixture(scope="module")
 def stack(runtime):  # type: ignore[no-untyped-def]
     """A stack on the local runtime whose outputs are the ones infra/stack.py declares
-    (lightmetrics.deployment.stack_outputs), naming a provisioned local system: (stack name, settings, outputs)."""
+    (lightmetrics.operator_tools.stack_outputs), naming a provisioned local system: (stack name, settings, outputs)."""
     import uuid
 
     from lightmetrics.deployment.resources import SPEC
-    from lightmetrics.deployment.stack_outputs import EMPTY_PREFIX, queue_output_key, state_machine_output_key
     from lightmetrics.local.system import LocalSystem
+    from lightmetrics.operator_tools.stack_outputs import EMPTY_PREFIX, queue_output_key, state_machine_output_key
 
     tag = uuid.uuid4().hex[:10]
     system = LocalSystem(runtime, bucket=f"lm-env-{tag}", table=f"lm-env-{tag}", secret_name=f"lm-env/{tag}",

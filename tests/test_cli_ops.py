@@ -13,11 +13,11 @@ from test_cli import LMCTL
 from test_event_path import s3_record
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import sweep_dlqs
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.event_path import process_sqs_record
 from lightmetrics.derived.indexing import KIND_ACCEPTED
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.blocker_actions import sweep_dlqs
 
 
 @pytest.fixture

@@ -14,14 +14,7 @@ from conftest import ALL_BACKENDS, FAST, RecordingMetrics, make_frame
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
-from lightmetrics.acceptance.denylist import DENYLIST_PK, DenylistCache
-from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
-from lightmetrics.aws.control_table import ControlTable
-from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.composition.services import accept_context
-from lightmetrics.derived.indexing import index_quarantine
-from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.conflict_records import (
+from lightmetrics.acceptance.conflict_records import (
     ACCEPT_EXISTING,
     CONFLICTS_PK,
     DENY_IDENTITY,
@@ -32,10 +25,17 @@ from lightmetrics.ops.conflict_records import (
     conflict_id,
     parse_conflict_id,
 )
-from lightmetrics.ops.conflicts import ConflictRegistry
-from lightmetrics.ops.outcome import Outcome
+from lightmetrics.acceptance.conflicts import ConflictRegistry
+from lightmetrics.acceptance.denylist import DENYLIST_PK, DenylistCache
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
+from lightmetrics.aws.control_table import ControlTable
+from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import accept_context
+from lightmetrics.derived.indexing import index_quarantine
+from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.clock import FrozenClock, utc_text
 from lightmetrics.protocol.identity import BatchIdentity
+from lightmetrics.work.outcome import Outcome
 
 T0 = 1_764_000_000_000_000_000
 
@@ -395,8 +395,8 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
 def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, clock):  # type: ignore[no-untyped-def]
     """Issue 17: an operator copies the start of an id; a prefix of one conflict shows it, a prefix
     of several names them and exits 2, a prefix of none exits 2."""
+    from lightmetrics.acceptance.conflict_records import conflict_id
     from lightmetrics.cli.main import cli
-    from lightmetrics.ops.conflict_records import conflict_id
 
     _, one = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-1", 0, 9))
     _, two = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-2", 0, 9))
@@ -419,8 +419,8 @@ def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, c
 def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hashes(system, runtime, clock):  # type: ignore[no-untyped-def]
     """Issue 17: the prefix `conflicts show` takes works for `conflicts resolve` too (an ambiguous or
     unknown one exits 2 saying so, changing nothing), and `conflicts list` prints both sha256 whole."""
+    from lightmetrics.acceptance.conflict_records import conflict_id
     from lightmetrics.cli.main import cli
-    from lightmetrics.ops.conflict_records import conflict_id
 
     made = [make_conflict(system, runtime, clock, BatchIdentity.create("agent-rpx", b, 0, 9)) for b in ("boot-1", "boot-2")]
     ids = [conflict_id(BatchIdentity.create("agent-rpx", b, 0, 9), r.frame_sha256)

@@ -4,7 +4,7 @@ Each job runs whole, through its public entry point: the walk and the reaps as e
 state machines on moto's Step Functions interpreter (tasks in the runtime's function host, their
 S3 and DynamoDB clients counted; states entered and Lambda tasks read from the execution history),
 the reconciler as ``Reconciler.run``. Every run happens at two history depths, and its total must
-equal :func:`lightmetrics.deployment.cost_workload.job_requests` of the units the run did (keys, pages, rounds,
+equal :func:`lightmetrics.operator_tools.cost_workload.job_requests` of the units the run did (keys, pages, rounds,
 partitions, blobs, batches, hours ...), counted from the world the test built: no tolerance. When
 a job changes its request mix, this fails until ``JOB_REQUESTS`` says what the job now costs.
 """
@@ -25,11 +25,11 @@ from walk_support import set_last_modified
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
-from lightmetrics.deployment.cost_workload import JOB_REQUESTS, job_requests
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob, write_raw_blob_entry
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.bench.cost_table import measure_reap, measure_reconcile, measure_walk
 from lightmetrics.local.system import LocalSystem
+from lightmetrics.operator_tools.cost_workload import JOB_REQUESTS, job_requests
 from lightmetrics.protocol.clock import FrozenClock, OffsetClock
 from lightmetrics.protocol.keys import UtcHour
 
@@ -109,7 +109,7 @@ def seed(system: LocalSystem, runtime: Any, shape: Shape) -> None:
 def gc_tombstone_checks(system: LocalSystem, page_size: int) -> int:
     """The tombstone HEADs of a by-time GC over every blob: one per acceptance hour of a page's
     referenced blobs (each page is one task, and a task caches its answers, rule G-R1)."""
-    from lightmetrics.derived.indexing import parse_record
+    from lightmetrics.protocol.manifests import parse_record
 
     ctx = system.work_context(policy=FAST)
     hour_of = {}

@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
-from lightmetrics.deployment.cost_model import estimate, traffic_lines
-from lightmetrics.deployment.cost_workload import (
+from lightmetrics.deployment.pricing import PRICE_TABLE, PRICES, PriceTable
+from lightmetrics.operator_tools.cost_model import estimate, traffic_lines
+from lightmetrics.operator_tools.cost_workload import (
     JOB_REQUESTS,
     MONTH_DAYS,
     MONTH_S,
@@ -21,7 +22,6 @@ from lightmetrics.deployment.cost_workload import (
     job_requests,
     job_units,
 )
-from lightmetrics.deployment.pricing import PRICE_TABLE, PRICES, PriceTable
 
 # A world that is easy to do by hand: 10 batches/s (26,298,000 a month), one month of retention,
 # two months of history, every retention-like period one month; 864 agents whose boots last a day,

@@ -12,8 +12,8 @@ from pipeline_support import H0, accept_indexed, access_for, make_system, varied
 from lightmetrics.protocol.clock import SystemClock, utc_text
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline.jobs import main
-from lightmetrics_pipeline.lease import Lease
-from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.lease import Lease
 
 NEXT = H0.next()  # the reconciler's checkpoint: H0 is closed
 

@@ -36,7 +36,7 @@ from test_infra_pipeline import _assets, _of, _template
 from lightmetrics.local.environment import local_environment
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup.committed import read_committed
 
 NEXT = H0.next()
 DEPLOYED = "<deployed>"  # a reference the deployment resolves (a bucket or table name)

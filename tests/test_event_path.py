@@ -11,6 +11,7 @@ import pytest
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.event_path import process_sqs_record
@@ -18,9 +19,8 @@ from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_R
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.pump import lambda_sqs_event
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.blocker_actions import redrive, resume, retry, skip, sweep_dlqs
-from lightmetrics.ops.outcome import Outcome
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.outcome import Outcome
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 are the architecture, and these rules keep them honest. The protocol core imports only itself;
 nothing outside the adapters (``aws/``) and the composition root (``composition/``) imports boto3 or
 botocore; the Lambda layer and the handlers never import the outer shells (the local runtime, the
-CLI, the agent client, the harnesses, the pipeline); no module imports another's private names.
-A short AST walk, no import is executed."""
+CLI, the agent client, the harnesses, the operator tools, the pipeline); every import points down
+the layers (protocol ← services ← composition ← Lambda shell and outer shells, :data:`LAYERS`); no
+module imports another's private names. A short AST walk, no import is executed."""
 
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ from infra import layer_contents
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "shared" / "lightmetrics"
 # The outer shells (what only operators, tests and benchmarks run) are what the layer leaves out:
-# one list, infra/layer_contents.py; and the pipeline, which no function runs.
+# whole folders, one list, infra/layer_contents.py; and the pipeline, which no function runs.
 OUTER_PATHS = set(layer_contents.OUTER_PACKAGES)
 OUTER_MODULES = (*(f"lightmetrics.{p}" for p in sorted(OUTER_PATHS)), "lightmetrics_pipeline", "pipeline")
 #: the adapters and the composition root: the only folders that may import boto3/botocore
 BOTO_FOLDERS = {"aws", "composition"}
 #: modules outside those folders that import boto3/botocore, each with its reason
 BOTO_EXCEPTIONS = {
-    "ops/work.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
+    "work/units.py": "classifies botocore's transport and client errors as transient (run_unit retries, never "
                    "blocks on them); it imports the exception classes only, never builds a client",
 }
 #: the services: what the protocol is for, reaching storage, queues and executions through ports
-SERVICE_FOLDERS = ("acceptance", "derived", "reaps", "ops", "jobs")
+SERVICE_FOLDERS = ("work", "jobs", "acceptance", "derived", "reaps", "admin")
 #: adapter names a service still imports, (module, "adapter module.name") -> why
 ADAPTER_EXCEPTIONS = {
     ("jobs/kernel.py", "lightmetrics.aws.step_functions.start_continuation"): "the job kernel (the walk's and the "
@@ -35,13 +36,32 @@ ADAPTER_EXCEPTIONS = {
         "start and describe is the follow-up",
     ("jobs/control.py", "lightmetrics.aws.step_functions.execution_history"): "the job control (the walk's and the "
         "reap's) calls the raw Step Functions client (start_execution, describe_execution) too; same follow-up",
-    ("ops/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
+    ("admin/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
         "blocker actions are (ctx.sqs()); a queue port is the follow-up",
-    **{("ops/work.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
+    **{("work/units.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
        "refusal) for every service; see BOTO_EXCEPTIONS" for n in ("describe", "is_transient")},
 }
 #: imports of the protocol core from outside it, each with its reason (none: the ports are pure)
 PROTOCOL_EXCEPTIONS: dict[tuple[str, str], str] = {}
+#: The layers, lowest first: a module imports its own layer's modules and those of the layers below,
+#: never above. protocol ← services ← composition ← Lambda shell and outer shells; the adapters and the
+#: deployment's spec stand on the protocol only, and within the services the work runtime is the
+#: lowest, the job kernel of the walk and the reaps on it, and the operator side (admin/) the highest. Every folder of the package is in one layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("protocol",),
+    ("aws", "deployment"),
+    ("work",),
+    ("jobs",),
+    ("acceptance",),
+    ("derived",),
+    ("reaps",),
+    ("admin",),
+    ("composition",),
+    ("lambda_shell",),
+    tuple(sorted(OUTER_PATHS)),
+)
+#: upward imports still left, (module, imported module) -> why (none: keep it that way)
+LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def imports(path: Path) -> list[tuple[str, list[str], int]]:
@@ -72,7 +92,42 @@ def test_the_package_root_holds_folders_only() -> None:
     loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert loose == []
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
-    assert {"protocol", "acceptance", "derived", "reaps", "ops", "aws", "composition", "lambda_shell"} <= folders
+    assert {"protocol", "work", "jobs", "acceptance", "derived", "reaps", "admin", "aws", "composition", "lambda_shell"} <= folders
+    assert folders == {f for layer in LAYERS for f in layer}, "every folder is in one layer"
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of a ``lightmetrics.<folder>...`` module (None for anything else)."""
+    parts = module.split(".")
+    if parts[0] != "lightmetrics" or len(parts) < 2:
+        return None
+    return next((i for i, layer in enumerate(LAYERS) if parts[1] in layer), None)
+
+
+def imported_modules(path: Path) -> list[str]:
+    """The modules ``path`` imports (``from lightmetrics import aws`` as ``lightmetrics.aws``)."""
+    return [f"{m}.{n}" if m == "lightmetrics" else m for m, names, _ in imports(path) for n in (names or [""])]
+
+
+def upward_imports() -> list[str]:
+    """Every import of a module from a higher layer, as ``<module> imports <imported>``."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        own = layer_of("lightmetrics." + ".".join(p.relative_to(PACKAGE).parts))
+        for m in sorted(set(imported_modules(p))):
+            theirs = layer_of(m)
+            if own is not None and theirs is not None and theirs > own and (rel(p), m) not in LAYER_EXCEPTIONS:
+                found.append(f"{rel(p)} imports {m}")
+    return found
+
+
+def test_every_import_points_down_the_layers() -> None:
+    """Issue 25: the tree is the architecture. Services never import the composition root or the
+    Lambda shell (the handler factories live in lambda_shell/); the work runtime imports no other
+    service; the operator side is imported by nothing in the layer below the composition root."""
+    assert upward_imports() == []
+    stale = [k for k in LAYER_EXCEPTIONS if k[1] not in imported_modules(PACKAGE / k[0])]
+    assert stale == [], "an exception no longer needed"
 
 
 def test_the_protocol_core_imports_only_itself() -> None:
@@ -127,7 +182,9 @@ def test_every_package_is_installed_under_a_lightmetrics_name() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
     folders = {"lightmetrics." + ".".join(p.parent.relative_to(PACKAGE).parts) for p in PACKAGE.rglob("__init__.py")}
-    folders = {f.rstrip(".") for f in folders} | {"lightmetrics_pipeline"}
+    folders = {f.rstrip(".") for f in folders}
+    folders |= {".".join(("lightmetrics_pipeline", *p.parent.relative_to(ROOT / "pipeline").parts))
+                for p in (ROOT / "pipeline").rglob("__init__.py")}
     assert listed == folders
     assert setuptools["package-dir"] == {"lightmetrics": "shared/lightmetrics", "lightmetrics_pipeline": "pipeline"}
 
@@ -188,7 +245,7 @@ def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     """The walk is not vacuous: a planted violation of each kind is found."""
     bad = tmp_path / "bad.py"
     bad.write_text("from lightmetrics.local.server import LocalRuntime\nfrom lightmetrics.cli.ops_cmds import _who\n"
-                   "from lightmetrics_pipeline.audit import run_audit\nfrom lightmetrics.harness.demo import run_demo\n")
+                   "from lightmetrics_pipeline.audit.job import run_audit\nfrom lightmetrics.harness.demo import run_demo\n")
     found = imports(bad)
     assert sum(is_outer(m) for m, _, _ in found) == 4
     assert any(n.startswith("_") for _, names, _ in found for n in names)
@@ -201,3 +258,6 @@ def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
                                     "lightmetrics.aws.s3_store"]
     bad.write_text("def f(ctx):\n    return ctx.store.client.get_object(Bucket='b', Key='k')\n")
     assert client_reach_throughs(bad) == [2]
+    bad.write_text("from lightmetrics.composition.services import work_context\nfrom lightmetrics import admin\n")
+    assert [layer_of(m) for m in imported_modules(bad)] == [LAYERS.index(("composition",)), LAYERS.index(("admin",))]
+    assert layer_of("lightmetrics.work.units") < layer_of("lightmetrics.derived.indexing") < layer_of("lightmetrics.local")

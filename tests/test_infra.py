@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from lightmetrics.composition.config import Settings  # noqa: E402
 from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
 from lightmetrics.deployment.resources import SPEC  # noqa: E402
+from lightmetrics.deployment.settings import Settings  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
 from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
 
@@ -173,7 +173,7 @@ def test_function_spec_validation() -> None:
 
 def test_state_machine_spec_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from lightmetrics.deployment.resource_types import ResourceSpec, StateMachineSpec
-    from lightmetrics.deployment.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
+    from lightmetrics.operator_tools.statemachines import DEFINITIONS_ENV, DefinitionError, render_definition
 
     task = FunctionSpec("t", "m")
     with pytest.raises(ValueError, match=".asl.json"):
@@ -251,7 +251,7 @@ def test_template_inventory(cdk_synth: Any) -> None:
     outputs = set(cdk_synth.json["Outputs"])
     assert {"BucketName", "Prefix", "TableName", "SecretName", "GcRoleArn", "AlarmTopicArn", "IngestUrl"} <= outputs
     # Everything `lmctl env --stack` reads back is an output (issue 17): every queue URL, every state machine.
-    from lightmetrics.deployment.stack_outputs import settings_from_outputs
+    from lightmetrics.operator_tools.stack_outputs import settings_from_outputs
 
     settings = settings_from_outputs({k: "x" for k in outputs})
     assert set(json.loads(settings["LM_QUEUE_URLS"])) == {n for q in SPEC.queues for n in (q.name, q.dlq_name)}
@@ -616,7 +616,7 @@ def test_every_cause_status_calls_stuck_has_an_alarm(cdk_synth: Any) -> None:
     """Issue 23 property 5: what ``lmctl status`` calls stuck, an alarm fires for (docs/runbook.md,
     "What lmctl status calls stuck"): the lag at the same threshold; a shard that never ran, failed
     or stopped (ReconcilerStuck); a retention hour left unfinished (RetentionUnfinished)."""
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.derived.reconcile_state import lag_limit_s
 
     alarms = {render(a["Properties"]["AlarmName"]): a["Properties"]
@@ -640,7 +640,7 @@ def test_alarm_metric_names_are_the_ones_the_code_emits() -> None:
     assert 'name="Ingest5xx"' in handler and 'service="ingest"' in handler
     assert 'os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics")' in handler
     assert 'name="InvariantViolation"' in accept
-    work = (ROOT / "shared" / "lightmetrics" / "ops" / "work.py").read_text()
+    work = (ROOT / "shared" / "lightmetrics" / "work" / "units.py").read_text()
     reconcile = (ROOT / "shared" / "lightmetrics" / "derived" / "reconcile.py").read_text()
     indexing = (ROOT / "shared" / "lightmetrics" / "derived" / "indexing.py").read_text()
     assert 'name="BlockersOpened"' in work and 'name="ReconcilerLagSeconds"' in reconcile
@@ -888,7 +888,7 @@ def test_deployed_definition_equals_what_the_local_runtime_loaded(runtime: Any, 
         spec = next(sm for sm in SPEC.state_machines if p["StateMachineName"] == f"Lightmetrics-{sm.logical_name}")
         # The file itself is what CDK deploys (substitution happens in CloudFormation).
         assert p["DefinitionString"] == (ROOT / "infra" / "statemachines" / spec.definition).read_text()
-        # CloudFormation's DefinitionSubstitutions, done here independently of lightmetrics.deployment.statemachines.
+        # CloudFormation's DefinitionSubstitutions, done here independently of lightmetrics.operator_tools.statemachines.
         names = {ph: fn_by_id[v["Fn::GetAtt"][0]] for ph, v in p["DefinitionSubstitutions"].items()}
         deployed = json.loads(re.sub(r"\$\{([A-Za-z0-9_]+)\}", lambda m: f"function:{names[m.group(1)]}",
                                      p["DefinitionString"]))

@@ -139,7 +139,7 @@ def test_alarms_on_failed_job_runs(cdk_synth: Any) -> None:
 
 
 def test_inventory_configuration_feeds_the_audit(cdk_synth: Any) -> None:
-    from lightmetrics_pipeline.inventory import CONFIG_ID, DEST_PREFIX, FIELDS
+    from lightmetrics_pipeline.inventory.report import CONFIG_ID, DEST_PREFIX, FIELDS
 
     (bucket,) = [r["Properties"] for r in _of(cdk_synth.json, "AWS::S3::Bucket").values()
                  if r["Properties"].get("InventoryConfigurations")]
@@ -202,7 +202,7 @@ def test_the_jobs_bundle_is_synthesized_as_assets(cdk_synth: Any) -> None:
     with zipfile.ZipFile(assets[py_files]) as zf:
         names = zf.namelist()
         assert zf.read("lightmetrics_pipeline/jobs.py") == (ROOT / "pipeline" / "jobs.py").read_bytes()
-    assert {"lightmetrics/ops/leases.py", "lightmetrics_pipeline/jobs.py"} <= set(names) and "lightmetrics_pipeline/emr_main.py" in names
+    assert {"lightmetrics/work/leases.py", "lightmetrics_pipeline/jobs.py"} <= set(names) and "lightmetrics_pipeline/emr_main.py" in names
     assert not any(n.startswith(("pipeline/", "functions/")) for n in names)  # no generic top-level names
     assert not any(n.endswith((".so", ".pyc")) or "__pycache__" in n for n in names)
     with zipfile.ZipFile(assets[archive]) as zf:  # wheels for the job's Python and platform, no Spark

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics_pipeline.rollup import RollupJob
-from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.job import RollupJob
 from lightmetrics_pipeline.s3io import store
 
 
@@ -105,8 +105,8 @@ def test_manifests_table_and_the_current_view(cdk_synth) -> None:  # type: ignor
 def test_the_job_builds_no_generation_the_catalog_does_not_project() -> None:
     # Issue 27 item 9: an hour rebuilt past the projected range dropped out of rollups_current.
     from infra.components.rollup_catalog import MAX_PROJECTED_GENERATION
-    from lightmetrics_pipeline.rollup_parquet import MAX_GENERATION
-    from lightmetrics_pipeline.rollup_plan import decide
+    from lightmetrics_pipeline.rollup.parquet import MAX_GENERATION
+    from lightmetrics_pipeline.rollup.plan import decide
 
     assert MAX_PROJECTED_GENERATION == MAX_GENERATION
     committed = {"generation": MAX_GENERATION - 1, "supersedes": MAX_GENERATION - 2, "inputs": {"sha256": "a"}}

@@ -74,8 +74,8 @@ def test_refused_requests_write_nothing(ingest_env, runtime):  # type: ignore[no
 
 
 def test_s3_failing_is_503_with_retry_after(ingest_env):  # type: ignore[no-untyped-def]
-    from lightmetrics.composition.hosting import hosted
     from lightmetrics.local.hosting import host_from_env
+    from lightmetrics.protocol.hosting import hosted
 
     app.reset()
     # The local runtime injects LM_FAULTS into the clients of the functions it hosts (the function

@@ -16,9 +16,9 @@ from pipeline_support import access_for, make_system
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.derived.verify import verify
 from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics_pipeline import inventory as inv_report
@@ -121,7 +121,7 @@ def test_every_rule_has_one_name_a_severity_and_a_checker() -> None:
 def test_the_protocol_table_lists_exactly_the_catalogue() -> None:
     """docs/protocol.md §13.1: one row per rule, in the catalogue's order, with its severity and
     checkers; the audit's rules name their output folder; and each rule's meaning follows the table."""
-    from lightmetrics_pipeline.audit_confirm import CATEGORY_OF_RULE
+    from lightmetrics_pipeline.audit.confirm import CATEGORY_OF_RULE
 
     text = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
     section = text.split("### 13.1 ", 1)[1].split("\n## ", 1)[0]

@@ -203,7 +203,8 @@ def test_property_10_walk_and_reap_controls_refuse_a_missing_bucket_before_start
 
 def test_property_10_pipeline_listings_raise_for_a_missing_bucket(runtime):  # type: ignore[no-untyped-def]
     from lightmetrics.protocol.errors import ResourceAccessError
-    from lightmetrics_pipeline import inventory, s3io
+    from lightmetrics_pipeline import s3io
+    from lightmetrics_pipeline.inventory import report as inventory
 
     missing = f"lm-missing-{uuid.uuid4().hex[:8]}"
     access = s3io.S3Access(bucket=missing, endpoint_url=runtime.endpoint_url, region="us-east-1",
@@ -443,7 +444,7 @@ def test_property_12_every_import_a_deployed_function_can_reach_is_in_the_layer(
     """The static side of the sandbox test: lazy imports on paths no sample event takes count too."""
     shipped = {top.removesuffix(".py").split(".")[0] for d in layer_distributions().values() for top in top_level_entries(d)}
     closure = deployed_closure()
-    assert "lightmetrics.ops.status" in closure and "lightmetrics.reaps" in closure  # the walk reaches lazy imports
+    assert "lightmetrics.admin.status" in closure and "lightmetrics.reaps" in closure  # the walk reaches lazy imports
     missing = third_party_imports(closure) - shipped
     assert not missing, f"deployed code imports packages the layer does not ship: {sorted(missing)}"
     local = sorted(m for m in closure if m.startswith(("lightmetrics.local", "lightmetrics.cli", "lightmetrics.harness.bench")))
@@ -509,10 +510,10 @@ def test_property_13_a_deployed_handler_ignores_test_switches_in_its_environment
 
 def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it_hosts(bucket, monkeypatch):  # type: ignore[no-untyped-def]
     """The features the demo, the soak and the benchmarks rely on, now supplied by the host."""
-    from lightmetrics.composition import hosting
-    from lightmetrics.composition.config import Settings
     from lightmetrics.composition.services import accept_context, work_context
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.local.server import LocalRuntime
+    from lightmetrics.protocol import hosting
 
     monkeypatch.setenv("LM_CLOCK_OFFSET_S", "600")
     monkeypatch.setenv("LM_FAULTS", json.dumps([{"fault": "503", "operation": "PutObject", "times": -1}]))
@@ -537,11 +538,13 @@ def test_property_13_the_local_runtime_is_what_injects_the_switches_into_what_it
 
 
 def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -> None:
-    from lightmetrics.composition.config import DEFAULT_CLOCK_SKEW_S, Settings, longest_accept_s, longest_reap_task_s
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
     from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.deployment.settings import Settings
+    from lightmetrics.deployment.timeouts import longest_accept_s, longest_reap_task_s
     from lightmetrics.local.hosting import host_from_env
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import DEFAULT_CLOCK_SKEW_S
 
     assert longest_accept_s() == SPEC.function("ingest").timeout_s
     bound = longest_accept_s() + DEFAULT_CLOCK_SKEW_S
@@ -569,9 +572,9 @@ def test_property_14_gc_grace_must_exceed_the_longest_accept_plus_clock_skew() -
 
 def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_configuration(system, monkeypatch):  # type: ignore[no-untyped-def]
     from functions.reconcile import app as reconcile_app
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
     from lightmetrics.local.function_host import LambdaContext
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
 
     for name, value in system.environment().items():
         monkeypatch.setenv(name, value)
@@ -585,11 +588,11 @@ def test_property_14_a_deployed_function_refuses_to_start_with_a_violating_confi
 
 
 def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() -> None:
-    from lightmetrics.composition.config import TOMBSTONE_CACHE_S, check_tombstone_wait
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
-    from lightmetrics.derived.indexing import TombstoneCache
     from lightmetrics.local.hosting import host_from_env
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import TOMBSTONE_CACHE_S, check_tombstone_wait
+    from lightmetrics.protocol.tombstones import TombstoneCache
 
     assert TombstoneCache(None, None).ttl_s == TOMBSTONE_CACHE_S  # the rule and the cache share one number
     with hosted(DEPLOYED):
@@ -603,8 +606,8 @@ def test_property_14_tombstone_wait_must_exceed_the_writers_tombstone_cache() ->
 
 
 def test_property_14_a_reap_input_with_a_short_tombstone_wait_is_refused_at_begin() -> None:
-    from lightmetrics.composition.config import TOMBSTONE_CACHE_S
-    from lightmetrics.composition.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.hosting import DEPLOYED, hosted
+    from lightmetrics.protocol.timing import TOMBSTONE_CACHE_S
     from lightmetrics.reaps import InvalidReapInput, ReapParams
 
     base = {"mode": "retention", "dry_run": False}

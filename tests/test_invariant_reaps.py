@@ -2,7 +2,7 @@
 
 Every test runs the reap's real task methods against the moto server (``reap_support.drive``,
 the state machine's loop in Python) and interleaves with crash-point hooks
-(:mod:`lightmetrics.ops.crashpoints`) and a FrozenClock, as tests/test_reap_crash.py does.
+(:mod:`lightmetrics.work.crashpoints`) and a FrozenClock, as tests/test_reap_crash.py does.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from conftest import ident
 from reap_support import OLD_NS, RETENTION_S, World, drive, make_world, request_recorder
 from test_retention_ranges import plan
 
+from lightmetrics.admin.blocker_actions import resume, skip
 from lightmetrics.derived.walk import InvalidWalkInput, WalkParams
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.blocker_actions import resume, skip
 from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
@@ -31,6 +30,7 @@ from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_marks import decode_mark
 from lightmetrics.reaps.gc_proof import Proof
 from lightmetrics.reaps.mark_settle import CandidatePage
+from lightmetrics.work import crashpoints
 
 _NS = 1_000_000_000
 HOUR = UtcHour.of_unix_ns(OLD_NS)

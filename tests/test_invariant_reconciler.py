@@ -14,15 +14,15 @@ import pytest
 from conftest import FAST, T0_NS, consume_all, ident, make_frame
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import retry
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, index_accepted
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.blocker_actions import retry
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.retry_budget import RetryBudget
 
 H0 = UtcHour.of_unix_ns(T0_NS)  # 2025-11-24T16, the test's "now" hour
 _NS = 1_000_000_000

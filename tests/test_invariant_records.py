@@ -16,17 +16,17 @@ from conftest import ident, make_frame
 from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.derived.indexing import KIND_REPAIR, index_accepted, index_raw_blob, repair_accepted
-from lightmetrics.derived.verify import verify
-from lightmetrics.ops.blocker_actions import skip
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import run_unit, work_key
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
 from lightmetrics.reaps.retention import ReapedMarker, RetentionTombstone
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import run_unit, work_key
 
 _NS = 1_000_000_000
 
@@ -106,7 +106,7 @@ def test_property_1_gc_never_deletes_or_hides_a_blob_that_an_acceptance_record_n
 
 
 def test_property_1_the_audit_never_lists_a_blob_of_an_unreadable_record_as_an_orphan(bucket: str, runtime) -> None:  # type: ignore[no-untyped-def]
-    from lightmetrics_pipeline.audit_confirm import check_orphan
+    from lightmetrics_pipeline.audit.confirm import check_orphan
     from lightmetrics_pipeline.s3io import S3Access
 
     w = make_world(bucket)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, bearer_token, mint_token, verify_token
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import AuthError, ConfigError, InvalidIdentityError, KeyLayoutError
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id, id_to_hex
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyCodec, KeyKind, UtcHour, encode_metric, layout_root
@@ -235,7 +235,7 @@ def test_token_keys_cache_bounds_staleness():  # type: ignore[no-untyped-def]
 def test_the_stacks_empty_prefix_output_is_accepted_as_no_prefix() -> None:
     """Issue 17: the stack's ``Prefix`` output is the literal ``(empty)`` when there is no prefix
     (CloudFormation refuses an empty output); ``LM_PREFIX`` takes that value as ""."""
-    from lightmetrics.composition.config import EMPTY_PREFIX, Settings
+    from lightmetrics.deployment.settings import EMPTY_PREFIX, Settings
 
     assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": EMPTY_PREFIX}).prefix == ""
     assert Settings.from_env({"LM_BUCKET": "lm-bucket", "LM_PREFIX": "prod/"}).prefix == "prod/"

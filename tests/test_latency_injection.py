@@ -9,12 +9,12 @@ import pytest
 from conftest import ident, make_frame
 
 from lightmetrics.acceptance.accept import AcceptStatus, accept_batch
-from lightmetrics.composition.config import Settings
-from lightmetrics.composition.hosting import hosted
 from lightmetrics.composition.services import s3_client
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.harness.testing.faults import FaultRule
 from lightmetrics.harness.testing.latency import LatencyInjector, install_from_env, settings_from_env
 from lightmetrics.local.hosting import host_from_env
+from lightmetrics.protocol.hosting import hosted
 
 
 def test_in_flight_requests_never_exceed_the_cap_and_reach_it(s3, bucket):  # type: ignore[no-untyped-def]

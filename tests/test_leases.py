@@ -1,4 +1,4 @@
-"""The one lease implementation (lightmetrics.ops.leases): take, renew, release and the fence, on moto's
+"""The one lease implementation (lightmetrics.work.leases): take, renew, release and the fence, on moto's
 DynamoDB, with real threads racing for one lease."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from reap_support import make_table, session
 
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.jobs.kernel import Lease
-from lightmetrics.ops.leases import (
+from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.control_store import Op, TransactionCancelled
+from lightmetrics.work.leases import (
     Fence,
     LeaseHeld,
     LeaseLost,
@@ -22,8 +24,6 @@ from lightmetrics.ops.leases import (
     renewal,
     take,
 )
-from lightmetrics.protocol.clock import FrozenClock
-from lightmetrics.protocol.control_store import Op, TransactionCancelled
 
 _NS = 1_000_000_000
 PK = lease_pk("test")

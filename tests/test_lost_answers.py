@@ -18,6 +18,7 @@ from conftest import ident
 from memory_support import memory_world, walk
 from reap_support import drive, make_table, make_world, session
 
+from lightmetrics.acceptance.conflict_records import ConflictEntry, register
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.derived.hour_ranges import RangePlans
@@ -26,17 +27,16 @@ from lightmetrics.derived.reconcile_state import CHECKPOINT_SK, write_checkpoint
 from lightmetrics.derived.walk import Walker, read_watermarks
 from lightmetrics.derived.walk.state import set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
-from lightmetrics.ops import leases
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.conflict_records import ConflictEntry, register
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.retry_budget import RetryBudget
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WRITE_TOKEN, WrittenByOther, put_own, update_own
 from lightmetrics.reaps import Reaper
 from lightmetrics.reaps.retention_ranges import RangeTask
+from lightmetrics.work import leases
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.retry_budget import RetryBudget
 
 _NS = 1_000_000_000
 NOW = 1_764_000_000 * _NS

@@ -15,13 +15,13 @@ from reap_support import drive
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.derived.indexing import index_quarantine
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import LeaseLost, take
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
 from lightmetrics.reaps import gc_proof as gcm
 from lightmetrics.reaps.gc import CP_PURGED_MARKERS, BlobCollector
 from lightmetrics.reaps.params import LEASE_PK
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import LeaseLost, take
 
 _NS = 1_000_000_000
 

@@ -9,8 +9,8 @@ from conftest import ident
 from memory_support import memory_world
 from reap_support import drive
 
-from lightmetrics.derived.verify import verify
 from lightmetrics.harness.testing.memory import T0_NS
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
 
@@ -95,7 +95,7 @@ def test_a_skipped_stray_key_under_an_hour_never_stops_its_retention() -> None:
     ``accepted-by-time`` prefix blocks only itself; once an operator skips its blocker, the next reap
     deletes it and reaps the hour (before the fix, every later reap of the hour failed on the skipped
     key with KeyLayoutError)."""
-    from lightmetrics.ops.blocker_actions import skip
+    from lightmetrics.admin.blocker_actions import skip
 
     w, old, _ = _two_hours()
     w.cover_watermark()

@@ -9,11 +9,11 @@ import pytest
 from conftest import ident
 from memory_support import memory_world, walk
 
-from lightmetrics.derived.verify import verify
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.derived.walk import INDEXES, PRESENCE_WALK_INDEXES, Walker, WalkRetryLater, read_watermarks
-from lightmetrics.ops.blocker_actions import skip
-from lightmetrics.ops.leases import LeaseLost
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.leases import LeaseLost
 
 _NS = 1_000_000_000
 

@@ -19,8 +19,8 @@ from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import inventory as inv
-from lightmetrics_pipeline.audit import read_findings, run_audit
+from lightmetrics_pipeline.audit.job import read_findings, run_audit
+from lightmetrics_pipeline.inventory import report as inv
 from lightmetrics_pipeline.synthetic import generate_inventory
 
 HORIZON_S = 7 * 86400
@@ -266,7 +266,7 @@ def test_audit_key_patterns_agree_with_the_key_codec() -> None:
 
     from lightmetrics.protocol.identity import BatchIdentity, id_to_hex
     from lightmetrics.protocol.keys import KeyCodec, UtcHour
-    from lightmetrics_pipeline.audit import KINDS
+    from lightmetrics_pipeline.audit.job import KINDS
 
     codec = KeyCodec()
     ident = BatchIdentity.create("agent-é", "boot/ish".replace("/", "-"), 7, 10**19)

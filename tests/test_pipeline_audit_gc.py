@@ -15,8 +15,8 @@ from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.reaps.gc_marks import page_ops
-from lightmetrics_pipeline import inventory as inv
-from lightmetrics_pipeline.audit import MarkedBlobs, gc_marked_blobs, run_audit
+from lightmetrics_pipeline.audit.job import MarkedBlobs, gc_marked_blobs, run_audit
+from lightmetrics_pipeline.inventory import report as inv
 
 VIOLATIONS = ("integrity", "derived-without-source")
 

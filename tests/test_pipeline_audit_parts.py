@@ -9,8 +9,8 @@ import json
 from conftest import T0_NS
 from pipeline_support import access_for, make_system
 
-from lightmetrics_pipeline import inventory as inv
-from lightmetrics_pipeline.audit import read_findings, run_audit
+from lightmetrics_pipeline.audit.job import read_findings, run_audit
+from lightmetrics_pipeline.inventory import report as inv
 from lightmetrics_pipeline.synthetic import generate_inventory
 
 

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from lightmetrics_pipeline import inventory as inv
+from lightmetrics_pipeline.inventory import report as inv
 
 KEYS = [
     "accepted/v1/agent=61/boot=62/00000000000000000000-00000000000000000009.json",

@@ -18,7 +18,7 @@ from pipeline_support import accept_indexed, make_system, varied_samples
 
 from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
 from lightmetrics.derived.walk import INDEXES, read_watermarks
-from lightmetrics_pipeline.audit import read_findings
+from lightmetrics_pipeline.audit.job import read_findings
 from lightmetrics_pipeline.jobs import main as job_main
 from lightmetrics_pipeline.s3io import S3Access
 
@@ -107,8 +107,8 @@ def test_an_entry_lost_behind_the_systems_back_is_missing_derived_after_the_sche
 def test_an_audits_watermarks_cost_at_most_four_conditional_updates_and_never_move_back() -> None:
     """The cost of W6, counted (no Spark): one ``UpdateItem`` per proven index, nothing per record;
     an older inventory's plan moves nothing; a withheld index is not written."""
-    from lightmetrics.derived.audit_watermarks import apply_watermarks, plan_watermarks
     from lightmetrics.harness.testing.memory.control_table import InMemoryControlTable
+    from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
 
     table = InMemoryControlTable()
     week = plan_watermarks({"creation_timestamp_ms": 1_764_000_000_000}, 900, {})

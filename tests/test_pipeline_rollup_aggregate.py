@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pipeline_support import SPECIAL, oracle_chunks, sample_frame, tricky_sample_rows
 
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import sketch as SK
-from lightmetrics_pipeline import window_agg as W
-from lightmetrics_pipeline.aggregate import chunk_rows, encode_chunk_row
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import sketch as SK
+from lightmetrics_pipeline.rollup import window_agg as W
+from lightmetrics_pipeline.rollup.aggregate import chunk_rows, encode_chunk_row
 
 
 @settings(max_examples=300, deadline=None)

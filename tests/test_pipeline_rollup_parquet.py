@@ -28,15 +28,15 @@ from pipeline_support import (
 from lightmetrics.protocol.frame import Sample
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
-from lightmetrics_pipeline import chunks as C
-from lightmetrics_pipeline import rollup_parquet as P
-from lightmetrics_pipeline import sketch as SK
-from lightmetrics_pipeline import window_agg as W
-from lightmetrics_pipeline.aggregate import chunk_rows
-from lightmetrics_pipeline.query import run_query
-from lightmetrics_pipeline.rollup import RollupJob
-from lightmetrics_pipeline.rollup_committed import read_committed
-from lightmetrics_pipeline.rollup_plan import NondeterministicRollup
+from lightmetrics_pipeline.rollup import chunks as C
+from lightmetrics_pipeline.rollup import parquet as P
+from lightmetrics_pipeline.rollup import sketch as SK
+from lightmetrics_pipeline.rollup import window_agg as W
+from lightmetrics_pipeline.rollup.aggregate import chunk_rows
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.job import RollupJob
+from lightmetrics_pipeline.rollup.plan import NondeterministicRollup
+from lightmetrics_pipeline.rollup.query import run_query
 from lightmetrics_pipeline.s3io import store
 
 NEXT = H0.next()
@@ -172,7 +172,7 @@ def test_a_generation_committed_with_a_v3_manifest_is_read_and_recomputed_as_v3(
                                                                               monkeypatch):  # type: ignore[no-untyped-def]
     # Issue 27 item 8: new manifests name the hour acceptance_hour (v4); those committed as v3 stay
     # readable, and a recompute writes their own bytes again (the manifest's create answers 412).
-    from lightmetrics_pipeline import rollup_manifest as RM
+    from lightmetrics_pipeline.rollup import manifest as RM
 
     accept_indexed(system, runtime, clock, _ident(1), _many_series(3))
     access = access_for(system, runtime, "pipeline-v3-manifest")

@@ -6,9 +6,9 @@ import pytest
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics_pipeline import rollup as R
-from lightmetrics_pipeline.rollup import RollupJob, tasks_for
-from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup import job as R
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.job import RollupJob, tasks_for
 
 NEXT = H0.next()
 
@@ -49,9 +49,9 @@ def test_a_v1_manifest_is_read_and_compared_as_the_same_chunks() -> None:
     import json
 
     from lightmetrics.protocol.keys import KeyCodec
-    from lightmetrics_pipeline import chunks as C
-    from lightmetrics_pipeline import rollup_manifest as RM
-    from lightmetrics_pipeline.rollup_committed import same_chunks
+    from lightmetrics_pipeline.rollup import chunks as C
+    from lightmetrics_pipeline.rollup import manifest as RM
+    from lightmetrics_pipeline.rollup.committed import same_chunks
 
     codec = KeyCodec("")
     docs = [{"chunk_id": f"{i:064x}", "window": w, "metric": f"m{i % 3}", "labels": [["host", f"h{i}"]],

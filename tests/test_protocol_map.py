@@ -196,7 +196,7 @@ def test_the_protocol_names_no_module_setting_or_metric() -> None:
 
 
 def test_every_setting_is_read_where_the_map_says_with_its_default() -> None:
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
 
     for _, setting_cell, default_cell, module_cell in table("Settings"):
         (setting,) = paths(setting_cell)

@@ -16,7 +16,7 @@ from reap_support import OLD_NS, World, drive, make_world
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.derived.indexing import index_accepted, index_quarantine
-from lightmetrics.derived.verify import verify
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.gc import BlobCollector
 
@@ -223,7 +223,7 @@ def test_second_reap_is_refused_while_the_lease_is_held(bucket: str) -> None:
 
 
 def _commit_audit(w: World, run_id: str, at_s: int, blob_keys: list[str]) -> None:
-    """What a committed audit run leaves (pipeline/audit.py): its orphan candidates, its summary,
+    """What a committed audit run leaves (pipeline/audit/job.py): its orphan candidates, its summary,
     then its commit marker."""
     run = w.ctx.codec.audit_run(run_id)
     w.ctx.store.put_if_absent(f"{run}orphan-blob-candidates/part-00000.jsonl",
@@ -285,7 +285,7 @@ def test_an_audit_run_id_is_validated() -> None:
 def test_a_latest_run_with_nothing_new_still_settles_marks_a_failed_reap_left(bucket: str) -> None:
     """A reap that failed after marking leaves delete markers on blobs; the next scheduled run
     settles them (G-I3) even when its audit was proven already, instead of a week later."""
-    from lightmetrics.ops import crashpoints
+    from lightmetrics.work import crashpoints
 
     w = make_world(bucket)
     orphan = w.orphan(ident(31))

@@ -1,6 +1,6 @@
 """Crash safety of the reaps (issue 6, item 4): a kill at every registered crash point, then resume.
 
-The registry is :data:`lightmetrics.ops.crashpoints.REGISTRY` — every durable step of gc.py,
+The registry is :data:`lightmetrics.work.crashpoints.REGISTRY` — every durable step of gc.py,
 retention.py and reap.py registers its point there. For each point, a fresh world (an orphan, an
 expired hour with three accepted batches and their derived entries, and a second expired hour
 whose one record vanished) runs a GC reap and then retention reaps of those hours; the injected
@@ -24,11 +24,11 @@ from conftest import ALL_BACKENDS, ident
 from reap_support import OLD_NS, World, drive, drive_from, make_world, rollup_keys
 
 import lightmetrics.reaps  # noqa: F401  (registers the reap's points)
-from lightmetrics.derived.verify import verify
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.harness.testing.crashes import CRASH_ENV
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.blocker_actions import skip
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work import crashpoints
 
 BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 

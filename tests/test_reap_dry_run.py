@@ -16,8 +16,8 @@ from conftest import ident
 from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.cli.reap_cmds import report_rows
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.work import crashpoints
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 GC = {"mode": "gc", "dry_run": True}

@@ -26,10 +26,10 @@ from conftest import FAST, ident, make_frame
 from reap_support import make_world
 
 from lightmetrics.acceptance.accept import AcceptContext, accept_batch
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.object_store import ObjectStore
 from lightmetrics.reaps import gc as gc_module
 from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.work import crashpoints
 
 ACCEPT_POINTS = ("accept.before-blob-put", "accept.after-blob-put", "accept.after-manifest-put",
                  "accept.after-blob-head")

@@ -24,10 +24,10 @@ from test_retention_ranges import plan
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, LeaseLost
+from lightmetrics.work import crashpoints
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 RETENTION = {"mode": "retention", "dry_run": False, "tombstone_wait_s": 0}

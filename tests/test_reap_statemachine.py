@@ -19,10 +19,10 @@ from reap_support import OLD_NS
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.derived.verify import verify
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.local.system import LocalSystem
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock, OffsetClock
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper

@@ -15,9 +15,9 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed
 from test_reconcile_budget import FailingGets, entries_by_key, stamp_as_written_before_the_newest
 
+from lightmetrics.admin import blocker_actions
 from lightmetrics.derived import reconcile, reconcile_state
 from lightmetrics.derived.indexing import KIND_REPAIR
-from lightmetrics.ops import blocker_actions
 
 ENTRIES = 12
 CAP = 4  # entries per run

@@ -18,9 +18,9 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import CP_BY_BLOB_WRITTEN, index_accepted, index_raw_blob
 from lightmetrics.derived.reconcile import CP_HOUR_SAVED
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.outcome import PermanentWorkError
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work import crashpoints
+from lightmetrics.work.outcome import PermanentWorkError
 
 _NS = 1_000_000_000
 

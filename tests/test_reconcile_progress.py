@@ -21,9 +21,9 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.derived import reconcile, reconcile_state
 from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED
 from lightmetrics.derived.reconcile_state import FAILED_ENTRIES_MAX
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.identity import MAX_ID_BYTES, BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.work import crashpoints
 
 #: saves inside an hour every N checked entries, in these tests
 N = 4
@@ -185,6 +185,6 @@ def test_the_checkpoint_with_every_failure_it_may_list_stays_far_below_the_item_
 
 
 def test_the_cost_model_saves_as_often_as_the_reconciler():  # type: ignore[no-untyped-def]
-    from lightmetrics.deployment.cost_workload import Assumptions
+    from lightmetrics.operator_tools.cost_workload import Assumptions
 
     assert Assumptions().reconcile_save_every == reconcile.SAVE_EVERY_ENTRIES

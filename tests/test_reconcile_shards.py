@@ -21,8 +21,9 @@ from test_reconcile import H0, make_system, purge
 from test_reconcile_bounded import accept_indexed, seed_history
 from walk_support import set_last_modified
 
+from lightmetrics.admin.status import system_status
 from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.composition.config import MAX_RECONCILE_SHARDS, Settings
+from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived import reconcile
 from lightmetrics.derived.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
 from lightmetrics.derived.reconcile import CP_PROGRESS_SAVED
@@ -33,10 +34,9 @@ from lightmetrics.derived.reconcile_state import (
     checkpoint_sk,
     read_shard_checkpoints,
 )
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.status import system_status
 from lightmetrics.protocol.errors import ConfigError
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work import crashpoints
 
 _NS = 1_000_000_000
 HOUR_NS = 3600 * _NS

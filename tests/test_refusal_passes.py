@@ -22,11 +22,11 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_REPAIR, index_accepted, raw_blob_entry
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
-from lightmetrics.ops.blockers import Blocker
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import run_unit
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.retention import KIND_RETENTION
+from lightmetrics.work.blockers import Blocker
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import run_unit
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 RETENTION = {"mode": "retention", "dry_run": False, "hour": str(HOUR), "tombstone_wait_s": 0}
@@ -220,7 +220,7 @@ def test_a_refusal_that_passes_is_resolved_by_the_next_walk(  # type: ignore[no-
     from test_walk import accept_all, run_walk
 
     from lightmetrics.derived.walk import steps
-    from lightmetrics.ops.work import work_key
+    from lightmetrics.work.units import work_key
 
     monkeypatch.setattr(steps, "RECHECK_MAX", 2)
 
@@ -265,7 +265,7 @@ def test_a_shortcut_never_resolves_a_blocker_in_general() -> None:
     nothing. In-memory adapters: the rule lives in run_unit alone."""
     from memory_support import memory_world
 
-    from lightmetrics.ops.outcome import PermanentWorkError
+    from lightmetrics.work.outcome import PermanentWorkError
 
     ctx = memory_world().ctx
     ran: list[str] = []

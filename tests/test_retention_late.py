@@ -19,15 +19,16 @@ from conftest import ALL_BACKENDS, FAST, ident
 from reap_support import OLD_NS, World, drive, make_world, session
 
 from lightmetrics.composition.services import work_context
-from lightmetrics.derived.indexing import TombstoneCache, write_accepted_entries
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.work import WorkContext
+from lightmetrics.derived.indexing import write_accepted_entries
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.reaps import CHECKPOINT_PK
 from lightmetrics.reaps.gc import BlobCollector
 from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, Proof
 from lightmetrics.reaps.retention import HourRetention, PageRecords
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import WorkContext
 
 BACKENDS = ALL_BACKENDS  # storage semantics: every test runs on moto and on MiniStack
 

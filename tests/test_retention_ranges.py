@@ -38,11 +38,10 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.hour_ranges import RangePlans, equal_count_cuts
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob, write_accepted_entries
-from lightmetrics.derived.verify import verify
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.bench.cost_table import execution_counts
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops import crashpoints
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock, OffsetClock
 from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.keys import UtcHour
@@ -57,6 +56,7 @@ from lightmetrics.reaps import (
 )
 from lightmetrics.reaps.gc_marks import decode_marks_item
 from lightmetrics.reaps.retention_ranges import RANGE_PK
+from lightmetrics.work import crashpoints
 
 #: A representative core on MiniStack too: the ranges' deletes, a lost lease, a late entry, two tasks at once,
 #: a resumed reap — their storage steps. The cost counts, crash points (every step; tests/test_reap_crash.py
@@ -381,7 +381,7 @@ def test_a_reap_of_four_ranges_continues_into_new_executions_and_finishes(system
 
 class InRangeTask:
     """``drive``'s ``before_task``: remembers, in the task's context (which the task's request pools
-    copy, ``lightmetrics.ops.pool``), whether it is a range task — so a crash-point hook knows where it
+    copy, ``lightmetrics.work.pool``), whether it is a range task — so a crash-point hook knows where it
     fired — and which ranges ran."""
 
     def __init__(self) -> None:

@@ -25,9 +25,9 @@ from conftest import T0_NS
 from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
 from lightmetrics.protocol.identity import BatchIdentity
-from lightmetrics_pipeline.query import run_query
-from lightmetrics_pipeline.rollup import RollupJob
-from lightmetrics_pipeline.rollup_committed import read_committed
+from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.job import RollupJob
+from lightmetrics_pipeline.rollup.query import run_query
 
 _BITS = struct.Struct(">d").pack
 
@@ -76,7 +76,7 @@ def _default_reads(root: Path, hour: str) -> None:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from lightmetrics_pipeline import rollup_manifest as RM
+    from lightmetrics_pipeline.rollup import manifest as RM
 
     got = duckdb.sql(f"SELECT schema, acceptance_hour, hour, generation FROM read_json('{root}/manifests/v1/*/*/*.json') "
                      "ORDER BY generation").fetchall()
@@ -93,7 +93,7 @@ def _default_reads(root: Path, hour: str) -> None:
 
 def test_the_named_query_run_by_duckdb_returns_exactly_lmctl_query_rows(cdk_synth, runtime, clock, spark, tmp_path,
                                                                         monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from lightmetrics_pipeline import rollup_manifest as RM
+    from lightmetrics_pipeline.rollup import manifest as RM
 
     system = make_system(runtime, clock)
     for n in range(2):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lightmetrics.harness.sim import run_many, run_seed
-from lightmetrics.ops import crashpoints
+from lightmetrics.work import crashpoints
 
 #: fixed seeds of the bounded run (about 0.3 s each on one core)
 FIXED_SEEDS = list(range(1, 31))

@@ -5,7 +5,7 @@ pipeline's own confirmation through the world's store.
 * **Contract.** ``harness/sim/audit_inventory.InventoryView`` models the audit's classification and
   candidate joins over S3's listing. The real ``classify`` + ``candidate_rows`` run in Spark over the
   same listing as an inventory, in a world holding every kind of candidate; the two row sets agree.
-* **Real confirmation.** The actor's findings come from ``audit_confirm.confirm`` reading through
+* **Real confirmation.** The actor's findings come from ``audit.confirm.confirm`` reading through
   the ``S3Access`` it carries (``object_store``): the newer writer's record is unreadable unless the
   image is upgraded, and a missing entry is found.
 """
@@ -16,13 +16,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lightmetrics.acceptance.accept import accept_batch
-from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob, parse_record
+from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
 from lightmetrics.harness.sim.audit_actor import confirmed_findings, watermark_inputs
 from lightmetrics.harness.sim.audit_inventory import InventoryView
 from lightmetrics.harness.sim.world import World, build_world, frame, identity
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline.audit_confirm import CANDIDATE_COLUMNS
+from lightmetrics.protocol.manifests import parse_record
+from lightmetrics_pipeline.audit.confirm import CANDIDATE_COLUMNS
 
 _NS = 1_000_000_000
 
@@ -77,8 +78,8 @@ def _normal(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def test_the_modelled_spark_stages_select_exactly_the_real_candidate_rows(spark: Any) -> None:
-    from lightmetrics_pipeline.audit_candidates import candidate_rows
-    from lightmetrics_pipeline.audit_classify import classify
+    from lightmetrics_pipeline.audit.candidates import candidate_rows
+    from lightmetrics_pipeline.audit.classify import classify
 
     world = _world_with_every_candidate()
     view = InventoryView(world)

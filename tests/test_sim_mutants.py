@@ -68,19 +68,19 @@ MUTANTS = {
     # a unit's success cleared its retry budget only when the caller knew it failed, not when this
     # process had recorded the failure (fixed in 9156b59: O1a)
     "a-success-does-not-clear-the-retry-budget-this-process-counted": (
-        "lightmetrics/ops/retry_budget.py",
+        "lightmetrics/work/retry_budget.py",
         "            return work_key in self._recorded\n",
         "            return False\n"),
     # a refusal (403 AccessDenied) that passed kept its blocker open for good: run_unit did not
     # resolve it when the unit's full check succeeded (fixed in bf86467: O4)
     "a-passing-refusal-blocks-for-good": (
-        "lightmetrics/ops/work.py",
+        "lightmetrics/work/units.py",
         "    if failed_before:\n        try:\n            ctx.blockers.resolve_by_success",
         "    if False:\n        try:\n            ctx.blockers.resolve_by_success"),
     # a resolve whose conditional create's answer was lost, retried into its own record, called it
     # another's: ConflictAlreadyResolved for the operator's own decision (§11.1 CW3, §14 rule 1)
     "a-resolve-reads-its-own-lost-create-as-already-resolved": (
-        "lightmetrics/ops/conflicts.py",
+        "lightmetrics/acceptance/conflicts.py",
         "            mine = landed_earlier(self.store, key, body, created)\n",
         "            mine = False\n"),
     # a deny decision whose create's answer was lost re-created the entry after a lift had deleted it,
@@ -92,7 +92,7 @@ MUTANTS = {
     # the audit's confirmation took a record it cannot read (a newer writer's) for one that is gone,
     # so nothing withheld the watermarks it may lack entries below (§13 W6: unreadable keeps every W)
     "an-audit-proves-past-a-record-it-cannot-read": (
-        "lightmetrics_pipeline/audit_confirm.py",
+        "lightmetrics_pipeline/audit/confirm.py",
         '            return [{"rule": rule, "manifest_key": key, "missing": "", "detail": why, "unreadable": True}]',
         "            return []"),
     # a watermark write not conditioned on moving forward: an audit of an older inventory lowered

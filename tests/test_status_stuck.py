@@ -213,7 +213,7 @@ def test_status_names_a_retention_hour_skipped_before_a_gc_replaced_the_reap_che
 def test_status_is_not_ok_while_a_job_stopped_without_finishing(system, job):  # type: ignore[no-untyped-def]
     """StopExecution or a timeout ends an execution without its Abort task: the summary still says
     ``running`` and the lease lapses. Named once the lease expired more than the margin ago."""
-    from lightmetrics.ops import leases
+    from lightmetrics.work import leases
 
     reconciled(system)
     table, now = system.work_context().table, now_ns()
@@ -234,8 +234,8 @@ def test_status_reads_a_fixed_number_of_items(system):  # type: ignore[no-untype
     """Status is an operator's call, and its reads do not grow with history: a GetItem per shard,
     per watermark, the walk's and the reap's summaries and each retention scope's last outcome, a
     lease only while its job's summary says running; four Queries."""
+    from lightmetrics.admin.status import system_status
     from lightmetrics.aws.request_counter import RequestCounter
-    from lightmetrics.ops.status import system_status
 
     def requests() -> dict[str, int]:
         counter = RequestCounter()

@@ -14,7 +14,7 @@ from pipeline_support import make_system
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.derived.verify import verify
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock
 
 _NS = 10**9

@@ -24,10 +24,11 @@ from conftest import FAST, T0_NS, ident, make_frame
 from walk_support import record_times_as_s3_would
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.composition.services import accept_context
+from lightmetrics.deployment.timeouts import min_lease_s
 from lightmetrics.derived.indexing import index_accepted, index_quarantine, index_raw_blob
-from lightmetrics.derived.verify import verify
 from lightmetrics.derived.walk import (
     HISTORY_LIMIT,
     INDEXES,
@@ -39,8 +40,7 @@ from lightmetrics.derived.walk import (
     read_watermarks,
 )
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.blocker_actions import skip
-from lightmetrics.ops.leases import min_lease_s
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import SystemClock
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import UtcHour

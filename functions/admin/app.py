@@ -1,6 +1,6 @@
 """Admin Lambda (Function URL, IAM auth): conflicts, resolutions, the denylist, blockers, status.
 
-Thin shell: the routes are :func:`lightmetrics.ops.admin_api.build_resolver` (Powertools'
+Thin shell: the routes are :func:`lightmetrics.admin.api.build_resolver` (Powertools'
 ``LambdaFunctionUrlResolver``) over the same core as ``lmctl conflicts``, ``lmctl blockers list``
 and ``lmctl status``. AWS verifies the SigV4 signature before invoking (auth type ``AWS_IAM``);
 locally, :mod:`lightmetrics.local.sigv4` does.
@@ -14,9 +14,9 @@ from typing import Any
 from aws_lambda_powertools import Logger, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
+from lightmetrics.admin.api import AdminCore, build_resolver
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.lambda_shell.per_container import PerContainer
-from lightmetrics.ops.admin_api import AdminCore, build_resolver
 
 logger = Logger(service="lightmetrics-admin")
 metrics = SwitchableMetrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Lightmetrics"), service="admin")
@@ -25,8 +25,8 @@ tracer = Tracer(service="lightmetrics-admin")
 
 
 def _build_core() -> AdminCore:
-    from lightmetrics.composition.config import Settings
     from lightmetrics.composition.services import work_context
+    from lightmetrics.deployment.settings import Settings
 
     settings = Settings.from_env()
     ctx = work_context(settings, metrics=metrics, component="admin")

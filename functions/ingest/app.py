@@ -16,8 +16,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from lightmetrics.acceptance.http_contract import HttpResponse, IngestService, parse_lambda_event
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.aws.request_counter import RequestCounter
-from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import ingest_service
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.lambda_shell.per_container import PerContainer
 from lightmetrics.protocol.errors import InvalidIdentityError
 

@@ -4,6 +4,6 @@ execution under the same lease and epoch.
 Thin shell; the work is :mod:`lightmetrics.reaps` (docs/reaps.md).
 """
 
-from lightmetrics.reaps import reap_task_handler
+from lightmetrics.lambda_shell.reap_handler import reap_task_handler
 
 handler = reap_task_handler("continue")

@@ -3,6 +3,6 @@
 Thin shell; the work is :mod:`lightmetrics.reaps` and :mod:`lightmetrics.reaps.retention` (docs/reaps.md).
 """
 
-from lightmetrics.reaps import reap_task_handler
+from lightmetrics.lambda_shell.reap_handler import reap_task_handler
 
 handler = reap_task_handler("retention")

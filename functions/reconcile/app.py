@@ -12,7 +12,7 @@ from typing import Any
 from aws_lambda_powertools import Logger
 
 from lightmetrics.aws.metrics import SwitchableMetrics
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.derived.reconcile_state import UnownedRangesError, check_shard
 from lightmetrics.lambda_shell.per_container import PerContainer

@@ -7,10 +7,10 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
+from lightmetrics.admin.blocker_actions import sweep_dlqs
 from lightmetrics.aws.metrics import SwitchableMetrics
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.lambda_shell.per_container import PerContainer
-from lightmetrics.ops.blocker_actions import sweep_dlqs
 
 logger = Logger(service="lightmetrics-sweep-dlq")
 metrics = SwitchableMetrics(namespace="Lightmetrics", service="sweep-dlq")

@@ -3,6 +3,6 @@
 Thin shell; the work is :mod:`lightmetrics.derived.walk` (docs/walks.md).
 """
 
-from lightmetrics.derived.walk import walk_task_handler
+from lightmetrics.lambda_shell.walk_handler import walk_task_handler
 
 handler = walk_task_handler("continue")

@@ -29,8 +29,8 @@ from constructs import Construct
 from infra.components.layer import ARCHITECTURE, RUNTIME
 from infra.components.storage import Storage
 from infra.config import METRICS_NAMESPACE, ROOT, InfraConfig
-from lightmetrics.composition.config import Settings
 from lightmetrics.deployment.resource_types import FunctionSpec, ResourceSpec
+from lightmetrics.deployment.settings import Settings
 
 FUNCTIONS_DIR = ROOT / "functions"
 _ASSET_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".pytest_cache", "tests")

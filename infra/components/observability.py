@@ -41,7 +41,7 @@ RUNBOOK = "docs/runbook.md"
 #: Powertools metric names the alarms read (emitted by functions/ingest/app.py and accept.py).
 INGEST_5XX_METRIC = "Ingest5xx"
 INVARIANT_METRIC = "InvariantViolation"
-#: emitted by lightmetrics.ops.work.run_unit when a unit of background work becomes a blocker
+#: emitted by lightmetrics.work.units.run_unit when a unit of background work becomes a blocker
 BLOCKERS_METRIC = "BlockersOpened"
 #: emitted by the reconciler after each run (seconds behind the first open hour)
 RECONCILER_LAG_METRIC = "ReconcilerLagSeconds"

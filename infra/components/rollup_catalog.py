@@ -6,7 +6,7 @@ generation).
 No crawler and no partition maintenance: **partition projection** computes every partition's
 location from the key layout (``KeyCodec.rollup_part``), and ``storage.location.template`` reads
 only the v3 ``generation=`` folders, never the v1/v2 ``metric=`` folders beside them. The columns
-come from ``lightmetrics_pipeline.rollup_parquet.COLUMNS`` (a test compares them with a file the rollup wrote).
+come from ``lightmetrics_pipeline.rollup.parquet.COLUMNS`` (a test compares them with a file the rollup wrote).
 Athena itself cannot run locally (moto has no query engine): tests/test_rollup_view_duckdb.py runs the
 view's SQL in DuckDB (transpiled by sqlglot) over the rollups the job wrote.
 """
@@ -19,8 +19,8 @@ from aws_cdk import aws_glue as glue
 from constructs import Construct
 
 from lightmetrics.protocol.keys import KeyKind, layout_root
-from lightmetrics_pipeline.rollup_manifest import PARQUET_MANIFEST_SCHEMAS
-from lightmetrics_pipeline.rollup_parquet import COLUMNS, MAX_GENERATION
+from lightmetrics_pipeline.rollup.manifest import PARQUET_MANIFEST_SCHEMAS
+from lightmetrics_pipeline.rollup.parquet import COLUMNS, MAX_GENERATION
 
 ROLLUPS_TABLE = "rollups"
 MANIFESTS_TABLE = "rollup_manifests"

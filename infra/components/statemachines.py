@@ -2,7 +2,7 @@
 
 Each state machine is created from its ASL file in ``infra/statemachines/`` with CloudFormation
 ``DefinitionSubstitutions``: the placeholder -> function map is the spec's, read and checked by
-:func:`lightmetrics.deployment.statemachines.definition_and_substitutions` — the same loader the local
+:func:`lightmetrics.operator_tools.statemachines.definition_and_substitutions` — the same loader the local
 runtime uses, so the definition deployed here and the one moto executes locally are the same
 file under the same map. Every state machine gets its own role (``lambda:InvokeFunction`` on
 exactly the functions its tasks name), X-Ray tracing, ALL-level logging to its own log group,
@@ -29,7 +29,7 @@ from constructs import Construct
 from infra.components.functions import BuiltFunction, log_retention
 from infra.config import InfraConfig
 from lightmetrics.deployment.resource_types import StateMachineSpec
-from lightmetrics.deployment.statemachines import definition_and_substitutions
+from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
 
 def state_machine_name(config: InfraConfig, spec: StateMachineSpec) -> str:

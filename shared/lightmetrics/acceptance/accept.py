@@ -31,7 +31,7 @@ import logging
 import random
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, CreateResult, create_object
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
@@ -40,6 +40,7 @@ from lightmetrics.protocol.frame import FRAME_VERSION, WIRE_VERSION, validate_fr
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.protocol.metrics import MetricsSink, NoMetrics
 from lightmetrics.protocol.object_store import ObjectStore, StoreAccessError, TransientStoreError
 from lightmetrics.protocol.retry import RetryPolicy
 
@@ -127,17 +128,6 @@ class AcceptResult:
             if value is not None:
                 body[name] = value
         return body
-
-
-class MetricsSink(Protocol):
-    """Anything with Powertools' ``add_metric`` (Powertools ``Metrics`` itself satisfies it)."""
-
-    def add_metric(self, name: str, unit: Any, value: float) -> None: ...
-
-
-class NoMetrics:
-    def add_metric(self, name: str, unit: Any, value: float) -> None:
-        return None
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """What an AWS error answer means for the caller: retry it later, or stop and say why.
 
-One classification for every adapter (S3, DynamoDB) and for :func:`lightmetrics.ops.work.run_unit`:
+One classification for every adapter (S3, DynamoDB) and for :func:`lightmetrics.work.units.run_unit`:
 throttling (``SlowDown``, ``Throttling*``, ``ProvisionedThroughputExceededException``,
 ``RequestLimitExceeded``), server errors (5xx, ``InternalError``, ``ServiceUnavailable``), timeouts
 (``RequestTimeout``), 409/429 and a transaction conflict are **transient**: the same request may

@@ -26,12 +26,12 @@ import click
 
 from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
 
 def _registry(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.ops.conflicts import ConflictRegistry
+    from lightmetrics.acceptance.conflicts import ConflictRegistry
 
     ctx = configured_context(settings, as_json=as_json, component="admin")
     return ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
@@ -41,14 +41,14 @@ def _run(fn: Any, as_json: bool) -> Any:
     """Map the core's typed errors onto exit codes."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from lightmetrics.acceptance.denylist import InvalidLift, NotDenied
-    from lightmetrics.ops.conflict_records import (
+    from lightmetrics.acceptance.conflict_records import (
         ConflictAlreadyResolved,
         ConflictNotFound,
         ConflictStoreUnavailable,
         InvalidConflictId,
         InvalidResolution,
     )
+    from lightmetrics.acceptance.denylist import InvalidLift, NotDenied
     from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
 
     try:
@@ -173,7 +173,7 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
     registry = _registry(settings, as_json)
     conflict_id = _run(lambda: registry.complete_id(conflict_id), as_json)  # the prefix `show` takes too
     if deny_identity:
-        from lightmetrics.ops.conflict_records import parse_conflict_id
+        from lightmetrics.acceptance.conflict_records import parse_conflict_id
 
         ident, _ = _run(lambda: parse_conflict_id(conflict_id, registry.codec), as_json)
         confirm(f"Deny {_scope(ident.agent_id, None if whole_agent else ident.boot_id)} (ingest answers 403 "

@@ -37,9 +37,9 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
     counts, next to a DynamoDB conditional put per batch plus the S3 blob (the design a team would
     otherwise build): the total, each component, the ratio, and the share of everything but
     ingest, indexing and storage."""
-    from lightmetrics.deployment.cost_model import estimate
-    from lightmetrics.deployment.cost_workload import Assumptions
     from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
+    from lightmetrics.operator_tools.cost_model import estimate
+    from lightmetrics.operator_tools.cost_workload import Assumptions
 
     prices = PRICE_TABLE
     if prices_path:

@@ -37,7 +37,7 @@ def env_cmd(stack_name: str | None, local_port: int | None, region: str | None, 
     from botocore.exceptions import BotoCoreError, ClientError
 
     from lightmetrics.composition.services import aws_session
-    from lightmetrics.deployment.stack_outputs import MissingStackOutput, settings_from_outputs
+    from lightmetrics.operator_tools.stack_outputs import MissingStackOutput, settings_from_outputs
     from lightmetrics.protocol.errors import ConfigError
 
     # `lmctl --profile P env` exported P as AWS_PROFILE: read with it, and export it again below

@@ -36,7 +36,7 @@ def frame_encode(agent_id, boot_id, seq_start, seq_end, samples_path, zstd, outp
                  as_json) -> None:
     """Encode samples (JSONL: metric, labels, ts_unix_ns, value) into a frame file (exit 2, nothing
     written, if it is over LM_MAX_FRAME_BYTES, unless --allow-oversize)."""
-    from lightmetrics.composition.config import setting_from_env
+    from lightmetrics.deployment.settings import setting_from_env
     from lightmetrics.protocol.frame import encode_frame, load_samples_jsonl
 
     ident = identity_or_exit(agent_id, boot_id, seq_start, seq_end, as_json)

@@ -163,7 +163,7 @@ def local_collector(port: int, ready_file: str | None) -> None:
 
     Configured entirely by LM_* variables, like the Lambda. Used by the demo's collector processes.
     """
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.local.hosting import install_from_env
     from lightmetrics.local.ingest_endpoint import IngestHTTPServer
     from lightmetrics.protocol.errors import ConfigError

@@ -30,7 +30,7 @@ from lightmetrics.cli.output import (
     kv_table,
     stdout_to_stderr,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import (
     ConfigError,
     InvalidIdentityError,
@@ -109,7 +109,7 @@ def show_cmd(agent_id, boot_id, seq_start, seq_end, settings: Settings, as_json)
     Exit 0 if accepted, 1 if no acceptance record exists, 4 if S3 is unavailable.
     """
     from lightmetrics.composition.services import accept_context
-    from lightmetrics.ops.identity_view import describe_identity
+    from lightmetrics.operator_tools.identity_view import describe_identity
 
     ident = identity_or_exit(agent_id, boot_id, seq_start, seq_end, as_json)
     ctx = accept_context(settings)

@@ -19,7 +19,7 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
 
@@ -50,8 +50,8 @@ def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
 
 
 def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwargs: Any) -> None:
-    from lightmetrics.ops import blocker_actions
-    from lightmetrics.ops.blockers import BlockerNotFound
+    from lightmetrics.admin import blocker_actions
+    from lightmetrics.work.blockers import BlockerNotFound
 
     ctx = configured_context(settings, as_json=as_json)
     try:
@@ -126,7 +126,7 @@ def blockers_skip(work_key: str, reason: str, settings: Settings, as_json: bool)
 @json_option
 def blockers_redrive(settings: Settings, as_json: bool) -> None:
     """Send every open DLQ blocker's message back to its queue."""
-    from lightmetrics.ops.blocker_actions import redrive
+    from lightmetrics.admin.blocker_actions import redrive
 
     results = redrive(configured_context(settings, as_json=as_json), who=operator_name())
     if as_json:
@@ -146,7 +146,7 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     AWS is unreachable, 2 for invalid configuration."""
     from rich.markup import escape
 
-    from lightmetrics.ops.status import system_status
+    from lightmetrics.admin.status import system_status
 
     ctx = configured_context(settings, as_json=as_json)
     try:

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from lightmetrics.cli.output import EXIT_UNAVAILABLE, EXIT_USAGE, fail
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import ConfigError, InvalidIdentityError, ResourceAccessError
 from lightmetrics.protocol.identity import BatchIdentity
 
 if TYPE_CHECKING:
-    from lightmetrics.ops.work import WorkContext
+    from lightmetrics.work.units import WorkContext
 
 _CONFIG_FIELDS = list(Settings.model_fields)
 

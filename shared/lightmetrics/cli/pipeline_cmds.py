@@ -30,7 +30,7 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 
 
 def _access(settings: Settings, component: str) -> Any:
@@ -42,7 +42,7 @@ def _access(settings: Settings, component: str) -> Any:
 def _now_ns(as_of: str | None, as_json: bool) -> int:
     import time
 
-    from lightmetrics_pipeline.query import parse_time
+    from lightmetrics_pipeline.rollup.query import parse_time
 
     now = time.time_ns()
     if not as_of:
@@ -70,7 +70,7 @@ def inventory_snapshot(destination: str | None, file_format: str, rows_per_file:
                        as_json: bool) -> None:
     """List the authority namespace (every version, like the stack's daily inventory) and write an
     inventory report of it, so local audits read the real format."""
-    from lightmetrics_pipeline.inventory import Destination, InventoryError, snapshot
+    from lightmetrics_pipeline.inventory.report import Destination, InventoryError, snapshot
 
     dest = Destination.parse(destination or f"s3://{settings.bucket}/inventory")
     try:
@@ -111,7 +111,7 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
     import secrets
     from datetime import datetime, timezone
 
-    from lightmetrics_pipeline.inventory import InventoryError
+    from lightmetrics_pipeline.inventory.report import InventoryError
     from lightmetrics_pipeline.jobs import audit_job
 
     now_ns = _now_ns(as_of, as_json)
@@ -154,8 +154,8 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     generation (exit 5 if another run holds the lease or committed first)."""
     from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline.jobs import rollup_job
-    from lightmetrics_pipeline.lease import LeaseHeld, LeaseLost
-    from lightmetrics_pipeline.rollup_plan import GenerationTaken, NondeterministicRollup
+    from lightmetrics_pipeline.rollup.lease import LeaseHeld, LeaseLost
+    from lightmetrics_pipeline.rollup.plan import GenerationTaken, NondeterministicRollup
 
     try:
         wanted = [UtcHour.parse(h) for h in hours]
@@ -220,7 +220,7 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
     """
     import time
 
-    from lightmetrics_pipeline.query import iso, parse_time, plot, run_query, stat_value
+    from lightmetrics_pipeline.rollup.query import iso, parse_time, plot, run_query, stat_value
 
     now = time.time_ns()
     try:

@@ -26,7 +26,7 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.keys import KeyKind, layout_root
 

@@ -27,7 +27,7 @@ from lightmetrics.cli.output import (
     kv_table,
     progress_lines,
 )
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
 STATE_MACHINE = "bootstrap-walk"
@@ -214,7 +214,7 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
 @json_option
 def verify_cmd(strict: bool, max_listed: int, settings: Settings, as_json: bool) -> None:
     """Check every bucket-wide invariant; print each violation with its keys (exit 1 on any)."""
-    from lightmetrics.derived.verify import verify
+    from lightmetrics.operator_tools.verify import verify
     from lightmetrics.protocol.errors import LightmetricsError
 
     ctx = configured_context(settings, as_json=as_json)

@@ -1,2 +1,3 @@
-"""The composition root: settings from the environment, the host's hooks, and the factories that wire
-boto3 clients into the services."""
+"""The composition root: the factories that wire boto3 clients, the settings
+(:mod:`lightmetrics.deployment.settings`) and the host's hooks (:mod:`lightmetrics.protocol.hosting`)
+into the services."""

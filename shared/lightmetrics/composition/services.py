@@ -3,7 +3,7 @@
 The Lambda handlers, ``lmctl`` and the local runtime all call these factories, so the same
 client configuration (one attempt per request, timeouts, request counting) is used everywhere.
 What differs between a deployed function and a local one comes from the process's host
-(:mod:`lightmetrics.composition.hosting`): its clock, and hooks on every S3 client (the local runtime's fault
+(:mod:`lightmetrics.protocol.hosting`): its clock, and hooks on every S3 client (the local runtime's fault
 and latency injection). Nothing here reads a test switch.
 
 Example:
@@ -20,22 +20,23 @@ from typing import TYPE_CHECKING, Any
 import boto3
 from botocore.exceptions import ProfileNotFound
 
-from lightmetrics.acceptance.accept import AcceptContext, MetricsSink, NoMetrics
+from lightmetrics.acceptance.accept import AcceptContext
 from lightmetrics.acceptance.auth import CachedTokenKeys, secrets_manager_loader
 from lightmetrics.acceptance.denylist import DenylistCache
 from lightmetrics.acceptance.http_contract import IngestService
 from lightmetrics.aws.control_table import ControlTable
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
-from lightmetrics.composition.config import Settings
-from lightmetrics.composition.hosting import current as current_host
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.retry_budget import RetryBudget
-from lightmetrics.ops.work import WorkContext
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import Clock
 from lightmetrics.protocol.errors import ConfigError
+from lightmetrics.protocol.hosting import current as current_host
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.metrics import MetricsSink, NoMetrics
 from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.retry_budget import RetryBudget
+from lightmetrics.work.units import WorkContext
 
 if TYPE_CHECKING:
     from lightmetrics.protocol.queue_probe import QueueProbe

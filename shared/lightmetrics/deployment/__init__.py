@@ -1,2 +1,2 @@
-"""What is deployed and what it costs: the resource spec (CDK and the local provisioner), state machine
-definitions, stack outputs, prices and the cost model."""
+"""What is deployed and how it is configured: the resource spec (CDK and the local provisioner), the
+functions' timeouts the timing rules bound, the settings every function reads from ``LM_*``, and prices."""

@@ -1,4 +1,4 @@
-"""The price table the cost model (:mod:`lightmetrics.deployment.cost_model`, ``lmctl cost``) uses: editable, dated.
+"""The price table the cost model (:mod:`lightmetrics.operator_tools.cost_model`, ``lmctl cost``) uses: editable, dated.
 
 AWS list prices for us-east-1, on-demand, without free tiers or volume discounts (first tiers:
 S3 Standard's first 50 TB, CloudWatch Logs' first 10 TB), as of the date below. They change: check

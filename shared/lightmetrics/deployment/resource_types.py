@@ -285,7 +285,7 @@ class StateMachineSpec:
     * ``substitutions``: ``(placeholder, function name)`` pairs: every ``${placeholder}`` in the
       definition is the ARN of that :class:`FunctionSpec`. CDK fills them with definition
       substitutions, the local runtime with the local function ARNs — one map, one loader
-      (:mod:`lightmetrics.deployment.statemachines`);
+      (:mod:`lightmetrics.operator_tools.statemachines`);
     * ``schedule`` / ``schedule_input``: an EventBridge schedule expression and the execution
       input it sends (JSON text, every field explicit), or None for manual starts only;
       ``disabled_schedule`` / ``disabled_schedule_input``: one more, deployed disabled.

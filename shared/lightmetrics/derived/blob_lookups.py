@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.units import WorkContext
 
 
 class IndexedBlobs:

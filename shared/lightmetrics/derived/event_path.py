@@ -19,9 +19,9 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from lightmetrics.derived.indexing import KIND_FOR_KEY, RUNNERS
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, WorkResult
-from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.errors import KeyLayoutError
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, WorkResult
+from lightmetrics.work.units import WorkContext, run_unit
 
 
 @dataclass(frozen=True)

@@ -30,15 +30,9 @@ Example:
 from __future__ import annotations
 
 import base64
-import threading
-import time
 
-from lightmetrics.composition.config import TOMBSTONE_CACHE_S
+from lightmetrics.acceptance.conflict_records import ConflictEntry, register
 from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.conflict_records import ConflictEntry, register
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.cas import ConditionalCreateOutcome, create_object, landed_earlier
 from lightmetrics.protocol.derived_entries import (
     AcceptedByBlobEntry,
@@ -48,9 +42,13 @@ from lightmetrics.protocol.derived_entries import (
 )
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import hex_to_id
-from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest, parse_record
 from lightmetrics.protocol.object_store import ObjectHead
+from lightmetrics.protocol.tombstones import TombstoneCache
+from lightmetrics.work import crashpoints
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.work.units import WorkContext
 
 KIND_ACCEPTED = "index-accepted"
 KIND_RAW_BLOB = "index-raw-blob"
@@ -61,34 +59,10 @@ KIND_TIME_ENTRY = "accepted-by-time-entry"
 #: emitted once per conflict when its registry item is created (the NewConflicts alarm)
 CONFLICTS_REGISTERED_METRIC = "ConflictsRegistered"
 
-#: Crash point (lightmetrics.ops.crashpoints) between the two accepted-* writes (§9 D5): the
+#: Crash point (lightmetrics.work.crashpoints) between the two accepted-* writes (§9 D5): the
 #: ``accepted-by-blob`` entry exists, the ``accepted-by-time`` entry not yet.
 CP_BY_BLOB_WRITTEN = crashpoints.register("index.by-blob-written",
                                           "accepted-by-blob entry created, accepted-by-time not yet")
-
-
-class TombstoneCache:
-    """Is an hour under a retention tombstone? One HEAD per hour per process and ``ttl_s``.
-
-    A tombstone is permanent once written, so a positive answer is cached forever; a negative
-    answer is re-checked after ``ttl_s`` (the reaper waits longer than that before deleting).
-    """
-
-    def __init__(self, ctx_store, codec, ttl_s: float = TOMBSTONE_CACHE_S, now=time.monotonic) -> None:  # type: ignore[no-untyped-def]
-        self.store, self.codec, self.ttl_s, self._now = ctx_store, codec, ttl_s, now
-        self._known: dict[tuple[str, UtcHour], float | None] = {}
-        self._lock = threading.Lock()
-
-    def is_tombstoned(self, scope: str, hour: UtcHour) -> bool:
-        # The HEAD happens under the lock: concurrent records of one hour share one lookup.
-        with self._lock:
-            if (scope, hour) in self._known:
-                checked = self._known[(scope, hour)]
-                if checked is None or self._now() - checked < self.ttl_s:
-                    return checked is None
-            present = self.store.head(self.codec.retention_tombstone(scope, hour)) is not None
-            self._known[(scope, hour)] = None if present else self._now()
-            return present
 
 
 def tombstones(ctx: WorkContext) -> TombstoneCache:
@@ -113,18 +87,6 @@ def _parse(ctx: WorkContext, key: str, kind: KeyKind):  # type: ignore[no-untype
     if parsed.kind is not kind:
         raise PermanentWorkError(f"{key} is a {parsed.kind.value} key, expected {kind.value}", kind="layout")
     return parsed
-
-
-def parse_record(codec: KeyCodec, manifest_key: str, raw: bytes) -> AcceptedBatchManifest:
-    """The one validation of a stored acceptance record, for every reader (the walk, the
-    reconciler, retention, verify, GC, the audit): it parses (§17 reader rules) and its content
-    matches its key — identity of the key, blob key of its hash. ``ManifestError`` otherwise
-    (``UnsupportedVersionError`` for a newer writer's record)."""
-    manifest = AcceptedBatchManifest.from_bytes(raw)
-    parsed = codec.parse(manifest_key)
-    if manifest.identity != parsed.identity or manifest.raw_blob_key != codec.raw_blob(manifest.frame_sha256):
-        raise ManifestError(f"{manifest_key}: content does not match its key")
-    return manifest
 
 
 def load_manifest(ctx: WorkContext, manifest_key: str) -> AcceptedBatchManifest:
@@ -236,7 +198,7 @@ def index_quarantine(ctx: WorkContext, quarantine_key: str) -> Outcome:
     entry = QuarantineByBlobEntry(quarantine_key=quarantine_key, submitted_frame_sha256=q.submitted_frame_sha256,
                                   accepted_frame_sha256=q.accepted_frame_sha256)
     created = _create(ctx, ctx.codec.quarantine_by_blob(q.submitted_frame_sha256, q.identity), entry.to_bytes())
-    # The conflict registry (lightmetrics.ops.conflicts): a conditional create, so replays and the walk
+    # The conflict registry (lightmetrics.acceptance.conflicts): a conditional create, so replays and the walk
     # only ever fill a missing item and never overwrite an operator's resolution.
     registered = register(ctx.blockers.table, ConflictEntry.from_evidence(quarantine_key, q))
     if registered:

@@ -90,7 +90,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from lightmetrics.composition.config import Settings
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY
@@ -116,11 +116,11 @@ from lightmetrics.derived.reconcile_state import (
     unowned_ranges,
     write_checkpoint,
 )
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.blocker_actions import recheck
-from lightmetrics.ops.work import WorkContext
+from lightmetrics.derived.rerun import recheck
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.queue_probe import QueueProbe
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import WorkContext
 
 #: blocker kinds that keep hours open: derived state may still be missing behind them
 INDEXING_KINDS = ("index-accepted", "index-raw-blob", "index-quarantine", "event-parse", KIND_REPAIR, KIND_TIME_ENTRY,
@@ -146,7 +146,7 @@ MAX_LIST_PAGES_PER_RUN = 2_000
 #: if every one needed the repair); a save is one PutItem, at most 10 in a run at the entry cap.
 SAVE_EVERY_ENTRIES = 5_000
 
-#: Crash point (lightmetrics.ops.crashpoints): a run's progress saved after one scanned hour.
+#: Crash point (lightmetrics.work.crashpoints): a run's progress saved after one scanned hour.
 CP_HOUR_SAVED = crashpoints.register("reconcile.hour-saved", "a scanned hour's progress saved, the run not finished")
 #: Crash point: progress inside an hour saved (a cursor, every SAVE_EVERY_ENTRIES checks), the hour not finished.
 CP_PROGRESS_SAVED = crashpoints.register("reconcile.progress-saved",

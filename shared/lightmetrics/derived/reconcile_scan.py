@@ -18,10 +18,10 @@ from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan
 from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY, manifest_key_of_time_entry, verify_time_entry
 from lightmetrics.derived.reconcile_state import ReconcileReport, failures_that_fit
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.outcome import Outcome, PermanentWorkError
+from lightmetrics.work.pool import map_in_context
+from lightmetrics.work.units import WorkContext, run_unit
 
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lm-reconcile")
 _NS = 1_000_000_000

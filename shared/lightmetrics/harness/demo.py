@@ -84,8 +84,8 @@ def _phase(report: DemoReport, name: str) -> Iterator[None]:
 
 
 def run_demo(scale: DemoScale, *, port: int = 0, show_progress: bool = True) -> DemoReport:
-    from lightmetrics.composition.hosting import install
     from lightmetrics.local.hosting import host_from_env
+    from lightmetrics.protocol.hosting import install
 
     # This process drives a local runtime: it is a local host too (its reap inputs use the demo's
     # short waits, which only a local host may, docs/protocol.md §18 S4). Put back on return.

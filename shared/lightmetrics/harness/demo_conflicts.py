@@ -1,7 +1,7 @@
 """The demo's conflict phase: the deliberate conflict is listed, resolved, and the agent drops its batch.
 
 Runs after the index queues drained (so the quarantine indexer has registered the conflict), on the
-same core as ``lmctl conflicts list`` / ``resolve`` (:class:`lightmetrics.ops.conflicts.ConflictRegistry`)
+same core as ``lmctl conflicts list`` / ``resolve`` (:class:`lightmetrics.acceptance.conflicts.ConflictRegistry`)
 and with the demo agent's own client (:class:`lightmetrics.client.AgentClient`):
 
 1. ``list --status unresolved`` shows the conflict (both hashes, collectors, first seen);
@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lightmetrics.ops.conflict_records import ACCEPT_EXISTING, ConflictAlreadyResolved
-from lightmetrics.ops.conflicts import ConflictRegistry
+from lightmetrics.acceptance.conflict_records import ACCEPT_EXISTING, ConflictAlreadyResolved
+from lightmetrics.acceptance.conflicts import ConflictRegistry
 
 OPERATOR = "demo-operator"
 

@@ -38,11 +38,11 @@ def run_pipeline_phase(system: Any, runtime: Any, report: Any) -> dict[str, Any]
 
 def _run(system: Any, runtime: Any) -> dict[str, Any]:
     from lightmetrics.protocol.keys import UtcHour
-    from lightmetrics_pipeline import inventory as inv
-    from lightmetrics_pipeline.audit import run_audit
+    from lightmetrics_pipeline.audit.job import run_audit
+    from lightmetrics_pipeline.inventory import report as inv
     from lightmetrics_pipeline.jobs import closed_boundary
-    from lightmetrics_pipeline.query import plot, run_query
-    from lightmetrics_pipeline.rollup import RollupJob
+    from lightmetrics_pipeline.rollup.job import RollupJob
+    from lightmetrics_pipeline.rollup.query import plot, run_query
     from lightmetrics_pipeline.s3io import S3Access
     from lightmetrics_pipeline.session import get_spark
 
@@ -97,7 +97,7 @@ def _run(system: Any, runtime: Any) -> dict[str, Any]:
 
 
 def _query_table(q: Any) -> list[dict[str, Any]]:
-    from lightmetrics_pipeline.query import iso, stat_value
+    from lightmetrics_pipeline.rollup.query import iso, stat_value
 
     rows = []
     for s in q.series:

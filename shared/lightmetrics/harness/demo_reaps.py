@@ -77,8 +77,8 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
     """Plant, reap (gc, then retention of the expired hour), verify; fills ``report.reaps``."""
     from rich.progress import Progress, TextColumn, TimeElapsedColumn
 
-    from lightmetrics.derived.verify import verify
     from lightmetrics.derived.walk import INDEXES, set_watermark
+    from lightmetrics.operator_tools.verify import verify
 
     t0 = time.monotonic()
     planted = plant(system, runtime)

@@ -61,7 +61,7 @@ def _delete_sample(store: S3ObjectStore, codec: KeyCodec) -> list[str]:
 def _skip_poisoned(ctx: Any, poison_key: str) -> None:
     """The poisoned record is a blocker; the operator skips it (audited, with a reason), so the
     walk counts it as skipped instead of blocking on it again, and verify acknowledges it."""
-    from lightmetrics.ops.blocker_actions import skip
+    from lightmetrics.admin.blocker_actions import skip
 
     for b in ctx.blockers.list():
         if b.object_key == poison_key:
@@ -110,7 +110,7 @@ def _walk_summary(control: Any, started: Any, result: Any, deleted_restored: tup
 
 
 def _verify_strict(report: DemoReport, system: Any) -> None:
-    from lightmetrics.derived.verify import verify
+    from lightmetrics.operator_tools.verify import verify
 
     checked = verify(system.work_context(), strict=True)
     report.verify = {

@@ -12,7 +12,7 @@ duplicate) and the batches they still hold. The check, from authoritative reads:
 * every accepted batch has its three derived entries (after the indexers drained, one reconcile
   and one walk).
 
-Each decision is a predicate of :mod:`lightmetrics.protocol.invariants`, and each violation line starts
+Each decision is a predicate of :mod:`lightmetrics.operator_tools.invariants`, and each violation line starts
 with its rule's name (``blob-missing: ...``), the names ``lmctl verify`` and the audit use.
 
 Blob presence and derived entries come from listings (one LIST pass per prefix), records from
@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from lightmetrics.aws.s3_store import S3ObjectStore
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec, KeyKind, ParsedKey, UtcHour
@@ -107,7 +107,7 @@ def check_acknowledged(store: S3ObjectStore, codec: KeyCodec, acked: Mapping[Bat
 def missing_derived(store: S3ObjectStore, codec: KeyCodec,
                     manifests: Mapping[BatchIdentity, AcceptedBatchManifest]) -> Counter[str]:
     """How many of ``manifests`` lack each derived entry, per index (each one a ``missing-derived``
-    violation; hours tombstoned by retention excused: :func:`lightmetrics.protocol.invariants.derived_entry_state`)."""
+    violation; hours tombstoned by retention excused: :func:`lightmetrics.operator_tools.invariants.derived_entry_state`)."""
     by_time = set(store.list_keys(codec.root(KeyKind.ACCEPTED_BY_TIME), limit=_ALL))
     by_blob = set(store.list_keys(codec.root(KeyKind.ACCEPTED_BY_BLOB), limit=_ALL))
     blob_shas = {p.sha256 for k in store.list_keys(codec.root(KeyKind.RAW_BLOBS_BY_TIME), limit=_ALL)

@@ -195,8 +195,8 @@ def _settle(run: _SoakRun) -> None:
 
 def _verdict(run: _SoakRun) -> None:
     """Strict verify, the ledger, nothing produced lost, every accepted batch's derived entries."""
-    from lightmetrics.derived.verify import verify
     from lightmetrics.harness.ledger import check_acknowledged, missing_derived, missing_derived_lines
+    from lightmetrics.operator_tools.verify import verify
 
     report = run.report
     mark = time.monotonic()

@@ -8,7 +8,7 @@ the reaps; docs/protocol.md §13 L1-L3).
              the lease (or say why it did not), whether the lease is live
 
 The walk (:mod:`lightmetrics.derived.walk`) and the reap (:mod:`lightmetrics.reaps`) each hold a
-kernel and a control (composition); the rollup's lease (:mod:`lightmetrics_pipeline.lease`) is the
+kernel and a control (composition); the rollup's lease (:mod:`lightmetrics_pipeline.rollup.lease`) is the
 kernel's :class:`~lightmetrics.jobs.kernel.Lease`, held by one process.
 
 Example::

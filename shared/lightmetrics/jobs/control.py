@@ -19,9 +19,9 @@ from typing import Any
 
 from lightmetrics.aws.step_functions import execution_history
 from lightmetrics.jobs.kernel import JobKernel
-from lightmetrics.ops.leases import LeaseHeld
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.executions import task_error
+from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.units import WorkContext
 
 #: ``(the execution's description, the Begin task's error kind, its message) -> the error to raise``
 Refusal = Callable[[dict[str, Any], str, str], Exception]

@@ -4,7 +4,7 @@
 A run is the state Step Functions carries from task to task (:data:`Run`: at least ``owner``,
 ``epoch``, ``lease_seconds``, ``executions``, ``state_machine_arn``). The kernel writes for it:
 
-* **take** — refused while another run holds the lease (:class:`~lightmetrics.ops.leases.LeaseHeld`);
+* **take** — refused while another run holds the lease (:class:`~lightmetrics.work.leases.LeaseHeld`);
 * **owned writes** — every checkpoint write is conditional on the run's ``owner`` and ``epoch``
   (:meth:`JobKernel.owned_update`) and sent in one transaction with the lease's renewal
   (:meth:`JobKernel.commit`), so a run that lost the lease moves nothing (LeaseLost);
@@ -27,9 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from lightmetrics.aws.step_functions import start_continuation
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import OWNED, Fence, LeaseHeld, LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, TransactionCancelled
+from lightmetrics.work import leases
+from lightmetrics.work.leases import OWNED, Fence, LeaseHeld, LeaseLost
 
 #: A run as Step Functions carries it between tasks (plain JSON values: the execution's state; the
 #: walk's :class:`~lightmetrics.derived.walk.state.WalkRun`, the reap's :class:`~lightmetrics.reaps.state.ReapRun`).
@@ -72,7 +72,7 @@ class JobKernel:
     def take(self, lease: dict[str, Any] | None, *, owner: str, lease_seconds: int, now_ns: int,
              epoch: int | None = None, **attributes: Any) -> dict[str, Any]:
         """Take the lease read as ``lease`` for epoch ``epoch`` (by default one more than any before;
-        :func:`~lightmetrics.ops.leases.take`)."""
+        :func:`~lightmetrics.work.leases.take`)."""
         return leases.take(self.table, self.lease_pk, lease, owner=owner, lease_seconds=lease_seconds, now_ns=now_ns,
                            what=self.name, epoch=epoch, **attributes)
 
@@ -89,7 +89,7 @@ class JobKernel:
     # -- owned writes -------------------------------------------------------------------------------
     @staticmethod
     def owned(run: Run) -> tuple[dict[str, str], dict[str, Any]]:
-        """The names and values of :data:`~lightmetrics.ops.leases.OWNED`, the condition of every owned write."""
+        """The names and values of :data:`~lightmetrics.work.leases.OWNED`, the condition of every owned write."""
         return {"#own": "owner", "#ep": "epoch"}, {":own": run["owner"], ":ep": run["epoch"]}
 
     def owned_update(self, run: Run, pk: str, sk: str, expression: str, names: dict[str, str],
@@ -100,7 +100,7 @@ class JobKernel:
 
     def commit(self, run: Run, ops: list[Op], *, lost: str = "") -> None:
         """``ops`` in one transaction; a cancellation (the run lost its lease or its checkpoint) is
-        :class:`~lightmetrics.ops.leases.LeaseLost`."""
+        :class:`~lightmetrics.work.leases.LeaseLost`."""
         try:
             self.table.transact(ops)
         except TransactionCancelled:
@@ -125,7 +125,7 @@ class JobKernel:
 
 @dataclass
 class Lease:
-    """A job's lease held by one process (the rollup, :mod:`lightmetrics_pipeline.lease`):
+    """A job's lease held by one process (the rollup, :mod:`lightmetrics_pipeline.rollup.lease`):
     :meth:`acquire`, :meth:`renew`, :meth:`release` by the kernel's rules, outside Step Functions.
 
     Example:

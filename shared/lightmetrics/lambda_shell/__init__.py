@@ -1,2 +1,2 @@
 """Handler plumbing shared by every function in functions/: per-container state, SQS batch processing,
-Step Functions task handlers."""
+the Step Functions task handler and its factories for the walk's and the reap's tasks."""

@@ -26,7 +26,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.derived.event_path import process_sqs_record
 from lightmetrics.lambda_shell.per_container import LambdaHandler, PerContainer
-from lightmetrics.ops.outcome import Outcome
+from lightmetrics.work.outcome import Outcome
 
 _EXECUTOR = ThreadPoolExecutor(max_workers=10, thread_name_prefix="lm-sqs-record")
 
@@ -47,8 +47,8 @@ def sqs_index_handler(
     metrics = SwitchableMetrics(namespace="Lightmetrics", service=queue)
 
     def build() -> tuple[Any, Any]:
-        from lightmetrics.composition.config import Settings
         from lightmetrics.composition.services import work_context
+        from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         return (work_context_factory or work_context)(settings, metrics=metrics), settings

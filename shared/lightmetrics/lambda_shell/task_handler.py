@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lightmetrics.lambda_shell.per_container import LambdaHandler, PerContainer
-from lightmetrics.ops.work import TRANSIENT
+from lightmetrics.work.units import TRANSIENT
 
 
 def task_handler(machine: str, step: str, steps: Mapping[str, str], *, build: Callable[[Any], Any],

@@ -11,7 +11,7 @@ A local host also leaves the deployment timing rules (docs/protocol.md §18) une
 machine, one clock, and the deliberately short waits of the demo, the soak and the tests. Each
 local process installs it at start — :class:`~lightmetrics.local.server.LocalRuntime` when it
 starts, ``lmctl local collector`` before it imports the ingest function — so the functions it
-hosts get it from :mod:`lightmetrics.composition.hosting`, never by reading these variables themselves.
+hosts get it from :mod:`lightmetrics.protocol.hosting`, never by reading these variables themselves.
 
 Example:
     >>> host = host_from_env({"LM_CLOCK_OFFSET_S": "600"})
@@ -26,8 +26,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightmetrics.composition.hosting import Host, install
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock, OffsetClock
+from lightmetrics.protocol.hosting import Host, install
 
 FAULTS_ENV = "LM_FAULTS"
 CLOCK_OFFSET_ENV = "LM_CLOCK_OFFSET_S"

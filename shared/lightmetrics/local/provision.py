@@ -221,7 +221,7 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
     definition."""
     state_machines: dict[str, dict[str, str]] = {}
     if spec.state_machines:
-        from lightmetrics.deployment.statemachines import lambda_arn, render_definition
+        from lightmetrics.operator_tools.statemachines import lambda_arn, render_definition
 
         sfn = client("stepfunctions")
         region = sfn.meta.region_name or "us-east-1"

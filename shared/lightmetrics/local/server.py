@@ -33,12 +33,12 @@ from typing import Any, Self
 
 from werkzeug.serving import ThreadedWSGIServer
 
-from lightmetrics.composition.hosting import Host, install
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler
 from lightmetrics.local.hosting import install_from_env
 from lightmetrics.local.sockets import ConnectionTracking, listen
+from lightmetrics.protocol.hosting import Host, install
 
 __all__ = [
     "ACCOUNT_ID",

@@ -23,11 +23,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from lightmetrics.admin.blocker_actions import sweep_dlqs
 from lightmetrics.aws.queue_probes import SqsCountProbe
-from lightmetrics.composition.config import Settings
 from lightmetrics.composition.services import work_context
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_RAW_BLOB
 from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
@@ -35,9 +36,8 @@ from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime
-from lightmetrics.ops.blocker_actions import sweep_dlqs
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
+from lightmetrics.work.units import WorkContext
 
 #: which indexer serves which queue of the spec
 QUEUE_KIND = {"index-accepted": KIND_ACCEPTED, "index-raw-blobs": KIND_RAW_BLOB, "index-quarantine": KIND_QUARANTINE}
@@ -92,7 +92,8 @@ class LocalSystem:
         ``counter`` (a RequestCounter) counts their S3/DynamoDB requests; ``wrap(step, handler)``
         lets tests put a fault in front of a task. Registering again replaces the handlers.
         """
-        from lightmetrics.derived.walk import TASK_STEPS, walk_task_handler
+        from lightmetrics.derived.walk import TASK_STEPS
+        from lightmetrics.lambda_shell.walk_handler import walk_task_handler
 
         host = getattr(self.runtime, "function_host", None)
         if host is None or self.settings is None:
@@ -107,8 +108,8 @@ class LocalSystem:
                     shared.append(self.work_context(component="walk", counter=counter, **kw))
                 return shared[0]
 
+        from lightmetrics.lambda_shell.reap_handler import reap_task_handler
         from lightmetrics.reaps import TASK_STEPS as REAP_STEPS
-        from lightmetrics.reaps import reap_task_handler
 
         names = []
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):

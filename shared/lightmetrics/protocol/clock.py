@@ -2,7 +2,7 @@
 
 Production code asks a :class:`Clock` for the time instead of calling ``time.time_ns()``,
 so tests and the demo can freeze or shift it (a local process's shifted clock comes from its
-host, :mod:`lightmetrics.composition.hosting`; deployed code never reads one from the environment).
+host, :mod:`lightmetrics.protocol.hosting`; deployed code never reads one from the environment).
 
 Example:
     >>> clock = FrozenClock(1_760_000_000_000_000_000)

@@ -5,7 +5,8 @@ canonical: sorted keys, no whitespace, UTF-8. Writers are strict (a model refuse
 field). Readers follow the evolution rules of docs/protocol.md §17: within a schema version they
 ignore fields they do not know (a newer writer may have added them); a schema or marker version
 newer than the reader's raises :class:`UnsupportedVersionError`, never "absent"; anything else
-that fails validation raises :class:`ManifestError`.
+that fails validation raises :class:`ManifestError`. A stored acceptance record is read through
+:func:`parse_record`, which also holds its content to its key.
 
 Example:
     >>> m = AcceptedBatchManifest(agent_id="a", boot_id="b", seq_start=1, seq_end=2,
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lightmetrics.protocol.errors import ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity
+
+if TYPE_CHECKING:
+    from lightmetrics.protocol.keys import KeyCodec
 
 ACCEPTED_BATCH_SCHEMA: Final = "lightmetrics.accepted_batch.v1"
 IDENTITY_CONFLICT_SCHEMA: Final = "lightmetrics.identity_conflict.v1"
@@ -133,3 +137,15 @@ class IdentityConflictManifest(IdentityFields):
     observed_at_unix_ns: int = Field(ge=0)
     collector_id: str
     accepted_collector_id: str
+
+
+def parse_record(codec: KeyCodec, manifest_key: str, raw: bytes) -> AcceptedBatchManifest:
+    """The one validation of a stored acceptance record, for every reader (the walk, the
+    reconciler, retention, verify, GC, the audit): it parses (§17 reader rules) and its content
+    matches its key — identity of the key, blob key of its hash. ``ManifestError`` otherwise
+    (``UnsupportedVersionError`` for a newer writer's record)."""
+    manifest = AcceptedBatchManifest.from_bytes(raw)
+    parsed = codec.parse(manifest_key)
+    if manifest.identity != parsed.identity or manifest.raw_blob_key != codec.raw_blob(manifest.frame_sha256):
+        raise ManifestError(f"{manifest_key}: content does not match its key")
+    return manifest

@@ -22,7 +22,6 @@ concept a module:
 ``report``      the operator's report from a checkpoint (:func:`report_of`)
 ``dry_run``     what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
 ``control``     the operator side (:class:`ReapControl`: start, status, follow)
-``handler``     the Lambda handlers (:func:`reap_task_handler`)
 ``errors``      the errors a task raises on purpose (their names are the ASL's error names)
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
@@ -33,11 +32,9 @@ Example (what ``lmctl reap gc --execute --wait`` does)::
 
 from __future__ import annotations
 
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
 from lightmetrics.reaps.control import Followed, ReapControl
 from lightmetrics.reaps.errors import InvalidReapInput, ReapError, ReapTransient
 from lightmetrics.reaps.gc_marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
-from lightmetrics.reaps.handler import reap_task_handler
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
@@ -78,6 +75,7 @@ from lightmetrics.reaps.reap_job import (
 from lightmetrics.reaps.report import COUNTERS, report_of
 from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
 from lightmetrics.reaps.steps import Reaper
+from lightmetrics.work.leases import LeaseHeld, LeaseLost
 
 __all__ = [
     "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",
@@ -87,6 +85,6 @@ __all__ = [
     "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
     "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
     "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
-    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for", "reap_task_handler",
+    "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for",
     "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",
 ]

@@ -16,14 +16,14 @@ from typing import Any
 
 from lightmetrics.jobs.control import JobControl
 from lightmetrics.jobs.kernel import JobStatus
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import LeaseHeld
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume
 from lightmetrics.reaps.report import report_of
+from lightmetrics.work import leases
+from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.units import WorkContext
 
 
 @dataclass

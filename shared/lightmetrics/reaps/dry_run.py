@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.ops.leases import Fence
+from lightmetrics.work.leases import Fence
 
 #: Keys a listing request returns (S3's most).
 PAGE_KEYS = 1000

@@ -45,14 +45,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.indexing import KIND_REPAIR, TombstoneCache, parse_record
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, work_key
+from lightmetrics.derived.indexing import KIND_REPAIR
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, UnsupportedVersionError
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
-from lightmetrics.protocol.manifests import AcceptedBatchManifest
+from lightmetrics.protocol.manifests import AcceptedBatchManifest, parse_record
+from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.reaps.gc_marks import identity_from_mark
 from lightmetrics.reaps.gc_proof import (
     DELETE_CONFLICT_RESOLVED,
@@ -73,11 +71,14 @@ from lightmetrics.reaps.gc_proof import (
     identity_from_metadata,
     resolution_settles,
 )
+from lightmetrics.work import crashpoints
+from lightmetrics.work.pool import map_in_context
+from lightmetrics.work.units import WorkContext, work_key
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
 
-# Crash points of the handshake (lightmetrics.ops.crashpoints; the reap harness kills at each).
+# Crash points of the handshake (lightmetrics.work.crashpoints; the reap harness kills at each).
 CP_PROVED = crashpoints.register("gc.proved", "candidates proven; nothing written")
 # A "batch" is one DeleteObjects request (up to 1,000 keys); each point follows its answer.
 CP_MARKED_ONE = crashpoints.register("gc.marked-one",

@@ -17,11 +17,11 @@ import json
 from contextlib import closing
 from typing import Any
 
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.mark_settle import CandidatePage
+from lightmetrics.work.units import WorkContext
 
 _NS = 1_000_000_000
 

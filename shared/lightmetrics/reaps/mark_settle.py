@@ -30,8 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps.gc import BlobCollector
@@ -39,6 +37,8 @@ from lightmetrics.reaps.gc_marks import page_ops
 from lightmetrics.reaps.params import CHECKPOINT_PK
 from lightmetrics.reaps.report import proof_counts, settle_counts
 from lightmetrics.reaps.state import MarkState, PageOutcome
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import WorkContext
 
 #: A mark as the collector hands it over (:meth:`BlobCollector.intent`); stored compactly by
 #: :func:`~lightmetrics.reaps.gc_marks.encode_mark`.

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.jobs.kernel import JobStatus
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import task_lease_rule_broken
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.executions import HISTORY_BUDGET, ExecutionInput
 from lightmetrics.protocol.keys import RUN_ID_RE, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
+from lightmetrics.work import leases
+from lightmetrics.work.leases import task_lease_rule_broken
 
 LEASE_PK, LEASE_SK = "lease#reap", "lease"
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
@@ -212,8 +212,8 @@ def range_parallelism(integer: Any) -> int:
 
 def tombstone_wait(seconds: int) -> int:
     """Rule D1 (docs/protocol.md §16): the wait must outlast the writers' tombstone cache."""
-    from lightmetrics.composition.config import check_tombstone_wait
     from lightmetrics.protocol.errors import ConfigError
+    from lightmetrics.protocol.timing import check_tombstone_wait
 
     try:
         return check_tombstone_wait(seconds)

@@ -12,11 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lightmetrics.composition.config import longest_reap_task_s
+from lightmetrics.deployment.timeouts import longest_reap_task_s
 from lightmetrics.jobs.kernel import JobKernel
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import OWNED, Fence, LeaseLost
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.reaps.dry_run import DryRunFence
 from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items
@@ -28,6 +25,9 @@ from lightmetrics.reaps.params import (
     max_tasks_for,
 )
 from lightmetrics.reaps.state import MarkState, ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import OWNED, Fence, LeaseLost
+from lightmetrics.work.units import WorkContext
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000

@@ -21,7 +21,7 @@ runs these steps in this order; each is idempotent, so a crash anywhere resumes 
 6. :meth:`mark_reaped` — the write-once ``reaped.json`` beside the tombstone, plus the record.
 
 An entry whose record is unreadable or vanished stops only itself: it becomes a blocker of kind
-``reap-retention`` (:func:`lightmetrics.ops.work.run_unit`), keeps its entry, and H stays tombstoned
+``reap-retention`` (:func:`lightmetrics.work.units.run_unit`), keeps its entry, and H stays tombstoned
 but not reaped until an operator resumes (the next reap reads the record again) or skips it (its
 derived entries go). :func:`expired_hours` finds such an unfinished H again from its control-table
 record, however empty its prefixes list.
@@ -60,10 +60,6 @@ from typing import Any, Final, Literal
 from pydantic import Field
 
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.outcome import Outcome, PermanentWorkError, TransientWorkError
-from lightmetrics.ops.pool import map_in_context
-from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.cas import create_object
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.derived_entries import AcceptedByTimeEntry
@@ -71,6 +67,10 @@ from lightmetrics.protocol.errors import KeyLayoutError, ManifestError, Unsuppor
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.protocol.object_store import DeleteOutcome
+from lightmetrics.work import crashpoints
+from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError
+from lightmetrics.work.pool import map_in_context
+from lightmetrics.work.units import WorkContext, run_unit
 
 TOMBSTONE_SCHEMA: Final = "lightmetrics.retention_tombstone.v1"
 REAPED_SCHEMA: Final = "lightmetrics.retention_reaped.v1"
@@ -284,7 +284,7 @@ class HourRetention:
 
     def records(self, by_time_keys: list[str], *, recheck_open: bool = True) -> PageRecords:
         """The record behind each entry (the record is the authority), each read as one unit of
-        work (:func:`~lightmetrics.ops.work.run_unit`): unreadable or vanished → a blocker, and the
+        work (:func:`~lightmetrics.work.units.run_unit`): unreadable or vanished → a blocker, and the
         entry is kept; a transient failure fails the page (the task is retried, the retry budget
         counts it). An entry with an open blocker is read again (a success resolves the blocker,
         docs/protocol.md §11 O4) unless ``recheck_open`` is False: steps 3-4 keep an entry that was

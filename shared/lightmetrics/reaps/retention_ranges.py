@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import LeaseLost
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
@@ -45,6 +43,8 @@ from lightmetrics.reaps.params import CHECKPOINT_PK, RANGE_TASK_SECONDS, RANGE_T
 from lightmetrics.reaps.reap_job import ReapJob
 from lightmetrics.reaps.retention import HourRetention
 from lightmetrics.reaps.state import MarkState, PageOutcome, PendingPage, RangeIntent, RangeItem, RangePhase
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import LeaseLost
 
 _NS = 1_000_000_000
 RANGE_PK = "checkpoint#reap#range"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.work import work_key
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps.dry_run import count_keys
@@ -31,6 +29,8 @@ from lightmetrics.reaps.retention_ranges import (
     read_ranges,
 )
 from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.work import crashpoints
+from lightmetrics.work.units import work_key
 
 
 class RetentionTasks:

@@ -37,7 +37,7 @@ marked twice or forgotten.
 
 Fencing (docs/protocol.md §13, L1-L3): ``lease_seconds`` must outlast the longest reap task plus a
 margin (refused at ``begin`` otherwise); every S3 delete is sent right after a fence (a conditional
-renewal of the lease, :class:`~lightmetrics.ops.leases.Fence`), so a task that lost the lease deletes
+renewal of the lease, :class:`~lightmetrics.work.leases.Fence`), so a task that lost the lease deletes
 nothing; and an intent another owner recorded is settled only once that owner cannot be running.
 
 Example (the local runtime drives the tasks the same way)::
@@ -54,9 +54,6 @@ import uuid
 from typing import Any, cast
 
 from lightmetrics.jobs.kernel import JobStatus
-from lightmetrics.ops import crashpoints
-from lightmetrics.ops.leases import LeaseLost
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import Op, plain
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
@@ -78,6 +75,9 @@ from lightmetrics.reaps.retention import expired_hours
 from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
 from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.work import crashpoints
+from lightmetrics.work.leases import LeaseLost
+from lightmetrics.work.units import WorkContext
 
 
 class Reaper:

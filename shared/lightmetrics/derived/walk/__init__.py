@@ -6,7 +6,7 @@ partitions of ``accepted/v1/`` and ``quarantine/v1/identity-conflict/`` (agent, 
 ``Delimiter``), lists each partition *from its beginning* in pages and repairs every key that needs
 it with the same code as the reconciler and the event path —
 :func:`~lightmetrics.derived.indexing.repair_accepted` and :func:`~lightmetrics.derived.indexing.index_quarantine`
-under :func:`~lightmetrics.ops.work.run_unit`. An acceptance record needs it only when its
+under :func:`~lightmetrics.work.units.run_unit`. An acceptance record needs it only when its
 ``accepted-by-time`` entry is missing; a record of a reaped hour is not probed at all
 (:class:`RecordChecks`, docs/protocol.md §13 W4, W5).
 
@@ -21,7 +21,6 @@ one method of :class:`Walker`. The package, one concept a module:
 ``page_task`` the page task
 ``steps``    the Lambda tasks (:class:`Walker`: begin, plan, page, cont, end), composed of the two above
 ``control``  the operator side (:class:`WalkControl`: start, status, follow)
-``handler``  the Lambda handlers (:func:`walk_task_handler`)
 ``errors``   the errors a task raises on purpose (their names are the ASL's error names)
 
 Example (what ``lmctl walk start --wait`` does)::
@@ -44,7 +43,6 @@ from lightmetrics.derived.walk.errors import (
     WalkRetryLater,
     WalkTransient,
 )
-from lightmetrics.derived.walk.handler import walk_task_handler
 from lightmetrics.derived.walk.params import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ROUNDS,
@@ -89,7 +87,7 @@ from lightmetrics.derived.walk.state import (
     watermark_pk,
 )
 from lightmetrics.derived.walk.steps import Walker
-from lightmetrics.ops.leases import LeaseHeld, LeaseLost
+from lightmetrics.work.leases import LeaseHeld, LeaseLost
 
 __all__ = [
     "CHECKPOINT_SK", "DEFAULT_LEASE_S", "DEFAULT_MAX_ROUNDS", "DEFAULT_PAGE_SIZE", "DEFAULT_PARALLELISM",
@@ -100,5 +98,5 @@ __all__ = [
     "WalkControl", "WalkError", "WalkParams", "WalkPartition", "WalkRetryLater", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
-    "summarize", "walk_task_handler", "watermark_blocker", "watermark_pk",
+    "summarize", "watermark_blocker", "watermark_pk",
 ]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from lightmetrics.composition.config import longest_accept_s
 from lightmetrics.deployment.pricing import PRICE_TABLE
+from lightmetrics.deployment.timeouts import longest_accept_s
 from lightmetrics.derived.indexing import tombstones
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour

@@ -21,10 +21,10 @@ from lightmetrics.derived.walk.params import WalkParams
 from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_walk, summarize
 from lightmetrics.jobs.control import JobControl
 from lightmetrics.jobs.kernel import JobStatus
-from lightmetrics.ops.leases import LeaseHeld
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.identity import id_to_hex
+from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.units import WorkContext
 
 
 @dataclass

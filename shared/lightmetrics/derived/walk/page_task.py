@@ -12,12 +12,12 @@ from lightmetrics.derived.walk.errors import WalkRetryLater
 from lightmetrics.derived.walk.params import LIST_MAX_KEYS
 from lightmetrics.derived.walk.state import KEY_CHECKS, PART_PREFIX, WalkRun
 from lightmetrics.derived.walk.walker_base import POOL, WalkJob, add_counts
-from lightmetrics.ops.leases import OWNED, LeaseLost
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.pool import map_in_context
 from lightmetrics.protocol.control_store import ConditionFailed
 from lightmetrics.protocol.object_store import ListPage
 from lightmetrics.protocol.own_writes import WrittenByOther, update_own
+from lightmetrics.work.leases import OWNED, LeaseLost
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.pool import map_in_context
 
 
 class PageTask:

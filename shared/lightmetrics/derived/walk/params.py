@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightmetrics.derived.walk.errors import InvalidWalkInput
-from lightmetrics.ops.leases import task_lease_rule_broken
 from lightmetrics.protocol.executions import HISTORY_BUDGET, HISTORY_LIMIT, ExecutionInput
 from lightmetrics.protocol.identity import id_to_hex, validate_id
+from lightmetrics.work.leases import task_lease_rule_broken
 
 # --- input limits and defaults (docs/walks.md, "Console input") --------------------------------------
 # A page task lists up to page_size keys in ListObjectsV2 calls of at most 1,000 each: a bigger page

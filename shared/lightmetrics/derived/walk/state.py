@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from lightmetrics.jobs.kernel import JobStatus
-from lightmetrics.ops import leases
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
 from lightmetrics.protocol.own_writes import update_own
+from lightmetrics.work import leases
 
 _NS = 1_000_000_000
 
@@ -108,7 +108,7 @@ def watermark_pk(index: str) -> str:
     return f"watermark#{index}"
 
 
-# --- the walk's lease (lightmetrics.ops.leases; docs/protocol.md §13, L1-L3) ----------------------------------
+# --- the walk's lease (lightmetrics.work.leases; docs/protocol.md §13, L1-L3) ----------------------------------
 def read_lease(table: ControlStore) -> dict[str, Any] | None:
     """The walk lease's item (plain values), or None if no walk ever took it."""
     return leases.read(table, LEASE_PK)

@@ -54,11 +54,11 @@ from lightmetrics.derived.walk.state import (
 )
 from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, counters, log
 from lightmetrics.jobs.kernel import JobKernel, JobStatus
-from lightmetrics.ops.leases import OWNED, LeaseLost
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
+from lightmetrics.work.leases import OWNED, LeaseLost
+from lightmetrics.work.units import WorkContext
 
 #: What a continuation carries into the next execution.
 CARRIED = ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size", "parallelism", "max_rounds", "full",

@@ -15,9 +15,9 @@ from typing import Any
 from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
 from lightmetrics.derived.walk.state import KEY_CHECKS, OUTCOMES
 from lightmetrics.jobs.kernel import JobKernel
-from lightmetrics.ops.outcome import Outcome
-from lightmetrics.ops.work import WorkContext, run_unit
 from lightmetrics.protocol.control_store import ControlStore
+from lightmetrics.work.outcome import Outcome
+from lightmetrics.work.units import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
 #: One pool for every page task of the process: a page repairs up to 16 keys at a time.

@@ -10,7 +10,7 @@ The background jobs are measured whole, through their public entry points: a wal
 execution on the runtime's Step Functions interpreter (its tasks' S3 and DynamoDB clients counted,
 its states entered and Lambda tasks read from the execution history: :func:`measure_walk`,
 :func:`measure_reap`), a reconciler run (:func:`measure_reconcile`). tests/test_cost_measured.py
-compares each total with :func:`lightmetrics.deployment.cost_workload.job_requests` of the units the run did.
+compares each total with :func:`lightmetrics.operator_tools.cost_workload.job_requests` of the units the run did.
 
 Example:
     >>> costs = measure_operation_costs(system, raw_s3, depths=(10, 100))      # doctest: +SKIP

@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from lightmetrics.aws.s3_store import s3_client_config
-from lightmetrics.composition.hosting import Host, install
 from lightmetrics.harness.testing.latency import ENV_LATENCY_MS, ENV_MAX_INFLIGHT, LatencyInjector, process_injector
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.hosting import host_from_env, install_from_env
 from lightmetrics.local.server import LocalRuntime
 from lightmetrics.local.system import LocalSystem, RuntimeSession
 from lightmetrics.protocol.clock import Clock, SystemClock
+from lightmetrics.protocol.hosting import Host, install
 
 
 def percentile(values: Sequence[float], q: float) -> float:

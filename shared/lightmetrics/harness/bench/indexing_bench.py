@@ -30,7 +30,7 @@ from lightmetrics.harness.bench.harness import BenchEnv, Figures
 from lightmetrics.harness.bench.workload import batch_frames, seed_history
 from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
 from lightmetrics.local.pump import EventPump, Route
-from lightmetrics.ops.work import run_unit
+from lightmetrics.work.units import run_unit
 
 SQS_BATCH = 10
 

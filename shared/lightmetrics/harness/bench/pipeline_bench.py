@@ -10,7 +10,7 @@
    with ``spark.driver.maxResultSize=1m``): end to end in format v3 (Parquet objects), then the
    same hour's inputs end to end in format v2 (a chunk and an index entry per series and window:
    the rollup before v3, the baseline), then the aggregation alone on the same decoded samples —
-   Spark SQL (``lightmetrics_pipeline.aggregate``) against the per-series Python the rollup used before
+   Spark SQL (``lightmetrics_pipeline.rollup.aggregate``) against the per-series Python the rollup used before
    (``applyInPandas`` per series, ``chunks.aggregate_window``; kept here only as the baseline),
    both encoding the chunks, neither writing;
 3. **decoder** — the same frames, already in a DataFrame (S3 out of the picture): the vectorized
@@ -38,14 +38,14 @@ def run_bench(*, inventory_keys: int = 1_000_000, batches: int = 1000, samples_p
 
     from pyspark.sql import functions as F
 
-    from lightmetrics.composition.config import Settings
+    from lightmetrics.deployment.settings import Settings
     from lightmetrics.local.environment import local_environment
     from lightmetrics.local.server import LocalRuntime
     from lightmetrics.protocol.keys import KeyCodec, KeyKind, UtcHour
-    from lightmetrics_pipeline import inventory as inv
-    from lightmetrics_pipeline.audit import run_audit
-    from lightmetrics_pipeline.decode import FRAME_SAMPLE_SCHEMA, decode_batches, per_row_udf
-    from lightmetrics_pipeline.rollup import RollupJob
+    from lightmetrics_pipeline.audit.job import run_audit
+    from lightmetrics_pipeline.inventory import report as inv
+    from lightmetrics_pipeline.rollup.decode import FRAME_SAMPLE_SCHEMA, decode_batches, per_row_udf
+    from lightmetrics_pipeline.rollup.job import RollupJob
     from lightmetrics_pipeline.s3io import S3Access
     from lightmetrics_pipeline.session import get_spark
     from lightmetrics_pipeline.synthetic import generate_inventory, load_batches
@@ -176,7 +176,7 @@ def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, serie
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from lightmetrics_pipeline.rollup import RollupJob, decode_samples, tasks_for
+    from lightmetrics_pipeline.rollup.job import RollupJob, decode_samples, tasks_for
     from lightmetrics_pipeline.s3io import counter_accumulator
     from lightmetrics_pipeline.synthetic import load_batches, series_samples
 
@@ -235,17 +235,17 @@ def rollup_shape(spark: Any, s3: Any, bucket: str, access: Any, hour: Any, serie
 
 
 def _sql_chunks(samples: Any, partitions: int) -> Any:
-    """Chunks (hour, size) from ``lightmetrics_pipeline.aggregate``: the rollup's aggregation and encoding."""
+    """Chunks (hour, size) from ``lightmetrics_pipeline.rollup.aggregate``: the rollup's aggregation and encoding."""
     def encode(batches: Any) -> Any:
         import pyarrow as pa
 
-        from lightmetrics_pipeline.aggregate import encode_chunk_row
+        from lightmetrics_pipeline.rollup.aggregate import encode_chunk_row
 
         for batch in batches:
             sizes = [len(encode_chunk_row(r, 1)[2]) for r in batch.to_pylist()]
             yield pa.RecordBatch.from_pydict({"bytes": pa.array(sizes, pa.int64())})
 
-    from lightmetrics_pipeline.aggregate import chunk_rows
+    from lightmetrics_pipeline.rollup.aggregate import chunk_rows
 
     return chunk_rows(samples, partitions).mapInArrow(encode, "bytes long")
 
@@ -258,9 +258,9 @@ def _per_series_python_chunks(samples: Any) -> Any:
         import pandas as pd
 
         from lightmetrics.protocol.keys import UtcHour
-        from lightmetrics_pipeline import chunks as C
-        from lightmetrics_pipeline import sketch as SK
-        from lightmetrics_pipeline import window_agg as W
+        from lightmetrics_pipeline.rollup import chunks as C
+        from lightmetrics_pipeline.rollup import sketch as SK
+        from lightmetrics_pipeline.rollup import window_agg as W
 
         hour = UtcHour(int(pdf["hour_s"].iloc[0]))
         series = str(pdf["series"].iloc[0])

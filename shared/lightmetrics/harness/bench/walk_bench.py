@@ -7,7 +7,7 @@ entries: the bootstrap case, every key repaired. The walk is the real thing: an 
 BootstrapWalk state machine on moto's Step Functions (``parallelism`` = ``agents``, at most 10),
 its Lambda tasks hosted in this process with latency-injected S3 clients. The baseline, on the
 other system, lists ``accepted/v1/`` one page (1,000 keys) at a time and repairs one key at a time
-(:func:`lightmetrics.derived.indexing.repair_accepted` under :func:`lightmetrics.ops.work.run_unit`, what a
+(:func:`lightmetrics.derived.indexing.repair_accepted` under :func:`lightmetrics.work.units.run_unit`, what a
 walk does per key whose entries are missing). Each gets its own history because a walker that
 finds a key's ``accepted-by-time`` entry present does less for it (docs/protocol.md §13 W4, W5);
 ``per_key_requests`` (GETs and PUTs per key) shows both did the same repairs. They alternate who
@@ -39,8 +39,8 @@ from lightmetrics.derived.walk import MAX_PARALLELISM
 from lightmetrics.harness.bench.harness import BenchEnv, Figures
 from lightmetrics.harness.bench.workload import batch_frames, seed_history
 from lightmetrics.local.system import LocalSystem
-from lightmetrics.ops.work import run_unit
 from lightmetrics.protocol.keys import KeyKind, layout_root
+from lightmetrics.work.units import run_unit
 
 
 def sequential_walk(system: LocalSystem, counter: RequestCounter) -> dict[str, Any]:

@@ -6,7 +6,7 @@ modelled: the inventory is S3's own listing of the in-memory bucket (no request)
 and :mod:`~lightmetrics.harness.sim.audit_inventory` selects from it the rows the classification and
 candidate joins would. From there the code is the job's: GC's marks read through the world's table
 (``gc_marked_blobs``), every candidate confirmed by the pipeline's own checks
-(``audit_confirm.confirm``) reading through the fault-injecting store (an ``S3Access`` carrying it),
+(``audit.confirm.confirm``) reading through the fault-injecting store (an ``S3Access`` carrying it),
 the missing blobs looked at again after the marks are read again (``recheck_held``), then the real
 :func:`plan_watermarks` and, once the summary is committed, :func:`apply_watermarks` (a crash there
 moves nothing more). A failed read fails the job, which commits nothing. A record the reader cannot
@@ -28,13 +28,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.derived.audit_watermarks import apply_watermarks, plan_watermarks
 from lightmetrics.derived.walk import INDEXES
 from lightmetrics.derived.walk.state import watermark_pk
 from lightmetrics.harness.sim.audit_inventory import InventoryView
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
-from lightmetrics.protocol import invariants as inv
+from lightmetrics.operator_tools import invariants as inv
+from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
 
 _NS = 1_000_000_000
 
@@ -97,7 +97,7 @@ def confirmed_findings(world: World, rows: list[Row], horizon_before_s: int, *, 
     """The job's confirmation of ``rows``: the pipeline's checks over the world's faulty store and
     table (``gc_marked_blobs``, ``confirm``, ``recheck_held``); raises if a read fails. ``upgraded``:
     the job's image reads the newer writer's records (:class:`UpgradedReads`)."""
-    from lightmetrics_pipeline.audit_confirm import confirm, gc_marked_blobs, recheck_held
+    from lightmetrics_pipeline.audit.confirm import confirm, gc_marked_blobs, recheck_held
     from lightmetrics_pipeline.s3io import S3Access
 
     codec = world.system.ctx.codec
@@ -133,8 +133,8 @@ def _stage(fn: Any, rows: list[Row], actor: Actor | None) -> list[Row]:
 
 def watermark_inputs(findings: list[Row]) -> tuple[dict[str, int], dict[str, int]]:
     """``missing-derived`` findings per index and unreadable candidates per rule (what the job counts
-    in Spark: ``audit_watermarks.missing_by_index`` and the ``unreadable`` category)."""
-    from lightmetrics_pipeline.audit_confirm import UNREADABLE
+    in Spark: ``audit.watermarks.missing_by_index`` and the ``unreadable`` category)."""
+    from lightmetrics_pipeline.audit.confirm import UNREADABLE
 
     missing: Counter[str] = Counter()
     for f in findings:

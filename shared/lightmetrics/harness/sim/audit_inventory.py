@@ -1,5 +1,5 @@
 """The audit's Spark stages, modelled for the simulation: the candidate rows its classification and
-candidate joins (``lightmetrics_pipeline.audit_classify``, ``audit_candidates``) select from an
+candidate joins (``lightmetrics_pipeline.audit.classify``, ``audit.candidates``) select from an
 inventory that is S3's listing of the in-memory bucket now (no request). Everything after them —
 the confirmation, the marks, the watermarks — is the job's own code (:mod:`.audit_actor`).
 
@@ -25,8 +25,8 @@ _DERIVED = "derived-without-source"
 
 
 def _row(check: str, cand: str, **cols: Any) -> Row:
-    """A candidate in the confirmation's columns (``audit_confirm.CANDIDATE_COLUMNS``; null where unset)."""
-    from lightmetrics_pipeline.audit_confirm import CANDIDATE_COLUMNS
+    """A candidate in the confirmation's columns (``audit.confirm.CANDIDATE_COLUMNS``; null where unset)."""
+    from lightmetrics_pipeline.audit.confirm import CANDIDATE_COLUMNS
 
     return {"check": check, "cand": cand, **{c: None for c in CANDIDATE_COLUMNS[2:]}, **cols}
 

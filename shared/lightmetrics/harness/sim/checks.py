@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightmetrics.derived.indexing import parse_record
-from lightmetrics.derived.verify import verify
 from lightmetrics.harness.sim.reap_world import awaiting_settle, reap_liveness
 from lightmetrics.harness.sim.world import Ack, World
-from lightmetrics.ops import leases
+from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.manifests import parse_record
 from lightmetrics.reaps.params import LEASE_PK
+from lightmetrics.work import leases
 
 
 def _blob_state(world: World, blob_key: str) -> str:

@@ -22,12 +22,7 @@ from typing import Any
 
 from lightmetrics.acceptance.accept import AcceptStatus
 from lightmetrics.acceptance.auth import CachedTokenKeys, TokenKeys, mint_token
-from lightmetrics.acceptance.denylist import DenylistCache, DenylistStore, NotDenied
-from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
-from lightmetrics.harness.sim.scheduler import Actor, SimCrash
-from lightmetrics.harness.sim.world import Ack, World, frame
-from lightmetrics.harness.testing.memory import NO_WAIT
-from lightmetrics.ops.conflict_records import (
+from lightmetrics.acceptance.conflict_records import (
     ACCEPT_EXISTING,
     DENY_IDENTITY,
     UNRESOLVED,
@@ -36,7 +31,12 @@ from lightmetrics.ops.conflict_records import (
     conflict_id,
     parse_conflict_id,
 )
-from lightmetrics.ops.conflicts import ConflictRegistry
+from lightmetrics.acceptance.conflicts import ConflictRegistry
+from lightmetrics.acceptance.denylist import DenylistCache, DenylistStore, NotDenied
+from lightmetrics.acceptance.http_contract import HttpRequest, IngestService
+from lightmetrics.harness.sim.scheduler import Actor, SimCrash
+from lightmetrics.harness.sim.world import Ack, World, frame
+from lightmetrics.harness.testing.memory import NO_WAIT
 from lightmetrics.protocol.identity import BatchIdentity
 
 SUSPECT = "agent-c"

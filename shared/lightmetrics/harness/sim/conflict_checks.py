@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lightmetrics.acceptance.accept import AcceptStatus
+from lightmetrics.acceptance.conflict_records import CONFLICTS_PK, DENY_IDENTITY, ConflictResolutionRecord, registry_sk
 from lightmetrics.acceptance.denylist import ALL_BOOTS, DENYLIST_PK, LIFTS_PK
 from lightmetrics.harness.sim.conflict_actors import Conflicts, Resolve
 from lightmetrics.harness.sim.world import World
-from lightmetrics.ops.conflict_records import CONFLICTS_PK, DENY_IDENTITY, ConflictResolutionRecord, registry_sk
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.protocol.manifests import IdentityConflictManifest
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.derived.event_path import process_sqs_record
 from lightmetrics.derived.hour_ranges import RangePlans
 from lightmetrics.derived.indexing import KIND_FOR_KEY
@@ -31,10 +32,9 @@ from lightmetrics.harness.sim import actors
 from lightmetrics.harness.sim.actors import TASK_ATTEMPTS, QuietQueues
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
-from lightmetrics.ops.blocker_actions import skip
-from lightmetrics.ops.outcome import Outcome
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.work.outcome import Outcome
 
 _NS = 1_000_000_000
 #: shards of the simulated deployment (LM_RECONCILE_SHARDS) and the range plan's cut

@@ -13,9 +13,9 @@ from lightmetrics.derived.walk import LEASE_PK, checkpoint_pk, read_walk
 from lightmetrics.harness.sim.actors import QuietQueues
 from lightmetrics.harness.sim.derived_actors import Derived, settings_with_shards
 from lightmetrics.harness.sim.world import World
-from lightmetrics.ops import leases
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.work import leases
 
 
 def hours_left_open(world: World, shards: int) -> list[str]:

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.composition.config import LEASE_MARGIN_S
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import FENCE_INTERVAL_S
+from lightmetrics.protocol.timing import LEASE_MARGIN_S
 from lightmetrics.reaps.params import LEASE_PK, LEASE_SK
+from lightmetrics.work import leases
+from lightmetrics.work.leases import FENCE_INTERVAL_S
 
 _NS = 1_000_000_000
 LEASE_KEY = f"{LEASE_PK}/{LEASE_SK}"

@@ -25,9 +25,9 @@ from typing import Any
 from lightmetrics.harness.sim.reap_world import marks_left
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
-from lightmetrics.ops import leases
 from lightmetrics.reaps import Reaper
 from lightmetrics.reaps.params import LEASE_PK
+from lightmetrics.work import leases
 
 TASK_RETRIES, CONTROL_RETRIES, ABORT_RETRIES = 6, 5, 3
 #: chance that a Gc or Retention attempt meets a Lambda service error while its function runs on

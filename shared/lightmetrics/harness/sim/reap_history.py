@@ -23,9 +23,9 @@ from typing import Any
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.harness.testing.memory import MemorySystem
-from lightmetrics.ops import crashpoints
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import Reaper
+from lightmetrics.work import crashpoints
 
 _NS = 1_000_000_000
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightmetrics.acceptance.accept import accept_batch
+from lightmetrics.admin.blocker_actions import skip
 from lightmetrics.derived.hour_ranges import PLAN_PK
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.harness.sim.reap_history import plant_failed_gc, plant_stopped_retention
 from lightmetrics.harness.testing.memory import MemorySystem
-from lightmetrics.ops.blocker_actions import skip
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, UtcHour
 from lightmetrics.reaps.gc_marks import MARKS_PREFIX
 from lightmetrics.reaps.params import CHECKPOINT_PK

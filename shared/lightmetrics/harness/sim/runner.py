@@ -25,8 +25,8 @@ from lightmetrics.harness.sim.scheduler import SimCrash, serial_pools
 from lightmetrics.harness.sim.source_watch import SourceWatch
 from lightmetrics.harness.sim.walk_driver import walk
 from lightmetrics.harness.sim.world import World, build_world
-from lightmetrics.ops import crashpoints
 from lightmetrics.reaps.params import LATEST_AUDIT
+from lightmetrics.work import crashpoints
 
 #: the figures of one schedule: storage calls in the run phase before the step budget stops it
 DEFAULT_STEPS = 300

@@ -21,9 +21,9 @@ from lightmetrics.derived.walk import LEASE_PK, Walker, WalkError
 from lightmetrics.harness.sim.reap_driver import BUG_ERRORS, InlineSfn
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
-from lightmetrics.ops import leases
-from lightmetrics.ops.leases import LeaseError
-from lightmetrics.ops.work import TRANSIENT
+from lightmetrics.work import leases
+from lightmetrics.work.leases import LeaseError
+from lightmetrics.work.units import TRANSIENT
 
 MACHINE = "arn:aws:states:sim:0:stateMachine:bootstrap-walk"
 _TRANSIENT = "transient"  # WalkTransient and the Lambda.* errors share the Retry entry

@@ -11,20 +11,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightmetrics.acceptance.accept import AcceptContext, NoMetrics, accept_batch
-from lightmetrics.derived.indexing import index_accepted, index_raw_blob, parse_record
+from lightmetrics.acceptance.accept import AcceptContext, accept_batch
+from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.sim.lease_check import LeaseWatch
 from lightmetrics.harness.sim.proxies import FaultPlan, SimControlTable, SimObjectStore
 from lightmetrics.harness.sim.reap_world import ReapWorld, plant_reaps
 from lightmetrics.harness.sim.scheduler import Scheduler, SimClock, SkewedClock
 from lightmetrics.harness.testing.memory import NO_WAIT, T0_NS, MemorySystem, memory_system
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.retry_budget import RetryBudget
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.frame import Sample, encode_frame
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.protocol.manifests import parse_record
+from lightmetrics.protocol.metrics import NoMetrics
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.retry_budget import RetryBudget
+from lightmetrics.work.units import WorkContext
 
 _NS = 1_000_000_000
 HORIZON_S = 60

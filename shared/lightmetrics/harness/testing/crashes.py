@@ -1,7 +1,7 @@
 """A real process kill at a named crash point, for tests (``tests/reap_worker.py``).
 
 ``LM_CRASH_AT=<point>`` makes the process exit at once (``os._exit(137)``, like a SIGKILL) when it
-reaches that :mod:`lightmetrics.ops.crashpoints` point. Test code only: no deployed function imports
+reaches that :mod:`lightmetrics.work.crashpoints` point. Test code only: no deployed function imports
 this module, so no deployed function reads the variable (docs/protocol.md §18).
 
 Example::
@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from lightmetrics.ops import crashpoints
+from lightmetrics.work import crashpoints
 
 CRASH_ENV = "LM_CRASH_AT"
 

@@ -2,7 +2,7 @@
 decisions beside the moto-backed ones (never instead of them).
 
 :func:`memory_system` builds one bucket and one table on a shared clock, and the work context
-(:class:`~lightmetrics.ops.work.WorkContext`) and accept context the services run on — the same
+(:class:`~lightmetrics.work.units.WorkContext`) and accept context the services run on — the same
 objects :mod:`lightmetrics.composition.services` builds from boto3, with these adapters in their place.
 ``tests/test_memory_contract.py`` holds both adapters to moto's behaviour.
 
@@ -17,16 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.acceptance.accept import AcceptContext, MetricsSink, NoMetrics
-from lightmetrics.composition.config import Settings
+from lightmetrics.acceptance.accept import AcceptContext
+from lightmetrics.deployment.settings import Settings
 from lightmetrics.harness.testing.memory.control_table import InMemoryControlTable
 from lightmetrics.harness.testing.memory.object_store import NO_WAIT, InMemoryObjectStore
-from lightmetrics.ops.blockers import BlockerStore
-from lightmetrics.ops.retry_budget import RetryBudget
-from lightmetrics.ops.work import WorkContext
 from lightmetrics.protocol.clock import Clock, FrozenClock
 from lightmetrics.protocol.keys import KeyCodec
+from lightmetrics.protocol.metrics import MetricsSink, NoMetrics
 from lightmetrics.protocol.retry import RetryPolicy
+from lightmetrics.work.blockers import BlockerStore
+from lightmetrics.work.retry_budget import RetryBudget
+from lightmetrics.work.units import WorkContext
 
 #: A fixed time for tests (2025-11-24T16:00:00Z).
 T0_NS = 1_764_000_000_000_000_000
