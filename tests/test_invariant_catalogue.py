@@ -21,8 +21,8 @@ from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.verify import verify
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics_pipeline import inventory as inv_report
-from lightmetrics_pipeline.audit import CATEGORIES, read_findings, run_audit
+from lightmetrics_pipeline.audit.job import CATEGORIES, read_findings, run_audit
+from lightmetrics_pipeline.inventory import report as inv_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

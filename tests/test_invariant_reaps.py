@@ -195,7 +195,7 @@ def test_property_2_a_lease_shorter_than_the_longest_task_is_refused_at_start(bu
     assert w.reaper().lease() is None  # refused before taking anything
     assert ReapParams.parse(GC).lease_seconds == 900 and WalkParams.parse({}).lease_s == 900
     # The rollup's lease fences its commit, whose longest run comes from the S3 access it uses.
-    from lightmetrics_pipeline.rollup import RollupJob, commit_step_s
+    from lightmetrics_pipeline.rollup.job import RollupJob, commit_step_s
     from lightmetrics_pipeline.s3io import S3Access
 
     access = S3Access(bucket)
