@@ -29,7 +29,8 @@ SHARED_PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "lightmetrics"
 OUTER_PACKAGES = ("local", "cli", "client", "harness")
 #: Modules of the core that only operators' tools and synth use, never a function (``lmctl verify``
 #: and its invariant catalogue, ``cost``, ``conflicts show``, ``env --stack``; the state machines'
-#: definitions are rendered at synth and by the local runtime), relative to the package. A test keeps this list equal to what no
+#: definitions are rendered at synth and by the local runtime; the roles' statements are granted at synth
+#: and by the local runtime), relative to the package. A test keeps this list equal to what no
 #: function reaches.
 OPERATOR_MODULES = (
     "derived/audit_watermarks.py",
@@ -37,6 +38,7 @@ OPERATOR_MODULES = (
     "derived/verify_report.py",
     "deployment/cost_model.py",
     "deployment/cost_workload.py",
+    "deployment/policies.py",
     "deployment/stack_outputs.py",
     "deployment/statemachines.py",
     "ops/identity_view.py",
