@@ -34,13 +34,14 @@ AWS services run as it; the system's code runs as the principals of :mod:`lightm
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from typing import Any
 
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION
 
-__all__ = ["DEPLOYER_ARN", "DEPLOYER_KEY", "DEPLOYER_USER", "enforce", "enforced", "ensure_deployer"]
+__all__ = ["DEPLOYER_ARN", "DEPLOYER_KEY", "DEPLOYER_USER", "USAGE_LOG_ENV", "enforce", "enforced", "ensure_deployer"]
 
 DEPLOYER_USER = "lm-deployer"
 DEPLOYER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/{DEPLOYER_USER}"
@@ -49,6 +50,9 @@ DEPLOYER_KEY = ("testing", "testing")
 _ALLOW_ALL = json.dumps({"Version": "2012-10-17",
                          "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
 _lock = threading.Lock()
+_log_lock = threading.Lock()
+#: a file every allowed request is appended to (principal, action, resource): what the roles really use
+USAGE_LOG_ENV = "LM_IAM_USAGE_LOG"
 
 
 def enforced() -> bool:
@@ -263,9 +267,14 @@ def _patch_requests(access_control: Any) -> None:
     access_control.IAMRequest.__init__ = init
     original_check = access_control.IAMRequestBase.check_action_permitted
 
+    usage_log = os.environ.get(USAGE_LOG_ENV)
+
     def check_action_permitted(self: Any, resource: str) -> None:
         self._lm_resource = resource  # for the refusal's message
         original_check(self, resource)
+        if usage_log:
+            with _log_lock, open(usage_log, "a", encoding="utf-8") as fh:
+                fh.write(f"{self._access_key.arn}\t{self._action}\t{resource}\n")
 
     access_control.IAMRequestBase.check_action_permitted = check_action_permitted
 

@@ -208,7 +208,8 @@ class LocalSystem:
         sqs = self.principal_session("reconcile").client("sqs")
         probe = SqsCountProbe(sqs, [u for n, u in urls.items() if not n.endswith("-dlq")],
                               [u for n, u in urls.items() if n.endswith("-dlq")])
-        return Reconciler(ctx or self.work_context(), self.settings, probe, shard=shard)
+        ctx = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"))
+        return Reconciler(ctx, self.settings, probe, shard=shard)
 
     def reconcile_every_shard(self, ctx: WorkContext | None = None) -> list[dict[str, Any]]:
         """One run of every shard, one after another (what the schedules run in AWS side by side);
