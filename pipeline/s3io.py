@@ -48,6 +48,8 @@ class S3Access:
     timeout_s: int = 5
     max_attempts: int = 5
     component: str = "pipeline"
+    #: with ``access_key``: a role's temporary credentials (locally, the pipeline job role's)
+    session_token: str | None = None
     #: An object store to reach the bucket through instead of a boto3 client (the in-memory store of
     #: a test or of the deterministic simulation); never compared, and not for shipping to executors.
     object_store: ObjectStore | None = field(default=None, compare=False, repr=False)
@@ -57,13 +59,14 @@ class S3Access:
                       bucket: str | None = None) -> "S3Access":
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        key = secret = None
+        key = secret = token = None
         if endpoint:  # the local runtime: ship its (dummy) credentials to the workers explicitly
             key, secret = os.environ.get("AWS_ACCESS_KEY_ID", "testing"), os.environ.get("AWS_SECRET_ACCESS_KEY", "testing")
+            token = os.environ.get("AWS_SESSION_TOKEN")
             region = region or "us-east-1"
         return cls(bucket=bucket or settings.bucket, prefix=settings.prefix, endpoint_url=endpoint, region=region,
                    access_key=key, secret_key=secret, timeout_s=settings.s3_timeout_s,
-                   max_attempts=settings.s3_max_attempts, component=component)
+                   max_attempts=settings.s3_max_attempts, component=component, session_token=token if key else None)
 
     def with_bucket(self, bucket: str) -> "S3Access":
         return replace(self, bucket=bucket)
@@ -140,6 +143,7 @@ def client(access: S3Access) -> Any:
             if access.access_key:
                 kwargs["aws_access_key_id"] = access.access_key
                 kwargs["aws_secret_access_key"] = access.secret_key
+                kwargs["aws_session_token"] = access.session_token
             c = boto3.session.Session().client("s3", **kwargs)
             c.meta.events.register("after-call.s3", _on_response)
             _clients[access] = c

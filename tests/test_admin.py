@@ -35,11 +35,12 @@ def system(runtime):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def admin(system, monkeypatch):  # type: ignore[no-untyped-def]
-    """The real functions/admin handler, configured by LM_* like the Lambda, behind the SigV4 check."""
+    """The real functions/admin handler, configured by LM_* like the Lambda, behind the SigV4 check, running
+    as the admin function's role with IAM enforced (tests/test_iam_enforced.py)."""
     for name, value in system.environment().items():
         monkeypatch.setenv(name, value)
     admin_app.reset()
-    server = admin_server(admin_app.handler, port=0).start()
+    server = admin_server(system.hosted_as("admin", admin_app.handler), port=0).start()  # as the admin role
     yield server
     server.stop()
     admin_app.reset()

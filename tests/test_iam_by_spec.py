@@ -1,7 +1,8 @@
 """Every S3 request a background function makes is one its deployed role allows.
 
-moto does not enforce IAM, so a code path that reads a prefix its role cannot read passes every
-local test and fails only on AWS (403). CDK builds each role from its ``FunctionSpec``
+The local runtime enforces each role's policy (tests/test_iam_enforced.py), but moto does not evaluate
+the ``s3:prefix`` condition of a ListBucket grant, so a listing outside a role's prefixes would pass
+locally and fail only on AWS (403). CDK builds each role from its ``FunctionSpec``
 (``s3_read`` -> GetObject/HeadObject, ``s3_write`` -> PutObject, ``s3_list`` -> ListBucket by
 prefix, ``s3_delete`` -> DeleteObject): these tests run the walk's tasks, the indexers and the
 reconciler against moto, record every S3 request with the function that made it, and check it

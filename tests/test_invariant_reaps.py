@@ -426,7 +426,8 @@ def test_property_7_rollup_retention_that_failed_part_way_is_finished_by_a_later
 
 
 def test_every_s3_request_of_a_reap_task_is_allowed_by_its_function_spec(bucket: str) -> None:
-    """moto does not enforce IAM: record every S3 request each reap task makes (GC, retention with
+    """These tasks run here as the deployer, and moto does not evaluate s3:prefix conditions
+    (docs/deploy.md, "IAM enforced locally"): record every S3 request each reap task makes (GC, retention with
     a vanished record, rollup retention) and check it against the task's FunctionSpec, from which
     CDK builds the role. A request outside it would be a 403 on AWS."""
     from lightmetrics.deployment.resources import SPEC

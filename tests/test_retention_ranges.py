@@ -608,7 +608,8 @@ def test_every_range_step_was_killed() -> None:
 
 # ------------------------------------------------------------------------- IAM of the range tasks
 def test_every_s3_request_of_a_range_task_is_allowed_by_its_function_spec(bucket: str) -> None:
-    """moto does not enforce IAM: each range task runs in an existing function (reap-gc for a range's
+    """These tasks run here as the deployer, and moto does not evaluate s3:prefix conditions
+    (docs/deploy.md, "IAM enforced locally"): each range task runs in an existing function (reap-gc for a range's
     blobs, reap-retention for its derived entries), so its requests must fit that function's spec."""
     from lightmetrics.deployment.resources import SPEC
 

@@ -29,21 +29,13 @@ from constructs import Construct
 from infra.components.layer import ARCHITECTURE, RUNTIME
 from infra.components.storage import Storage
 from infra.config import METRICS_NAMESPACE, ROOT, InfraConfig
+from lightmetrics.deployment.settings import Settings
+from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_statements
 from lightmetrics.deployment.resource_types import FunctionSpec, ResourceSpec
 from lightmetrics.deployment.settings import Settings
 
 FUNCTIONS_DIR = ROOT / "functions"
 _ASSET_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".pytest_cache", "tests")
-
-TABLE_ACTIONS = {
-    "none": (),
-    "read": ("dynamodb:GetItem", "dynamodb:Query"),
-    "write": ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
-}
-SQS_CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes")
-CLOUDWATCH_READ_ACTIONS = ("cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics")
-S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
-
 
 def camel(name: str) -> str:
     """``index_raw_blobs`` -> ``IndexRawBlobs`` (construct ids)."""
@@ -61,6 +53,20 @@ def stage_function_code(src: Path = FUNCTIONS_DIR) -> Path:
     return stage
 
 
+def cdk_statement(statement: Statement) -> iam.PolicyStatement:
+    """One statement of :mod:`lightmetrics.operator_tools.policies` as a CDK ``PolicyStatement``."""
+    return iam.PolicyStatement(sid=statement.get("Sid"), actions=list(statement["Action"]),
+                               resources=list(statement["Resource"]), conditions=statement.get("Condition"))
+
+
+def policy_arns(*, storage: Storage, table_arn: str, secret_arn: str, queues: Mapping[str, sqs.IQueue],
+                state_machine_arns: Mapping[str, str] | None = None) -> PolicyArns:
+    """The stack's ARNs (tokens) for the shared statements."""
+    return PolicyArns(bucket=storage.bucket.bucket_arn, namespace=storage.namespace, table=table_arn,
+                      secret=secret_arn, queues={n: q.queue_arn for n, q in queues.items()},
+                      state_machines=dict(state_machine_arns or {}))
+
+
 def policy_statements(
     spec: FunctionSpec,
     *,
@@ -70,54 +76,11 @@ def policy_statements(
     queues: Mapping[str, sqs.IQueue],
     state_machine_arns: Mapping[str, str] | None = None,
 ) -> list[iam.PolicyStatement]:
-    """Everything ``spec`` may do, and nothing else (logs and X-Ray are added with the function)."""
-    out: list[iam.PolicyStatement] = []
-    if spec.s3_read:
-        out.append(iam.PolicyStatement(actions=["s3:GetObject"], resources=storage.object_arns(spec.s3_read)))
-    if spec.s3_write:
-        out.append(iam.PolicyStatement(actions=["s3:PutObject"], resources=storage.object_arns(spec.s3_write)))
-    if spec.s3_delete:
-        out.append(iam.PolicyStatement(actions=list(S3_DELETE_ACTIONS), resources=storage.object_arns(spec.s3_delete)))
-    if spec.s3_list:
-        out.append(
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[storage.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [storage.namespace + p + "*" for p in spec.s3_list]}},
-            )
-        )
-    if spec.gc_role:
-        # GC's crash recovery lists the versions of one blob key (which delete markers it placed).
-        out.append(
-            iam.PolicyStatement(
-                actions=["s3:ListBucketVersions"],
-                resources=[storage.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [storage.namespace + p + "*" for p in storage.spec.gc_delete_prefixes]}},
-            )
-        )
-    if TABLE_ACTIONS[spec.table]:
-        out.append(iam.PolicyStatement(actions=list(TABLE_ACTIONS[spec.table]), resources=[table_arn]))
-    if spec.reads_secret:
-        out.append(iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[secret_arn]))
-    if spec.sqs_consume:
-        out.append(
-            iam.PolicyStatement(
-                actions=list(SQS_CONSUME_ACTIONS), resources=[queues[n].queue_arn for n in spec.sqs_consume]
-            )
-        )
-    if spec.sqs_read_attributes:
-        out.append(
-            iam.PolicyStatement(
-                actions=["sqs:GetQueueAttributes"], resources=[queues[n].queue_arn for n in spec.sqs_read_attributes]
-            )
-        )
-    if spec.cloudwatch_read:
-        # CloudWatch metric reads have no resource-level permissions.
-        out.append(iam.PolicyStatement(actions=list(CLOUDWATCH_READ_ACTIONS), resources=["*"]))
-    if spec.sfn_start:
-        arns = state_machine_arns or {}
-        out.append(iam.PolicyStatement(actions=["states:StartExecution"], resources=[arns[n] for n in spec.sfn_start]))
-    return out
+    """Everything ``spec`` may do, and nothing else (logs and X-Ray are added with the function):
+    :func:`lightmetrics.operator_tools.policies.function_statements`, the one source the local runtime enforces too."""
+    arns = policy_arns(storage=storage, table_arn=table_arn, secret_arn=secret_arn, queues=queues,
+                       state_machine_arns=state_machine_arns)
+    return [cdk_statement(s) for s in function_statements(spec, arns, storage.spec)]
 
 
 def secret_policy_arn(stack: Stack, secret_name: str) -> str:

@@ -56,31 +56,30 @@ from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra import pipeline_bundle as bundle
+from infra.components.functions import cdk_statement
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
+from lightmetrics.operator_tools.policies import (  # LOGS_PREFIX: in the ops bucket, the job runs' logs
+    INVENTORY_PREFIX,
+    LEASE_KEYS,
+    LOGS_PREFIX,
+    PIPELINE_READ_PREFIXES,
+    PIPELINE_WRITE_PREFIXES,
+    READ_KEYS,
+    PolicyArns,
+    pipeline_job_statements,
+    watermark_keys,
+)
 from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
-from lightmetrics.derived.walk.state import INDEXES, watermark_pk
-from lightmetrics.protocol.keys import KeyKind as K  # short: the policy names many kinds
-from lightmetrics.protocol.keys import layout_roots
 
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
 RELEASE_LABEL = "emr-spark-8.0.0"
-LOGS_PREFIX = "emr/logs/"  # in the ops bucket: the job runs' logs (expire with the ops data)
 INVENTORY_ID = "weekly-parquet"  # storage.INVENTORY_ID
-INVENTORY_PREFIX = "inventory"  # storage.INVENTORY_PREFIX
 
-#: layout prefixes the jobs read (GET/HEAD) and write (conditional create)
-READ_PREFIXES = layout_roots(K.ACCEPTED, K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOB, K.RAW_BLOBS_BY_TIME,
-                             K.QUARANTINE, K.QUARANTINE_BY_BLOB, K.ROLLUP_MANIFEST, K.ROLLUP_PART, K.ROLLUP_INDEX,
-                             K.RETENTION_TOMBSTONE, K.AUDIT,
-                             # the audit's orphan check reads a conflict's resolution (docs/protocol.md §15 G3)
-                             K.CONFLICT_RESOLUTION)
-WRITE_PREFIXES = layout_roots(K.ROLLUP_PART, K.ROLLUP_INDEX, K.ROLLUP_MANIFEST, K.AUDIT)
-#: control-table partitions the jobs touch (docs/control-table.md): the rollup's lease (written),
-#: the completeness watermarks the audit proves (raised: docs/protocol.md §13 W6), and those only read
-LEASE_KEYS = ("lease#rollup",)
-WATERMARK_KEYS = tuple(watermark_pk(index) for index in INDEXES)
-READ_KEYS = ("checkpoint#reconcile", "checkpoint#reap")
+#: the jobs' grants (lightmetrics.operator_tools.policies): layout prefixes read and written, table partitions
+READ_PREFIXES = PIPELINE_READ_PREFIXES
+WRITE_PREFIXES = PIPELINE_WRITE_PREFIXES
+WATERMARK_KEYS = watermark_keys()
 PLACEHOLDERS = ("ApplicationId", "JobRoleArn", "EntryPoint", "SparkSubmitParameters", "LogUri", "InventoryLocation")
 
 
@@ -163,39 +162,12 @@ class Pipeline(NestedStack):
                 "ArnLike": {"aws:SourceArn": [app_arn, f"{app_arn}/jobruns/*"]}}),
             description="Lightmetrics pipeline jobs (EMR Serverless): read the layout, create rollups and audits",
         )
-        obj = lambda b, prefixes: [f"{b.bucket_arn}/{p}*" for p in prefixes]  # noqa: E731
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadLayout", actions=["s3:GetObject"], resources=obj(bucket, [ns + p for p in READ_PREFIXES])))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="CreateRollupsAndAudits", actions=["s3:PutObject"],
-            resources=obj(bucket, [ns + p for p in WRITE_PREFIXES])))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ListLayout", actions=["s3:ListBucket"], resources=[bucket.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [ns + p + "*" for p in READ_PREFIXES]}}))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadInventory", actions=["s3:GetObject"], resources=obj(ops_bucket, [f"{INVENTORY_PREFIX}/"])))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadJobBundle", actions=["s3:GetObject"],
-            resources=[f"arn:{stack.partition}:s3:::{a.s3_bucket_name}/{a.s3_object_key}" for a in self.bundle.values()]))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ListInventory", actions=["s3:ListBucket"], resources=[ops_bucket.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{INVENTORY_PREFIX}/*"]}}))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="WriteJobLogs", actions=["s3:PutObject"], resources=obj(ops_bucket, [LOGS_PREFIX])))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="RollupLease", actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
-            resources=[table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(LEASE_KEYS)}}))
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            # GetItem: a raise whose answer was lost is read back before it is called unmoved (§11.1 CW1)
-            sid="AuditWatermarks", actions=["dynamodb:GetItem", "dynamodb:UpdateItem"], resources=[table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(WATERMARK_KEYS)}}))
-        # Read only: the reconciler's checkpoints (which hours are closed) and GC's recorded marks
-        # (the audit's blobs in GC's hands, docs/protocol.md §15).
-        self.job_role.add_to_policy(iam.PolicyStatement(
-            sid="ReadCheckpointsAndGcMarks", actions=["dynamodb:GetItem", "dynamodb:Query"],
-            resources=[table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": list(READ_KEYS)}}))
+        # The statements themselves: lightmetrics.operator_tools.policies, the one source the local runtime enforces too.
+        arns = PolicyArns(bucket=bucket.bucket_arn, namespace=ns, table=table_arn, secret="")
+        bundle_objects = tuple(f"arn:{stack.partition}:s3:::{a.s3_bucket_name}/{a.s3_object_key}"
+                               for a in self.bundle.values())
+        for statement in pipeline_job_statements(arns, ops_bucket=ops_bucket.bucket_arn, bundle_objects=bundle_objects):
+            self.job_role.add_to_policy(cdk_statement(statement))
 
         # -- the state machine that starts the jobs ---------------------------------------------------------
         substitutions = {

@@ -26,8 +26,9 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from infra.components.functions import BuiltFunction, log_retention
+from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
+from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.deployment.resource_types import StateMachineSpec
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
@@ -85,12 +86,10 @@ class StateMachines(Construct):
                 assumed_by=iam.ServicePrincipal("states.amazonaws.com"),
                 description=f"Lightmetrics {spec.name}: invokes exactly its task functions",
             )
-            role.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["lambda:InvokeFunction"],
-                    resources=[functions[fn].function.function_arn for fn in spec.function_names()],
-                )
-            )
+            arns = PolicyArns(bucket="", namespace="", table="", secret="",
+                              functions={fn: functions[fn].function.function_arn for fn in spec.function_names()})
+            for statement in state_machine_statements(spec, arns):
+                role.add_to_principal_policy(cdk_statement(statement))
             log_group = logs.LogGroup(self, f"{cid}Logs", retention=log_retention(config.log_retention_days))
             machine = sfn.StateMachine(
                 self,

@@ -17,6 +17,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
 
+from lightmetrics.aws.errors import refused_access
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.errors import ResourceAccessError
 
@@ -64,7 +65,7 @@ def table_error(exc: ClientError, table: str) -> Exception | None:
     if code == "ResourceNotFoundException":
         return ResourceAccessError("table", table, "LM_TABLE", "does not exist")
     if code in ("AccessDeniedException", "AccessDenied"):
-        return ResourceAccessError("table", table, "LM_TABLE", f"refused access: {code}")
+        return ResourceAccessError("table", table, "LM_TABLE", refused_access(exc))
     return None
 
 

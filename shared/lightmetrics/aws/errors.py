@@ -63,5 +63,11 @@ def describe(exc: ClientError) -> str:
     return f"{exc.operation_name} answered {error_code(exc)} ({http_status(exc)})" + (f": {message}" if message else "")
 
 
+def refused_access(exc: ClientError) -> str:
+    """``refused access: <code> (<message>)``: the message names the action refused, and the principal."""
+    message = str(exc.response.get("Error", {}).get("Message", "")).strip()
+    return f"refused access: {error_code(exc)}" + (f" ({message})" if message else "")
+
+
 __all__ = ["TRANSIENT_CODES", "TRANSIENT_STATUSES", "describe", "error_code", "http_status", "is_not_found",
-           "is_transient"]
+           "is_transient", "refused_access"]

@@ -62,9 +62,12 @@ def bucket_refusal(exc: Exception, bucket: str, setting: str = "LM_BUCKET", *, k
 
 
 def refused_request(exc: ClientError, key: str | None) -> str:
-    """``refused GetObject <key>: 403 AccessDenied`` — what was asked, of what, and the answer."""
+    """``refused GetObject <key>: 403 AccessDenied (<message>)`` — what was asked, of what, and the answer
+    (whose message names the principal and the action refused)."""
     asked = f"{exc.operation_name} {key}" if key is not None else exc.operation_name
-    return f"refused {asked}: {http_status(exc)} {error_code(exc)}".strip()
+    message = str(exc.response.get("Error", {}).get("Message", "")).strip()
+    detail = f" ({message})" if message and message not in ("Access Denied", "Forbidden") else ""
+    return f"refused {asked}: {http_status(exc)} {error_code(exc)}".strip() + detail
 
 
 def classify_put_error(exc: Exception, bucket: str, key: str | None = None) -> tuple[ConditionalCreateOutcome, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.aws.errors import refused_access
 from lightmetrics.protocol.errors import ResourceAccessError
 
 _MISSING = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
@@ -26,7 +27,7 @@ def queue_error(exc: ClientError, url: str) -> ResourceAccessError | None:
     if code in _MISSING:
         return ResourceAccessError("queue", url, "LM_QUEUE_URLS", "does not exist")
     if code in _DENIED:
-        return ResourceAccessError("queue", url, "LM_QUEUE_URLS", f"refused access: {code}")
+        return ResourceAccessError("queue", url, "LM_QUEUE_URLS", refused_access(exc))
     return None
 
 

@@ -80,12 +80,12 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
             from functions.ingest.app import handler
 
             assert system.settings is not None
-            ingest = IngestHTTPServer(handler, port=runtime.ingest_port,
+            ingest = IngestHTTPServer(system.hosted_as("ingest", handler), port=runtime.ingest_port,
                                       max_body_bytes=system.settings.max_frame_bytes).start()
             from functions.admin.app import handler as admin_handler
             from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
 
-            admin = admin_server(admin_handler, port=runtime.port + ADMIN_PORT_OFFSET).start()  # SigV4, like AWS_IAM
+            admin = admin_server(system.hosted_as("admin", admin_handler), port=runtime.port + ADMIN_PORT_OFFSET).start()
             system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
             values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
             exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})

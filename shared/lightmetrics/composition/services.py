@@ -54,10 +54,11 @@ def aws_session(*, profile_name: str | None = None, region_name: str | None = No
     >>> aws_session(region_name="eu-west-1").region_name               # doctest: +SKIP
     'eu-west-1'
     """
+    role_credentials = dict(current_host().aws_credentials or {})  # a hosted function's role's, locally
     try:
-        session = boto3.session.Session(profile_name=profile_name, region_name=region_name)
+        session = boto3.session.Session(profile_name=profile_name, region_name=region_name, **role_credentials)
         if session.region_name is None and os.environ.get("AWS_REGION"):
-            session = boto3.session.Session(profile_name=profile_name, region_name=os.environ["AWS_REGION"])
+            session = boto3.session.Session(profile_name=profile_name, region_name=os.environ["AWS_REGION"], **role_credentials)
         credentials = session.get_credentials() if session.region_name else None
     except ProfileNotFound as exc:
         raise ConfigError(f"{exc}: set AWS_PROFILE (lmctl --profile) to a profile of ~/.aws/config") from None
@@ -191,4 +192,4 @@ def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
 
 def step_functions_client(*, session: Any = None) -> Any:
     """A Step Functions client: the walk's and the reap's ``continue`` tasks start their next execution."""
-    return (session or boto3.session.Session()).client("stepfunctions")
+    return (session or boto3.session.Session(**(current_host().aws_credentials or {}))).client("stepfunctions")

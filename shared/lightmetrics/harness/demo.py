@@ -230,7 +230,7 @@ def _index_phase(run: _DemoRun) -> None:
 def _reconcile_phase(run: _DemoRun) -> None:
     """The lost event's entry is repaired by a reconcile pass; the poison stays a blocker."""
     report, store, codec, dropped = run.report, run.store, run.codec, run.dropped
-    ctx = run.system.work_context()
+    ctx = run.system.work_context(session=run.system.principal_session("reconcile"))  # as the reconciler's role
     lost_sha = codec.parse(dropped[0]).sha256 if dropped else ""
 
     def entry_present() -> bool:

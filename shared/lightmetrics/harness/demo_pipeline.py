@@ -57,21 +57,23 @@ def _run(system: Any, runtime: Any) -> dict[str, Any]:
     written = inv.snapshot(access, inv.Destination.parse(f"s3://{settings.bucket}/inventory"))
     out["inventory"] = {"manifest": written.manifest_location, "rows": written.rows}
 
+    job_session = system.role_session("pipeline-job")  # the jobs' role (the snapshot stands in for S3 Inventory)
+    job_access = _as_role(access, job_session.credentials)
     # 2. audit
     now_ns = time.time_ns()
     run_id = time.strftime("demo-%Y%m%dT%H%M%SZ", time.gmtime())
-    report_inv = inv.open_report(written.manifest_location, access)
-    audit = run_audit(spark, inv.inventory_dataframe(spark, report_inv, access), access, run_id=run_id,
+    report_inv = inv.open_report(written.manifest_location, job_access)
+    audit = run_audit(spark, inv.inventory_dataframe(spark, report_inv, job_access), job_access, run_id=run_id,
                       now_s=now_ns // _NS, retry_horizon_s=settings.retry_horizon_s, inventory_info=report_inv.to_json())
     out["audit"] = {"run_id": run_id, "summary": f"s3://{settings.bucket}/{audit.summary_key}",
                     "candidates": audit.candidates, "confirmed": audit.confirmed,
                     "confirmed_by_rule": audit.confirmed_by_rule, "seconds": round(audit.seconds, 1)}
 
     # 3. rollup of the demo's acceptance hours (open: see the module docstring)
-    table = system.work_context().table
+    table = system.work_context(session=job_session).table
     first_open = closed_boundary(settings, table)
     now_hour = UtcHour.of_unix_ns(now_ns)
-    job = RollupJob(spark, access, table=table, owner="demo")
+    job = RollupJob(spark, job_access, table=table, owner="demo")
     rollup = job.run([now_hour + (-1), now_hour], first_open=first_open, allow_open=True)
     out["rollup"] = {"reconciler_checkpoint": str(first_open) if first_open else None,
                      "open_hours_rolled_up": [h.hour for h in rollup.hours if first_open is None or
@@ -94,6 +96,16 @@ def _run(system: Any, runtime: Any) -> dict[str, Any]:
     out["ok"] = (audit.confirmed.get("integrity", 0) == 0 and audit.confirmed.get("derived-without-source", 0) == 0
                  and bool(committed) and rollup.skipped == 0 and out["query"]["samples"] > 0)
     return out
+
+
+def _as_role(access: Any, credentials: dict[str, str]) -> Any:
+    """``access`` signing with a role's credentials (shipped to the executors with it)."""
+    if not credentials:
+        return access
+    from dataclasses import replace
+
+    return replace(access, access_key=credentials["aws_access_key_id"], secret_key=credentials["aws_secret_access_key"],
+                   session_token=credentials["aws_session_token"])
 
 
 def _query_table(q: Any) -> list[dict[str, Any]]:

@@ -34,7 +34,14 @@ def collector_environment(system: object) -> dict[str, str]:
     collectors get faults only when a caller adds them per collector."""
     env = dict(os.environ)
     env.pop("LM_FAULTS", None)
+    env.pop("AWS_SESSION_TOKEN", None)
     env.update(system.environment())  # type: ignore[attr-defined]
+    # a collector runs the ingest function: as its role, as a Lambda runtime's environment would say
+    credentials = system.principal_session("ingest").credentials  # type: ignore[attr-defined]
+    if credentials:
+        from lightmetrics.local.principals import session_environment
+
+        env.update(session_environment(credentials))
     return env
 
 

@@ -23,9 +23,12 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any, cast
 from urllib.parse import unquote
 
+from lightmetrics.protocol.hosting import current, hosted
 from lightmetrics.deployment.resource_types import FunctionSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_code import import_handler_module
@@ -43,30 +46,6 @@ _INVOKE_PREFIX = "/2015-03-31/functions/"
 #: GET here returns the request counts (per service, and per service:component) as JSON.
 COUNTS_PATH = "/_lightmetrics/request-counts"
 _INVOKE_SUFFIX = "/invocations"
-
-
-def name_unnamed_execution(environ: dict[str, Any]) -> None:
-    """A ``StartExecution`` without ``name`` gets a UUID, as AWS gives it (moto names it ``None``,
-    so a second unnamed start would fail with ExecutionAlreadyExists). The request body is
-    rewritten in ``environ``; a body that is not a JSON object goes to moto as it came.
-
-    >>> import io; env = {"CONTENT_LENGTH": "2", "wsgi.input": io.BytesIO(b"{}")}
-    >>> name_unnamed_execution(env); len(json.loads(env["wsgi.input"].read())["name"])
-    36
-    """
-    import io
-
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    raw = environ["wsgi.input"].read(length) if length else b""
-    try:
-        body = json.loads(raw) if raw else {}
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and not body.get("name"):
-        body["name"] = str(uuid.uuid4())
-        raw = json.dumps(body).encode()
-    environ["wsgi.input"] = io.BytesIO(raw)
-    environ["CONTENT_LENGTH"] = str(len(raw))
 
 
 class LambdaContext:
@@ -158,8 +137,11 @@ class FunctionHost:
         functions: Mapping[str, Handler] | None = None,
         *,
         specs: Iterable[FunctionSpec] = SPEC.functions,
+        credentials_for: Callable[[str], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.app = app
+        #: function name -> the credentials it runs with (its role's), None: the host's own
+        self._credentials_for = credentials_for
         self._explicit = dict(functions) if functions is not None else None
         self._specs = {s.name: s for s in specs}
         self._loaded: dict[str, Handler] = {}
@@ -211,8 +193,6 @@ class FunctionHost:
             name = function_name_from(raw_name)
             if name in self.names():
                 return self._invoke(name, environ, start_response)
-        if environ.get("HTTP_X_AMZ_TARGET") == "AWSStepFunctions.StartExecution":
-            name_unnamed_execution(environ)
         service = _service_of(environ.get("HTTP_AUTHORIZATION", ""))
         component = _COMPONENT.search(environ.get("HTTP_USER_AGENT", ""))
         with self._lock:
@@ -247,7 +227,10 @@ class FunctionHost:
             payload, failed = json.dumps(_error_body(exc, "Runtime.ImportModuleError")).encode(), True
         else:
             assert handler is not None
-            payload, failed = invoke_handler(handler, event, context)
+            credentials = self._credentials_for(name) if self._credentials_for else None
+            # the function's clients sign as its role (composition.hosting), as the Lambda runtime's do
+            with hosted(replace(current(), aws_credentials=credentials)) if credentials else nullcontext():
+                payload, failed = invoke_handler(handler, event, context)
         if invocation_type == "Event":
             # Run synchronously, answer 202: deterministic for tests; errors only get logged.
             if failed:

@@ -58,16 +58,18 @@ def provision(
     namespace: str = "",
     queue_name_prefix: str = "",
     function_arn: Callable[[str], str] | None = None,
+    roles: bool = True,
 ) -> dict[str, Any]:
-    """Converge bucket, control table, token secret, queues, bucket notifications and state
-    machines to ``spec``.
+    """Converge bucket, control table, token secret, queues, bucket notifications, state
+    machines and (``roles``) the stack's roles (:mod:`lightmetrics.local.principals`; none with a
+    ``{service: client}`` map that has no ``"iam"``) to ``spec``.
 
     ``namespace`` is the prefix namespace (``LM_PREFIX``) prepended to queue prefix filters;
     ``queue_name_prefix`` is prepended to physical queue, state machine and function names
-    (several systems in one moto). ``function_arn`` maps a function of the spec to the ARN its
+    (several systems in one moto), and to role names. ``function_arn`` maps a function of the spec to the ARN its
     state machine tasks invoke (default: the local function host's ARN of
-    ``queue_name_prefix + name``). Returns names, ARNs, the secret value, and ``created``: what
-    did not exist before.
+    ``queue_name_prefix + name``). Returns names, ARNs, the secret value, ``roles`` (principal -> role ARN)
+    and ``created``: what did not exist before.
     """
     client = _client_factory(session_or_clients)
     s3, ddb, sm = client("s3"), client("dynamodb"), client("secretsmanager")
@@ -80,7 +82,7 @@ def provision(
     state_machines = _converge_state_machines(client, spec, created, queue_name_prefix=queue_name_prefix,
                                               function_arn=function_arn)
 
-    return {
+    made = {
         "bucket": bucket,
         "bucket_arn": f"arn:aws:s3:::{bucket}",
         "table": table,
@@ -91,7 +93,16 @@ def provision(
         "queues": queues,
         "state_machines": state_machines,
         "created": created,
+        "roles": {},
     }
+    if roles and not (isinstance(session_or_clients, Mapping) and "iam" not in session_or_clients):
+        from lightmetrics.local.principals import local_policy_arns, provision_principals
+
+        arns = local_policy_arns(made, namespace=namespace, name_prefix=queue_name_prefix)
+        # the demo's inventory lands in the authority bucket (there is no ops bucket locally)
+        made["roles"] = provision_principals(client, spec, arns, name_prefix=queue_name_prefix,
+                                             ops_bucket=made["bucket_arn"])
+    return made
 
 
 def _converge_bucket(s3: Any, spec: ResourceSpec, bucket: str, created: list[str]) -> None:
@@ -221,7 +232,9 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
     definition."""
     state_machines: dict[str, dict[str, str]] = {}
     if spec.state_machines:
+        from lightmetrics.operator_tools.policies import state_machine_principal
         from lightmetrics.operator_tools.statemachines import lambda_arn, render_definition
+        from lightmetrics.local.principals import role_name
 
         sfn = client("stepfunctions")
         region = sfn.meta.region_name or "us-east-1"
@@ -232,7 +245,8 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
         for sm in spec.state_machines:
             name = queue_name_prefix + sm.logical_name
             definition = render_definition(sm, resolve)
-            role = f"arn:aws:iam::{ACCOUNT_ID}:role/{name}-role"  # moto does not check it
+            # the role provision_principals makes for it (its ARN is known before it exists)
+            role = f"arn:aws:iam::{ACCOUNT_ID}:role/{role_name(state_machine_principal(sm), queue_name_prefix)}"
             if name in existing:
                 arn = existing[name]
                 sfn.update_state_machine(stateMachineArn=arn, definition=definition, roleArn=role)

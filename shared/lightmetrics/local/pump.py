@@ -46,6 +46,9 @@ class Route:
     arn: str
     function_name: str
     handler: Handler
+    #: the client this route polls and acknowledges with (Lambda's event source mapping uses the
+    #: function's role); None: the pump's own
+    sqs: Any = None
 
 
 def lambda_sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
@@ -123,7 +126,8 @@ class EventPump:
 
     def pump_once(self, route: Route, *, wait_s: int = 0) -> int:
         """Receive one batch and deliver it; returns how many messages were received."""
-        messages = self.sqs.receive_message(
+        sqs = route.sqs or self.sqs
+        messages = sqs.receive_message(
             QueueUrl=route.url, MaxNumberOfMessages=self.batch_size, WaitTimeSeconds=wait_s, AttributeNames=["All"]
         ).get("Messages", [])
         if not messages:
@@ -132,7 +136,7 @@ class EventPump:
             keep = []
             for m in messages:
                 if self.drop(m["Body"]):
-                    self.sqs.delete_message(QueueUrl=route.url, ReceiptHandle=m["ReceiptHandle"])
+                    sqs.delete_message(QueueUrl=route.url, ReceiptHandle=m["ReceiptHandle"])
                     with self._lock:
                         self.dropped.append(m["Body"])
                 else:
@@ -158,13 +162,13 @@ class EventPump:
             LOG.warning("%s failed on a batch of %d: %s", route.function_name, len(messages), exc)
         done = [m for m in messages if m["MessageId"] not in failed]
         if done:
-            self.sqs.delete_message_batch(
+            sqs.delete_message_batch(
                 QueueUrl=route.url,
                 Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)],
             )
         for m in messages:
             if m["MessageId"] in failed:
-                self.sqs.change_message_visibility(
+                sqs.change_message_visibility(
                     QueueUrl=route.url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=self.retry_delay_s
                 )
         with self._lock:

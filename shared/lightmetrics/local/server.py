@@ -33,6 +33,8 @@ from typing import Any, Self
 
 from werkzeug.serving import ThreadedWSGIServer
 
+from lightmetrics.protocol.hosting import Host, install
+from lightmetrics.protocol.hosting import current as current_host
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler
@@ -81,7 +83,8 @@ def runtime_client(endpoint_url: str, service: str, **kwargs: Any) -> Any:
     import botocore.session
 
     params: dict[str, Any] = {"endpoint_url": endpoint_url, "region_name": REGION}
-    params.update(_DUMMY_CREDENTIALS)
+    params.update(_DUMMY_CREDENTIALS)  # the deployer's (lightmetrics.local.iam_enforcement) ...
+    params.update(current_host().aws_credentials or {})  # ... or, in a hosted function, its role's
     params.update(kwargs)
     # A fresh session per client: boto3's default session is not safe to share across threads.
     # The sessions share one botocore data loader, so service models and endpoint data are parsed
@@ -150,6 +153,25 @@ def _cache_moto_lambda_clients() -> None:
     lambda_eval_utils.boto_client_for = cached  # type: ignore[assignment]
 
 
+def _name_unnamed_executions() -> None:
+    """A ``StartExecution`` without ``name`` gets a UUID, as AWS gives it (moto's interpreter names it
+    ``None``, so a second unnamed start would fail with ExecutionAlreadyExists). In the backend, not by
+    rewriting the request: its body is what its signature covers."""
+    import uuid
+
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
+    if getattr(StepFunctionsParserBackend.start_execution, "_lm_named", False):
+        return
+    original = StepFunctionsParserBackend.start_execution
+
+    def start_execution(self: Any, state_machine_arn: str, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original(self, state_machine_arn, name or str(uuid.uuid4()), *args, **kwargs)
+
+    start_execution._lm_named = True  # type: ignore[attr-defined]
+    StepFunctionsParserBackend.start_execution = start_execution  # type: ignore[method-assign]
+
+
 class LocalRuntime:
     """moto's server with the local function host in front, in a background thread.
 
@@ -170,8 +192,12 @@ class LocalRuntime:
         functions: Mapping[str, Handler] | None = None,
         *,
         spec: ResourceSpec = SPEC,
+        enforce_iam: bool = True,
     ) -> None:
         self.host = host
+        #: moto checks every request against its principal's policies (lightmetrics.local.iam_enforcement)
+        self.enforce_iam = enforce_iam
+        self._saved_enforcement: bool | None = None
         self.port = port  # 0 picks a free port at start()
         self.spec = spec
         self._functions = functions
@@ -206,6 +232,7 @@ class LocalRuntime:
 
         _cache_moto_module_list()
         _cache_moto_lambda_clients()
+        _name_unnamed_executions()
         # moto logs every failed state (a refused walk start, a task error) at ERROR with a
         # multi-kilobyte repr of the state; the execution history already records each failure.
         logging.getLogger("moto.stepfunctions.parser.asl.component.eval_component").setLevel(logging.CRITICAL)
@@ -221,8 +248,13 @@ class LocalRuntime:
             # This process now hosts functions: it is their host (the local runtime's switches,
             # LM_FAULTS and friends, are read here and nowhere in the functions' code).
             self._saved_host = install_from_env()
+            if self.enforce_iam:
+                from lightmetrics.local.iam_enforcement import enforce
+
+                self._saved_enforcement = enforce(True)
             self.function_host = FunctionHost(
-                DomainDispatcherApplication(create_backend_app), self._functions, specs=self.spec.functions
+                DomainDispatcherApplication(create_backend_app), self._functions, specs=self.spec.functions,
+                credentials_for=self.function_credentials if self.enforce_iam else None,
             )
             self._server = _MotoWSGIServer(sock, self.function_host, _quiet_moto_handler())
         except BaseException:
@@ -269,7 +301,22 @@ class LocalRuntime:
             thread.join(5.0)
         self._restore_process_settings()
 
+    def function_credentials(self, name: str) -> dict[str, str] | None:
+        """The credentials function ``name`` runs with: its role's (lightmetrics.local.principals)."""
+        from lightmetrics.local.principals import function_credentials
+
+        return function_credentials(self.deployer_client, self.endpoint_url, name)
+
+    def deployer_client(self, service: str, **kwargs: Any) -> Any:
+        """A client signing as the deployer, whatever code it is built in."""
+        return runtime_client(self.endpoint_url, service, **{**_DUMMY_CREDENTIALS, "aws_session_token": None, **kwargs})
+
     def _restore_process_settings(self) -> None:
+        if self._saved_enforcement is not None:
+            from lightmetrics.local.iam_enforcement import enforce
+
+            enforce(self._saved_enforcement)
+            self._saved_enforcement = None
         if self._saved_host is not None:
             install(self._saved_host)
             self._saved_host = None
@@ -289,6 +336,13 @@ class LocalRuntime:
         from moto.moto_api._internal.models import moto_api_backend
 
         moto_api_backend.reset()
+        from lightmetrics.local.principals import forget_credentials
+
+        forget_credentials(self.endpoint_url)
+        if self.enforce_iam:
+            from lightmetrics.local.iam_enforcement import ensure_deployer
+
+            ensure_deployer()
 
     def request_count(self, service: str, component: str | None = None) -> int:
         """Requests to ``service`` (e.g. ``"s3"``) that reached moto since start, from any process;

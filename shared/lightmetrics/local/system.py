@@ -35,7 +35,9 @@ from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
-from lightmetrics.local.server import LocalRuntime
+from lightmetrics.local.server import LocalRuntime, RemoteRuntime
+from lightmetrics.admin.blocker_actions import sweep_dlqs
+from lightmetrics.work.units import WorkContext
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.work.units import WorkContext
 
@@ -69,7 +71,7 @@ class LocalSystem:
     def provision(self) -> "LocalSystem":
         self.made = provision(self.runtime, self.spec, bucket=self.bucket, table=self.table,
                               secret_name=self.secret_name, namespace=self.prefix,
-                              queue_name_prefix=self.queue_name_prefix)
+                              queue_name_prefix=self.queue_name_prefix, roles=_enforces_iam(self.runtime))
         # A local system is a local host's: the demo's and tests' short waits are allowed here
         # (docs/protocol.md §18 S4), never in configuration a deployed function reads.
         self.settings = Settings.from_env(
@@ -99,35 +101,71 @@ class LocalSystem:
         if host is None or self.settings is None:
             return []
         settings = self.settings
-        shared: list[WorkContext] = []  # one context (and its clients) for the five tasks
+        contexts: dict[str, WorkContext] = {}  # one context (and its clients) per task function: its role's
         lock = threading.Lock()
 
-        def context(s: Any, **kw: Any) -> WorkContext:
-            with lock:
-                if not shared:
-                    shared.append(self.work_context(component="walk", counter=counter, **kw))
-                return shared[0]
+        def context_of(fn: str) -> Callable[..., WorkContext]:
+            def context(s: Any, **kw: Any) -> WorkContext:
+                with lock:
+                    if fn not in contexts:
+                        contexts[fn] = self.work_context(component="walk", counter=counter,
+                                                         session=self.principal_session(fn), **kw)
+                    return contexts[fn]
+            return context
 
         from lightmetrics.lambda_shell.reap_handler import reap_task_handler
         from lightmetrics.reaps import TASK_STEPS as REAP_STEPS
 
         names = []
         for fn in dict.fromkeys(f for sm in self.spec.state_machines for f in sm.function_names()):
+            sfn = self._sfn_factory(fn)
             if fn in REAP_STEPS:
                 step = REAP_STEPS[fn]
-                handler = reap_task_handler(step, settings_factory=lambda: settings, work_context_factory=context,
-                                            sfn_factory=lambda: self.runtime.boto3_client("stepfunctions"))
-                host.register(self.function_name(fn), wrap(step, handler) if wrap else handler)
-                names.append(self.function_name(fn))
-                continue
-            step = TASK_STEPS[fn]
-            handler = walk_task_handler(
-                step, settings_factory=lambda: settings, work_context_factory=context,
-                sfn_factory=lambda: self.runtime.boto3_client("stepfunctions"),
-            )
+                handler = reap_task_handler(step, settings_factory=lambda: settings, work_context_factory=context_of(fn),
+                                            sfn_factory=sfn)
+            else:
+                step = TASK_STEPS[fn]
+                handler = walk_task_handler(step, settings_factory=lambda: settings,
+                                            work_context_factory=context_of(fn), sfn_factory=sfn)
             host.register(self.function_name(fn), wrap(step, handler) if wrap else handler)
             names.append(self.function_name(fn))
         return names
+
+    def role_session(self, principal: str) -> "RuntimeSession":
+        """A session signing as one of the stack's roles that is no function's (the pipeline job role,
+        ``pipeline-job``), assumed as the service would; the deployer's without roles."""
+        role = self.made.get("roles", {}).get(principal)
+        if role is None:
+            return RuntimeSession(self.runtime)
+        from lightmetrics.local.principals import assume
+
+        return RuntimeSession(self.runtime, assume(self.runtime.boto3_client, role, self.queue_name_prefix + principal))
+
+    def hosted_as(self, fn: str, handler: Any) -> Any:
+        """``handler`` run as function ``fn``'s role: its AWS clients, built when it first runs, sign so
+        (the Function URL stand-ins of ``lmctl local up`` host ingest and admin this way)."""
+        from dataclasses import replace
+
+        from lightmetrics.protocol.hosting import current, hosted
+
+        def as_role(event: Any, context: Any) -> Any:
+            credentials = self.principal_session(fn).credentials
+            if not credentials:
+                return handler(event, context)
+            with hosted(replace(current(), aws_credentials=credentials)):
+                return handler(event, context)
+
+        return as_role
+
+    def _sfn_factory(self, fn: str) -> Callable[[], Any]:
+        return lambda: self.principal_session(fn).client("stepfunctions")
+
+    def principal_session(self, fn: str) -> "RuntimeSession":
+        """A session whose clients sign as function ``fn``'s role (lightmetrics.local.principals); the
+        deployer's when the function has none (IAM not enforced, or not provisioned with roles)."""
+        if not self.made.get("roles"):
+            return RuntimeSession(self.runtime)
+        return RuntimeSession(self.runtime, _function_credentials(self.runtime, self.function_name(fn)))
 
     def state_machine_arn(self, name: str = "bootstrap-walk") -> str:
         assert self.settings is not None
@@ -170,15 +208,17 @@ class LocalSystem:
         """Shard ``shard`` of the reconciler (``LM_RECONCILE_SHARDS``; the only one by default)."""
         assert self.settings is not None
         urls = self.settings.queue_urls
-        probe = SqsCountProbe(self.runtime.boto3_client("sqs"), [u for n, u in urls.items() if not n.endswith("-dlq")],
+        sqs = self.principal_session("reconcile").client("sqs")
+        probe = SqsCountProbe(sqs, [u for n, u in urls.items() if not n.endswith("-dlq")],
                               [u for n, u in urls.items() if n.endswith("-dlq")])
-        return Reconciler(ctx or self.work_context(), self.settings, probe, shard=shard)
+        ctx = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"))
+        return Reconciler(ctx, self.settings, probe, shard=shard)
 
     def reconcile_every_shard(self, ctx: WorkContext | None = None) -> list[dict[str, Any]]:
         """One run of every shard, one after another (what the schedules run in AWS side by side);
         their reports. A shard's error is raised after the others ran."""
         assert self.settings is not None
-        ctx = ctx or self.work_context(component="reconcile")
+        ctx = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"))
         reports, errors = [], []
         for shard in range(self.settings.reconcile_shards):
             try:
@@ -194,11 +234,13 @@ class LocalSystem:
         assert settings is not None
         routes = []
         for name, q in self.made.get("queues", {}).items():
+            session = self.principal_session(name)  # the indexer of queue ``name`` is function ``name``
             handler = sqs_index_handler(
                 kind=QUEUE_KIND[name], queue=name, settings_factory=lambda: settings,
-                work_context_factory=lambda s, **kw: self.work_context(component="index", **kw),
+                work_context_factory=lambda s, session=session, **kw: self.work_context(component="index",
+                                                                                         session=session, **kw),
             )
-            routes.append(Route(name, q["url"], q["arn"], name, handler))
+            routes.append(Route(name, q["url"], q["arn"], name, handler, sqs=session.client("sqs")))
         return routes
 
     def start(self, *, reconcile_every_s: float | None = None, sweep_every_s: float | None = None,
@@ -209,10 +251,10 @@ class LocalSystem:
         self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop, duplicate=duplicate).start()
         jobs: dict[str, tuple[float, Any]] = {}
         if reconcile_every_s:
-            reconcile_ctx = self.work_context(component="reconcile")
+            reconcile_ctx = self.work_context(component="reconcile", session=self.principal_session("reconcile"))
             jobs["reconcile"] = (reconcile_every_s, lambda _e, _c: self.reconcile_every_shard(reconcile_ctx))
         if sweep_every_s:
-            ctx = self.work_context()
+            ctx = self.work_context(session=self.principal_session("sweep-dlq"))
             jobs["sweep-dlq"] = (sweep_every_s, lambda _e, _c: sweep_dlqs(ctx))
         self.scheduler = Scheduler(jobs).start()
         return self
@@ -242,13 +284,30 @@ class LocalSystem:
 
 
 class RuntimeSession:
-    """A boto3-session look-alike whose clients all talk to one local runtime."""
+    """A boto3-session look-alike whose clients all talk to one local runtime (signing with
+    ``credentials``, botocore's arguments, if given)."""
 
-    def __init__(self, runtime: LocalRuntime) -> None:
+    def __init__(self, runtime: LocalRuntime, credentials: dict[str, str] | None = None) -> None:
         self.runtime = runtime
+        self.credentials = dict(credentials or {})
 
     def client(self, service: str, **kwargs: Any) -> Any:
-        return self.runtime.boto3_client(service, **kwargs)
+        return self.runtime.boto3_client(service, **{**self.credentials, **kwargs})
+
+
+def _enforces_iam(runtime: Any) -> bool:
+    """Whether ``runtime`` is a moto of ours that enforces IAM (an in-process one that says so, or a
+    server process, which always does); other backends (MiniStack) get no roles."""
+    return bool(getattr(runtime, "enforce_iam", False)) or isinstance(runtime, RemoteRuntime)
+
+
+def _function_credentials(runtime: Any, name: str) -> dict[str, str] | None:
+    """Function ``name``'s role's credentials on ``runtime`` (in this process's or another's moto)."""
+    if isinstance(runtime, LocalRuntime):
+        return runtime.function_credentials(name) if runtime.enforce_iam else None
+    from lightmetrics.local.principals import function_credentials
+
+    return function_credentials(runtime.boto3_client, runtime.endpoint_url, name)
 
 
 def _session(runtime: LocalRuntime) -> Any:

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -32,11 +32,15 @@ from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 class Host:
     """``clock``: what "now" is for contexts built without an explicit clock. ``s3_client_hooks``:
     called with every S3 client :mod:`lightmetrics.composition.services` builds. ``timing_rules``: whether
-    configuration read from the environment must satisfy the timing rules (H1, D1)."""
+    configuration read from the environment must satisfy the timing rules (H1, D1).
+    ``aws_credentials``: what the hosted code's AWS clients sign with (botocore's argument names), None
+    for the default chain — the local function host runs each function as its own role this way; on AWS
+    the Lambda runtime puts the role's credentials in the environment."""
 
     clock: Clock = DEFAULT_CLOCK
     s3_client_hooks: tuple[Callable[[Any], object], ...] = ()
     timing_rules: bool = True
+    aws_credentials: Mapping[str, str] | None = None
 
 
 #: The host of a deployed function: the Lambda runtime, which adds nothing.

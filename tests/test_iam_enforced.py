@@ -1,0 +1,148 @@
+"""Least privilege proven by use (issue 28): the local runtime's moto enforces IAM, and every function, state
+machine task and job runs as the principal the stack's role would be, with exactly the role's statements
+(lightmetrics.operator_tools.policies, the one source CDK builds the roles from too).
+
+These tests keep enforcement from being silently off: a principal is refused what its policy does not
+grant, and taking one statement away from one role fails the path that needs it with ``AccessDenied``
+naming the action.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from conftest import FAST, ident
+from test_walk import accept_all, make_system, run_walk
+
+from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_principal, principals
+from lightmetrics.derived.indexing import index_accepted
+from lightmetrics.derived.walk.errors import InvalidWalkInput
+from lightmetrics.local.iam_enforcement import enforced
+from lightmetrics.local.principals import (
+    POLICY_NAME,
+    function_role_name,
+    local_policy_arns,
+    provision_principals,
+    role_name,
+)
+from lightmetrics.local.system import LocalSystem
+
+
+def _arns(system: LocalSystem) -> PolicyArns:
+    return local_policy_arns(system.made, namespace=system.prefix, name_prefix=system.queue_name_prefix)
+
+
+def _reprovision(system: LocalSystem, overrides: dict[str, list[Statement]] | None = None) -> None:
+    provision_principals(system.runtime.boto3_client, system.spec, _arns(system), name_prefix=system.queue_name_prefix,
+                         ops_bucket=system.made["bucket_arn"], overrides=overrides)
+
+
+def _without(system: LocalSystem, principal: str, action: str, sid: str | None = None) -> dict[str, list[Statement]]:
+    """``principal``'s statements with the one granting ``action`` (the one called ``sid``) taken away."""
+    statements = principals(_arns(system), system.spec, ops_bucket=system.made["bucket_arn"], with_triggers=True)
+    kept = [s for s in statements[principal] if action not in s["Action"] or sid not in (None, s.get("Sid"))]
+    assert len(kept) == len(statements[principal]) - 1, f"{principal} has no one statement granting {action}"
+    return {principal: kept}
+
+
+def test_the_runtime_enforces_iam_and_each_role_has_exactly_the_stacks_statements(runtime: Any, clock: Any) -> None:
+    assert enforced()
+    system = make_system(runtime, clock)
+    try:
+        iam = runtime.boto3_client("iam")
+        wanted = principals(_arns(system), system.spec, ops_bucket=system.made["bucket_arn"], with_triggers=True)
+        assert set(system.made["roles"]) == set(wanted)
+        for principal, statements in wanted.items():
+            got = iam.get_role_policy(RoleName=role_name(principal, system.queue_name_prefix), PolicyName=POLICY_NAME)
+            document = got["PolicyDocument"]
+            document = json.loads(document) if isinstance(document, str) else document
+            assert document["Statement"] == statements, principal
+        for fn in system.spec.functions:  # each function runs as its role
+            role = function_role_name(system.function_name(fn.name))
+            assert role == role_name(function_principal(fn), system.queue_name_prefix), fn.name
+        assert {"gc", "pipeline-job", "sm-bootstrap-walk", "sm-reap", "fn-reap-retention"} <= set(wanted)
+        assert "fn-reap-gc" not in wanted  # GC runs as the GC role, apart from retention's
+    finally:
+        system.stop()
+
+
+def test_a_principal_is_refused_what_its_role_does_not_grant(runtime: Any, clock: Any) -> None:
+    system = make_system(runtime, clock)
+    try:
+        s3 = system.principal_session("index-accepted").client("s3")
+        with pytest.raises(ClientError) as refused:
+            s3.put_object(Bucket=system.bucket, Key="raw-blobs/v1/" + "0" * 64, Body=b"x", IfNoneMatch="*")
+        assert refused.value.response["Error"]["Code"] == "AccessDenied"
+        assert "s3:PutObject" in str(refused.value) and "assumed-role/" in str(refused.value)
+        ddb = system.principal_session("ingest").client("dynamodb")  # ingest only reads the table
+        with pytest.raises(ClientError) as refused:
+            ddb.put_item(TableName=system.table, Item={"pk": {"S": "x"}, "sk": {"S": "y"}})
+        assert refused.value.response["Error"]["Code"] == "AccessDeniedException"
+        assert "dynamodb:PutItem" in str(refused.value)
+        with pytest.raises(ClientError) as refused:  # an unknown key is no principal at all
+            runtime.boto3_client("s3", aws_access_key_id="AKIA" + uuid.uuid4().hex[:16].upper(),
+                                 aws_secret_access_key="x").list_buckets()
+        assert refused.value.response["Error"]["Code"] == "InvalidAccessKeyId"
+    finally:
+        system.stop()
+
+
+def test_one_statement_taken_away_fails_the_path_that_needs_it(runtime: Any, clock: Any) -> None:
+    """The reconciler reads queue depths (sqs:GetQueueAttributes); the indexer writes its entries
+    (s3:PutObject); the walk's first task reads and takes its lease (its role's one statement, on the
+    table) — each fails, naming the action, once its role loses that one statement, and works again
+    when it is back."""
+    system = make_system(runtime, clock)
+    try:
+        results = accept_all(system, runtime, clock, [ident(n) for n in range(2)])
+        _reprovision(system, _without(system, "fn-reconcile", "sqs:GetQueueAttributes"))
+        with pytest.raises(Exception, match="not authorized to perform: sqs:GetQueueAttributes"):
+            system.reconcile_every_shard()
+
+        _reprovision(system, _without(system, "fn-index-accepted", "s3:PutObject"))
+        ctx = system.work_context(policy=FAST, session=system.principal_session("index-accepted"))
+        with pytest.raises(Exception, match="not authorized to perform: s3:PutObject"):
+            index_accepted(ctx, results[0].manifest_key)
+
+        _reprovision(system, _without(system, "fn-walk-begin", "dynamodb:PutItem"))  # its one statement
+        with pytest.raises(InvalidWalkInput, match="walk-begin is not authorized to perform: dynamodb:GetItem"):
+            run_walk(system, page_size=4)  # the task, run by the Step Functions interpreter, is refused
+
+        _reprovision(system)  # every statement back: the same paths work
+        system.reconcile_every_shard()
+        index_accepted(ctx, results[0].manifest_key)
+        assert run_walk(system, page_size=4).status == "finished"
+    finally:
+        system.stop()
+
+
+def test_the_rollup_runs_as_the_pipeline_job_role(runtime: Any, clock: Any, spark: Any) -> None:
+    """The Spark job (driver and executors) signs as the pipeline job role: a rollup commits under it, and
+    fails naming s3:PutObject once the role loses its one grant to create rollups."""
+    from dataclasses import replace
+
+    from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
+
+    from lightmetrics.protocol.identity import BatchIdentity
+    from lightmetrics_pipeline.rollup import RollupJob
+
+    system = make_system(runtime, clock)
+    try:
+        accept_indexed(system, runtime, clock, BatchIdentity.create("agent-iam", "boot-1", 0, 99), varied_samples(1))
+        job_session = system.role_session("pipeline-job")
+        creds = job_session.credentials
+        access = replace(access_for(system, runtime, "pipeline-rollup"), access_key=creds["aws_access_key_id"],
+                         secret_key=creds["aws_secret_access_key"], session_token=creds["aws_session_token"])
+        table = system.work_context(session=job_session).table
+        _reprovision(system, _without(system, "pipeline-job", "s3:PutObject", "CreateRollupsAndAudits"))
+        with pytest.raises(Exception, match="not authorized to perform: s3:PutObject"):
+            RollupJob(spark, access, table=table, clock=clock, owner="iam").run([H0], first_open=H0.next())
+        _reprovision(system)
+        report = RollupJob(spark, access, table=table, clock=clock, owner="iam").run([H0], first_open=H0.next())
+        assert report.hours[0].status == "committed", report.hours[0]
+    finally:
+        system.stop()
