@@ -18,7 +18,6 @@ from botocore.exceptions import ClientError
 from conftest import FAST, ident
 from test_walk import accept_all, make_system, run_walk
 
-from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_principal, principals
 from lightmetrics.derived.indexing import index_accepted
 from lightmetrics.derived.walk.errors import InvalidWalkInput
 from lightmetrics.local.iam_enforcement import enforced
@@ -30,6 +29,7 @@ from lightmetrics.local.principals import (
     role_name,
 )
 from lightmetrics.local.system import LocalSystem
+from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_principal, principals
 
 
 def _arns(system: LocalSystem) -> PolicyArns:
@@ -128,7 +128,7 @@ def test_the_rollup_runs_as_the_pipeline_job_role(runtime: Any, clock: Any, spar
     from pipeline_support import H0, accept_indexed, access_for, make_system, varied_samples
 
     from lightmetrics.protocol.identity import BatchIdentity
-    from lightmetrics_pipeline.rollup import RollupJob
+    from lightmetrics_pipeline.rollup.job import RollupJob
 
     system = make_system(runtime, clock)
     try:
