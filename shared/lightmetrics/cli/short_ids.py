@@ -56,6 +56,18 @@ def closest(text: str, names: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(text, sorted(set(names)), n=n, cutoff=0.6)
 
 
+def elide(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: its start and its end, "…" between them.
+
+    >>> elide("agent-0123456789/boot-1", 16)
+    'agent-0…9/boot-1'
+    """
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
 def compact_grid(title: str, columns: Sequence[tuple[str, int | None]], rows: Iterable[Sequence[Any]]) -> Table:
     """A table whose columns are at most their given width (None: as wide as its widest cell); a
     longer cell ends in "…". The widths are chosen so that the table fits :data:`TABLE_COLUMNS`."""
@@ -68,5 +80,5 @@ def compact_grid(title: str, columns: Sequence[tuple[str, int | None]], rows: It
     return table
 
 
-__all__ = ["MIN_SHORT", "TABLE_COLUMNS", "closest", "compact_grid", "hex_token", "is_short_id",
+__all__ = ["MIN_SHORT", "TABLE_COLUMNS", "closest", "compact_grid", "elide", "hex_token", "is_short_id",
            "shortest_unique_prefixes"]
