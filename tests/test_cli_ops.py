@@ -147,6 +147,10 @@ def test_blockers_table_fits_100_columns_with_short_ids_every_command_takes(syst
     assert r.returncode == 2 and f"did you mean {short[third]}" in r.stderr, r.stderr
     r = human("blockers", "skip", miss, "--reason", "retired")
     assert r.returncode == 2 and "no blocker" in r.stderr, r.stderr
+    code, out = lmctl(system, "blockers", "show", third)  # the whole blocker, by its short id
+    assert code == 0 and out["work_key"] == short[third] and out["object_key"] in short[third], out
+    r = human("blockers", "show", third)
+    assert r.returncode == 0 and short[third] in r.stdout, r.stdout
     code, out = lmctl(system, "blockers", "skip", third, "--reason", "retired")
     assert code == 0 and out["work_key"] == short[third] and out["status"] == "skipped"
 

@@ -76,10 +76,7 @@ def _act(fn_name: str, given: tuple[str, ...], settings: Settings, as_json: bool
     from lightmetrics.admin import blocker_actions
     from lightmetrics.work.blockers import BlockerNotFound
 
-    if len(given) > 2:
-        fail("give one blocker: an id, a work key (kind:object), an object, or KIND OBJECT", EXIT_USAGE,
-             as_json=as_json)
-    work_key = ":".join(given)  # KIND OBJECT, as the table shows them, is the work key kind:object
+    work_key = _given_key(given, as_json)
     ctx = configured_context(settings, as_json=as_json)
     try:
         try:
@@ -96,6 +93,14 @@ def _act(fn_name: str, given: tuple[str, ...], settings: Settings, as_json: bool
     else:
         console.print(kv_table(f"{result.action}: {result.status}", result.to_json().items()))
     sys.exit(EXIT_OK if result.status != "open" else EXIT_VIOLATIONS)
+
+
+def _given_key(given: tuple[str, ...], as_json: bool) -> str:
+    """What names one blocker: one word, or KIND OBJECT as the table's two columns show them."""
+    if len(given) > 2:
+        fail("give one blocker: an id, a work key (kind:object), an object, or KIND OBJECT", EXIT_USAGE,
+             as_json=as_json)
+    return ":".join(given)  # KIND OBJECT is the work key kind:object
 
 
 def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
@@ -130,6 +135,26 @@ def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
 
 _BLOCKER_HELP = ("BLOCKER: the id column of `lmctl blockers list` (or a longer prefix of it), a work key "
                  "(kind:object) or its start, the object alone when one blocker is about it, or KIND OBJECT.")
+
+
+@blockers.command("show", epilog=_BLOCKER_HELP)
+@click.argument("blocker", nargs=-1, required=True)
+@config_options
+@json_option
+def blockers_show(blocker: tuple[str, ...], settings: Settings, as_json: bool) -> None:
+    """One blocker whole: work key, status, reason, payload and audit trail (changes nothing)."""
+    from lightmetrics.work.blockers import BlockerNotFound
+
+    ctx = configured_context(settings, as_json=as_json)
+    work_key = _given_key(blocker, as_json)
+    try:
+        found = ctx.blockers.get(work_key)
+    except BlockerNotFound:
+        found = ctx.blockers.get(_work_key_of(ctx.blockers.list(status=None), work_key, as_json))
+    if as_json:
+        emit_json(found.to_json())
+    else:
+        console.print(kv_table("blocker", found.to_json().items()))
 
 
 @blockers.command("retry", epilog=_BLOCKER_HELP)
