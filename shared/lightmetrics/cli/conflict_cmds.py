@@ -34,7 +34,7 @@ from lightmetrics.cli.options import (
     output_option,
 )
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
-from lightmetrics.cli.short_ids import closest, compact_grid, elide, is_short_id, shortest_unique_prefixes
+from lightmetrics.cli.short_ids import closest, compact_grid, is_short_id, shortest_unique_prefixes
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
@@ -157,9 +157,11 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
         else:
             short = shortest_unique_prefixes({e.conflict_id: e.submitted_frame_sha256 for e in page.items})
             table = compact_grid(f"identity conflicts ({unresolved} unresolved)",
-                                 [("id", None), ("agent/boot", 24), ("seq", 13), ("first seen", 20), ("resolution", 15)],
-                                 [(short[e.conflict_id], elide(f"{e.agent_id}/{e.boot_id}", 24), f"{e.seq_start}-{e.seq_end}",
-                                   utc_text(e.first_seen_unix_ns), e.resolution) for e in page.items])
+                                 [("id", None), ("agent/boot", None), ("seq", 23), ("first seen", None),
+                                  ("resolution", None)],
+                                 [(short[e.conflict_id], f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
+                                   utc_text(e.first_seen_unix_ns), e.resolution) for e in page.items],
+                                 fill="agent/boot", elide_fill=True)
         console.print(table)
         if page.next_token:
             console.print(f"more: --next-token {page.next_token}")

@@ -57,10 +57,10 @@ def blockers_list(show_all: bool, output: str, settings: Settings, as_json: bool
                                                              "first seen", "reason"], rows))
     else:
         short = shortest_unique_prefixes({b.work_key: hex_token(b.work_key) for b in known})
-        console.print(compact_grid(f"blockers ({open_count} open)", [("id", None), ("status", 8), ("kind", 14),
-                                   ("object", 28), ("#", 4), ("reason", 18)],
-                                   [(short[b.work_key], b.status, b.kind, _tail(b.object_key, 28), b.attempts, b.reason)
-                                    for b in items]))
+        console.print(compact_grid(f"blockers ({open_count} open)", [("id", None), ("status", 8), ("kind", None),
+                                   ("object", 26), ("#", 4), ("reason", None)],
+                                   [(short[b.work_key], b.status, b.kind, _tail(b.object_key, 26), b.attempts, b.reason)
+                                    for b in items], fill="reason"))
     if items and not as_json:
         console.print("act with: lmctl blockers retry|resume|skip ID  (ID = the id column, or a work key")
         console.print("(WORK_KEY = kind:object, or the object alone when only one blocker is about it)")

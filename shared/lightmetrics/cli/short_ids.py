@@ -68,15 +68,25 @@ def elide(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head):]
 
 
-def compact_grid(title: str, columns: Sequence[tuple[str, int | None]], rows: Iterable[Sequence[Any]]) -> Table:
-    """A table whose columns are at most their given width (None: as wide as its widest cell); a
-    longer cell ends in "…". The widths are chosen so that the table fits :data:`TABLE_COLUMNS`."""
+def compact_grid(title: str, columns: Sequence[tuple[str, int | None]], rows: Iterable[Sequence[Any]], *,
+                 fill: str | None = None, elide_fill: bool = False) -> Table:
+    """A table whose columns are at most their given width (None: as wide as its widest cell) and
+    the ``fill`` column whatever is left of :data:`TABLE_COLUMNS` (at least 8); a longer cell ends
+    in "…" (or, with ``elide_fill``, a fill cell keeps its start and end: :func:`elide`)."""
+    cells = [[cell_text(v) for v in row] for row in rows]
+    natural = [max([len(header), *(len(row[i]) for row in cells)]) for i, (header, _) in enumerate(columns)]
+    widths = [n if cap is None else min(n, cap) for n, (_, cap) in zip(natural, columns)]
     table = Table(title=title, title_justify="left")
-    for header, width in columns:
+    for i, (header, cap) in enumerate(columns):
+        if header == fill:  # borders and padding: 3 per column and 1
+            cap = max(8, TABLE_COLUMNS - 1 - 3 * len(columns) - sum(widths) + widths[i])
+            if elide_fill:
+                for row in cells:
+                    row[i] = elide(row[i], cap)
         table.add_column(header, justify="right" if header[:1].isdigit() or header.startswith("#") else "left",
-                         no_wrap=True, overflow="ellipsis", max_width=width)
-    for row in rows:
-        table.add_row(*(cell_text(v) for v in row))
+                         no_wrap=True, overflow="ellipsis", max_width=cap)
+    for row in cells:
+        table.add_row(*row)
     return table
 
 
