@@ -104,8 +104,55 @@ def test_blockers_list_prints_the_whole_reason(system):  # type: ignore[no-untyp
     reason = listed["blockers"][0]["reason"]
     assert len(reason) > 120 and key in reason
     env = {**os.environ, **system.environment()}
-    r = subprocess.run(LMCTL + ["blockers", "list"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(LMCTL + ["blockers", "list", "--output", "wide"], capture_output=True, text=True, env=env,
+                       timeout=120)  # issue 27 item 4: the default table fits 100 columns; wide has it whole
     assert r.returncode == 1 and reason in r.stdout, r.stdout
+
+
+def test_blockers_table_fits_100_columns_with_short_ids_every_command_takes(system):  # type: ignore[no-untyped-def]
+    """Issue 27 item 4: the table was ~320 characters wide. By default it fits 100 columns and its id
+    column is a short id (a prefix of the work key's sha256) that retry/resume/skip take; a prefix of
+    several is refused naming them, a miss suggests the closest; --output wide and --json are whole."""
+    from lightmetrics.cli.short_ids import hex_token
+
+    ctx = system.work_context(policy=FAST)
+    keys = [ctx.codec.accepted(ident(50 + n, agent="agent-" + "y" * 80)) for n in range(3)]
+    for key in keys:
+        process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
+                           queue="index-accepted")
+    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator"}
+
+    def human(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)
+
+    code, as_json = lmctl(system, "blockers", "list")
+    work_keys = sorted(b["work_key"] for b in as_json["blockers"])
+    assert code == 1 and work_keys == sorted(f"{KIND_ACCEPTED}:{k}" for k in keys)  # --json: whole, as before
+    table = human("blockers", "list")
+    assert table.returncode == 1 and max(len(line) for line in table.stdout.splitlines()) <= 100, table.stdout
+    ids = [line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│ ")]
+    assert len(ids) == 3 and all(sum(hex_token(w).startswith(i) for w in work_keys) == 1 for i in ids), ids
+    short = {i: next(w for w in work_keys if hex_token(w).startswith(i)) for i in ids}
+    wide = human("blockers", "list", "--output", "wide")
+    assert all(w in wide.stdout for w in work_keys), wide.stdout
+    first, second, third = sorted(short)
+    r = human("blockers", "skip", first, "--reason", "retired")  # the id the table shows
+    assert r.returncode == 0 and short[first] in r.stdout, r.stdout + r.stderr
+    r = human("blockers", "skip", KIND_ACCEPTED, short[second].split(":", 1)[1], "--reason", "retired")  # KIND OBJECT
+    assert r.returncode == 0 and short[second] in r.stdout, r.stdout + r.stderr
+    r = human("blockers", "resume", f"{KIND_ACCEPTED}:")  # the start of several work keys: refused, named
+    assert r.returncode == 2 and "several blockers start with" in r.stderr and all(w in r.stderr for w in work_keys)
+    miss = third[:-1] + ("0" if third[-1] != "0" else "1") + "zz"
+    r = human("blockers", "skip", short[third][:-2] + "x", "--reason", "retired")
+    assert r.returncode == 2 and f"did you mean {short[third]}" in r.stderr, r.stderr
+    r = human("blockers", "skip", miss, "--reason", "retired")
+    assert r.returncode == 2 and "no blocker" in r.stderr, r.stderr
+    code, out = lmctl(system, "blockers", "show", third)  # the whole blocker, by its short id
+    assert code == 0 and out["work_key"] == short[third] and out["object_key"] in short[third], out
+    r = human("blockers", "show", third)
+    assert r.returncode == 0 and short[third] in r.stdout, r.stdout
+    code, out = lmctl(system, "blockers", "skip", third, "--reason", "retired")
+    assert code == 0 and out["work_key"] == short[third] and out["status"] == "skipped"
 
 
 def test_blocker_commands_take_the_object_the_table_shows_and_suggest_the_match(system):  # type: ignore[no-untyped-def]
@@ -120,7 +167,7 @@ def test_blocker_commands_take_the_object_the_table_shows_and_suggest_the_match(
     def human(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)
 
-    listed = human("blockers", "list")
+    listed = human("blockers", "list", "--output", "wide")
     assert listed.returncode == 1 and key in listed.stdout
     assert "(WORK_KEY = kind:object, or the object alone when only one blocker is about it)" in listed.stdout
     typo = key[:-3] + key[-2:]  # one character dropped

@@ -359,7 +359,7 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
     assert out["unresolved"] == 1 and out["count"] == 1
     cid = out["conflicts"][0]["conflict_id"]
     assert out["conflicts"][0]["collectors"] == ["collector-1", "collector-2"]
-    table = runner.invoke(cli, ["conflicts", "list"], env=env)
+    table = runner.invoke(cli, ["conflicts", "list", "--output", "wide"], env=env)  # issue 27 item 4: whole ids
     shown = runner.invoke(cli, ["conflicts", "show", cid], env=env)
     assert shown.exit_code == 0 and second.frame_sha256 in shown.stdout and "collector-2" in shown.stdout
     assert table.exit_code == 1 and "agent-cli/boot-7" in table.stdout and "collector-1, collector-2" in table.stdout
@@ -427,7 +427,7 @@ def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hash
            for b, (_, r) in zip(("boot-1", "boot-2"), made)]
     env = {**system.environment(), "LM_OPERATOR": "operator-1"}
     runner = CliRunner()
-    table = runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx"], env=env)
+    table = runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx", "--output", "wide"], env=env)
     listed = json.loads(runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx", "--json"], env=env).stdout)
     for entry in listed["conflicts"]:
         assert entry["accepted_frame_sha256"] in table.stdout and entry["submitted_frame_sha256"] in table.stdout
@@ -443,6 +443,66 @@ def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hash
     r = runner.invoke(cli, ["conflicts", "resolve", prefix, "--deny-identity", "--reason", "x", "--yes", "--json"],
                       env=env)
     assert r.exit_code == 2 and json.loads(r.stdout)["status"] == "already_resolved", r.output
+
+
+def test_lmctl_conflicts_table_fits_100_columns_and_its_short_ids_work(system, runtime, clock):  # type: ignore[no-untyped-def]
+    """Issue 27 item 4: conflict ids are 117 characters and the table was ~320 wide. By default it
+    fits 100 columns, its id column a short id (the start of the submitted sha256) that `show` and
+    `resolve` take; a miss suggests the closest; --output wide prints ids whole; --json is unchanged."""
+    from lightmetrics.acceptance.conflict_records import conflict_id
+    from lightmetrics.cli.main import cli
+
+    agent = "agent-" + "w" * 60
+    made = [make_conflict(system, runtime, clock, BatchIdentity.create(agent, b, 0, 9)) for b in ("boot-1", "boot-2")]
+    ids = {r.frame_sha256: conflict_id(BatchIdentity.create(agent, b, 0, 9), r.frame_sha256)
+           for b, (_, r) in zip(("boot-1", "boot-2"), made)}
+    env = {**system.environment(), "LM_OPERATOR": "operator-1"}
+    runner = CliRunner()
+    listed = json.loads(runner.invoke(cli, ["conflicts", "list", "--agent", agent, "--json"], env=env).stdout)
+    assert sorted(e["conflict_id"] for e in listed["conflicts"]) == sorted(ids.values())  # whole, as before
+    table = runner.invoke(cli, ["conflicts", "list", "--agent", agent], env=env)
+    rows = [line for line in table.stdout.splitlines() if line[:1] in "┏┃┡│└" or line.startswith("identity")]
+    assert table.exit_code == 1 and len(rows) == 7 and max(len(line) for line in rows) <= 100, table.stdout
+    shorts = [line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│ ")]
+    assert len(shorts) == 2 and all(sum(sha.startswith(s) for sha in ids) == 1 for s in shorts), table.stdout
+    wide = runner.invoke(cli, ["conflicts", "list", "--agent", agent, "--output", "wide"], env=env)
+    assert all(cid in wide.stdout for cid in ids.values()), wide.stdout
+    short = shorts[0]
+    whole = next(cid for sha, cid in ids.items() if sha.startswith(short))
+    shown = runner.invoke(cli, ["conflicts", "show", short, "--json"], env=env)
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["conflict_id"] == whole, shown.output
+    typo = short[:-1] + ("0" if short[-1] != "0" else "1")
+    r = runner.invoke(cli, ["conflicts", "show", typo, "--json"], env=env)
+    reason = json.loads(r.stdout)["reason"]
+    assert r.exit_code == 2 and "no conflict id starts with" in reason and f"did you mean {whole}" in reason, reason
+    r = runner.invoke(cli, ["conflicts", "resolve", short, "--accept-existing", "--reason", "stale", "--json"], env=env)
+    assert r.exit_code == 0 and json.loads(r.stdout)["record"]["conflict_id"] == whole, r.output
+
+
+def test_a_short_conflict_id_of_several_is_refused_naming_them():  # type: ignore[no-untyped-def]
+    """Two conflicts whose submitted sha256 start alike: their common start is refused (exit 2 in the
+    CLI) naming both; the registry read is the one `conflicts list --limit 1000` makes."""
+    from types import SimpleNamespace
+
+    from lightmetrics.acceptance.conflict_records import ConflictNotFound, InvalidConflictId
+    from lightmetrics.cli.conflict_cmds import _conflict_id
+
+    entries = [SimpleNamespace(conflict_id=f"61.62.0-9.{sha}", submitted_frame_sha256=sha)
+               for sha in ("abcd1234" + "0" * 56, "abcd1299" + "1" * 56)]
+    reads: list[int] = []
+
+    class Registry:
+        def list(self, *, limit: int) -> SimpleNamespace:
+            reads.append(limit)
+            return SimpleNamespace(items=entries)
+
+        def complete_id(self, text: str) -> str:
+            raise ConflictNotFound(text)
+
+    with pytest.raises(InvalidConflictId, match="several") as refused:
+        _conflict_id(Registry(), "ABCD12")
+    assert all(e.conflict_id in str(refused.value) for e in entries) and reads == [1000]
+    assert _conflict_id(Registry(), "abcd12340") == entries[0].conflict_id
 
 
 def test_walk_rebuilds_a_missing_registry_item(system, runtime, clock):  # type: ignore[no-untyped-def]

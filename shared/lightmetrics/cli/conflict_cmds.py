@@ -2,7 +2,8 @@
 denials, on the admin API's core.
 
 Exit codes (README, "Exit codes"): 0 ok; 1 ``list`` found unresolved conflicts (so scripts can gate on it);
-2 invalid input, unknown conflict, a conflict that is already resolved (resolutions are
+2 invalid input, unknown conflict (with the closest ids), an id start that several conflicts share
+(naming them), a conflict that is already resolved (resolutions are
 write-once: nothing is overwritten), an identity that is not denied, or a denial or lift that was
 not confirmed; 4 AWS unavailable (retry).
 
@@ -11,8 +12,8 @@ on a terminal; scripts pass ``--yes`` (without a terminal and without ``--yes`` 
 
 Example::
 
-    $ lmctl conflicts list --status unresolved
-    $ lmctl conflicts resolve 64656d6f...61.626f6f74...31.000...-000....<sha256> --accept-existing \\
+    $ lmctl conflicts list --status unresolved          # short ids; --output wide: whole ids and hashes
+    $ lmctl conflicts resolve 1546eadc --accept-existing \\
           --reason "agent replayed a stale spool after a disk restore"
     $ lmctl denylist remove --agent agent-a --boot boot-1 --reason "host re-imaged, not a clone" --yes
 """
@@ -24,8 +25,16 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
+from lightmetrics.cli.options import (
+    config_options,
+    configured_context,
+    exit_for_error,
+    json_option,
+    operator_name,
+    output_option,
+)
 from lightmetrics.cli.output import EXIT_OK, EXIT_USAGE, EXIT_VIOLATIONS, console, emit_json, fail, grid, kv_table
+from lightmetrics.cli.short_ids import closest, compact_grid, is_short_id, shortest_unique_prefixes
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
@@ -67,6 +76,39 @@ def _run(fn: Any, as_json: bool) -> Any:
         exit_for_error(exc, "unavailable", as_json=as_json)  # a missing bucket or table: exit 2, naming it
 
 
+def _conflict_id(registry: Any, text: str) -> str:
+    """The whole conflict id ``text`` names: itself, the one id it is the start of (one S3 LIST,
+    :meth:`ConflictRegistry.complete_id`), or — hex without dots — the one conflict among the newest
+    1000 in the registry (what ``lmctl conflicts list --limit 1000`` reads) whose submitted sha256
+    starts with it (the table's short id). Several: InvalidConflictId naming them; none:
+    ConflictNotFound with the closest ids (difflib)."""
+    from lightmetrics.acceptance.conflict_records import CONFLICT_ID_RE, ConflictNotFound, InvalidConflictId
+
+    text = (text or "").strip()
+    if CONFLICT_ID_RE.match(text) or "." in text or "/" in text or not is_short_id(text):
+        return str(registry.complete_id(text))
+    text = text.lower()
+    known = registry.list(limit=1000).items
+    matches = {e.conflict_id for e in known if e.submitted_frame_sha256.startswith(text)}
+    try:
+        matches.add(registry.complete_id(text))
+    except ConflictNotFound:
+        pass
+    except InvalidConflictId:  # the start of several whole ids
+        if not matches:
+            raise
+        raise InvalidConflictId(f"{text!r} is the start of several conflict ids and short ids; give more of it") from None
+    if len(matches) == 1:
+        return str(matches.pop())
+    if matches:
+        raise InvalidConflictId(f"{text!r} is the start of several conflict ids: {', '.join(sorted(matches))}; "
+                                f"give more of it")
+    by_short = {e.submitted_frame_sha256[:len(text)]: e.conflict_id for e in known}
+    close = [by_short[c] for c in closest(text, by_short)] or closest(text, (e.conflict_id for e in known))
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise ConflictNotFound(f"no conflict id starts with {text!r}{hint}")
+
+
 def confirm(action: str, yes: bool, as_json: bool) -> None:
     """Ask before a change of who may send; ``--yes`` answers for scripts. No terminal, no ``--yes``: exit 2."""
     if yes:
@@ -92,29 +134,41 @@ def conflicts() -> None:
               show_default=True)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--next-token", default=None, help="Continue after a previous page (printed with --json).")
+@output_option
 @config_options
 @json_option
-def conflicts_list(agent: str | None, status: str, limit: int, next_token: str | None, settings: Settings,
-                   as_json: bool) -> None:
-    """Conflicts, newest first (exit 1 if any listed conflict is unresolved)."""
+def conflicts_list(agent: str | None, status: str, limit: int, next_token: str | None, output: str,
+                   settings: Settings, as_json: bool) -> None:
+    """Conflicts, newest first (exit 1 if any listed conflict is unresolved). The id column is a short
+    id (the start of the submitted sha256) `show` and `resolve` take; ``--output wide``: ids and hashes whole."""
     registry = _registry(settings, as_json)
     page = _run(lambda: registry.list(agent=agent, status=status, limit=limit, next_token=next_token), as_json)
     unresolved = sum(1 for e in page.items if e.resolution == "unresolved")
     if as_json:
         emit_json({**page.to_json(), "unresolved": unresolved})
     else:
-        rows = [(e.conflict_id, f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
-                 e.accepted_frame_sha256, e.submitted_frame_sha256, utc_text(e.first_seen_unix_ns),
-                 ", ".join(e.collectors), e.resolution) for e in page.items]
-        table = grid(f"identity conflicts ({unresolved} unresolved)",
-                     ["id", "agent/boot", "seq", "accepted sha256", "submitted sha256", "first seen",
-                      "collectors", "resolution"], rows)
+        if output == "wide":
+            table = grid(f"identity conflicts ({unresolved} unresolved)",
+                         ["id", "agent/boot", "seq", "accepted sha256", "submitted sha256", "first seen",
+                          "collectors", "resolution"],
+                         [(e.conflict_id, f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
+                           e.accepted_frame_sha256, e.submitted_frame_sha256, utc_text(e.first_seen_unix_ns),
+                           ", ".join(e.collectors), e.resolution) for e in page.items])
+        else:
+            short = shortest_unique_prefixes({e.conflict_id: e.submitted_frame_sha256 for e in page.items})
+            table = compact_grid(f"identity conflicts ({unresolved} unresolved)",
+                                 [("id", None), ("agent/boot", None), ("seq", 23), ("first seen", None),
+                                  ("resolution", None)],
+                                 [(short[e.conflict_id], f"{e.agent_id}/{e.boot_id}", f"{e.seq_start}-{e.seq_end}",
+                                   utc_text(e.first_seen_unix_ns), e.resolution) for e in page.items],
+                                 fill="agent/boot", elide_fill=True)
         console.print(table)
         if page.next_token:
             console.print(f"more: --next-token {page.next_token}")
         if unresolved:
-            console.print("inspect: lmctl conflicts show ID; decide (--reason with either): lmctl conflicts "
-                          "resolve ID (--accept-existing | --deny-identity) --reason TEXT")
+            console.print("inspect: lmctl conflicts show ID  (ID = the id column, or the start of a whole id)")
+            console.print("decide (--reason with either): lmctl conflicts resolve ID (--accept-existing | "
+                          "--deny-identity) --reason TEXT")
     sys.exit(EXIT_VIOLATIONS if unresolved else EXIT_OK)
 
 
@@ -124,9 +178,10 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
 @json_option
 def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
     """One conflict from its evidence in S3: both hashes, both blobs, the accepted record, the decision.
-    CONFLICT_ID may be the start of an id that no other conflict's id starts with."""
+    CONFLICT_ID: the id column of `lmctl conflicts list` (a short id), or the start of a whole id that
+    no other conflict's id starts with."""
     registry = _registry(settings, as_json)
-    detail = _run(lambda: registry.show(conflict_id), as_json)
+    detail = _run(lambda: registry.show(_conflict_id(registry, conflict_id)), as_json)
     if as_json:
         emit_json(detail.to_json())
         return
@@ -163,7 +218,8 @@ def conflicts_show(conflict_id: str, settings: Settings, as_json: bool) -> None:
 def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bool, whole_agent: bool, reason: str,
                       yes: bool, settings: Settings, as_json: bool) -> None:
     """Record the operator's decision once (exit 2 if the conflict was already resolved).
-    CONFLICT_ID may be the start of an id that no other conflict's id starts with."""
+    CONFLICT_ID: the id column of `lmctl conflicts list` (a short id), or the start of a whole id that
+    no other conflict's id starts with."""
     if accept_existing and deny_identity:
         fail("choose one decision: --accept-existing or --deny-identity, not both; nothing was changed",
              EXIT_USAGE, as_json=as_json)
@@ -171,7 +227,7 @@ def conflicts_resolve(conflict_id: str, accept_existing: bool, deny_identity: bo
         fail("choose --accept-existing or --deny-identity", EXIT_USAGE, as_json=as_json)
     decision = "deny_identity" if deny_identity else "accept_existing"
     registry = _registry(settings, as_json)
-    conflict_id = _run(lambda: registry.complete_id(conflict_id), as_json)  # the prefix `show` takes too
+    conflict_id = _run(lambda: _conflict_id(registry, conflict_id), as_json)  # what `show` takes too
     if deny_identity:
         from lightmetrics.acceptance.conflict_records import parse_conflict_id
 

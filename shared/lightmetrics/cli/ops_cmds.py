@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from lightmetrics.cli.options import config_options, configured_context, exit_for_error, json_option, operator_name
+from lightmetrics.cli.options import (
+    config_options,
+    configured_context,
+    exit_for_error,
+    json_option,
+    operator_name,
+    output_option,
+)
 from lightmetrics.cli.output import (
     EXIT_OK,
     EXIT_USAGE,
@@ -19,6 +26,7 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
+from lightmetrics.cli.short_ids import closest, compact_grid, hex_token, is_short_id, shortest_unique_prefixes
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
@@ -30,34 +38,50 @@ def blockers() -> None:
 
 @blockers.command("list")
 @click.option("--all", "show_all", is_flag=True, help="Also resumed, resolved and skipped blockers.")
+@output_option
 @config_options
 @json_option
-def blockers_list(show_all: bool, settings: Settings, as_json: bool) -> None:
-    """Open blockers (exit 1 if there are any, so scripts can gate on it)."""
+def blockers_list(show_all: bool, output: str, settings: Settings, as_json: bool) -> None:
+    """Open blockers (exit 1 if there are any, so scripts can gate on it). The id column is a
+    short id every blocker command takes (``--output wide``: the whole work key and every column)."""
     ctx = configured_context(settings, as_json=as_json)
-    items = ctx.blockers.list(status=None if show_all else "open")
+    known = ctx.blockers.list(status=None)  # the one Query `list` always made; short ids are unique among all
+    items = [b for b in known if show_all or b.status == "open"]
     open_count = sum(1 for b in items if b.status == "open")
     if as_json:
         emit_json({"blockers": [b.to_json() for b in items], "open": open_count})
+    elif output == "wide":
+        rows = [(b.work_key, b.status, b.kind, b.object_key, b.attempts, utc_text(b.first_seen_ns), b.reason)
+                for b in items]
+        console.print(grid(f"blockers ({open_count} open)", ["work key", "status", "kind", "object", "#attempts",
+                                                             "first seen", "reason"], rows))
     else:
-        rows = [(b.status, b.kind, b.object_key, b.attempts, utc_text(b.first_seen_ns), b.reason) for b in items]
-        console.print(grid(f"blockers ({open_count} open)", ["status", "kind", "object", "#attempts", "first seen",
-                                                             "reason"], rows))
-        if items:
-            console.print("act with: lmctl blockers retry|resume|skip WORK_KEY  (WORK_KEY = kind:object, or the "
-                          "object alone when only one blocker is about it)")
+        short = shortest_unique_prefixes({b.work_key: hex_token(b.work_key) for b in known})
+        console.print(compact_grid(f"blockers ({open_count} open)", [("id", None), ("status", 8), ("kind", None),
+                                   ("object", 26), ("#", 4), ("reason", None)],
+                                   [(short[b.work_key], b.status, b.kind, _tail(b.object_key, 26), b.attempts, b.reason)
+                                    for b in items], fill="reason"))
+    if items and not as_json:
+        console.print("act with: lmctl blockers retry|resume|skip ID  (ID = the id column, or a work key")
+        console.print("(WORK_KEY = kind:object, or the object alone when only one blocker is about it)")
     sys.exit(EXIT_VIOLATIONS if open_count else EXIT_OK)
 
 
-def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwargs: Any) -> None:
+def _tail(text: str, width: int) -> str:
+    """The end of an object key (where keys differ), "…" for the rest."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+
+
+def _act(fn_name: str, given: tuple[str, ...], settings: Settings, as_json: bool, **kwargs: Any) -> None:
     from lightmetrics.admin import blocker_actions
     from lightmetrics.work.blockers import BlockerNotFound
 
+    work_key = _given_key(given, as_json)
     ctx = configured_context(settings, as_json=as_json)
     try:
         try:
             result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
-        except BlockerNotFound:  # the object column of `blockers list` alone names it too, if only one
+        except BlockerNotFound:  # a short id, a prefix or the object column of `blockers list`
             work_key = _work_key_of(ctx.blockers.list(status=None), work_key, as_json)
             result = getattr(blocker_actions, fn_name)(ctx, work_key, who=operator_name(), **kwargs)
     except BlockerNotFound:
@@ -71,12 +95,20 @@ def _act(fn_name: str, work_key: str, settings: Settings, as_json: bool, **kwarg
     sys.exit(EXIT_OK if result.status != "open" else EXIT_VIOLATIONS)
 
 
-def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
-    """The work key (``kind:object``) that ``text`` names: a blocker's object key alone (the list's
-    ``object`` column) when exactly one blocker — the open one, if any is open — is about that
-    object; else exit 2 naming the candidates, or the closest work keys (difflib)."""
-    import difflib
+def _given_key(given: tuple[str, ...], as_json: bool) -> str:
+    """What names one blocker: one word, or KIND OBJECT as the table's two columns show them."""
+    if len(given) > 2:
+        fail("give one blocker: an id, a work key (kind:object), an object, or KIND OBJECT", EXIT_USAGE,
+             as_json=as_json)
+    return ":".join(given)  # KIND OBJECT is the work key kind:object
 
+
+def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
+    """The work key (``kind:object``) that ``text`` names, among the blockers ``list --all`` reads
+    (one Query of the blocker partition): a blocker's object key alone (the list's ``object``
+    column) when exactly one blocker — the open one, if any is open — is about that object; else
+    the one blocker whose short id (the ``id`` column) or work key starts with ``text``. Several:
+    exit 2 naming them; none: exit 2 with the closest work keys (difflib)."""
     about = [b for b in known if b.object_key == text]
     chosen = [b for b in about if b.status == "open"] or about
     if len(chosen) == 1:
@@ -84,41 +116,73 @@ def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
     if chosen:
         fail(f"several blockers are about {text!r}: {', '.join(sorted(b.work_key for b in chosen))}; give one "
              f"WORK_KEY (kind:object)", EXIT_USAGE, as_json=as_json)
-    keys = sorted({b.work_key for b in known})
-    close = difflib.get_close_matches(text, keys, n=3, cutoff=0.6)
+    short = text.lower() if is_short_id(text) else None
+    starts = sorted({str(b.work_key) for b in known if b.work_key.startswith(text)
+                     or (short and hex_token(b.work_key).startswith(short))})
+    if len(starts) == 1:
+        return starts[0]
+    if starts:
+        fail(f"several blockers start with {text!r}: {', '.join(starts)}; give more of it", EXIT_USAGE,
+             as_json=as_json)
+    keys = {b.work_key for b in known}
+    close = closest(text, keys)
     if not close:  # an object key with a typo: compare it with the objects, answer their work keys
         by_object = {b.object_key: b.work_key for b in known}
-        close = [by_object[o] for o in difflib.get_close_matches(text, sorted(by_object), n=3, cutoff=0.6)]
+        close = [by_object[o] for o in closest(text, by_object)]
     hint = f"did you mean {' or '.join(close)}?" if close else "see `lmctl blockers list`"
     fail(f"no blocker {text!r} (WORK_KEY is kind:object, or the object alone); {hint}", EXIT_USAGE, as_json=as_json)
 
 
-@blockers.command("retry")
-@click.argument("work_key")
+_BLOCKER_HELP = ("BLOCKER: the id column of `lmctl blockers list` (or a longer prefix of it), a work key "
+                 "(kind:object) or its start, the object alone when one blocker is about it, or KIND OBJECT.")
+
+
+@blockers.command("show", epilog=_BLOCKER_HELP)
+@click.argument("blocker", nargs=-1, required=True)
 @config_options
 @json_option
-def blockers_retry(work_key: str, settings: Settings, as_json: bool) -> None:
+def blockers_show(blocker: tuple[str, ...], settings: Settings, as_json: bool) -> None:
+    """One blocker whole: work key, status, reason, payload and audit trail (changes nothing)."""
+    from lightmetrics.work.blockers import BlockerNotFound
+
+    ctx = configured_context(settings, as_json=as_json)
+    work_key = _given_key(blocker, as_json)
+    try:
+        found = ctx.blockers.get(work_key)
+    except BlockerNotFound:
+        found = ctx.blockers.get(_work_key_of(ctx.blockers.list(status=None), work_key, as_json))
+    if as_json:
+        emit_json(found.to_json())
+    else:
+        console.print(kv_table("blocker", found.to_json().items()))
+
+
+@blockers.command("retry", epilog=_BLOCKER_HELP)
+@click.argument("blocker", nargs=-1, required=True)
+@config_options
+@json_option
+def blockers_retry(blocker: tuple[str, ...], settings: Settings, as_json: bool) -> None:
     """Run the work now against live state; resolves the blocker on success (exit 1 if still failing)."""
-    _act("retry", work_key, settings, as_json)
+    _act("retry", blocker, settings, as_json)
 
 
-@blockers.command("resume")
-@click.argument("work_key")
+@blockers.command("resume", epilog=_BLOCKER_HELP)
+@click.argument("blocker", nargs=-1, required=True)
 @config_options
 @json_option
-def blockers_resume(work_key: str, settings: Settings, as_json: bool) -> None:
+def blockers_resume(blocker: tuple[str, ...], settings: Settings, as_json: bool) -> None:
     """Clear the blocker and its retry budget; the worker tries again (queued work is re-sent)."""
-    _act("resume", work_key, settings, as_json)
+    _act("resume", blocker, settings, as_json)
 
 
-@blockers.command("skip")
-@click.argument("work_key")
+@blockers.command("skip", epilog=_BLOCKER_HELP)
+@click.argument("blocker", nargs=-1, required=True)
 @click.option("--reason", required=True, help="Why it is safe to skip (kept in the audit trail).")
 @config_options
 @json_option
-def blockers_skip(work_key: str, reason: str, settings: Settings, as_json: bool) -> None:
+def blockers_skip(blocker: tuple[str, ...], reason: str, settings: Settings, as_json: bool) -> None:
     """Stop working on it; audited with who, when and why."""
-    _act("skip", work_key, settings, as_json, reason=reason)
+    _act("skip", blocker, settings, as_json, reason=reason)
 
 
 @blockers.command("redrive")

@@ -37,6 +37,13 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="Print one JSON document for machines.")(fn)
 
 
+def output_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--output table|wide``: a table that fits 100 columns with short ids (default), or every
+    column and identifier whole (``wide``; ``--json`` is always whole)."""
+    return click.option("--output", "output", type=click.Choice(["table", "wide"]), default="table", show_default=True,
+                        help="table: fits 100 columns, short ids the commands accept; wide: everything whole.")(fn)
+
+
 def operator_name() -> str:
     """Who an operator's decision is recorded as: ``LM_OPERATOR``, else the login name."""
     try:
