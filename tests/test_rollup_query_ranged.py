@@ -115,6 +115,22 @@ def test_ranged_rows_equal_the_whole_objects_rows_and_requests_are_the_tail_and_
     assert old is not None and old.table.equals(whole) and (old.requests, old.bytes_read) == (1, old_ref["bytes"])
 
 
+def test_ranged_reads_through_the_s3_adapter_read_the_same_rows(buckets, runtime) -> None:  # type: ignore[no-untyped-def]
+    # The S3 adapter's Range header, end to end on the local runtime (moto): the same rows and bytes.
+    from conftest import FAST, make_bucket
+
+    from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
+
+    access, ref = buckets["after"]
+    s3 = S3ObjectStore(runtime.boto3_client("s3", config=s3_client_config()), make_bucket(runtime), read_policy=FAST)
+    s3.put_if_absent(ref["key"], access.object_store.get(ref["key"]))
+    for metric in ("svc.m042", "svc.m199", "nope"):
+        want = read_metric(access.object_store, ref, metric, P.ROWS_PER_ROW_GROUP)
+        got = read_metric(s3, ref, metric, P.ROWS_PER_ROW_GROUP)
+        assert want is not None and got is not None and got.table.equals(want.table)
+        assert (got.bytes_read, got.requests) == (want.bytes_read, want.requests)
+
+
 def test_a_ranged_read_of_an_object_of_another_size_or_a_missing_one_is_refused(buckets) -> None:  # type: ignore[no-untyped-def]
     access, ref = buckets["after"]
     assert read_metric(access.object_store, {**ref, "bytes": ref["bytes"] + 10}, "svc.m001", P.ROWS_PER_ROW_GROUP) is None
