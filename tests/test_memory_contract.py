@@ -211,6 +211,18 @@ def test_lines_from_reads_from_a_byte_offset_to_the_end(store):  # type: ignore[
     assert list(store.lines_from("l", 13)) == []
 
 
+def test_get_range_reads_bytes_start_to_end_clipped_at_the_object_end(store):  # type: ignore[no-untyped-def]
+    # The rollup query's ranged reads (a Parquet footer, then row groups): end exclusive, an end
+    # past the object's end reads to its end, a start at or past it is InvalidRange (refused).
+    store.put_if_absent("r", b"0123456789")
+    assert store.get_range("r", 0, 4) == b"0123"
+    assert store.get_range("r", 6, 10) == b"6789"
+    assert store.get_range("r", 7, 64 * 1024) == b"789"
+    assert store.get_range("missing", 0, 4) is None
+    with pytest.raises(StoreAccessError, match="InvalidRange"):
+        store.get_range("r", 10, 12)
+
+
 def test_a_missing_bucket_is_refused_never_read_as_empty(no_bucket):  # type: ignore[no-untyped-def]
     with pytest.raises(StoreAccessError, match="does not exist"):
         no_bucket.list_page("")

@@ -188,6 +188,37 @@ def test_a_generation_committed_with_a_v3_manifest_is_read_and_recomputed_as_v3(
     assert q.generations == {str(H0): 1} and q.objects_read == 1 and {s.labels["host"] for s in q.series} == {"h0001"}
 
 
+def test_a_generation_written_as_one_row_group_per_object_is_recomputed_so_and_read_whole(
+        system, runtime, clock, spark, monkeypatch):  # type: ignore[no-untyped-def]
+    # Issue 27 item 12: objects are written in row groups of ROWS_PER_ROW_GROUP rows, and the
+    # manifest records it; a generation committed before (no rows_per_row_group: one row group
+    # each) is recomputed in its own layout, byte for byte (no object PUT, the manifest a 412).
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(40))
+    access = access_for(system, runtime, "pipeline-row-groups")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    monkeypatch.setattr(P, "ROWS_PER_ROW_GROUP", None)  # as a job before row groups were recorded
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    monkeypatch.setattr(P, "ROWS_PER_ROW_GROUP", 7)  # any other size would change every object's bytes
+    doc = read_committed(access, H0)
+    assert "rows_per_row_group" not in doc["parquet"] and P.rows_per_row_group(doc) is None
+    for o in doc["parquet"]["objects"]:
+        assert pq.read_metadata(io.BytesIO(store(access).get(o["key"]))).num_row_groups == 1
+    again = job.run([H0], first_open=NEXT, recompute=True)
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    q = run_query(access, "load.m1", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="5m")
+    assert q.objects_read == 1 and q.bytes_read == P.objects_of(doc, "5m", "load.m1")[0]["bytes"]
+    # The next generation is written in the current size, recorded; the query's answer is the same.
+    late = accept_indexed(system, runtime, clock, _ident(2), _many_series(40)[:3])
+    assert late.status.value == "accepted"
+    assert job.run([H0], first_open=NEXT).hours[0].generation == 2
+    doc2 = read_committed(access, H0)
+    assert doc2["parquet"]["rows_per_row_group"] == 7
+    (five,) = P.objects_of(doc2, "5m", "load.m1")
+    assert pq.read_metadata(io.BytesIO(store(access).get(five["key"]))).num_row_groups == -(-five["rows"] // 7)
+    q2 = run_query(access, "load.m1", start_ns=T0_NS - 2 * 3600 * 10**9, end_ns=T0_NS + 3600 * 10**9, window="5m")
+    assert [s.labels for s in q2.series] == [s.labels for s in q.series]
+
+
 def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]
     return {(tuple(sorted(s.labels.items())), p.window_start_ns): _agg_bits(p) for s in q.series for p in s.points}
 

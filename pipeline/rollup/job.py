@@ -294,10 +294,13 @@ class RollupJob:
                 if fmt == 3:
                     digests = {p.hour.start_unix_s: p.input_sha256 for p in plan.hours if p.hour.start_unix_s in gens}
                     # A recompute compares with the committed objects before it writes (none is written).
-                    committed = {p.hour.start_unix_s: committed_refs(p.committed) for p in plan.hours
-                                 if p.hour.start_unix_s in gens and p.status == "recompute" and p.committed is not None}
+                    # ... in the committed generation's row-group size (the same bytes).
+                    recomputed = {p.hour.start_unix_s: p.committed for p in plan.hours
+                                  if p.hour.start_unix_s in gens and p.status == "recompute" and p.committed is not None}
+                    committed = {hs: committed_refs(doc) for hs, doc in recomputed.items()}
+                    row_groups = {hs: P.rows_per_row_group(doc) for hs, doc in recomputed.items()}
                     built.update(write_parquet(these.where(~failed).drop("error"), self.access, gens, digests, acc,
-                                               self.tasks, write_tasks, _count_tasks, committed))
+                                               self.tasks, write_tasks, _count_tasks, committed, row_groups))
                 else:
                     built.update(write_chunks(these, self.access, gens, acc, self.tasks, write_tasks, _count_tasks))
         finally:
@@ -314,11 +317,13 @@ class RollupJob:
             result.objects, result.rows, result.series, result.samples = (len(objs.objects), objs.rows, objs.series,
                                                                           objs.samples)
             result.writes.update(objs.outcomes)
-            # A recompute keeps the committed manifest's schema (v3 or v4): the same bytes, a 412.
-            schema = (str(p.committed["schema"]) if p.status == "recompute" and p.committed is not None
-                      else RM.WRITTEN_MANIFEST_SCHEMA)
+            # A recompute keeps the committed manifest's schema (v3 or v4) and row-group size: the
+            # same bytes, a 412.
+            again = p.committed if p.status == "recompute" else None
+            schema = str(again["schema"]) if again is not None else RM.WRITTEN_MANIFEST_SCHEMA
+            row_groups = P.rows_per_row_group(again) if again is not None else P.ROWS_PER_ROW_GROUP
             return P.manifest_v3_bytes(**common, parts=objs.parts, objects=objs.objects, totals=objs.totals(),
-                                       schema=schema)
+                                       schema=schema, rows_per_row_group=row_groups)
         lists, totals, writes = built if built is not None else ([], {}, Counter())
         totals = {"chunks": 0, "series": 0, "samples": 0, "parts": 1, **totals}
         result.chunks, result.series, result.samples = totals["chunks"], totals["series"], totals["samples"]

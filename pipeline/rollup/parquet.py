@@ -43,6 +43,15 @@ ROWS_PER_PART = 250_000
 #: generation is one Athena sees; an hour at it is refused a new generation (status
 #: ``generation-limit``, exit 1) rather than committing one that would drop out of ``rollups_current``.
 MAX_GENERATION = 999
+#: Rows per row group of an object the job writes now (the manifest records it: ``rows_per_row_group``).
+#: ``lmctl query`` reads an object's footer, then only the row groups whose ``metric`` statistics
+#: span the metric asked (rows are sorted by metric). An S3 GET costs ~20-50 ms before its first
+#: byte and then moves ~50-100 MB/s, so a row group of 2^14 rows (~0.6 MB compressed at ~35 bytes
+#: a row) costs about one request's latency to fetch: smaller groups would save little time but
+#: grow the footer (~3 KB of column metadata per group) that every read fetches — at this size a
+#: full object's footer (16 groups, ~50 KB) fits the one 64 KiB tail read
+#: (:data:`lightmetrics_pipeline.rollup.ranged_read.TAIL_BYTES`). docs/performance.md gives the figures.
+ROWS_PER_ROW_GROUP = 16_384
 PARQUET_COMPRESSION = "zstd"
 PARQUET_COMPRESSION_LEVEL = 3
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
@@ -124,10 +133,12 @@ def part_rows(chunk_row: dict[str, Any], generation: int, inputs_sha256: str) ->
     return out
 
 
-def part_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
+def part_bytes(rows: Iterable[dict[str, Any]], rows_per_row_group: int | None = ROWS_PER_ROW_GROUP) -> bytes:
     """One Parquet object of ``rows`` (:func:`part_rows`), deterministic: rows sorted by (metric,
-    series, window start), one row group, zstd at a fixed level, statistics on, no wall clock
-    (pyarrow writes none; ``created_by`` names the library version, fixed for a deployed job)."""
+    series, window start), row groups of ``rows_per_row_group`` rows (None: one row group, the
+    layout of generations whose manifest records no ``rows_per_row_group``), zstd at a fixed level,
+    statistics on, no wall clock (pyarrow writes none; ``created_by`` names the library version,
+    fixed for a deployed job)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -137,7 +148,7 @@ def part_bytes(rows: Iterable[dict[str, Any]]) -> bytes:
                                  schema=schema)  # column by column: much faster than from_pylist
     sink = io.BytesIO()
     pq.write_table(table, sink, compression=PARQUET_COMPRESSION, compression_level=PARQUET_COMPRESSION_LEVEL,
-                   row_group_size=max(1, len(ordered)), use_dictionary=True, write_statistics=True,
+                   row_group_size=max(1, rows_per_row_group or len(ordered)), use_dictionary=True, write_statistics=True,
                    version="2.6", data_page_version="1.0", store_schema=True)
     return sink.getvalue()
 
@@ -173,11 +184,12 @@ def part_ref(codec: Any, hour: UtcHour, generation: int, window: str, part: int,
 def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int,
                       input_sha256: str, skipped: Sequence[dict[str, str]], skipped_count: int,
                       parts: dict[str, int], objects: Sequence[dict[str, Any]], totals: dict[str, int],
-                      schema: str = RM.MANIFEST_SCHEMA_V4) -> bytes:
+                      schema: str = RM.MANIFEST_SCHEMA_V4, rows_per_row_group: int | None = ROWS_PER_ROW_GROUP) -> bytes:
     """The hour's commit point (``lightmetrics.rollup_manifest.v4``; ``schema`` v3 for the recompute
     of a generation committed in it: the hour is then named ``hour``): pure function of the inputs
     (no wall clock, no owner); names every Parquet object (a part without rows has none) and the
-    part count of each window, which a reader needs to find a metric's part."""
+    part count of each window, which a reader needs to find a metric's part, and the objects'
+    ``rows_per_row_group`` (left out when None: one row group each, as before it was recorded)."""
     if schema not in RM.PARQUET_MANIFEST_SCHEMAS:
         raise ValueError(f"not a Parquet-object manifest schema: {schema}")
     doc = {
@@ -189,6 +201,7 @@ def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
         "skipped": {"count": skipped_count,
                     "first": sorted(skipped, key=lambda s: s["manifest_id"])[:RM.SKIPPED_SAMPLE]},
         "parquet": {"rows_per_part": ROWS_PER_PART,
+                    **({} if rows_per_row_group is None else {"rows_per_row_group": rows_per_row_group}),
                     "parts": {w: int(parts.get(w, 1)) for w in W.WINDOW_NS},
                     "objects": sorted(objects, key=lambda o: (list(W.WINDOW_NS).index(o["window"]), o["part"]))},
         "totals": {"objects": len(objects), "rows": int(totals["rows"]), "series": int(totals["series"]),
@@ -197,6 +210,13 @@ def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None,
     # v4 is one newline-terminated JSON line (pyarrow's JSON reader reads a last line without its
     # newline as nulls); v3 had no newline, and its recompute keeps its bytes.
     return canonical_json(doc) + (b"" if schema == RM.MANIFEST_SCHEMA_V3 else b"\n")
+
+
+def rows_per_row_group(doc: dict[str, Any]) -> int | None:
+    """The row-group size a v3 manifest's objects were written with; None: one row group each (a
+    generation committed before the manifest recorded it)."""
+    n = doc["parquet"].get("rows_per_row_group")
+    return None if n is None else int(n)
 
 
 def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | None = None) -> list[dict[str, Any]]:
@@ -211,6 +231,6 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
     return out
 
 
-__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "MANIFEST_SCHEMA_V4", "MAX_GENERATION", "ROWS_PER_PART", "arrow_schema",
-           "manifest_v3_bytes", "objects_of", "part_bytes", "part_count", "part_ref", "part_rows", "quantiles", "read_part",
-           "window_aggs"]
+__all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "MANIFEST_SCHEMA_V4", "MAX_GENERATION", "ROWS_PER_PART", "ROWS_PER_ROW_GROUP",
+           "arrow_schema", "manifest_v3_bytes", "objects_of", "part_bytes", "part_count", "part_ref", "part_rows",
+           "quantiles", "read_part", "rows_per_row_group", "window_aggs"]

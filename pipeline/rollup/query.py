@@ -6,8 +6,10 @@ most the agents' retry horizon later, plus clock skew), so the reader looks at a
 from ``hour(from) - 1`` to ``hour(to) + accept_lag``. For each hour it takes the **highest
 committed generation** — the largest ``generation=N`` listed under ``manifests/v1/<hour>/``
 (a manifest is written after all its objects, so a listed one is complete; lower generations are
-superseded and ignored). A v3 manifest names the window's Parquet objects: the reader GETs the one
-holding the metric's part, checks its sha256 and keeps the metric's rows. A v2 manifest: the one
+superseded and ignored). A v3 manifest names the window's Parquet objects: the reader reads the one
+holding the metric's part — its footer, then only the row groups holding the metric, by ranged GETs
+(:mod:`lightmetrics_pipeline.rollup.ranged_read`; a small or one-row-group object whole, checked
+against its sha256) — and keeps the metric's rows. A v2 manifest: the one
 chunk list holding the metric, then the chunks whose metric, window, labels and sample-time range
 match (a v1 manifest lists its chunks inline). Rows of the same series and window start are merged
 across hours (counts and sums add, min/max combine, ``last`` is the latest sample, sketches merge
@@ -18,7 +20,6 @@ No Spark: a query reads a few manifests and objects with a thread pool.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from lightmetrics_pipeline.rollup import parquet as P
 from lightmetrics_pipeline.rollup import sketch as SK
 from lightmetrics_pipeline.rollup import window_agg as W
 from lightmetrics_pipeline.rollup.committed import read_committed
+from lightmetrics_pipeline.rollup.ranged_read import read_metric
 from lightmetrics_pipeline.rollup.write_chunks import committed_chunks
 from lightmetrics_pipeline.s3io import S3Access, Tally, store, task_tally
 
@@ -92,7 +94,10 @@ class QueryResult:
     series: list[Series] = field(default_factory=list)
     generations: dict[str, int] = field(default_factory=dict)
     chunks_read: int = 0  # v1/v2 hours: chunks GET
-    objects_read: int = 0  # v3 hours: Parquet objects GET (one per hour: the metric's part)
+    objects_read: int = 0  # v3 hours: Parquet objects read (one per hour: the metric's part)
+    #: bytes of chunks and Parquet objects read (not manifests): a v3 object's footer and the row
+    #: groups holding the metric, or the whole object when it is read whole
+    bytes_read: int = 0
     requests: Tally = field(default_factory=Tally)
     #: hours of the queried sample time without a committed rollup (not closed yet, or not rolled up)
     uncommitted_hours: list[str] = field(default_factory=list)
@@ -107,7 +112,7 @@ class QueryResult:
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "window": self.window, "from": iso(self.start_ns), "to": iso(self.end_ns),
                 "labels": self.label_filter, "generations": self.generations, "chunks_read": self.chunks_read,
-                "objects_read": self.objects_read,
+                "objects_read": self.objects_read, "bytes_read": self.bytes_read,
                 "uncommitted_hours": self.uncommitted_hours, "metric_known": self.metric_known,
                 "close_matches": self.close_matches, "known_metrics": self.known_metrics,
                 "series": [s.to_json() for s in self.series], "s3_requests": self.requests.to_json()}
@@ -144,7 +149,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
     with task_tally() as tally, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lm-query") as pool:
         manifests = list(pool.map(lambda h: read_committed(access, h), hours))
         wanted: list[tuple[UtcHour, dict[str, Any]]] = []
-        objects: list[tuple[UtcHour, dict[str, Any]]] = []  # v3: the metric's Parquet object per hour
+        objects: list[tuple[UtcHour, dict[str, Any], int | None]] = []  # v3: the metric's object per hour, its row groups
         sampled = set(hours_between(UtcHour.of_unix_ns(start_ns), UtcHour.of_unix_ns(end_ns - 1)))
         committed = [doc for doc in manifests if doc is not None]
         for hour, doc in zip(hours, manifests):
@@ -154,7 +159,7 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
                 continue
             result.generations[str(hour)] = int(doc["generation"])
             if RM.is_parquet_manifest(doc):
-                objects.extend((hour, o) for o in P.objects_of(doc, window, metric))
+                objects.extend((hour, o, P.rows_per_row_group(doc)) for o in P.objects_of(doc, window, metric))
                 continue
             of_metric = committed_chunks(access, doc, metric)  # one chunk list: the metric's
             result.metric_known = result.metric_known or bool(of_metric)
@@ -170,21 +175,23 @@ def run_query(access: S3Access, metric: str, *, start_ns: int, end_ns: int, wind
         st = store(access)
         codec = access.codec
         bodies = list(pool.map(lambda hc: st.get(codec.rollup_chunk(window, hc[0], metric, hc[1]["chunk_id"])), wanted))
-        parts = list(pool.map(lambda ho: st.get(ho[1]["key"]), objects))
+        parts = list(pool.map(lambda ho: read_metric(st, ho[1], metric, ho[2]), objects))
     result.requests.add(tally)
     result.chunks_read = len(wanted)
     result.objects_read = len(objects)
     for (hour, c), body in zip(wanted, bodies):
         if body is None:
             raise RuntimeError(f"chunk {c['chunk_id']} of committed generation in {hour} is missing")
+        result.bytes_read += len(body)
         chunk = C.decode_chunk(body)
         for r in chunk.rows:
             add(c["series"], chunk.labels, r)
-    for (hour, o), data in zip(objects, parts):
-        if data is None or hashlib.sha256(data).hexdigest() != o["sha256"]:
+    for (hour, o, _), part in zip(objects, parts):
+        if part is None:
             raise RuntimeError(f"rollup object {o['key']} of the committed generation in {hour} is missing or does "
-                               "not match its sha256")
-        rows = P.read_part(data, metric)
+                               "not match its manifest (sha256, or size and Parquet footer)")
+        result.bytes_read += part.bytes_read
+        rows = part.table
         result.metric_known = result.metric_known or rows.num_rows > 0
         for series, series_labels, agg in P.window_aggs(rows):
             add(series, series_labels, agg)

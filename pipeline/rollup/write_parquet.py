@@ -55,7 +55,7 @@ def committed_refs(manifest: dict[str, Any]) -> dict[tuple[str, int], str]:
 
 
 def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[int, str], accumulator: Any,
-                 committed: CommittedRefs) -> Any:
+                 committed: CommittedRefs, row_groups: dict[int, int | None]) -> Any:
     """``mapInArrow`` over rows sorted by (hour, window, part): each run of one key is an object.
     An hour in ``committed`` (a recompute) writes nothing: each object is compared by key."""
 
@@ -74,7 +74,7 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
         def flush() -> Any:
             assert current is not None
             hour_s, window, part = current
-            data = P.part_bytes(rows)
+            data = P.part_bytes(rows, row_groups[hour_s])
             ref = P.part_ref(access.codec, UtcHour(hour_s), generations[hour_s], window, part, data, len(rows), series)
             if hour_s in committed:  # a recompute: compare, never write
                 outcome = "committed" if committed[hour_s].get((window, part)) == ref["key"] else "differs"
@@ -105,10 +105,13 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
 
 def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], digests: dict[int, str],
                   accumulator: Any, tasks: Any, aggregate_tasks: int, count_tasks: Any,
-                  committed: CommittedRefs | None = None) -> dict[int, HourObjects]:
+                  committed: CommittedRefs | None = None,
+                  row_groups: dict[int, int | None] | None = None) -> dict[int, HourObjects]:
     """Aggregate the decoded ``samples`` (no error rows) and write the v3 objects of every hour in
     ``generations``; per hour, what its manifest names. The hours in ``committed`` are recomputes:
-    their objects are compared with the committed ones by key, and none is written."""
+    their objects are compared with the committed ones by key, and none is written. ``row_groups``
+    gives an hour's row-group size where it is not the current one (a recompute keeps its
+    generation's: :func:`lightmetrics_pipeline.rollup.parquet.rows_per_row_group`)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -122,6 +125,7 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
             F.sum(F.when(one_h, F.expr("aggregate(rows, 0L, (n, r) -> n + r.count)")).otherwise(0)).alias("samples"),
         ).collect()  # three rows per hour
         hours: dict[int, HourObjects] = {}
+        layout = {hs: (row_groups or {}).get(hs, P.ROWS_PER_ROW_GROUP) for hs in generations}
         for c in counts:
             h = hours.setdefault(int(c["hour_s"]), HourObjects({}))
             h.parts[str(c["window"])] = P.part_count(int(c["rows"]))
@@ -139,7 +143,7 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
             .repartition(max(1, min(2_000, objects)), "hour_s", "window", "part") \
             .sortWithinPartitions("hour_s", "window", "part", "series") \
             .mapInArrow(count_tasks(tasks, "write", _write_parts(access, generations, digests, accumulator,
-                                                                       committed or {})),
+                                                                       committed or {}, layout)),
                         WRITTEN_SCHEMA).collect()  # one row per object
     finally:
         rows.unpersist()

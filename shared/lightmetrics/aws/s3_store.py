@@ -175,6 +175,15 @@ class S3ObjectStore:
 
         return self._read(op, key)
 
+    def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        if not 0 <= start < end:
+            raise ValueError(f"byte range [{start}, {end}) of {key} is empty or negative")
+
+        def op() -> bytes:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"].read())
+
+        return self._read(op, key)
+
     def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]:
         """The object's lines (each with its line end) from byte ``offset``, read only as far as the
         caller iterates (close the generator to stop early); none when ``offset`` is its end."""

@@ -245,7 +245,7 @@ def query_cmd(metric: str, labels: tuple[str, ...], start: str, end: str, window
         for p in s.points:
             rows.append((name, iso(p.window_start_ns), p.count, value_text(stat_value(p, stat), digits)))
     console.print(grid(f"{metric} {stat} per {window} ({len(result.series)} series, "
-                       f"{result.objects_read + result.chunks_read} objects read)",
+                       f"{result.objects_read + result.chunks_read} objects read, {result.bytes_read:,} bytes)",
                        ["series", "window start", "#samples", stat], rows))
     if result.uncommitted_hours:
         console.print(f"{'no data: ' if not rows else ''}no committed rollup yet for {hour_runs(result.uncommitted_hours)} "

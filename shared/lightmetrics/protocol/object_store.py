@@ -97,7 +97,7 @@ class DeleteOutcome:
 
 class ObjectStore(Protocol):
     """Everything the core and the background jobs need from object storage: conditional create,
-    GET, HEAD, LIST (pages, keys, key ranges), the versions of a key, and deletes.
+    GET (whole or a byte range), HEAD, LIST (pages, keys, key ranges), the versions of a key, and deletes.
 
     Deletes are never retried by the store: a repeated delete without a version id would place a
     second delete marker. Reads are retried on transient failures.
@@ -116,6 +116,13 @@ class ObjectStore(Protocol):
     ) -> tuple[ConditionalCreateOutcome, str]: ...
 
     def get(self, key: str) -> bytes | None: ...
+
+    def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` of ``key`` (one ranged GET; an ``end`` past the object's end
+        reads to its end), or None if the key is missing. ``0 <= start < end`` and ``start`` below
+        the object's size: a start at or past it is S3's ``InvalidRange``, a
+        :class:`StoreAccessError`."""
+        ...
 
     def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]: ...
 

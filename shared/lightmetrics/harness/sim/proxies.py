@@ -32,7 +32,8 @@ WRITES = frozenset({"PutObject", "DeleteObject", "DeleteObjects", "PutItem", "Up
 REFUSABLE = frozenset({"GetObject", "HeadObject"})
 REFUSED_ACTORS = frozenset({"indexer", "reconciler", "walk"})
 _S3_CODES = ("ServiceUnavailable", "SlowDown", "InternalError")
-_READS = {"get": "GetObject", "head": "HeadObject", "list_page": "ListObjectsV2", "list_keys": "ListObjectsV2",
+_READS = {"get": "GetObject", "get_range": "GetObject",
+          "head": "HeadObject", "list_page": "ListObjectsV2", "list_keys": "ListObjectsV2",
           "list_modified": "ListObjectsV2", "versions_of": "ListObjectVersions", "require_bucket": "ListObjectsV2"}
 
 

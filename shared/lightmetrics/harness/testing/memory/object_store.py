@@ -269,6 +269,22 @@ class InMemoryObjectStore:
             return bytes(v.body or b"")
         return self._read("GetObject", key, op)
 
+    def get_range(self, key: str, start: int, end: int) -> bytes | None:
+        """As S3's ``GetObject`` with ``Range: bytes=start-(end-1)``: clipped at the object's end;
+        a start at or past it is ``InvalidRange`` (416)."""
+        if not 0 <= start < end:
+            raise ValueError(f"byte range [{start}, {end}) of {key} is empty or negative")
+
+        def op() -> bytes:
+            v = self._current(key)
+            if v is None:
+                raise s3_error("GetObject", "NoSuchKey", "The specified key does not exist.")
+            body = v.body or b""
+            if start >= len(body):
+                raise s3_error("GetObject", "InvalidRange", "The requested range is not satisfiable", 416)
+            return bytes(body[start:end])
+        return self._read("GetObject", key, op)
+
     def lines_from(self, key: str, offset: int) -> Generator[bytes, None, None]:
         with self._lock:
             self._raise_if("GetObject", key)
