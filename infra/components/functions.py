@@ -29,10 +29,9 @@ from constructs import Construct
 from infra.components.layer import ARCHITECTURE, RUNTIME
 from infra.components.storage import Storage
 from infra.config import METRICS_NAMESPACE, ROOT, InfraConfig
-from lightmetrics.deployment.settings import Settings
-from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_statements
 from lightmetrics.deployment.resource_types import FunctionSpec, ResourceSpec
 from lightmetrics.deployment.settings import Settings
+from lightmetrics.operator_tools.policies import PolicyArns, Statement, function_statements
 
 FUNCTIONS_DIR = ROOT / "functions"
 _ASSET_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".mypy_cache", ".pytest_cache", "tests")

@@ -28,8 +28,8 @@ from constructs import Construct
 
 from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
-from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.deployment.resource_types import StateMachineSpec
+from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
 

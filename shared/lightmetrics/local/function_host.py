@@ -28,10 +28,10 @@ from dataclasses import replace
 from typing import Any, cast
 from urllib.parse import unquote
 
-from lightmetrics.protocol.hosting import current, hosted
 from lightmetrics.deployment.resource_types import FunctionSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_code import import_handler_module
+from lightmetrics.protocol.hosting import current, hosted
 
 __all__ = ["FunctionHost", "Handler", "LambdaContext", "function_name_from", "invoke_handler"]
 

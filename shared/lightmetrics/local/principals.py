@@ -21,6 +21,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resources import SPEC
+from lightmetrics.local.function_host import ACCOUNT_ID, REGION
+from lightmetrics.local.iam_enforcement import DEPLOYER_ARN
 from lightmetrics.operator_tools.policies import (
     PIPELINE_JOB_PRINCIPAL,
     PolicyArns,
@@ -28,10 +32,6 @@ from lightmetrics.operator_tools.policies import (
     function_principal,
     principals,
 )
-from lightmetrics.deployment.resource_types import ResourceSpec
-from lightmetrics.deployment.resources import SPEC
-from lightmetrics.local.function_host import ACCOUNT_ID, REGION
-from lightmetrics.local.iam_enforcement import DEPLOYER_ARN
 
 __all__ = ["POLICY_NAME", "Credentials", "assume", "forget_credentials", "function_credentials", "function_role_name",
            "local_policy_arns", "provision_principals", "role_name", "session_environment"]

@@ -232,9 +232,9 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
     definition."""
     state_machines: dict[str, dict[str, str]] = {}
     if spec.state_machines:
+        from lightmetrics.local.principals import role_name
         from lightmetrics.operator_tools.policies import state_machine_principal
         from lightmetrics.operator_tools.statemachines import lambda_arn, render_definition
-        from lightmetrics.local.principals import role_name
 
         sfn = client("stepfunctions")
         region = sfn.meta.region_name or "us-east-1"

@@ -33,14 +33,13 @@ from typing import Any, Self
 
 from werkzeug.serving import ThreadedWSGIServer
 
-from lightmetrics.protocol.hosting import Host, install
-from lightmetrics.protocol.hosting import current as current_host
 from lightmetrics.deployment.resource_types import ResourceSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION, FunctionHost, Handler
 from lightmetrics.local.hosting import install_from_env
 from lightmetrics.local.sockets import ConnectionTracking, listen
 from lightmetrics.protocol.hosting import Host, install
+from lightmetrics.protocol.hosting import current as current_host
 
 __all__ = [
     "ACCOUNT_ID",

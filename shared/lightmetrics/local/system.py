@@ -36,8 +36,6 @@ from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
 from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime, RemoteRuntime
-from lightmetrics.admin.blocker_actions import sweep_dlqs
-from lightmetrics.work.units import WorkContext
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
 from lightmetrics.work.units import WorkContext
 
