@@ -35,6 +35,7 @@ from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
 from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
+from lightmetrics.protocol.manifests import ACCEPTED_BATCH_SCHEMA
 
 _NS = 1_000_000_000
 
@@ -86,7 +87,7 @@ class UpgradedReads:
             return raw
         doc = json.loads(raw)
         doc.pop("written_by_newer", None)
-        return json.dumps({**doc, "schema": "lightmetrics.accepted_batch.v1"}).encode()
+        return json.dumps({**doc, "schema": ACCEPTED_BATCH_SCHEMA}).encode()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
