@@ -123,15 +123,15 @@ def test_gc_settle_refused_version_stops_only_its_mark(bucket: str, monkeypatch:
     gc = BlobCollector(w.ctx, w.settings)
     marks = gc.mark([gc.intent(p, w.clock.now_ns()) for p in gc.prove_all(orphans)])
     bad = marks[1]
-    refuse(w, monkeypatch, {(bad["key"], bad["version_id"]): "InternalError"})
+    refuse(w, monkeypatch, {(bad.key, bad.version_id): "InternalError"})
     with pytest.raises(ClientError) as err:
         gc.settle(marks)
     assert err.value.response["Error"]["Code"] == "InternalError"
-    hint = w.ctx.codec.raw_blobs_by_time(UtcHour((int(bad["lm_unix_s"]) // 3600) * 3600), bad["sha"])
-    assert w.versions(bad["key"]) == ([bad["version_id"]], [bad["marker_version_id"]])  # untouched
+    hint = w.ctx.codec.raw_blobs_by_time(UtcHour((int(bad.lm_unix_s) // 3600) * 3600), bad.sha)
+    assert w.versions(bad.key) == ([bad.version_id], [bad.marker_version_id])  # untouched
     assert w.ctx.store.head(hint) is not None
     for m in (marks[0], marks[2]):
-        assert w.versions(m["key"]) == ([], [])
+        assert w.versions(m.key) == ([], [])
     monkeypatch.undo()
     assert gc.settle(marks) == ["purged"] * 3
     assert all(w.versions(k) == ([], []) for k in orphans) and w.ctx.store.head(hint) is None
@@ -149,7 +149,7 @@ def test_gc_mark_refused_marker_raises_and_recovery_places_it(bucket: str, monke
     assert w.versions(orphans[0])[1] == [] and len(w.versions(orphans[1])[1]) == 1
     monkeypatch.undo()
     marks = gc.recover(intents)
-    assert [m["marker_version_id"] for m in marks] == [w.versions(k)[1][0] for k in orphans]
+    assert [m.marker_version_id for m in marks] == [w.versions(k)[1][0] for k in orphans]
     assert gc.settle(marks) == ["purged", "purged"]
 
 
@@ -174,7 +174,7 @@ def test_recovery_finds_the_markers_of_a_batch_that_answered_before_the_crash(bu
         marks = gc.recover(intents)
     assert op.by_api["s3.DeleteObjects"] == 1 and op.by_api["s3.ListObjectVersions"] == 3
     assert [len(w.versions(k)[1]) for k in orphans] == [1, 1, 1]
-    assert {m["key"]: m["marker_version_id"] for m in marks[:2]} == placed
+    assert {m.key: m.marker_version_id for m in marks[:2]} == placed
     assert gc.settle(marks) == ["purged"] * 3 and all(w.versions(k) == ([], []) for k in orphans)
 
 

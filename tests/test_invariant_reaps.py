@@ -27,7 +27,7 @@ from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, RANGE_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import decode_mark
+from lightmetrics.reaps.gc_marks import Mark, decode_mark
 from lightmetrics.reaps.gc_proof import Proof
 from lightmetrics.reaps.mark_settle import CandidatePage
 from lightmetrics.work import crashpoints
@@ -245,9 +245,9 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
     monkeypatch.setattr(BlobCollector, "prove_all", lambda self, keys, now_ns=None: proofs)
     marked_seen: list[int] = []
 
-    def mark(self: BlobCollector, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def mark(self: BlobCollector, intents: list[Mark]) -> list[Mark]:
         marked_seen.append(len(intents))
-        return [{**m, "marker_version_id": "m" * version_id_bytes} for m in intents]
+        return [m.placed("m" * version_id_bytes) for m in intents]
 
     monkeypatch.setattr(BlobCollector, "mark", mark)
     reaper = w.reaper()
@@ -258,7 +258,7 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
     marks_items = [i for i in items if str(i["sk"]).startswith("marks#")]
     assert sum(len(i["marks"]) for i in marks_items) == page_size
     # every mark recorded with its marker (stored compactly: gc.encode_mark, rule G-I7)
-    assert all(decode_mark(m, codec, 0).get("marker_version_id") for i in marks_items for m in i["marks"])
+    assert all(decode_mark(m, codec, 0).marker_version_id for i in marks_items for m in i["marks"])
     sizes = [dynamodb_item_size(i) for i in items]
     assert max(sizes) < ITEM_LIMIT, f"an item of {max(sizes)} bytes (limit {ITEM_LIMIT})"
 

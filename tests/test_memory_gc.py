@@ -7,6 +7,8 @@ referenced after it was marked; and a task that lost its lease deletes nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from botocore.exceptions import ClientError
 from conftest import ident, make_frame
@@ -116,7 +118,7 @@ def test_a_settle_rerun_after_its_purge_died_deletes_the_purged_blobs_hint() -> 
     hint = w.ctx.codec.raw_blobs_by_time(UtcHour.of_unix_ns(w.accept_clock.now_ns()), orphan.rsplit("/", 1)[-1].split(".")[0])
     gc = BlobCollector(w.ctx, w.settings)
     [mark] = gc.mark([gc.intent(gc.prove(orphan), w.clock.now_ns())])
-    mark = {k: v for k, v in mark.items() if k != "marker_version_id"}  # its answer was lost
+    mark = replace(mark, marker_version_id=None)  # its answer was lost
     hook, _ = crashpoints.crash_once_at(CP_PURGED_MARKERS)
     with crashpoints.hooked(hook), pytest.raises(crashpoints.InjectedCrash):
         gc.settle([mark])
@@ -160,7 +162,7 @@ def test_a_delete_s3_refuses_stops_only_its_mark() -> None:
         gc.settle(marks)
     assert w.versions(second) == ([], [])  # settled
     assert w.versions(first)[0] != []  # its captured version stays; the next settle finishes it
-    assert gc.settle([m for m in marks if m["key"] == first]) == ["purged"] and w.versions(first) == ([], [])
+    assert gc.settle([m for m in marks if m.key == first]) == ["purged"] and w.versions(first) == ([], [])
 
 
 def test_quarantine_evidence_is_indexed_and_kept_until_resolved() -> None:

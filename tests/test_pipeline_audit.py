@@ -205,7 +205,8 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     marks items, then the delete marker) is not a missing blob — neither for the record that names it
     (the settle restores a referenced blob) nor for its raw-blobs-by-time entry (the purge removes it).
     The same deletions without GC's recorded marks are violations."""
-    from lightmetrics.reaps.gc_marks import page_ops
+    from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
+    from lightmetrics.reaps.state import MarkState
     from lightmetrics_pipeline.jobs import audit_job
 
     system = make_system(runtime, clock)
@@ -219,10 +220,10 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     index_raw_blob(ctx, r.blob_key)
     access = access_for(system, runtime, "pipeline-audit")
     version = s3.head_object(Bucket=B, Key=r.blob_key)["VersionId"]
-    mark = {"sha": r.frame_sha256, "version_id": version, "marker_version_id": None, "lm_unix_s": T0_NS // 10**9,
-            "reason": "unreferenced", "agent_hex": ident(1).agent_hex, "boot_hex": ident(1).boot_hex,
-            "seq_start": ident(1).seq_start, "seq_end": ident(1).seq_end}
-    table.transact(page_ops(1, 0, [mark], {"state": "marked", "marked_at_ns": T0_NS}, []))  # 1. intent
+    mark = Mark(r.blob_key, r.frame_sha256, version, None, T0_NS, T0_NS // 10**9, "unreferenced",
+                agent_hex=ident(1).agent_hex, boot_hex=ident(1).boot_hex, seq_start=ident(1).seq_start,
+                seq_end=ident(1).seq_end)
+    table.transact(page_ops(1, 0, [mark], MarksItem(MarkState.MARKED, marked_at_ns=T0_NS), []))  # 1. intent
     s3.delete_object(Bucket=B, Key=r.blob_key)  # 2. the delete marker; GC now waits out its grace
     inv.snapshot(access, inv.Destination.parse(f"s3://{B}/inventory"))
 

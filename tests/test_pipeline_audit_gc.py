@@ -14,7 +14,8 @@ from pipeline_support import access_for, make_system
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.reaps.gc_marks import page_ops
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
+from lightmetrics.reaps.state import MarkState
 from lightmetrics_pipeline.audit.job import MarkedBlobs, gc_marked_blobs, run_audit
 from lightmetrics_pipeline.inventory import report as inv
 
@@ -48,11 +49,10 @@ def test_a_blob_gc_marks_while_the_audit_runs_is_not_a_violation(runtime, clock,
 
     # Then a GC run records its intents and places its delete markers (§15 steps 1-2) ...
     versions = {k: s3.head_object(Bucket=B, Key=k)["VersionId"] for k in (ref.blob_key, orphan_key)}
-    marks = [{"sha": sha, "version_id": versions[key], "marker_version_id": None, "lm_unix_s": T0_NS // 10**9,
-              "reason": "unreferenced", "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start,
-              "seq_end": i.seq_end} for key, sha, i in ((ref.blob_key, ref.frame_sha256, ident(1)),
-                                                         (orphan_key, orphan_sha, ident(2)))]
-    table.transact(page_ops(1, 0, marks, {"state": "marked", "marked_at_ns": T0_NS}, []))
+    marks = [Mark(key, sha, versions[key], None, T0_NS, T0_NS // 10**9, "unreferenced", agent_hex=i.agent_hex,
+                  boot_hex=i.boot_hex, seq_start=i.seq_start, seq_end=i.seq_end)
+             for key, sha, i in ((ref.blob_key, ref.frame_sha256, ident(1)), (orphan_key, orphan_sha, ident(2)))]
+    table.transact(page_ops(1, 0, marks, MarksItem(MarkState.MARKED, marked_at_ns=T0_NS), []))
     markers = {k: s3.delete_object(Bucket=B, Key=k)["VersionId"] for k in (ref.blob_key, orphan_key)}
     # ... and the inventory the audit reads lists both markers as current (the blobs absent).
     report = inv.open_report(inv.snapshot(access, inv.Destination.parse(f"s3://{B}/inventory")).manifest_location,

@@ -105,7 +105,7 @@ def test_purge_removes_marker_and_pre_mark_version_but_a_newer_version_survives(
     # A collector writes the same content again while the marker is current (no manifest yet).
     w.orphan(ident(6))
     (before, markers) = w.versions(orphan)
-    assert len(before) == 2 and markers == [mark["marker_version_id"]]
+    assert len(before) == 2 and markers == [mark.marker_version_id]
     assert gc.settle([mark]) == ["purged"]
     versions, markers = w.versions(orphan)
     assert markers == [] and proof.version_id not in versions and len(versions) == 1

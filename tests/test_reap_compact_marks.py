@@ -4,6 +4,7 @@ older version wrote, and GC's tombstone HEAD once per hour per task."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from typing import Any
 
 from conftest import ident
@@ -13,7 +14,7 @@ from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import decode_mark, encode_mark
+from lightmetrics.reaps.gc_marks import Mark, decode_mark, encode_mark
 
 GC = {"mode": "gc", "dry_run": False}
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -59,7 +60,8 @@ def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> 
     reaper.gc({"reap": out["reap"]})  # marked and recorded; then the reap "crashes"
     [item] = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
     at = int(item["marked_at_ns"])
-    old = [{**decode_mark(m, w.ctx.codec, at), "marked_at_ns": at} for m in item["marks"]]
+    # the previous version's long form: the mark's fields by name, none left out but those it lacks
+    old = [{k: v for k, v in asdict(decode_mark(m, w.ctx.codec, at)).items() if v is not None} for m in item["marks"]]
     assert all("agent_hex" in m and "key" in m for m in old)  # the previous version's long form
     table.put({**item, "marks": old})
     assert all(not w.blob_exists(o) for o in orphans)  # markers current
@@ -75,12 +77,12 @@ def test_compact_marks_round_trip_and_keep_the_identity_when_the_record_does_not
 
     codec = KeyCodec("lm/")
     i = ident(4)
-    mark = {"key": codec.raw_blob("cd" * 32), "sha": "cd" * 32, "version_id": "v1", "marker_version_id": "m1",
-            "marked_at_ns": 5, "lm_unix_s": 7200, "reason": "unreferenced", "agent_hex": i.agent_hex,
-            "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+    mark = Mark(key=codec.raw_blob("cd" * 32), sha="cd" * 32, version_id="v1", marker_version_id="m1",
+                marked_at_ns=5, lm_unix_s=7200, reason="unreferenced", agent_hex=i.agent_hex,
+                boot_hex=i.boot_hex, seq_start=i.seq_start, seq_end=i.seq_end)
     assert decode_mark(encode_mark(mark), codec, 5) == mark
-    tomb = {k: v for k, v in mark.items() if k not in ("agent_hex", "boot_hex", "seq_start", "seq_end")}
-    tomb.update(reason="hour-tombstoned", record_hour=str(HOUR), version_id=None)
+    tomb = replace(mark, agent_hex=None, boot_hex=None, seq_start=None, seq_end=None)
+    tomb = replace(tomb, reason="hour-tombstoned", record_hour=str(HOUR), version_id=None)
     assert decode_mark(encode_mark(tomb), codec, 5) == tomb
 
 
@@ -99,3 +101,39 @@ def test_gc_heads_a_tombstone_once_per_hour_per_task(bucket: str) -> None:
     assert {p.reason for p in proofs} == {"referenced"}
     # 3 blobs + 1 tombstone (a negative answer, kept for the task); 3 records
     assert dict(prove.by_api) == {"s3.HeadObject": 4, "s3.GetObject": 3}
+
+
+def test_marks_items_keep_their_stored_form_and_an_attribute_this_version_does_not_know() -> None:
+    """Typed marks items (MarksItem) convert at the control-store boundary: the attributes each home
+    writes are today's, in today's order, and an item read back is stored again byte for byte."""
+    from types import SimpleNamespace
+
+    from lightmetrics.protocol.keys import KeyCodec
+    from lightmetrics.reaps.gc_marks import MarksItem, page_ops
+    from lightmetrics.reaps.gc_tasks import SummaryPages
+    from lightmetrics.reaps.retention_ranges import RangePages
+    from lightmetrics.reaps.state import MarkState, PageOutcome
+
+    codec, i = KeyCodec("lm/"), ident(4)
+    reap = {"epoch": 3, "owner": "o"}
+    outcome = PageOutcome("after", True, {"c_examined": 2}, "2026-08-01T13")
+    gc = SummaryPages(None, reap, None)  # type: ignore[arg-type]
+    ranges = RangePages(SimpleNamespace(reap=reap))  # type: ignore[arg-type]
+    expected = {
+        (gc, MarkState.INTENT): {"epoch": 3, "owner": "o", "state": "intent", "cursor": "after", "more": True,
+                                 "counts": {"c_examined": 2, "through": "2026-08-01T13"}, "created_at_ns": 7},
+        (gc, MarkState.MARKED): {"epoch": 3, "owner": "o", "state": "marked", "marked_at_ns": 7},
+        (ranges, MarkState.INTENT): {"epoch": 3, "owner": "o", "state": "intent", "created_at_ns": 7},
+        (ranges, MarkState.MARKED): {"epoch": 3, "owner": "o", "state": "marked", "marked_at_ns": 7},
+    }
+    mark = Mark(codec.raw_blob("cd" * 32), "cd" * 32, "v1", "m1", 7, 7200, "unreferenced", agent_hex=i.agent_hex,
+                boot_hex=i.boot_hex, seq_start=i.seq_start, seq_end=i.seq_end)
+    for (home, state), attributes in expected.items():
+        fields = home.item_fields(state, outcome, 7)
+        assert list(fields.attributes().items()) == list(attributes.items())
+        [put] = page_ops(3, 0, [mark], fields, [])
+        raw = {"pk": put.pk, "sk": put.sk, **(put.item or {}), "written_by": "a newer version"}
+        item = MarksItem.of(raw, codec)
+        assert item.stored() == raw and item.marks == (mark,) and item.intent is (state is MarkState.INTENT)
+        assert item.extra == {"pk": put.pk, "written_by": "a newer version"}
+        assert item.outcome == (outcome if home is gc and state is MarkState.INTENT else None)

@@ -217,8 +217,7 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
     monkeypatch.setattr(HourRetention, "page", lambda self, after, limit: (hour_keys[:limit], False))
     monkeypatch.setattr(HourRetention, "records", lambda self, keys: PageRecords(records=dict(records)))
     monkeypatch.setattr(BlobCollector, "prove_all", lambda self, keys, now_ns=None: proofs)
-    monkeypatch.setattr(BlobCollector, "mark", lambda self, intents: [{**m, "marker_version_id": "m" * 32}
-                                                                       for m in intents])
+    monkeypatch.setattr(BlobCollector, "mark", lambda self, intents: [m.placed("m" * 32) for m in intents])
     sent: list[int] = []
     table = w.ctx.table
     transact = table.transact

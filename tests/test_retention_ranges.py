@@ -658,8 +658,8 @@ def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
     table = w.ctx.table
     [first_owner] = {i["owner"] for i in table.query(RANGE_PK)}
     intents = [plain(i)["intent"] for i in table.query(RANGE_PK) if "intent" in i]
-    intended = {m["key"] for intent in intents for k in range(int(intent["n"]))
-                for m in decode_marks_item(table.get(CHECKPOINT_PK, f"{intent['p']}{k:03d}"), w.ctx.codec)["marks"]}
+    intended = {m.key for intent in intents for k in range(int(intent["n"]))
+                for m in decode_marks_item(table.get(CHECKPOINT_PK, f"{intent['p']}{k:03d}"), w.ctx.codec).marks}
     assert intents and intended
     w.clock.advance(901)  # the lease expired
     resumed_at = w.clock.now_ns()

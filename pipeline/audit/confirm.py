@@ -58,7 +58,7 @@ def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
     §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
     from lightmetrics.reaps.gc_marks import read_marks_items
 
-    marked = MarkedBlobs(m["key"] for item in read_marks_items(table, codec) for m in item["marks"])
+    marked = MarkedBlobs(m.key for item in read_marks_items(table, codec) for m in item.marks)
     marked.reader = lambda: gc_marked_blobs(table, codec)
     return marked
 

@@ -11,7 +11,8 @@ concept a module:
                 source cursors, the newest audit run (G-B3), the history bound (G-B2)
 ``state``       the typed state: phases (enums), a key range's item, its pages, converted at the table
 ``gc``          the one raw-blob deleter: proof, mark, settle (:class:`BlobCollector`)
-``gc_marks``    the ``marks#`` items of a page, split under DynamoDB's item size limit (G-I6)
+``gc_marks``    a mark and a ``marks#`` item, typed (:class:`Mark`, :class:`MarksItem`) and converted at
+                the table; a page's items, split under DynamoDB's item size limit (G-I6)
 ``mark_settle`` the mark-and-settle pipeline (intent, markers, record, settle) over where a page lives
 ``gc_sources``  GC's candidate sources: scan, by-time, audit
 ``gc_tasks``    the GC role's task over the summary's pages (:class:`SummaryPages`)

@@ -13,7 +13,10 @@ most :data:`LISTS_PER_TASK` requests a task; the next task goes on from the curs
 
 Example::
 
-    >>> would_settle([{"marks": [{}, {}]}, {"marks": [{}]}])
+    >>> from lightmetrics.reaps.gc_marks import Mark
+    >>> from lightmetrics.reaps.state import MarkState
+    >>> m = Mark("k", "s", "v", "m", 0, 0, "unreferenced")
+    >>> would_settle([MarksItem(MarkState.MARKED, (m, m)), MarksItem(MarkState.MARKED, (m,))])
     3
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightmetrics.reaps.gc_marks import MarksItem
 from lightmetrics.work.leases import Fence
 
 #: Keys a listing request returns (S3's most).
@@ -47,10 +51,10 @@ class DryRunFence(Fence):
                           "(docs/protocol.md §16.1 DR1); the request was not sent")
 
 
-def would_settle(marks_items: list[dict[str, Any]]) -> int:
+def would_settle(marks_items: list[MarksItem]) -> int:
     """The blobs a settle of these marks items (:func:`~lightmetrics.reaps.gc_marks.read_marks_items`)
     would purge or restore: what a dry run reports instead of settling them."""
-    return sum(len(item.get("marks") or []) for item in marks_items)
+    return sum(len(item.marks) for item in marks_items)
 
 
 def count_keys(store: Any, prefixes: list[str], after: str) -> tuple[int, str, bool]:

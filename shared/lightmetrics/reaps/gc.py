@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from lightmetrics.derived.indexing import KIND_REPAIR
@@ -51,7 +51,7 @@ from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, parse_record
 from lightmetrics.protocol.tombstones import TombstoneCache
-from lightmetrics.reaps.gc_marks import identity_from_mark
+from lightmetrics.reaps.gc_marks import Mark
 from lightmetrics.reaps.gc_proof import (
     DELETE_CONFLICT_RESOLVED,
     DELETE_HOUR_TOMBSTONED,
@@ -230,91 +230,91 @@ class BlobCollector:
 
     # -- mark ----------------------------------------------------------------------------------------
     @staticmethod
-    def intent(proof: Proof, now_ns: int) -> dict[str, Any]:
+    def intent(proof: Proof, now_ns: int) -> Mark:
         """What is recorded (durably, before the marker) about a blob about to be marked."""
         assert proof.identity is not None and proof.deletable
         i = proof.identity
-        out = {"key": proof.key, "sha": proof.sha, "version_id": proof.version_id, "marker_version_id": None,
-               "marked_at_ns": now_ns, "lm_unix_s": proof.last_modified_unix_s, "reason": proof.reason}
+        mark = Mark(proof.key, proof.sha, proof.version_id, None, now_ns, proof.last_modified_unix_s, proof.reason)
         if proof.record_hour:  # rule G-R1: the re-check needs this hour's tombstone, nothing else
-            return {**out, "record_hour": proof.record_hour}
-        return {**out, "agent_hex": i.agent_hex, "boot_hex": i.boot_hex, "seq_start": i.seq_start, "seq_end": i.seq_end}
+            return replace(mark, record_hour=proof.record_hour)
+        return replace(mark, agent_hex=i.agent_hex, boot_hex=i.boot_hex, seq_start=i.seq_start, seq_end=i.seq_end)
 
-    def mark(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def mark(self, intents: list[Mark]) -> list[Mark]:
         """Place a delete marker on each intended blob (one DeleteObjects per 1,000, no version id);
         returns the intents with the marker ids. A marker S3 refused raises as its DeleteObject
         would have, after the whole page was sent: the intent stays, and is recovered (L3)."""
         if not intents:
             return []
-        out = self._delete_objects([(m["key"], None) for m in intents], CP_MARKED_ONE)
+        out = self._delete_objects([(m.key, None) for m in intents], CP_MARKED_ONE)
         for m in intents:
-            err = out.error_for(m["key"], None)
+            err = out.error_for(m.key, None)
             if err is not None:
                 raise err
-        return [{**m, "marker_version_id": out.deleted[(m["key"], None)]} for m in intents]
+        return [m.placed(out.deleted[(m.key, None)]) for m in intents]
 
-    def recover(self, intents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def recover(self, intents: list[Mark]) -> list[Mark]:
         """After a crash between the recorded intent and the recorded marks: find each marker
         that was placed; place the ones that were not (the settle's re-check after the grace
         covers the time since the proof, as for any mark)."""
 
-        def one(m: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        def one(m: Mark) -> tuple[Mark | None, bool]:
             """``(mark, whether its marker is still to be placed)``"""
-            if m.get("marker_version_id"):
+            if m.marker_version_id:
                 return m, False
             markers, exists = self.find_markers(m)
             if markers:
-                return {**m, "marker_version_id": markers[0]}, False  # a restore finds the others again
+                return m.placed(markers[0]), False  # a restore finds the others again
             if not exists:
                 return None, False  # the captured version is gone already: nothing to mark
             return m, True
 
         looked = self._map(one, intents)
         now = self.ctx.clock.now_ns()
-        placed = iter(self.mark([{**m, "marked_at_ns": now} for m, unplaced in looked if unplaced]))
+        placed = iter(self.mark([m.at(now) for m, unplaced in looked if m is not None and unplaced]))
         return [next(placed) if unplaced else m for m, unplaced in looked if m is not None]
 
-    def find_markers(self, m: dict[str, Any]) -> tuple[list[str], bool]:
+    def find_markers(self, m: Mark) -> tuple[list[str], bool]:
         """Crash recovery: the delete markers newer than the captured version, and whether the
         captured version still exists (one ListObjectVersions of the key)."""
-        versions = self.ctx.store.versions_of(m["key"])
-        captured = [v for v in versions if not v.delete_marker and v.version_id == m.get("version_id")]
+        versions = self.ctx.store.versions_of(m.key)
+        captured = [v for v in versions if not v.delete_marker and v.version_id == m.version_id]
         if not captured:
             return [], False
         after = captured[0].last_modified
         return [v.version_id for v in versions if v.delete_marker and v.last_modified >= after], True
 
     # -- settle --------------------------------------------------------------------------------------
-    def due(self, m: dict[str, Any], now_ns: int) -> bool:
-        return now_ns >= int(m["marked_at_ns"]) + self.grace_ns
+    def due(self, marked_at_ns: int, now_ns: int) -> bool:
+        """Whether marks recorded at ``marked_at_ns`` are past the grace at ``now_ns``."""
+        return now_ns >= int(marked_at_ns) + self.grace_ns
 
-    def settle(self, marks: list[dict[str, Any]], *, now_ns: int | None = None) -> list[str]:
+    def settle(self, marks: list[Mark], *, now_ns: int | None = None) -> list[str]:
         """Purge or restore each due mark; returns ``"purged"``, ``"restored"`` or ``"kept:<reason>"``
         per mark. Idempotent: settling the same marks again does no harm (a crash in the middle)."""
         now = self.ctx.clock.now_ns() if now_ns is None else now_ns
-        not_due = [m["key"] for m in marks if not self.due(m, now)]
+        not_due = [m.key for m in marks if not self.due(m.marked_at_ns, now)]
         if not_due:
             raise ValueError(f"{len(not_due)} marks are inside the grace period, e.g. {not_due[0]}")
         plans = self._map(lambda m: self._plan_settle(m, now), marks)
         return self._carry_out(marks, plans)
 
-    def recheck(self, m: dict[str, Any], now_ns: int) -> tuple[bool, str]:
+    def recheck(self, m: Mark, now_ns: int) -> tuple[bool, str]:
         """Handshake step 4 for a recorded mark. A mark proven by a record naming the blob in a
         tombstoned hour carries that hour (rule G-R1): the record is immutable and the tombstone
         permanent, so the tombstone (cached per task) is all there is to check again."""
-        if m.get("record_hour") and m.get("reason") == DELETE_HOUR_TOMBSTONED:
-            if self.tombstones.is_tombstoned("raw", UtcHour.parse(str(m["record_hour"]))):
+        if m.record_hour and m.reason == DELETE_HOUR_TOMBSTONED:
+            if self.tombstones.is_tombstoned("raw", UtcHour.parse(m.record_hour)):
                 return True, DELETE_HOUR_TOMBSTONED
             return False, KEEP_NOT_TOMBSTONED  # cannot happen (tombstones stay): restore, never guess
-        return self.references(identity_from_mark(m), m["sha"], now_ns)
+        return self.references(m.identity(), m.sha, now_ns)
 
-    def _plan_settle(self, m: dict[str, Any], now_ns: int) -> "_Settling":
+    def _plan_settle(self, m: Mark, now_ns: int) -> "_Settling":
         """The re-check of one mark and what settling it deletes (nothing is deleted here)."""
         deletable, reason = self.recheck(m, now_ns)
         crashpoints.point(CP_RECHECKED)
         # The blob's discovery hint goes with it (verify flags an entry whose blob is gone).
-        hint = self.codec.raw_blobs_by_time(UtcHour((int(m["lm_unix_s"]) // 3600) * 3600), m["sha"])
-        markers = [m["marker_version_id"]] if m.get("marker_version_id") else None
+        hint = self.codec.raw_blobs_by_time(UtcHour((int(m.lm_unix_s) // 3600) * 3600), m.sha)
+        markers = [m.marker_version_id] if m.marker_version_id else None
         if markers is None:
             markers, exists = self.find_markers(m)
             if not markers and exists:
@@ -329,9 +329,9 @@ class BlobCollector:
             # twin may have placed one more (rule L3), and any one of them hides the blob.
             found, _ = self.find_markers(m)
             return _Settling("restored", markers=list(dict.fromkeys([*markers, *found])), reason=reason)
-        return _Settling("purged", version=m.get("version_id"), markers=markers, hint=hint)
+        return _Settling("purged", version=m.version_id, markers=markers, hint=hint)
 
-    def _carry_out(self, marks: list[dict[str, Any]], plans: list["_Settling"]) -> list[str]:
+    def _carry_out(self, marks: list[Mark], plans: list["_Settling"]) -> list[str]:
         """The settle's deletes, in three DeleteObjects rounds, each after the one before answered:
         the captured versions, then the markers (purges and restores), then the purged blobs'
         hints. A mark whose delete S3 refused takes no further step (as a failed DeleteObject
@@ -349,15 +349,15 @@ class BlobCollector:
                     failed[i] = err
 
         todo = list(enumerate(zip(marks, plans)))
-        send([(i, m["key"], p.version) for i, (m, p) in todo if p.version], CP_PURGED_VERSION, _GONE)
-        send([(i, m["key"], v) for i, (m, p) in todo for v in p.markers], CP_PURGED_MARKERS, _GONE)
+        send([(i, m.key, p.version) for i, (m, p) in todo if p.version], CP_PURGED_VERSION, _GONE)
+        send([(i, m.key, v) for i, (m, p) in todo for v in p.markers], CP_PURGED_MARKERS, _GONE)
         send([(i, p.hint, None) for i, (_, p) in todo if p.hint], CP_SETTLED_ONE, ())
         for i, (m, p) in todo:
             if i in failed or not p.markers:
                 continue
             if p.result == "restored":
                 self.ctx.metrics.add_metric(name="GcRestored", unit="Count", value=1)
-                log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m["key"], p.reason)
+                log.warning("gc restored %s: %s after it was marked (a race the handshake caught)", m.key, p.reason)
             else:
                 self.ctx.metrics.add_metric(name="GcPurged", unit="Count", value=1)
         if failed:

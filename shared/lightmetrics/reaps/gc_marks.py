@@ -1,5 +1,9 @@
 """A GC page's ``marks#`` items: one page's intents or marks, split under DynamoDB's item size limit.
 
+A mark (:class:`Mark`) and an item (:class:`MarksItem`) are typed records, converted to and from
+the stored form here, at the control-store boundary; the stored form is compact (rule G-I7) and
+unchanged by the conversion.
+
 Each marked page has its own items ``checkpoint#reap``/``marks#<epoch>#<page>#<part>`` (written
 *before* its delete markers, state ``intent``, then ``marked``; deleted once settled), as many
 parts as keep each item under :data:`MARKS_ITEM_MAX_BYTES` (rule G-I6). The epoch keeps a new
@@ -19,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -26,55 +32,112 @@ from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.reaps.gc_proof import DELETE_CONFLICT_RESOLVED, DELETE_HOUR_TOMBSTONED, DELETE_UNREFERENCED
 from lightmetrics.reaps.params import CHECKPOINT_PK
+from lightmetrics.reaps.state import MarkState, PageOutcome, counts_of
 
 # -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
 _REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
 _REASONS = {v: k for k, v in _REASON_CODES.items()}
 
 
-def encode_mark(m: dict[str, Any]) -> dict[str, str]:
-    """A mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
-    ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
-    then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
-    The blob key (from ``s``) and the time marked (the item's) are not stored.
+@dataclass(frozen=True)
+class Mark:
+    """One blob on its way through the delete-marker handshake, as the collector uses it
+    (:meth:`~lightmetrics.reaps.gc.BlobCollector.intent`): its key and hash, the version captured by
+    the proof (purged later), the delete marker's version once placed, when it was marked, the
+    blob's ``LastModified``, the proof's reason, and what the settle re-checks — the record's
+    tombstoned hour (rule G-R1) or else the batch identity. Stored compactly (:meth:`stored`).
 
-    >>> encode_mark({"sha": "ab" * 32, "version_id": "v1", "marker_version_id": None, "lm_unix_s": 7200,
-    ...              "reason": "hour-tombstoned", "record_hour": "1970-01-01T02"})["h"]
+    >>> m = Mark("lm/raw-blobs/v1/ab", "ab", "v1", None, 5, 7200, "hour-tombstoned", record_hour="1970-01-01T02")
+    >>> m.stored()
+    {'s': 'ab', 't': '2', 'r': 't', 'v': 'v1', 'h': '1970-01-01T02'}
+    >>> m.placed("m1").marker_version_id
+    'm1'
+    """
+
+    key: str
+    sha: str
+    version_id: str | None
+    marker_version_id: str | None
+    marked_at_ns: int
+    lm_unix_s: int
+    reason: str
+    record_hour: str | None = None
+    agent_hex: str | None = None
+    boot_hex: str | None = None
+    seq_start: int | None = None
+    seq_end: int | None = None
+
+    def identity(self) -> BatchIdentity:
+        """The batch identity the mark carries (a mark proven by a record's tombstoned hour has none)."""
+        if self.agent_hex is None or self.boot_hex is None or self.seq_start is None or self.seq_end is None:
+            raise KeyError(f"the mark of {self.key} carries no identity (record hour {self.record_hour})")
+        return BatchIdentity.create(hex_to_id(self.agent_hex, "agent"), hex_to_id(self.boot_hex, "boot"),
+                                    int(self.seq_start), int(self.seq_end))
+
+    def placed(self, marker_version_id: str) -> Mark:
+        """This mark with its delete marker placed (``marker_version_id``)."""
+        return replace(self, marker_version_id=marker_version_id)
+
+    def at(self, marked_at_ns: int) -> Mark:
+        """This mark, marked at ``marked_at_ns``."""
+        return replace(self, marked_at_ns=int(marked_at_ns))
+
+    def stored(self) -> dict[str, str]:
+        """The mark as a marks item stores it: ``s`` sha, ``v`` captured version, ``m`` marker version,
+        ``t`` hour of the blob's ``raw-blobs-by-time`` hint (hours since the epoch), ``r`` reason code,
+        then either ``h`` (the record's tombstoned hour, rule G-R1) or the identity ``a``/``b``/``q``.
+        The blob key (from ``s``) and the time marked (the item's) are not stored."""
+        out = {"s": self.sha, "t": str(int(self.lm_unix_s) // 3600), "r": _REASON_CODES[self.reason]}
+        if self.version_id:
+            out["v"] = self.version_id
+        if self.marker_version_id:
+            out["m"] = self.marker_version_id
+        if self.record_hour:
+            out["h"] = self.record_hour
+        else:
+            out.update(a=str(self.agent_hex), b=str(self.boot_hex), q=f"{self.seq_start}-{self.seq_end}")
+        return out
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any], codec: Any, marked_at_ns: int) -> Mark:
+        """The mark :meth:`stored` stored (``marked_at_ns``: the time its item records, never earlier
+        than the marker). A mark written by the previous version (long names, its own
+        ``marked_at_ns``) is read as it is: a rolling deploy settles it unchanged."""
+        if "sha" in stored:
+            return cls._of_long(stored, marked_at_ns)
+        sha = str(stored["s"])
+        mark = cls(str(codec.raw_blob(sha)), sha, stored.get("v"), stored.get("m"), int(marked_at_ns),
+                   int(stored["t"]) * 3600, _REASONS[str(stored["r"])])
+        if stored.get("h"):
+            return replace(mark, record_hour=str(stored["h"]))
+        start, _, end = str(stored["q"]).partition("-")
+        return replace(mark, agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start),
+                       seq_end=int(end))
+
+    @classmethod
+    def _of_long(cls, m: Mapping[str, Any], marked_at_ns: int) -> Mark:
+        def opt_int(name: str) -> int | None:
+            return None if m.get(name) is None else int(m[name])
+
+        return cls(key=str(m["key"]), sha=str(m["sha"]), version_id=m.get("version_id"),
+                   marker_version_id=m.get("marker_version_id"),
+                   marked_at_ns=int(m.get("marked_at_ns", marked_at_ns)), lm_unix_s=int(m["lm_unix_s"]),
+                   reason=str(m["reason"]), record_hour=m.get("record_hour") or None, agent_hex=m.get("agent_hex"),
+                   boot_hex=m.get("boot_hex"), seq_start=opt_int("seq_start"), seq_end=opt_int("seq_end"))
+
+
+def encode_mark(m: Mark) -> dict[str, str]:
+    """A mark as a marks item stores it (:meth:`Mark.stored`, rule G-I7).
+
+    >>> encode_mark(Mark("k", "ab" * 32, "v1", None, 0, 7200, "hour-tombstoned", record_hour="1970-01-01T02"))["h"]
     '1970-01-01T02'
     """
-    out = {"s": m["sha"], "t": str(int(m["lm_unix_s"]) // 3600), "r": _REASON_CODES[m["reason"]]}
-    if m.get("version_id"):
-        out["v"] = m["version_id"]
-    if m.get("marker_version_id"):
-        out["m"] = m["marker_version_id"]
-    if m.get("record_hour"):
-        out["h"] = m["record_hour"]
-    else:
-        out.update(a=m["agent_hex"], b=m["boot_hex"], q=f"{m['seq_start']}-{m['seq_end']}")
-    return out
+    return m.stored()
 
 
-def decode_mark(stored: dict[str, Any], codec: Any, marked_at_ns: int) -> dict[str, Any]:
-    """The mark :func:`encode_mark` stored, as the collector uses it (``marked_at_ns``: the time its
-    item records, never earlier than the marker). A mark written by the previous version (long
-    names, its own ``marked_at_ns``) is returned as it is: a rolling deploy settles it unchanged."""
-    if "sha" in stored:
-        return dict(stored)
-    sha = str(stored["s"])
-    m: dict[str, Any] = {"key": codec.raw_blob(sha), "sha": sha, "version_id": stored.get("v"),
-                         "marker_version_id": stored.get("m"), "marked_at_ns": int(marked_at_ns),
-                         "lm_unix_s": int(stored["t"]) * 3600, "reason": _REASONS[str(stored["r"])]}
-    if stored.get("h"):
-        m["record_hour"] = str(stored["h"])
-    else:
-        start, _, end = str(stored["q"]).partition("-")
-        m.update(agent_hex=str(stored["a"]), boot_hex=str(stored["b"]), seq_start=int(start), seq_end=int(end))
-    return m
-
-
-def identity_from_mark(m: dict[str, Any]) -> BatchIdentity:
-    return BatchIdentity.create(hex_to_id(m["agent_hex"], "agent"), hex_to_id(m["boot_hex"], "boot"),
-                                int(m["seq_start"]), int(m["seq_end"]))
+def decode_mark(stored: Mapping[str, Any], codec: Any, marked_at_ns: int) -> Mark:
+    """The mark :func:`encode_mark` stored (:meth:`Mark.of`)."""
+    return Mark.of(stored, codec, marked_at_ns)
 
 
 MARKS_PREFIX = "marks#"
@@ -83,7 +146,7 @@ MARKS_PREFIX = "marks#"
 MARKS_ITEM_MAX_BYTES = 300_000
 
 
-def dynamodb_item_bytes(item: dict[str, Any]) -> int:
+def dynamodb_item_bytes(item: Mapping[str, Any]) -> int:
     """An upper bound of an item's size as DynamoDB counts it against its 400 KB limit: attribute
     names plus values; a number at its 21-byte maximum; a list or map 3 bytes plus 1 per element."""
 
@@ -105,12 +168,12 @@ def dynamodb_item_bytes(item: dict[str, Any]) -> int:
     return sum(len(k.encode()) + size(v) for k, v in item.items())
 
 
-def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: int) -> list[list[dict[str, Any]]]:
-    """``marks`` in consecutive parts, each an item (``fields`` plus its part of the marks) of at most
-    ``budget`` bytes (:func:`dynamodb_item_bytes`); at least one part."""
+def split_marks(marks: list[dict[str, str]], fields: Mapping[str, Any], *, budget: int) -> list[list[dict[str, str]]]:
+    """Stored ``marks`` in consecutive parts, each an item (``fields`` plus its part of the marks) of at
+    most ``budget`` bytes (:func:`dynamodb_item_bytes`); at least one part."""
     # The sort key at its longest: a range's page (range_page_prefix) and its part number.
     base = dynamodb_item_bytes({**fields, "pk": CHECKPOINT_PK, "sk": MARKS_PREFIX + "0" * 32, "marks": []})
-    parts: list[list[dict[str, Any]]] = [[]]
+    parts: list[list[dict[str, str]]] = [[]]
     used = base
     for m in marks:
         one = dynamodb_item_bytes({"m": m})  # 1 + the mark's map: its bytes as a list element
@@ -124,21 +187,99 @@ def split_marks(marks: list[dict[str, Any]], fields: dict[str, Any], *, budget: 
     return parts
 
 
-
-def decode_marks_item(item: dict[str, Any], codec: Any) -> dict[str, Any]:
-    """One ``marks#`` item (plain values), its marks decoded (:func:`decode_mark`;
-    an older version's marks as they are)."""
-    item = plain(item)
-    at = int(item.get("marked_at_ns") or item.get("created_at_ns") or 0)
-    item["marks"] = [decode_mark(m, codec, at) for m in item.get("marks") or []]
-    return item
+_ITEM_FIELDS = ("sk", "state", "epoch", "owner", "cursor", "more", "counts", "created_at_ns", "marked_at_ns", "marks")
 
 
-def read_marks_items(table: ControlStore, codec: Any) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MarksItem:
+    """One ``marks#`` item (``checkpoint#reap``/``sk``): its state, its writer's epoch and owner, when it
+    was written (``created_at_ns`` an intent, ``marked_at_ns`` recorded marks), its part of the page's
+    marks and, for a GC page's intent, what the page moves the summary on to (``outcome``; stored as
+    ``cursor``, ``more`` and ``counts``, GC's ``through`` among the counts). A page's items share all
+    but ``sk`` and ``marks``: :func:`page_ops` writes a page from one item without them. Converted
+    to and from the stored item here (:meth:`of`, :meth:`stored`); ``None``: not stored; an attribute
+    this version does not know is kept in ``extra``.
+
+    >>> from lightmetrics.protocol.keys import KeyCodec
+    >>> raw = {"pk": "checkpoint#reap", "sk": "marks#000003#00000000#000", "epoch": 3, "owner": "o",
+    ...        "state": "marked", "marked_at_ns": 9, "marks": [{"s": "ab" * 32, "t": "2", "r": "u",
+    ...        "a": "0a", "b": "0b", "q": "1-2"}]}
+    >>> item = MarksItem.of(raw, KeyCodec("lm/"))
+    >>> item.state.value, item.marks[0].sha == "ab" * 32, item.marks[0].marked_at_ns, item.stored() == raw
+    ('marked', True, 9, True)
+    """
+
+    state: MarkState | None  # None: an item of a version before intents (its marks recorded)
+    marks: tuple[Mark, ...] = ()
+    sk: str = ""
+    epoch: int | None = None
+    owner: str | None = None
+    created_at_ns: int | None = None
+    marked_at_ns: int | None = None
+    outcome: PageOutcome | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def intent(self) -> bool:
+        """Recorded before its markers: some may be placed (rule L3)."""
+        return self.state is MarkState.INTENT
+
+    @property
+    def at_ns(self) -> int:
+        """The time the item records for its marks (never earlier than their markers)."""
+        return int(self.marked_at_ns or self.created_at_ns or 0)
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any], codec: Any) -> MarksItem:
+        """The stored item ``raw``, its marks decoded (:meth:`Mark.of`; an older version's as they are)."""
+        item = plain(dict(raw))
+        at = int(item.get("marked_at_ns") or item.get("created_at_ns") or 0)
+        outcome = None
+        if "cursor" in item:
+            counts = dict(item.get("counts") or {})
+            through = counts.pop("through", None)
+            outcome = PageOutcome(str(item["cursor"]), bool(item["more"]), counts_of(counts), through)
+
+        def opt(name: str, kind: Any) -> Any:
+            return None if item.get(name) is None else kind(item[name])
+
+        return cls(state=opt("state", MarkState), marks=tuple(Mark.of(m, codec, at) for m in item.get("marks") or []),
+                   sk=str(item.get("sk") or ""), epoch=opt("epoch", int), owner=opt("owner", str),
+                   created_at_ns=opt("created_at_ns", int), marked_at_ns=opt("marked_at_ns", int), outcome=outcome,
+                   extra={k: v for k, v in item.items() if k not in _ITEM_FIELDS})
+
+    def attributes(self) -> dict[str, Any]:
+        """The stored attributes the page's items share (all but ``sk`` and ``marks``)."""
+        out = dict(self.extra)
+        for name, value in (("epoch", self.epoch), ("owner", self.owner),
+                            ("state", self.state.value if self.state is not None else None)):
+            if value is not None:
+                out[name] = value
+        if self.outcome is not None:
+            counts: dict[str, int | str] = dict(self.outcome.counts)
+            if self.outcome.through:
+                counts["through"] = self.outcome.through  # stored with the counts (the items' format)
+            out.update(cursor=self.outcome.cursor, more=self.outcome.more, counts=counts)
+        for name, at in (("created_at_ns", self.created_at_ns), ("marked_at_ns", self.marked_at_ns)):
+            if at is not None:
+                out[name] = at
+        return out
+
+    def stored(self) -> dict[str, Any]:
+        """The item as the table holds it."""
+        return {**self.attributes(), "sk": self.sk, "marks": [m.stored() for m in self.marks]}
+
+
+def decode_marks_item(item: Mapping[str, Any], codec: Any) -> MarksItem:
+    """One ``marks#`` item, its marks decoded (:meth:`MarksItem.of`)."""
+    return MarksItem.of(item, codec)
+
+
+def read_marks_items(table: ControlStore, codec: Any) -> list[MarksItem]:
     """The recorded pages' items (every epoch's, every range's), their marks decoded."""
     # The marks prefix only: the partition also holds a cursor per audit run and each scope's last
     # retention outcome, which would make every read grow with history.
-    return [decode_marks_item(item, codec) for item in table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
+    return [MarksItem.of(item, codec) for item in table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
 
 
 def page_prefix(epoch: int, page: int) -> str:
@@ -157,17 +298,19 @@ def page_of(sk: str) -> str:
     return sk[:sk.rfind("#") + 1]
 
 
-def page_ops(epoch: int, page: int, marks: list[dict[str, Any]], fields: dict[str, Any],
-             replaces: list[str], *, prefix: str | None = None) -> list[Op]:
-    """Puts of one page's items (``fields`` plus a part of ``marks`` each, rule G-I6), and deletes
-    of the items in ``replaces`` that they do not overwrite; ``prefix``: the page's own (a range's,
-    :func:`range_page_prefix`) instead of :func:`page_prefix`."""
+def page_ops(epoch: int, page: int, marks: list[Mark], fields: MarksItem, replaces: list[str], *,
+             prefix: str | None = None) -> list[Op]:
+    """Puts of one page's items (``fields``' :meth:`~MarksItem.attributes` plus a part of ``marks``
+    each, rule G-I6), and deletes of the items in ``replaces`` that they do not overwrite; ``prefix``:
+    the page's own (a range's, :func:`range_page_prefix`) instead of :func:`page_prefix`."""
     prefix = prefix or page_prefix(epoch, page)
-    parts = split_marks([encode_mark(m) for m in marks], fields, budget=MARKS_ITEM_MAX_BYTES)
+    attributes = fields.attributes()
+    parts = split_marks([m.stored() for m in marks], attributes, budget=MARKS_ITEM_MAX_BYTES)
     sks = [f"{prefix}{i:03d}" for i in range(len(parts))]
-    return ([Op("Put", CHECKPOINT_PK, sk, item={**fields, "marks": part}) for sk, part in zip(sks, parts)]
+    return ([Op("Put", CHECKPOINT_PK, sk, item={**attributes, "marks": part}) for sk, part in zip(sks, parts)]
             + [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces if sk not in sks])
 
 
-__all__ = ["MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX", "decode_marks_item", "dynamodb_item_bytes", "page_of", "page_ops",
-           "page_prefix", "range_page_prefix", "read_marks_items", "split_marks"]
+__all__ = ["MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX", "Mark", "MarksItem", "decode_mark", "decode_marks_item",
+           "dynamodb_item_bytes", "encode_mark", "page_of", "page_ops", "page_prefix", "range_page_prefix",
+           "read_marks_items", "split_marks"]

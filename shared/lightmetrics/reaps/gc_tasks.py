@@ -9,11 +9,12 @@ come from GC's sources (:mod:`lightmetrics.reaps.gc_sources`) or, for a retentio
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.gc_marks import page_of, page_prefix
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_of, page_prefix
 from lightmetrics.reaps.gc_sources import GcSources
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, DEFAULT_MAX_PAGES, source_cursor_sk
@@ -37,34 +38,31 @@ class SummaryPages:
     def page_prefix(self) -> str:
         return page_prefix(self.reap["epoch"], self.cp.page)
 
-    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> Job:
-        base = {"epoch": self.reap["epoch"], "owner": self.reap["owner"], "state": state.value}
+    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> MarksItem:
+        base = MarksItem(state, epoch=int(self.reap["epoch"]), owner=self.reap["owner"])
         if state is MarkState.MARKED:
-            return {**base, "marked_at_ns": at_ns}
-        counts: dict[str, Any] = dict(outcome.counts)
-        if outcome.through:
-            counts["through"] = outcome.through  # stored with the counts (the items' format)
-        return {**base, "cursor": outcome.cursor, "more": outcome.more, "counts": counts, "created_at_ns": at_ns}
+            return replace(base, marked_at_ns=at_ns)
+        # A GC page's intent carries its outcome: the summary moves on only when the page is recorded.
+        return replace(base, outcome=outcome, created_at_ns=at_ns)
 
     @staticmethod
-    def outcome_of(intent_item: Job) -> PageOutcome:
-        counts = dict(intent_item.get("counts") or {})
-        through = counts.pop("through", None)
-        return PageOutcome(str(intent_item["cursor"]), bool(intent_item["more"]),
-                           {k: int(v) for k, v in counts.items()}, through)
+    def outcome_of(intent_item: MarksItem) -> PageOutcome:
+        if intent_item.outcome is None:
+            raise InvalidReapInput(f"the intent {intent_item.sk} records no outcome")
+        return intent_item.outcome
 
     def write_intent(self, prefix: str, ops: list[Op], outcome: PageOutcome, now_ns: int) -> None:
         self.tasks.job.commit(self.reap, ops=ops)
 
-    def record(self, outcome: PageOutcome, marks: list[Job], prefix: str, ops: list[Op]) -> None:
+    def record(self, outcome: PageOutcome, marks: list[Mark], prefix: str, ops: list[Op]) -> None:
         """The page's marks (replacing its intent items) and the cursor, in one transaction."""
         cp, reap = self.cp, self.reap
         page = cp.page
         # Rule G-B1: a GC run marks at most max_pages pages, then settles and ends.
         exhausted = cp.mode == "gc" and outcome.more and page + 1 >= (cp.max_pages or DEFAULT_MAX_PAGES)
         more = outcome.more and not exhausted
-        others = [i for i in self.tasks.job.marks_items() if not str(i["sk"]).startswith(prefix)]
-        pending = len({page_of(str(i["sk"])) for i in others} | ({prefix} if marks else set()))
+        others = [i for i in self.tasks.job.marks_items() if not i.sk.startswith(prefix)]
+        pending = len({page_of(i.sk) for i in others} | ({prefix} if marks else set()))
         set_: Job = {"after": outcome.cursor, "page": page + 1}
         if outcome.through:
             set_["through"] = outcome.through
@@ -79,8 +77,7 @@ class SummaryPages:
                 set_["phase"] = (ReapPhase.DERIVED if blobs else ReapPhase.DONE).value
             else:
                 set_["phase"] = ReapPhase.SETTLE.value
-                latest = max([int(m["marked_at_ns"]) for i in others for m in i["marks"]]
-                             + [int(m["marked_at_ns"]) for m in marks] + [0])
+                latest = max([m.marked_at_ns for i in others for m in i.marks] + [m.marked_at_ns for m in marks] + [0])
                 set_["wait_until_ns"] = latest + int(self.tasks.settings.gc_grace_s) * NS if latest else 0
         self.tasks.job.commit(reap, set_=set_, add={**outcome.counts, "c_marked": len(marks)}, ops=ops)
         self.set_ = set_
@@ -122,16 +119,15 @@ class GcTasks:
 
     def _mark_page(self, reap: ReapRun, cp: ReapCheckpoint, home: SummaryPages, pipeline: MarkSettle) -> Job:
         prefix = home.page_prefix()
-        intent = [i for i in self.job.marks_items()
-                  if str(i["sk"]).startswith(prefix) and i.get("state") == MarkState.INTENT.value]
+        intent = [i for i in self.job.marks_items() if i.sk.startswith(prefix) and i.intent]
         if intent:
             # A crash after the intent: some markers may be placed; find them, place the others —
             # once the run that recorded the intent cannot be placing them any more (rule L3).
             until = max(self.job.writer_may_run_until(i, reap, cp) for i in intent)
             if until > self.job.now():
                 return self.job.wait(reap, cp, until)
-            pipeline.recover([m for i in intent for m in i["marks"]], home.outcome_of(intent[0]), prefix,
-                             [i["sk"] for i in intent])
+            pipeline.recover([m for i in intent for m in i.marks], home.outcome_of(intent[0]), prefix,
+                             [i.sk for i in intent])
         else:
             page = self.candidates(cp)
             pipeline.mark(page, self.job.now(), dry_run=cp.dry_run)
@@ -165,11 +161,11 @@ class GcTasks:
             until = self.job.writer_may_run_until(item, reap, cp)
             if until > now:  # its markers may still be on their way: settle once they cannot be
                 return self.job.wait(reap, cp, until)
-            marks = item["marks"]
-            not_due = [int(m["marked_at_ns"]) for m in marks if not pipeline.due(int(m["marked_at_ns"]), now)]
+            marks = list(item.marks)
+            not_due = [m.marked_at_ns for m in marks if not pipeline.due(m.marked_at_ns, now)]
             if not_due:
                 return self.job.wait(reap, cp, max(not_due) + int(self.settings.gc_grace_s) * NS)
-            pipeline.settle(page_of(str(item["sk"])), marks, [item["sk"]], now)
+            pipeline.settle(page_of(item.sk), marks, [item.sk], now)
             if len(items) > 1:
                 return {"reap": reap, "next": "gc"}
         # Every recorded mark is settled: continue marking, or move on (a closing settle ends the reap).

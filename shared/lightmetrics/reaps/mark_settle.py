@@ -33,16 +33,12 @@ from typing import Any, Protocol
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import page_ops
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
 from lightmetrics.reaps.params import CHECKPOINT_PK
 from lightmetrics.reaps.report import proof_counts, settle_counts
 from lightmetrics.reaps.state import MarkState, PageOutcome
 from lightmetrics.work import crashpoints
 from lightmetrics.work.units import WorkContext
-
-#: A mark as the collector hands it over (:meth:`BlobCollector.intent`); stored compactly by
-#: :func:`~lightmetrics.reaps.gc_marks.encode_mark`.
-Mark = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -77,8 +73,8 @@ class PageHome(Protocol):
     def page_prefix(self) -> str:
         """The sort-key prefix of the next page's ``marks#`` items."""
 
-    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> dict[str, Any]:
-        """The fields of the page's ``marks#`` items besides their marks."""
+    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> MarksItem:
+        """The page's ``marks#`` items as they all are, besides their sort keys and marks."""
 
     def write_intent(self, prefix: str, ops: list[Op], outcome: PageOutcome, now_ns: int) -> None:
         """Write the intent items ``ops`` (and whatever the home records with them), in one write."""
@@ -123,7 +119,7 @@ class MarkSettle:
 
     def due(self, marked_at_ns: int, now_ns: int) -> bool:
         """Whether marks recorded at ``marked_at_ns`` are past the grace at ``now_ns``."""
-        return self.collector.due({"marked_at_ns": marked_at_ns}, now_ns)
+        return self.collector.due(marked_at_ns, now_ns)
 
     def mark(self, page: CandidatePage, now_ns: int, *, dry_run: bool) -> None:
         """Steps 1-4 for one page of candidates."""
@@ -156,14 +152,14 @@ class MarkSettle:
 
     def _recorded(self, outcome: PageOutcome, marks: list[Mark], prefix: str, replaces: list[str]) -> None:
         if marks:
-            at = max(int(m["marked_at_ns"]) for m in marks)  # the marks' own time (decode_mark gives it back)
+            at = max(m.marked_at_ns for m in marks)  # the marks' own time (Mark.of gives it back)
             ops = self._items(prefix, marks, self.home.item_fields(MarkState.MARKED, outcome, at), replaces)
         else:  # nothing marked (a dry run, or every captured version was gone): no items left
             ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
         self.home.record(outcome, marks, prefix, ops)
         crashpoints.point(self.home.points.page)
 
-    def _items(self, prefix: str, marks: list[Mark], fields: dict[str, Any], replaces: list[str]) -> list[Op]:
+    def _items(self, prefix: str, marks: list[Mark], fields: MarksItem, replaces: list[str]) -> list[Op]:
         return page_ops(self.epoch, 0, marks, fields, replaces, prefix=prefix)
 
 

@@ -16,7 +16,7 @@ from lightmetrics.deployment.timeouts import longest_reap_task_s
 from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.reaps.dry_run import DryRunFence
-from lightmetrics.reaps.gc_marks import MARKS_PREFIX, read_marks_items
+from lightmetrics.reaps.gc_marks import MARKS_PREFIX, MarksItem, read_marks_items
 from lightmetrics.reaps.mark_settle import writer_may_run_until
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
@@ -24,7 +24,7 @@ from lightmetrics.reaps.params import (
     map_visit_tasks,
     max_tasks_for,
 )
-from lightmetrics.reaps.state import MarkState, ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
 from lightmetrics.work.leases import OWNED, Fence, LeaseLost
 from lightmetrics.work.units import WorkContext
@@ -59,7 +59,7 @@ class ReapJob:
     def lease(self) -> dict[str, Any] | None:
         return self.kernel.lease()
 
-    def marks_items(self) -> list[dict[str, Any]]:
+    def marks_items(self) -> list[MarksItem]:
         """The recorded pages' items, their marks decoded (:func:`~lightmetrics.reaps.gc_marks.read_marks_items`)."""
         return read_marks_items(self.table, self.codec)
 
@@ -135,13 +135,13 @@ class ReapJob:
         run's refuses them all (rule DR1, :class:`~lightmetrics.reaps.dry_run.DryRunFence`)."""
         return self.kernel.fence(reap, DryRunFence if reap.get("dry_run") else Fence)
 
-    def writer_may_run_until(self, item: dict[str, Any], reap: ReapRun, cp: ReapCheckpoint) -> int:
+    def writer_may_run_until(self, item: MarksItem, reap: ReapRun, cp: ReapCheckpoint) -> int:
         """Rule L3 for a ``marks#`` item (:func:`~lightmetrics.reaps.mark_settle.writer_may_run_until`):
         until when the invocation that recorded it may still be placing its delete markers; 0 for
         recorded marks, which need no wait here: the grace is at least as long (rule H2, checked at start)."""
-        if item.get("state") != MarkState.INTENT.value:
+        if not item.intent:
             return 0
-        return self.intent_writer_until(int(item.get("created_at_ns") or 0), str(item.get("owner")), reap,
+        return self.intent_writer_until(int(item.created_at_ns or 0), str(item.owner), reap,
                                         owned_since_ns=cp.owned_since_ns)
 
     def intent_writer_until(self, created_at_ns: int, writer: str, reap: ReapRun, *, owned_since_ns: int) -> int:

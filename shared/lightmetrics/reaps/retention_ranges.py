@@ -37,7 +37,7 @@ from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, O
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.gc_marks import decode_marks_item, range_page_prefix
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, decode_marks_item, range_page_prefix
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, RANGE_TASK_SECONDS, RANGE_TASK_UNITS
 from lightmetrics.reaps.reap_job import ReapJob
@@ -144,21 +144,23 @@ class RangePages:
         t = self.task
         return range_page_prefix(t.reap["epoch"], t.r, t.passes, t.item.page)
 
-    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> dict[str, Any]:
-        base = {"epoch": self.task.reap["epoch"], "owner": self.task.reap["owner"], "state": state.value}
-        return {**base, "created_at_ns" if state is MarkState.INTENT else "marked_at_ns": at_ns}
+    def item_fields(self, state: MarkState, outcome: PageOutcome, at_ns: int) -> MarksItem:
+        # A range's intent keeps its outcome in the range item (RangeIntent), not in its marks items.
+        intent = state is MarkState.INTENT
+        return MarksItem(state, epoch=int(self.task.reap["epoch"]), owner=self.task.reap["owner"],
+                         created_at_ns=at_ns if intent else None, marked_at_ns=None if intent else at_ns)
 
     def write_intent(self, prefix: str, ops: list[Op], outcome: PageOutcome, now_ns: int) -> None:
         # The intent is durable (in the range item and its marks items) before the first marker.
         self.task.item.intent = RangeIntent(PendingPage(prefix, len(ops), now_ns), self.task.reap["owner"], outcome)
         self.task.save(ops)
 
-    def record(self, outcome: PageOutcome, marks: list[dict[str, Any]], prefix: str, ops: list[Op]) -> None:
+    def record(self, outcome: PageOutcome, marks: list[Mark], prefix: str, ops: list[Op]) -> None:
         """A page done: its marks (replacing its intent items) pending settle, the cursor, the counts."""
         item = self.task.item
         if marks:
             parts = sum(1 for op in ops if op.kind == "Put")
-            item.pending = [*item.pending, PendingPage(prefix, parts, max(int(m["marked_at_ns"]) for m in marks))]
+            item.pending = [*item.pending, PendingPage(prefix, parts, max(m.marked_at_ns for m in marks))]
         item.after, item.listing_done, item.page, item.intent = outcome.cursor, not outcome.more, item.page + 1, None
         item.add({**outcome.counts, "c_marked": len(marks)})
         self.task.save(ops)
@@ -271,12 +273,12 @@ class RangeTask:
             if until > now:
                 return self._wait_until(until)
             stored = self._read_marks(intent.page)
-            pipeline.recover([m for i in stored for m in i["marks"]], intent.outcome, intent.page.prefix,
+            pipeline.recover([m for i in stored for m in i.marks], intent.outcome, intent.page.prefix,
                              intent.page.sks())
             return True
         due = [p for p in item.pending if pipeline.due(p.marked_at_ns, now)]
         if due:
-            pipeline.settle(due[0].prefix, [m for i in self._read_marks(due[0]) for m in i["marks"]], due[0].sks(), now)
+            pipeline.settle(due[0].prefix, [m for i in self._read_marks(due[0]) for m in i.marks], due[0].sks(), now)
             return True
         if not item.listing_done and len(item.pending) < int(self.job["max_pending_pages"]):
             page = blob_page(self.hr, item.after, int(self.job["page_size"]), end_at=item.end_at or None)
@@ -289,7 +291,7 @@ class RangeTask:
             return False
         return self._wait_until(min(p.marked_at_ns for p in item.pending) + int(self.settings.gc_grace_s) * _NS)
 
-    def _read_marks(self, page: PendingPage) -> list[dict[str, Any]]:
+    def _read_marks(self, page: PendingPage) -> list[MarksItem]:
         found = (self.table.get(CHECKPOINT_PK, sk) for sk in page.sks())
         return [decode_marks_item(i, self.codec) for i in found if i is not None]
 

@@ -58,6 +58,7 @@ from lightmetrics.protocol.control_store import Op, plain
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
+from lightmetrics.reaps.gc_marks import MarksItem
 from lightmetrics.reaps.gc_tasks import GcTasks
 from lightmetrics.reaps.mark_settle import CandidatePage
 from lightmetrics.reaps.params import (
@@ -100,7 +101,7 @@ class Reaper:
         """The reap lease's item (plain values), or None if no reap ever took it."""
         return self.kernel.lease()
 
-    def marks_items(self) -> list[dict[str, Any]]:
+    def marks_items(self) -> list[MarksItem]:
         """The recorded pages' ``marks#`` items, their marks decoded."""
         return self.job.marks_items()
 
