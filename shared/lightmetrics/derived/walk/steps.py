@@ -111,10 +111,10 @@ class Walker:
         cp_pk = checkpoint_pk(params.agent_hex)
         cp, parts = read_walk(self.table, cp_pk)
         if params.resume:
-            if cp is None or cp.status is JobStatus.FINISHED:
+            if cp is None or cp.status is JobStatus.FINISHED or cp.epoch is None:  # (no epoch: not Begin's item)
                 raise NothingToResume(f"no unfinished walk to resume for {cp_pk} "
                                       f"(last status: {cp.status if cp else 'never ran'})")
-            epoch = int(cp.epoch)  # type: ignore[arg-type]  # a checkpoint Begin wrote has its epoch
+            epoch = cp.epoch
             # A resume keeps the walk's page size, parallelism and mode unless the input changes them.
             kept = {k: v for k, v in (("page_size", cp.page_size), ("parallelism", cp.parallelism), ("full", cp.full))
                     if v is not None and inp.get(k) is None}
