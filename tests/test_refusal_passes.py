@@ -240,7 +240,7 @@ def test_a_refusal_that_passes_is_resolved_by_the_next_walk(  # type: ignore[no-
         monkeypatch.setattr(system, "work_context", with_fault)
         system.register_task_functions()
         first = run_walk(system, page_size=2)
-        assert first.status == "finished" and first.summary["outcomes"]["BLOCKED"] == 1, first.summary
+        assert first.status == "finished" and first.summary_json()["outcomes"]["BLOCKED"] == 1, first.summary
         [blocker] = system.work_context().blockers.list()
         assert blocker.work_key == f"{KIND_REPAIR}:{denied}" and blocker.source == "walk"
         assert_names_the_request(blocker, denied)
@@ -252,7 +252,7 @@ def test_a_refusal_that_passes_is_resolved_by_the_next_walk(  # type: ignore[no-
 
         system.register_task_functions()  # a new process: it knows nothing of the first walk's failures
         again = run_walk(system, page_size=2)
-        assert again.summary["outcomes"].get("BLOCKED", 0) == 0, again.summary
+        assert again.summary_json()["outcomes"].get("BLOCKED", 0) == 0, again.summary
         assert sorted(b.object_key for b in ctx.blockers.list()) == others
         assert_resolved_by_itself(ctx.blockers.get(blocker.work_key))
     finally:

@@ -123,7 +123,7 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
     # page checks per key.
     result = run_walk(system, page_size=4, parallelism=3, full=True)
     assert result.status == "finished", result.detail
-    s = result.summary
+    s = result.summary_json()
     assert (s["keys_accepted"], s["keys_quarantine"]) == (30, 1)
     assert s["keys_present"] == s["keys_reaped"] == 0
     assert s["partitions_found"] == 3 * 2 + 1 and s["partitions_done"] == 7 and s["enumeration_complete"]
@@ -158,7 +158,7 @@ def test_full_walk_repairs_every_planted_missing_entry_then_verify_is_clean(syst
     assert relaxed.ok and relaxed.pending["accepted-by-blob"] == 1
     clock.advance(seconds=SETTLE_S + 1)
     second = run_walk(system, page_size=1000)
-    assert second.status == "finished" and second.summary["repairs"] == 1
+    assert second.status == "finished" and second.summary_json()["repairs"] == 1
     assert read_watermarks(ctx.table)["accepted-by-time"] == T0_NS + 1_000_000_000  # moved forward
 
 
@@ -228,9 +228,9 @@ def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock)
     started = control.start(page_size=2, parallelism=2, lease_seconds=shortest_lease)
     assert gate.entered.wait(60), "the walk never reached the gate"
     deadline = time.monotonic() + 30
-    while control.checkpoint()["pages"] < 5 and time.monotonic() < deadline:
+    while control.checkpoint().to_json()["pages"] < 5 and time.monotonic() < deadline:
         time.sleep(0.05)  # the page beside the held one is finishing
-    cp = control.checkpoint()
+    cp = control.checkpoint().to_json()
     assert cp["status"] == "running" and cp["pages"] == 5 and cp["epoch"] == started.epoch
     sfn = runtime.boto3_client("stepfunctions")
     stopped = cp["execution"]
@@ -259,7 +259,7 @@ def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock)
     d = sfn.describe_execution(executionArn=stopped)
     assert d["status"] in ("ABORTED", "FAILED") and d.get("error") in (None, "", "LeaseLost"), d
     assert "Abort" not in {e.get("stateEnteredEventDetails", {}).get("name") for e in history(system, stopped)}
-    s = result.summary
+    s = result.summary_json()
     assert s["epoch"] == started.epoch and s["resumes"] == 1
     assert s["keys"] == 24 and s["pages"] == 4 * 3  # each page counted exactly once
     assert s["outcomes"]["DONE"] + s["outcomes"]["NOOP_RESOLVED"] == 24
@@ -269,8 +269,8 @@ def test_stop_between_pages_then_resume_within_the_epoch(system, runtime, clock)
     with pytest.raises(NothingToResume):
         control.start(resume=True)
     again = run_walk(system, page_size=100)
-    assert again.summary["epoch"] == started.epoch + 1 and again.summary["keys"] == 24
-    assert again.summary["outcomes"]["NOOP_RESOLVED"] == 24
+    assert again.summary_json()["epoch"] == started.epoch + 1 and again.summary_json()["keys"] == 24
+    assert again.summary_json()["outcomes"]["NOOP_RESOLVED"] == 24
 
 
 def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime, clock):  # type: ignore[no-untyped-def]
@@ -290,7 +290,7 @@ def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime
     control = system.walk_control()
     first = control.start(page_size=2, parallelism=1)
     failed = control.follow(first, poll_s=0.05, timeout_s=60)
-    assert failed.status == "failed" and "RuntimeError" in failed.summary["error"]
+    assert failed.status == "failed" and "RuntimeError" in failed.summary_json()["error"]
     (execution,) = failed.executions
     d = runtime.boto3_client("stepfunctions").describe_execution(executionArn=execution)
     assert (d["status"], d["error"]) == ("FAILED", "WalkFailed")
@@ -300,8 +300,8 @@ def test_failed_execution_releases_the_lease_and_resumes_at_once(system, runtime
     result = control.follow(resumed, poll_s=0.05, timeout_s=60)
     # (one fresh-clone run on a machine with two other suites running saw this resume fail; the
     # detail and the summary say why the next time)
-    assert result.status == "finished" and result.summary["epoch"] == first.epoch, (result.detail, result.summary)
-    assert result.summary["keys"] == 8 and result.summary["pages"] == 4
+    assert result.status == "finished" and result.summary_json()["epoch"] == first.epoch, (result.detail, result.summary)
+    assert result.summary_json()["keys"] == 8 and result.summary_json()["pages"] == 4
 
 
 def test_a_start_refused_by_the_lease_of_an_ended_execution_says_it_ended_and_when_the_lease_expires(
@@ -316,7 +316,7 @@ def test_a_start_refused_by_the_lease_of_an_ended_execution_says_it_ended_and_wh
     assert done.status == "finished"
     table = system.work_context().table
     expires = clock.now_ns() + 900 * 10**9
-    table.put({"pk": LEASE_PK, "sk": "lease", "owner": "end-task-lost-its-answer", "epoch": done.summary["epoch"],
+    table.put({"pk": LEASE_PK, "sk": "lease", "owner": "end-task-lost-its-answer", "epoch": done.summary_json()["epoch"],
                "scope": "all", "execution": done.executions[-1], "expires_at_ns": expires,
                "checkpoint_pk": done.started.checkpoint_pk})  # type: ignore[attr-defined]
     with pytest.raises(LeaseHeld) as refused:
@@ -387,7 +387,7 @@ def test_two_starts_at_once_one_is_refused(system, runtime, clock):  # type: ign
     gate.active = False
     gate.release.set()
     result = control.follow(started[0], poll_s=0.05, timeout_s=60)
-    assert result.status == "finished" and result.summary["keys"] == 6
+    assert result.status == "finished" and result.summary_json()["keys"] == 6
     # The refused execution failed with LeaseHeld and changed nothing.
     sfn = runtime.boto3_client("stepfunctions")
     arns = [e["executionArn"] for e in sfn.list_executions(stateMachineArn=system.state_machine_arn())["executions"]]
@@ -409,7 +409,7 @@ def test_out_of_order_acceptance_is_never_skipped(system, runtime, clock):  # ty
     boot = [BatchIdentity.create("agent-o", "boot-o", s, s + 9) for s in (100, 300)]
     accept_all(system, runtime, clock, boot)
     first = run_walk(system, page_size=1)
-    assert first.status == "finished" and first.summary["keys"] == 2
+    assert first.status == "finished" and first.summary_json()["keys"] == 2
     # A lower sequence accepted after a higher one in the same boot (an agent retrying an old
     # batch late): its key sorts before the partition's last cursor position.
     late = BatchIdentity.create("agent-o", "boot-o", 200, 209)
@@ -419,8 +419,8 @@ def test_out_of_order_acceptance_is_never_skipped(system, runtime, clock):  # ty
     with pytest.raises(NothingToResume):  # a cursor is never reused across walks
         system.walk_control().start(resume=True)
     second = run_walk(system, page_size=1)
-    assert second.summary["epoch"] == first.summary["epoch"] + 1
-    assert second.summary["keys"] == 3 and second.summary["repairs"] == 1  # from the beginning
+    assert second.summary_json()["epoch"] == first.summary_json()["epoch"] + 1
+    assert second.summary_json()["keys"] == 3 and second.summary_json()["repairs"] == 1  # from the beginning
     hour = UtcHour.of_unix_ns(T0_NS)
     assert ctx.codec.accepted_by_time(hour, late) in keys_under(runtime, system.bucket, "accepted-by-time/v1/")
     assert verify(ctx, strict=True).ok
@@ -440,7 +440,7 @@ def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(syst
 
     result = run_walk(system, page_size=3, parallelism=2)
     assert result.status == "finished", result.detail
-    s = result.summary
+    s = result.summary_json()
     assert s["outcomes"]["BLOCKED"] == 2 and s["outcomes"]["DONE"] == 8
     assert "BLOCKED: 2" in s["watermark_withheld"] and s["watermark_ns"] is None
     assert read_watermarks(ctx.table) == {i: None for i in INDEXES}
@@ -459,8 +459,8 @@ def test_poisoned_manifest_becomes_a_blocker_and_the_walk_finishes_the_rest(syst
     report = verify(ctx, strict=True)
     assert report.ok and {a.keys[0] for a in report.acknowledged} == {poison, stray}
     again = run_walk(system, page_size=3, parallelism=2)
-    assert again.summary["outcomes"]["SKIPPED"] == 2 and again.summary["outcomes"]["BLOCKED"] == 0
-    assert again.summary["watermark_ns"] is None and "SKIPPED: 2" in again.summary["watermark_withheld"]
+    assert again.summary_json()["outcomes"]["SKIPPED"] == 2 and again.summary_json()["outcomes"]["BLOCKED"] == 0
+    assert again.summary_json()["watermark_ns"] is None and "SKIPPED: 2" in again.summary_json()["watermark_withheld"]
     assert not ctx.blockers.list()  # skipped stays skipped: the walk did not reopen them
 
 
@@ -490,7 +490,7 @@ def test_page_size_one_over_500_keys_spans_executions_of_one_epoch(system, runti
     result = run_walk(system, page_size=1, parallelism=parallelism, max_rounds=rounds)
     seconds = time.monotonic() - t0
     assert result.status == "finished", result.detail
-    s = result.summary
+    s = result.summary_json()
     assert s["keys"] == 500 and s["pages"] == 500 and s["repairs"] == 500
     assert len(result.executions) >= 2 and s["executions"] == len(result.executions)
     assert s["epoch"] == result.started.epoch  # one epoch across every execution
@@ -532,7 +532,7 @@ def test_a_round_walks_up_to_40_partitions_at_once(system, runtime, clock):  # t
     accept_all(system, runtime, clock, idents)
     result = run_walk(system, page_size=10, parallelism=24)
     assert result.status == "finished", result.detail
-    assert result.summary["keys"] == 24 and result.summary["repairs"] == 24
+    assert result.summary_json()["keys"] == 24 and result.summary_json()["repairs"] == 24
     events = history(system, result.executions[0])
     # Map iterations per round (a round is one Map state): the first round walks all 24 partitions.
     per_map, current = [], 0

@@ -96,12 +96,10 @@ def _follow(control: Any, started: Any, as_json: bool) -> Any:
                   TimeElapsedColumn(), console=console, transient=False) as progress:
         task = progress.add_task("walk", total=None, epoch=started.epoch, keys=0, repairs=0, rate="-", eta="-")
 
-        def update(summary: dict[str, Any]) -> None:
-            found = summary.get("partitions_found") or 0
-            progress.update(task, total=found if summary.get("enumeration_complete") else None,
-                            completed=summary.get("partitions_done") or 0, keys=summary.get("keys", 0),
-                            repairs=summary.get("repairs", 0), rate=summary.get("keys_per_s") or "-",
-                            eta=_duration(summary.get("eta_s")) or "-")
+        def update(summary: Any) -> None:  # a WalkSummary
+            progress.update(task, total=summary.partitions_found if summary.enumeration_complete else None,
+                            completed=summary.partitions_done, keys=summary.keys, repairs=summary.repairs,
+                            rate=summary.keys_per_s or "-", eta=_duration(summary.eta_s) or "-")
 
         return control.follow(started, on_progress=update, poll_s=0.25)
 
@@ -146,12 +144,12 @@ def walk_start(agent: str | None, resume: bool, full: bool, wait: bool, page_siz
             console.print("follow with: lmctl walk status")
         sys.exit(EXIT_OK)
     result = _follow(control, started, as_json)
-    info.update(status=result.status, executions=result.executions, detail=result.detail, summary=result.summary)
+    info.update(status=result.status, executions=result.executions, detail=result.detail, summary=result.summary_json())
     if as_json:
         emit_json(info)
     else:
         style = "green" if result.status == "finished" else "red"
-        console.print(kv_table(f"[{style}]walk {result.status}[/]", _summary_rows(result.summary)))
+        console.print(kv_table(f"[{style}]walk {result.status}[/]", _summary_rows(result.summary_json())))
         if result.detail:
             console.print(f"[red]{result.detail}[/]")
     sys.exit(EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS)
@@ -182,12 +180,13 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
         "execution": (lease or {}).get("execution"),
         "expires": utc_text((lease or {}).get("expires_at_ns")) if live else None,
     }
-    summary = {k: cp.get(k) for k in _SUMMARY_FIELDS} if cp else None
-    if follow and live and summary and lease and lease.get("checkpoint_pk") == cp.get("pk"):  # type: ignore[union-attr]
+    shown = cp.to_json() if cp else None
+    summary = {k: shown.get(k) for k in _SUMMARY_FIELDS} if shown else None
+    if follow and live and cp and lease and lease.get("checkpoint_pk") == cp.checkpoint_pk:
         started = Started(str(lease["execution"]), int(lease["epoch"]), str(lease["checkpoint_pk"]),
                           str(lease.get("scope", "all")))
         result = _follow(control, started, as_json)
-        summary = result.summary
+        summary = result.summary_json()
         code = EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS
     else:
         code = EXIT_OK

@@ -76,9 +76,9 @@ def _follow(control: Any, started: Any, show_progress: bool) -> Any:
                   TimeElapsedColumn(), disable=not show_progress, console=err_console) as progress:
         task = progress.add_task("walk", total=None)
 
-        def update(summary: dict[str, Any]) -> None:
-            progress.update(task, total=summary.get("partitions_found") if summary.get("enumeration_complete") else None,
-                            completed=summary.get("partitions_done") or 0)
+        def update(summary: Any) -> None:  # a WalkSummary
+            progress.update(task, total=summary.partitions_found if summary.enumeration_complete else None,
+                            completed=summary.partitions_done)
 
         return control.follow(started, on_progress=update, poll_s=0.2, timeout_s=300)
 
@@ -86,7 +86,7 @@ def _follow(control: Any, started: Any, show_progress: bool) -> Any:
 def _walk_summary(control: Any, started: Any, result: Any, deleted_restored: tuple[int, int], seconds: float,
                   s3_requests: int) -> dict[str, Any]:
     histories = [control.history(arn) for arn in result.executions]
-    summary = result.summary
+    summary = result.summary_json()
     return {
         "status": result.status,
         "detail": result.detail,

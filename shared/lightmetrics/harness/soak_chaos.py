@@ -94,8 +94,9 @@ class SoakChaos:
             report.counters["walks refused (lease held)"] += 1
             return None
         result = control.follow(started_walk, poll_s=0.3, timeout_s=self.plan.settle_timeout_s)
-        entry = {"scope": agent or "all", "status": result.status, "keys": result.summary.get("keys", 0),
-                 "repairs": result.summary.get("repairs", 0), "executions": len(result.executions),
+        summary = result.summary_json()
+        entry = {"scope": agent or "all", "status": result.status, "keys": summary.get("keys", 0),
+                 "repairs": summary.get("repairs", 0), "executions": len(result.executions),
                  "detail": result.detail}
         report.walks.append(entry)
         report.counters[f"walks {result.status}"] += 1

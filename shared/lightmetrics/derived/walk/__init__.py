@@ -15,7 +15,10 @@ one method of :class:`Walker`. The package, one concept a module:
 
 ``params``   the execution input (:class:`WalkParams`), its limits, the tasks, the history bound
 ``checks``   what a page checks per acceptance record (W4, W5: :class:`RecordChecks`)
-``state``    the control-table records: lease, checkpoint and partition items (:class:`WalkPartition`), watermarks
+``checkpoint`` the checkpoint's typed records, converted at the control-store boundary: the summary item
+             (:class:`WalkCheckpoint`, its enumeration queue and counters), the partition items
+             (:class:`WalkPartition`) and the progress summary (:class:`WalkSummary`)
+``state``    the control-table records and what is read from them: lease, checkpoint, watermarks
 ``walker_base`` what the tasks share (:class:`~lightmetrics.derived.walk.walker_base.WalkJob`: the job kernel of
              :mod:`lightmetrics.jobs`, the enumeration roots, the repair of one key)
 ``page_task`` the page task
@@ -33,6 +36,14 @@ Example (what ``lmctl walk start --wait`` does)::
 
 from __future__ import annotations
 
+from lightmetrics.derived.walk.checkpoint import (
+    ListCursor,
+    ListLevel,
+    WalkCheckpoint,
+    WalkCounters,
+    WalkEnumeration,
+    WalkSummary,
+)
 from lightmetrics.derived.walk.checks import RecordChecks, boundary_margin_ns, candidate_hours, list_beats_heads
 from lightmetrics.derived.walk.control import Followed, Started, WalkControl
 from lightmetrics.derived.walk.errors import (
@@ -94,8 +105,9 @@ __all__ = [
     "EVENTS_FIXED", "EVENTS_PER_PAGE", "EVENTS_PER_ROUND", "HISTORY_BUDGET", "HISTORY_LIMIT", "INDEXES",
     "INPUT_FIELDS", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "LIST_MAX_KEYS", "MAX_LEASE_S", "MAX_PAGE_SIZE",
     "MAX_PARALLELISM", "MIN_LEASE_S", "OUTCOMES", "PART_PREFIX", "PRESENCE_WALK_INDEXES", "STEPS", "TASK_STEPS",
-    "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "NothingToResume", "NothingToWalk", "RecordChecks", "Started",
-    "WalkControl", "WalkError", "WalkParams", "WalkPartition", "WalkRetryLater", "WalkTransient", "Walker",
+    "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "ListCursor", "ListLevel", "NothingToResume", "NothingToWalk",
+    "RecordChecks", "Started", "WalkCheckpoint", "WalkControl", "WalkCounters", "WalkEnumeration", "WalkError",
+    "WalkParams", "WalkPartition", "WalkRetryLater", "WalkSummary", "WalkTransient", "Walker",
     "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
     "summarize", "watermark_blocker", "watermark_pk",

@@ -18,7 +18,7 @@ from typing import Any
 
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.derived.walk.params import WalkParams
-from lightmetrics.derived.walk.state import checkpoint_pk, describe_lease, read_walk, summarize
+from lightmetrics.derived.walk.state import WalkSummary, checkpoint_pk, describe_lease, read_walk, summarize
 from lightmetrics.jobs.control import JobControl
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import ControlStore
@@ -37,10 +37,17 @@ class Started:
 
 @dataclass
 class Followed:
+    """How a followed walk ended: ``finished`` or ``failed``, its last summary (None: its checkpoint
+    was never read), the executions it ran in, and why it failed."""
+
     status: str  # finished | failed
-    summary: dict[str, Any]
+    summary: WalkSummary | None
     executions: list[str]
     detail: str = ""
+
+    def summary_json(self) -> dict[str, Any]:
+        """The summary as the CLI prints it (``{}`` if there is none)."""
+        return {} if self.summary is None else self.summary.to_json()
 
 
 class WalkControl:
@@ -60,12 +67,12 @@ class WalkControl:
     def lease_live(self) -> dict[str, Any] | None:
         return self.job.lease_live()
 
-    def checkpoint(self, agent: str | None = None) -> dict[str, Any] | None:
+    def checkpoint(self, agent: str | None = None) -> WalkSummary | None:
         """The walk summary of a scope, totals including the partitions in progress (None: never ran)."""
         cp, parts = read_walk(self.table, checkpoint_pk(None if agent is None else id_to_hex(agent)))
         if cp is None:
             return None
-        return {**cp, **summarize(cp, parts, self.ctx.clock.now_ns())}
+        return summarize(cp, parts, self.ctx.clock.now_ns())
 
     def start(self, *, agent: str | None = None, resume: bool = False, full: bool = False, page_size: int | None = None,
               parallelism: int | None = None, max_rounds: int | None = None, lease_seconds: int | None = None,
@@ -94,9 +101,9 @@ class WalkControl:
                                     f"(nothing under {' or '.join(prefixes)}): nothing to walk")
         if resume:
             cp = self.checkpoint(agent)
-            if cp is None or cp.get("status") == JobStatus.FINISHED:
+            if cp is None or cp.status is JobStatus.FINISHED:
                 raise NothingToResume(f"no unfinished walk to resume for {checkpoint_pk(params.agent_hex)} "
-                                      f"(last status: {cp.get('status') if cp else 'never ran'})")
+                                      f"(last status: {cp.status if cp else 'never ran'})")
         name = f"lmctl-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         arn, lease = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s)
         return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
@@ -137,31 +144,30 @@ class WalkControl:
         while self.sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < limit:
             self.sleep(0.05)
 
-    def follow(self, started: Started, *, on_progress: Callable[[dict[str, Any]], None] | None = None,
+    def follow(self, started: Started, *, on_progress: Callable[[WalkSummary], None] | None = None,
                poll_s: float = 0.5, timeout_s: float | None = None) -> Followed:
         """Watch the walk of ``started`` across its executions until it finishes or fails."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         executions = [started.execution_arn]
         ended_at: float | None = None
         while True:
-            found, parts = read_walk(self.table, started.checkpoint_pk)
-            cp = found or {}
-            summary = summarize(cp, parts, self.ctx.clock.now_ns()) if cp else {}
+            cp, parts = read_walk(self.table, started.checkpoint_pk)
+            summary = summarize(cp, parts, self.ctx.clock.now_ns()) if cp else None
             if on_progress and summary:
                 on_progress(summary)
-            if cp and int(cp.get("epoch", -1)) != started.epoch:
+            if cp and (-1 if cp.epoch is None else cp.epoch) != started.epoch:
                 return Followed("failed", summary, executions, "a newer walk replaced this epoch's checkpoint")
-            status = cp.get("status")
-            current = str(cp.get("execution") or started.execution_arn)
+            status = None if cp is None else cp.status
+            current = (cp.execution if cp else None) or started.execution_arn
             if current not in executions:
                 executions.append(current)
-            if status == "finished":
+            if status is JobStatus.FINISHED:
                 # End records "finished", then moves the watermarks (after its owned write, rule
                 # L2): the walk has ended once its execution has.
                 self._until_ended(current, deadline)
                 return Followed("finished", summary, executions)
-            if status == "failed":
-                return Followed("failed", summary, executions, str(cp.get("error", "")))
+            if status is JobStatus.FAILED:
+                return Followed("failed", summary, executions, (cp.error if cp else None) or "")
             d = self.sfn.describe_execution(executionArn=current)
             if d["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
                 # The end task may have recorded the error after the read above: read it again.
@@ -169,7 +175,7 @@ class WalkControl:
                 summary = summarize(found, parts, self.ctx.clock.now_ns()) if found else summary
                 return Followed("failed", summary, executions,
                                 f"execution {current} {d['status']} {d.get('error', '')}".strip())
-            if d["status"] == "SUCCEEDED" and cp.get("status") == JobStatus.RUNNING:
+            if d["status"] == "SUCCEEDED" and status is JobStatus.RUNNING:
                 # Handed over to the next execution: Begin records it within moments.
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > 60:

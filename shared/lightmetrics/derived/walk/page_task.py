@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from lightmetrics.derived.walk.checkpoint import KEY_CHECKS, PART_PREFIX, WalkPartition
 from lightmetrics.derived.walk.checks import RecordChecks
 from lightmetrics.derived.walk.errors import WalkRetryLater
 from lightmetrics.derived.walk.params import LIST_MAX_KEYS
-from lightmetrics.derived.walk.state import KEY_CHECKS, PART_PREFIX, WalkRun
+from lightmetrics.derived.walk.state import WalkRun
 from lightmetrics.derived.walk.walker_base import POOL, WalkJob, add_counts
-from lightmetrics.protocol.control_store import ConditionFailed
+from lightmetrics.protocol.control_store import ConditionFailed, plain
 from lightmetrics.protocol.object_store import ListPage
 from lightmetrics.protocol.own_writes import WrittenByOther, update_own
 from lightmetrics.work.leases import OWNED, LeaseLost
@@ -129,8 +130,8 @@ class PageTask:
             update_own(self.table, pk, sk, "SET #a = :last, #d = :done, #u = :now ADD " + ", ".join(adds),
                        names=names, values=values, condition=OWNED + " AND #a = :prev")
         except WrittenByOther as moved:  # not this page's own commit (§11.1)
-            current = moved.current
-            if current is None or current.get("owner") != walk["owner"] or int(current.get("epoch", -1)) != walk["epoch"]:
+            current = None if moved.current is None else WalkPartition.of(plain(moved.current))
+            if current is None or not current.owned_by(walk["epoch"], walk["owner"]):
                 raise LeaseLost(f"epoch {walk['epoch']} lost partition {partition}") from None
             # The cursor moved already: this page was walked twice (a retried task); nothing to count.
             return {"partition": partition, "keys": len(keys), "stale": True}

@@ -10,17 +10,24 @@ transaction, so a run that lost the walk cannot move a cursor.
 Example (what ``lmctl walk status`` reads)::
 
     >>> summary, parts = read_walk(table, checkpoint_pk(None))                 # doctest: +SKIP
-    >>> summarize(summary, parts, clock.now_ns())["keys_per_s"]                # doctest: +SKIP
+    >>> summarize(summary, parts, clock.now_ns()).keys_per_s                   # doctest: +SKIP
     >>> read_watermarks(table)["accepted-by-time"]                             # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from lightmetrics.derived.walk.checkpoint import (
+    CHECKPOINT_SK,
+    KEY_CHECKS,
+    OUTCOMES,
+    PART_PREFIX,
+    WalkCheckpoint,
+    WalkPartition,
+    WalkSummary,
+)
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, plain
 from lightmetrics.protocol.own_writes import update_own
@@ -29,8 +36,6 @@ from lightmetrics.work import leases
 _NS = 1_000_000_000
 
 LEASE_PK, LEASE_SK = "lease#walk", "lease"
-CHECKPOINT_SK = "current"
-PART_PREFIX = "part#"
 #: The derived indexes the walk repairs; each has its own completeness watermark.
 INDEXES = ("accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob")
 #: What a walk that is not ``full`` proves complete (W3, W5): it checks each record's time entry
@@ -38,12 +43,6 @@ INDEXES = ("accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarant
 #: and its blob's entry follow from a present time entry only for entries written under D5/D6
 #: (protocol §17 E7), so only a full walk vouches for those two indexes.
 PRESENCE_WALK_INDEXES = ("accepted-by-time", "quarantine-by-blob")
-#: Outcome counters of a walk (``SKIPPED``: an operator skipped the key's blocker).
-OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
-#: How a key counted NOOP_RESOLVED was settled without a unit of work (rules W4, W5): ``present``
-#: — its ``accepted-by-time`` entry exists; ``reaped`` — its hour is tombstoned, nothing probed.
-#: Partition items and the summary keep them as ``keys_present`` and ``keys_reaped``.
-KEY_CHECKS = ("present", "reaped")
 
 
 class WalkRun(TypedDict, total=False):
@@ -67,39 +66,6 @@ class WalkRun(TypedDict, total=False):
     executions: int
 
 
-@dataclass(frozen=True)
-class WalkPartition:
-    """A partition in progress (``part#<partition>`` under the walk's checkpoint), as read: its cursor
-    (``after``), whether its last page was listed (``done``), the epoch that owns it, its counters
-    (``keys``, ``pages``, ``outcomes``, ``keys_<check>`` as ``settled``) and ``failed_through`` (rule O1a)."""
-
-    partition: str
-    kind: str = "accepted"
-    after: str = ""
-    done: bool = False
-    epoch: int | None = None
-    keys: int = 0
-    pages: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
-    settled: dict[str, int] = field(default_factory=dict)
-    failed_through: str = ""
-
-    @property
-    def sk(self) -> str:
-        return PART_PREFIX + self.partition
-
-    @classmethod
-    def of(cls, item: Mapping[str, Any]) -> WalkPartition:
-        epoch = item.get("epoch")
-        return cls(partition=str(item.get("partition") or str(item["sk"])[len(PART_PREFIX):]),
-                   kind=str(item.get("kind") or "accepted"), after=str(item.get("after") or ""),
-                   done=bool(item.get("done")), epoch=None if epoch is None else int(epoch),
-                   keys=int(item.get("keys") or 0), pages=int(item.get("pages") or 0),
-                   outcomes={str(k): int(v) for k, v in (item.get("outcomes") or {}).items()},
-                   settled={c: int(item.get(f"keys_{c}") or 0) for c in KEY_CHECKS},
-                   failed_through=str(item.get("failed_through") or ""))
-
-
 def checkpoint_pk(agent_hex: str | None) -> str:
     return "checkpoint#walk" if agent_hex is None else f"checkpoint#walk#agent={agent_hex}"
 
@@ -119,7 +85,7 @@ def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
 
 
 def read_walk(table: ControlStore, pk: str, *, leftovers: list[WalkPartition] | None = None
-              ) -> tuple[dict[str, Any] | None, list[WalkPartition]]:
+              ) -> tuple[WalkCheckpoint | None, list[WalkPartition]]:
     """The walk checkpoint of one scope: its summary (``current``) and its partition items
     (``part#<partition>``, the cursors of partitions in progress), with one Query. Partition
     items of an older, unfinished epoch are left out (appended to ``leftovers`` if given)."""
@@ -127,23 +93,23 @@ def read_walk(table: ControlStore, pk: str, *, leftovers: list[WalkPartition] | 
     for item in table.query(pk):
         item = plain(item)
         if item["sk"] == CHECKPOINT_SK:
-            summary = item
+            summary = WalkCheckpoint.of(item)
         elif item["sk"].startswith(PART_PREFIX):
             parts.append(WalkPartition.of(item))
-    epoch = (summary or {}).get("epoch")
+    epoch = None if summary is None else summary.epoch
     if leftovers is not None:
         leftovers.extend(p for p in parts if p.epoch != epoch)
     return summary, [p for p in parts if p.epoch == epoch]
 
 
-def watermark_blocker(cp: dict[str, Any], parts: list[WalkPartition]) -> str | None:
+def watermark_blocker(cp: WalkCheckpoint, parts: list[WalkPartition]) -> str | None:
     """Why a finished walk may not set the watermark (None: it may)."""
-    if cp.get("scope") != "all":
+    if cp.scope != "all":
         return "agent-scoped walks never move the watermark"
-    if not (cp.get("enum") or {}).get("done") or parts:
+    if cp.enum is None or not cp.enum.done or parts:
         return "the walk did not cover every partition"
-    outcomes = cp.get("outcomes") or {}
-    bad = {o: int(outcomes.get(o, 0)) for o in ("RETRY_LATER", "BLOCKED", "SKIPPED") if int(outcomes.get(o, 0))}
+    outcomes = cp.counters.outcomes
+    bad = {o: outcomes.get(o, 0) for o in ("RETRY_LATER", "BLOCKED", "SKIPPED") if outcomes.get(o, 0)}
     if bad:
         return "items ended " + ", ".join(f"{o}: {n}" for o, n in bad.items())
     return None
@@ -185,55 +151,51 @@ def walk_failure(table: ControlStore, now_ns: int) -> str:
     ``leases.STOPPED_MARGIN_S`` ago (StopExecution, a timeout: no Abort ran). One GetItem, and the
     lease's only while it says running: agent-scoped walks are an operator's, who follows them
     (``lmctl walk start --wait``)."""
-    cp = table.get(checkpoint_pk(None), CHECKPOINT_SK)
+    item = table.get(checkpoint_pk(None), CHECKPOINT_SK)
+    cp = None if item is None else WalkCheckpoint.of(plain(item))
     step = "continue it: lmctl walk start --resume --wait"
-    if cp is not None and cp.get("status") == JobStatus.RUNNING:
-        return "".join(leases.stopped_cause(read_lease(table), now_ns, f"walk epoch {cp.get('epoch')}", step))
-    if cp is None or cp.get("status") != JobStatus.FAILED:
+    if cp is not None and cp.status is JobStatus.RUNNING:
+        return "".join(leases.stopped_cause(read_lease(table), now_ns, f"walk epoch {cp.epoch}", step))
+    if cp is None or cp.status is not JobStatus.FAILED:
         return ""
-    return f"walk epoch {cp.get('epoch')}: its last execution failed: {cp.get('error') or '(no error recorded)'} ({step})"
+    return f"walk epoch {cp.epoch}: its last execution failed: {cp.error or '(no error recorded)'} ({step})"
 
 
-def summarize(cp: dict[str, Any], parts: list[WalkPartition], now_ns: int) -> dict[str, Any]:
+def summarize(cp: WalkCheckpoint, parts: list[WalkPartition], now_ns: int) -> WalkSummary:
     """Progress of a walk: the summary plus the partitions in progress; keys/s and an ETA estimate.
     ``keys_present`` and ``keys_reaped`` are the NOOP_RESOLVED keys no repair ran for (W4, W5)."""
-    cp = plain(cp)
-    outcomes = {o: int((cp.get("outcomes") or {}).get(o, 0)) + sum(p.outcomes.get(o, 0) for p in parts)
-                for o in OUTCOMES}
-    keys = int(cp.get("keys", 0)) + sum(p.keys for p in parts)
-    pages = int(cp.get("pages", 0)) + sum(p.pages for p in parts)
-    settled = {f"keys_{c}": int(cp.get(f"keys_{c}", 0)) + sum(p.settled[c] for p in parts) for c in KEY_CHECKS}
-    by_kind = Counter({"accepted": int(cp.get("keys_accepted", 0)), "quarantine": int(cp.get("keys_quarantine", 0))})
+    total = cp.counters
+    outcomes = {o: total.outcomes.get(o, 0) + sum(p.outcomes.get(o, 0) for p in parts) for o in OUTCOMES}
+    keys = total.keys + sum(p.keys for p in parts)
+    pages = total.pages + sum(p.pages for p in parts)
+    settled = {c: total.settled[c] + sum(p.settled[c] for p in parts) for c in KEY_CHECKS}
+    by_kind = Counter({"accepted": cp.keys_accepted, "quarantine": cp.keys_quarantine})
     for p in parts:
         by_kind[p.kind] += p.keys
-    found = int(cp.get("partitions_found", 0))
-    complete = int(cp.get("partitions_done", 0)) + sum(1 for p in parts if p.done)
-    enum_done = bool((cp.get("enum") or {}).get("done"))
-    since = int(cp.get("rate_since_ns", cp.get("started_at_ns", now_ns)))
-    until = int(cp.get("finished_at_ns") or cp.get("failed_at_ns") or 0) if cp.get("status") != JobStatus.RUNNING else 0
+    found = cp.partitions_found
+    complete = cp.partitions_done + sum(1 for p in parts if p.done)
+    enum_done = cp.enum is not None and cp.enum.done
+    running = cp.status is JobStatus.RUNNING
+    since = next(t for t in (cp.rate_since_ns, cp.started_at_ns, now_ns) if t is not None)
+    until = 0 if running else (cp.finished_at_ns or cp.failed_at_ns or 0)
     elapsed = ((until or now_ns) - since) / _NS
-    rate = (keys - int(cp.get("rate_keys_base", 0))) / elapsed if elapsed > 0 else None
+    rate = (keys - cp.rate_keys_base) / elapsed if elapsed > 0 else None
     eta = None
-    if cp.get("status") == JobStatus.RUNNING and enum_done and rate and complete:
+    if running and enum_done and rate and complete:
         estimated_total = keys * found / complete
         eta = max(0.0, (estimated_total - keys) / rate)
-    return {
-        "scope": cp.get("scope"), "epoch": cp.get("epoch"), "status": cp.get("status"),
-        "started_at_ns": cp.get("started_at_ns"), "updated_at_ns": cp.get("updated_at_ns"),
-        "executions": cp.get("executions"), "resumes": cp.get("resumes", 0), "execution": cp.get("execution"),
-        "partitions_found": found, "partitions_done": complete, "enumeration_complete": enum_done,
-        "in_progress": sorted(p.partition for p in parts if not p.done),
-        "keys": keys, "keys_accepted": by_kind["accepted"], "keys_quarantine": by_kind["quarantine"],
-        "pages": pages, "repairs": outcomes["DONE"], "outcomes": outcomes,
-        # NOOP_RESOLVED keys settled without a repair: entry present (W5), hour reaped (W4)
-        **settled,
-        "keys_per_s": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta, 1),
-        "watermark_ns": cp.get("watermark_ns"), "watermark_withheld": cp.get("watermark_withheld"),
-        "error": cp.get("error"),
-    }
+    return WalkSummary(
+        checkpoint_pk=cp.pk, scope=cp.scope, epoch=cp.epoch, status=cp.status, started_at_ns=cp.started_at_ns,
+        updated_at_ns=cp.updated_at_ns, executions=cp.executions, resumes=cp.resumes, execution=cp.execution,
+        partitions_found=found, partitions_done=complete, enumeration_complete=enum_done,
+        in_progress=sorted(p.partition for p in parts if not p.done),
+        keys=keys, keys_accepted=by_kind["accepted"], keys_quarantine=by_kind["quarantine"], pages=pages,
+        outcomes=outcomes, settled=settled,
+        keys_per_s=None if rate is None else round(rate, 1), eta_s=None if eta is None else round(eta, 1),
+        watermark_ns=cp.watermark_ns, watermark_withheld=cp.watermark_withheld, error=cp.error)
 
 
 __all__ = ["CHECKPOINT_SK", "INDEXES", "KEY_CHECKS", "LEASE_PK", "LEASE_SK", "OUTCOMES", "PART_PREFIX",
-           "PRESENCE_WALK_INDEXES", "WalkPartition", "WalkRun", "checkpoint_pk", "describe_lease", "proven_before",
-           "read_lease", "read_walk", "read_watermarks", "set_watermark", "summarize", "walk_failure",
-           "watermark_blocker", "watermark_pk"]
+           "PRESENCE_WALK_INDEXES", "WalkCheckpoint", "WalkPartition", "WalkRun", "WalkSummary", "checkpoint_pk",
+           "describe_lease", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark", "summarize",
+           "walk_failure", "watermark_blocker", "watermark_pk"]

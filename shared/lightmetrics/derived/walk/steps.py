@@ -31,8 +31,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
+from dataclasses import replace
 from typing import Any, cast
 
+from lightmetrics.derived.walk.checkpoint import ListCursor, ListLevel, WalkCheckpoint, WalkCounters, WalkEnumeration
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume
 from lightmetrics.derived.walk.page_task import PageTask
 from lightmetrics.derived.walk.params import WalkParams
@@ -52,7 +54,7 @@ from lightmetrics.derived.walk.state import (
     summarize,
     watermark_blocker,
 )
-from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, counters, log
+from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, log
 from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
@@ -109,12 +111,13 @@ class Walker:
         cp_pk = checkpoint_pk(params.agent_hex)
         cp, parts = read_walk(self.table, cp_pk)
         if params.resume:
-            if cp is None or cp.get("status") == JobStatus.FINISHED:
+            if cp is None or cp.status is JobStatus.FINISHED or cp.epoch is None:  # (no epoch: not Begin's item)
                 raise NothingToResume(f"no unfinished walk to resume for {cp_pk} "
-                                      f"(last status: {cp.get('status') if cp else 'never ran'})")
-            epoch = int(cp["epoch"])
+                                      f"(last status: {cp.status if cp else 'never ran'})")
+            epoch = cp.epoch
             # A resume keeps the walk's page size, parallelism and mode unless the input changes them.
-            kept = {k: cp[k] for k in ("page_size", "parallelism", "full") if k in cp and inp.get(k) is None}
+            kept = {k: v for k, v in (("page_size", cp.page_size), ("parallelism", cp.parallelism), ("full", cp.full))
+                    if v is not None and inp.get(k) is None}
             if kept:
                 params = WalkParams.parse({**inp, **kept})
         else:
@@ -140,7 +143,7 @@ class Walker:
                        "#rs": "rate_since_ns", "#rb": "rate_keys_base", "#ps": "page_size", "#par": "parallelism",
                        "#err": "error", "#n": "executions", "#res": "resumes", "#ep": "epoch"},
                       {":own": owner, ":running": JobStatus.RUNNING.value, ":x": execution, ":now": now, ":one": 1,
-                       ":rb": summarize(cp, parts, now)["keys"], ":ps": params.page_size,
+                       ":rb": summarize(cp, parts, now).keys, ":ps": params.page_size,
                        ":par": params.parallelism, ":ep": epoch},
                       "#ep = :ep")]
             ops += [Op("Update", cp_pk, p.sk, "SET #own = :own", {"#own": "owner", "#ep": "epoch"},
@@ -149,24 +152,22 @@ class Walker:
                 self.table.transact(ops)
             except TransactionCancelled:
                 raise NothingToResume(f"{cp_pk} changed while resuming; start again") from None
-            walk["executions"] = int(cp.get("executions", 0)) + 1
+            walk["executions"] = (cp.executions or 0) + 1
         else:
-            put_own(self.table, self._fresh_checkpoint(walk, now), condition="attribute_not_exists(pk) OR epoch < :e",
+            put_own(self.table, self._fresh_checkpoint(walk, now).stored(), condition="attribute_not_exists(pk) OR epoch < :e",
                     values_for_condition={":e": epoch})
             walk["executions"] = 1
         log.info("walk %s epoch %d begins (%s)", scope, epoch, "resume" if params.resume else "new epoch")
         return {"walk": walk}
 
-    def _fresh_checkpoint(self, walk: WalkRun, now: int) -> dict[str, Any]:
-        return {
-            "pk": walk["checkpoint_pk"], "sk": CHECKPOINT_SK, "epoch": walk["epoch"], "owner": walk["owner"],
-            "scope": walk["scope"], "agent": walk["agent"], "status": JobStatus.RUNNING.value, "started_at_ns": now,
-            "updated_at_ns": now, "rate_since_ns": now, "rate_keys_base": 0, "page_size": walk["page_size"],
-            "full": bool(walk.get("full", False)),
-            "parallelism": walk["parallelism"], "execution": walk["execution_arn"], "executions": 1, "resumes": 0,
-            "enum": {"queue": self.job.roots(id_to_hex(walk["agent"]) if walk["agent"] else None), "done": False},
-            "partitions_found": 0, "partitions_done": 0, "keys_accepted": 0, "keys_quarantine": 0, **counters(),
-        }
+    def _fresh_checkpoint(self, walk: WalkRun, now: int) -> WalkCheckpoint:
+        return WalkCheckpoint(
+            pk=walk["checkpoint_pk"], epoch=walk["epoch"], owner=walk["owner"], scope=walk["scope"],
+            agent=walk["agent"], status=JobStatus.RUNNING, started_at_ns=now, updated_at_ns=now, rate_since_ns=now,
+            rate_keys_base=0, page_size=walk["page_size"], full=bool(walk.get("full", False)),
+            parallelism=walk["parallelism"], execution=walk["execution_arn"], executions=1, resumes=0,
+            enum=WalkEnumeration(self.job.roots(id_to_hex(walk["agent"]) if walk["agent"] else None)),
+            counters=WalkCounters())
 
     def _begin_continuation(self, cont: Any, execution: str) -> dict[str, Any]:
         required = ("scope", "agent", "checkpoint_pk", "epoch", "owner", "page_size", "parallelism", "max_rounds",
@@ -188,7 +189,7 @@ class Walker:
     # -- plan --------------------------------------------------------------------------------------
     @staticmethod
     def _summary_update(walk: WalkRun, finished: list[WalkPartition], strays: Counter[str],
-                        enum: dict[str, Any], new: int, now: int) -> Op:
+                        enum: WalkEnumeration, new: int, now: int) -> Op:
         """The owned checkpoint update that folds ``finished`` partitions and the ``strays`` into the
         walk's summary and saves the enumeration's state."""
         folded = Counter({o: sum(p.outcomes.get(o, 0) for p in finished) for o in OUTCOMES}) + strays
@@ -198,7 +199,7 @@ class Walker:
         names, values = JobKernel.owned(walk)
         names.update({"#en": "enum", "#u": "updated_at_ns", "#pd": "partitions_done", "#pf": "partitions_found",
                       "#k": "keys", "#pg": "pages", "#ka": "keys_accepted", "#kq": "keys_quarantine"})
-        values.update({":en": enum, ":now": now, ":fd": len(finished), ":nf": new,
+        values.update({":en": enum.stored(), ":now": now, ":fd": len(finished), ":nf": new,
                        ":k": sum(p.keys for p in finished) + sum(strays.values()),
                        ":pg": sum(p.pages for p in finished),
                        ":ka": by_kind["accepted"] + sum(strays.values()), ":kq": by_kind["quarantine"]})
@@ -213,16 +214,16 @@ class Walker:
         pk = walk["checkpoint_pk"]
         leftovers: list[WalkPartition] = []  # partition items of an unfinished older epoch
         cp, parts = read_walk(self.table, pk, leftovers=leftovers)
-        if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
+        if cp is None or not cp.owned_by(walk["epoch"], walk["owner"]):
             raise LeaseLost(f"checkpoint {pk} is no longer epoch {walk['epoch']} of this run")
         now = self.now()
         finished = [p for p in parts if p.done]
         active = {p.partition: p for p in parts if not p.done}
-        enum = cp.get("enum") or {"queue": [], "done": True}
+        enum = cp.enum or WalkEnumeration(done=True)
         need = int(walk["parallelism"]) - len(active)
         new: list[str] = []
         strays: Counter[str] = Counter()
-        if need > 0 and not enum.get("done"):
+        if need > 0 and not enum.done:
             new, stray_keys = self._enumerate(enum, need)
             if stray_keys:
                 skipped_strays = {b.object_key for b in self.ctx.blockers.list(status="skipped")}
@@ -238,7 +239,7 @@ class Walker:
                           condition="attribute_not_exists(pk) OR #ep < :ep",
                           item={"partition": partition, "kind": self.job.kind(partition), "after": "", "done": False,
                                 "epoch": walk["epoch"], "owner": walk["owner"], "updated_at_ns": now,
-                                **counters()}))
+                                **WalkCounters().stored()}))
         room = 90 - len(ops)
         ops += [Op("Delete", pk, p.sk) for p in leftovers if p.sk not in new_sks][:max(0, room)]
         self.kernel.commit(walk, ops, lost=f"epoch {walk['epoch']} lost the walk lease")
@@ -266,7 +267,7 @@ class Walker:
                 for p, f in sorted(active.items())]
         return {"walk": walk, "next": "pages", "work": work}
 
-    def _enumerate(self, enum: dict[str, Any], need: int) -> tuple[list[str], list[str]]:
+    def _enumerate(self, enum: WalkEnumeration, need: int) -> tuple[list[str], list[str]]:
         """Up to ``need`` more partitions, depth first (agents, then their boots); mutates ``enum``.
 
         Keys that sit where a partition should be (``accepted/v1/x.json``) are returned as strays:
@@ -274,31 +275,30 @@ class Walker:
         """
         out: list[str] = []
         strays: list[str] = []
-        queue: list[dict[str, Any]] = enum["queue"]
+        queue = enum.queue
         while len(out) < need and queue:
             head = queue[0]
-            boots = head["level"] == "boots"
+            boots = head.level is ListLevel.BOOTS
             page = self.ctx.store.list_page(
-                head["prefix"], delimiter="/", max_keys=(need - len(out)) if boots else 100,
-                continuation_token=head.get("token"),
+                head.prefix, delimiter="/", max_keys=(need - len(out)) if boots else 100,
+                continuation_token=head.token,
             )
             strays.extend(page.keys)
             if page.truncated and page.next_token:
-                head["token"] = page.next_token
+                head.token = page.next_token
             else:
                 queue.pop(0)
             if boots:
                 out.extend(page.prefixes)
             else:
-                queue[0:0] = [{"prefix": p, "level": "boots", "token": None} for p in page.prefixes]
-        enum["done"] = not queue
+                queue[0:0] = [ListCursor(p, ListLevel.BOOTS) for p in page.prefixes]
+        enum.done = not queue
         return out, strays
 
     # -- continue ----------------------------------------------------------------------------------
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
         walk: WalkRun = event["walk"]
-        run: dict[str, Any] = dict(walk)
-        carried = {k: run[k] for k in CARRIED if k in run}
+        carried = {k: walk[k] for k in CARRIED if k in walk}  # type: ignore[literal-required]
         arn = self.kernel.continue_in(self._sfn, walk, carried)
         names, values = JobKernel.owned(walk)
         try:
@@ -313,7 +313,7 @@ class Walker:
     def end(self, event: dict[str, Any]) -> dict[str, Any]:
         walk, outcome = event["walk"], event.get("outcome", "failed")
         cp, parts = read_walk(self.table, walk["checkpoint_pk"])
-        if cp is None or cp.get("owner") != walk["owner"] or int(cp.get("epoch", -1)) != walk["epoch"]:
+        if cp is None or not cp.owned_by(walk["epoch"], walk["owner"]):
             return {"status": "lease-lost", "epoch": walk["epoch"]}
         now = self.now()
         names, values = JobKernel.owned(walk)
@@ -322,7 +322,7 @@ class Walker:
         if outcome == "finished":
             reason = watermark_blocker(cp, parts)
             if not reason:
-                watermark = proven_before(int(cp["started_at_ns"]), self.settings.settle_s)
+                watermark = proven_before(int(cp.started_at_ns or 0), self.settings.settle_s)
             names.update({"#st": "status", "#fa": "finished_at_ns", "#u": "updated_at_ns"})
             values.update({":st": JobStatus.FINISHED.value, ":now": now})
             expr = "SET #st = :st, #fa = :now, #u = :now"
@@ -333,14 +333,14 @@ class Walker:
                 names["#wr"], values[":wr"] = "watermark_withheld", reason
                 expr += ", #wr = :wr"
             update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK, expr, names, values, OWNED)
-            summary.update(status="finished", watermark_ns=watermark, watermark_withheld=reason)
+            summary = replace(summary, status=JobStatus.FINISHED, watermark_ns=watermark, watermark_withheld=reason)
         else:
             error = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
             update = Op("Update", walk["checkpoint_pk"], CHECKPOINT_SK,
                         "SET #st = :st, #fa = :now, #u = :now, #err = :err",
                         {**names, "#st": "status", "#fa": "failed_at_ns", "#u": "updated_at_ns", "#err": "error"},
                         {**values, ":st": JobStatus.FAILED.value, ":now": now, ":err": error}, OWNED)
-            summary.update(status="failed", error=error)
+            summary = replace(summary, status=JobStatus.FAILED, error=error)
         try:
             self.kernel.commit(walk, [update, self.kernel.release(walk, now)])
         except LeaseLost:
@@ -350,8 +350,8 @@ class Walker:
         if watermark is not None:
             for index in (INDEXES if walk.get("full") else PRESENCE_WALK_INDEXES):
                 set_watermark(self.table, index, watermark, epoch=walk["epoch"], now_ns=now)
-        log.info("walk %s epoch %s %s", walk["scope"], walk["epoch"], summary["status"])
-        return summary
+        log.info("walk %s epoch %s %s", walk["scope"], walk["epoch"], summary.status)
+        return summary.to_json()
 
 
 __all__ = ["Walker"]

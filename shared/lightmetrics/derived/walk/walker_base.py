@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
-from lightmetrics.derived.walk.state import KEY_CHECKS, OUTCOMES
+from lightmetrics.derived.walk.checkpoint import KEY_CHECKS, ListCursor, ListLevel
 from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.work.outcome import Outcome
@@ -23,10 +23,6 @@ log = logging.getLogger(__name__)
 #: One pool for every page task of the process: a page repairs up to 16 keys at a time.
 POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="lm-walk")
 NS = 1_000_000_000
-
-
-def counters() -> dict[str, Any]:
-    return {"keys": 0, "pages": 0, "outcomes": {o: 0 for o in OUTCOMES}, **{f"keys_{c}": 0 for c in KEY_CHECKS}}
 
 
 def add_counts(names: dict[str, str], values: dict[str, Any], adds: list[str], settled: Mapping[str, int],
@@ -56,12 +52,12 @@ class WalkJob:
     def now(self) -> int:
         return self.ctx.clock.now_ns()
 
-    def roots(self, agent_hex: str | None) -> list[dict[str, Any]]:
+    def roots(self, agent_hex: str | None) -> list[ListCursor]:
         """The enumeration queue's start: the two roots, at the agents level or one agent's boots."""
         roots = [self.codec.accepted_root(), self.codec.quarantine_root()]
         if agent_hex is None:
-            return [{"prefix": r, "level": "agents", "token": None} for r in roots]
-        return [{"prefix": self.codec.agent_prefix(r, agent_hex), "level": "boots", "token": None} for r in roots]
+            return [ListCursor(r, ListLevel.AGENTS) for r in roots]
+        return [ListCursor(self.codec.agent_prefix(r, agent_hex), ListLevel.BOOTS) for r in roots]
 
     def kind(self, partition: str) -> str:
         return "quarantine" if partition.startswith(self.codec.quarantine_root()) else "accepted"

@@ -110,13 +110,13 @@ def run_walk(env: BenchEnv, *, batches: int = 400, agents: int = 4, page_size: i
             peaks[name] = seen["peak_inflight"]
         walk_s, walk_result = runs["walk"]
         seq_s, seq_result = runs["sequential"]
-        walked = int(walk_result.summary.get("keys", per * agents))
+        walked = int(walk_result.summary_json().get("keys", per * agents))
         figures.add("walk_keys_per_s", walked / walk_s)
         figures.add("sequential_keys_per_s", seq_result["keys"] / seq_s)
         figures.add("speedup", (walked / walk_s) / (seq_result["keys"] / seq_s))
         details.append({"order": list(order), "seeded": seeds, "walk_seconds": round(walk_s, 3),
                         "sequential_seconds": round(seq_s, 3), "walk_keys": walked, "sequential_keys": seq_result["keys"],
-                        "walk_outcomes": walk_result.summary.get("outcomes"), "peak_inflight": peaks,
+                        "walk_outcomes": walk_result.summary_json().get("outcomes"), "peak_inflight": peaks,
                         "sequential_outcomes": seq_result["outcomes"],
                         "walk_requests_per_key": round(walk_counter.totals.total() / max(1, walked), 2),
                         "walk_requests": dict(walk_counter.totals),

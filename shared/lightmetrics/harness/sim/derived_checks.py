@@ -13,6 +13,7 @@ from lightmetrics.derived.walk import LEASE_PK, checkpoint_pk, read_walk
 from lightmetrics.harness.sim.actors import QuietQueues
 from lightmetrics.harness.sim.derived_actors import Derived, settings_with_shards
 from lightmetrics.harness.sim.world import World
+from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.work import leases
@@ -56,9 +57,9 @@ def quiescence(world: World, derived: Derived, shards: int) -> list[str]:
     if leases.is_live(lease, world.clock.now_ns()):
         found.append(f"liveness: the walk lease is held after every walk ended: {lease}")
     cp, _parts = read_walk(world.system.table, checkpoint_pk(None))
-    if cp is None or cp.get("status") != "finished" or derived.walk_outcomes[-1:] != ["finished"]:
+    if cp is None or cp.status is not JobStatus.FINISHED or derived.walk_outcomes[-1:] != ["finished"]:
         found.append(f"liveness: the operator's walk did not finish: {derived.walk_outcomes[-2:]} "
-                     f"(checkpoint {None if cp is None else cp.get('status')})")
+                     f"(checkpoint {None if cp is None else cp.status})")
     return found
 
 
