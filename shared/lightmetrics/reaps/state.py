@@ -359,6 +359,10 @@ class ReapCheckpoint:
         values = change.set_fields()
         if change.status is not None:
             values["status"] = change.status.value
+        if change.blocked is not None:
+            values["blocked"] = list(change.blocked)
+        if change.hour_status is not None:
+            values["hour_status"] = dict(change.hour_status)
         return replace(self, **values)
 
     @property
