@@ -339,8 +339,8 @@ class ReapCheckpoint:
         """The stored item: ``extra``'s pk and sk, every field a new reap's checkpoint writes, its
         counters, then what it writes only when set (``note``, ``closing``, ``source_cursor`` with its
         ``through``, ...)."""
-        head: dict[str, Any] = {k: self.extra[k] for k in ("pk", "sk") if k in self.extra}
-        out: dict[str, Any] = {**head, **{k: _stored(getattr(self, k)) for k in _ALWAYS_STORED}}
+        out: dict[str, Any] = {k: self.extra[k] for k in ("pk", "sk") if k in self.extra}
+        out.update((k, _stored(getattr(self, k))) for k in _ALWAYS_STORED)
         if self.note is not None:
             out["note"] = self.note
         if self.closing:
@@ -352,7 +352,8 @@ class ReapCheckpoint:
             v = getattr(self, k)
             if v is not None and v != _ABSENT_AT_DEFAULT.get(k) and v != [] and k not in out:
                 out[k] = _stored(v)
-        return {**out, **{k: v for k, v in self.extra.items() if k not in head}}
+        out.update((k, v) for k, v in self.extra.items() if k not in ("pk", "sk"))
+        return out
 
     def with_changes(self, change: CheckpointChange) -> ReapCheckpoint:
         """This checkpoint with ``change`` applied (what a task's commit wrote)."""
