@@ -240,8 +240,7 @@ class CheckpointChange:
 
     def stored(self) -> dict[str, Any]:
         """The attributes this change sets, as stored (the control-store boundary)."""
-        return {k: v.value if isinstance(v, StrEnum) else dict(v) if isinstance(v, Mapping)
-                else list(v) if isinstance(v, (list, tuple)) else v for k, v in self.set_fields().items()}
+        return {k: _stored(v) for k, v in self.set_fields().items()}
 
 
 #: stored attributes a fresh checkpoint leaves out while they are at these values
@@ -373,11 +372,12 @@ class ReapCheckpoint:
 
 
 def _stored(value: Any) -> Any:
+    """A field's value as stored: an enum as its string, a mapping a dict, a sequence a list."""
     if isinstance(value, StrEnum):
         return value.value
     if isinstance(value, Mapping):
         return dict(value)
-    return list(value) if isinstance(value, list) else value
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 _ALWAYS_STORED = ("epoch", "owner", "mode", "dry_run", "status", "started_at_ns", "updated_at_ns", "owned_since_ns",
