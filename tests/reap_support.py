@@ -21,9 +21,12 @@ from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
 from lightmetrics.protocol.clock import FrozenClock
+from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
 from lightmetrics.reaps import Reaper
+from lightmetrics.reaps.report import ReapReport, report_of
+from lightmetrics.reaps.state import ReapCheckpoint
 from lightmetrics.work import crashpoints
 from lightmetrics.work.units import WorkContext
 
@@ -68,6 +71,10 @@ class World:
 
     def reaper(self) -> Reaper:
         return Reaper(self.ctx, self.settings)
+
+    def reap_report(self) -> ReapReport:
+        """The report of the reap checkpoint as stored (what ``lmctl reap status`` prints)."""
+        return report_of(ReapCheckpoint.of(plain(self.ctx.table.get("checkpoint#reap", "current"))))
 
     def accept(self, identity: BatchIdentity, *, index: bool = True, variant: float = 0.0) -> Any:
         result = accept_batch(self.old, identity, make_frame(identity, variant))

@@ -91,7 +91,7 @@ def test_a_dry_run_deletes_nothing_and_reports_the_marks_a_failed_reap_left(buck
     assert (report["purged"], report["restored"], report["marked"]) == (0, 0, 0)
     assert report["would_settle"] == 1, report
     assert ("would settle", "1 (blobs a failed reap marked; the next reap run with --execute settles them)") \
-        in report_rows(report)  # what lmctl reap prints
+        in report_rows(w.reap_report())  # what lmctl reap prints
 
 
 def _write_entries(w: World, n: int) -> None:

@@ -136,7 +136,7 @@ def test_a_reap_continues_into_new_executions_on_the_state_machine(system: Local
     arn = control.start(mode="gc", dry_run=False, page_size=1, max_tasks_per_execution=1)
     followed = control.follow(arn, poll_s=0.05, timeout_s=120)
     assert followed.status == "finished", followed.detail
-    report = followed.report
+    report = followed.report.to_json()
     assert (report["examined"], report["marked"], report["purged"], report["restored"]) == (3, 1, 1, 0)
     assert report["executions"] >= 3 and report["kept"] == {"referenced": 2}
     sfn = runtime.boto3_client("stepfunctions")

@@ -212,7 +212,7 @@ def reap_counted(system: LocalSystem, *, wrap: Any = None, **inp: Any) -> tuple[
     assert followed.status == "finished", followed.detail
     sfn = system.runtime.boto3_client("stepfunctions")
     arns = [e["executionArn"] for e in sfn.list_executions(stateMachineArn=system.state_machine_arn("reap"))["executions"]]
-    return {**dict(counter.totals), **execution_counts(sfn, arns)}, followed.report, arns
+    return {**dict(counter.totals), **execution_counts(sfn, arns)}, followed.report.to_json(), arns
 
 
 #: APIs a batch costs a fixed number of (docs/reaps.md "What a batch costs retention"), and the

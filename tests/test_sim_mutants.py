@@ -56,9 +56,9 @@ MUTANTS = {
     # path (and rollups) settle only their own marks, so a raced blob stayed hidden
     "ranged-retention-does-not-settle-a-failed-gcs-marks": (
         "lightmetrics/reaps/retention_tasks.py",
-        '"listing_done": False, "wait_until_ns": 0, "phase": ReapPhase.COMMIT.value}\n        if last:\n'
-        '            out.update(self.job.finishing(cp.dry_run))',
-        '"listing_done": False, "wait_until_ns": 0, "phase": (ReapPhase.DONE if last else ReapPhase.COMMIT).value}'),
+        "listing_done=False, wait_until_ns=0, phase=ReapPhase.COMMIT)\n        if last:\n"
+        "            out = out.then(self.job.finishing(cp.dry_run))",
+        "listing_done=False, wait_until_ns=0, phase=ReapPhase.DONE if last else ReapPhase.COMMIT)"),
     # the reconciler closed hours its run never scanned to their end (fixed in 9156b59: R5, "only
     # hours this run scanned are closed")
     "the-reconciler-closes-hours-it-never-scanned": (

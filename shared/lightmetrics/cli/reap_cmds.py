@@ -8,7 +8,7 @@ when another reap holds the lease, 1 when the execution failed.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError
@@ -30,6 +30,9 @@ from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.keys import KeyKind, layout_root
 
+if TYPE_CHECKING:
+    from lightmetrics.reaps.report import ReapReport
+
 STATE_MACHINE = "reap"
 
 
@@ -41,30 +44,28 @@ def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
     return ReapControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
 
 
-def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
-    kept = report.get("kept") or {}
+def report_rows(report: ReapReport) -> list[tuple[str, Any]]:
     rows = [
-        ("mode", report.get("mode")), ("dry run", report.get("dry_run")), ("epoch", report.get("epoch")),
-        ("status", report.get("status")), ("phase", report.get("phase")), ("started", utc_text(report.get("started_at_ns"))),
-        ("examined", report.get("examined")), ("deletable (proven)", report.get("deletable")),
-        ("marked", report.get("marked")), ("purged", report.get("purged")), ("restored", report.get("restored")),
-        ("kept", ", ".join(f"{k}: {v}" for k, v in sorted(kept.items())) or "-"),
+        ("mode", report.mode), ("dry run", report.dry_run), ("epoch", report.epoch),
+        ("status", report.status), ("phase", report.phase.value), ("started", utc_text(report.started_at_ns)),
+        ("examined", report.examined), ("deletable (proven)", report.deletable),
+        ("marked", report.marked), ("purged", report.purged), ("restored", report.restored),
+        ("kept", ", ".join(f"{k}: {v}" for k, v in sorted(report.kept.items())) or "-"),
     ]
-    if report.get("would_settle"):  # rule DR1: a dry run leaves a failed reap's marks as they are
-        rows.append(("would settle", f"{report['would_settle']} (blobs a failed reap marked; the next reap "
+    if report.would_settle:  # rule DR1: a dry run leaves a failed reap's marks as they are
+        rows.append(("would settle", f"{report.would_settle} (blobs a failed reap marked; the next reap "
                                      "run with --execute settles them)"))
-    if report.get("mode") == "retention":
-        rows += [("hours", ", ".join(report.get("hours") or []) or "-"),
-                 ("hours reaped", ", ".join(report.get("hours_reaped") or []) or "-"),
-                 ("hours skipped", ", ".join(f"{h} ({why})" for h, why in (report.get("hours_skipped") or {}).items())
-                  or "-")]
-    if report.get("mode") == "gc":
-        rows.append(("source", report.get("source") + (f" (run {report['audit_run']})" if report.get("audit_run") else "")
-                     if report.get("source") else "-"))
-    if report.get("note"):
-        rows.append(("note", report.get("note")))
-    if report.get("error"):
-        rows.append(("error", report.get("error")))
+    if report.mode == "retention":
+        rows += [("hours", ", ".join(report.hours) or "-"),
+                 ("hours reaped", ", ".join(report.hours_reaped) or "-"),
+                 ("hours skipped", ", ".join(f"{h} ({why})" for h, why in report.hours_skipped.items()) or "-")]
+    if report.mode == "gc":
+        rows.append(("source", report.source + (f" (run {report.audit_run})" if report.audit_run else "")
+                     if report.source else "-"))
+    if report.note:
+        rows.append(("note", report.note))
+    if report.error:
+        rows.append(("error", report.error))
     return rows
 
 
@@ -110,15 +111,16 @@ def _follow(control: Any, arn: str, info: dict[str, Any], as_json: bool) -> None
     """Follow execution ``arn`` to its end, print its report, exit 0 if it finished, else 1."""
     with progress_lines("reap") as say:
         result = control.follow(arn, on_progress=lambda r: say(
-            f"{r.get('phase') or r.get('status')}: {r['pages']} pages, examined {r['examined']}, marked {r['marked']}, "
-            f"purged {r['purged']}" + (f", hours reaped {len(r['hours_reaped'])} of {len(r['hours'])}"
-                                       if r.get("mode") == "retention" else "")))
-    info.update(status=result.status, detail=result.detail, report=result.report)
+            f"{r.phase.value or r.status}: {r.pages} pages, examined {r.examined}, marked {r.marked}, "
+            f"purged {r.purged}" + (f", hours reaped {len(r.hours_reaped)} of {len(r.hours)}"
+                                    if r.mode == "retention" else "")))
+    info.update(status=result.status, detail=result.detail, report=result.report.to_json() if result.report else {})
     if as_json:
         emit_json(info)
     else:
         style = "green" if result.status == "finished" else "red"
-        console.print(kv_table(f"[{style}]reap {result.status}[/]", report_rows(result.report)))
+        console.print(kv_table(f"[{style}]reap {result.status}[/]",
+                               report_rows(result.report) if result.report else [("report", "no reap checkpoint")]))
         if result.detail:
             console.print(f"[red]{result.detail}[/]")
     sys.exit(EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS)
@@ -175,7 +177,7 @@ def reap_status(follow: bool, settings: Settings, as_json: bool) -> None:
         _follow(control, str(lease["execution"]), {"execution_arn": lease["execution"], "mode": lease.get("scope"),
                                                    "lease": lease_info}, as_json)
     if as_json:
-        emit_json({"lease": lease_info, "reap": report})
+        emit_json({"lease": lease_info, "reap": report.to_json() if report else None})
     else:
         console.print(kv_table("reap lease", lease_info.items()))
         console.print(kv_table("last reap", report_rows(report)) if report else "no reap has run")

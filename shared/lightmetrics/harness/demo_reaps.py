@@ -103,7 +103,8 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
             task = p.add_task(mode, total=None, mode=mode)
             arn = control.start(**inp)
             followed = control.follow(arn, poll_s=0.2, timeout_s=300)
-            runs[mode] = {"status": followed.status, "detail": followed.detail, "execution": arn, **followed.report}
+            runs[mode] = {"status": followed.status, "detail": followed.detail, "execution": arn,
+                          **(followed.report.to_json() if followed.report else {})}
             p.update(task, completed=1, total=1)
     store = ctx.store
     orphans_gone = all(store.head(k) is None for k in planted["orphans"])

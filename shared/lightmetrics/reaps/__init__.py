@@ -9,7 +9,8 @@ concept a module:
 
 ``params``      the execution input (:class:`ReapParams`), the control-table keys, GC's durable
                 source cursors, the newest audit run (G-B3), the history bound (G-B2)
-``state``       the typed state: phases (enums), a key range's item, its pages, converted at the table
+``state``       the typed state: phases (enums), the summary checkpoint and its changes, a key range's item,
+                its pages, converted at the table
 ``gc``          the one raw-blob deleter: proof, mark, settle (:class:`BlobCollector`)
 ``gc_marks``    a mark and a ``marks#`` item, typed (:class:`Mark`, :class:`MarksItem`) and converted at
                 the table; a page's items, split under DynamoDB's item size limit (G-I6)
@@ -20,7 +21,7 @@ concept a module:
 ``retention_ranges`` an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
 ``reap_job``    the job the tasks share (on :mod:`lightmetrics.jobs`): summary, owned writes, routing, budget, fence
 ``steps``       the Lambda tasks (:class:`Reaper`: begin, gc, retention, continue, end)
-``report``      the operator's report from a checkpoint (:func:`report_of`)
+``report``      the operator's report from a checkpoint (:class:`ReapReport`, :func:`report_of`)
 ``dry_run``     what keeps a dry run from writing (DR1) and how it counts an hour whole (DR2)
 ``control``     the operator side (:class:`ReapControl`: start, status, follow)
 ``errors``      the errors a task raises on purpose (their names are the ASL's error names)
@@ -73,7 +74,7 @@ from lightmetrics.reaps.reap_job import (
     CP_STEP_DONE,
     REPORT_BLOCKED_MAX,
 )
-from lightmetrics.reaps.report import COUNTERS, report_of
+from lightmetrics.reaps.report import COUNTERS, ReapReport, report_of
 from lightmetrics.reaps.retention_ranges import RANGE_PK, RangeTask
 from lightmetrics.reaps.steps import Reaper
 from lightmetrics.work.leases import LeaseHeld, LeaseLost
@@ -85,7 +86,7 @@ __all__ = [
     "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX",
     "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
     "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
-    "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams",
+    "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams", "ReapReport",
     "ReapTransient", "Reaper", "dynamodb_item_bytes", "latest_audit_run", "max_tasks_for",
     "report_of", "source_cursor_sk", "split_marks", "tombstone_wait",
 ]

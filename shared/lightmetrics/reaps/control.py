@@ -20,7 +20,8 @@ from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume
-from lightmetrics.reaps.report import report_of
+from lightmetrics.reaps.report import ReapReport, report_of
+from lightmetrics.reaps.state import ReapCheckpoint
 from lightmetrics.work import leases
 from lightmetrics.work.leases import LeaseHeld
 from lightmetrics.work.units import WorkContext
@@ -29,7 +30,7 @@ from lightmetrics.work.units import WorkContext
 @dataclass
 class Followed:
     status: str  # finished | failed
-    report: dict[str, Any]
+    report: ReapReport | None  # None: no reap checkpoint to report on
     execution_arn: str
     detail: str = ""
 
@@ -47,9 +48,15 @@ class ReapControl:
     def lease_live(self) -> dict[str, Any] | None:
         return self.job.lease_live()
 
-    def checkpoint(self) -> dict[str, Any] | None:
+    def summary(self) -> ReapCheckpoint | None:
+        """The reap's checkpoint summary, or None if no reap ever ran."""
         item = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-        return report_of(item) if item else None
+        return ReapCheckpoint.of(plain(item)) if item else None
+
+    def checkpoint(self) -> ReapReport | None:
+        """The report of the reap's checkpoint summary, or None if no reap ever ran."""
+        cp = self.summary()
+        return report_of(cp) if cp else None
 
     def start(self, *, timeout_s: float = 60.0, **inp: Any) -> str:
         """Start an execution with ``inp`` (mode, dry_run, ...) and wait until it holds the lease;
@@ -64,7 +71,7 @@ class ReapControl:
         inp = {k: v for k, v in inp.items() if v is not None}
         params = ReapParams.parse(inp)
         if params.resume:  # refused here, before an execution starts, as Begin would refuse it
-            check_resume(params, self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))
+            check_resume(params, self.summary())
         name = f"reap-{inp['mode']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         arn, _ = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s, lease_name="reap lease")
         return arn
@@ -77,11 +84,11 @@ class ReapControl:
                                 f"{message or d.get('cause', '')}")
 
     def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None,
-               on_progress: Callable[[dict[str, Any]], None] | None = None) -> Followed:
+               on_progress: Callable[[ReapReport], None] | None = None) -> Followed:
         """Wait for the reap started as ``arn`` to end, through every execution it continued into;
         ``on_progress`` gets the checkpoint's report whenever it changed (read at most every 2 s)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        last_report: dict[str, Any] | None = None
+        last_report: ReapReport | None = None
         next_read = 0.0
         while True:
             if on_progress is not None and time.monotonic() >= next_read:
@@ -92,17 +99,17 @@ class ReapControl:
                     on_progress(current)
             d = self.sfn.describe_execution(executionArn=arn)
             if d["status"] == "SUCCEEDED":
-                item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
-                if item.get("status") == JobStatus.RUNNING and item.get("next_execution") not in (None, arn):
-                    arn = str(item["next_execution"])  # it handed over to the next execution (Continue)
+                cp = self.summary()
+                if cp is not None and cp.status == JobStatus.RUNNING and cp.next_execution not in (None, arn):
+                    arn = str(cp.next_execution)  # it handed over to the next execution (Continue)
                     continue
             if d["status"] != "RUNNING":
-                report = self.checkpoint() or {}
-                ok = d["status"] == "SUCCEEDED" and report.get("status") == JobStatus.FINISHED
+                report = self.checkpoint()
+                ok = d["status"] == "SUCCEEDED" and report is not None and report.status == JobStatus.FINISHED
                 return Followed("finished" if ok else "failed", report, arn,
                                 "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
             if deadline is not None and time.monotonic() > deadline:
-                return Followed("failed", self.checkpoint() or {}, arn, "timed out following the reap")
+                return Followed("failed", self.checkpoint(), arn, "timed out following the reap")
             self.sleep(poll_s)
 
 

@@ -19,21 +19,21 @@ from lightmetrics.reaps.gc_sources import GcSources
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, DEFAULT_MAX_PAGES, source_cursor_sk
 from lightmetrics.reaps.reap_job import CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED, NS, ReapJob
-from lightmetrics.reaps.state import MarkState, PageOutcome, ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import CheckpointChange, MarkState, PageOutcome, ReapCheckpoint, ReapPhase, ReapRun
 
-Job = dict[str, Any]  # the execution's state (``reap``, as Step Functions carries it) and a write's changes
+Job = dict[str, Any]  # a task's event and answer as Step Functions carries them, and an update's values
 
 
 class SummaryPages:
     """GC's pages in the summary checkpoint: the page number and cursor, the source's durable
     cursor (G-B1), and when the marks pending reach ``max_pending_pages`` or the listing ends, the
-    settle phase after the grace. ``set_`` is what the last write set (the task routes on it)."""
+    settle phase after the grace. ``change`` is what the last write changed (the task routes on it)."""
 
     points = Points(CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED)
 
     def __init__(self, tasks: GcTasks, reap: ReapRun, cp: ReapCheckpoint) -> None:
         self.tasks, self.reap, self.cp = tasks, reap, cp
-        self.set_: Job = {}
+        self.change = CheckpointChange()
 
     def page_prefix(self) -> str:
         return page_prefix(self.reap["epoch"], self.cp.page)
@@ -63,24 +63,20 @@ class SummaryPages:
         more = outcome.more and not exhausted
         others = [i for i in self.tasks.job.marks_items() if not i.sk.startswith(prefix)]
         pending = len({page_of(i.sk) for i in others} | ({prefix} if marks else set()))
-        set_: Job = {"after": outcome.cursor, "page": page + 1}
-        if outcome.through:
-            set_["through"] = outcome.through
-        if exhausted:
-            set_["budget_exhausted"] = True
+        change = CheckpointChange(after=outcome.cursor, page=page + 1, through=outcome.through or None,
+                                  budget_exhausted=True if exhausted else None)
         ops = ops + self.tasks._source_cursor_ops(cp, outcome.cursor, outcome.through, not outcome.more)
         # A dry run marks nothing, so a failed reap's pending pages never cut its count short (DR2).
         if not more or (not cp.dry_run and pending >= cp.max_pending_pages):
-            set_["listing_done"] = not more
             if cp.dry_run:
                 blobs = cp.phase is ReapPhase.BLOBS and cp.mode == "retention"
-                set_["phase"] = (ReapPhase.DERIVED if blobs else ReapPhase.DONE).value
+                change = replace(change, listing_done=not more, phase=ReapPhase.DERIVED if blobs else ReapPhase.DONE)
             else:
-                set_["phase"] = ReapPhase.SETTLE.value
                 latest = max([m.marked_at_ns for i in others for m in i.marks] + [m.marked_at_ns for m in marks] + [0])
-                set_["wait_until_ns"] = latest + int(self.tasks.settings.gc_grace_s) * NS if latest else 0
-        self.tasks.job.commit(reap, set_=set_, add={**outcome.counts, "c_marked": len(marks)}, ops=ops)
-        self.set_ = set_
+                change = replace(change, listing_done=not more, phase=ReapPhase.SETTLE,
+                                 wait_until_ns=latest + int(self.tasks.settings.gc_grace_s) * NS if latest else 0)
+        self.tasks.job.commit(reap, change, add={**outcome.counts, "c_marked": len(marks)}, ops=ops)
+        self.change = change
 
     def settled(self, prefix: str, counts: dict[str, int], ops: list[Op]) -> None:
         self.tasks.job.commit(self.reap, add=counts, ops=ops)
@@ -131,7 +127,7 @@ class GcTasks:
         else:
             page = self.candidates(cp)
             pipeline.mark(page, self.job.now(), dry_run=cp.dry_run)
-        return self.job.route(reap, cp.with_changes(home.set_))
+        return self.job.route(reap, cp.with_changes(home.change))
 
     def _source_cursor_ops(self, cp: ReapCheckpoint, cursor: str, through: str | None, ended: bool) -> list[Op]:
         """Rule G-B1: the source's durable cursor moves with the page that proved the keys up to it,
@@ -171,15 +167,14 @@ class GcTasks:
         # Every recorded mark is settled: continue marking, or move on (a closing settle ends the reap).
         done = cp.listing_done
         if cp.closing:
-            set_: Job = {"phase": ReapPhase.DONE.value, "wait_until_ns": 0}
+            change = CheckpointChange(phase=ReapPhase.DONE, wait_until_ns=0)
         elif cp.mode == "gc":
-            set_ = {"phase": (ReapPhase.DONE if done else ReapPhase.MARK).value, "wait_until_ns": 0}
+            change = CheckpointChange(phase=ReapPhase.DONE if done else ReapPhase.MARK, wait_until_ns=0)
         else:
-            set_ = {"phase": (ReapPhase.DERIVED if done else ReapPhase.BLOBS).value, "wait_until_ns": 0}
-            if done:
-                set_["after"] = ""
-        self.job.commit(reap, set_=set_)
-        return self.job.route(reap, cp.with_changes(set_))
+            change = CheckpointChange(phase=ReapPhase.DERIVED if done else ReapPhase.BLOBS, wait_until_ns=0,
+                                      after="" if done else None)
+        self.job.commit(reap, change)
+        return self.job.route(reap, cp.with_changes(change))
 
 
 __all__ = ["GcTasks", "SummaryPages"]

@@ -22,6 +22,7 @@ from lightmetrics.protocol.errors import KeyLayoutError
 from lightmetrics.protocol.executions import HISTORY_BUDGET, ExecutionInput
 from lightmetrics.protocol.keys import RUN_ID_RE, UtcHour
 from lightmetrics.reaps.errors import InvalidReapInput
+from lightmetrics.reaps.state import ReapCheckpoint
 from lightmetrics.work import leases
 from lightmetrics.work.leases import task_lease_rule_broken
 
@@ -185,16 +186,16 @@ class ReapParams:
                    range_parallelism=range_parallelism(integer))
 
 
-def check_resume(params: ReapParams, checkpoint: dict[str, Any] | None) -> None:
+def check_resume(params: ReapParams, checkpoint: ReapCheckpoint | None) -> None:
     """Rule DR1 with ``resume`` (docs/protocol.md §16.1): a resume carries on the unfinished reap as it
     was started, so its input must say the same ``mode`` and ``dry_run``; anything else is refused
     before any write — a dry run never settles a failed reap's marks by resuming it."""
-    if checkpoint is None or checkpoint.get("status") == JobStatus.FINISHED:
+    if checkpoint is None or checkpoint.status == JobStatus.FINISHED:
         raise InvalidReapInput("resume: no unfinished reap to resume")
-    was = (str(checkpoint["mode"]), bool(checkpoint["dry_run"]))
+    was = (checkpoint.mode, checkpoint.dry_run)
     if (params.mode, params.dry_run) != was:
         raise InvalidReapInput(
-            f"resume: the unfinished reap (epoch {checkpoint.get('epoch')}) is mode {was[0]} with dry_run "
+            f"resume: the unfinished reap (epoch {checkpoint.epoch}) is mode {was[0]} with dry_run "
             f"{str(was[1]).lower()}, the input says mode {params.mode} with dry_run {str(params.dry_run).lower()}: "
             f"a resume carries on that reap as it was started. Resume it with mode {was[0]} and dry_run "
             f"{str(was[1]).lower()}, or start a new reap without resume")

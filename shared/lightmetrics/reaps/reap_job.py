@@ -10,6 +10,7 @@ continue, end).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from lightmetrics.deployment.timeouts import longest_reap_task_s
@@ -24,7 +25,7 @@ from lightmetrics.reaps.params import (
     map_visit_tasks,
     max_tasks_for,
 )
-from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import CheckpointChange, ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
 from lightmetrics.work.leases import OWNED, Fence, LeaseLost
 from lightmetrics.work.units import WorkContext
@@ -69,14 +70,15 @@ class ReapJob:
             raise LeaseLost(f"reap epoch {reap['epoch']} no longer owns {CHECKPOINT_PK}")
         return ReapCheckpoint.of(plain(item))
 
-    def commit(self, reap: ReapRun, *, set_: dict[str, Any] | None = None, add: dict[str, int] | None = None,
-                remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
-        """One transaction: the summary update (owned), the lease renewal, and ``ops``."""
+    def commit(self, reap: ReapRun, change: CheckpointChange | None = None, *, add: Mapping[str, int] | None = None,
+               remove: tuple[str, ...] = (), ops: list[Op] | None = None, lease: Op | None = None) -> None:
+        """One transaction: the summary update (owned: ``change`` set, the counters ``add`` added), the
+        lease renewal, and ``ops``."""
         names, values = JobKernel.owned(reap)
         now = self.now()
         sets, adds = ["#u = :now"], []
         names["#u"], values[":now"] = "updated_at_ns", now
-        for i, (k, v) in enumerate((set_ or {}).items()):
+        for i, (k, v) in enumerate((change or CheckpointChange()).stored().items()):
             names[f"#s{i}"], values[f":s{i}"] = k, v
             sets.append(f"#s{i} = :s{i}")
         for i, (k, v) in enumerate((add or {}).items()):
@@ -120,14 +122,14 @@ class ReapJob:
             return {"reap": reap, "next": "wait", "wait_s": max(1, -(-wait_ns // NS)), "after": task}
         return {"reap": reap, "next": task}
 
-    def finishing(self, dry_run: bool) -> dict[str, Any]:
+    def finishing(self, dry_run: bool) -> CheckpointChange:
         """Rule G-I8, the one way a reap ends: what its last step sets. A dry run ends (it only
         reports). Any other reap with a ``marks#`` item left — its own, or a failed reap's of any
         mode, epoch or key range — first runs the settle phase in the GC role, which then ends it
         (``closing``); nothing left: it ends. One Query of the marks prefix."""
         if dry_run or not self.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX, limit=1):
-            return {"phase": ReapPhase.DONE.value, "wait_until_ns": 0}
-        return {"phase": ReapPhase.SETTLE.value, "closing": True, "listing_done": True, "wait_until_ns": 0}
+            return CheckpointChange(phase=ReapPhase.DONE, wait_until_ns=0)
+        return CheckpointChange(phase=ReapPhase.SETTLE, closing=True, listing_done=True, wait_until_ns=0)
 
     # -- fencing (docs/protocol.md §13, L2 and L3) --------------------------------------------------
     def fence(self, reap: ReapRun) -> Fence:
@@ -150,6 +152,6 @@ class ReapJob:
                                     longest_ns=longest_reap_task_s() * NS)
 
     def wait(self, reap: ReapRun, cp: ReapCheckpoint, until_ns: int) -> dict[str, Any]:
-        wait = {"wait_until_ns": until_ns}
-        self.commit(reap, set_=wait)
+        wait = CheckpointChange(wait_until_ns=until_ns)
+        self.commit(reap, wait)
         return self.route(reap, cp.with_changes(wait))

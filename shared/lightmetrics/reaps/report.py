@@ -2,16 +2,17 @@
 
 Example::
 
-    >>> report_of({"mode": "gc", "c_purged": 2, "kept#referenced": 1})["kept"]
+    >>> report_of(ReapCheckpoint.of({"mode": "gc", "c_purged": 2, "kept#referenced": 1})).to_json()["kept"]
     {'referenced': 1}
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from typing import Any
 
-from lightmetrics.protocol.control_store import plain
+from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase
 
 #: ``would_settle``: a dry run's count of the blobs marked by a failed reap (rule DR1), which it leaves.
 COUNTERS = ("examined", "deletable", "marked", "purged", "restored", "would_settle")
@@ -34,16 +35,15 @@ def retention_last_sk(scope: str) -> str:
     return f"retention-last#{scope}"
 
 
-def retention_outcome(cp: dict[str, Any], pk: str, **set_: Any) -> dict[str, Any] | None:
-    """The ``retention-last#<scope>`` item for a retention checkpoint ``cp`` as it ends (``set_``:
-    its final status, error, finished_at_ns); None for GC or a dry run (which deletes nothing)."""
-    cp = {**plain(cp), **set_}
-    if cp.get("mode") != "retention" or cp.get("dry_run"):
+def retention_outcome(cp: ReapCheckpoint, pk: str) -> dict[str, Any] | None:
+    """The ``retention-last#<scope>`` item (as stored) for a retention checkpoint ``cp`` as it ends
+    (its final status, error, finished_at_ns changed in); None for GC or a dry run (which deletes nothing)."""
+    if cp.mode != "retention" or cp.dry_run:
         return None
-    scope = cp.get("scope") or "raw"
-    kept = ("epoch", "status", "hours", "hour_status", "error", "finished_at_ns")
-    return {"pk": pk, "sk": retention_last_sk(scope), "scope": scope,
-            **{k: cp[k] for k in kept if cp.get(k) is not None}}
+    kept = {"epoch": cp.epoch, "status": cp.status, "hours": list(cp.hours), "hour_status": dict(cp.hour_status),
+            "error": cp.error, "finished_at_ns": cp.finished_at_ns}
+    return {"pk": pk, "sk": retention_last_sk(cp.scope), "scope": cp.scope,
+            **{k: v for k, v in kept.items() if v is not None}}
 
 
 def proof_counts(proofs: Iterable[Any], *, retention: bool) -> tuple[list[Any], dict[str, int]]:
@@ -82,24 +82,61 @@ def settle_counts(results: list[str]) -> dict[str, int]:
     return add
 
 
-def report_of(cp: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ReapReport:
+    """The operator's report of a reap (``lmctl reap``, the End task's output), from its checkpoint
+    summary: :func:`report_of`. :meth:`to_json` is the form printed and returned.
+
+    >>> report_of(ReapCheckpoint.of({"mode": "gc", "c_purged": 2, "kept#referenced": 1})).kept
+    {'referenced': 1}
+    """
+
+    mode: str
+    dry_run: bool
+    epoch: int
+    status: str
+    phase: ReapPhase
+    examined: int
+    deletable: int
+    marked: int
+    purged: int
+    restored: int
+    would_settle: int  # a dry run's count of the blobs a failed reap marked (rule DR1)
+    kept: dict[str, int]
+    pages: int
+    hours: list[str]
+    hours_reaped: list[str]
+    hours_skipped: dict[str, str]
+    started_at_ns: int | None
+    finished_at_ns: int | None
+    execution: str | None
+    error: str | None
+    blocked: list[str]
+    more: bool  # GC: the run stopped at its page budget (max_pages); the next run continues from the cursor
+    executions: int
+    source: str | None  # GC's candidate source (None for retention)
+    through: str | None
+    audit_run: str | None
+    note: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as printed (``lmctl reap --json``) and returned by the End task."""
+        return {f.name: (self.phase.value if f.name == "phase" else getattr(self, f.name)) for f in fields(self)}
+
+
+def report_of(cp: ReapCheckpoint) -> ReapReport:
     """The operator's report from a checkpoint summary."""
-    cp = plain(cp)
-    kept = {k.removeprefix("kept#"): int(v) for k, v in cp.items() if k.startswith("kept#")}
-    return {
-        "mode": cp.get("mode"), "dry_run": cp.get("dry_run"), "epoch": cp.get("epoch"), "status": cp.get("status"),
-        "phase": cp.get("phase"), **{c: int(cp.get(f"c_{c}", 0)) for c in COUNTERS}, "kept": kept,
-        "pages": int(cp.get("page", 0)), "hours": cp.get("hours", []),
-        "hours_reaped": [h for h, s in (cp.get("hour_status") or {}).items() if s == "reaped"],
-        "hours_skipped": {h: s for h, s in (cp.get("hour_status") or {}).items() if s != "reaped"},
-        "started_at_ns": cp.get("started_at_ns"), "finished_at_ns": cp.get("finished_at_ns"),
-        "execution": cp.get("execution"), "error": cp.get("error"), "blocked": list(cp.get("blocked") or []),
-        # GC: the run stopped at its page budget (max_pages); the next run continues from the cursor.
-        "more": bool(cp.get("budget_exhausted")), "executions": int(cp.get("executions", 1)),
-        "source": cp.get("source") if cp.get("mode") == "gc" else None, "through": cp.get("through"),
-        "audit_run": cp.get("audit_run"), "note": cp.get("note"),
-    }
+    return ReapReport(
+        mode=cp.mode, dry_run=cp.dry_run, epoch=cp.epoch, status=cp.status, phase=cp.phase,
+        **{c: cp.counters.get(f"c_{c}", 0) for c in COUNTERS},
+        kept={k.removeprefix("kept#"): v for k, v in cp.counters.items() if k.startswith("kept#")},
+        pages=cp.page, hours=list(cp.hours),
+        hours_reaped=[h for h, s in cp.hour_status.items() if s == "reaped"],
+        hours_skipped={h: s for h, s in cp.hour_status.items() if s != "reaped"},
+        started_at_ns=cp.started_at_ns, finished_at_ns=cp.finished_at_ns, execution=cp.execution, error=cp.error,
+        blocked=list(cp.blocked), more=cp.budget_exhausted, executions=cp.executions,
+        source=cp.source if cp.mode == "gc" else None, through=cp.through, audit_run=cp.audit_run, note=cp.note)
 
 
-__all__ = ["COUNTERS", "hour_unfinished", "proof_counts", "report_of", "retention_last_sk", "retention_outcome",
+__all__ = ["COUNTERS", "ReapReport", "hour_unfinished", "proof_counts", "report_of", "retention_last_sk", "retention_outcome",
            "settle_counts"]

@@ -4,6 +4,7 @@ plan has R > 1 key ranges (:mod:`lightmetrics.reaps.retention_ranges`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from lightmetrics.protocol.control_store import Op
@@ -28,7 +29,7 @@ from lightmetrics.reaps.retention_ranges import (
     range_sk,
     read_ranges,
 )
-from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import CheckpointChange, ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
 from lightmetrics.work.units import work_key
 
@@ -58,7 +59,7 @@ class RetentionTasks:
             return self.job.route(reap, cp)  # a retried task whose step already committed: just route
         if cp.hour_index >= len(cp.hours):
             ended = self.job.finishing(cp.dry_run)
-            self.job.commit(reap, set_=ended)
+            self.job.commit(reap, ended)
             return self.job.route(reap, cp.with_changes(ended))
         hour = cp.current_hour
         scope = cp.scope
@@ -67,10 +68,10 @@ class RetentionTasks:
         phase, now = cp.phase, self.job.now()
         # What follows the tombstone (and a verify pass): the hour's key ranges in parallel when its
         # plan has more than one (reap.ranges), else its blobs (rollups: its chunks).
-        first = (ReapPhase.CHUNKS if scope == "rollup" else ReapPhase.RANGES if cp.ranges > 1 else ReapPhase.BLOBS).value
+        first = ReapPhase.CHUNKS if scope == "rollup" else ReapPhase.RANGES if cp.ranges > 1 else ReapPhase.BLOBS
         add: dict[str, int] = {}
         if phase is ReapPhase.COMMIT:
-            set_, add = self._tombstone_step(reap, cp, hr, hour, fence, first, now)
+            change, add = self._tombstone_step(reap, cp, hr, hour, fence, first, now)
         elif phase is ReapPhase.RANGES:
             return self._ranges(reap, cp, hour)
         elif phase in (ReapPhase.CHUNKS, ReapPhase.MANIFESTS):  # rollup scope: chunks and index first, manifests last
@@ -78,87 +79,85 @@ class RetentionTasks:
             prefixes = hr.chunk_prefixes() if chunks else [self.codec.rollup_manifest_hour(hr.hour)]
             deleted, more = hr.delete_rollup_page(prefixes, cp.page_size)
             add = {"c_examined": deleted, "c_purged": deleted}
-            set_ = {} if more else {"phase": (ReapPhase.MANIFESTS if chunks else ReapPhase.VERIFY).value}
+            change = CheckpointChange(phase=None if more else ReapPhase.MANIFESTS if chunks else ReapPhase.VERIFY)
         elif phase in (ReapPhase.DERIVED, ReapPhase.BY_TIME):  # "by-time": a checkpoint of a version that ran it apart
             # Steps 3 and 4 on one listing (rule R-I8): a page's accepted-by-blob entries, then its
             # accepted-by-time entries — only those this listing returned. Entries kept for an open
             # blocker stay: hence the cursor.
             keys, more = hr.page(cp.after, cp.page_size)
             hr.delete_page(keys)
-            set_ = {"after": keys[-1] if keys else cp.after}
+            change = CheckpointChange(after=keys[-1] if keys else cp.after)
             if not more:
-                set_ = {"phase": ReapPhase.VERIFY.value, "after": ""}
+                change = CheckpointChange(phase=ReapPhase.VERIFY, after="")
         elif phase is ReapPhase.VERIFY:
-            set_ = self._verify_step(reap, cp, hr, hour, fence, first, now)
+            change = self._verify_step(reap, cp, hr, hour, fence, first, now)
         else:
             raise InvalidReapInput(f"reap-retention cannot run phase {phase.value!r}")
-        self.job.commit(reap, set_=set_, add=add)
+        self.job.commit(reap, change, add=add)
         crashpoints.point(CP_STEP_DONE)
-        return self.job.route(reap, cp.with_changes(set_))
+        return self.job.route(reap, cp.with_changes(change))
 
     def _tombstone_step(self, reap: ReapRun, cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
-                        first: str, now: int) -> tuple[dict[str, Any], dict[str, int]]:
+                        first: ReapPhase, now: int) -> tuple[CheckpointChange, dict[str, int]]:
         """Phase ``commit``: the hour's tombstone (a dry run only counts what would go); then ``first``,
         or the hour's key ranges in parallel when its plan has more than one."""
         scope = cp.scope
-        set_: dict[str, Any]
+        change: CheckpointChange
         add: dict[str, int] = {}
         if cp.dry_run:  # rule DR2: every key of the hour, counted over as many tasks as it takes
             prefixes = [hr.by_time_prefix] if scope == "raw" else \
                 hr.chunk_prefixes() + [self.codec.rollup_manifest_hour(hr.hour)]
             counted, after, more = count_keys(self.ctx.store, prefixes, cp.after)
             add = {"c_examined": counted, "c_deletable": counted}
-            set_ = {"after": after} if more else self._next_hour(cp, hour, "would-reap")
+            change = CheckpointChange(after=after) if more else self._next_hour(cp, hour, "would-reap")
         else:
             retention_s = self.settings.rollup_retention_s if scope == "rollup" else self.settings.retention_s
             try:
                 fence()
                 hr.commit(epoch=int(reap["epoch"]), retention_s=int(retention_s), now_ns=now)
             except WatermarkBehind:
-                set_ = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
+                change = self._next_hour(cp, hour, "skipped: watermark does not cover the hour")
             else:
-                set_ = {"phase": first, "after": "", "listing_done": False,
-                        "wait_until_ns": now + cp.tombstone_wait_s * NS}
+                change = CheckpointChange(phase=first, after="", listing_done=False,
+                                          wait_until_ns=now + cp.tombstone_wait_s * NS)
                 plan = hr.plan() if scope == "raw" else None
                 if plan is not None and plan.ranges > 1:
-                    set_.update(phase=ReapPhase.RANGES.value, ranges=plan.ranges)
-        return set_, add
+                    change = replace(change, phase=ReapPhase.RANGES, ranges=plan.ranges)
+        return change, add
 
     def _verify_step(self, reap: ReapRun, cp: ReapCheckpoint, hr: HourRetention, hour: str, fence: Any,
-                     first: str, now: int) -> dict[str, Any]:
+                     first: ReapPhase, now: int) -> CheckpointChange:
         """Phase ``verify``: the hour is reaped, gets another pass (late writes), or is left with a reason."""
         scope = cp.scope
-        set_: dict[str, Any]
         late, blocked = hr.leftovers() if scope == "raw" else ([] if hr.rollup_empty() else ["?"], [])
         if not late and not blocked:
             fence()
             hr.mark_reaped(epoch=int(reap["epoch"]), passes=cp.passes, now_ns=now)
-            set_ = self._next_hour(cp, hour, "reaped")
-        elif late and cp.passes < cp.verify_passes:
+            return self._next_hour(cp, hour, "reaped")
+        if late and cp.passes < cp.verify_passes:
             # Late writes: another pass over the hour (its blobs, then its derived entries).
-            set_ = {"phase": first, "after": "", "listing_done": False, "passes": cp.passes + 1}
-        elif late:
-            set_ = self._next_hour(cp, hour, "skipped: entries kept appearing")
-        else:  # tombstoned, not reaped: a later run finishes it once the blockers are resumed or skipped
-            set_ = self._next_hour(cp, hour, f"blocked: {len(blocked)} entries have an open {KIND_RETENTION} "
-                                             "blocker (lmctl blockers list)")
-            known = list(cp.blocked)
-            set_["blocked"] = (known + [work_key(KIND_RETENTION, k) for k in blocked
-                                        if work_key(KIND_RETENTION, k) not in known])[:REPORT_BLOCKED_MAX]
-        return set_
+            return CheckpointChange(phase=first, after="", listing_done=False, passes=cp.passes + 1)
+        if late:
+            return self._next_hour(cp, hour, "skipped: entries kept appearing")
+        # tombstoned, not reaped: a later run finishes it once the blockers are resumed or skipped
+        known = list(cp.blocked)
+        return replace(self._next_hour(cp, hour, f"blocked: {len(blocked)} entries have an open {KIND_RETENTION} "
+                                                 "blocker (lmctl blockers list)"),
+                       blocked=(known + [work_key(KIND_RETENTION, k) for k in blocked
+                                         if work_key(KIND_RETENTION, k) not in known])[:REPORT_BLOCKED_MAX])
 
-    def _next_hour(self, cp: ReapCheckpoint, hour: str, status: str) -> dict[str, Any]:
+    def _next_hour(self, cp: ReapCheckpoint, hour: str, status: str) -> CheckpointChange:
         if hour_unfinished(status):  # the hour cannot finish yet: alarm RetentionUnfinished (R9)
             self.ctx.metrics.add_metric(name="RetentionHoursUnfinished", unit="Count", value=1)
         statuses = dict(cp.hour_status)
         statuses[hour] = status
         last = cp.hour_index + 1 >= len(cp.hours)
-        out = {"hour_status": statuses, "hour_index": cp.hour_index + 1, "passes": 1, "after": "",
-               "listing_done": False, "wait_until_ns": 0, "phase": ReapPhase.COMMIT.value}
+        out = CheckpointChange(hour_status=statuses, hour_index=cp.hour_index + 1, passes=1, after="",
+                               listing_done=False, wait_until_ns=0, phase=ReapPhase.COMMIT)
         if last:
-            out.update(self.job.finishing(cp.dry_run))
+            out = out.then(self.job.finishing(cp.dry_run))
         if cp.ranges > 1:
-            out["ranges"] = 1  # the next hour's commit reads its own plan
+            out = replace(out, ranges=1)  # the next hour's commit reads its own plan
         return out
 
     # -- an hour in key ranges (reap.ranges; docs/protocol.md §16) -------------------------------------
@@ -178,11 +177,11 @@ class RetentionTasks:
                     "range_parallelism": cp.range_parallelism or DEFAULT_RANGE_PARALLELISM}
         if waits:
             return self.job.wait(reap, cp, min(waits))  # recorded: a continuation's Begin waits too
-        set_ = {"phase": "verify", "after": "", "wait_until_ns": 0}
+        change = CheckpointChange(phase=ReapPhase.VERIFY, after="", wait_until_ns=0)
         deletes = [Op("Delete", RANGE_PK, range_sk(epoch, hour, passes, r)) for r in items]
         n = FOLD_DELETES_PER_TRANSACTION
-        self.job.commit(reap, set_=set_, add=folded(items), ops=deletes[:n])
+        self.job.commit(reap, change, add=folded(items), ops=deletes[:n])
         crashpoints.point(CP_RANGES_FOLDED)
         for i in range(n, len(deletes), n):  # a crash here leaves items of a finished pass: never read again
             self.job.commit(reap, ops=deletes[i:i + n])
-        return self.job.route(reap, cp.with_changes(set_))
+        return self.job.route(reap, cp.with_changes(change))

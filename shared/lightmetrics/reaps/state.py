@@ -15,10 +15,12 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any, TypedDict
+
+from lightmetrics.jobs.kernel import JobStatus
 
 
 class ReapRun(TypedDict):
@@ -196,67 +198,172 @@ class RangeItem:
 
 
 @dataclass(frozen=True)
+class CheckpointChange:
+    """What one owned write of a reap task changes in its summary checkpoint: each field is the
+    checkpoint's field of that name, None leaves it as it is. Converted to the stored names and
+    values here only (:meth:`stored`, a phase as its string); the counters (``c_*``, ``kept#*``)
+    are added apart (``add``, :meth:`~lightmetrics.reaps.reap_job.ReapJob.commit`).
+
+    >>> CheckpointChange(phase=ReapPhase.SETTLE, wait_until_ns=0).stored()
+    {'phase': 'settle', 'wait_until_ns': 0}
+    >>> CheckpointChange(after="k").then(CheckpointChange(phase=ReapPhase.DONE)).phase
+    <ReapPhase.DONE: 'done'>
+    """
+
+    phase: ReapPhase | None = None
+    after: str | None = None
+    page: int | None = None
+    passes: int | None = None
+    hour_index: int | None = None
+    hour_status: Mapping[str, str] | None = None
+    listing_done: bool | None = None
+    wait_until_ns: int | None = None
+    closing: bool | None = None
+    ranges: int | None = None
+    blocked: Sequence[str] | None = None
+    through: str | None = None
+    budget_exhausted: bool | None = None
+    execution: str | None = None
+    executions: int | None = None
+    next_execution: str | None = None
+    status: JobStatus | None = None
+    finished_at_ns: int | None = None
+    error: str | None = None
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields this change sets (typed values), in field order."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def then(self, later: CheckpointChange) -> CheckpointChange:
+        """This change, then ``later``'s (its fields win)."""
+        return replace(self, **later.set_fields())
+
+    def stored(self) -> dict[str, Any]:
+        """The attributes this change sets, as stored (the control-store boundary)."""
+        return {k: _stored(v) for k, v in self.set_fields().items()}
+
+
+#: stored attributes a fresh checkpoint leaves out while they are at these values
+_ABSENT_AT_DEFAULT = {"closing": False, "ranges": 1, "budget_exhausted": False}
+
+
+@dataclass(frozen=True)
 class ReapCheckpoint:
     """The reap's summary checkpoint (``checkpoint#reap``/``current``, docs/control-table.md "Reap
-    checkpoint"), as a task reads it. ``item`` is the stored item whole (plain values): the report
-    and the retention outcome read its counters (``c_*``, ``kept#*``) from it. A task's changes are
-    written as an owned update (:meth:`~lightmetrics.reaps.reap_job.ReapJob.commit`) and
-    read back with :meth:`with_changes`."""
+    checkpoint"). Read with :meth:`of`, stored with :meth:`to_item` (a new reap's, put whole) or
+    changed by an owned update of a :class:`CheckpointChange` (:meth:`~lightmetrics.reaps.reap_job.ReapJob.commit`),
+    read back with :meth:`with_changes`. ``counters`` are the ``c_*`` and ``kept#*`` attributes,
+    ``params`` the input it was started with; ``extra`` the attributes this version does not model
+    (pk, sk, a write token), written back as they were read.
 
-    item: Mapping[str, Any]
+    >>> cp = ReapCheckpoint.of({"epoch": 2, "mode": "gc", "phase": "mark", "c_marked": 3})
+    >>> cp.with_changes(CheckpointChange(phase=ReapPhase.SETTLE)).phase, cp.counters
+    (<ReapPhase.SETTLE: 'settle'>, {'c_marked': 3})
+    """
+
     epoch: int
     owner: str
     mode: str
     dry_run: bool
     status: str
     phase: ReapPhase
-    scope: str
-    source: str
-    audit_run: str | None
-    hour: str | None
-    page_size: int
-    concurrency: int
-    max_pending_pages: int
-    tombstone_wait_s: int
-    verify_passes: int
-    max_pages: int
-    range_parallelism: int
-    after: str
-    page: int
-    hours: list[str]
-    hour_index: int
-    passes: int
-    hour_status: dict[str, str]
-    wait_until_ns: int
-    listing_done: bool
-    closing: bool
-    ranges: int
-    owned_since_ns: int
-    executions: int
-    source_cursor: str | None
-    blocked: list[str]
+    started_at_ns: int | None = None
+    updated_at_ns: int | None = None
+    owned_since_ns: int = 0
+    execution: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    scope: str = "raw"
+    source: str = "scan"
+    audit_run: str | None = None
+    hour: str | None = None
+    page_size: int = 500
+    concurrency: int = 8
+    max_pending_pages: int = 20
+    tombstone_wait_s: int = 0
+    verify_passes: int = 1
+    after: str = ""
+    page: int = 0
+    hours: list[str] = field(default_factory=list)
+    hour_index: int = 0
+    passes: int = 1
+    hour_status: dict[str, str] = field(default_factory=dict)
+    wait_until_ns: int = 0
+    listing_done: bool = False
+    max_pages: int = 0
+    executions: int = 1
+    range_parallelism: int = 0
+    note: str | None = None
+    closing: bool = False
+    counters: dict[str, int] = field(default_factory=dict)
+    source_cursor: str | None = None
+    through: str | None = None
+    ranges: int = 1
+    blocked: list[str] = field(default_factory=list)
+    budget_exhausted: bool = False
+    next_execution: str | None = None
+    finished_at_ns: int | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> ReapCheckpoint:
+        """The checkpoint from its stored item (plain values)."""
         g = item.get
-        return cls(item=dict(item), epoch=int(g("epoch", -1)), owner=str(g("owner") or ""), mode=str(g("mode") or ""),
-                   dry_run=bool(g("dry_run")), status=str(g("status") or ""), phase=ReapPhase(g("phase") or "done"),
-                   scope=str(g("scope") or "raw"), source=str(g("source") or "scan"),
-                   audit_run=g("audit_run") or None, hour=g("hour") or None, page_size=int(g("page_size") or 500),
-                   concurrency=int(g("concurrency") or 8), max_pending_pages=int(g("max_pending_pages") or 20),
-                   tombstone_wait_s=int(g("tombstone_wait_s") or 0), verify_passes=int(g("verify_passes") or 1),
-                   max_pages=int(g("max_pages") or 0), range_parallelism=int(g("range_parallelism") or 0),
-                   after=str(g("after") or ""), page=int(g("page") or 0), hours=[str(h) for h in g("hours") or []],
-                   hour_index=int(g("hour_index") or 0), passes=int(g("passes") or 1),
-                   hour_status={str(k): str(v) for k, v in (g("hour_status") or {}).items()},
-                   wait_until_ns=int(g("wait_until_ns") or 0), listing_done=bool(g("listing_done")),
-                   closing=bool(g("closing")), ranges=int(g("ranges") or 1), owned_since_ns=int(g("owned_since_ns") or 0),
-                   executions=int(g("executions") or 1), source_cursor=g("source_cursor") or None,
-                   blocked=[str(b) for b in g("blocked") or []])
 
-    def with_changes(self, changes: Mapping[str, Any]) -> ReapCheckpoint:
-        """This checkpoint with ``changes`` (stored names and values) applied."""
-        return ReapCheckpoint.of({**self.item, **changes})
+        def opt(name: str, kind: type) -> Any:
+            return None if g(name) is None else kind(g(name))
+
+        return cls(
+            epoch=int(g("epoch", -1)), owner=str(g("owner") or ""), mode=str(g("mode") or ""),
+            dry_run=bool(g("dry_run")), status=str(g("status") or ""), phase=ReapPhase(g("phase") or "done"),
+            started_at_ns=opt("started_at_ns", int), updated_at_ns=opt("updated_at_ns", int),
+            owned_since_ns=int(g("owned_since_ns") or 0), execution=opt("execution", str), params=dict(g("params") or {}),
+            scope=str(g("scope") or "raw"), source=str(g("source") or "scan"), audit_run=g("audit_run") or None,
+            hour=g("hour") or None, page_size=int(g("page_size") or 500), concurrency=int(g("concurrency") or 8),
+            max_pending_pages=int(g("max_pending_pages") or 20), tombstone_wait_s=int(g("tombstone_wait_s") or 0),
+            verify_passes=int(g("verify_passes") or 1), after=str(g("after") or ""), page=int(g("page") or 0),
+            hours=[str(h) for h in g("hours") or []], hour_index=int(g("hour_index") or 0), passes=int(g("passes") or 1),
+            hour_status={str(k): str(v) for k, v in (g("hour_status") or {}).items()},
+            wait_until_ns=int(g("wait_until_ns") or 0), listing_done=bool(g("listing_done")),
+            max_pages=int(g("max_pages") or 0), executions=int(g("executions") or 1),
+            range_parallelism=int(g("range_parallelism") or 0), note=opt("note", str), closing=bool(g("closing")),
+            counters={k: int(v) for k, v in item.items() if k.startswith(("c_", "kept#"))},
+            source_cursor=g("source_cursor") or None, through=opt("through", str), ranges=int(g("ranges") or 1),
+            blocked=[str(b) for b in g("blocked") or []], budget_exhausted=bool(g("budget_exhausted")),
+            next_execution=opt("next_execution", str), finished_at_ns=opt("finished_at_ns", int),
+            error=opt("error", str),
+            extra={k: v for k, v in item.items() if k not in _CHECKPOINT_FIELDS and not k.startswith(("c_", "kept#"))})
+
+    def to_item(self) -> dict[str, Any]:
+        """The stored item: ``extra``'s pk and sk, every field a new reap's checkpoint writes, its
+        counters, then what it writes only when set (``note``, ``closing``, ``source_cursor`` with its
+        ``through``, ...)."""
+        out: dict[str, Any] = {k: self.extra[k] for k in ("pk", "sk") if k in self.extra}
+        out.update((k, _stored(getattr(self, k))) for k in _ALWAYS_STORED)
+        if self.note is not None:
+            out["note"] = self.note
+        if self.closing:
+            out["closing"] = True
+        out.update(self.counters)
+        if self.source_cursor is not None:  # with the source's cursor, its saved ``through`` (None: none yet)
+            out.update(source_cursor=self.source_cursor, through=self.through)
+        for k in _STORED_WHEN_SET:
+            v = getattr(self, k)
+            if v is not None and v != _ABSENT_AT_DEFAULT.get(k) and v != [] and k not in out:
+                out[k] = _stored(v)
+        out.update((k, v) for k, v in self.extra.items() if k not in ("pk", "sk"))
+        return out
+
+    def with_changes(self, change: CheckpointChange) -> ReapCheckpoint:
+        """This checkpoint with ``change`` applied (what a task's commit wrote)."""
+        values = change.set_fields()
+        if change.status is not None:
+            values["status"] = change.status.value
+        if change.blocked is not None:
+            values["blocked"] = list(change.blocked)
+        if change.hour_status is not None:
+            values["hour_status"] = dict(change.hour_status)
+        return replace(self, **values)
 
     @property
     def current_hour(self) -> str:
@@ -264,5 +371,23 @@ class ReapCheckpoint:
         return self.hours[self.hour_index]
 
 
-__all__ = ["MarkState", "PageOutcome", "PendingPage", "RangeIntent", "RangeItem", "RangePhase", "ReapCheckpoint",
-           "ReapPhase", "ReapRun", "counts_of"]
+def _stored(value: Any) -> Any:
+    """A field's value as stored: an enum as its string, a mapping a dict, a sequence a list."""
+    if isinstance(value, StrEnum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+_ALWAYS_STORED = ("epoch", "owner", "mode", "dry_run", "status", "started_at_ns", "updated_at_ns", "owned_since_ns",
+                  "execution", "params", "scope", "source", "audit_run", "hour", "page_size", "concurrency",
+                  "max_pending_pages", "tombstone_wait_s", "verify_passes", "phase", "after", "page", "hours",
+                  "hour_index", "passes", "hour_status", "wait_until_ns", "listing_done", "max_pages", "executions",
+                  "range_parallelism")
+_STORED_WHEN_SET = ("through", "ranges", "blocked", "budget_exhausted", "next_execution", "finished_at_ns", "error")
+_CHECKPOINT_FIELDS = frozenset(f.name for f in fields(ReapCheckpoint)) - {"counters", "extra"}
+
+
+__all__ = ["CheckpointChange", "MarkState", "PageOutcome", "PendingPage", "RangeIntent", "RangeItem", "RangePhase",
+           "ReapCheckpoint", "ReapPhase", "ReapRun", "counts_of"]

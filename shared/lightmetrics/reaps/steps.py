@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any, cast
 
 from lightmetrics.jobs.kernel import JobStatus
@@ -75,7 +76,7 @@ from lightmetrics.reaps.report import report_of, retention_outcome
 from lightmetrics.reaps.retention import expired_hours
 from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
-from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import CheckpointChange, ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
 from lightmetrics.work.leases import LeaseLost
 from lightmetrics.work.units import WorkContext
@@ -129,13 +130,13 @@ class Reaper:
         now = self.job.now()
         lease = self.kernel.lease()
         self.kernel.refuse_if_held(lease, now)
-        cp = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
-        cp = plain(cp) if cp else None
+        stored = self.table.get(CHECKPOINT_PK, CHECKPOINT_SK)
+        cp = ReapCheckpoint.of(plain(stored)) if stored else None
         hours = self._retention_hours(params, now) if not params.resume and params.mode == "retention" else []
         if params.resume:
             check_resume(params, cp)
             assert cp is not None
-            epoch = int(cp["epoch"])
+            epoch = cp.epoch
         else:
             epoch = int((lease or {}).get("epoch", 0)) + 1
         owner = uuid.uuid4().hex
@@ -153,18 +154,19 @@ class Reaper:
                                      "#os": "owned_since_ns"},
                               values={":own": owner, ":run": JobStatus.RUNNING.value, ":x": execution, ":ep": epoch, ":now": now},
                               condition="#ep = :ep")
-            reap["executions"] = int(cp.get("executions", 1))  # mode and dry_run: check_resume
+            reap["executions"] = cp.executions  # mode and dry_run: check_resume
             return self.job.route(reap, ReapCheckpoint.of(plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK))))
-        if cp and cp.get("status") == JobStatus.RUNNING:  # a retention run that stopped without End: say so (R9)
-            stopped = retention_outcome(cp, CHECKPOINT_PK, status=JobStatus.STOPPED.value,
-                                        error="stopped without finishing")
+        if cp and cp.status == JobStatus.RUNNING:  # a retention run that stopped without End: say so (R9)
+            stopped = retention_outcome(cp.with_changes(CheckpointChange(status=JobStatus.STOPPED,
+                                                                         error="stopped without finishing")),
+                                        CHECKPOINT_PK)
             if stopped:
                 self.table.put(stopped)
-        item = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
-        item = put_own(self.table, item, condition="attribute_not_exists(pk) OR epoch < :e",
-                       values_for_condition={":e": epoch})
+        fresh = self._new_checkpoint(params, inp, epoch=epoch, owner=owner, execution=execution, now=now, hours=hours)
+        put_own(self.table, fresh.to_item(), condition="attribute_not_exists(pk) OR epoch < :e",
+                values_for_condition={":e": epoch})
         log.info("reap %s epoch %d begins (dry_run=%s)", params.mode, epoch, params.dry_run)
-        return self.job.route(reap, ReapCheckpoint.of(item))
+        return self.job.route(reap, fresh)
 
     def _retention_hours(self, params: ReapParams, now: int) -> list[str]:
         """The hours a retention reap deletes: the one asked for (refused unless expired), or every
@@ -179,41 +181,39 @@ class Reaper:
         return [str(params.hour)]
 
     def _new_checkpoint(self, params: ReapParams, inp: dict[str, Any], *, epoch: int, owner: str, execution: str,
-                        now: int, hours: list[str]) -> dict[str, Any]:
-        """A new reap's checkpoint item: where GC starts (rules G-B1, G-B3) or the hours retention reaps."""
-        item: dict[str, Any] = {"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK, "epoch": epoch, "owner": owner,
-                                "mode": params.mode, "dry_run": params.dry_run, "status": JobStatus.RUNNING.value,
-                                "started_at_ns": now, "updated_at_ns": now, "owned_since_ns": now,
-                                "execution": execution, "params": {k: v for k, v in inp.items() if k != "resume"},
-                                "scope": params.scope, "source": params.source, "audit_run": params.audit_run,
-                                "hour": str(params.hour) if params.hour else None,
-                                "page_size": params.page_size, "concurrency": params.concurrency,
-                                "max_pending_pages": params.max_pending_pages, "tombstone_wait_s": params.tombstone_wait_s,
-                                "verify_passes": params.verify_passes,
-                                "phase": (ReapPhase.MARK if params.mode == "gc" else ReapPhase.COMMIT).value,
-                                "after": "", "page": 0, "hours": hours, "hour_index": 0, "passes": 1, "hour_status": {},
-                                "wait_until_ns": 0, "listing_done": False, "max_pages": params.max_pages, "executions": 1,
-                                "range_parallelism": params.range_parallelism}
+                        now: int, hours: list[str]) -> ReapCheckpoint:
+        """A new reap's checkpoint: where GC starts (rules G-B1, G-B3) or the hours retention reaps."""
+        cp = ReapCheckpoint(
+            epoch=epoch, owner=owner, mode=params.mode, dry_run=params.dry_run, status=JobStatus.RUNNING.value,
+            phase=ReapPhase.MARK if params.mode == "gc" else ReapPhase.COMMIT, started_at_ns=now, updated_at_ns=now,
+            owned_since_ns=now, execution=execution, params={k: v for k, v in inp.items() if k != "resume"},
+            scope=params.scope, source=params.source, audit_run=params.audit_run,
+            hour=str(params.hour) if params.hour else None, page_size=params.page_size,
+            concurrency=params.concurrency, max_pending_pages=params.max_pending_pages,
+            tombstone_wait_s=params.tombstone_wait_s, verify_passes=params.verify_passes, hours=hours,
+            max_pages=params.max_pages, range_parallelism=params.range_parallelism,
+            extra={"pk": CHECKPOINT_PK, "sk": CHECKPOINT_SK})
         if params.mode == "gc" and params.source == "audit" and params.audit_run == LATEST_AUDIT:
             # Rule G-B3: the newest committed audit run, each run's candidates proven once.
             run = latest_audit_run(self.ctx.store, self.job.codec)
-            item["audit_run"] = run
+            cp = replace(cp, audit_run=run)
             if run is None:
-                item.update(phase=ReapPhase.DONE.value, note="no committed audit run yet: nothing to prove")
+                cp = replace(cp, phase=ReapPhase.DONE, note="no committed audit run yet: nothing to prove")
             elif (self.table.get(CHECKPOINT_PK, source_cursor_sk("audit", run)) or {}).get("ended"):
-                item.update(phase=ReapPhase.DONE.value, note=f"audit run {run}: every candidate already proven")
-            if item["phase"] == ReapPhase.DONE:
-                item.update(self.job.finishing(params.dry_run))  # marks a failed reap left: settled now (G-I8)
+                cp = replace(cp, phase=ReapPhase.DONE, note=f"audit run {run}: every candidate already proven")
+            if cp.phase is ReapPhase.DONE:
+                cp = cp.with_changes(self.job.finishing(params.dry_run))  # a failed reap's marks: settled now (G-I8)
         if params.dry_run:  # rule DR1: marks a failed reap left are reported, never settled by a dry run
-            item["c_would_settle"] = would_settle(self.job.marks_items())
-        if params.mode == "gc" and item["phase"] != ReapPhase.DONE \
+            cp = replace(cp, counters={"c_would_settle": would_settle(self.job.marks_items())})
+        if params.mode == "gc" and cp.phase is not ReapPhase.DONE \
                 and not (params.source == "by-time" and params.hour is not None):
             # Rule G-B1: GC goes on from where the last run of this source stopped.
-            sk = source_cursor_sk(params.source, item["audit_run"])
-            saved = self.table.get(CHECKPOINT_PK, sk)
-            item.update(source_cursor=sk, after=str((saved or {}).get("after") or ""),
-                        through=(saved or {}).get("through"))
-        return item
+            sk = source_cursor_sk(params.source, cp.audit_run)
+            saved = self.table.get(CHECKPOINT_PK, sk) or {}
+            through = saved.get("through")
+            cp = replace(cp, source_cursor=sk, after=str(saved.get("after") or ""),
+                         through=None if through is None else str(through))
+        return cp
 
     CARRIED = ("epoch", "owner", "mode", "dry_run", "lease_seconds", "max_tasks", "executions", "state_machine_arn")
 
@@ -224,7 +224,7 @@ class Reaper:
             raise InvalidReapInput(f"continuation must carry {list(self.CARRIED)}")
         reap = cast(ReapRun, {k: cont[k] for k in self.CARRIED})
         reap["tasks"], reap["executions"] = 0, int(cont["executions"]) + 1
-        self.job.commit(reap, set_={"execution": execution, "executions": reap["executions"]})
+        self.job.commit(reap, CheckpointChange(execution=execution, executions=reap["executions"]))
         crashpoints.point(CP_CONTINUATION_BEGUN)
         log.info("reap %s epoch %s continues in execution %d", reap["mode"], reap["epoch"], reap["executions"])
         return self.job.route(reap, self.job.summary(reap))
@@ -241,7 +241,7 @@ class Reaper:
         # LeaseLost: a run that lost the reap starts nothing
         arn = self.kernel.continue_in(self._sfn, reap, self.continuation(reap)["continuation"],
                                       before=lambda: self.job.summary(reap))
-        self.job.commit(reap, set_={"next_execution": arn})
+        self.job.commit(reap, CheckpointChange(next_execution=arn))
         crashpoints.point(CP_CONTINUED)
         return {"next_execution": arn}
 
@@ -253,20 +253,21 @@ class Reaper:
         except LeaseLost:
             return {"status": "lease-lost", "epoch": reap.get("epoch")}
         now = self.job.now()
-        set_: dict[str, Any] = {"status": (JobStatus.FINISHED if outcome == "finished" else JobStatus.FAILED).value,
-                                "finished_at_ns": now}
-        if outcome != "finished":
-            set_["error"] = json.dumps(event.get("error"), sort_keys=True, default=str)[:2000]
+        finished = outcome == "finished"
+        change = CheckpointChange(status=JobStatus.FINISHED if finished else JobStatus.FAILED, finished_at_ns=now,
+                                  error=None if finished else json.dumps(event.get("error"), sort_keys=True,
+                                                                         default=str)[:2000])
+        ended = cp.with_changes(change)
         # A retention run's outcome, kept where GC's next checkpoint does not replace it (R9).
-        last = retention_outcome(dict(cp.item), CHECKPOINT_PK, **set_)
-        self.job.commit(reap, set_=set_, lease=self.kernel.release(reap, now),
-                     ops=[Op("Put", CHECKPOINT_PK, last["sk"], item=last)] if last else [])
-        report = report_of({**cp.item, **set_})
-        for name in ("purged", "restored", "marked"):
-            if report[name]:
-                self.ctx.metrics.add_metric(name=f"Reap{name.capitalize()}", unit="Count", value=report[name])
-        log.info("reap %s epoch %s %s: %s", reap["mode"], reap["epoch"], set_["status"], report)
-        return report
+        last = retention_outcome(ended, CHECKPOINT_PK)
+        self.job.commit(reap, change, lease=self.kernel.release(reap, now),
+                        ops=[Op("Put", CHECKPOINT_PK, last["sk"], item=last)] if last else [])
+        report = report_of(ended)
+        for name, value in (("purged", report.purged), ("restored", report.restored), ("marked", report.marked)):
+            if value:
+                self.ctx.metrics.add_metric(name=f"Reap{name.capitalize()}", unit="Count", value=value)
+        log.info("reap %s epoch %s %s: %s", reap["mode"], reap["epoch"], ended.status, report.to_json())
+        return report.to_json()  # the execution's output
 
 
 __all__ = ["Reaper"]

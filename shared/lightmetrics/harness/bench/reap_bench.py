@@ -37,6 +37,7 @@ from lightmetrics.harness.bench.harness import BenchEnv, Figures
 from lightmetrics.harness.bench.workload import batch_frames, seed_indexed
 from lightmetrics.local.system import LocalSystem
 from lightmetrics.protocol.clock import OffsetClock
+from lightmetrics.reaps.report import ReapReport
 
 _NS = 1_000_000_000
 #: how far the systems' clock runs ahead: the seeded blobs' hour must be past the retry horizon
@@ -68,7 +69,7 @@ def seed_expired_hours(env: BenchEnv, system: LocalSystem, tag: str, *, hours: i
     return {"batches": blobs, "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def _reap(system: LocalSystem, counter: RequestCounter, **inp: Any) -> tuple[float, list[dict[str, Any]]]:
+def _reap(system: LocalSystem, counter: RequestCounter, **inp: Any) -> tuple[float, list[ReapReport]]:
     """Reap runs with ``inp`` until one reports nothing more (GC's page budget); seconds, reports."""
     system.register_task_functions(counter=counter)  # a fresh task context, built on its first task
     control = system.reap_control()
@@ -76,10 +77,10 @@ def _reap(system: LocalSystem, counter: RequestCounter, **inp: Any) -> tuple[flo
     t0 = time.perf_counter()
     for _ in range(MAX_RUNS):
         followed = control.follow(control.start(**inp), poll_s=0.02, timeout_s=600)
-        if followed.status != "finished":
+        if followed.status != "finished" or followed.report is None:
             raise RuntimeError(f"bench reap {inp} did not finish: {followed.status} {followed.detail}")
         reports.append(followed.report)
-        if not followed.report.get("more"):
+        if not followed.report.more:
             return time.perf_counter() - t0, reports
     raise RuntimeError(f"bench reap {inp} had more to do after {MAX_RUNS} runs")
 
@@ -88,11 +89,11 @@ def _both(system: LocalSystem) -> dict[str, Any]:
     gc_counter, ret_counter = RequestCounter(), RequestCounter()
     gc_s, gc_reports = _reap(system, gc_counter, mode="gc", dry_run=False, source="by-time")
     ret_s, ret_reports = _reap(system, ret_counter, mode="retention", dry_run=False, tombstone_wait_s=0)
-    return {"gc_seconds": gc_s, "gc_examined": sum(r["examined"] for r in gc_reports),
-            "gc_kept": sum(sum(r["kept"].values()) for r in gc_reports), "gc_runs": len(gc_reports),
+    return {"gc_seconds": gc_s, "gc_examined": sum(r.examined for r in gc_reports),
+            "gc_kept": sum(sum(r.kept.values()) for r in gc_reports), "gc_runs": len(gc_reports),
             "gc_requests": dict(sorted(gc_counter.totals.items())),
-            "retention_seconds": ret_s, "hours_reaped": sorted(h for r in ret_reports for h in r["hours_reaped"]),
-            "retention_purged": sum(r["purged"] for r in ret_reports),
+            "retention_seconds": ret_s, "hours_reaped": sorted(h for r in ret_reports for h in r.hours_reaped),
+            "retention_purged": sum(r.purged for r in ret_reports),
             "retention_requests": dict(sorted(ret_counter.totals.items()))}
 
 
