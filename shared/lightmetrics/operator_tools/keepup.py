@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES
 from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived.reconcile import MAX_ENTRIES_PER_RUN
+from lightmetrics.derived.walk.params import max_rounds_for
 from lightmetrics.operator_tools.cost_model import control_table_units
 from lightmetrics.operator_tools.cost_workload import (
     DAY_S,
@@ -67,7 +69,7 @@ class Quotas:
     inline_map_concurrency: int = 40
     distributed_map_concurrency: int = 10_000
     eventbridge_rules_per_bus: int = 300
-    sfn_history_events: int = 25_000  # used through walk.max_rounds_for (continuations)
+    sfn_history_events: int = 25_000  # walk.max_rounds_for's budget (continuations), not an input here
 
 
 def _schedule_field(machine: str, field: str) -> Any:
@@ -107,7 +109,7 @@ class KeepupParams:
     retention_runs_per_day: float = 1.0  # cron(0 5 * * ? *)
     # -- GC (the daily schedule's input; ReapParams' defaults)
     gc_max_pages: int = int(_schedule_field("reap", "max_pages"))
-    gc_concurrency: int = ReapParams.__dataclass_fields__["concurrency"].default
+    gc_concurrency: int = cast(int, ReapParams.__dataclass_fields__["concurrency"].default)
     # -- the walk: keys a page task probes at once
     walk_pool: int = 16
     # -- the pipeline on EMR Serverless (infra/components/pipeline.py: maximum capacity 16 vCPU)
@@ -147,7 +149,7 @@ class Partition:
         return Limit(self.name, self.quota / self.per_unit if self.per_unit else math.inf)
 
 
-def _s3(requests: dict[str, float], *, reads: bool) -> float:
+def _s3(requests: Mapping[str, float], *, reads: bool) -> float:
     write = {"s3.PutObject", "s3.CopyObject", "s3.DeleteObject"}
     return sum(n for api, n in requests.items() if api.startswith("s3.") and (api not in write) == reads)
 
@@ -314,6 +316,18 @@ def _crossing(index: int, a: Assumptions, k: KeepupParams, q: Quotas) -> float |
     return lo
 
 
+_D = TypeVar("_D", Assumptions, KeepupParams, Quotas)
+
+
+def _has(obj: Any, name: str) -> bool:
+    return any(f.name == name for f in fields(obj))
+
+
+def _set(obj: _D, name: str, value: Any) -> _D:
+    """``obj`` with ``name`` set to ``value`` as that field's type (an int setting stays an int)."""
+    return replace(obj, **{name: type(getattr(obj, name))(value)})
+
+
 def configure(profile: str = "deployed", overrides: dict[str, float] | None = None
               ) -> tuple[Assumptions, KeepupParams, Quotas]:
     """The profile's settings with ``overrides`` (a field of :class:`KeepupParams`, :class:`Quotas`
@@ -322,15 +336,17 @@ def configure(profile: str = "deployed", overrides: dict[str, float] | None = No
         raise ValueError(f"unknown profile {profile!r}; known: {sorted(PROFILES)}")
     a, k, q = Assumptions(), KeepupParams(), Quotas()
     for name, value in {**PROFILES[profile], **(overrides or {})}.items():
-        for i, obj in enumerate((a, k, q)):
-            found = {f.name: f for f in fields(obj)}.get(name)
-            if found is not None:
-                kind = type(getattr(obj, name))
-                new = replace(obj, **{name: kind(value)})  # type: ignore[arg-type]
-                a, k, q = (new if i == 0 else a, new if i == 1 else k, new if i == 2 else q)  # type: ignore[assignment]
-                break
+        if _has(a, name):
+            a = _set(a, name, value)
+        elif _has(k, name):
+            k = _set(k, name, value)
+        elif _has(q, name):
+            q = _set(q, name, value)
         else:
             raise ValueError(f"no setting {name!r} in KeepupParams, Quotas or Assumptions")
+    if "walk_rounds_per_execution" not in (overrides or {}):
+        # Step Functions' 25,000 history events bound the rounds of one execution (walk.max_rounds_for)
+        a = replace(a, walk_rounds_per_execution=max_rounds_for(a.walk_parallelism))
     return a, k, q
 
 
