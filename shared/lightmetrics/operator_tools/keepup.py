@@ -169,6 +169,9 @@ def _job(name: str, unit: str, must: float, limits: list[Limit], parts: list[Par
 #: accepted manifest's accepted-by-time entry, a blob's raw-blobs-by-time entry; accepted-by-blob
 #: and quarantine-by-blob keys spread by hash after their roots.
 HOUR_PREFIX_WRITES = {"index.accepted_manifest": 1.0, "index.raw_blob": 1.0}
+#: The quarantine indexer per conflict: an assumption, not measured (the cost table has no probe
+#: of it): the evidence read, its quarantine-by-blob entry written.
+QUARANTINE_INDEX_REQUESTS = {"s3.GetObject": 1.0, "s3.PutObject": 1.0}
 
 
 def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[dict[str, Any]]:
@@ -177,10 +180,9 @@ def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[d
     spare = max(0.0, q.lambda_concurrency - rate * a.ingest_ms / 1000) / 3
     b = a.sqs_batch_size
     cpu_s = k.index_cpu_ms_per_record / 1000 * 512 / a.index_memory_mb
-    quarantine = {"s3.GetObject": 1.0, "s3.PutObject": 1.0}  # an assumption: evidence read, entry written
     for name, op, share in (("accepted", "index.accepted_manifest", 1.0), ("raw blobs", "index.raw_blob", 1.0),
                             ("quarantine", None, k.conflict_fraction)):
-        req = dict(MEASURED_REQUESTS[op]) if op else quarantine
+        req = dict(MEASURED_REQUESTS[op]) if op else QUARANTINE_INDEX_REQUESTS
         # records of a batch run concurrently: a read round trip, then a write round trip; CPU is serial
         trips = (_s3(req, reads=True) > 0) + (_s3(req, reads=False) > 0)
         per_invocation = b / (trips * k.s3_rtt_s + b * cpu_s)
