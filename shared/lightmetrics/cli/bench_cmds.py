@@ -1,4 +1,5 @@
-"""``lmctl bench accept|indexing|walk|reconcile|reap|cost-table``: benchmarks under injected S3 latency.
+"""``lmctl bench accept|indexing|walk|reconcile|reap|cost-table``: benchmarks under injected S3 latency;
+``lmctl bench keepup``: each background job's headroom from a model (:mod:`lightmetrics.operator_tools.keepup`).
 
 They add to the ``bench`` group of :mod:`lightmetrics.cli.pipeline_cmds` (``bench pipeline``).
 Each starts an embedded runtime in this process, puts ``--latency-ms`` / ``--max-inflight`` in
@@ -12,6 +13,7 @@ Example::
     lmctl bench accept --repeat 3 --out bench-out
     lmctl bench reconcile --json
     lmctl bench cost-table --depths 10,1000,10000 --json
+    lmctl bench keepup --rate 1000 --require 10
 """
 
 from __future__ import annotations
@@ -236,9 +238,68 @@ def bench_reap(hours: int, batches_per_hour: int, agents: int, repeat: int, quic
                       _fmt(f["retention_requests_per_batch"], 2))])
 
 
+@bench.command("keepup")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Accepted batches per second the background jobs must follow.")
+@click.option("--profile", type=click.Choice(["deployed", "docs"]), default="deployed", show_default=True,
+              help="deployed: the code's settings; docs: what docs/performance.md said 1,000/s needs.")
+@click.option("--set", "settings", multiple=True, metavar="NAME=VALUE",
+              help="Override a setting, quota or assumption (repeatable; names in --json's params, quotas, "
+                   "assumptions).")
+@click.option("--require", "require", type=click.FloatRange(min=0), default=None,
+              help="Exit 1 when any job's headroom is below this.")
+@json_option
+def bench_keepup(rate: float, profile: str, settings: tuple[str, ...], require: float | None, as_json: bool) -> None:
+    """Each background job's headroom at --rate: what it must follow, what it can do (the least of
+    its limits: parallelism x measured requests per unit x latency, AWS quotas, the code's bounds),
+    the first limit it meets and the rate at which it meets it. A model, no AWS: < 1 s.
+    Exit 0; 1 with --require when a job is below it; 2 on a bad option."""
+    from lightmetrics.operator_tools.keepup import keepup
+
+    overrides: dict[str, float] = {}
+    for item in settings:
+        name, sep, value = item.partition("=")
+        try:
+            overrides[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            fail(f"--set {item!r}: expected NAME=VALUE with a number", EXIT_USAGE, as_json=as_json)
+    try:
+        report = keepup(rate, profile=profile, overrides=overrides)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
+    below = [j["job"] for j in report["jobs"] if require is not None and j["headroom"] < require]
+    code = EXIT_VIOLATIONS if below else EXIT_OK
+    if as_json:
+        emit_json({**report, "require": require, "below_require": below, "exit_code": code})
+        sys.exit(code)
+    console.print(grid(f"keep-up at {rate:,g} batches/s ({profile})",
+                       ["job", "must/s", "can/s", "x", "first limit", "at rate"],
+                       [(j["job"], _num(j["must_follow_per_s"]), _num(j["can_do_per_s"]), _times(j["headroom"]),
+                         j["first_limit"], "none" if j["at_rate"] is None else _num(j["at_rate"]))
+                        for j in report["jobs"]]))
+    console.print(grid("partitions: load at this rate, share of quota",
+                       ["job", "partition", "per unit", "load/s", "quota"],
+                       [(j["job"], p["name"], f"{p['per_unit']:.3g}", _num(p["load_per_s"]),
+                         f"{p['share_of_quota']:.0%}") for j in report["jobs"] for p in j["partitions"]]))
+    if below:
+        console.print(f"below --require {require:g}: {', '.join(below)}")
+    sys.exit(code)
+
+
+def _times(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if v >= 10 else f"{v:.2f}"
+
+
 def _point(v: float) -> dict[str, float]:
     return {"median": v, "min": v, "max": v}
 
 
 #: registered by importing this module (lightmetrics.cli.main)
-BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_reconcile, bench_reap, bench_cost_table)
+BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_reconcile, bench_reap, bench_cost_table,
+                  bench_keepup)

@@ -45,8 +45,10 @@ from lightmetrics.operator_tools.cost_workload import (
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
+    inventory_objects,
     job_requests,
     job_units,
+    retention_marks_capacity,
 )
 
 #: S3 APIs billed at the PUT/LIST rate; DELETE is free (DeleteObjects priced as its deletes: at the
@@ -76,6 +78,19 @@ def _s3_requests(requests: Mapping[str, float]) -> float:
     return sum(n for api, n in requests.items() if api.startswith("s3."))
 
 
+def control_table_units(requests: Mapping[str, float]) -> tuple[float, float]:
+    """(WRU, RRU) of ``requests``: items are small (<= 1 KB, <= 4 KB read); a transaction writes 2
+    of them at 2 WRU each.
+
+    >>> control_table_units({"dynamodb.UpdateItem": 2, "dynamodb.TransactWriteItems": 1, "dynamodb.Query": 3})
+    (6.0, 3.0)
+    """
+    wru = sum(n for api, n in requests.items() if api in _DDB_WRITES) \
+        + 4 * requests.get("dynamodb.TransactWriteItems", 0.0)
+    rru = sum(n for api, n in requests.items() if api in _DDB_READS)
+    return float(wru), float(rru)
+
+
 def traffic_lines(part: str, requests: Mapping[str, float], a: Assumptions, prices: PriceTable, *,
                   gb_s: float = 0.0, log_bytes_per_invocation: float = 0.0,
                   extra_wru: float = 0.0, extra_rru: float = 0.0) -> list[dict[str, Any]]:
@@ -91,10 +106,8 @@ def traffic_lines(part: str, requests: Mapping[str, float], a: Assumptions, pric
         out.append(_line(f"{part}: S3 PUT/LIST", puts, "requests", puts / 1000 * p("s3.put_per_1000")))
     if gets:
         out.append(_line(f"{part}: S3 GET/HEAD", gets, "requests", gets / 1000 * p("s3.get_per_1000")))
-    # Control table: items are small (<= 1 KB, <= 4 KB read); a transaction writes 2 of them at 2 WRU each.
-    wru = sum(n for api, n in requests.items() if api in _DDB_WRITES) \
-        + 4 * requests.get("dynamodb.TransactWriteItems", 0.0) + extra_wru
-    rru = sum(n for api, n in requests.items() if api in _DDB_READS) + extra_rru
+    wru, rru = control_table_units(requests)
+    wru, rru = wru + extra_wru, rru + extra_rru
     if wru or rru:
         out.append(_line(f"{part}: control table", wru + rru, "WRU+RRU",
                          wru / 1e6 * p("dynamodb.per_million_wru") + rru / 1e6 * p("dynamodb.per_million_rru")))
@@ -193,15 +206,13 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
     u = units["retention"]
     if u:
         req = _per_batch(job_requests("retention", u), per_month)
-        marks_kb = a.reap_mark_bytes / 1024
-        m = a.retention_max_pending_pages
+        marks_wru, marks_rru = retention_marks_capacity(a)
         lines += traffic_lines("retention", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
                                gb_s=_gb_s(a.retention_batch_ms, a.retention_memory_mb) + req["lambda.Invoke"] * overhead,
-                               extra_wru=6 * marks_kb, extra_rru=(m + (m + 1) / 2) * marks_kb / 4)
+                               extra_wru=marks_wru, extra_rru=marks_rru)
     # the inventory audit: S3 Inventory of every version, its Parquet reports in the ops bucket,
     # the Spark audit over them on EMR Serverless, audits_per_month times
-    objects = (a.system_age_days + 4 * a.live_days + 6 * min(a.noncurrent_version_days, a.reaped_days)) \
-        * batches_per_second * DAY_S  # listed per report: records, blobs + 3 derived, noncurrent versions + markers
+    objects = inventory_objects(batches_per_second, a)
     listed = objects * a.audits_per_month / per_month
     lines.append(_line("audit: S3 Inventory", listed, "objects listed",
                        listed / 1e6 * p("s3.inventory_per_million_objects")))

@@ -263,6 +263,22 @@ class Assumptions:
         return max(0.0, self.system_age_days - self.retention_days)
 
 
+def retention_marks_capacity(a: Assumptions) -> tuple[float, float]:
+    """(WRU, RRU) per retained batch of its ``marks#`` items: a mark is written with its page's
+    intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and
+    every task of a settle round reads all pending marks (consistent reads, 1 RRU per 4 KB)."""
+    marks_kb = a.reap_mark_bytes / 1024
+    m = a.retention_max_pending_pages
+    return 6 * marks_kb, (m + (m + 1) / 2) * marks_kb / 4
+
+
+def inventory_objects(batches_per_second: float, a: Assumptions) -> float:
+    """Objects one S3 Inventory report lists (the audit's rows): the records, the blobs and their
+    3 derived entries inside retention, and the noncurrent versions and markers reaps leave."""
+    return (a.system_age_days + 4 * a.live_days + 6 * min(a.noncurrent_version_days, a.reaped_days)) \
+        * batches_per_second * DAY_S
+
+
 def job_requests(job: str, units: Mapping[str, float]) -> dict[str, float]:
     """Requests by API (and transitions, invocations) of ``job`` doing ``units`` (unit -> count)."""
     table = JOB_REQUESTS[job]

@@ -1,0 +1,366 @@
+"""``lmctl bench keepup --rate R``: can every background job keep up with R accepted batches/s?
+
+A closed-form bottleneck model, one per job (deterministic, no clock, no I/O). A job must follow
+some units of work per second at R (records indexed, entries checked, keys walked, batches
+reaped, inventory rows audited); what it can do is the **least** of its limits, each a rate in
+the same units:
+
+* its parallelism (shards, range tasks, Map pages, Lambda concurrency) times what one worker
+  does, from the per-unit request counts the cost tests measure (``JOB_REQUESTS``,
+  ``MEASURED_REQUESTS`` in :mod:`lightmetrics.operator_tools.cost_workload`: the one source) and
+  a per-request latency (:class:`KeepupParams`, an assumption);
+* AWS's documented quotas (:class:`Quotas`): a partition's rate divided by the requests per unit
+  that land on it (every index write of an hour under one ``date=/hour=`` prefix; every reap
+  mark under the partition key ``checkpoint#reap``); inline Map's 40; EventBridge's 300 rules;
+  Lambda's account concurrency, which ingest takes first;
+* the code's own bounds (R7's 50,000 entries a reconciler run, 24 retention hours a daily run,
+  ``max_pending_pages`` per grace, GC's ``max_pages``).
+
+``headroom`` = can do ÷ must follow; ``first limit`` is the least limit's name; ``at_rate`` is
+the rate at which headroom falls to 1 (bisection over R: headroom never rises with R). Each
+job's partitions are reported with their load at R (the rate it must follow × requests per unit
+on the partition) as a share of the quota. docs/performance.md quotes the output.
+
+Example:
+    >>> report = keepup(1000.0)
+    >>> [j["job"] for j in report["jobs"]][:3]
+    ['indexer: accepted', 'indexer: raw blobs', 'indexer: quarantine']
+    >>> 0 < report["jobs"][0]["headroom"] < keepup(100.0)["jobs"][0]["headroom"]
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, TypeVar, cast
+
+from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES
+from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
+from lightmetrics.derived.reconcile import MAX_ENTRIES_PER_RUN
+from lightmetrics.derived.walk.params import max_rounds_for
+from lightmetrics.operator_tools.cost_model import control_table_units
+from lightmetrics.operator_tools.cost_workload import (
+    DAY_S,
+    JOB_REQUESTS,
+    MEASURED_REQUESTS,
+    MONTH_S,
+    Assumptions,
+    inventory_objects,
+    job_requests,
+    job_units,
+    retention_marks_capacity,
+)
+from lightmetrics.reaps.params import DEFAULT_RANGE_PARALLELISM, ReapParams
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """AWS's documented default quotas the jobs meet (per second unless named otherwise)."""
+
+    s3_writes_per_prefix: float = 3500.0  # PUT/COPY/POST/DELETE per partitioned prefix
+    s3_reads_per_prefix: float = 5500.0  # GET/HEAD per partitioned prefix
+    ddb_rcu_per_partition: float = 3000.0
+    ddb_wcu_per_partition: float = 1000.0
+    lambda_concurrency: int = 1000  # per account and region (a soft quota)
+    sqs_event_source_concurrency: int = 1250  # the most an SQS event source mapping scales to
+    inline_map_concurrency: int = 40
+    distributed_map_concurrency: int = 10_000
+    eventbridge_rules_per_bus: int = 300
+    sfn_history_events: int = 25_000  # walk.max_rounds_for's budget (continuations), not an input here
+
+
+def _schedule_field(machine: str, field: str) -> Any:
+    spec = next(s for s in STATE_MACHINES if s.name == machine)
+    return json.loads(spec.schedule_input or "{}")[field]
+
+
+def _memory_mb(function: str) -> int:
+    return next(f.memory_mb for f in FUNCTIONS if f.name == function)
+
+
+@dataclass(frozen=True)
+class KeepupParams:
+    """The deployment's settings (defaults: what the code deploys) and the figures the model
+    assumes. Every figure is an input (``--set name=value``), not a measurement."""
+
+    # -- latency per request (S3's small-object median is tens of milliseconds)
+    s3_rtt_s: float = 0.030
+    list_rtt_s: float = 0.100  # a ListObjectsV2 page of 1,000 keys
+    ddb_rtt_s: float = 0.010
+    lambda_invoke_s: float = 0.030
+    sfn_round_overhead_s: float = 1.0  # Step Functions + Lambda around one walk round (Plan, Route, Map)
+    sfn_state_s: float = 0.05  # one state entered outside a round (a continuation's)
+    # -- the indexers: CPU per record (the SDK's signing, checksums, JSON) at their memory
+    index_cpu_ms_per_record: float = 100.0  # at 512 MB (a third of a vCPU)
+    conflict_fraction: float = 0.001  # accepts that quarantine evidence (the quarantine indexer's units)
+    # -- the reconciler (settings.py, reconcile.py)
+    reconcile_shards: int = int(Settings.model_fields["reconcile_shards"].default)
+    reconcile_workers: int = 8  # reconcile.py's pool
+    # a sharded hour HEADs its entry's raw-blobs-by-time entry instead of listing blob hours (R8)
+    reconcile_sharded_heads_per_check: float = 1.0
+    # -- retention (reaps/params.py, resources.py)
+    range_parallelism: int = DEFAULT_RANGE_PARALLELISM
+    retention_cpu_ms_per_batch: float = 3.1  # measured locally at one vCPU (1,769 MB)
+    retention_memory_mb: int = _memory_mb("reap-retention")
+    gc_grace_s: int = int(Settings.model_fields["gc_grace_s"].default)
+    retention_runs_per_day: float = 1.0  # cron(0 5 * * ? *)
+    # -- GC (the daily schedule's input; ReapParams' defaults)
+    gc_max_pages: int = int(_schedule_field("reap", "max_pages"))
+    gc_concurrency: int = cast(int, ReapParams.__dataclass_fields__["concurrency"].default)
+    # -- the walk: keys a page task probes at once
+    walk_pool: int = 16
+    # -- the pipeline on EMR Serverless (infra/components/pipeline.py: maximum capacity 16 vCPU)
+    emr_max_vcpu: int = 16
+    rollup_samples_per_vcpu_s: float = 22_450.0  # lmctl bench pipeline: 44,900 samples/s on 2 cores
+    samples_per_batch: int = 500
+
+
+#: Named configurations: ``deployed`` is the code's defaults; ``docs`` is what docs/performance.md
+#: said 1,000 batches/s needs (96 shards, 40 ranges, 300 pending pages, reap functions at 1 vCPU).
+PROFILES: dict[str, dict[str, Any]] = {
+    "deployed": {},
+    "docs": {"reconcile_shards": 96, "range_parallelism": 40, "retention_max_pending_pages": 300,
+             "retention_memory_mb": 1769},
+}
+FULL_VCPU_MB = 1769  # Lambda gives one full vCPU at 1,769 MB, CPU in proportion below it
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A rate (units of the job's work per second) the job cannot pass, and why."""
+
+    name: str
+    units_per_s: float
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition the job's requests concentrate on: ``per_unit`` requests (or capacity
+    units) per unit of work against ``quota`` per second."""
+
+    name: str
+    per_unit: float
+    quota: float
+
+    def limit(self) -> Limit:
+        return Limit(self.name, self.quota / self.per_unit if self.per_unit else math.inf)
+
+
+def _s3(requests: Mapping[str, float], *, reads: bool) -> float:
+    write = {"s3.PutObject", "s3.CopyObject", "s3.DeleteObject"}
+    return sum(n for api, n in requests.items() if api.startswith("s3.") and (api not in write) == reads)
+
+
+def _job(name: str, unit: str, must: float, limits: list[Limit], parts: list[Partition]) -> dict[str, Any]:
+    every = limits + [p.limit() for p in parts]
+    first = min(every, key=lambda lim: lim.units_per_s)
+    return {"job": name, "unit": unit, "must_follow_per_s": must, "can_do_per_s": first.units_per_s,
+            "headroom": first.units_per_s / must if must else math.inf, "first_limit": first.name,
+            "limits": [asdict(lim) for lim in every],
+            "partitions": [{**asdict(p), "load_per_s": must * p.per_unit,
+                            "share_of_quota": must * p.per_unit / p.quota} for p in parts]}
+
+
+# --- the jobs ------------------------------------------------------------------------------------------
+#: Requests per unit that land under one hour's prefix (the key layout, docs/protocol.md §2): an
+#: accepted manifest's accepted-by-time entry, a blob's raw-blobs-by-time entry; accepted-by-blob
+#: and quarantine-by-blob keys spread by hash after their roots.
+HOUR_PREFIX_WRITES = {"index.accepted_manifest": 1.0, "index.raw_blob": 1.0}
+#: The quarantine indexer per conflict: an assumption, not measured (the cost table has no probe
+#: of it): the evidence read, its quarantine-by-blob entry written.
+QUARANTINE_INDEX_REQUESTS = {"s3.GetObject": 1.0, "s3.PutObject": 1.0}
+
+
+def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[dict[str, Any]]:
+    out = []
+    # Ingest takes its concurrency first; the three index queues share what is left.
+    spare = max(0.0, q.lambda_concurrency - rate * a.ingest_ms / 1000) / 3
+    b = a.sqs_batch_size
+    cpu_s = k.index_cpu_ms_per_record / 1000 * 512 / a.index_memory_mb
+    for name, op, share in (("accepted", "index.accepted_manifest", 1.0), ("raw blobs", "index.raw_blob", 1.0),
+                            ("quarantine", None, k.conflict_fraction)):
+        req = dict(MEASURED_REQUESTS[op]) if op else QUARANTINE_INDEX_REQUESTS
+        # records of a batch run concurrently: a read round trip, then a write round trip; CPU is serial
+        trips = (_s3(req, reads=True) > 0) + (_s3(req, reads=False) > 0)
+        per_invocation = b / (trips * k.s3_rtt_s + b * cpu_s)
+        limits = [Limit(f"Lambda {q.lambda_concurrency:,} less ingest", spare * per_invocation),
+                  Limit(f"SQS event source max {q.sqs_event_source_concurrency:,}",
+                        q.sqs_event_source_concurrency * per_invocation)]
+        parts = [Partition("S3 PUT/s, hour prefix", HOUR_PREFIX_WRITES[op], q.s3_writes_per_prefix)] \
+            if op in HOUR_PREFIX_WRITES else []
+        out.append(_job(f"indexer: {name}", "records", rate * share, limits, parts))
+    return out
+
+
+def _other_rules() -> int:
+    """EventBridge rules on the default bus besides the reconciler's one per shard."""
+    functions = sum(1 for f in FUNCTIONS if f.trigger.startswith("schedule:") and not f.schedule_per_shard)
+    machines = sum((s.schedule is not None) + (s.disabled_schedule is not None) for s in STATE_MACHINES)
+    return functions + machines + len(PIPELINE_SCHEDULES)
+
+
+def _reconciler(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    checks = a.reconcile_repairs_per_entry  # checks per entry (R4)
+    heads = k.reconcile_sharded_heads_per_check if k.reconcile_shards > 1 else 0.0
+    trips = sum(JOB_REQUESTS["reconciler"]["entry.verified"].values()) + heads  # GET, then HEAD
+    by_time = k.reconcile_workers / (trips * k.s3_rtt_s)
+    by_r7 = MAX_ENTRIES_PER_RUN / a.reconcile_every_s
+    shard = min(by_time, by_r7) / checks  # entries/s one shard follows
+    why = f"R7 {MAX_ENTRIES_PER_RUN:,} a run" if by_r7 <= by_time else f"{k.reconcile_workers} in flight"
+    limits = [Limit(f"{k.reconcile_shards} shard(s) x {why}", k.reconcile_shards * shard),
+              Limit(f"shards max {MAX_RECONCILE_SHARDS}", MAX_RECONCILE_SHARDS * shard),
+              Limit(f"EventBridge rules {q.eventbridge_rules_per_bus}",
+                    (q.eventbridge_rules_per_bus - _other_rules()) * shard)]
+    # reads under one hour's prefixes: its listing pages, and in a sharded hour the blob HEADs
+    hour_reads = checks * heads + a.reconcile_passes_per_entry / 1000
+    return _job("reconciler", "entries", rate, limits,
+                [Partition("S3 GET/s, hour prefix", hour_reads, q.s3_reads_per_prefix)])
+
+
+def _walk(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    u = job_units(rate, a)["walk"]
+    keys = u["key.retained"] + u["key.listed"] + u["key.reaped"]  # per month
+    per_page = keys / u["page"]
+    # a page task: its LIST pages one after another, then its probes (group LISTs, HEADs,
+    # tombstone HEADs) walk_pool at a time, then the fence and the cursor
+    lists = (u["page"] + u["page_listing"]) / u["page"]
+    probes_list = u["index_listing"] / u["page"]
+    probes_head = (u["key.retained"] + u["tombstone_check"]) / u["page"]
+    page_s = (lists * k.list_rtt_s + math.ceil(probes_list / k.walk_pool) * k.list_rtt_s
+              + math.ceil(probes_head / k.walk_pool) * k.s3_rtt_s
+              + JOB_REQUESTS["walk"]["page"]["dynamodb.UpdateItem"] * k.ddb_rtt_s + k.lambda_invoke_s)
+    rounds = u["round"]
+    cont = JOB_REQUESTS["walk"]["continuation"]
+    per_round = (cont["sfn.transitions"] * k.sfn_state_s + cont["lambda.Invoke"] * k.lambda_invoke_s) \
+        * u["continuation"] / rounds
+    round_s = page_s + k.sfn_round_overhead_s + per_round
+    p = a.walk_parallelism
+    limits = [Limit(f"parallelism {p} (pages a round)", p * per_page / round_s),
+              Limit(f"inline Map {q.inline_map_concurrency}", q.inline_map_concurrency * per_page / round_s)]
+    wcu, _ = control_table_units(JOB_REQUESTS["walk"]["page"])
+    parts = [Partition("DynamoDB WCU, walk checkpoint", wcu / per_page, q.ddb_wcu_per_partition)]
+    return _job("walk (weekly)", "keys", keys / MONTH_S, limits, parts)
+
+
+def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
+    """(WCU, RCU) of the control table per retained batch, every one under ``checkpoint#reap``:
+    the cost model's units of a month (pages, settle rounds, hours, runs) and its marks items,
+    per batch. A system younger than its retention reaps nothing yet; its first expired hour
+    costs the same per batch."""
+    units = job_units(rate, a)["retention"] or job_units(rate, replace(a, system_age_days=a.retention_days + 1))[
+        "retention"]
+    per_batch = {api: n / units["batch"] for api, n in job_requests("retention", units).items()}
+    wcu, rcu = control_table_units(per_batch)
+    marks_w, marks_r = retention_marks_capacity(a)
+    return wcu + marks_w, rcu + marks_r
+
+
+def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    cpu_s = k.retention_cpu_ms_per_batch / 1000 * max(1.0, FULL_VCPU_MB / k.retention_memory_mb)
+    ranges = k.range_parallelism
+    grace = a.retention_max_pending_pages * a.retention_page_size / k.gc_grace_s  # per range
+    hours_a_day = a.retention_hours_per_run * k.retention_runs_per_day
+    limits = [Limit(f"range_parallelism {ranges} x CPU", ranges / cpu_s),
+              Limit(f"inline Map {q.inline_map_concurrency}", q.inline_map_concurrency / cpu_s),
+              Limit(f"max_pending_pages {a.retention_max_pending_pages}", min(ranges, q.inline_map_concurrency)
+                    * grace),
+              Limit(f"{a.retention_hours_per_run} hours a run, daily", rate * hours_a_day / 24)]
+    wcu, rcu = retention_capacity_per_batch(rate, a)
+    parts = [Partition("DynamoDB WCU, checkpoint#reap", wcu, q.ddb_wcu_per_partition),
+             Partition("DynamoDB RCU, checkpoint#reap", rcu, q.ddb_rcu_per_partition),
+             # a batch's accepted-by-time entry and its raw-blobs-by-time hint: one key each under an hour
+             Partition("S3 DELETE/s, hour prefix", 1.0, q.s3_writes_per_prefix)]
+    return _job("retention", "batches", rate, limits, parts)
+
+
+def _gc(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    orphan = job_requests("gc-audit", {"candidate.orphan": 1})
+    prove_s = sum(n for api, n in orphan.items() if api.startswith("s3.")) * k.s3_rtt_s  # reads in sequence
+    limits = [Limit(f"max_pages {k.gc_max_pages:,} a daily run", k.gc_max_pages * a.gc_page_size / DAY_S),
+              Limit(f"concurrency {k.gc_concurrency} all day", k.gc_concurrency / prove_s)]
+    page_w, _ = control_table_units(JOB_REQUESTS["gc-audit"]["page"])
+    marks_w, _ = retention_marks_capacity(a)  # a GC mark is written, marked and settled the same way
+    parts = [Partition("DynamoDB WCU, checkpoint#reap", marks_w + page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
+    return _job("GC (orphans)", "orphans", rate * a.orphan_fraction, limits, parts)
+
+
+def _audit(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    rows = inventory_objects(rate, a) * a.audits_per_month / MONTH_S  # rows per second of the week
+    return _job("Spark audit", "inventory rows", rows,
+                [Limit(f"EMR max {k.emr_max_vcpu} vCPU", a.audit_rows_per_vcpu_s * k.emr_max_vcpu)], [])
+
+
+def _rollup(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
+    per_batch = k.rollup_samples_per_vcpu_s * k.emr_max_vcpu / k.samples_per_batch
+    return _job("hourly rollup", "batches", rate, [Limit(f"EMR max {k.emr_max_vcpu} vCPU", per_batch)], [])
+
+
+JOBS = (_reconciler, _walk, _gc, _retention, _audit, _rollup)
+
+
+def _jobs(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[dict[str, Any]]:
+    return _indexers(rate, a, k, q) + [job(rate, a, k, q) for job in JOBS]
+
+
+def _crossing(index: int, a: Assumptions, k: KeepupParams, q: Quotas) -> float | None:
+    """The rate at which job ``index``'s headroom falls to 1 (headroom never rises with the rate)."""
+    lo, hi = 1e-3, 1e7
+    if _jobs(hi, a, k, q)[index]["headroom"] >= 1:
+        return None
+    if _jobs(lo, a, k, q)[index]["headroom"] < 1:
+        return 0.0
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if _jobs(mid, a, k, q)[index]["headroom"] >= 1 else (lo, mid)
+    return lo
+
+
+_D = TypeVar("_D", Assumptions, KeepupParams, Quotas)
+
+
+def _has(obj: Any, name: str) -> bool:
+    return any(f.name == name for f in fields(obj))
+
+
+def _set(obj: _D, name: str, value: Any) -> _D:
+    """``obj`` with ``name`` set to ``value`` as that field's type (an int setting stays an int)."""
+    return replace(obj, **{name: type(getattr(obj, name))(value)})
+
+
+def configure(profile: str = "deployed", overrides: dict[str, float] | None = None
+              ) -> tuple[Assumptions, KeepupParams, Quotas]:
+    """The profile's settings with ``overrides`` (a field of :class:`KeepupParams`, :class:`Quotas`
+    or the cost model's :class:`Assumptions`, by name) applied."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; known: {sorted(PROFILES)}")
+    a, k, q = Assumptions(), KeepupParams(), Quotas()
+    for name, value in {**PROFILES[profile], **(overrides or {})}.items():
+        if _has(a, name):
+            a = _set(a, name, value)
+        elif _has(k, name):
+            k = _set(k, name, value)
+        elif _has(q, name):
+            q = _set(q, name, value)
+        else:
+            raise ValueError(f"no setting {name!r} in KeepupParams, Quotas or Assumptions")
+    if "walk_rounds_per_execution" not in (overrides or {}):
+        # Step Functions' 25,000 history events bound the rounds of one execution (walk.max_rounds_for)
+        a = replace(a, walk_rounds_per_execution=max_rounds_for(a.walk_parallelism))
+    return a, k, q
+
+
+def keepup(rate: float, *, profile: str = "deployed", overrides: dict[str, float] | None = None) -> dict[str, Any]:
+    """Every background job at ``rate`` accepted batches/s: what it must follow, what it can do,
+    its headroom, the first limit it meets and the rate at which it meets it."""
+    if rate <= 0:
+        raise ValueError("rate must be positive")
+    a, k, q = configure(profile, overrides)
+    jobs = _jobs(rate, a, k, q)
+    for i, job in enumerate(jobs):
+        job["at_rate"] = _crossing(i, a, k, q)
+    return {"rate": rate, "profile": profile, "overrides": dict(overrides or {}), "params": asdict(k),
+            "quotas": asdict(q), "assumptions": {f.name: getattr(a, f.name) for f in fields(a)},
+            "jobs": jobs, "min_headroom": min(j["headroom"] for j in jobs)}
