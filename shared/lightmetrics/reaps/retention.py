@@ -68,6 +68,7 @@ from lightmetrics.protocol.keys import ROLLUP_WINDOWS, KeyKind, UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, CanonicalModel
 from lightmetrics.protocol.object_store import DeleteOutcome
 from lightmetrics.work import crashpoints
+from lightmetrics.work.blockers import BlockerStatus
 from lightmetrics.work.outcome import Outcome, PermanentWorkError, TransientWorkError
 from lightmetrics.work.pool import map_in_context
 from lightmetrics.work.units import WorkContext, run_unit
@@ -276,7 +277,7 @@ class HourRetention:
         except ManifestError:
             return None  # unreadable: only skipped entries are read here, whose derived entry then stays
 
-    def blocker_statuses(self) -> dict[str, str]:
+    def blocker_statuses(self) -> dict[str, BlockerStatus]:
         """Entry key -> the status of its ``reap-retention`` blocker, for H (one Query)."""
         prefix = self.by_time_prefix
         return {b.object_key: b.status for b in self.ctx.blockers.list(status=None)
@@ -295,9 +296,10 @@ class HourRetention:
 
         statuses = self.blocker_statuses()
 
-        def read(key: str) -> tuple[str, AcceptedBatchManifest | None]:
+        def read(key: str) -> tuple[BlockerStatus | None, AcceptedBatchManifest | None]:
+            # ``(the entry's blocker status, None)`` when it is not read, ``(None, its record)`` when it is
             status = statuses.get(key)
-            if status == "skipped" or (status == "open" and not recheck_open):
+            if status is BlockerStatus.SKIPPED or (status is BlockerStatus.OPEN and not recheck_open):
                 return status, None
             found: dict[str, AcceptedBatchManifest] = {}
 
@@ -313,19 +315,19 @@ class HourRetention:
 
             # An open blocker is checked again (O4): a success resolves it, and the entry is reaped.
             result = run_unit(self.ctx, kind=KIND_RETENTION, object_key=key, source="reap", fn=load,
-                              previously_failed=status in ("open", "resumed"))
+                              previously_failed=status is not None and status.pending)
             if result.outcome is Outcome.BLOCKED:
                 crashpoints.point(CP_ENTRY_BLOCKED)
-                return "open", None
+                return BlockerStatus.OPEN, None
             if result.outcome is Outcome.RETRY_LATER:
                 raise TransientWorkError(f"{result.work_key}: {result.detail}")
-            return "read", found["record"]
+            return None, found["record"]
 
         out = PageRecords()
         for key, (what, record) in zip(by_time_keys, self._each(read, by_time_keys)):
-            if what == "open":
+            if what is BlockerStatus.OPEN:
                 out.blocked.append(key)
-            elif what == "skipped":
+            elif what is BlockerStatus.SKIPPED:
                 out.skipped.append(key)
             elif record is not None and UtcHour.of_unix_ns(record.accepted_at_unix_ns) == self.hour:
                 out.records[key] = record  # a record of another hour is not H's to reap: its entry only
@@ -381,8 +383,8 @@ class HourRetention:
         writes, and entries kept for an open blocker. H is done when both are empty."""
         keys = self.ctx.store.list_keys(self.by_time_prefix, limit=LEFTOVERS_LIMIT)
         statuses = self.blocker_statuses()
-        blocked = [k for k in keys if statuses.get(k) == "open"]
-        return [k for k in keys if statuses.get(k) != "open"], blocked
+        blocked = [k for k in keys if statuses.get(k) is BlockerStatus.OPEN]
+        return [k for k in keys if statuses.get(k) is not BlockerStatus.OPEN], blocked
 
     def mark_reaped(self, *, epoch: int, passes: int, now_ns: int) -> None:
         """Step 6: the write-once ``reaped`` marker, then the record."""

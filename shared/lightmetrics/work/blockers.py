@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
@@ -31,8 +32,25 @@ from lightmetrics.protocol.control_store import ConditionFailed, ControlStore
 from lightmetrics.protocol.own_writes import put_own
 
 PK = "blockers"
-OPEN = "open"
-STATUSES = ("open", "resumed", "resolved", "skipped")
+
+
+class BlockerStatus(StrEnum):
+    """A blocker's status: ``open`` (work paused), ``resumed`` (cleared; the worker tries again),
+    ``resolved`` (a run succeeded, rule O4), ``skipped`` (an operator gave it up, audited)."""
+
+    OPEN = "open"
+    RESUMED = "resumed"
+    RESOLVED = "resolved"
+    SKIPPED = "skipped"
+
+    @property
+    def pending(self) -> bool:
+        """Whether the work is still owed (open, or resumed and not yet run)."""
+        return self in (BlockerStatus.OPEN, BlockerStatus.RESUMED)
+
+
+OPEN = BlockerStatus.OPEN
+STATUSES = tuple(s.value for s in BlockerStatus)
 _RESOLVED_TTL_S = 30 * 86400
 
 
@@ -46,7 +64,7 @@ class Blocker:
     kind: str
     object_key: str
     reason: str
-    status: str
+    status: BlockerStatus
     source: str
     first_seen_ns: int
     last_seen_ns: int
@@ -62,7 +80,7 @@ class Blocker:
             kind=item.get("kind", ""),
             object_key=item.get("object_key", ""),
             reason=item.get("reason", ""),
-            status=item.get("status", OPEN),
+            status=BlockerStatus(item.get("status") or OPEN),
             source=item.get("source", ""),
             first_seen_ns=int(item.get("first_seen_ns", 0)),
             last_seen_ns=int(item.get("last_seen_ns", 0)),
@@ -77,7 +95,7 @@ class Blocker:
             "kind": self.kind,
             "object_key": self.object_key,
             "reason": self.reason,
-            "status": self.status,
+            "status": self.status.value,
             "source": self.source,
             "first_seen_ns": self.first_seen_ns,
             "last_seen_ns": self.last_seen_ns,
@@ -141,7 +159,7 @@ class BlockerStore:
             raise BlockerNotFound(work_key)
         return Blocker.from_item(item)
 
-    def list(self, *, status: str | None = OPEN) -> list[Blocker]:
+    def list(self, *, status: BlockerStatus | str | None = OPEN) -> list[Blocker]:
         items = [Blocker.from_item(i) for i in self.table.query(PK)]
         return [b for b in items if status is None or b.status == status]
 

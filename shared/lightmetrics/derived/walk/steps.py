@@ -59,6 +59,7 @@ from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
+from lightmetrics.work.blockers import BlockerStatus
 from lightmetrics.work.leases import OWNED, LeaseLost
 from lightmetrics.work.units import WorkContext
 
@@ -226,7 +227,7 @@ class Walker:
         if need > 0 and not enum.done:
             new, stray_keys = self._enumerate(enum, need)
             if stray_keys:
-                skipped_strays = {b.object_key for b in self.ctx.blockers.list(status="skipped")}
+                skipped_strays = {b.object_key for b in self.ctx.blockers.list(status=BlockerStatus.SKIPPED)}
                 strays = Counter("SKIPPED" if k in skipped_strays else self.job.repair(k).value for k in stray_keys)
 
         # Fold finished partitions (and the strays) into the summary, start the new ones.
@@ -254,11 +255,11 @@ class Walker:
         # walked but counted; keys with an open blocker are repaired as failed before, so a success
         # resolves it (§11 O4). Read once per round here (one Query) rather than once per page.
         blockers = self.ctx.blockers.list(status=None)
-        skipped = sorted({b.object_key for b in blockers if b.status == "skipped"})
+        skipped = sorted({b.object_key for b in blockers if b.status is BlockerStatus.SKIPPED})
         # Only blockers a page can resolve take a slot: its partitions', of the kind it repairs under
         # (others — retention's under accepted-by-time/, which sort first — would crowd them out).
         partitions = tuple(active)
-        blocked = sorted({b.object_key for b in blockers if b.status in ("open", "resumed")
+        blocked = sorted({b.object_key for b in blockers if b.status.pending
                           and b.object_key.startswith(partitions) and b.kind == self.job.unit_kind(b.object_key)}
                          )[:RECHECK_MAX]
         work = [{"partition": p, "after": f.after, "skipped": [k for k in skipped if k.startswith(p)],
