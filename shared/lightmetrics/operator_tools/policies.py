@@ -14,7 +14,7 @@ mapping's own queue grants are what CDK adds by itself (log groups, tracing, ``S
 Example:
     >>> arns = PolicyArns(bucket="arn:aws:s3:::b", namespace="", table="arn:t", secret="arn:s")
     >>> [s["Action"] for s in function_statements(SPEC.function("walk-end"), arns)]
-    [['dynamodb:GetItem', 'dynamodb:Query', 'dynamodb:PutItem', 'dynamodb:UpdateItem', 'dynamodb:DeleteItem']]
+    [['dynamodb:GetItem', 'dynamodb:Query', 'dynamodb:UpdateItem']]
 """
 
 from __future__ import annotations
@@ -57,13 +57,15 @@ __all__ = [
 #: one IAM policy statement, in IAM's JSON shape
 Statement = dict[str, Any]
 
+#: the reads of ``table="read"`` and ``"write"``; a write function adds its ``table_writes``
 TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     "none": (),
     "read": ("dynamodb:GetItem", "dynamodb:Query"),
-    "write": ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+    "write": ("dynamodb:GetItem", "dynamodb:Query"),
 }
 SQS_CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes")
 CLOUDWATCH_READ_ACTIONS = ("cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics")
+#: every S3 delete action (what the bucket policy denies under the protected prefixes)
 S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
 #: what CDK's ``SqsEventSource`` grants a queue-triggered function's role on its queue (``grantConsumeMessages``)
 TRIGGER_QUEUE_ACTIONS = ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage",
@@ -140,14 +142,17 @@ def function_statements(spec: FunctionSpec, arns: PolicyArns, bucket: BucketSpec
     if spec.s3_write:
         out.append(_allow(["s3:PutObject"], arns.objects(spec.s3_write)))
     if spec.s3_delete:
-        out.append(_allow(S3_DELETE_ACTIONS, arns.objects(spec.s3_delete)))
+        out.append(_allow(["s3:DeleteObject"], arns.objects(spec.s3_delete)))
+    if spec.s3_delete_versions:
+        out.append(_allow(["s3:DeleteObjectVersion"], arns.objects(spec.s3_delete_versions)))
     if spec.s3_list:
         out.append(_allow(["s3:ListBucket"], [arns.bucket], arns.list_condition(spec.s3_list)))
     if spec.gc_role:
-        # GC's crash recovery lists the versions of one blob key (which delete markers it placed).
+        # GC lists the versions of one blob key (which delete markers it placed) on a crash recovery of
+        # recorded intents, a settle of a mark whose marker id was not recorded, and every restore.
         out.append(_allow(["s3:ListBucketVersions"], [arns.bucket], arns.list_condition(bucket.gc_delete_prefixes)))
     if TABLE_ACTIONS[spec.table]:
-        out.append(_allow(TABLE_ACTIONS[spec.table], [arns.table]))
+        out.append(_allow([*TABLE_ACTIONS[spec.table], *(f"dynamodb:{a}" for a in spec.table_writes)], [arns.table]))
     if spec.reads_secret:
         out.append(_allow(["secretsmanager:GetSecretValue"], [arns.secret]))
     if spec.sqs_consume:
