@@ -7,7 +7,8 @@ where moto enforces it. The ARNs come in through :class:`PolicyArns`: CDK tokens
 local resources' ARNs locally; nothing else differs.
 
 The principals (:func:`principals`): one per function role (the GC functions share the GC role, as
-in the stack), one per state machine role, the pipeline job role. Logs, X-Ray and the event source
+in the stack), one per state machine role, the pipeline job role, and the operators'
+(:func:`operator_statements`: a managed policy in the stack, the role ``lmctl`` runs as locally). Logs, X-Ray and the event source
 mapping's own queue grants are what CDK adds by itself (log groups, tracing, ``SqsEventSource``);
 :func:`trigger_statements` names the last, for the local poller.
 
@@ -31,6 +32,9 @@ from lightmetrics.protocol.keys import layout_roots
 __all__ = [
     "CLOUDWATCH_READ_ACTIONS",
     "GC_PRINCIPAL",
+    "OPERATOR_PRINCIPAL",
+    "OPERATOR_TABLE_KEYS",
+    "OPERATOR_WRITE_PREFIXES",
     "INVENTORY_PREFIX",
     "LEASE_KEYS",
     "LOGS_PREFIX",
@@ -46,6 +50,7 @@ __all__ = [
     "Statement",
     "function_principal",
     "function_statements",
+    "operator_statements",
     "pipeline_job_statements",
     "principals",
     "state_machine_principal",
@@ -73,6 +78,7 @@ TRIGGER_QUEUE_ACTIONS = ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "s
 
 GC_PRINCIPAL = "gc"
 PIPELINE_JOB_PRINCIPAL = "pipeline-job"
+OPERATOR_PRINCIPAL = "operator"
 
 #: layout prefixes the pipeline jobs read (GET/HEAD) and write (conditional create)
 PIPELINE_READ_PREFIXES = layout_roots(
@@ -104,7 +110,8 @@ class PolicyArns:
 
     ``secret`` is the token secret's ARN as IAM names it (``<name>-??????``: Secrets Manager
     appends six random characters); ``queues`` maps every queue and DLQ name of the spec,
-    ``state_machines`` and ``functions`` the spec's names, to ARNs.
+    ``state_machines`` and ``functions`` the spec's names, to ARNs; ``executions`` a state
+    machine's name to the ARN pattern of its executions (``arn:...:execution:<machine>:*``).
     """
 
     bucket: str
@@ -114,6 +121,7 @@ class PolicyArns:
     queues: Mapping[str, str] = field(default_factory=dict)
     state_machines: Mapping[str, str] = field(default_factory=dict)
     functions: Mapping[str, str] = field(default_factory=dict)
+    executions: Mapping[str, str] = field(default_factory=dict)
 
     def objects(self, prefixes: tuple[str, ...] | list[str]) -> list[str]:
         """Object ARNs ``<bucket>/<namespace><prefix>*``, one per layout prefix."""
@@ -213,6 +221,54 @@ def pipeline_job_statements(arns: PolicyArns, *, ops_bucket: str | None = None,
     return out
 
 
+#: layout prefixes an operator's commands create in (create-only by the bucket policy): derived entries
+#: (``lmctl blockers retry`` re-runs the unit, ``lmctl reconcile`` repairs) and resolution records
+#: (``lmctl conflicts resolve``); nothing else, and no delete anywhere
+OPERATOR_WRITE_PREFIXES = layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME,
+                                       K.QUARANTINE_BY_BLOB, K.CONFLICT_RESOLUTION)
+#: control-table partitions an operator's commands write (``dynamodb:LeadingKeys``): blocker decisions
+#: and the budgets a resume clears, the conflict registry, the denylist and its lifts, a reconciler
+#: run's checkpoints and the hour-range plans (``lmctl reconcile plan``)
+OPERATOR_TABLE_KEYS = ("blockers", "budget#*", "conflicts", "denylist", "denylist#lifted", "checkpoint#reconcile",
+                       "plan#hour-ranges")
+
+
+def operator_statements(arns: PolicyArns, spec: ResourceSpec = SPEC, *, admin_function: str | None = None,
+                        layout: tuple[str, ...] | None = None) -> list[Statement]:
+    """What an operator's ``lmctl`` needs (docs/runbook.md, docs/deploy.md "Operators"): start and
+    watch walks and reaps, read the control table and write its operator partitions, read the whole
+    layout (show, verify, query, conflicts show), create derived entries and resolution records,
+    queue depths and the re-sends of ``blockers retry``, the token secret (``agent-token``), metric
+    reads (``reconcile`` on AWS); with ``admin_function``, the admin API (its Function URL).
+    No delete of any object, no write of an acceptance record, blob, evidence, tombstone or rollup."""
+    from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
+
+    layout = layout or LAYOUT_PREFIXES
+    machines = [sm.name for sm in spec.state_machines]
+    out = [
+        _allow(["states:StartExecution", "states:ListExecutions"], [arns.state_machines[n] for n in machines],
+               sid="StartWalksAndReaps"),
+        # the history: why a refused start failed, in the task's own words
+        _allow(["states:DescribeExecution", "states:GetExecutionHistory"], [arns.executions[n] for n in machines],
+               sid="WatchExecutions"),
+        _allow(["dynamodb:GetItem", "dynamodb:Query"], [arns.table], sid="ReadControlTable"),
+        _allow(["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"], [arns.table],
+               {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(OPERATOR_TABLE_KEYS)}}, sid="OperatorDecisions"),
+        _allow(["s3:GetObject"], arns.objects(layout), sid="ReadLayout"),
+        _allow(["s3:ListBucket"], [arns.bucket], arns.list_condition(layout), sid="ListLayout"),
+        _allow(["s3:PutObject"], arns.objects(OPERATOR_WRITE_PREFIXES), sid="CreateDerivedEntriesAndResolutions"),
+        _allow(["sqs:GetQueueAttributes"], [arns.queues[n] for q in spec.queues for n in (q.name, q.dlq_name)],
+               sid="QueueDepths"),
+        _allow(["sqs:SendMessage"], [arns.queues[q.name] for q in spec.queues], sid="ResendBlockedMessages"),
+        _allow(["secretsmanager:GetSecretValue"], [arns.secret], sid="MintAgentTokens"),
+        _allow(CLOUDWATCH_READ_ACTIONS, ["*"], sid="ReadQueueMetrics"),  # no resource-level permissions
+    ]
+    if admin_function is not None:
+        out.append(_allow(["lambda:InvokeFunctionUrl"], [admin_function],
+                          {"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}, sid="AdminApi"))
+    return out
+
+
 def function_principal(spec: FunctionSpec) -> str:
     """The principal a function runs as: the GC role for ``gc_role`` functions, else its own."""
     return GC_PRINCIPAL if spec.gc_role else f"fn-{spec.name}"
@@ -235,4 +291,5 @@ def principals(arns: PolicyArns, spec: ResourceSpec = SPEC, *, ops_bucket: str |
     for sm in spec.state_machines:
         out[state_machine_principal(sm)] = state_machine_statements(sm, arns)
     out[PIPELINE_JOB_PRINCIPAL] = pipeline_job_statements(arns, ops_bucket=ops_bucket)
+    out[OPERATOR_PRINCIPAL] = operator_statements(arns, spec)
     return out
