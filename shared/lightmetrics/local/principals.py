@@ -35,7 +35,8 @@ from lightmetrics.operator_tools.policies import (
 )
 
 __all__ = ["POLICY_NAME", "Credentials", "assume", "forget_credentials", "function_credentials", "function_role_name",
-           "local_policy_arns", "provision_principals", "role_name", "session_environment"]
+           "local_policy_arns", "local_role_credentials", "name_prefix_of", "provision_principals", "role_name",
+           "session_environment"]
 
 #: the name of each role's one inline policy
 POLICY_NAME = "least-privilege"
@@ -170,6 +171,45 @@ def forget_credentials(endpoint_url: str | None = None) -> None:
     with _cache_lock:
         for key in [k for k in _cache if endpoint_url is None or k[0] == endpoint_url]:
             del _cache[key]
+
+
+def name_prefix_of(queue_urls: Mapping[str, str]) -> str:
+    """A local system's name prefix, read off its queue URLs (``.../wk1-index-accepted`` -> ``wk1-``).
+
+    >>> name_prefix_of({"index-accepted": "http://h/1/wk1-index-accepted"}), name_prefix_of({})
+    ('wk1-', '')
+    """
+    for name, url in queue_urls.items():
+        last = url.rstrip("/").rsplit("/", 1)[-1]
+        if last.endswith(name):
+            return last[: -len(name)]
+    return ""
+
+
+def local_role_credentials(principal: str, queue_urls: Mapping[str, str]) -> Credentials | None:
+    """Pointed at the local runtime (``AWS_ENDPOINT_URL``): ``principal``'s role of the system whose
+    queues are ``queue_urls``, assumed with the deployer's key as the service would (EMR Serverless
+    runs the pipeline's jobs as the job role); None elsewhere, or when that system has no roles."""
+    import os
+
+    import boto3
+
+    from lightmetrics.local.iam_enforcement import DEPLOYER_KEY
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return None
+
+    def client(service: str) -> Any:
+        return boto3.client(service, endpoint_url=endpoint, region_name=REGION, aws_access_key_id=DEPLOYER_KEY[0],
+                            aws_secret_access_key=DEPLOYER_KEY[1])
+
+    name = role_name(principal, name_prefix_of(queue_urls))
+    try:
+        arn = client("iam").get_role(RoleName=name)["Role"]["Arn"]
+    except ClientError:  # no such role (provisioned without roles), or a runtime without IAM
+        return None
+    return assume(client, arn, name)
 
 
 def session_environment(credentials: Credentials) -> dict[str, str]:
