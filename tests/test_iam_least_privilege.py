@@ -20,6 +20,9 @@ against every call the role's functions can make, not only what one demo made:
 
 from __future__ import annotations
 
+import pytest
+
+from lightmetrics.deployment.resource_types import FunctionSpec
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.operator_tools.policies import PolicyArns, function_statements, pipeline_job_statements
 
@@ -80,3 +83,13 @@ def test_the_pipeline_job_keeps_its_query_of_gc_marks() -> None:
     ``gc_marked_blobs`` -> ``read_marks_items``, one Query of ``checkpoint#reap``), so it stays."""
     (read,) = [s for s in pipeline_job_statements(ARNS) if s.get("Sid") == "ReadCheckpointsAndGcMarks"]
     assert read["Action"] == ["dynamodb:GetItem", "dynamodb:Query"]
+
+
+def test_the_spec_names_a_write_functions_writes_and_version_deletes_only_among_its_deletes() -> None:
+    for bad in ({"table": "write"}, {"table": "read", "table_writes": ("PutItem",)},
+                {"table": "write", "table_writes": ("BatchWriteItem",)}, {"s3_delete_versions": ("rollup/v1/",)}):
+        with pytest.raises(ValueError, match="table_writes"):
+            FunctionSpec("x", "m", **bad)  # type: ignore[arg-type]
+    ok = FunctionSpec("x", "m", table="write", table_writes=("UpdateItem",), s3_delete=("rollup/v1/",),
+                      s3_delete_versions=("rollup/v1/",))
+    assert ok.table_writes == ("UpdateItem",)
