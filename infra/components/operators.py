@@ -2,7 +2,8 @@
 local runtime gives the role ``lmctl`` runs as there
 (:func:`lightmetrics.operator_tools.policies.operator_statements`).
 
-Attach it to the role or group your operators assume (stack output ``OperatorPolicyArn``).
+Attach it to the role or group your operators assume (stack output ``OperatorPolicyArn``). Its cdk-nag
+suppression (``AwsSolutions-IAM5``: prefix wildcards, executions, metric reads) is in ``infra/nag.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import replace
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sqs as sqs
-from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra.components.functions import cdk_statement, policy_arns
@@ -35,16 +35,8 @@ def operator_policy(scope: Construct, construct_id: str, *, config: InfraConfig,
                                             resource_name=f"{state_machine_name(config, sm)}:*",
                                             arn_format=ArnFormat.COLON_RESOURCE_NAME) for sm in spec.state_machines}
     statements = operator_statements(replace(arns, executions=executions), spec, admin_function=admin_function_arn)
-    policy = iam.ManagedPolicy(scope, construct_id, description="Lightmetrics operators (lmctl): docs/runbook.md",
-                               statements=[cdk_statement(s) for s in statements])
-    NagSuppressions.add_resource_suppressions(policy, [NagPackSuppression(
-        id="AwsSolutions-IAM5",
-        reason="Object reads are granted per key-layout prefix (docs/protocol.md §3; keys are content- or "
-               "identity-addressed, so `<prefix>*` is the narrowest grant) and creates only on derived prefixes "
-               "and resolution records, which the bucket policy keeps create-only; executions get their names at "
-               "start, so DescribeExecution is on this stack's walk's and reap's executions (`<machine>:*`); "
-               "cloudwatch:GetMetric* supports no resource-level permissions. No delete is granted.")])
-    return policy
+    return iam.ManagedPolicy(scope, construct_id, description="Lightmetrics operators (lmctl): docs/runbook.md",
+                             statements=[cdk_statement(s) for s in statements])
 
 
 __all__ = ["operator_policy"]
