@@ -79,6 +79,17 @@ def suppressions_for(stack: "LightmetricsStack") -> list[NagSuppressionRecord]:
                 ("Resource::*",),
             )
         )
+    records.append(
+        NagSuppressionRecord(
+            "AwsSolutions-IAM5",
+            _path(stack.operator_policy.node.default_child),
+            "The operators' policy: object reads are granted per key-layout prefix (docs/protocol.md §3; keys are "
+            "content- or identity-addressed, so `<prefix>*` is the narrowest grant) and creates only on derived "
+            "prefixes and resolution records, which the bucket policy keeps create-only; executions get their names "
+            "at start, so DescribeExecution is on this stack's walk's and reap's executions (`<machine>:*`); "
+            "cloudwatch:GetMetric* supports no resource-level permissions. No delete is granted.",
+        )
+    )
     handler = stack.node.try_find_child(NOTIFICATIONS_HANDLER_ID)
     if handler is not None:
         role = handler.node.find_child("Role")

@@ -5,7 +5,7 @@ Constructs: ``Storage`` (authority bucket, bucket policy, GC role, ops bucket), 
 notifications, one per QueueSpec), ``Functions`` (one Lambda per FunctionSpec, with its trigger
 and least-privilege role), ``StateMachines`` (one Step Functions state machine per
 StateMachineSpec, from its ASL file, with its role, logs and schedule), ``Observability`` (SNS
-topic, alarms, dashboard).
+topic, alarms, dashboard), the operators' managed policy (``OperatorPolicy``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from infra.components.control_table import ControlTable
-from infra.components.functions import Functions, log_retention
+from infra.components.functions import Functions, log_retention, secret_policy_arn
 from infra.components.layer import LAYER_DIR, SharedLayer
 from infra.components.observability import Observability
+from infra.components.operators import operator_policy
 from infra.components.pipeline import Pipeline
 from infra.components.queues import IndexQueues
 from infra.components.statemachines import StateMachines, state_machine_arn
@@ -96,6 +97,10 @@ class LightmetricsStack(Stack):
             queues=self.queues.built,
             state_machines=list(self.state_machines.built.values()),
         )
+        self.operator_policy = operator_policy(
+            self, "OperatorPolicy", config=config, spec=spec, storage=self.storage, table_arn=self.control.table.table_arn,
+            secret_arn=secret_policy_arn(self, config.secret_name), queues=self.queues.by_name,
+            admin_function_arn=self.functions.built["admin"].function.function_arn)
         self.pipeline = Pipeline(self, "Pipeline", config=config, bucket=self.storage.bucket, ops_bucket=self.storage.ops_bucket,
                                  table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
                                  alarm_topic=self.observability.topic)
@@ -110,6 +115,8 @@ class LightmetricsStack(Stack):
                 CfnOutput(self, queue_output_key(name), value=q.queue_url,
                           description=f'LM_QUEUE_URLS: {{"{name}": "<this URL>"}}')
         CfnOutput(self, "GcRoleArn", value=self.storage.gc_role.role_arn, description="the only raw-blob deleter")
+        CfnOutput(self, "OperatorPolicyArn", value=self.operator_policy.managed_policy_arn,
+                  description="what lmctl needs (docs/runbook.md): attach it to the operators' role")
         CfnOutput(self, "OpsBucketName", value=self.storage.ops_bucket.bucket_name, description="inventory, access logs")
         for built in self.state_machines.built.values():
             CfnOutput(self, state_machine_output_key(built.spec.logical_name), value=built.machine.state_machine_arn,

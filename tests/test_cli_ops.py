@@ -1,4 +1,5 @@
-"""lmctl blockers / status / reconcile as an operator runs them (subprocesses, exit codes)."""
+"""lmctl blockers / status / reconcile as an operator runs them (subprocesses, exit codes), signing as the
+operators' role (issue 28: the runbook's commands pass under its policy, IAM enforced)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def system(runtime):  # type: ignore[no-untyped-def]
 
 
 def lmctl(system, *args: str) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
-    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator"}
+    env = {**os.environ, **system.operator_environment(), "LM_OPERATOR": "test-operator"}
     r = subprocess.run(LMCTL + list(args) + ["--json"], capture_output=True, text=True, env=env, timeout=120)
     try:
         return r.returncode, json.loads(r.stdout)
@@ -69,7 +70,7 @@ def test_blocker_lifecycle_through_the_cli(system, runtime):  # type: ignore[no-
 
 
 def test_skip_requires_a_reason(system):  # type: ignore[no-untyped-def]
-    env = {**os.environ, **system.environment()}
+    env = {**os.environ, **system.operator_environment()}
     r = subprocess.run(LMCTL + ["blockers", "skip", "x:y"], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "--reason" in r.stderr
 
@@ -103,7 +104,7 @@ def test_blockers_list_prints_the_whole_reason(system):  # type: ignore[no-untyp
     _, listed = lmctl(system, "blockers", "list")
     reason = listed["blockers"][0]["reason"]
     assert len(reason) > 120 and key in reason
-    env = {**os.environ, **system.environment()}
+    env = {**os.environ, **system.operator_environment()}
     r = subprocess.run(LMCTL + ["blockers", "list", "--output", "wide"], capture_output=True, text=True, env=env,
                        timeout=120)  # issue 27 item 4: the default table fits 100 columns; wide has it whole
     assert r.returncode == 1 and reason in r.stdout, r.stdout
@@ -120,7 +121,7 @@ def test_blockers_table_fits_100_columns_with_short_ids_every_command_takes(syst
     for key in keys:
         process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
                            queue="index-accepted")
-    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator"}
+    env = {**os.environ, **system.operator_environment(), "LM_OPERATOR": "test-operator"}
 
     def human(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)
@@ -162,7 +163,7 @@ def test_blocker_commands_take_the_object_the_table_shows_and_suggest_the_match(
     key = ctx.codec.accepted(ident(41))
     process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
                        queue="index-accepted")
-    env = {**os.environ, **system.environment(), "LM_OPERATOR": "test-operator", "COLUMNS": "400"}
+    env = {**os.environ, **system.operator_environment(), "LM_OPERATOR": "test-operator", "COLUMNS": "400"}
 
     def human(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(LMCTL + list(args), capture_output=True, text=True, env=env, timeout=120)

@@ -334,7 +334,7 @@ def test_two_active_keys_rotation_and_revocation(system, runtime, clock):  # typ
     sm.put_secret_value(SecretId=system.secret_name, SecretString=both.model_dump_json())
     from lightmetrics.cli.main import cli
 
-    env = system.environment()
+    env = system.operator_environment()
     r = CliRunner().invoke(cli, ["agent-token", "--agent-id", "agent-rot"], env=env)
     assert r.exit_code == 0 and r.stdout.strip() == new
     r = CliRunner().invoke(cli, ["agent-token", "--agent-id", "agent-rot", "--key-id", "k1", "--json"], env=env)
@@ -351,7 +351,7 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
 
     ident = BatchIdentity.create("agent-cli", "boot-7", 100, 119)
     _, second = make_conflict(system, runtime, clock, ident)
-    env = {**system.environment(), "LM_OPERATOR": "operator-1", "COLUMNS": "200"}
+    env = {**system.operator_environment(), "LM_OPERATOR": "operator-1", "COLUMNS": "200"}
     runner = CliRunner()
     r = runner.invoke(cli, ["conflicts", "list", "--json"], env=env)
     assert r.exit_code == 1, r.output  # unresolved conflicts make `list` exit 1
@@ -402,7 +402,7 @@ def test_lmctl_conflicts_show_takes_a_unique_prefix_of_the_id(system, runtime, c
     _, two = make_conflict(system, runtime, clock, BatchIdentity.create("agent-pfx", "boot-2", 0, 9))
     ids = [conflict_id(BatchIdentity.create("agent-pfx", b, 0, 9), r.frame_sha256)
            for b, r in (("boot-1", one), ("boot-2", two))]
-    env = {**system.environment(), "COLUMNS": "200"}
+    env = {**system.operator_environment(), "COLUMNS": "200"}
     runner = CliRunner()
     boot_1 = ids[0].split(".")[1]
     prefix = ids[0][:ids[0].index(".") + 1 + len(boot_1)]  # <agent-hex>.<boot-hex>: boot-1's conflict only
@@ -425,7 +425,7 @@ def test_lmctl_conflicts_resolve_takes_a_unique_prefix_and_list_shows_whole_hash
     made = [make_conflict(system, runtime, clock, BatchIdentity.create("agent-rpx", b, 0, 9)) for b in ("boot-1", "boot-2")]
     ids = [conflict_id(BatchIdentity.create("agent-rpx", b, 0, 9), r.frame_sha256)
            for b, (_, r) in zip(("boot-1", "boot-2"), made)]
-    env = {**system.environment(), "LM_OPERATOR": "operator-1"}
+    env = {**system.operator_environment(), "LM_OPERATOR": "operator-1"}
     runner = CliRunner()
     table = runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx", "--output", "wide"], env=env)
     listed = json.loads(runner.invoke(cli, ["conflicts", "list", "--agent", "agent-rpx", "--json"], env=env).stdout)
@@ -456,7 +456,7 @@ def test_lmctl_conflicts_table_fits_100_columns_and_its_short_ids_work(system, r
     made = [make_conflict(system, runtime, clock, BatchIdentity.create(agent, b, 0, 9)) for b in ("boot-1", "boot-2")]
     ids = {r.frame_sha256: conflict_id(BatchIdentity.create(agent, b, 0, 9), r.frame_sha256)
            for b, (_, r) in zip(("boot-1", "boot-2"), made)}
-    env = {**system.environment(), "LM_OPERATOR": "operator-1"}
+    env = {**system.operator_environment(), "LM_OPERATOR": "operator-1"}
     runner = CliRunner()
     listed = json.loads(runner.invoke(cli, ["conflicts", "list", "--agent", agent, "--json"], env=env).stdout)
     assert sorted(e["conflict_id"] for e in listed["conflicts"]) == sorted(ids.values())  # whole, as before

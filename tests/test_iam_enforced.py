@@ -146,3 +146,30 @@ def test_the_rollup_runs_as_the_pipeline_job_role(runtime: Any, clock: Any, spar
         assert report.hours[0].status == "committed", report.hours[0]
     finally:
         system.stop()
+
+
+def test_lmctl_runs_the_pipeline_jobs_as_the_job_role_locally(runtime: Any, clock: Any, spark: Any,
+                                                             monkeypatch: Any) -> None:
+    """``lmctl pipeline audit`` pointed at the local runtime runs as the pipeline job role (as EMR Serverless
+    runs it), not as the caller: with the deployer's credentials in the environment — allowed everything —
+    it is refused the inventory once the job role loses its one grant to read it, and reads it again
+    when the grant is back (the audit's own tests run it to the end as the job role)."""
+    from click.testing import CliRunner
+
+    from lightmetrics.cli.main import cli
+
+    system = make_system(runtime, clock)
+    try:
+        accept_all(system, runtime, clock, [ident(n) for n in range(2)])
+        for name, value in system.environment().items():
+            monkeypatch.setenv(name, value)
+        runner = CliRunner()
+        assert runner.invoke(cli, ["inventory", "snapshot", "--json"]).exit_code == 0
+        _reprovision(system, _without(system, "pipeline-job", "s3:GetObject", "ReadInventory"))
+        out = runner.invoke(cli, ["pipeline", "audit", "--run-id", "iam-run", "--json"])
+        assert out.exit_code != 0
+        refusal = out.output + repr(out.exception)
+        assert "pipeline-job" in refusal and "not authorized to perform: s3:GetObject" in refusal, refusal
+        assert "inventory/" in refusal, refusal
+    finally:
+        system.stop()

@@ -109,15 +109,16 @@ def expected_grants(fn: FunctionSpec, log_group: str, queue_ids: dict[str, str])
     }
     want |= {g("s3:GetObject", obj(p)) for p in fn.s3_read}
     want |= {g("s3:PutObject", obj(p)) for p in fn.s3_write}
-    want |= {g(a, obj(p)) for p in fn.s3_delete for a in ("s3:DeleteObject", "s3:DeleteObjectVersion")}
+    want |= {g("s3:DeleteObject", obj(p)) for p in fn.s3_delete}
+    want |= {g("s3:DeleteObjectVersion", obj(p)) for p in fn.s3_delete_versions}
     if fn.s3_list:
         want.add(g("s3:ListBucket", BUCKET, {"StringLike": {"s3:prefix": [NS + p + "*" for p in fn.s3_list]}}))
-    if fn.gc_role:  # GC's crash recovery lists one blob key's versions
+    if fn.gc_role:  # GC's crash recovery, unrecorded markers and restores list one blob key's versions
         want.add(g("s3:ListBucketVersions", BUCKET, {"StringLike": {"s3:prefix": [NS + "raw-blobs/v1/*"]}}))
     table_actions = {
         "none": [],
         "read": ["GetItem", "Query"],
-        "write": ["GetItem", "Query", "PutItem", "UpdateItem", "DeleteItem"],
+        "write": ["GetItem", "Query", *fn.table_writes],
     }[fn.table]
     want |= {g(f"dynamodb:{a}", TABLE) for a in table_actions}
     if fn.reads_secret:

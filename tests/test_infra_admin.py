@@ -3,6 +3,7 @@ and the alarm on new identity conflicts. Uses the session's one synth (``cdk_syn
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from test_infra import (
@@ -11,6 +12,7 @@ from test_infra import (
     TABLE,
     _alarm_metrics,
     g,
+    grants_of,
     logical_id,
     queue_ids,
     render,
@@ -82,3 +84,32 @@ def test_new_conflicts_alarm_reads_the_metric_the_quarantine_indexer_emits(cdk_s
         assert p["Threshold"] == 1 and p["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
         assert p["AlarmActions"] == [{"Ref": topic_id}] and "docs/runbook.md#newconflicts" in p["AlarmDescription"]
     assert [n for n in alarms if n.endswith("NewConflicts")].__len__() == 2
+
+
+def test_the_operators_managed_policy_is_what_lmctl_needs_and_deletes_nothing(cdk_synth: Any) -> None:
+    """Issue 28: the operators' policy (``OperatorPolicyArn``) is the local operator role's statements: it
+    starts and watches walks and reaps, reads the layout and the table, writes the operator partitions
+    of the table and creates derived entries and resolutions only; no delete, no acceptance record."""
+    from lightmetrics.operator_tools.policies import OPERATOR_TABLE_KEYS
+
+    policy_id = logical_id(cdk_synth, cdk_synth.stack.operator_policy)
+    props = cdk_synth.json["Resources"][policy_id]["Properties"]
+    assert cdk_synth.json["Resources"][policy_id]["Type"] == "AWS::IAM::ManagedPolicy"
+    grants = grants_of(props["PolicyDocument"])
+    actions = {a for a, _, _ in grants}
+    assert actions == {"states:StartExecution", "states:ListExecutions", "states:DescribeExecution",
+                       "states:GetExecutionHistory", "dynamodb:GetItem", "dynamodb:Query",
+                       "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "s3:GetObject",
+                       "s3:ListBucket", "s3:PutObject", "sqs:GetQueueAttributes", "sqs:SendMessage",
+                       "secretsmanager:GetSecretValue", "cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics",
+                       "lambda:InvokeFunctionUrl"}
+    puts = {r for a, r, _ in grants if a == "s3:PutObject"}
+    assert puts == {f"{BUCKET}/{NS}{p}*" for p in ("accepted-by-time/v1/", "accepted-by-blob/v1/",
+                                                   "raw-blobs-by-time/v1/", "quarantine-by-blob/v1/",
+                                                   "conflict-resolutions/v1/")}
+    writes = {c for a, _, c in grants if a in ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")}
+    assert [json.loads(c) for c in writes] == [
+        {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": sorted(OPERATOR_TABLE_KEYS)}}]
+    admin = logical_id(cdk_synth, cdk_synth.stack.functions.built["admin"].function)
+    assert {r for a, r, _ in grants if a == "lambda:InvokeFunctionUrl"} == {f"<{admin}.Arn>"}
+    assert "OperatorPolicyArn" in cdk_synth.json["Outputs"]

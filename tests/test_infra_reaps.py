@@ -78,6 +78,8 @@ def test_only_the_gc_role_deletes_raw_blobs_and_retention_deletes_derived_only(c
     assert retention_resources == {f"{BUCKET}/{NS}{p}*" for p in ("accepted-by-time/v1/", "accepted-by-blob/v1/",
                                                                   "rollup/v1/", "index/v1/", "manifests/v1/")}
     assert all(any(can_delete_under(res, p) for p in DERIVED) for res in retention_resources)
+    # ... by a delete marker each: retention never deletes a version (issue 28: the grant went unused)
+    assert {action for role, action, _ in grants if role == retention} == {"s3:DeleteObject"}
     # Nobody else deletes anything.
     assert {role for role, _, _ in grants} == {gc_role, retention}
 

@@ -41,7 +41,7 @@ KEYS = TokenKeys.generate("k1")
 
 
 def env_of(system: LocalSystem) -> dict[str, str]:
-    return {**system.environment(), "LM_OPERATOR": "operator-1", "COLUMNS": "200"}
+    return {**system.operator_environment(), "LM_OPERATOR": "operator-1", "COLUMNS": "200"}
 
 
 def lmctl(system: LocalSystem, *args: str) -> Any:

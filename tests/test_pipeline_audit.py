@@ -276,8 +276,10 @@ def test_cli_snapshot_and_audit(runtime, clock, spark, monkeypatch):  # type: ig
     assert doc["confirmed"]["repair"] == 1 and doc["summary_key"] == "audit/v1/run=cli-run/summary.json"
     assert "audit: classify done" in out.stderr and "inventory snapshot: listed" in snap.stderr
     runtime.boto3_client("s3").delete_object(Bucket=system.bucket, Key=r.blob_key)
-    assert runner.invoke(cli, ["inventory", "snapshot", "--destination", f"s3://{system.bucket}/inv2"]).exit_code == 0
-    bad = runner.invoke(cli, ["pipeline", "audit", "--inventory", f"s3://{system.bucket}/inv2/"])
+    # a second report where S3 Inventory writes (the job role reads inventory/ only: issue 28)
+    second = f"s3://{system.bucket}/inventory/second"
+    assert runner.invoke(cli, ["inventory", "snapshot", "--destination", second]).exit_code == 0
+    bad = runner.invoke(cli, ["pipeline", "audit", "--inventory", second + "/"])
     assert bad.exit_code == 1 and "integrity" in bad.output  # an integrity violation was confirmed
 
 

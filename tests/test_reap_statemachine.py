@@ -70,7 +70,7 @@ def plant(system: LocalSystem, runtime: Any) -> tuple[list[Any], str]:
 
 def test_gc_then_retention_through_the_state_machine(system: LocalSystem, runtime: Any) -> None:
     results, orphan = plant(system, runtime)
-    env = system.environment()
+    env = system.operator_environment()
     runner = CliRunner()
     r = runner.invoke(_cli(), ["reap", "gc", "--wait", "--json"], env=env)  # a dry run unless --execute
     assert r.exit_code == 0, r.output
@@ -103,7 +103,7 @@ def test_gc_then_retention_through_the_state_machine(system: LocalSystem, runtim
 def test_two_reaps_at_once_the_second_is_refused(system: LocalSystem, runtime: Any) -> None:
     held = Reaper(system.work_context(), system.settings).begin(
         {"input": {"mode": "gc", "dry_run": True}, "execution_arn": "held-by-another-run"})
-    env = system.environment()
+    env = system.operator_environment()
     r = CliRunner().invoke(_cli(), ["reap", "gc", "--execute", "--json"], env=env)
     assert r.exit_code == 5, r.output
     r = CliRunner().invoke(_cli(), ["reap", "status", "--json"], env=env)
@@ -150,7 +150,7 @@ def test_a_refused_start_says_why_in_the_tasks_own_words(system: LocalSystem) ->
     the execution history, not only the catching state's "invalid input"."""
     hour = str(UtcHour.of_unix_ns(system.clock.now_ns()))
     r = CliRunner().invoke(_cli(), ["reap", "retention", "--hour", hour, "--execute", "--json"],
-                           env=system.environment())
+                           env=system.operator_environment())
     assert r.exit_code == 2, r.output
     reason = json.loads(r.stdout)["reason"]
     assert f"{hour} is not older than LM_RETENTION_S" in reason and "InvalidReapInput" in reason, reason
@@ -160,7 +160,7 @@ def test_the_hint_after_a_start_names_a_command_that_follows(system: LocalSystem
     # Issue 27 item 7: `reap gc` said "follow with: lmctl reap status", which printed a snapshot;
     # `reap status --follow` now follows the running reap to its end, as `walk status --follow` does.
     plant(system, runtime)
-    env = {**system.environment(), "COLUMNS": "200"}
+    env = {**system.operator_environment(), "COLUMNS": "200"}
     runner = CliRunner()
     r = runner.invoke(_cli(), ["reap", "gc", "--execute"], env=env)
     assert r.exit_code == 0, r.output

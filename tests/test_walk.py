@@ -380,7 +380,7 @@ def test_two_starts_at_once_one_is_refused(system, runtime, clock):  # type: ign
     refused = [o for o in outcomes if isinstance(o, LeaseHeld)]
     assert len(started) == 1 and len(refused) == 1, outcomes
     # While it runs, the CLI refuses with exit code 5.
-    env = {**system.environment(), "LM_OPERATOR": "test"}
+    env = {**system.operator_environment(), "LM_OPERATOR": "test"}
     r = CliRunner().invoke(_cli(), ["walk", "start", "--json"], env=env)
     assert r.exit_code == 5, r.stdout
     assert json.loads(r.stdout)["exit_code"] == 5
@@ -553,7 +553,7 @@ def test_agent_scoped_walk_never_moves_the_watermark_and_the_cli(runtime):  # ty
     system = make_system(runtime, SystemClock())  # the CLI and the tasks share the real clock
     try:
         accept_all(system, runtime, SystemClock(), [ident(n, agent=f"a{a}") for a in range(2) for n in range(3)])
-        env = {**system.environment(), "LM_OPERATOR": "test"}
+        env = {**system.operator_environment(), "LM_OPERATOR": "test"}
         cli, runner = _cli(), CliRunner()
         r = runner.invoke(cli, ["verify", "--strict", "--json"], env=env)
         assert r.exit_code == 1 and json.loads(r.stdout)["violation_counts"] == {"missing-derived": 18}

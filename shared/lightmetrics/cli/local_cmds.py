@@ -82,13 +82,12 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
             assert system.settings is not None
             ingest = IngestHTTPServer(system.hosted_as("ingest", handler), port=runtime.ingest_port,
                                       max_body_bytes=system.settings.max_frame_bytes).start()
-            from functions.admin.app import handler as admin_handler
-            from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server
-
-            admin = admin_server(system.hosted_as("admin", admin_handler), port=runtime.port + ADMIN_PORT_OFFSET).start()
+            operator = system.operator_credentials()
+            admin = _admin_server(system, runtime.port, operator).start()
             system.start(reconcile_every_s=reconcile_every, sweep_every_s=reconcile_every)
             values = {f"LM_{k.upper()}": v for k, v in system.setting_values().items()}
-            exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url})
+            # lmctl in the shell these configure runs as the operators' role (docs/deploy.md, "Operators")
+            exports = env_exports(runtime, values | {"LM_INGEST_URL": ingest.url}, credentials=operator)
             env_file = local_env_file(runtime.port)  # `lmctl env --local` prints it while this runs
             env_file.parent.mkdir(parents=True, exist_ok=True)
             env_file.write_text("\n".join(exports) + "\n", encoding="utf-8")
@@ -108,6 +107,16 @@ def local_up(port: int, bucket: str, table: str, prefix: str, reconcile_every: f
         if admin is not None:
             admin.stop()
         runtime.stop()
+
+
+def _admin_server(system: Any, port: int, operator: dict[str, str]) -> Any:
+    """The admin API's stand-in: signed by the deployer's key or the operators' role's."""
+    from functions.admin.app import handler as admin_handler
+    from lightmetrics.local.admin_endpoint import ADMIN_PORT_OFFSET, admin_server, local_credentials
+
+    signers = {**local_credentials(), **({operator["aws_access_key_id"]: operator["aws_secret_access_key"]}
+                                         if operator else {})}
+    return admin_server(system.hosted_as("admin", admin_handler), port=port + ADMIN_PORT_OFFSET, credentials=signers)
 
 
 def up_lines(port: int, endpoint_url: str, ingest_url: str, admin_url: str, exports: list[str]) -> list[str]:
@@ -144,7 +153,8 @@ def local_drain(timeout_s: float, settings: Any, as_json: bool) -> None:
     if not urls:
         fail("LM_QUEUE_URLS is empty: run the exports printed by `lmctl local up`", EXIT_USAGE, as_json=as_json)
     try:
-        ok = drain(sqs, urls, sfn=sfn, timeout_s=timeout_s)
+        # the state machines it names: an operator lists their executions, not every machine's
+        ok = drain(sqs, urls, sfn=sfn, timeout_s=timeout_s, machines=list(settings.state_machine_arns.values()) or None)
         depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
     except Exception as exc:
         fail(f"cannot reach the local runtime: {exc}", 4, as_json=as_json)

@@ -39,6 +39,27 @@ def _access(settings: Settings, component: str) -> Any:
     return S3Access.from_settings(settings, component=component)
 
 
+def _as_job_role(settings: Settings, access: Any) -> tuple[Any, Any]:
+    """``(access, table)`` of a job: pointed at the local runtime, signing as the pipeline job role, as
+    EMR Serverless runs the jobs on AWS (docs/deploy.md, "IAM enforced locally"); else ``(access, None)``
+    (the job builds its table from the environment's credentials)."""
+    from dataclasses import replace
+
+    from lightmetrics.local.principals import local_role_credentials
+    from lightmetrics.operator_tools.policies import PIPELINE_JOB_PRINCIPAL
+
+    credentials = local_role_credentials(PIPELINE_JOB_PRINCIPAL, settings.queue_urls)
+    if not credentials:
+        return access, None
+    import boto3
+
+    from lightmetrics.composition.services import control_table
+
+    access = replace(access, access_key=credentials["aws_access_key_id"],
+                     secret_key=credentials["aws_secret_access_key"], session_token=credentials["aws_session_token"])
+    return access, control_table(settings, session=boto3.session.Session(region_name=access.region, **credentials))
+
+
 def _now_ns(as_of: str | None, as_json: bool) -> int:
     import time
 
@@ -119,8 +140,9 @@ def pipeline_audit(inventory_location: str | None, run_id: str | None, as_of: st
         "-" + secrets.token_hex(3)
     try:
         with progress_lines("audit") as say:
+            access, table = _as_job_role(settings, _access(settings, "pipeline-audit"))
             report = audit_job(settings, inventory_location or f"s3://{settings.bucket}/inventory/", run_id=run_id,
-                               now_ns=now_ns, access=_access(settings, "pipeline-audit"), progress=say)
+                               now_ns=now_ns, access=access, table=table, progress=say)
     except InventoryError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     code = EXIT_VIOLATIONS if report.violations else EXIT_OK
@@ -163,9 +185,9 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         fail(str(exc), EXIT_USAGE, as_json=as_json)
     try:
         with progress_lines("rollup") as say:
+            access, table = _as_job_role(settings, _access(settings, "pipeline-rollup"))
             report = rollup_job(settings, wanted or None, lookback_hours=lookback_hours, allow_open=allow_open_hour,
-                                recompute=recompute, owner=owner, access=_access(settings, "pipeline-rollup"),
-                                progress=say)
+                                recompute=recompute, owner=owner, access=access, table=table, progress=say)
     except (LeaseHeld, LeaseLost, GenerationTaken) as exc:
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:

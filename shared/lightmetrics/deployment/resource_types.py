@@ -18,6 +18,7 @@ from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names man
 __all__ = [
     "LAYOUT_PREFIXES",
     "OBJECT_CREATED_EVENT",
+    "TABLE_WRITES",
     "TRIGGER_KINDS",
     "BucketSpec",
     "FunctionSpec",
@@ -69,14 +70,8 @@ class BucketSpec:
 
     def __post_init__(self) -> None:
         layout = set(LAYOUT_PREFIXES)
-        for field_name in (
-            "create_only_prefixes",
-            "multipart_prefixes",
-            "no_multipart_enforced_prefixes",
-            "no_delete_prefixes",
-            "gc_delete_prefixes",
-            "noncurrent_expiry_prefixes",
-        ):
+        for field_name in ("create_only_prefixes", "multipart_prefixes", "no_multipart_enforced_prefixes",
+                           "no_delete_prefixes", "gc_delete_prefixes", "noncurrent_expiry_prefixes"):
             unknown = set(getattr(self, field_name)) - layout
             if unknown:
                 raise ValueError(f"BucketSpec.{field_name}: {sorted(unknown)} are not layout prefixes")
@@ -155,6 +150,8 @@ class QueueSpec:
 
 TRIGGER_KINDS = ("http", "queue", "schedule", "task")
 TableAccess = Literal["none", "read", "write"]
+#: a ``table="write"`` function's possible writes (IAM actions; a transaction is authorized item by item)
+TABLE_WRITES = ("PutItem", "UpdateItem", "DeleteItem")
 
 
 @dataclass(frozen=True)
@@ -172,8 +169,10 @@ class FunctionSpec:
       ``s3_read`` -> ``s3:GetObject`` (GET and HEAD); ``s3_write`` -> ``s3:PutObject`` (the bucket
       policy only lets conditional creates through); ``s3_list`` -> ``s3:ListBucket`` limited by an
       ``s3:prefix`` condition (also what turns a HEAD of a missing key into 404 instead of 403);
-      ``s3_delete`` -> ``s3:DeleteObject`` and ``s3:DeleteObjectVersion``.
-    * ``table``: control-table access (``read``: GetItem/Query; ``write``: also Put/Update/Delete).
+      ``s3_delete`` -> ``s3:DeleteObject`` (a delete marker); ``s3_delete_versions`` ->
+      ``s3:DeleteObjectVersion`` (a given version or marker gone for good; GC's raw blobs only).
+    * ``table``: control-table access (``read``: GetItem/Query; ``write``: also the writes of
+      ``table_writes``, those of :data:`TABLE_WRITES` its code makes: tests/test_iam_least_privilege.py).
     * ``reads_secret``: ``secretsmanager:GetSecretValue`` on the token secret.
     * ``sqs_consume`` / ``sqs_read_attributes``: queue or DLQ names of :data:`QUEUES` it receives
       from and deletes on (beyond its own trigger) / whose attributes it reads.
@@ -203,7 +202,9 @@ class FunctionSpec:
     s3_write: tuple[str, ...] = ()
     s3_list: tuple[str, ...] = ()
     s3_delete: tuple[str, ...] = ()
+    s3_delete_versions: tuple[str, ...] = ()
     table: TableAccess = "none"
+    table_writes: tuple[str, ...] = ()
     reads_secret: bool = False
     sqs_consume: tuple[str, ...] = ()
     sqs_read_attributes: tuple[str, ...] = ()
@@ -231,12 +232,16 @@ class FunctionSpec:
             raise ValueError(f"function {self.name!r}: trigger {self.trigger!r} needs ':<argument>'")
         if kind in ("http", "task") and self.trigger_arg:
             raise ValueError(f"function {self.name!r}: trigger {kind!r} takes no argument")
-        for field_name in ("s3_read", "s3_write", "s3_list", "s3_delete"):
+        for field_name in ("s3_read", "s3_write", "s3_list", "s3_delete", "s3_delete_versions"):
             unknown = set(getattr(self, field_name)) - set(LAYOUT_PREFIXES)
             if unknown:
                 raise ValueError(f"function {self.name!r}: {field_name} {sorted(unknown)} are not layout prefixes")
         if self.table not in ("none", "read", "write"):
             raise ValueError(f"function {self.name!r}: table access must be none, read or write")
+        if (self.table == "write") != bool(self.table_writes) or not set(self.table_writes) <= set(TABLE_WRITES) \
+                or not set(self.s3_delete_versions) <= set(self.s3_delete):
+            raise ValueError(f"function {self.name!r}: table 'write' names its table_writes (of {TABLE_WRITES}); "
+                             "s3_delete_versions are among its s3_delete prefixes")
         deletes = set(self.s3_delete)
         if deletes & set(BucketSpec().no_delete_prefixes):
             raise ValueError(f"function {self.name!r}: nothing may delete under {sorted(BucketSpec().no_delete_prefixes)}")

@@ -76,6 +76,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_write=layout_roots(K.CONFLICT_RESOLUTION),
         s3_list=layout_roots(K.QUARANTINE, K.CONFLICT_RESOLUTION),
         table="write",  # conflict registry, denylist, blockers, status reads
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),  # status: queue depths
         timeout_s=30,
         description="Admin API (IAM auth): identity conflicts, resolutions, denylist, blockers, status",
@@ -87,7 +88,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_read=layout_roots(K.ACCEPTED, K.RETENTION_TOMBSTONE),  # the record; the hour's tombstone (HEAD)
         s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB),
         s3_list=layout_roots(K.ACCEPTED, K.RETENTION_TOMBSTONE),
-        table="write",  # retry budgets and blockers
+        table="write",  # retry budgets (counted, cleared after a success) and blockers
+        table_writes=("UpdateItem", "DeleteItem"),
         timeout_s=60,
         description="Indexes acceptance records: accepted-by-time and accepted-by-blob",
     ),
@@ -99,6 +101,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_write=layout_roots(K.RAW_BLOBS_BY_TIME),
         s3_list=layout_roots(K.RAW_BLOB, K.RETENTION_TOMBSTONE),
         table="write",
+        table_writes=("UpdateItem", "DeleteItem"),
         timeout_s=60,
         description="Indexes raw blobs (orphans too): raw-blobs-by-time",
     ),
@@ -110,6 +113,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_write=layout_roots(K.QUARANTINE_BY_BLOB),
         s3_list=layout_roots(K.QUARANTINE),
         table="write",
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=60,
         description="Indexes identity-conflict evidence: quarantine-by-blob",
     ),
@@ -124,6 +128,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME),
         s3_list=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.RAW_BLOBS_BY_TIME),
         table="write",  # checkpoint, budgets, blockers
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),
         cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
         timeout_s=900,
@@ -136,6 +141,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "functions.sweep_dlq.app",
         trigger="schedule:rate(5 minutes)",
         table="write",
+        table_writes=("UpdateItem",),
         sqs_consume=tuple(q.dlq_name for q in QUEUES),
         timeout_s=300,
         description="Turns every dead-lettered index message into a blocker",
@@ -145,7 +151,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "walk-begin",
         "functions.walk_begin.app",
         trigger="task",
-        table="write",  # the walk lease and checkpoint
+        table="write",  # the walk lease and checkpoint (taken, created; a resume takes them over)
+        table_writes=("PutItem", "UpdateItem"),
         timeout_s=60,
         description="Bootstrap walk: take the lease; start a new epoch, resume one, or continue an execution",
     ),
@@ -157,6 +164,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # layout become blockers without being read.
         s3_list=layout_roots(K.ACCEPTED, K.QUARANTINE),
         table="write",  # lease, checkpoint, blockers
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=120,
         description="Bootstrap walk: finished partitions out, the next ones in; routes the loop",
     ),
@@ -172,6 +180,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # One page of a partition; and a missing blob, tombstone or entry must be a 404, not a 403.
         s3_list=layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
         table="write",  # lease, checkpoint, retry budgets, blockers
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=300,
         memory_mb=1024,
         description="Bootstrap walk: one page of one partition, every key repaired, then the checkpoint",
@@ -181,6 +190,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "functions.walk_continue.app",
         trigger="task",
         table="write",  # records the next execution in the checkpoint
+        table_writes=("UpdateItem",),
         sfn_start=("bootstrap-walk",),  # the same state machine, under the same lease and epoch
         timeout_s=60,
         description="Bootstrap walk: continue in a new execution (stays under the history limit)",
@@ -190,6 +200,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "functions.walk_end.app",
         trigger="task",
         table="write",  # checkpoint, lease release, completeness watermarks
+        table_writes=("UpdateItem",),
         timeout_s=60,
         description="Bootstrap walk: finish (watermark) or record a failure; release the lease",
     ),
@@ -202,7 +213,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # with audit_run "latest" lists the audits' commit markers (audit/v1/committed/, rule G-B3).
         s3_read=layout_roots(K.RETENTION_TOMBSTONE),
         s3_list=layout_roots(K.ACCEPTED_BY_TIME, K.ROLLUP_MANIFEST, K.RETENTION_TOMBSTONE, K.AUDIT),
-        table="write",  # the reap lease and checkpoint
+        table="write",  # the reap lease and checkpoint (taken, created; a resume takes them over)
+        table_writes=("PutItem", "UpdateItem"),
         timeout_s=60,
         description="Reap: validate the input (dry_run explicit), take the lease, write the checkpoint",
     ),
@@ -221,8 +233,12 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         # The one blob deleter (delete markers, then exactly the captured versions) and the blob's
         # raw-blobs-by-time hint, which goes with it.
         s3_delete=layout_roots(K.RAW_BLOB, K.RAW_BLOBS_BY_TIME),
+        # A purge deletes the captured version and its markers, a restore the markers (the hints go
+        # by a marker): versions only under raw-blobs/v1/.
+        s3_delete_versions=layout_roots(K.RAW_BLOB),
         gc_role=True,
         table="write",  # lease, checkpoint (intents and marks)
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=600,
         memory_mb=1024,
         description="Reap (GC role, the only raw-blob deleter): prove and mark a page of blobs, or settle marks",
@@ -243,6 +259,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_delete=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.ROLLUP_PART, K.ROLLUP_INDEX,
                                K.ROLLUP_MANIFEST),
         table="write",  # lease, checkpoint, retention records; reads the completeness watermark
+        table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=600,
         description="Reap (retention role): tombstone an expired hour, delete its derived entries, mark it reaped",
     ),
@@ -251,6 +268,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "functions.reap_continue.app",
         trigger="task",
         table="write",  # renews the lease, records the next execution in the checkpoint
+        table_writes=("UpdateItem",),
         sfn_start=("reap",),  # the same state machine, under the same lease and epoch
         timeout_s=60,
         description="Reap: continue in a new execution (stays under the history limit)",
@@ -259,7 +277,8 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         "reap-end",
         "functions.reap_end.app",
         trigger="task",
-        table="write",  # checkpoint, lease release
+        table="write",  # checkpoint, lease release; a retention run's outcome (created)
+        table_writes=("PutItem", "UpdateItem"),
         timeout_s=60,
         description="Reap: the final report (examined, marked, purged, restored, kept and why); release the lease",
     ),

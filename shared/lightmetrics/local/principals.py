@@ -26,6 +26,7 @@ from lightmetrics.deployment.resources import SPEC
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION
 from lightmetrics.local.iam_enforcement import DEPLOYER_ARN
 from lightmetrics.operator_tools.policies import (
+    OPERATOR_PRINCIPAL,
     PIPELINE_JOB_PRINCIPAL,
     PolicyArns,
     Statement,
@@ -34,14 +35,17 @@ from lightmetrics.operator_tools.policies import (
 )
 
 __all__ = ["POLICY_NAME", "Credentials", "assume", "forget_credentials", "function_credentials", "function_role_name",
-           "local_policy_arns", "provision_principals", "role_name", "session_environment"]
+           "local_policy_arns", "local_role_credentials", "name_prefix_of", "provision_principals", "role_name",
+           "session_environment"]
 
 #: the name of each role's one inline policy
 POLICY_NAME = "least-privilege"
 #: botocore's credential arguments: aws_access_key_id, aws_secret_access_key, aws_session_token
 Credentials = dict[str, str]
-_SERVICES = {"fn": "lambda.amazonaws.com", "gc": "lambda.amazonaws.com", "sm": "states.amazonaws.com",
-             PIPELINE_JOB_PRINCIPAL: "emr-serverless.amazonaws.com"}
+#: the service each role trusts (the operators' role trusts no service: people assume it)
+_SERVICES: dict[str, str | None] = {"fn": "lambda.amazonaws.com", "gc": "lambda.amazonaws.com",
+                                    "sm": "states.amazonaws.com", PIPELINE_JOB_PRINCIPAL: "emr-serverless.amazonaws.com",
+                                    OPERATOR_PRINCIPAL: None}
 
 
 def role_name(principal: str, name_prefix: str = "") -> str:
@@ -56,11 +60,12 @@ def local_policy_arns(made: Mapping[str, Any], *, namespace: str, name_prefix: s
     queues: dict[str, str] = {}
     for name, q in made.get("queues", {}).items():
         queues[name], queues[f"{name}-dlq"] = q["arn"], q["dlq_arn"]
+    machines = {n: sm["arn"] for n, sm in made.get("state_machines", {}).items()}
     secret = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT_ID}:secret:{made['secret_name']}-??????"
     functions = _FunctionArns(lambda fn: lambda_arn(name_prefix + fn, region=REGION))
     return PolicyArns(bucket=made["bucket_arn"], namespace=namespace, table=made["table_arn"], secret=secret,
-                      queues=queues, state_machines={n: sm["arn"] for n, sm in made.get("state_machines", {}).items()},
-                      functions=functions)
+                      queues=queues, state_machines=machines, functions=functions,
+                      executions={n: arn.replace(":stateMachine:", ":execution:") + ":*" for n, arn in machines.items()})
 
 
 class _FunctionArns(dict):  # type: ignore[type-arg]
@@ -85,14 +90,15 @@ def provision_principals(client: Callable[[str], Any], spec: ResourceSpec, arns:
     out: dict[str, str] = {}
     for principal, statements in wanted.items():
         name = role_name(principal, name_prefix)
-        out[principal] = _converge_role(iam, name, _SERVICES.get(principal) or _SERVICES[principal.split("-")[0]])
+        kind = principal if principal in _SERVICES else principal.split("-")[0]
+        out[principal] = _converge_role(iam, name, _SERVICES[kind])
         _converge_policy(iam, name, statements)
     return out
 
 
-def _converge_role(iam: Any, name: str, service: str) -> str:
-    trust = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": service, "AWS": DEPLOYER_ARN}}]}
+def _converge_role(iam: Any, name: str, service: str | None) -> str:
+    principal = {"Service": service, "AWS": DEPLOYER_ARN} if service else {"AWS": DEPLOYER_ARN}
+    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": principal}]}
     try:
         return str(iam.get_role(RoleName=name)["Role"]["Arn"])
     except ClientError as exc:
@@ -165,6 +171,45 @@ def forget_credentials(endpoint_url: str | None = None) -> None:
     with _cache_lock:
         for key in [k for k in _cache if endpoint_url is None or k[0] == endpoint_url]:
             del _cache[key]
+
+
+def name_prefix_of(queue_urls: Mapping[str, str]) -> str:
+    """A local system's name prefix, read off its queue URLs (``.../wk1-index-accepted`` -> ``wk1-``).
+
+    >>> name_prefix_of({"index-accepted": "http://h/1/wk1-index-accepted"}), name_prefix_of({})
+    ('wk1-', '')
+    """
+    for name, url in queue_urls.items():
+        last = url.rstrip("/").rsplit("/", 1)[-1]
+        if last.endswith(name):
+            return last[: -len(name)]
+    return ""
+
+
+def local_role_credentials(principal: str, queue_urls: Mapping[str, str]) -> Credentials | None:
+    """Pointed at the local runtime (``AWS_ENDPOINT_URL``): ``principal``'s role of the system whose
+    queues are ``queue_urls``, assumed with the deployer's key as the service would (EMR Serverless
+    runs the pipeline's jobs as the job role); None elsewhere, or when that system has no roles."""
+    import os
+
+    import boto3
+
+    from lightmetrics.local.iam_enforcement import DEPLOYER_KEY
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return None
+
+    def client(service: str) -> Any:
+        return boto3.client(service, endpoint_url=endpoint, region_name=REGION, aws_access_key_id=DEPLOYER_KEY[0],
+                            aws_secret_access_key=DEPLOYER_KEY[1])
+
+    name = role_name(principal, name_prefix_of(queue_urls))
+    try:
+        arn = client("iam").get_role(RoleName=name)["Role"]["Arn"]
+    except ClientError:  # no such role (provisioned without roles), or a runtime without IAM
+        return None
+    return assume(client, arn, name)
 
 
 def session_environment(credentials: Credentials) -> dict[str, str]:

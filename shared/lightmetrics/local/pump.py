@@ -229,21 +229,24 @@ class Scheduler:
         self._threads.clear()
 
 
-def running_executions(sfn: Any) -> int:
-    total = 0
-    for machine in sfn.list_state_machines().get("stateMachines", []):
-        running = sfn.list_executions(stateMachineArn=machine["stateMachineArn"], statusFilter="RUNNING")
-        total += len(running.get("executions", []))
-    return total
+def running_executions(sfn: Any, machines: Iterable[str] | None = None) -> int:
+    """Running executions of ``machines`` (ARNs; default: every state machine, listed)."""
+    arns = list(machines) if machines is not None else [
+        m["stateMachineArn"] for m in sfn.list_state_machines().get("stateMachines", [])]
+    return sum(len(sfn.list_executions(stateMachineArn=arn, statusFilter="RUNNING").get("executions", []))
+               for arn in arns)
 
 
-def drain(sqs: Any, urls: Iterable[str], *, sfn: Any = None, timeout_s: float = 60.0, settle_checks: int = 2) -> bool:
-    """Wait until every queue is empty (visible + in-flight = 0) and no execution runs."""
+def drain(sqs: Any, urls: Iterable[str], *, sfn: Any = None, timeout_s: float = 60.0, settle_checks: int = 2,
+          machines: Iterable[str] | None = None) -> bool:
+    """Wait until every queue is empty (visible + in-flight = 0) and no execution (of ``machines``,
+    default every state machine) runs."""
     urls = list(urls)
+    machines = list(machines) if machines is not None else None
     deadline = time.monotonic() + timeout_s
     quiet = 0
     while time.monotonic() < deadline:
-        busy = any(queue_depth(sqs, u) for u in urls) or (sfn is not None and running_executions(sfn) > 0)
+        busy = any(queue_depth(sqs, u) for u in urls) or (sfn is not None and running_executions(sfn, machines) > 0)
         quiet = 0 if busy else quiet + 1
         if quiet >= settle_checks:
             return True

@@ -451,10 +451,12 @@ def _serve_main(argv: list[str]) -> None:
         runtime.stop()
 
 
-def env_exports(runtime: Any, config_values: Mapping[str, Any]) -> list[str]:
+def env_exports(runtime: Any, config_values: Mapping[str, Any], *,
+                credentials: Mapping[str, str] | None = None) -> list[str]:
     """Shell ``export`` lines pointing boto3/the AWS CLI at ``runtime``, plus ``LM_*`` settings.
 
     Keys without the ``LM_`` prefix get it (``bucket`` -> ``LM_BUCKET``); None values are skipped.
+    ``credentials`` (botocore's arguments: the operators' role's) sign instead of the deployer's key.
 
     >>> class RT: endpoint_url = "http://127.0.0.1:4566"; region = "us-east-1"
     >>> env_exports(RT(), {"LM_BUCKET": "b", "prefix": "a b/"})[-1]
@@ -466,6 +468,10 @@ def env_exports(runtime: Any, config_values: Mapping[str, Any]) -> list[str]:
         "export AWS_ACCESS_KEY_ID=testing",
         "export AWS_SECRET_ACCESS_KEY=testing",
     ]
+    if credentials:
+        lines[2:] = [f"export {name}={shlex.quote(credentials[arg])}" for name, arg in (
+            ("AWS_ACCESS_KEY_ID", "aws_access_key_id"), ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+            ("AWS_SESSION_TOKEN", "aws_session_token"))]
     for key, value in config_values.items():
         if value is None:
             continue

@@ -196,6 +196,18 @@ class LocalSystem:
     def environment(self) -> dict[str, str]:
         return local_environment(self.runtime.endpoint_url, self.setting_values())
 
+    def operator_credentials(self) -> dict[str, str]:
+        """The operators' role's credentials (``lmctl`` runs as it: docs/deploy.md, "Operators");
+        none (the deployer's) when the system has no roles."""
+        return self.role_session("operator").credentials
+
+    def operator_environment(self) -> dict[str, str]:
+        """:meth:`environment` signing as the operators' role: what ``lmctl local up`` exports."""
+        from lightmetrics.local.principals import session_environment
+
+        credentials = self.operator_credentials()
+        return {**self.environment(), **(session_environment(credentials) if credentials else {})}
+
     # -- components -----------------------------------------------------------------------------
     def work_context(self, **kwargs: Any) -> WorkContext:
         assert self.settings is not None

@@ -7,14 +7,15 @@ where moto enforces it. The ARNs come in through :class:`PolicyArns`: CDK tokens
 local resources' ARNs locally; nothing else differs.
 
 The principals (:func:`principals`): one per function role (the GC functions share the GC role, as
-in the stack), one per state machine role, the pipeline job role. Logs, X-Ray and the event source
+in the stack), one per state machine role, the pipeline job role, and the operators'
+(:func:`operator_statements`: a managed policy in the stack, the role ``lmctl`` runs as locally). Logs, X-Ray and the event source
 mapping's own queue grants are what CDK adds by itself (log groups, tracing, ``SqsEventSource``);
 :func:`trigger_statements` names the last, for the local poller.
 
 Example:
     >>> arns = PolicyArns(bucket="arn:aws:s3:::b", namespace="", table="arn:t", secret="arn:s")
     >>> [s["Action"] for s in function_statements(SPEC.function("walk-end"), arns)]
-    [['dynamodb:GetItem', 'dynamodb:Query', 'dynamodb:PutItem', 'dynamodb:UpdateItem', 'dynamodb:DeleteItem']]
+    [['dynamodb:GetItem', 'dynamodb:Query', 'dynamodb:UpdateItem']]
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from lightmetrics.protocol.keys import layout_roots
 __all__ = [
     "CLOUDWATCH_READ_ACTIONS",
     "GC_PRINCIPAL",
+    "OPERATOR_PRINCIPAL",
+    "OPERATOR_TABLE_KEYS",
+    "OPERATOR_WRITE_PREFIXES",
     "INVENTORY_PREFIX",
     "LEASE_KEYS",
     "LOGS_PREFIX",
@@ -46,6 +50,7 @@ __all__ = [
     "Statement",
     "function_principal",
     "function_statements",
+    "operator_statements",
     "pipeline_job_statements",
     "principals",
     "state_machine_principal",
@@ -57,13 +62,15 @@ __all__ = [
 #: one IAM policy statement, in IAM's JSON shape
 Statement = dict[str, Any]
 
+#: the reads of ``table="read"`` and ``"write"``; a write function adds its ``table_writes``
 TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     "none": (),
     "read": ("dynamodb:GetItem", "dynamodb:Query"),
-    "write": ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+    "write": ("dynamodb:GetItem", "dynamodb:Query"),
 }
 SQS_CONSUME_ACTIONS = ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes")
 CLOUDWATCH_READ_ACTIONS = ("cloudwatch:GetMetricData", "cloudwatch:GetMetricStatistics")
+#: every S3 delete action (what the bucket policy denies under the protected prefixes)
 S3_DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
 #: what CDK's ``SqsEventSource`` grants a queue-triggered function's role on its queue (``grantConsumeMessages``)
 TRIGGER_QUEUE_ACTIONS = ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage",
@@ -71,6 +78,7 @@ TRIGGER_QUEUE_ACTIONS = ("sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "s
 
 GC_PRINCIPAL = "gc"
 PIPELINE_JOB_PRINCIPAL = "pipeline-job"
+OPERATOR_PRINCIPAL = "operator"
 
 #: layout prefixes the pipeline jobs read (GET/HEAD) and write (conditional create)
 PIPELINE_READ_PREFIXES = layout_roots(
@@ -102,7 +110,8 @@ class PolicyArns:
 
     ``secret`` is the token secret's ARN as IAM names it (``<name>-??????``: Secrets Manager
     appends six random characters); ``queues`` maps every queue and DLQ name of the spec,
-    ``state_machines`` and ``functions`` the spec's names, to ARNs.
+    ``state_machines`` and ``functions`` the spec's names, to ARNs; ``executions`` a state
+    machine's name to the ARN pattern of its executions (``arn:...:execution:<machine>:*``).
     """
 
     bucket: str
@@ -112,6 +121,7 @@ class PolicyArns:
     queues: Mapping[str, str] = field(default_factory=dict)
     state_machines: Mapping[str, str] = field(default_factory=dict)
     functions: Mapping[str, str] = field(default_factory=dict)
+    executions: Mapping[str, str] = field(default_factory=dict)
 
     def objects(self, prefixes: tuple[str, ...] | list[str]) -> list[str]:
         """Object ARNs ``<bucket>/<namespace><prefix>*``, one per layout prefix."""
@@ -140,14 +150,17 @@ def function_statements(spec: FunctionSpec, arns: PolicyArns, bucket: BucketSpec
     if spec.s3_write:
         out.append(_allow(["s3:PutObject"], arns.objects(spec.s3_write)))
     if spec.s3_delete:
-        out.append(_allow(S3_DELETE_ACTIONS, arns.objects(spec.s3_delete)))
+        out.append(_allow(["s3:DeleteObject"], arns.objects(spec.s3_delete)))
+    if spec.s3_delete_versions:
+        out.append(_allow(["s3:DeleteObjectVersion"], arns.objects(spec.s3_delete_versions)))
     if spec.s3_list:
         out.append(_allow(["s3:ListBucket"], [arns.bucket], arns.list_condition(spec.s3_list)))
     if spec.gc_role:
-        # GC's crash recovery lists the versions of one blob key (which delete markers it placed).
+        # GC lists the versions of one blob key (which delete markers it placed) on a crash recovery of
+        # recorded intents, a settle of a mark whose marker id was not recorded, and every restore.
         out.append(_allow(["s3:ListBucketVersions"], [arns.bucket], arns.list_condition(bucket.gc_delete_prefixes)))
     if TABLE_ACTIONS[spec.table]:
-        out.append(_allow(TABLE_ACTIONS[spec.table], [arns.table]))
+        out.append(_allow([*TABLE_ACTIONS[spec.table], *(f"dynamodb:{a}" for a in spec.table_writes)], [arns.table]))
     if spec.reads_secret:
         out.append(_allow(["secretsmanager:GetSecretValue"], [arns.secret]))
     if spec.sqs_consume:
@@ -208,6 +221,54 @@ def pipeline_job_statements(arns: PolicyArns, *, ops_bucket: str | None = None,
     return out
 
 
+#: layout prefixes an operator's commands create in (create-only by the bucket policy): derived entries
+#: (``lmctl blockers retry`` re-runs the unit, ``lmctl reconcile`` repairs) and resolution records
+#: (``lmctl conflicts resolve``); nothing else, and no delete anywhere
+OPERATOR_WRITE_PREFIXES = layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME,
+                                       K.QUARANTINE_BY_BLOB, K.CONFLICT_RESOLUTION)
+#: control-table partitions an operator's commands write (``dynamodb:LeadingKeys``): blocker decisions
+#: and the budgets a resume clears, the conflict registry, the denylist and its lifts, a reconciler
+#: run's checkpoints and the hour-range plans (``lmctl reconcile plan``)
+OPERATOR_TABLE_KEYS = ("blockers", "budget#*", "conflicts", "denylist", "denylist#lifted", "checkpoint#reconcile",
+                       "plan#hour-ranges")
+
+
+def operator_statements(arns: PolicyArns, spec: ResourceSpec = SPEC, *, admin_function: str | None = None,
+                        layout: tuple[str, ...] | None = None) -> list[Statement]:
+    """What an operator's ``lmctl`` needs (docs/runbook.md, docs/deploy.md "Operators"): start and
+    watch walks and reaps, read the control table and write its operator partitions, read the whole
+    layout (show, verify, query, conflicts show), create derived entries and resolution records,
+    queue depths and the re-sends of ``blockers retry``, the token secret (``agent-token``), metric
+    reads (``reconcile`` on AWS); with ``admin_function``, the admin API (its Function URL).
+    No delete of any object, no write of an acceptance record, blob, evidence, tombstone or rollup."""
+    from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES
+
+    layout = layout or LAYOUT_PREFIXES
+    machines = [sm.name for sm in spec.state_machines]
+    out = [
+        _allow(["states:StartExecution", "states:ListExecutions"], [arns.state_machines[n] for n in machines],
+               sid="StartWalksAndReaps"),
+        # the history: why a refused start failed, in the task's own words
+        _allow(["states:DescribeExecution", "states:GetExecutionHistory"], [arns.executions[n] for n in machines],
+               sid="WatchExecutions"),
+        _allow(["dynamodb:GetItem", "dynamodb:Query"], [arns.table], sid="ReadControlTable"),
+        _allow(["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"], [arns.table],
+               {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(OPERATOR_TABLE_KEYS)}}, sid="OperatorDecisions"),
+        _allow(["s3:GetObject"], arns.objects(layout), sid="ReadLayout"),
+        _allow(["s3:ListBucket"], [arns.bucket], arns.list_condition(layout), sid="ListLayout"),
+        _allow(["s3:PutObject"], arns.objects(OPERATOR_WRITE_PREFIXES), sid="CreateDerivedEntriesAndResolutions"),
+        _allow(["sqs:GetQueueAttributes"], [arns.queues[n] for q in spec.queues for n in (q.name, q.dlq_name)],
+               sid="QueueDepths"),
+        _allow(["sqs:SendMessage"], [arns.queues[q.name] for q in spec.queues], sid="ResendBlockedMessages"),
+        _allow(["secretsmanager:GetSecretValue"], [arns.secret], sid="MintAgentTokens"),
+        _allow(CLOUDWATCH_READ_ACTIONS, ["*"], sid="ReadQueueMetrics"),  # no resource-level permissions
+    ]
+    if admin_function is not None:
+        out.append(_allow(["lambda:InvokeFunctionUrl"], [admin_function],
+                          {"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}, sid="AdminApi"))
+    return out
+
+
 def function_principal(spec: FunctionSpec) -> str:
     """The principal a function runs as: the GC role for ``gc_role`` functions, else its own."""
     return GC_PRINCIPAL if spec.gc_role else f"fn-{spec.name}"
@@ -230,4 +291,5 @@ def principals(arns: PolicyArns, spec: ResourceSpec = SPEC, *, ops_bucket: str |
     for sm in spec.state_machines:
         out[state_machine_principal(sm)] = state_machine_statements(sm, arns)
     out[PIPELINE_JOB_PRINCIPAL] = pipeline_job_statements(arns, ops_bucket=ops_bucket)
+    out[OPERATOR_PRINCIPAL] = operator_statements(arns, spec)
     return out
