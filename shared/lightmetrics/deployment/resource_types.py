@@ -274,6 +274,7 @@ class FunctionSpec:
         """The input of each of this function's schedules: ``{"shard": i}`` for each of ``shards``
         shards if :attr:`schedule_per_shard`, else one schedule sending EventBridge's own event (None).
 
+        >>> from lightmetrics.deployment.resources import SPEC
         >>> SPEC.function("reconcile").schedule_inputs(2), SPEC.function("sweep-dlq").schedule_inputs(2)
         ([{'shard': 0}, {'shard': 1}], [None])
         """
