@@ -19,7 +19,7 @@ Invariants it protects:
 
 Example:
     >>> result = accept_batch(ctx, identity, frame_bytes)        # doctest: +SKIP
-    >>> result.status, result.http_status
+    >>> result.status, result.http_status                         # doctest: +SKIP
     ('accepted', 200)
 """
 

@@ -15,7 +15,7 @@ Example:
     >>> put_own(table, {"pk": "p", "sk": "s", "n": 2}, condition="attribute_not_exists(pk)")
     Traceback (most recent call last):
     ...
-    WrittenByOther: p/s: the condition failed and the item there is not this call's write
+    lightmetrics.protocol.own_writes.WrittenByOther: p/s: the condition failed and the item there is not this call's write
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ compares each total with :func:`lightmetrics.operator_tools.cost_workload.job_re
 
 Example:
     >>> costs = measure_operation_costs(system, raw_s3, depths=(10, 100))      # doctest: +SKIP
-    >>> costs["operations"]["accept.new"]["10"]
+    >>> costs["operations"]["accept.new"]["10"]                                 # doctest: +SKIP
     {'total': 2, 'by_api': {'s3.PutObject': 2}}
     >>> measure_reap(system, mode="gc", dry_run=False, source="scan")          # doctest: +SKIP
     {'dynamodb.GetItem': 5, ..., 's3.HeadObject': 8, 'sfn.transitions': 8, 'lambda.Invoke': 4}
