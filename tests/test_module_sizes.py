@@ -28,7 +28,6 @@ LONG_FUNCTIONS = {
     "shared/lightmetrics/operator_tools/cost_model.py:lightmetrics_lines": "a table of priced line items",
     "shared/lightmetrics/operator_tools/cost_workload.py:job_units": "a table of per-job request counts",
     "shared/lightmetrics/cli/agent_cmds.py:agent_run": "a CLI command: options, then a linear run loop",
-    "shared/lightmetrics/cli/cost_cmds.py:cost_cmd": "a CLI command: options, then one table",
     "shared/lightmetrics/harness/bench/pipeline_bench.py:run_bench": "a benchmark: a linear script of measured steps",
     "shared/lightmetrics/harness/bench/pipeline_bench.py:rollup_shape": "a benchmark step: build, run, measure",
     "shared/lightmetrics/harness/bench/walk_bench.py:run_walk": "a benchmark step: plant, walk, measure",

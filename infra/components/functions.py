@@ -231,13 +231,7 @@ class Functions(Construct):
                 ingest_url = built.url.url
                 CfnOutput(stack, f"{cid}Url", value=built.url.url, description=f"{fn_spec.name} Function URL")
             elif kind == "queue":
-                function.add_event_source(
-                    sources.SqsEventSource(
-                        queues[fn_spec.trigger_arg],
-                        batch_size=fn_spec.batch_size,
-                        report_batch_item_failures=True,
-                    )
-                )
+                function.add_event_source(sqs_event_source(queues[fn_spec.trigger_arg], fn_spec))
             elif kind == "schedule":
                 # One rule per reconciler shard (input {"shard": i}); shard 0 keeps the rule's id.
                 for i, payload in enumerate(fn_spec.schedule_inputs(config.settings.reconcile_shards)):
@@ -289,3 +283,14 @@ def log_retention(days: int) -> logs.RetentionDays:
     if days not in allowed:
         raise ValueError(f"CDK context 'log_retention_days' must be one of {sorted(allowed)}")
     return getattr(logs.RetentionDays, allowed[days])
+
+
+def sqs_event_source(queue: sqs.IQueue, fn_spec: FunctionSpec) -> sources.SqsEventSource:
+    """A queue function's event source: its spec's batch size and batching window (none when 0:
+    Lambda invokes with what is there), partial batch responses."""
+    return sources.SqsEventSource(
+        queue,
+        batch_size=fn_spec.batch_size,
+        max_batching_window=Duration.seconds(fn_spec.batching_window_s) if fn_spec.batching_window_s else None,
+        report_batch_item_failures=True,
+    )

@@ -4,6 +4,7 @@ Example::
 
     lmctl cost --batches-per-second 100 --frame-bytes 4096 --retention-days 30 --system-age-days 365
     lmctl cost --batches-per-second 100 --frame-bytes 4096 --assume walks_per_month=1 --prices my-prices.json --json
+    lmctl cost --batches-per-second 1000 --frame-bytes 4096 --retention-days 30   # priced at 1,000/s's settings
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
     """Estimate this system's AWS bill, every recurring component priced from measured request
     counts, next to a DynamoDB conditional put per batch plus the S3 blob (the design a team would
     otherwise build): the total, each component, the ratio, and the share of everything but
-    ingest, indexing and storage."""
+    ingest, indexing and storage; at one and three years of history, with the derived-state upkeep
+    share and, at 1,000 and 10,000 batches/s, the settings that rate needs (docs/cost.md)."""
     from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
-    from lightmetrics.operator_tools.cost_model import estimate
+    from lightmetrics.operator_tools.cost_report import cost_report
     from lightmetrics.operator_tools.cost_workload import Assumptions
 
     prices = PRICE_TABLE
@@ -62,36 +64,50 @@ def cost_cmd(batches_per_second: float, frame_bytes: int, retention_days: float 
         overrides["retention_days"] = retention_days
     if system_age_days is not None:
         overrides["system_age_days"] = system_age_days
-    est = estimate(batches_per_second, frame_bytes, assumptions=Assumptions(**overrides), prices=prices)  # type: ignore[arg-type]
+    est = cost_report(batches_per_second, frame_bytes, overrides=overrides, prices=prices)
     if as_json:
         emit_json(est)
         return
+    _print_report(est)
+
+
+def _print_report(est: dict[str, Any]) -> None:
+    """The human report, every table within 100 columns (quantities per batch: ``--json``)."""
     a = est["assumptions"]
-    assumed = (f"{batches_per_second:g} batches/s, {frame_bytes} B frames, {a['retention_days']:g} days retention, "
-               f"{a['system_age_days']:g} days of history")
+    assumed = (f"{est['batches_per_second']:g} batches/s, {est['frame_bytes']} B frames, {a['retention_days']:g} days "
+               f"retention, {a['system_age_days']:g} days of history")
     for name, design in est["designs"].items():
-        rows = [(line["item"], f"{line['quantity_per_batch']:.4g} {line['unit']}",
-                 f"{line['usd_per_million_batches']:.2f}", f"{line['usd_per_month']:.2f}") for line in design["lines"]]
-        rows += [(line["item"], f"{line['quantity_per_month']:.4g} {line['unit']}/month", "",
-                  f"{line['usd_per_month']:.2f}") for line in design["fixed"]]
-        rows.append(("TOTAL", "", f"{design['per_million_batches_usd']:.2f}", f"{design['per_month_usd']:.2f}"))
-        console.print(grid(f"{name}: {assumed}", ["item", "per batch", "USD / 1M batches", "USD / month"], rows))
-    ours, alt = est["designs"]["lightmetrics"], est["designs"]["dynamodb-dedupe"]
+        rows = [(line["item"], f"{line['usd_per_million_batches']:.2f}", f"{line['usd_per_month']:.2f}")
+                for line in design["lines"]]
+        rows += [(line["item"], "", f"{line['usd_per_month']:.2f}") for line in design["fixed"]]
+        rows.append(("TOTAL", f"{design['per_million_batches_usd']:.2f}", f"{design['per_month_usd']:.2f}"))
+        console.print(grid(f"{name}: {assumed}", ["item", "USD / 1M batches", "USD / month"], rows))
+    ours = est["designs"]["lightmetrics"]
     per_million = ours["by_part_per_million_batches_usd"]
     parts = [(part, f"{usd:.2f}", f"{per_million[part]:.2f}", f"{usd / ours['per_month_usd']:.1%}")
              for part, usd in sorted(ours["by_part_per_month_usd"].items(), key=lambda kv: -kv[1])]
     parts.append(("TOTAL", f"{ours['per_month_usd']:.2f}", f"{ours['per_million_batches_usd']:.2f}", "100.0%"))
-    console.print(grid(f"lightmetrics by part: {assumed}", ["part", "USD / month", "USD / 1M batches", "share"], parts))
-
-    def bill(design: dict[str, Any]) -> str:
-        return f"{design['per_month_usd']:.2f} USD/month, {design['per_million_batches_usd']:.2f} USD per 1M batches"
-
+    console.print(grid("lightmetrics by part", ["part", "USD / month", "USD / 1M batches", "share"], parts))
+    hist = est["histories"]
+    years = [f"{h['years']:g} year{'s' if h['years'] != 1 else ''}" for h in hist]
+    rows = [("lightmetrics USD / 1M batches", *(f"{h['per_million_batches_usd']:.2f}" for h in hist)),
+            ("dynamodb-dedupe USD / 1M batches", *(f"{h['alternative_per_million_batches_usd']:.2f}" for h in hist)),
+            ("ratio to dynamodb-dedupe", *(f"{h['ratio_lightmetrics_to_alternative']:.2f}" for h in hist)),
+            ("derived-state upkeep share", *(f"{h['derived_state_upkeep_share']:.1%}" for h in hist))]
+    rows += [(f"  {item}", *(f"{h['history_lines'][item]:.3f}" for h in hist)) for item in sorted(hist[0]["history_lines"])]
+    console.print(grid("by history (the lines history moves, USD / 1M batches)", ["", *years], rows))
+    scale = est["scale"]
     console.print(kv_table("summary", [
-        ("assumptions", assumed + " (--assume NAME=VALUE for the rest; --json lists them all)"),
-        ("lightmetrics", bill(ours)),
-        ("dynamodb-dedupe", bill(alt)),
+        ("assumptions", "--assume NAME=VALUE; --json lists them all"),
+        ("lightmetrics", f"{ours['per_million_batches_usd']:.2f} USD per 1M batches"),
+        ("dynamodb-dedupe", f"{est['designs']['dynamodb-dedupe']['per_million_batches_usd']:.2f} USD per 1M batches"),
         ("ratio to dynamodb-dedupe", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
-        ("everything but ingest, indexing and storage",
-         f"{ours['outside_ingest_indexing_storage_share']:.1%} of the total"),
-        ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']} (lightmetrics.deployment.pricing)"),
+        ("derived-state upkeep", f"{ours['derived_state_upkeep_share']:.1%} of the total"),
+        ("everything but ingest, indexing and storage", f"{ours['outside_ingest_indexing_storage_share']:.1%} of the total"),
+        ("SQS messages per invocation", f"{est['sqs_messages_per_invocation']:.2f} (window "
+                                        f"{a['sqs_batching_window_s']:g} s, batch size {a['sqs_max_batch_size']})"),
+        *((f"setting: {k}", str(v)) for k, v in scale["settings"].items()),
+        ("keep-up least headroom", f"{scale['keepup_min_headroom']:.2f} ({scale['keepup_least_job']})"),
+        ("keep-up first limit", scale["keepup_first_limit"]),
+        ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']}"),
     ]))

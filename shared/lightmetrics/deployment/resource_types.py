@@ -214,7 +214,9 @@ class FunctionSpec:
     reserved_concurrency_param: str | None = None
     timeout_s: int = 30
     memory_mb: int = 512
-    batch_size: int = 10
+    batch_size: int = 10  # a queue trigger's SQS batch size (up to 10 without a window, 10,000 with one)
+    # a queue trigger's MaximumBatchingWindowInSeconds (0: none, Lambda invokes with what is there)
+    batching_window_s: int = 0
     metrics_service: str | None = None
     url_auth: Literal["none", "iam"] = "none"
     schedule_per_shard: bool = False
@@ -249,6 +251,10 @@ class FunctionSpec:
             raise ValueError(f"function {self.name!r}: only the GC role may delete raw blobs (set gc_role=True)")
         if not 1 <= self.timeout_s <= 900 or not 128 <= self.memory_mb <= 10240:
             raise ValueError(f"function {self.name!r}: timeout 1-900 s, memory 128-10240 MB")
+        # Lambda's SQS event source: a window of 0-300 s; batches of 1-10 without one, 1-10,000 with one
+        if not 0 <= self.batching_window_s <= 300 or not 1 <= self.batch_size <= (
+                10_000 if self.batching_window_s else 10):
+            raise ValueError(f"function {self.name!r}: batching window 0-300 s, batch size 1-10 (1-10,000 with a window)")
 
     @property
     def handler_string(self) -> str:

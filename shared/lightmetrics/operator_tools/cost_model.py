@@ -45,6 +45,7 @@ from lightmetrics.operator_tools.cost_workload import (
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
+    index_messages_per_invocation,
     inventory_objects,
     job_requests,
     job_units,
@@ -59,6 +60,9 @@ _DDB_WRITES = {"dynamodb.PutItem", "dynamodb.UpdateItem", "dynamodb.DeleteItem"}
 _DDB_READS = {"dynamodb.GetItem", "dynamodb.Query"}
 #: Parts that are not "ingest, indexing and storage" (the target: at most 15 % of the total).
 CORE_PARTS = ("ingest", "indexing", "storage")
+#: Derived-state upkeep: everything that keeps the derived indexes, indexing included (GC reaps
+#: blobs, not derived state, and is left out).
+UPKEEP_PARTS = ("indexing", "reconciler", "walk", "retention", "audit")
 
 
 # --- lines -------------------------------------------------------------------------------------------
@@ -149,7 +153,7 @@ def _per_batch(requests: Mapping[str, float], batches_per_month: float) -> dict[
     return {api: n / batches_per_month for api, n in requests.items()}
 
 
-def _hot_path(a: Assumptions) -> dict[str, dict[str, float]]:
+def _hot_path(a: Assumptions, batches_per_second: float) -> dict[str, dict[str, float]]:
     """Per-batch requests of ingest and indexing."""
     m = MEASURED_REQUESTS
     ingest: dict[str, float] = {**m["accept.new"], "lambda.Invoke": 1}
@@ -157,23 +161,31 @@ def _hot_path(a: Assumptions) -> dict[str, dict[str, float]]:
     for op in ("index.accepted_manifest", "index.raw_blob"):
         for api, n in m[op].items():
             indexing[api] = indexing.get(api, 0) + n
-    # 2 notifications (manifest, blob): a SendMessage by S3 each, and per SQS batch one
-    # ReceiveMessage and one DeleteMessageBatch by the event source mapping
-    indexing["sqs.messages"] = 2 * (1 + 2 / a.sqs_batch_size)
-    indexing["lambda.Invoke"] = 2 / a.sqs_batch_size
+    # 2 notifications (manifest, blob) on 2 queues at the batch rate each: a SendMessage by S3
+    # each, and per SQS batch (sqs_batching: from the window and the rate) one ReceiveMessage and
+    # one DeleteMessageBatch by the event source mapping
+    per_invocation = index_messages_per_invocation(batches_per_second, a)
+    indexing["sqs.messages"] = 2 * (1 + 2 / per_invocation)
+    indexing["lambda.Invoke"] = 2 / per_invocation
+    indexing["sqs.messages_per_invocation"] = per_invocation
     return {"ingest": ingest, "indexing": dict(indexing)}
 
 
-def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, batches_per_second: float = 100.0
-                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, batches_per_second: float = 100.0,
+                       reconcile_shards: int = 1) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(per-batch lines, fixed monthly lines) for this system."""
     p = prices.price
     per_month = batches_per_second * MONTH_S
-    hot = _hot_path(a)
+    hot = _hot_path(a, batches_per_second)
+    per_invocation = hot["indexing"].pop("sqs.messages_per_invocation")
     lines = traffic_lines("ingest", hot["ingest"], a, prices, gb_s=_gb_s(a.ingest_ms, a.ingest_memory_mb),
                           log_bytes_per_invocation=a.ingest_log_bytes)
+    # an indexer invocation: its round trips, then each record's CPU (given at 512 MB; less
+    # memory, less CPU: Lambda's CPU follows memory below one vCPU)
+    cpu_ms = a.index_cpu_ms_per_record * 512 / min(a.index_memory_mb, 1769)
     lines += traffic_lines("indexing", hot["indexing"], a, prices,
-                           gb_s=hot["indexing"]["lambda.Invoke"] * _gb_s(a.index_batch_ms, a.index_memory_mb),
+                           gb_s=hot["indexing"]["lambda.Invoke"] * _gb_s(a.index_io_ms + per_invocation * cpu_ms,
+                                                                         a.index_memory_mb),
                            log_bytes_per_invocation=a.task_log_bytes)
 
     units = job_units(batches_per_second, a)
@@ -237,13 +249,13 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
         noncurrent = a.derived_bytes / 1e9 * _months(a.noncurrent_version_days)
         lines.append(_line("storage: noncurrent derived versions", noncurrent, "GB-months",
                            noncurrent * p("s3.storage_gb_month")))
-    return lines, _fixed_lines(a, prices)
+    return lines, _fixed_lines(a, prices, reconcile_shards)
 
 
-def _fixed_lines(a: Assumptions, prices: PriceTable) -> list[dict[str, Any]]:
-    """Monthly costs that do not follow the batch rate."""
+def _fixed_lines(a: Assumptions, prices: PriceTable, reconcile_shards: int = 1) -> list[dict[str, Any]]:
+    """Monthly costs that do not follow the batch rate (the reconciler's runs: one a shard)."""
     p = prices.price
-    runs = MONTH_S / a.reconcile_every_s
+    runs = MONTH_S / a.reconcile_every_s * reconcile_shards
     invoke = p("lambda.per_million_requests") / 1e6
     log_gb = (a.lambda_platform_log_bytes + a.reconcile_log_bytes) / 1e9
     log_price = (p("cloudwatch.logs_ingest_per_gb")
@@ -322,19 +334,23 @@ def _design(lines: list[dict[str, Any]], fixed: list[dict[str, Any]], batches_pe
         "by_part_per_month_usd": groups,
         "by_part_per_million_batches_usd": {g: v / batches_per_month * 1e6 for g, v in groups.items()},
         "outside_ingest_indexing_storage_share": outside / per_month if per_month else 0.0,
+        "derived_state_upkeep_share": (sum(v for g, v in groups.items() if g in UPKEEP_PARTS) / per_month
+                                       if per_month else 0.0),
         "lines": lines,
         "fixed": fixed,
     }
 
 
 def estimate(batches_per_second: float, frame_bytes: int, *, assumptions: Assumptions | None = None,
-             prices: PriceTable = PRICE_TABLE) -> dict[str, Any]:
-    """Both designs at ``batches_per_second`` with frames of ``frame_bytes``."""
+             prices: PriceTable = PRICE_TABLE, reconcile_shards: int = 1) -> dict[str, Any]:
+    """Both designs at ``batches_per_second`` with frames of ``frame_bytes`` (``reconcile_shards``
+    scheduled reconciler runs every period)."""
     if batches_per_second <= 0 or frame_bytes <= 0:
         raise ValueError("batches_per_second and frame_bytes must be positive")
     a = assumptions or Assumptions()
     per_month = batches_per_second * MONTH_S
-    ours = _design(*lightmetrics_lines(frame_bytes, a, prices, batches_per_second=batches_per_second), per_month)
+    ours = _design(*lightmetrics_lines(frame_bytes, a, prices, batches_per_second=batches_per_second,
+                                       reconcile_shards=reconcile_shards), per_month)
     alt = _design(*alternative_lines(frame_bytes, a, prices, batches_per_second=batches_per_second), per_month)
     return {
         "batches_per_second": batches_per_second,
@@ -342,6 +358,8 @@ def estimate(batches_per_second: float, frame_bytes: int, *, assumptions: Assump
         "retention_days": a.retention_days,
         "system_age_days": a.system_age_days,
         "batches_per_month": per_month,
+        "sqs_messages_per_invocation": index_messages_per_invocation(batches_per_second, a),
+        "reconcile_shards": reconcile_shards,
         "assumptions": {**asdict(a), "reconcile_passes_per_entry": a.reconcile_passes_per_entry,
                         "reconcile_repairs_per_entry": a.reconcile_repairs_per_entry},
         "measured_requests": MEASURED_REQUESTS,

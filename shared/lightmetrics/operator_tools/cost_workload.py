@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lightmetrics.deployment.pricing import PRICE_TABLE
+from lightmetrics.deployment.resources import FUNCTIONS
+from lightmetrics.operator_tools.sqs_batching import messages_per_invocation
 
 DAY_S = 86400
 MONTH_S = 30.4375 * DAY_S  # an average month
 MONTH_DAYS = MONTH_S / DAY_S
+#: The index-accepted function's spec: its event source's batch size and batching window are what
+#: the CDK app synthesizes (one source for the model and the template).
+_INDEXER = next(f for f in FUNCTIONS if f.name == "index-accepted")
 
 #: Requests per operation of the hot path, by API (``lmctl bench cost-table``; verified live by
 #: tests/test_bench.py).
@@ -167,9 +172,19 @@ class Assumptions:
     # -- the hot path
     ingest_ms: float = 120.0  # billed duration per accept: 2 sequential S3 round trips + auth/validation
     ingest_memory_mb: int = 1024  # resources.py: the ingest function
-    index_batch_ms: float = 200.0  # per SQS batch of 10 records, records concurrent (~5-6 round trips)
+    # one invocation of an indexer: the records of its batch run concurrently (a read round trip,
+    # a write round trip, the batch's delete), then CPU per record one after another
+    index_io_ms: float = 80.0
+    # CPU per record (the SDK's signing, checksums, JSON) at 512 MB, a third of a vCPU: an upper
+    # bound, not measured on AWS (docs/cost.md says how: a REPORT's billed duration less round trips)
+    index_cpu_ms_per_record: float = 100.0
     index_memory_mb: int = 512
-    sqs_batch_size: int = 10
+    # messages per invocation: 0 derives them from the rate, the window and the batch size
+    # (sqs_batching.messages_per_invocation); N > 0 assumes N
+    sqs_batch_size: int = 0
+    sqs_max_batch_size: int = _INDEXER.batch_size  # resources.py: the event source's batch size
+    sqs_batching_window_s: float = float(_INDEXER.batching_window_s)  # resources.py: MaximumBatchingWindow
+    sqs_poll_gap_s: float = 0.1  # a poller's receive round trip and previous invocation
     sqs_pollers_per_queue: int = 5  # Lambda's SQS event source, 20 s long polls when idle
     # -- the reconciler (resources.py: rate(5 minutes), 1024 MB)
     reconcile_every_s: int = 300
@@ -261,6 +276,15 @@ class Assumptions:
     @property
     def reaped_days(self) -> float:
         return max(0.0, self.system_age_days - self.retention_days)
+
+
+def index_messages_per_invocation(arrivals_per_s: float, a: Assumptions) -> float:
+    """SQS messages in one indexer invocation at ``arrivals_per_s`` on its queue: ``--assume
+    sqs_batch_size=N`` when N > 0, else from the configured window and batch size."""
+    if a.sqs_batch_size > 0:
+        return float(a.sqs_batch_size)
+    return messages_per_invocation(arrivals_per_s, window_s=a.sqs_batching_window_s, batch_size=a.sqs_max_batch_size,
+                                   pollers=a.sqs_pollers_per_queue, poll_gap_s=a.sqs_poll_gap_s)
 
 
 def retention_marks_capacity(a: Assumptions) -> tuple[float, float]:

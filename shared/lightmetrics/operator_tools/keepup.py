@@ -48,6 +48,7 @@ from lightmetrics.operator_tools.cost_workload import (
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
+    index_messages_per_invocation,
     inventory_objects,
     job_requests,
     job_units,
@@ -93,8 +94,7 @@ class KeepupParams:
     lambda_invoke_s: float = 0.030
     sfn_round_overhead_s: float = 1.0  # Step Functions + Lambda around one walk round (Plan, Route, Map)
     sfn_state_s: float = 0.05  # one state entered outside a round (a continuation's)
-    # -- the indexers: CPU per record (the SDK's signing, checksums, JSON) at their memory
-    index_cpu_ms_per_record: float = 100.0  # at 512 MB (a third of a vCPU)
+    # -- the indexers (their CPU per record and messages per invocation: the cost model's Assumptions)
     conflict_fraction: float = 0.001  # accepts that quarantine evidence (the quarantine indexer's units)
     # -- the reconciler (settings.py, reconcile.py)
     reconcile_shards: int = int(Settings.model_fields["reconcile_shards"].default)
@@ -178,10 +178,10 @@ def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[d
     out = []
     # Ingest takes its concurrency first; the three index queues share what is left.
     spare = max(0.0, q.lambda_concurrency - rate * a.ingest_ms / 1000) / 3
-    b = a.sqs_batch_size
-    cpu_s = k.index_cpu_ms_per_record / 1000 * 512 / a.index_memory_mb
+    cpu_s = a.index_cpu_ms_per_record / 1000 * 512 / a.index_memory_mb
     for name, op, share in (("accepted", "index.accepted_manifest", 1.0), ("raw blobs", "index.raw_blob", 1.0),
                             ("quarantine", None, k.conflict_fraction)):
+        b = index_messages_per_invocation(rate * share, a)
         req = dict(MEASURED_REQUESTS[op]) if op else QUARANTINE_INDEX_REQUESTS
         # records of a batch run concurrently: a read round trip, then a write round trip; CPU is serial
         trips = (_s3(req, reads=True) > 0) + (_s3(req, reads=False) > 0)
