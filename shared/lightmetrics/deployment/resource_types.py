@@ -15,19 +15,8 @@ from typing import Any, Literal
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, layout_roots
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 
-__all__ = [
-    "LAYOUT_PREFIXES",
-    "OBJECT_CREATED_EVENT",
-    "TABLE_WRITES",
-    "TRIGGER_KINDS",
-    "BucketSpec",
-    "FunctionSpec",
-    "QueueSpec",
-    "ResourceSpec",
-    "SecretSpec",
-    "StateMachineSpec",
-    "TableSpec",
-]
+__all__ = ["LAYOUT_PREFIXES", "OBJECT_CREATED_EVENT", "TABLE_WRITES", "TRIGGER_KINDS", "BucketSpec", "FunctionSpec",
+           "QueueSpec", "ResourceSpec", "SecretSpec", "StateMachineSpec", "TableSpec"]
 
 #: The only S3 event the system subscribes to: every write is a create (docs/protocol.md §10).
 OBJECT_CREATED_EVENT = "s3:ObjectCreated:*"
