@@ -169,11 +169,11 @@ def reap_status(follow: bool, settings: Settings, as_json: bool) -> None:
         report = control.checkpoint()
     except (ClientError, BotoCoreError) as exc:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
-    lease_info = {"held": bool(lease), "epoch": (lease or {}).get("epoch"), "mode": (lease or {}).get("scope"),
-                  "execution": (lease or {}).get("execution"), "expires": utc_text((lease or {}).get("expires_at_ns"))}
-    if follow and lease and lease.get("execution"):
-        _follow(control, str(lease["execution"]), {"execution_arn": lease["execution"], "mode": lease.get("scope"),
-                                                   "lease": lease_info}, as_json)
+    lease_info = {"held": lease is not None, "epoch": lease and lease.epoch, "mode": lease and lease.scope,
+                  "execution": lease and lease.execution, "expires": utc_text(lease and lease.expires_at_ns)}
+    if follow and lease is not None and lease.execution:
+        _follow(control, lease.execution, {"execution_arn": lease.execution, "mode": lease.scope,
+                                           "lease": lease_info}, as_json)
     if as_json:
         emit_json({"lease": lease_info, "reap": report})
     else:

@@ -174,18 +174,18 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
     except (ClientError, BotoCoreError) as exc:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
     now = control.ctx.clock.now_ns()
-    live = bool(lease and int(lease.get("expires_at_ns", 0)) > now)
+    live = lease is not None and lease.is_live(now)
     lease_info = {
         "held": live,
-        "epoch": (lease or {}).get("epoch"),
-        "scope": (lease or {}).get("scope"),
-        "execution": (lease or {}).get("execution"),
-        "expires": utc_text((lease or {}).get("expires_at_ns")) if live else None,
+        "epoch": lease and lease.epoch,
+        "scope": lease and lease.scope,
+        "execution": lease and lease.execution,
+        "expires": utc_text(lease.expires_at_ns) if lease is not None and live else None,
     }
     summary = {k: cp.get(k) for k in _SUMMARY_FIELDS} if cp else None
-    if follow and live and summary and lease and lease.get("checkpoint_pk") == cp.get("pk"):  # type: ignore[union-attr]
-        started = Started(str(lease["execution"]), int(lease["epoch"]), str(lease["checkpoint_pk"]),
-                          str(lease.get("scope", "all")))
+    if follow and live and summary and lease is not None and lease.checkpoint_pk == cp.get("pk"):  # type: ignore[union-attr]
+        started = Started(str(lease.execution), lease.epoch, str(lease.checkpoint_pk),
+                          "all" if lease.scope is None else lease.scope)
         result = _follow(control, started, as_json)
         summary = result.summary
         code = EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS

@@ -20,7 +20,7 @@ from typing import Any
 from lightmetrics.aws.step_functions import execution_history
 from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.protocol.executions import task_error
-from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.leases import LeaseHeld, LeaseItem
 from lightmetrics.work.units import WorkContext
 
 #: ``(the execution's description, the Begin task's error kind, its message) -> the error to raise``
@@ -35,18 +35,18 @@ class JobControl:
         self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
         self.kernel = JobKernel(ctx.table, name, ctx.clock)
 
-    def lease(self) -> dict[str, Any] | None:
+    def lease(self) -> LeaseItem | None:
         return self.kernel.lease()
 
-    def lease_live(self) -> dict[str, Any] | None:
+    def lease_live(self) -> LeaseItem | None:
         lease = self.lease()
-        return lease if lease and int(lease.get("expires_at_ns", 0)) > self.ctx.clock.now_ns() else None
+        return lease if lease is not None and lease.is_live(self.ctx.clock.now_ns()) else None
 
     def history(self, arn: str) -> list[dict[str, Any]]:
         return execution_history(self.sfn, arn)
 
     def start_execution(self, name: str, inp: dict[str, Any], *, refused: Refusal, timeout_s: float = 60.0,
-                        lease_name: str = "") -> tuple[str, dict[str, Any]]:
+                        lease_name: str = "") -> tuple[str, LeaseItem]:
         """Start an execution ``name`` with ``inp`` and wait until it holds the lease: ``(its ARN, the
         lease)``. An execution that ended first was refused: :class:`LeaseHeld` if another run held
         the lease, else ``refused(description, kind, message)`` with the Begin task's own error (its
@@ -56,7 +56,7 @@ class JobControl:
         deadline = time.monotonic() + timeout_s
         while True:
             lease = self.lease()
-            if lease and lease.get("execution") == arn:
+            if lease is not None and lease.execution == arn:
                 return arn, lease
             d = self.sfn.describe_execution(executionArn=arn)
             if d["status"] != "RUNNING":

@@ -22,7 +22,7 @@ from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume
 from lightmetrics.reaps.report import report_of
 from lightmetrics.work import leases
-from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.leases import LeaseHeld, LeaseItem
 from lightmetrics.work.units import WorkContext
 
 
@@ -44,7 +44,7 @@ class ReapControl:
         self.table: ControlStore = ctx.table
         self.job = JobControl(ctx, sfn_client, state_machine_arn, "reap", sleep=sleep)
 
-    def lease_live(self) -> dict[str, Any] | None:
+    def lease_live(self) -> LeaseItem | None:
         return self.job.lease_live()
 
     def checkpoint(self) -> dict[str, Any] | None:

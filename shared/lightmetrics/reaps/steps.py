@@ -76,7 +76,7 @@ from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
 from lightmetrics.reaps.state import ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
-from lightmetrics.work.leases import LeaseLost
+from lightmetrics.work.leases import LeaseItem, LeaseLost
 from lightmetrics.work.units import WorkContext
 
 
@@ -96,8 +96,8 @@ class Reaper:
     def now(self) -> int:
         return self.job.now()
 
-    def lease(self) -> dict[str, Any] | None:
-        """The reap lease's item (plain values), or None if no reap ever took it."""
+    def lease(self) -> LeaseItem | None:
+        """The reap lease's item, or None if no reap ever took it."""
         return self.kernel.lease()
 
     def marks_items(self) -> list[dict[str, Any]]:
@@ -136,7 +136,7 @@ class Reaper:
             assert cp is not None
             epoch = int(cp["epoch"])
         else:
-            epoch = int((lease or {}).get("epoch", 0)) + 1
+            epoch = (0 if lease is None else lease.epoch) + 1
         owner = uuid.uuid4().hex
         execution = event.get("execution_arn", "")
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now, epoch=epoch,

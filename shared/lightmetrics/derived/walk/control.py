@@ -23,7 +23,7 @@ from lightmetrics.jobs.control import JobControl
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import ControlStore
 from lightmetrics.protocol.identity import id_to_hex
-from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.leases import LeaseHeld, LeaseItem
 from lightmetrics.work.units import WorkContext
 
 
@@ -54,10 +54,10 @@ class WalkControl:
         self.sleep = sleep
         self.job = JobControl(ctx, sfn_client, state_machine_arn, "walk", sleep=sleep)
 
-    def lease(self) -> dict[str, Any] | None:
+    def lease(self) -> LeaseItem | None:
         return self.job.lease()
 
-    def lease_live(self) -> dict[str, Any] | None:
+    def lease_live(self) -> LeaseItem | None:
         return self.job.lease_live()
 
     def checkpoint(self, agent: str | None = None) -> dict[str, Any] | None:
@@ -99,7 +99,7 @@ class WalkControl:
                                       f"(last status: {cp.get('status') if cp else 'never ran'})")
         name = f"lmctl-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         arn, lease = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s)
-        return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
+        return Started(arn, lease.epoch, str(lease.checkpoint_pk), "all" if lease.scope is None else lease.scope)
 
     @staticmethod
     def _refused(d: dict[str, Any], kind: str, detail: str) -> Exception:
@@ -109,13 +109,13 @@ class WalkControl:
         return InvalidWalkInput(f"the walk did not start ({d['status']} {d.get('error', '')}): "
                                 f"{detail or d.get('cause', '')}")
 
-    def _held(self, lease: dict[str, Any]) -> str:
+    def _held(self, lease: LeaseItem) -> str:
         """Why a start is refused. A lease whose execution has ended (its release was lost, or the
         execution was stopped) is still the lease until it expires: say so, and when."""
         from lightmetrics.protocol.clock import utc_text
 
         text = describe_lease(lease, self.ctx.clock.now_ns())
-        execution = lease.get("execution")
+        execution = lease.execution
         if not execution:
             return text
         try:
@@ -125,7 +125,7 @@ class WalkControl:
         if status == "RUNNING":
             return text
         return (f"{text}: that execution has ended ({status}) without releasing the lease, which "
-                f"expires at {utc_text(int(lease.get('expires_at_ns', 0)))}; `lmctl walk start` succeeds then "
+                f"expires at {utc_text(lease.expires_at_ns)}; `lmctl walk start` succeeds then "
                 f"(add --resume to continue an unfinished walk)")
 
     def history(self, arn: str) -> list[dict[str, Any]]:

@@ -57,7 +57,7 @@ from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
-from lightmetrics.work.leases import OWNED, LeaseLost
+from lightmetrics.work.leases import OWNED, LeaseItem, LeaseLost
 from lightmetrics.work.units import WorkContext
 
 #: What a continuation carries into the next execution.
@@ -88,8 +88,8 @@ class Walker:
     def now(self) -> int:
         return self.job.now()
 
-    def lease(self) -> dict[str, Any] | None:
-        """The walk lease's item (plain values), or None if no walk ever took it."""
+    def lease(self) -> LeaseItem | None:
+        """The walk lease's item, or None if no walk ever took it."""
         return self.kernel.lease()
 
     def page(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +118,7 @@ class Walker:
             if kept:
                 params = WalkParams.parse({**inp, **kept})
         else:
-            epoch = int((lease or {}).get("last_epoch", (lease or {}).get("epoch", 0))) + 1
+            epoch = (0 if lease is None else lease.epoch if lease.last_epoch is None else lease.last_epoch) + 1
         owner = uuid.uuid4().hex
         scope = "all" if params.agent is None else f"agent={params.agent_hex}"
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, epoch=epoch, execution=execution,

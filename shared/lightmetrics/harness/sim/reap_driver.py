@@ -189,7 +189,7 @@ def _lease_left(world: World, execution: Execution, arn: str) -> None:
     if execution.crashed or not (execution.ended or execution.errors[-1:] == ["LeaseHeld"]):
         return
     lease = leases.read(world.system.table, LEASE_PK)
-    if leases.is_live(lease, world.clock.now_ns()) and (lease or {}).get("execution") == arn:
+    if lease is not None and lease.is_live(world.clock.now_ns()) and lease.execution == arn:
         world.scheduler.flag(f"the reap lease is held by execution {arn}, which ended without a crash: {lease}")
 
 

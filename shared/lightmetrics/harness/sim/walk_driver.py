@@ -140,7 +140,7 @@ def walk(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, outcomes
                 outcomes.append(ended)
             if execution.ended and not execution.crashed:  # a dead task's lease only expires
                 lease = leases.read(world.system.table, LEASE_PK)
-                if leases.is_live(lease, world.clock.now_ns()) and (lease or {}).get("owner") == execution.owner:
+                if lease is not None and lease.is_live(world.clock.now_ns()) and lease.owner == execution.owner:
                     world.scheduler.flag(f"the walk lease is held after its End answered: {lease}")
     return body
 
