@@ -34,11 +34,11 @@ STATE_MACHINE = "reap"
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.composition.services import aws_session
+    from lightmetrics.composition.services import aws_session, executions
     from lightmetrics.reaps import ReapControl
 
     arn = state_machine_arn(settings, STATE_MACHINE, "ReapArn", as_json=as_json)
-    return ReapControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
+    return ReapControl(configured_context(settings, as_json=as_json), executions(aws_session().client("stepfunctions")), arn)
 
 
 def report_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:

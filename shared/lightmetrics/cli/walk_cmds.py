@@ -45,11 +45,11 @@ def _duration(seconds: Any) -> str | None:
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.composition.services import aws_session
+    from lightmetrics.composition.services import aws_session, executions
     from lightmetrics.derived.walk import WalkControl
 
     arn = state_machine_arn(settings, STATE_MACHINE, "BootstrapWalkArn", as_json=as_json)
-    return WalkControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
+    return WalkControl(configured_context(settings, as_json=as_json), executions(aws_session().client("stepfunctions")), arn)
 
 
 @click.group()

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, TransactionCancelled
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.work import leases
 from lightmetrics.work.leases import OWNED, Fence, Holder, LeaseHeld, LeaseItem, LeaseLost
 
@@ -111,16 +111,15 @@ class JobKernel:
         """The next execution's name: deterministic, so a retried task finds the one it started."""
         return f"{self.name}-e{run['epoch']}-{str(run['owner'])[:8]}-{int(run['executions']) + 1:04d}"
 
-    def continue_in(self, sfn: Any, run: Run, carried: dict[str, Any], *,
+    def continue_in(self, executions: Executions | None, run: Run, carried: dict[str, Any], *,
                     before: Callable[[], object] = lambda: None) -> str:
         """Start the run's next execution with input ``{"continuation": carried}``; its ARN.
         ``before``: a check that raises if the run may not continue (it lost the job)."""
-        if sfn is None:
-            raise RuntimeError(f"{self.name}-continue needs a Step Functions client")
+        if executions is None:
+            raise RuntimeError(f"{self.name}-continue needs the executions port (Step Functions)")
         before()
-        arn: str = start_continuation(sfn, run["state_machine_arn"], self.continuation_name(run),
+        return executions.continue_as(str(run["state_machine_arn"]), self.continuation_name(run),
                                       {"continuation": carried})
-        return arn
 
 
 @dataclass

@@ -55,6 +55,7 @@ from typing import Any, cast
 
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import Op, plain
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
@@ -86,10 +87,10 @@ class Reaper:
     the reap's :class:`ReapJob` (its job kernel: the lease, owned writes, continuations) and the two
     roles' tasks."""
 
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+    def __init__(self, ctx: WorkContext, settings: Any, *, executions: Executions | None = None) -> None:
         self.job = ReapJob(ctx, settings)
         self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
-        self._sfn = sfn_client
+        self.executions = executions  # the continue task's: it starts the next execution
         self.retention_tasks = RetentionTasks(self.job)
         self.gc_tasks = GcTasks(self.job, candidates=lambda cp: self.candidates(cp))
 
@@ -238,7 +239,7 @@ class Reaper:
         execution then ends (``Continued``) without releasing the lease."""
         reap = event["reap"]
         # LeaseLost: a run that lost the reap starts nothing
-        arn = self.kernel.continue_in(self._sfn, reap, self.continuation(reap)["continuation"],
+        arn = self.kernel.continue_in(self.executions, reap, self.continuation(reap)["continuation"],
                                       before=lambda: self.job.summary(reap))
         self.job.commit(reap, set_={"next_execution": arn})
         crashpoints.point(CP_CONTINUED)

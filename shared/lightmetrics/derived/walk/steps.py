@@ -55,6 +55,7 @@ from lightmetrics.derived.walk.state import (
 from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, counters, log
 from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.work.leases import OWNED, LeaseItem, LeaseLost
@@ -79,10 +80,10 @@ class Walker:
     item; Plan folds a finished partition into the summary and deletes its item, atomically.
     """
 
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+    def __init__(self, ctx: WorkContext, settings: Any, *, executions: Executions | None = None) -> None:
         self.job = WalkJob(ctx, settings)
         self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
-        self._sfn = sfn_client
+        self.executions = executions  # the continue task's: it starts the next execution
         self.page_task = PageTask(self.job)
 
     def now(self) -> int:
@@ -299,7 +300,7 @@ class Walker:
         walk: WalkRun = event["walk"]
         run: dict[str, Any] = dict(walk)
         carried = {k: run[k] for k in CARRIED if k in run}
-        arn = self.kernel.continue_in(self._sfn, walk, carried)
+        arn = self.kernel.continue_in(self.executions, walk, carried)
         names, values = JobKernel.owned(walk)
         try:
             self.table.update(walk["checkpoint_pk"], CHECKPOINT_SK, "SET #nx = :nx, #u = :now",
