@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.executions import ExecutionDescription, Executions, task_error
@@ -29,18 +29,20 @@ Refusal = Callable[[ExecutionDescription, str, str], Exception]
 #: How long a run whose execution ended while its checkpoint still says running may take to record
 #: the execution it continued in (its next Begin does so within moments).
 HANDOVER_S = 60.0
+#: a job's report of its checkpoint (the walk's summary, the reap's report)
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class Observed:
+class Observed(Generic[R]):
     """One read of a followed run's checkpoint, as the job's control reads it.
 
     >>> Observed({"epoch": 3}, JobStatus.RUNNING, successor="arn:...:execution:walk:w-0002").status
     <JobStatus.RUNNING: 'running'>
     """
 
-    #: what the operator is shown (``on_progress``) and given at the end
-    report: dict[str, Any] = field(default_factory=dict)
+    #: what the operator is shown (``on_progress``) and given at the end (None before a checkpoint)
+    report: R | None = None
     #: the recorded status (None before the run wrote its checkpoint)
     status: JobStatus | None = None
     #: the execution the checkpoint names as the run's latest (a continuation's, once it started)
@@ -52,12 +54,12 @@ class Observed:
 
 
 @dataclass
-class FollowedRun:
+class FollowedRun(Generic[R]):
     """How a followed run ended: ``finished`` or ``failed``, its last report, the executions it ran in
     (first to last) and, when it failed, why."""
 
     status: str
-    report: dict[str, Any]
+    report: R | None
     executions: list[str]
     detail: str = ""
 
@@ -103,21 +105,20 @@ class JobControl:
             self.sleep(0.1)
 
 
-    def follow(self, arn: str, *, progress: Callable[[], Observed],
-               on_progress: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.5,
-               timeout_s: float | None = None, progress_every_s: float = 0.0) -> FollowedRun:
+    def follow(self, arn: str, *, progress: Callable[[], Observed[R]], on_progress: Callable[[R], None] | None = None,
+               poll_s: float = 0.5, timeout_s: float | None = None, progress_every_s: float = 0.0) -> FollowedRun[R]:
         """Wait for the run started as ``arn`` to end, through every execution it continues in. The
         executions say when it ended; ``progress()`` reads its checkpoint (at most every
         ``progress_every_s``, and once more when an execution ended): its report, handed to
         ``on_progress`` whenever it changed, its status and its successor. It finished if its last
         execution succeeded and its checkpoint says finished."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        executions, observed, shown = [arn], Observed(), None
+        executions, observed, shown = [arn], Observed[R](), None
         next_read, ended_at = 0.0, None
         while True:
             if time.monotonic() >= next_read:
                 next_read, observed = time.monotonic() + progress_every_s, progress()
-                if on_progress is not None and observed.report and observed.report != shown:
+                if on_progress is not None and observed.report is not None and observed.report != shown:
                     shown = observed.report
                     on_progress(observed.report)
             if observed.replaced:

@@ -83,14 +83,14 @@ class ReapControl:
         report whenever it changed (read at most every 2 s)."""
         run = self.job.follow(arn, progress=self._progress, on_progress=on_progress, poll_s=poll_s,
                               timeout_s=timeout_s, progress_every_s=2.0)
-        return Followed(run.status, run.report, run.executions[-1], run.detail)
+        return Followed(run.status, run.report or {}, run.executions[-1], run.detail)
 
-    def _progress(self) -> Observed:
+    def _progress(self) -> Observed[dict[str, Any]]:
         """The reap's checkpoint summary (one GetItem): its report, status and the execution its
         Continue started."""
         item = plain(self.table.get(CHECKPOINT_PK, CHECKPOINT_SK) or {})
         if not item:
-            return Observed()
+            return Observed[dict[str, Any]]()
         status = item.get("status")
         return Observed(report_of(item), JobStatus(status) if status else None, item.get("next_execution"),
                         str(item.get("error") or ""))

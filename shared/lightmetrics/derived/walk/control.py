@@ -137,14 +137,14 @@ class WalkControl:
         (:meth:`~lightmetrics.jobs.control.JobControl.follow`), its summary read at every poll."""
         run = self.job.follow(started.execution_arn, progress=lambda: self._progress(started), on_progress=on_progress,
                               poll_s=poll_s, timeout_s=timeout_s)
-        return Followed(run.status, run.report, run.executions, run.detail)
+        return Followed(run.status, run.report or {}, run.executions, run.detail)
 
-    def _progress(self, started: Started) -> Observed:
+    def _progress(self, started: Started) -> Observed[dict[str, Any]]:
         """The walk's summary, totals including the partitions in progress (one Query); a newer
         epoch's checkpoint is no longer this walk's."""
         found, parts = read_walk(self.table, started.checkpoint_pk)
         if found is None:
-            return Observed()
+            return Observed[dict[str, Any]]()
         summary = summarize(found, parts, self.ctx.clock.now_ns())
         status = found.get("status")
         replaced = "" if int(found.get("epoch", -1)) == started.epoch else "a newer walk replaced this epoch's checkpoint"
