@@ -104,7 +104,6 @@ class JobControl:
                 raise TimeoutError(f"{arn} did not take the {lease_name or 'lease'} within {timeout_s} s")
             self.sleep(0.1)
 
-
     def follow(self, arn: str, *, progress: Callable[[], Observed[R]], on_progress: Callable[[R], None] | None = None,
                poll_s: float = 0.5, timeout_s: float | None = None, progress_every_s: float = 0.0) -> FollowedRun[R]:
         """Wait for the run started as ``arn`` to end, through every execution it continues in. The
