@@ -142,7 +142,8 @@ def lease_held_line(table: Any, exc: Exception) -> str:
     and until when (read back from the lease item; the exception's text if it is gone).
 
     >>> class Table:
-    ...     def get(self, pk, sk): return {"owner": "3f2a9c1d-77", "epoch": 4, "expires_at_ns": 1_767_225_600 * 10**9}
+    ...     def get(self, pk, sk):
+    ...         return {"pk": pk, "sk": sk, "owner": "3f2a9c1d-77", "epoch": 4, "expires_at_ns": 1_767_225_600 * 10**9}
     >>> lease_held_line(Table(), Exception("held"))
     'rollup: not run: the rollup lease is held by owner 3f2a9c1d-77 (epoch 4) until 2026-01-01 00:00:00Z; exit 0'
     """
@@ -150,10 +151,10 @@ def lease_held_line(table: Any, exc: Exception) -> str:
     from lightmetrics.work.leases import lease_pk, read
 
     item = read(table, lease_pk("rollup"))
-    if not item:
+    if item is None:
         return f"rollup: not run: {exc}; exit 0"
-    return (f"rollup: not run: the rollup lease is held by owner {item.get('owner')} (epoch {item.get('epoch')}) "
-            f"until {utc_text(item.get('expires_at_ns'))}; exit 0")
+    return (f"rollup: not run: the rollup lease is held by owner {item.owner} (epoch {item.epoch}) "
+            f"until {utc_text(item.expires_at_ns)}; exit 0")
 
 
 if __name__ == "__main__":

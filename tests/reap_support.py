@@ -4,7 +4,6 @@ hour with their derived entries, orphans; and :func:`drive`, the reap state mach
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.derived.walk import INDEXES, set_watermark
 from lightmetrics.harness.testing.faults import FaultInjector, FaultRule
+from lightmetrics.harness.testing.memory.executions import InlineExecutions
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.identity import BatchIdentity
@@ -151,19 +151,6 @@ def make_world(bucket: str, *, grace_s: int = 0) -> World:
     return World(settings, clock, ctx, old)
 
 
-class InlineSfn:
-    """Step Functions' StartExecution for :func:`drive`: remembers each continuation's input; a
-    repeated start of the same name returns the same execution (as the service does)."""
-
-    def __init__(self) -> None:
-        self.inputs: dict[str, dict[str, Any]] = {}
-
-    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, str]:  # noqa: A002,N803
-        arn = f"inline:execution:{name}"
-        self.inputs.setdefault(arn, json.loads(input))
-        return {"executionArn": arn}
-
-
 def drive(reaper: Reaper, inp: dict[str, Any], clock: FrozenClock, *, attempts: int = 4,
           before_task: Any = None, range_threads: int = 1) -> dict[str, Any]:
     """The loop of infra/statemachines/reap.asl.json: route on ``next``; a Wait advances the clock;
@@ -196,10 +183,10 @@ def drive_from(reaper: Reaper, out: dict[str, Any], clock: FrozenClock, *, attem
         if nxt == "finish":
             return reaper.end({"reap": out["reap"], "outcome": "finished"})
         if nxt == "continue":  # Continue, then the next execution's Begin carries the reap on
-            if not isinstance(reaper._sfn, InlineSfn):
-                reaper._sfn = InlineSfn()
+            if not isinstance(reaper.executions, InlineExecutions):
+                reaper.executions = InlineExecutions()
             started = run("cont", {"reap": out["reap"]})["next_execution"]
-            out = run("begin", {"input": reaper._sfn.inputs[started], "execution_arn": started})
+            out = run("begin", {"input": reaper.executions.inputs[started], "execution_arn": started})
             continue
         if nxt == "ranges":  # the Ranges Map: one task per range (its role's method), then the hour's task
             events = [(item["task"], {"reap": out["reap"], "job": out["range_job"], "range": item})

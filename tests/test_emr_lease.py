@@ -39,7 +39,7 @@ def test_a_held_lease_ends_the_job_successfully_with_one_line(system, runtime, c
     (until,) = re.findall(r"^rollup: not run: the rollup lease is held by owner run-of-20-past \(epoch 1\) "
                           r"until (\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ); exit 0$", lines[0])
     item = holder.current()
-    assert until == utc_text(int(item["expires_at_ns"]))
+    assert item is not None and until == utc_text(item.expires_at_ns)
     assert read_committed(access_for(system, runtime), H0) is None  # the holder's work, not this run's
-    assert holder.current()["owner"] == "run-of-20-past"  # and this run did not release someone else's lease
+    assert holder.current().owner == "run-of-20-past"  # and this run did not release someone else's lease
 

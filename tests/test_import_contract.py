@@ -31,13 +31,6 @@ BOTO_EXCEPTIONS = {
 SERVICE_FOLDERS = ("work", "jobs", "acceptance", "derived", "reaps", "admin")
 #: adapter names a service still imports, (module, "adapter module.name") -> why
 ADAPTER_EXCEPTIONS = {
-    ("jobs/kernel.py", "lightmetrics.aws.step_functions.start_continuation"): "the job kernel (the walk's and the "
-        "reap's continuations) is handed a raw Step Functions client (sfn_client); a port of the executions they "
-        "start and describe is the follow-up",
-    ("jobs/control.py", "lightmetrics.aws.step_functions.execution_history"): "the job control (the walk's and the "
-        "reap's) calls the raw Step Functions client (start_execution, describe_execution) too; same follow-up",
-    ("admin/status.py", "lightmetrics.aws.sqs_queues.queue_depth"): "status is handed the raw SQS client, as the "
-        "blocker actions are (ctx.sqs()); a queue port is the follow-up",
     **{("work/units.py", f"lightmetrics.aws.errors.{n}"): "run_unit classifies botocore's errors (transient or a "
        "refusal) for every service; see BOTO_EXCEPTIONS" for n in ("describe", "is_transient")},
 }

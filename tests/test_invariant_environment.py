@@ -182,6 +182,7 @@ def test_property_10_walk_and_reap_controls_refuse_a_missing_bucket_before_start
     from dataclasses import replace
 
     from lightmetrics.aws.s3_store import S3ObjectStore, s3_client_config
+    from lightmetrics.composition.services import executions
     from lightmetrics.derived.walk import WalkControl
     from lightmetrics.protocol.errors import ResourceAccessError
     from lightmetrics.reaps import ReapControl
@@ -195,9 +196,9 @@ def test_property_10_walk_and_reap_controls_refuse_a_missing_bucket_before_start
     before = len(sfn.list_executions(stateMachineArn=arn)["executions"])
     with pytest.raises(ResourceAccessError, match=missing):
         if control == "walk":
-            WalkControl(ctx, sfn, arn).start(timeout_s=10)
+            WalkControl(ctx, executions(sfn), arn).start(timeout_s=10)
         else:
-            ReapControl(ctx, sfn, arn).start(mode=control.split()[1], dry_run=True, timeout_s=10)
+            ReapControl(ctx, executions(sfn), arn).start(mode=control.split()[1], dry_run=True, timeout_s=10)
     assert len(sfn.list_executions(stateMachineArn=arn)["executions"]) == before, "nothing started"
 
 

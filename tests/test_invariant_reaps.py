@@ -134,7 +134,7 @@ def test_property_2_a_task_that_outlived_its_lease_changes_nothing_afterwards(bu
     assert counts["deletes"] == 0, f"task A sent {counts['deletes']} DeleteObject after losing its lease at {point}"
     assert reap_state(w) == at_takeover[0], f"task A changed the bucket or the control table after {point}"
     lease = w.reaper().lease()
-    assert lease["epoch"] == taken[0]["reap"]["epoch"] and lease["owner"] == taken[0]["reap"]["owner"]
+    assert lease.epoch == taken[0]["reap"]["epoch"] and lease.owner == taken[0]["reap"]["owner"]
 
 
 def test_property_2_an_earlier_epochs_intent_is_settled_only_once_its_writer_cannot_be_running(bucket: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -16,10 +17,13 @@ from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.control_store import Op, TransactionCancelled
 from lightmetrics.work.leases import (
     Fence,
+    Holder,
     LeaseHeld,
+    LeaseItem,
     LeaseLost,
     lease_pk,
     lease_rule_broken,
+    read,
     release,
     renewal,
     take,
@@ -36,17 +40,17 @@ def table(runtime: Any) -> ControlTable:
     return ControlTable(session().client("dynamodb"), name)
 
 
-def _take(table: ControlTable, owner: str, now_ns: int, lease_s: int = 60, **kw: Any) -> dict[str, Any]:
-    return take(table, PK, table.get(PK, "lease"), owner=owner, lease_seconds=lease_s, now_ns=now_ns, what="test", **kw)
+def _take(table: ControlTable, owner: str, now_ns: int, lease_s: int = 60, **kw: Any) -> LeaseItem:
+    return take(table, PK, read(table, PK), owner=owner, lease_seconds=lease_s, now_ns=now_ns, what="test", **kw)
 
 
 def test_a_take_needs_the_lease_absent_or_expired_and_each_take_is_a_new_epoch(table: ControlTable) -> None:
     first = _take(table, "a", 0)
-    assert (first["epoch"], first["version"]) == (1, 1)
+    assert (first.epoch, first.version) == (1, 1)
     with pytest.raises(LeaseHeld, match="held by epoch 1"):
         _take(table, "b", 30 * _NS)
     second = _take(table, "b", 61 * _NS)  # expired
-    assert (second["epoch"], second["owner"]) == (2, "b")
+    assert (second.epoch, second.owner) == (2, "b")
     # the old holder's renewal and release change nothing any more
     with pytest.raises(Exception):
         renewal(PK, "a", 1, 60, 62 * _NS).apply(table)
@@ -57,7 +61,7 @@ def test_a_take_needs_the_lease_absent_or_expired_and_each_take_is_a_new_epoch(t
 
 def test_a_renewal_between_the_read_and_the_take_keeps_the_lease_held(table: ControlTable) -> None:
     _take(table, "a", 0)
-    stale = table.get(PK, "lease")  # read while it looked expired to a slow taker
+    stale = read(table, PK)  # read while it looked expired to a slow taker
     renewal(PK, "a", 1, 60, 59 * _NS).apply(table)  # the holder renews just in time
     with pytest.raises(LeaseHeld):
         take(table, PK, stale, owner="b", lease_seconds=60, now_ns=61 * _NS, what="test")
@@ -68,13 +72,14 @@ def test_a_released_lease_is_never_renewed_and_is_free_to_take_at_once(table: Co
     release(PK, "a", 1, 5 * _NS).apply(table)
     with pytest.raises(Exception):
         renewal(PK, "a", 1, 60, 6 * _NS).apply(table)
-    assert _take(table, "b", 6 * _NS)["epoch"] == 2
+    assert _take(table, "b", 6 * _NS).epoch == 2
 
 
 def test_of_many_threads_taking_an_expired_lease_exactly_one_wins(table: ControlTable) -> None:
     _take(table, "old", 0)
-    stale = table.get(PK, "lease")
-    won, held = [], []
+    stale = read(table, PK)
+    won: list[LeaseItem] = []
+    held: list[int] = []
     barrier = threading.Barrier(8)
 
     def race(i: int) -> None:
@@ -90,21 +95,20 @@ def test_of_many_threads_taking_an_expired_lease_exactly_one_wins(table: Control
     for t in threads:
         t.join()
     assert len(won) == 1 and len(held) == 7
-    assert table.get(PK, "lease")["owner"] == won[0]["owner"] and won[0]["epoch"] == 2
+    assert table.get(PK, "lease")["owner"] == won[0].owner and won[0].epoch == 2
 
 
 def test_a_resume_keeps_its_epoch_and_an_item_without_a_version_can_be_taken(table: ControlTable) -> None:
     table.put({"pk": PK, "sk": "lease", "owner": "legacy", "epoch": 4, "expires_at_ns": 0})
-    assert _take(table, "a", 10 * _NS, epoch=4)["epoch"] == 4
+    assert _take(table, "a", 10 * _NS, epoch=4).epoch == 4
     release(PK, "a", 4, 11 * _NS).apply(table)
-    assert _take(table, "b", 12 * _NS)["epoch"] == 5
+    assert _take(table, "b", 12 * _NS).epoch == 5
 
 
 def test_the_fence_renews_at_most_once_an_interval_and_stops_a_holder_that_lost(table: ControlTable) -> None:
     clock = FrozenClock(0)
     _take(table, "a", 0)
-    run = {"owner": "a", "epoch": 1, "lease_seconds": 60}
-    fence = Fence(table, PK, run, clock)
+    fence = Fence(table, PK, Holder("a", 1, 60), clock)
     fence()
     assert table.get(PK, "lease")["expires_at_ns"] == 60 * _NS
     clock.advance(5)
@@ -140,3 +144,18 @@ def test_the_process_lease_and_rule_l1(table: ControlTable) -> None:
         a.renew()
     assert lease_rule_broken(100, 60, "a step", "lease_s") is not None
     assert lease_rule_broken(120, 60, "a step", "lease_s") is None
+
+
+def test_the_typed_lease_item_is_the_stored_item(table: ControlTable) -> None:
+    """The control-store boundary: a lease read and written back is the item as stored, attribute for
+    attribute (a take's, a released one's, a legacy one's without a version)."""
+    _take(table, "a", 0, execution="arn:exec-1", scope="gc")
+    taken = table.get(PK, "lease")
+    assert LeaseItem.from_item(taken).to_item() == {k: int(v) if isinstance(v, Decimal) else v for k, v in taken.items()}
+    release(PK, "a", 1, 5 * _NS).apply(table)
+    released = read(table, PK)
+    assert released is not None and released.released and released.released_at_ns == 5 * _NS
+    assert (released.execution, released.scope, released.checkpoint_pk) == ("arn:exec-1", "gc", None)
+    legacy = {"pk": PK, "sk": "lease", "owner": "legacy", "epoch": 4, "expires_at_ns": 0, "note": "kept"}
+    assert LeaseItem.from_item(legacy).to_item() == legacy
+    assert LeaseItem.from_item(legacy).version is None

@@ -59,14 +59,14 @@ def lose_answer(table: ControlTable, operation: str, pk: str, after: int = 0) ->
 def _lease_fresh(table: ControlTable) -> str:
     item = leases.take(table, "lease#lost", None, owner="me", lease_seconds=60, now_ns=NOW, what="walk",
                        execution="exec-1")
-    return f"epoch {item['epoch']}"
+    return f"epoch {item.epoch}"
 
 
 def _lease_over_expired(table: ControlTable) -> str:
     leases.take(table, "lease#lost", None, owner="earlier", lease_seconds=60, now_ns=NOW - 3600 * _NS, what="walk")
-    before = table.get("lease#lost", "lease")
+    before = leases.read(table, "lease#lost")
     item = leases.take(table, "lease#lost", before, owner="me", lease_seconds=60, now_ns=NOW, what="walk")
-    return f"epoch {item['epoch']}"
+    return f"epoch {item.epoch}"
 
 
 def _range_plan(table: ControlTable) -> str:

@@ -78,7 +78,7 @@ def test_gc_reads_the_spark_audits_candidates_and_proves_them_again(bucket: str)
     try:  # not committed yet: no summary.json
         drive(w.reaper(), inp, w.clock)
     except InvalidReapInput:
-        assert w.reaper().lease()["expires_at_ns"] == 0  # the Abort path released the lease
+        assert w.reaper().lease().expires_at_ns == 0  # the Abort path released the lease
     else:
         raise AssertionError("an uncommitted audit run was used")
     w.ctx.store.put_if_absent(f"{run}summary.json", b"{}")

@@ -23,6 +23,7 @@ from walk_support import set_last_modified
 
 from lightmetrics.admin.status import system_status
 from lightmetrics.aws.request_counter import RequestCounter
+from lightmetrics.composition.services import queue_depths
 from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived import reconcile
 from lightmetrics.derived.hour_ranges import MAX_RANGES, RangePlan, RangePlanError, RangePlans, equal_count_cuts
@@ -268,7 +269,8 @@ def test_shards_close_hours_on_their_own_and_a_crashed_shard_disturbs_no_other(r
         table = ctx.table
 
         def status() -> dict[str, Any]:
-            return system_status(ctx, system.settings, runtime.boto3_client("sqs"))["reconciler"]
+            sqs = runtime.boto3_client("sqs")
+            return system_status(ctx, system.settings, queue_depths(lambda: sqs))["reconciler"]
 
         first, _, _ = run_shard(system, 0, metrics=metrics)
         assert first.closed == [str(H0)] and first.lag_s == 15 * 60

@@ -453,7 +453,7 @@ def test_a_range_task_that_lost_the_lease_changes_nothing_afterwards(bucket: str
     assert deletes["n"] == 0, f"the range task sent {deletes['n']} DeleteObject after losing its lease at {point}"
     assert control_items(w) == before, "the range task wrote its items after losing its lease"
     lease = w.reaper().lease()
-    assert (lease["epoch"], lease["owner"]) == (taken[0]["reap"]["epoch"], taken[0]["reap"]["owner"])
+    assert (lease.epoch, lease.owner) == (taken[0]["reap"]["epoch"], taken[0]["reap"]["owner"])
 
 
 # --------------------------------------------------- (e) a late entry in range 2: verify, second pass
@@ -680,7 +680,7 @@ def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
     assert (report["marked"], report["purged"]) == (8, 8), report
     assert all(w.versions(r.blob_key) == ([], []) for r in results)
     assert table.query(RANGE_PK) == [] and verify(w.ctx, strict=True).ok
-    assert first_owner != w.reaper().lease()["owner"]
+    assert first_owner != w.reaper().lease().owner
 
 
 def test_one_range_task_does_a_bounded_piece_of_its_range(bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -236,11 +236,13 @@ def test_status_reads_a_fixed_number_of_items(system):  # type: ignore[no-untype
     lease only while its job's summary says running; four Queries."""
     from lightmetrics.admin.status import system_status
     from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.composition.services import queue_depths
 
     def requests() -> dict[str, int]:
         counter = RequestCounter()
         with counter.operation("status") as op:
-            system_status(system.work_context(counter=counter), system.settings, system.runtime.boto3_client("sqs"))
+            sqs = system.runtime.boto3_client("sqs")
+            system_status(system.work_context(counter=counter), system.settings, queue_depths(lambda: sqs))
         return {api.split(".")[1]: n for api, n in op.by_api.items() if api in ("dynamodb.GetItem", "dynamodb.Query")}
 
     reconciled(system)

@@ -25,12 +25,12 @@ tracer = Tracer(service="lightmetrics-admin")
 
 
 def _build_core() -> AdminCore:
-    from lightmetrics.composition.services import work_context
+    from lightmetrics.composition.services import queue_depths, work_context
     from lightmetrics.deployment.settings import Settings
 
     settings = Settings.from_env()
     ctx = work_context(settings, metrics=metrics, component="admin")
-    return AdminCore(ctx, settings)  # its SQS client is made by the first status request
+    return AdminCore(ctx, settings, queue_depths(ctx.sqs))  # its SQS client is made by the first status request
 
 
 core = PerContainer(_build_core)

@@ -24,7 +24,7 @@ body carries the existing record), 503 S3 did not confirm a write (retry). The c
 (``requestContext.authorizer.iam.userArn``).
 
 Example:
-    >>> app = build_resolver(lambda: AdminCore(ctx, settings))             # doctest: +SKIP
+    >>> app = build_resolver(lambda: AdminCore(ctx, settings, queue_depths(ctx.sqs)))  # doctest: +SKIP
     >>> app.resolve(function_url_event, context)                            # doctest: +SKIP
 """
 
@@ -50,6 +50,7 @@ from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDeni
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
+from lightmetrics.protocol.queue_probe import QueueDepths
 from lightmetrics.work.units import WorkContext
 
 
@@ -103,6 +104,8 @@ class AdminCore:
 
     ctx: WorkContext
     settings: Settings
+    #: the queues' depths status reads (the composition root's, on the context's SQS client)
+    queues: QueueDepths
 
     @property
     def registry(self) -> ConflictRegistry:
@@ -182,7 +185,7 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         from lightmetrics.admin.status import system_status
 
         c = core()
-        return _json(200, system_status(c.ctx, c.settings, c.ctx.sqs()))
+        return _json(200, system_status(c.ctx, c.settings, c.queues))
 
     @app.exception_handler(ConflictAlreadyResolved)
     def already(exc: ConflictAlreadyResolved) -> Response[str]:

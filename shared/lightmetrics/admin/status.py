@@ -11,7 +11,7 @@ a retention hour that cannot finish. Unresolved conflicts are reported, not
 "stuck": they wait for an operator decision by design.
 
 Example:
-    >>> report = system_status(ctx, settings, sqs)          # doctest: +SKIP
+    >>> report = system_status(ctx, settings, queue_depths(ctx.sqs))  # doctest: +SKIP
     >>> report["ok"], report["causes"]                      # doctest: +SKIP
     (False, ['reconciler shard 1 has never run: ...'])
 """
@@ -24,17 +24,17 @@ from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ControlStore, plain
 from lightmetrics.protocol.keys import KeyKind
+from lightmetrics.protocol.queue_probe import QueueDepths
 from lightmetrics.work.units import WorkContext
 
 
-def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, Any]:
+def system_status(ctx: WorkContext, settings: Settings, queues: QueueDepths) -> dict[str, Any]:
     """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems — one per reconciler
     shard, the walk's and the reap's summaries, each retention scope's last outcome, and a job's
     lease only while its summary says running —, four Queries: conflicts, blockers, and the
     retention records of both scopes); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
     from lightmetrics.acceptance.conflict_records import CONFLICTS_PK, UNRESOLVED
-    from lightmetrics.aws.sqs_queues import queue_depth
     from lightmetrics.derived.reconcile_state import read_shard_checkpoints
     from lightmetrics.derived.walk import read_watermarks
     from lightmetrics.derived.walk.state import walk_failure
@@ -43,7 +43,7 @@ def system_status(ctx: WorkContext, settings: Settings, sqs: Any) -> dict[str, A
     # Status reads no object, so without this a deleted bucket would look healthy. quarantine/v1/
     # is a prefix every caller of status (the admin function, operators) may list.
     ctx.store.require_bucket(ctx.codec.root(KeyKind.QUARANTINE))
-    depths = {name: queue_depth(sqs, url) for name, url in sorted(settings.queue_urls.items())}
+    depths = {name: queues.depth(url) for name, url in sorted(settings.queue_urls.items())}
     now = ctx.clock.now_ns()
     shards = read_shard_checkpoints(table, settings.reconcile_shards)  # overall = the slowest shard (R8)
     cp = shards.checkpoints[shards.slowest]

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -45,4 +46,19 @@ def queue_depth(sqs: Any, url: str) -> int:
     return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
-__all__ = ["queue_depth", "queue_error"]
+class SqsQueueDepths:
+    """The port :class:`~lightmetrics.protocol.queue_probe.QueueDepths` on SQS; ``client`` makes the
+    SQS client (the admin function's on its first status request).
+
+    >>> SqsQueueDepths(lambda: sqs).depth(url)        # doctest: +SKIP
+    0
+    """
+
+    def __init__(self, client: Callable[[], Any]) -> None:
+        self.client = client
+
+    def depth(self, url: str) -> int:
+        return queue_depth(self.client(), url)
+
+
+__all__ = ["SqsQueueDepths", "queue_depth", "queue_error"]

@@ -1,25 +1,29 @@
-"""The calls on a Step Functions client the walk and the reap share: continuing in a new execution,
-and reading an execution's history (docs/walks.md, "History"); the pure parts (the history limit,
-an execution's input, a history's task error) are :mod:`lightmetrics.protocol.executions`.
+"""The executions port (:class:`~lightmetrics.protocol.executions.Executions`) on a Step Functions
+client: :class:`StepFunctionsExecutions`, what the walk and the reap start, continue, describe and
+read the history of (docs/walks.md, "History"); the pure parts (the history limit, an execution's
+input, a history's task error) are :mod:`lightmetrics.protocol.executions`.
 
 A job near its history budget continues in a new execution under the same lease, epoch and
 owner (:func:`start_continuation`).
 
 Example (inside a ``cont`` task)::
 
-    >>> start_continuation(sfn, machine_arn, "walk-e3-1a2b3c4d-0002", {"continuation": {}})  # doctest: +SKIP
+    >>> StepFunctionsExecutions(sfn).continue_as(machine_arn, "walk-e3-1a2b3c4d-0002", {"continuation": {}})  # doctest: +SKIP
     'arn:aws:states:...:execution:...:walk-e3-1a2b3c4d-0002'
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from lightmetrics.protocol.executions import ExecutionDescription
 
-def start_continuation(sfn_client: Any, state_machine_arn: str, name: str, payload: dict[str, Any]) -> str:
+
+def start_continuation(sfn_client: Any, state_machine_arn: str, name: str, payload: Mapping[str, Any]) -> str:
     """Start execution ``name`` of ``state_machine_arn`` with input ``payload``; its ARN. The name
     is deterministic, so a retried task finds the execution it already started instead of a second."""
     try:
@@ -43,4 +47,29 @@ def execution_history(sfn_client: Any, execution_arn: str) -> list[dict[str, Any
         kwargs["nextToken"] = page["nextToken"]
 
 
-__all__ = ["execution_history", "start_continuation"]
+class StepFunctionsExecutions:
+    """The executions port on a Step Functions client (boto3's ``stepfunctions``).
+
+    >>> StepFunctionsExecutions(sfn).describe(arn).status                     # doctest: +SKIP
+    'RUNNING'
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def start(self, state_machine_arn: str, name: str, payload: Mapping[str, Any]) -> str:
+        return str(self.client.start_execution(stateMachineArn=state_machine_arn, name=name,
+                                               input=json.dumps(payload, sort_keys=True))["executionArn"])
+
+    def continue_as(self, state_machine_arn: str, name: str, payload: Mapping[str, Any]) -> str:
+        return start_continuation(self.client, state_machine_arn, name, payload)
+
+    def describe(self, execution_arn: str) -> ExecutionDescription:
+        d = self.client.describe_execution(executionArn=execution_arn)
+        return ExecutionDescription(execution_arn, str(d["status"]), str(d.get("error", "")), str(d.get("cause", "")))
+
+    def history(self, execution_arn: str) -> list[dict[str, Any]]:
+        return execution_history(self.client, execution_arn)
+
+
+__all__ = ["StepFunctionsExecutions", "execution_history", "start_continuation"]

@@ -211,10 +211,11 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
     from rich.markup import escape
 
     from lightmetrics.admin.status import system_status
+    from lightmetrics.composition.services import queue_depths
 
     ctx = configured_context(settings, as_json=as_json)
     try:
-        info = system_status(ctx, settings, ctx.sqs())
+        info = system_status(ctx, settings, queue_depths(ctx.sqs))
     except Exception as exc:
         exit_for_error(exc, "cannot read status", as_json=as_json)
     stuck = not info.pop("ok")

@@ -37,11 +37,11 @@ STATE_MACHINE = "reap"
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.composition.services import aws_session
+    from lightmetrics.composition.services import aws_session, executions
     from lightmetrics.reaps import ReapControl
 
     arn = state_machine_arn(settings, STATE_MACHINE, "ReapArn", as_json=as_json)
-    return ReapControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
+    return ReapControl(configured_context(settings, as_json=as_json), executions(aws_session().client("stepfunctions")), arn)
 
 
 def report_rows(report: ReapReport) -> list[tuple[str, Any]]:
@@ -171,11 +171,11 @@ def reap_status(follow: bool, settings: Settings, as_json: bool) -> None:
         report = control.checkpoint()
     except (ClientError, BotoCoreError) as exc:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
-    lease_info = {"held": bool(lease), "epoch": (lease or {}).get("epoch"), "mode": (lease or {}).get("scope"),
-                  "execution": (lease or {}).get("execution"), "expires": utc_text((lease or {}).get("expires_at_ns"))}
-    if follow and lease and lease.get("execution"):
-        _follow(control, str(lease["execution"]), {"execution_arn": lease["execution"], "mode": lease.get("scope"),
-                                                   "lease": lease_info}, as_json)
+    lease_info = {"held": lease is not None, "epoch": lease and lease.epoch, "mode": lease and lease.scope,
+                  "execution": lease and lease.execution, "expires": utc_text(lease and lease.expires_at_ns)}
+    if follow and lease is not None and lease.execution:
+        _follow(control, lease.execution, {"execution_arn": lease.execution, "mode": lease.scope,
+                                           "lease": lease_info}, as_json)
     if as_json:
         emit_json({"lease": lease_info, "reap": report.to_json() if report else None})
     else:

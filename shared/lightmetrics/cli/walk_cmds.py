@@ -45,11 +45,11 @@ def _duration(seconds: Any) -> str | None:
 
 
 def _control(settings: Settings, as_json: bool):  # type: ignore[no-untyped-def]
-    from lightmetrics.composition.services import aws_session
+    from lightmetrics.composition.services import aws_session, executions
     from lightmetrics.derived.walk import WalkControl
 
     arn = state_machine_arn(settings, STATE_MACHINE, "BootstrapWalkArn", as_json=as_json)
-    return WalkControl(configured_context(settings, as_json=as_json), aws_session().client("stepfunctions"), arn)
+    return WalkControl(configured_context(settings, as_json=as_json), executions(aws_session().client("stepfunctions")), arn)
 
 
 @click.group()
@@ -172,19 +172,19 @@ def walk_status(agent: str | None, follow: bool, settings: Settings, as_json: bo
     except (ClientError, BotoCoreError) as exc:
         fail(f"cannot read the control table: {exc}", EXIT_UNAVAILABLE, as_json=as_json)
     now = control.ctx.clock.now_ns()
-    live = bool(lease and int(lease.get("expires_at_ns", 0)) > now)
+    live = lease is not None and lease.is_live(now)
     lease_info = {
         "held": live,
-        "epoch": (lease or {}).get("epoch"),
-        "scope": (lease or {}).get("scope"),
-        "execution": (lease or {}).get("execution"),
-        "expires": utc_text((lease or {}).get("expires_at_ns")) if live else None,
+        "epoch": lease and lease.epoch,
+        "scope": lease and lease.scope,
+        "execution": lease and lease.execution,
+        "expires": utc_text(lease.expires_at_ns) if lease is not None and live else None,
     }
     shown = cp.to_json() if cp else None
     summary = {k: shown.get(k) for k in _SUMMARY_FIELDS} if shown else None
-    if follow and live and cp and lease and lease.get("checkpoint_pk") == cp.checkpoint_pk:
-        started = Started(str(lease["execution"]), int(lease["epoch"]), str(lease["checkpoint_pk"]),
-                          str(lease.get("scope", "all")))
+    if follow and live and cp and lease is not None and lease.checkpoint_pk == cp.checkpoint_pk:
+        started = Started(str(lease.execution), lease.epoch, str(lease.checkpoint_pk),
+                          "all" if lease.scope is None else lease.scope)
         result = _follow(control, started, as_json)
         summary = result.summary_json()
         code = EXIT_OK if result.status == "finished" else EXIT_VIOLATIONS

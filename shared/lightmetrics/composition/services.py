@@ -39,7 +39,10 @@ from lightmetrics.work.retry_budget import RetryBudget
 from lightmetrics.work.units import WorkContext
 
 if TYPE_CHECKING:
-    from lightmetrics.protocol.queue_probe import QueueProbe
+    from collections.abc import Callable
+
+    from lightmetrics.protocol.executions import Executions
+    from lightmetrics.protocol.queue_probe import QueueDepths, QueueProbe
 
 
 def aws_session(*, profile_name: str | None = None, region_name: str | None = None) -> Any:
@@ -193,3 +196,19 @@ def queue_probe(settings: Settings, *, session: Any = None) -> "QueueProbe":
 def step_functions_client(*, session: Any = None) -> Any:
     """A Step Functions client: the walk's and the reap's ``continue`` tasks start their next execution."""
     return (session or boto3.session.Session(**(current_host().aws_credentials or {}))).client("stepfunctions")
+
+
+def executions(client: Any = None, *, session: Any = None) -> "Executions":
+    """The executions port (the walk's and the reap's, their controls') on the Step Functions
+    ``client`` given, else on a new one (:func:`step_functions_client`)."""
+    from lightmetrics.aws.step_functions import StepFunctionsExecutions
+
+    return StepFunctionsExecutions(client if client is not None else step_functions_client(session=session))
+
+
+def queue_depths(sqs: "Callable[[], Any]") -> "QueueDepths":
+    """The queue depths ``lmctl status`` and the admin API's status read, on the SQS client ``sqs()``
+    makes (:meth:`~lightmetrics.work.units.WorkContext.sqs`: once, on the first read)."""
+    from lightmetrics.aws.sqs_queues import SqsQueueDepths
+
+    return SqsQueueDepths(sqs)

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from lightmetrics.aws.step_functions import start_continuation
 from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, TransactionCancelled
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.work import leases
-from lightmetrics.work.leases import OWNED, Fence, LeaseHeld, LeaseLost
+from lightmetrics.work.leases import OWNED, Fence, Holder, LeaseHeld, LeaseItem, LeaseLost
 
 #: A run as Step Functions carries it between tasks (plain JSON values: the execution's state; the
 #: walk's :class:`~lightmetrics.derived.walk.state.WalkRun`, the reap's :class:`~lightmetrics.reaps.state.ReapRun`).
@@ -58,33 +58,33 @@ class JobKernel:
         return leases.lease_pk(self.name)
 
     # -- the lease --------------------------------------------------------------------------------
-    def lease(self) -> dict[str, Any] | None:
-        """The lease's item (plain values), or None if no run ever took it."""
+    def lease(self) -> LeaseItem | None:
+        """The lease's item, or None if no run ever took it."""
         return leases.read(self.table, self.lease_pk)
 
-    def describe(self, lease: dict[str, Any], now_ns: int) -> str:
+    def describe(self, lease: LeaseItem, now_ns: int) -> str:
         return leases.describe(lease, now_ns, self.name)
 
-    def refuse_if_held(self, lease: dict[str, Any] | None, now_ns: int) -> None:
-        if leases.is_live(lease, now_ns):
-            raise LeaseHeld(self.describe(lease or {}, now_ns))
+    def refuse_if_held(self, lease: LeaseItem | None, now_ns: int) -> None:
+        if lease is not None and lease.is_live(now_ns):
+            raise LeaseHeld(self.describe(lease, now_ns))
 
-    def take(self, lease: dict[str, Any] | None, *, owner: str, lease_seconds: int, now_ns: int,
-             epoch: int | None = None, **attributes: Any) -> dict[str, Any]:
+    def take(self, lease: LeaseItem | None, *, owner: str, lease_seconds: int, now_ns: int,
+             epoch: int | None = None, **attributes: str) -> LeaseItem:
         """Take the lease read as ``lease`` for epoch ``epoch`` (by default one more than any before;
         :func:`~lightmetrics.work.leases.take`)."""
         return leases.take(self.table, self.lease_pk, lease, owner=owner, lease_seconds=lease_seconds, now_ns=now_ns,
                            what=self.name, epoch=epoch, **attributes)
 
     def renewal(self, run: Run, now_ns: int, **extra: Any) -> Op:
-        return leases.renewal_of(self.lease_pk, dict(run), now_ns, **extra)
+        return leases.renewal_of(self.lease_pk, Holder.of(run), now_ns, **extra)
 
     def release(self, run: Run, now_ns: int) -> Op:
         return leases.release(self.lease_pk, run["owner"], run["epoch"], now_ns)
 
     def fence(self, run: Run, kind: type[Fence] = Fence) -> Fence:
         """Rule L2: the run's fence, called right before every destructive request."""
-        return kind(self.table, self.lease_pk, dict(run), self.clock, LeaseLost)
+        return kind(self.table, self.lease_pk, Holder.of(run), self.clock, LeaseLost)
 
     # -- owned writes -------------------------------------------------------------------------------
     @staticmethod
@@ -111,16 +111,15 @@ class JobKernel:
         """The next execution's name: deterministic, so a retried task finds the one it started."""
         return f"{self.name}-e{run['epoch']}-{str(run['owner'])[:8]}-{int(run['executions']) + 1:04d}"
 
-    def continue_in(self, sfn: Any, run: Run, carried: dict[str, Any], *,
+    def continue_in(self, executions: Executions | None, run: Run, carried: dict[str, Any], *,
                     before: Callable[[], object] = lambda: None) -> str:
         """Start the run's next execution with input ``{"continuation": carried}``; its ARN.
         ``before``: a check that raises if the run may not continue (it lost the job)."""
-        if sfn is None:
-            raise RuntimeError(f"{self.name}-continue needs a Step Functions client")
+        if executions is None:
+            raise RuntimeError(f"{self.name}-continue needs the executions port (Step Functions)")
         before()
-        arn: str = start_continuation(sfn, run["state_machine_arn"], self.continuation_name(run),
+        return executions.continue_as(str(run["state_machine_arn"]), self.continuation_name(run),
                                       {"continuation": carried})
-        return arn
 
 
 @dataclass
@@ -149,14 +148,14 @@ class Lease:
     def run(self) -> Run:
         return {"owner": self.owner, "epoch": self.epoch, "lease_seconds": self.duration_s}
 
-    def current(self) -> dict[str, Any] | None:
-        """The lease's item as stored, or None."""
-        return self.table.get(self.kernel.lease_pk, leases.LEASE_SK)
+    def current(self) -> LeaseItem | None:
+        """The lease's item, or None."""
+        return self.kernel.lease()
 
     def acquire(self) -> Lease:
         kernel = self.kernel
         item = kernel.take(kernel.lease(), owner=self.owner, lease_seconds=self.duration_s, now_ns=self.clock.now_ns())
-        self.epoch = int(item["epoch"])
+        self.epoch = item.epoch
         return self
 
     def renew(self) -> None:

@@ -27,16 +27,16 @@ def reap_task_handler(step: str, *, settings_factory: Callable[[], Any] | None =
     from lightmetrics.lambda_shell.task_handler import task_handler
 
     def build(metrics: Any) -> Reaper:
-        from lightmetrics.composition.services import step_functions_client, work_context
+        from lightmetrics.composition.services import executions, work_context
         from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
         ctx = (work_context_factory(settings, metrics=metrics) if work_context_factory
                else work_context(settings, metrics=metrics, component="reap"))  # the host's clock
-        sfn = None
+        started = None
         if step == "continue":
-            sfn = sfn_factory() if sfn_factory else step_functions_client()
-        return Reaper(ctx, settings, sfn_client=sfn)
+            started = executions(sfn_factory() if sfn_factory else None)
+        return Reaper(ctx, settings, executions=started)
 
     return task_handler("reap", step, STEPS, build=build,
                         passthrough=(ReapError, LeaseError, crashpoints.InjectedCrash, PermanentWorkError),

@@ -29,7 +29,7 @@ def walk_task_handler(
     from lightmetrics.lambda_shell.task_handler import task_handler
 
     def build(metrics: Any) -> Walker:
-        from lightmetrics.composition.services import step_functions_client, work_context
+        from lightmetrics.composition.services import executions, work_context
         from lightmetrics.deployment.settings import Settings
 
         settings = settings_factory() if settings_factory else Settings.from_env()
@@ -37,9 +37,8 @@ def walk_task_handler(
             ctx = work_context_factory(settings, metrics=metrics)
         else:
             ctx = work_context(settings, metrics=metrics, component="walk")
-        sfn = (sfn_factory() if sfn_factory else step_functions_client()) \
-            if step == "continue" else None
-        return Walker(ctx, settings, sfn_client=sfn)
+        started = executions(sfn_factory() if sfn_factory else None) if step == "continue" else None
+        return Walker(ctx, settings, executions=started)
 
     return task_handler("walk", step, STEPS, build=build, passthrough=(WalkError, LeaseError), transient=WalkTransient)
 

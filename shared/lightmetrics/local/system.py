@@ -171,16 +171,18 @@ class LocalSystem:
 
     def reap_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
         """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine."""
+        from lightmetrics.composition.services import executions
         from lightmetrics.reaps import ReapControl
 
-        return ReapControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+        return ReapControl(ctx or self.work_context(), executions(self.runtime.boto3_client("stepfunctions")),
                            self.state_machine_arn("reap"), **kwargs)
 
     def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
         """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk."""
+        from lightmetrics.composition.services import executions
         from lightmetrics.derived.walk import WalkControl
 
-        return WalkControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+        return WalkControl(ctx or self.work_context(), executions(self.runtime.boto3_client("stepfunctions")),
                            self.state_machine_arn(), **kwargs)
 
     # -- configuration for other processes --------------------------------------------------------

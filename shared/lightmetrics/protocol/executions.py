@@ -1,6 +1,8 @@
-"""What the walk and the reap share about Step Functions executions, apart from the client: the
-history limit, checking an execution's input, and reading a failed task's error from a history
-(docs/walks.md, "History"). The calls on a client are :mod:`lightmetrics.aws.step_functions`.
+"""What the walk and the reap share about Step Functions executions: the port through which they
+start, continue, describe and read the history of executions (:class:`Executions`; its adapter on a
+Step Functions client is :class:`lightmetrics.aws.step_functions.StepFunctionsExecutions`, built by
+the composition root), the history limit, checking an execution's input, and reading a failed
+task's error from a history (docs/walks.md, "History").
 
 A standard execution has a hard limit of history events; a long job plans its executions under a
 budget below it and then continues in a new execution under the same lease, epoch and owner.
@@ -11,10 +13,53 @@ The walk bounds its rounds (``lightmetrics.derived.walk.max_rounds_for``), the r
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 #: Step Functions' hard limit per standard execution, and the budget the walk and the reap plan with.
 HISTORY_LIMIT, HISTORY_BUDGET = 25_000, 20_000
+
+
+@dataclass(frozen=True)
+class ExecutionDescription:
+    """What Step Functions says of one execution: its status (``RUNNING``, ``SUCCEEDED``, ``FAILED``,
+    ``TIMED_OUT``, ``ABORTED``) and, once it failed, the error and cause of the state that caught it.
+
+    >>> ExecutionDescription("arn:...:execution:reap:r1", "FAILED", "LeaseHeld").running
+    False
+    """
+
+    arn: str
+    status: str
+    error: str = ""
+    cause: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.status == "RUNNING"
+
+
+class Executions(Protocol):
+    """The port of the executions a job starts and follows (the walk's, the reap's): the job kernel
+    continues a run in a new execution (:meth:`continue_as`), the operator's side starts one and
+    follows it (:meth:`start`, :meth:`describe`, :meth:`history`). Each method is one request to
+    Step Functions, :meth:`history` one per page."""
+
+    def start(self, state_machine_arn: str, name: str, payload: Mapping[str, Any]) -> str:
+        """Start execution ``name`` of ``state_machine_arn`` with input ``payload``; its ARN."""
+        ...
+
+    def continue_as(self, state_machine_arn: str, name: str, payload: Mapping[str, Any]) -> str:
+        """:meth:`start`, where a name already started is that execution (a retried task finds the
+        execution it already started instead of starting a second)."""
+        ...
+
+    def describe(self, execution_arn: str) -> ExecutionDescription: ...
+
+    def history(self, execution_arn: str) -> list[dict[str, Any]]:
+        """Every history event of an execution, oldest first."""
+        ...
 
 
 class ExecutionInput:
@@ -64,3 +109,6 @@ def task_error(events: list[dict[str, Any]]) -> tuple[str, str]:
                 message = str(d.get("cause", ""))
             return str(d.get("error", "")), message
     return "", ""
+
+
+__all__ = ["HISTORY_BUDGET", "HISTORY_LIMIT", "ExecutionDescription", "ExecutionInput", "Executions", "task_error"]

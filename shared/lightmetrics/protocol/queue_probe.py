@@ -1,6 +1,8 @@
-"""The queue-probe port: how the reconciler sees the index queues (whether they may still deliver
-entries for an hour). The adapters are in :mod:`lightmetrics.aws.queue_probes`, built by the
-composition root (:func:`lightmetrics.composition.services.queue_probe`).
+"""The queue ports: how the reconciler sees the index queues (:class:`QueueProbe`: whether they may
+still deliver entries for an hour), and how status reads their depths (:class:`QueueDepths`). The
+adapters are in :mod:`lightmetrics.aws.queue_probes` and :mod:`lightmetrics.aws.sqs_queues`, built
+by the composition root (:func:`lightmetrics.composition.services.queue_probe`,
+:func:`~lightmetrics.composition.services.queue_depths`).
 """
 
 from __future__ import annotations
@@ -16,3 +18,11 @@ class QueueProbe(Protocol):
         ...
 
     def dlqs_empty(self) -> bool: ...
+
+
+class QueueDepths(Protocol):
+    """The depth of a queue: what ``lmctl status`` and the admin API's status report per queue."""
+
+    def depth(self, url: str) -> int:
+        """Visible plus in-flight messages of the queue at ``url`` (one request)."""
+        ...

@@ -28,7 +28,7 @@ concept a module:
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
 
-    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control = ReapControl(ctx, executions, state_machine_arn)            # doctest: +SKIP
     >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
 """
 

@@ -2,7 +2,7 @@
 
 Example (what ``lmctl reap gc --execute --wait`` does)::
 
-    >>> control = ReapControl(ctx, sfn_client, state_machine_arn)            # doctest: +SKIP
+    >>> control = ReapControl(ctx, executions, state_machine_arn)            # doctest: +SKIP
     >>> control.follow(control.start(mode="gc", dry_run=False)).report       # doctest: +SKIP
 """
 
@@ -14,16 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lightmetrics.jobs.control import JobControl
+from lightmetrics.jobs.control import JobControl, Observed
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import ControlStore, plain
+from lightmetrics.protocol.executions import ExecutionDescription, Executions
 from lightmetrics.protocol.keys import KeyKind
 from lightmetrics.reaps.errors import InvalidReapInput
 from lightmetrics.reaps.params import CHECKPOINT_PK, CHECKPOINT_SK, ReapParams, check_resume
 from lightmetrics.reaps.report import ReapReport, report_of
 from lightmetrics.reaps.state import ReapCheckpoint
 from lightmetrics.work import leases
-from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.leases import LeaseHeld, LeaseItem
 from lightmetrics.work.units import WorkContext
 
 
@@ -39,13 +40,13 @@ class ReapControl:
     """Start and watch reaps through Step Functions (the CLI and the demo), on the job's
     :class:`~lightmetrics.jobs.control.JobControl`."""
 
-    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
+    def __init__(self, ctx: WorkContext, executions: Executions, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.ctx, self.sfn, self.arn, self.sleep = ctx, sfn_client, state_machine_arn, sleep
+        self.ctx, self.executions, self.arn, self.sleep = ctx, executions, state_machine_arn, sleep
         self.table: ControlStore = ctx.table
-        self.job = JobControl(ctx, sfn_client, state_machine_arn, "reap", sleep=sleep)
+        self.job = JobControl(ctx, executions, state_machine_arn, "reap", sleep=sleep)
 
-    def lease_live(self) -> dict[str, Any] | None:
+    def lease_live(self) -> LeaseItem | None:
         return self.job.lease_live()
 
     def summary(self) -> ReapCheckpoint | None:
@@ -77,40 +78,27 @@ class ReapControl:
         return arn
 
     @staticmethod
-    def _refused(d: dict[str, Any], kind: str, message: str) -> Exception:
+    def _refused(d: ExecutionDescription, kind: str, message: str) -> Exception:
         """Why the reap did not start: the Begin task's own message (e.g. "hour ... is not older than
         LM_RETENTION_S")."""
-        return InvalidReapInput(f"the reap did not start ({d['status']} {kind or d.get('error', '')}): "
-                                f"{message or d.get('cause', '')}")
+        return InvalidReapInput(f"the reap did not start ({d.status} {kind or d.error}): {message or d.cause}")
 
     def follow(self, arn: str, *, poll_s: float = 0.25, timeout_s: float | None = None,
                on_progress: Callable[[ReapReport], None] | None = None) -> Followed:
-        """Wait for the reap started as ``arn`` to end, through every execution it continued into;
-        ``on_progress`` gets the checkpoint's report whenever it changed (read at most every 2 s)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        last_report: ReapReport | None = None
-        next_read = 0.0
-        while True:
-            if on_progress is not None and time.monotonic() >= next_read:
-                next_read = time.monotonic() + 2.0
-                current = self.checkpoint()
-                if current is not None and current != last_report:
-                    last_report = current
-                    on_progress(current)
-            d = self.sfn.describe_execution(executionArn=arn)
-            if d["status"] == "SUCCEEDED":
-                cp = self.summary()
-                if cp is not None and cp.status == JobStatus.RUNNING and cp.next_execution not in (None, arn):
-                    arn = str(cp.next_execution)  # it handed over to the next execution (Continue)
-                    continue
-            if d["status"] != "RUNNING":
-                report = self.checkpoint()
-                ok = d["status"] == "SUCCEEDED" and report is not None and report.status == JobStatus.FINISHED
-                return Followed("finished" if ok else "failed", report, arn,
-                                "" if ok else f"{d['status']} {d.get('error', '')} {d.get('cause', '')}".strip())
-            if deadline is not None and time.monotonic() > deadline:
-                return Followed("failed", self.checkpoint(), arn, "timed out following the reap")
-            self.sleep(poll_s)
+        """Wait for the reap started as ``arn`` to end, through every execution it continued into
+        (:meth:`~lightmetrics.jobs.control.JobControl.follow`); ``on_progress`` gets the checkpoint's
+        report whenever it changed (read at most every 2 s)."""
+        run = self.job.follow(arn, progress=self._progress, on_progress=on_progress, poll_s=poll_s,
+                              timeout_s=timeout_s, progress_every_s=2.0)
+        return Followed(run.status, run.report, run.executions[-1], run.detail)
+
+    def _progress(self) -> Observed[ReapReport]:
+        """The reap's checkpoint summary (one GetItem): its report, status and the execution its
+        Continue started."""
+        cp = self.summary()
+        if cp is None:
+            return Observed[ReapReport]()
+        return Observed(report_of(cp), JobStatus(cp.status) if cp.status else None, cp.next_execution, cp.error or "")
 
 
 __all__ = ["Followed", "ReapControl"]

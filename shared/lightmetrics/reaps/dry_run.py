@@ -47,7 +47,7 @@ class DryRunFence(Fence):
         self._refuse()
 
     def _refuse(self) -> None:
-        raise DryRunWrite(f"reap epoch {self.run['epoch']} is a dry run: a dry run sends no write "
+        raise DryRunWrite(f"reap epoch {self.holder.epoch} is a dry run: a dry run sends no write "
                           "(docs/protocol.md §16.1 DR1); the request was not sent")
 
 

@@ -30,8 +30,8 @@ LEASE_PK, LEASE_SK = "lease#reap", "lease"
 CHECKPOINT_PK, CHECKPOINT_SK = "checkpoint#reap", "current"
 
 
-def read_lease(table: ControlStore) -> dict[str, Any] | None:
-    """The reap lease's item (plain values), or None if no reap ever took it."""
+def read_lease(table: ControlStore) -> leases.LeaseItem | None:
+    """The reap lease's item, or None if no reap ever took it."""
     return leases.read(table, LEASE_PK)
 
 

@@ -27,7 +27,7 @@ from lightmetrics.reaps.params import (
 )
 from lightmetrics.reaps.state import CheckpointChange, ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
-from lightmetrics.work.leases import OWNED, Fence, LeaseLost
+from lightmetrics.work.leases import OWNED, Fence, LeaseItem, LeaseLost
 from lightmetrics.work.units import WorkContext
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class ReapJob:
     def now(self) -> int:
         return self.ctx.clock.now_ns()
 
-    def lease(self) -> dict[str, Any] | None:
+    def lease(self) -> LeaseItem | None:
         return self.kernel.lease()
 
     def marks_items(self) -> list[MarksItem]:

@@ -56,6 +56,7 @@ from typing import Any, cast
 
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import Op, plain
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.reaps.dry_run import would_settle
 from lightmetrics.reaps.errors import InvalidReapInput
@@ -78,7 +79,7 @@ from lightmetrics.reaps.retention_ranges import RangeTask
 from lightmetrics.reaps.retention_tasks import RetentionTasks
 from lightmetrics.reaps.state import CheckpointChange, ReapCheckpoint, ReapPhase, ReapRun
 from lightmetrics.work import crashpoints
-from lightmetrics.work.leases import LeaseLost
+from lightmetrics.work.leases import LeaseItem, LeaseLost
 from lightmetrics.work.units import WorkContext
 
 
@@ -88,18 +89,18 @@ class Reaper:
     the reap's :class:`ReapJob` (its job kernel: the lease, owned writes, continuations) and the two
     roles' tasks."""
 
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+    def __init__(self, ctx: WorkContext, settings: Any, *, executions: Executions | None = None) -> None:
         self.job = ReapJob(ctx, settings)
         self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
-        self._sfn = sfn_client
+        self.executions = executions  # the continue task's: it starts the next execution
         self.retention_tasks = RetentionTasks(self.job)
         self.gc_tasks = GcTasks(self.job, candidates=lambda cp: self.candidates(cp))
 
     def now(self) -> int:
         return self.job.now()
 
-    def lease(self) -> dict[str, Any] | None:
-        """The reap lease's item (plain values), or None if no reap ever took it."""
+    def lease(self) -> LeaseItem | None:
+        """The reap lease's item, or None if no reap ever took it."""
         return self.kernel.lease()
 
     def marks_items(self) -> list[MarksItem]:
@@ -138,7 +139,7 @@ class Reaper:
             assert cp is not None
             epoch = cp.epoch
         else:
-            epoch = int((lease or {}).get("epoch", 0)) + 1
+            epoch = (0 if lease is None else lease.epoch) + 1
         owner = uuid.uuid4().hex
         execution = event.get("execution_arn", "")
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_seconds, now_ns=now, epoch=epoch,
@@ -239,7 +240,7 @@ class Reaper:
         execution then ends (``Continued``) without releasing the lease."""
         reap = event["reap"]
         # LeaseLost: a run that lost the reap starts nothing
-        arn = self.kernel.continue_in(self._sfn, reap, self.continuation(reap)["continuation"],
+        arn = self.kernel.continue_in(self.executions, reap, self.continuation(reap)["continuation"],
                                       before=lambda: self.job.summary(reap))
         self.job.commit(reap, CheckpointChange(next_execution=arn))
         crashpoints.point(CP_CONTINUED)

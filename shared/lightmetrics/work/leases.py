@@ -22,14 +22,15 @@ the same transaction as the checkpoint update they guard.
 
 Example:
     >>> item = take(table, "lease#rollup", None, owner="run-1", lease_seconds=900, now_ns=0, what="rollup")  # doctest: +SKIP
-    >>> item["epoch"]                                                                 # doctest: +SKIP
+    >>> item.epoch                                                                    # doctest: +SKIP
     1
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lightmetrics.deployment.timeouts import longest_task_timeout_s
@@ -63,14 +64,106 @@ def lease_pk(name: str) -> str:
     return f"lease#{name}"
 
 
-def read(table: ControlStore, pk: str) -> dict[str, Any] | None:
-    """The lease item at ``pk`` (plain values), or None if nobody ever took it."""
+@dataclass(frozen=True)
+class LeaseItem:
+    """A lease item as stored at ``lease#<name>`` / ``lease``, typed; :meth:`from_item` and
+    :meth:`to_item` convert at the control-store boundary (:func:`read`, :func:`take`), and
+    ``to_item(from_item(x)) == x`` for every stored item. Fields an older writer did not store are
+    None; an attribute this version does not know is kept in ``attributes``.
+
+    >>> lease = LeaseItem.from_item({"pk": "lease#walk", "sk": "lease", "owner": "a1", "epoch": 2,
+    ...                              "expires_at_ns": 0, "released_at_ns": 5, "scope": "all"})
+    >>> (lease.epoch, lease.released, lease.scope, lease.execution)
+    (2, True, 'all', None)
+    """
+
+    pk: str
+    owner: str
+    epoch: int
+    expires_at_ns: int
+    #: the highest epoch any holder took (a resume keeps an earlier epoch)
+    last_epoch: int | None = None
+    lease_seconds: int | None = None
+    taken_at_ns: int | None = None
+    #: one more per take; None on an item written before leases carried a version
+    version: int | None = None
+    released_at_ns: int | None = None
+    #: what a job stores with its lease: the execution holding it, its scope (the walk's
+    #: ``all``/``agent=..``, the reap's mode), the walk's checkpoint
+    execution: str | None = None
+    scope: str | None = None
+    checkpoint_pk: str | None = None
+    #: any other stored attribute (the write token of :func:`~lightmetrics.protocol.own_writes.put_own`)
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def released(self) -> bool:
+        """Released by its holder (expiry 0): free to take at once."""
+        return self.expires_at_ns == 0
+
+    def is_live(self, now_ns: int) -> bool:
+        return self.expires_at_ns > now_ns
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> LeaseItem:
+        """The typed lease of a stored item (DynamoDB values or plain ones)."""
+        values = plain(dict(item))
+
+        def number(name: str) -> int | None:
+            return None if values.get(name) is None else int(values[name])
+
+        def text(name: str) -> str | None:
+            return None if values.get(name) is None else str(values[name])
+
+        known = {f.name for f in fields(cls)} | {"sk"}
+        return cls(str(values["pk"]), str(values.get("owner", "")), int(values.get("epoch", 0)),
+                   int(values.get("expires_at_ns", 0)), last_epoch=number("last_epoch"),
+                   lease_seconds=number("lease_seconds"), taken_at_ns=number("taken_at_ns"), version=number("version"),
+                   released_at_ns=number("released_at_ns"), execution=text("execution"), scope=text("scope"),
+                   checkpoint_pk=text("checkpoint_pk"),
+                   attributes={k: v for k, v in values.items() if k not in known})
+
+    def to_item(self) -> dict[str, Any]:
+        """The stored item: the attributes a job stores first, then the lease's own (``take``'s order)."""
+        extra = {k: getattr(self, k) for k in _JOB_ATTRIBUTES if getattr(self, k) is not None}
+        core: dict[str, Any] = {"pk": self.pk, "sk": LEASE_SK, "owner": self.owner, "epoch": self.epoch}
+        for k in ("last_epoch", "expires_at_ns", "lease_seconds", "taken_at_ns", "version", "released_at_ns"):
+            v = getattr(self, k)
+            if v is not None or k == "expires_at_ns":
+                core[k] = v
+        return {**extra, **core, **self.attributes}
+
+
+#: the attributes a job stores with its lease (:func:`take`'s ``attributes``)
+_JOB_ATTRIBUTES = ("execution", "scope", "checkpoint_pk")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, as its renewals and fence name it: a run's ``owner``, ``epoch`` and
+    ``lease_seconds`` (the walk's and the reap's run state carry them; :meth:`of` reads them).
+
+    >>> Holder.of({"owner": "a1", "epoch": 3, "lease_seconds": 360, "round": 7})
+    Holder(owner='a1', epoch=3, lease_seconds=360)
+    """
+
+    owner: str
+    epoch: int
+    lease_seconds: int
+
+    @classmethod
+    def of(cls, run: Mapping[str, Any]) -> Holder:
+        return cls(str(run["owner"]), int(run["epoch"]), int(run["lease_seconds"]))
+
+
+def read(table: ControlStore, pk: str) -> LeaseItem | None:
+    """The lease item at ``pk``, or None if nobody ever took it."""
     item = table.get(pk, LEASE_SK)
-    return plain(item) if item else None
+    return LeaseItem.from_item(item) if item else None
 
 
-def is_live(item: dict[str, Any] | None, now_ns: int) -> bool:
-    return bool(item) and int((item or {}).get("expires_at_ns", 0)) > now_ns
+def is_live(item: LeaseItem | None, now_ns: int) -> bool:
+    return item is not None and item.is_live(now_ns)
 
 
 #: How long after its lease lapsed a job whose summary still says ``running`` is called stopped
@@ -78,21 +171,22 @@ def is_live(item: dict[str, Any] | None, now_ns: int) -> bool:
 STOPPED_MARGIN_S = 300
 
 
-def stopped_at(item: dict[str, Any] | None, now_ns: int, margin_s: int = STOPPED_MARGIN_S) -> int | None:
+def stopped_at(item: LeaseItem | None, now_ns: int, margin_s: int = STOPPED_MARGIN_S) -> int | None:
     """When the lease of a job still recorded ``running`` lapsed (expired, or released), if that
     was more than ``margin_s`` ago: its execution stopped without its End task (StopExecution, a
     timeout). None while the lease is live or lapsed only just.
 
-    >>> stopped_at({"expires_at_ns": 1}, 400 * 10**9), stopped_at({"expires_at_ns": 1}, 2)
+    >>> lapsed = LeaseItem("lease#reap", "a1", 1, expires_at_ns=1)
+    >>> stopped_at(lapsed, 400 * 10**9), stopped_at(lapsed, 2)
     (1, None)
     """
-    if not item:
+    if item is None:
         return None
-    at = int(item.get("expires_at_ns") or 0) or int(item.get("released_at_ns") or 0)
+    at = item.expires_at_ns or item.released_at_ns or 0
     return at if at and at + margin_s * _NS <= now_ns else None
 
 
-def stopped_cause(item: dict[str, Any] | None, now_ns: int, what: str, next_step: str) -> list[str]:
+def stopped_cause(item: LeaseItem | None, now_ns: int, what: str, next_step: str) -> list[str]:
     """``lmctl status``'s cause (R9) for a job whose summary says ``running`` and whose lease
     ``item`` lapsed more than :data:`STOPPED_MARGIN_S` ago; [] otherwise."""
     from lightmetrics.protocol.clock import utc_text
@@ -102,47 +196,49 @@ def stopped_cause(item: dict[str, Any] | None, now_ns: int, what: str, next_step
                                   f"(aborted or timed out; {next_step})"]
 
 
-def describe(item: dict[str, Any], now_ns: int, what: str) -> str:
+def describe(item: LeaseItem, now_ns: int, what: str) -> str:
     """``the <what> lease is held by epoch N (<scope or owner>), execution E, for another S s``."""
-    left = (int(item.get("expires_at_ns", 0)) - now_ns) / _NS
-    holder = item.get("scope") or f"owner {str(item.get('owner', ''))[:8]}"
-    execution = f", execution {item['execution']}" if item.get("execution") else ""
-    return f"the {what} lease is held by epoch {item.get('epoch')} ({holder}){execution}, for another {max(0.0, left):.0f} s"
+    left = (item.expires_at_ns - now_ns) / _NS
+    holder = item.scope or f"owner {item.owner[:8]}"
+    execution = f", execution {item.execution}" if item.execution else ""
+    return f"the {what} lease is held by epoch {item.epoch} ({holder}){execution}, for another {max(0.0, left):.0f} s"
 
 
-def take(table: ControlStore, pk: str, current: dict[str, Any] | None, *, owner: str, lease_seconds: int,
-         now_ns: int, what: str, epoch: int | None = None, **attributes: Any) -> dict[str, Any]:
+def take(table: ControlStore, pk: str, current: LeaseItem | None, *, owner: str, lease_seconds: int,
+         now_ns: int, what: str, epoch: int | None = None, **attributes: str) -> LeaseItem:
     """Take the lease ``pk`` whose item was read as ``current`` (None: absent): one conditional
     write (absent; or unchanged since the read and expired at the write). ``epoch`` continues an
     earlier epoch (a resume); by default it is one more than any before. ``attributes`` are stored
     with it (execution, scope, ...). Raises :class:`LeaseHeld` naming the holder.
 
     Example:
-        >>> take(table, "lease#walk", None, owner="a1", lease_seconds=360, now_ns=0, what="walk")["epoch"]  # doctest: +SKIP
+        >>> take(table, "lease#walk", None, owner="a1", lease_seconds=360, now_ns=0, what="walk").epoch  # doctest: +SKIP
         1
     """
-    if is_live(current, now_ns):
-        raise LeaseHeld(describe(current or {}, now_ns, what))
-    before = current or {}
-    last = max(int(before.get("epoch", 0)), int(before.get("last_epoch", 0)))
+    if current is not None and current.is_live(now_ns):
+        raise LeaseHeld(describe(current, now_ns, what))
+    last = 0 if current is None else max(current.epoch, current.last_epoch or 0)
     new_epoch = last + 1 if epoch is None else int(epoch)
     item = {**attributes, "pk": pk, "sk": LEASE_SK, "owner": owner, "epoch": new_epoch,
             "last_epoch": max(new_epoch, last), "expires_at_ns": now_ns + int(lease_seconds) * _NS,
             "lease_seconds": int(lease_seconds), "taken_at_ns": now_ns,
-            "version": int(before.get("version", 0)) + 1}
+            "version": (0 if current is None else current.version or 0) + 1}
     # put_own: a take whose answer was lost, retried against its own write, is still ours (§11.1)
     try:
         if current is None:
-            return put_own(table, item, condition="attribute_not_exists(pk)")
-        if "version" in before:
-            return put_own(table, item, condition="#v = :v AND #x <= :now",
-                           names={"#v": "version", "#x": "expires_at_ns"},
-                           values_for_condition={":v": int(before["version"]), ":now": now_ns})
+            return LeaseItem.from_item(put_own(table, item, condition="attribute_not_exists(pk)"))
+        if current.version is not None:
+            return LeaseItem.from_item(put_own(table, item, condition="#v = :v AND #x <= :now",
+                                               names={"#v": "version", "#x": "expires_at_ns"},
+                                               values_for_condition={":v": current.version, ":now": now_ns}))
         # an item written before leases carried a version
-        return put_own(table, item, condition="attribute_not_exists(#v) AND #x <= :now",
-                       names={"#v": "version", "#x": "expires_at_ns"}, values_for_condition={":now": now_ns})
+        return LeaseItem.from_item(put_own(table, item, condition="attribute_not_exists(#v) AND #x <= :now",
+                                           names={"#v": "version", "#x": "expires_at_ns"},
+                                           values_for_condition={":now": now_ns}))
     except WrittenByOther as lost:
-        raise LeaseHeld(describe(plain(lost.current or {}), now_ns, what)) from None
+        if lost.current is None:  # never: a lease item is never deleted
+            raise LeaseHeld(f"the {what} lease was taken by another run") from None
+        raise LeaseHeld(describe(LeaseItem.from_item(lost.current), now_ns, what)) from None
 
 
 def renewal(pk: str, owner: str, epoch: int, lease_seconds: int, now_ns: int, **extra: Any) -> Op:
@@ -158,9 +254,9 @@ def renewal(pk: str, owner: str, epoch: int, lease_seconds: int, now_ns: int, **
     return Op("Update", pk, LEASE_SK, expr, names, values, f"{OWNED} AND #x > :released")
 
 
-def renewal_of(pk: str, run: dict[str, Any], now_ns: int, **extra: Any) -> Op:
-    """:func:`renewal` for a holder's state ``run`` (its ``owner``, ``epoch``, ``lease_seconds``)."""
-    return renewal(pk, run["owner"], run["epoch"], int(run["lease_seconds"]), now_ns, **extra)
+def renewal_of(pk: str, holder: Holder, now_ns: int, **extra: Any) -> Op:
+    """:func:`renewal` by ``holder`` for its ``lease_seconds``."""
+    return renewal(pk, holder.owner, holder.epoch, holder.lease_seconds, now_ns, **extra)
 
 
 def release(pk: str, owner: str, epoch: int, now_ns: int) -> Op:
@@ -180,12 +276,12 @@ class Fence:
     run in a pool). With rule L1 no other run can take the lease while this task runs after a
     successful fence: the renewal lasts longer than the task can.
 
-    ``run`` is the holder's state: ``owner``, ``epoch``, ``lease_seconds``.
+    ``holder`` is who holds the lease (:class:`Holder`: ``owner``, ``epoch``, ``lease_seconds``).
     """
 
-    def __init__(self, table: ControlStore, pk: str, run: dict[str, Any], clock: Any,
+    def __init__(self, table: ControlStore, pk: str, holder: Holder, clock: Any,
                  lost: Callable[[str], Exception] = LeaseLost, *, interval_s: int = FENCE_INTERVAL_S) -> None:
-        self.table, self.pk, self.run, self.clock, self.lost = table, pk, run, clock, lost
+        self.table, self.pk, self.holder, self.clock, self.lost = table, pk, holder, clock, lost
         self.interval_ns = interval_s * _NS
         self._last: int | None = None
         self._lock = threading.Lock()
@@ -201,11 +297,11 @@ class Fence:
                 self._renew(now)
 
     def _renew(self, now: int) -> None:
-        run = self.run
+        holder = self.holder
         try:
-            renewal_of(self.pk, run, now).apply(self.table)
+            renewal_of(self.pk, holder, now).apply(self.table)
         except ConditionFailed:
-            raise self.lost(f"epoch {run['epoch']} (owner {str(run['owner'])[:8]}) no longer owns "
+            raise self.lost(f"epoch {holder.epoch} (owner {holder.owner[:8]}) no longer owns "
                             f"{self.pk}: stopped before a destructive request") from None
         self._last = now
 
@@ -228,7 +324,8 @@ def task_lease_rule_broken(lease_s: int, task_functions: Iterable[str], setting:
                              f"the Lambda timeout of {', '.join(names)} in lightmetrics.deployment.resources", setting)
 
 
-__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "LeaseError", "LeaseHeld", "LeaseLost",
+__all__ = ["FENCE_INTERVAL_S", "LEASE_SK", "OWNED", "STOPPED_MARGIN_S", "Fence", "Holder", "LeaseError", "LeaseHeld",
+           "LeaseItem", "LeaseLost",
            "describe", "is_live", "lease_pk", "lease_rule_broken",
            "release", "renewal", "renewal_of", "stopped_at", "stopped_cause", "take",
            "task_lease_rule_broken"]

@@ -28,7 +28,7 @@ one method of :class:`Walker`. The package, one concept a module:
 
 Example (what ``lmctl walk start --wait`` does)::
 
-    >>> control = WalkControl(ctx, sfn_client, state_machine_arn)              # doctest: +SKIP
+    >>> control = WalkControl(ctx, executions, state_machine_arn)              # doctest: +SKIP
     >>> started = control.start(page_size=500)                                 # doctest: +SKIP
     >>> control.follow(started).status                                         # doctest: +SKIP
     'finished'

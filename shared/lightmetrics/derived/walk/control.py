@@ -2,7 +2,7 @@
 
 Example (what ``lmctl walk start --wait`` does)::
 
-    >>> control = WalkControl(ctx, sfn_client, state_machine_arn)              # doctest: +SKIP
+    >>> control = WalkControl(ctx, executions, state_machine_arn)              # doctest: +SKIP
     >>> started = control.start(page_size=500)                                 # doctest: +SKIP
     >>> control.follow(started).status                                         # doctest: +SKIP
     'finished'
@@ -19,11 +19,12 @@ from typing import Any
 from lightmetrics.derived.walk.errors import InvalidWalkInput, NothingToResume, NothingToWalk
 from lightmetrics.derived.walk.params import WalkParams
 from lightmetrics.derived.walk.state import WalkSummary, checkpoint_pk, describe_lease, read_walk, summarize
-from lightmetrics.jobs.control import JobControl
+from lightmetrics.jobs.control import JobControl, Observed
 from lightmetrics.jobs.kernel import JobStatus
 from lightmetrics.protocol.control_store import ControlStore
+from lightmetrics.protocol.executions import ExecutionDescription, Executions
 from lightmetrics.protocol.identity import id_to_hex
-from lightmetrics.work.leases import LeaseHeld
+from lightmetrics.work.leases import LeaseHeld, LeaseItem
 from lightmetrics.work.units import WorkContext
 
 
@@ -54,17 +55,17 @@ class WalkControl:
     """Start and watch walks through Step Functions (the CLI and the demo; never inside a task), on the
     job's :class:`~lightmetrics.jobs.control.JobControl`."""
 
-    def __init__(self, ctx: WorkContext, sfn_client: Any, state_machine_arn: str, *,
+    def __init__(self, ctx: WorkContext, executions: Executions, state_machine_arn: str, *,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.ctx, self.sfn, self.state_machine_arn = ctx, sfn_client, state_machine_arn
+        self.ctx, self.executions, self.state_machine_arn = ctx, executions, state_machine_arn
         self.table: ControlStore = ctx.table
         self.sleep = sleep
-        self.job = JobControl(ctx, sfn_client, state_machine_arn, "walk", sleep=sleep)
+        self.job = JobControl(ctx, executions, state_machine_arn, "walk", sleep=sleep)
 
-    def lease(self) -> dict[str, Any] | None:
+    def lease(self) -> LeaseItem | None:
         return self.job.lease()
 
-    def lease_live(self) -> dict[str, Any] | None:
+    def lease_live(self) -> LeaseItem | None:
         return self.job.lease_live()
 
     def checkpoint(self, agent: str | None = None) -> WalkSummary | None:
@@ -106,85 +107,55 @@ class WalkControl:
                                       f"(last status: {cp.status if cp else 'never ran'})")
         name = f"lmctl-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         arn, lease = self.job.start_execution(name, inp, refused=self._refused, timeout_s=timeout_s)
-        return Started(arn, int(lease["epoch"]), str(lease["checkpoint_pk"]), str(lease.get("scope", "all")))
+        return Started(arn, lease.epoch, str(lease.checkpoint_pk), "all" if lease.scope is None else lease.scope)
 
     @staticmethod
-    def _refused(d: dict[str, Any], kind: str, detail: str) -> Exception:
+    def _refused(d: ExecutionDescription, kind: str, detail: str) -> Exception:
         """Why the walk did not start, from the Begin task's own error (type, message)."""
         if kind == "NothingToResume":
             return NothingToResume(detail)
-        return InvalidWalkInput(f"the walk did not start ({d['status']} {d.get('error', '')}): "
-                                f"{detail or d.get('cause', '')}")
+        return InvalidWalkInput(f"the walk did not start ({d.status} {d.error}): {detail or d.cause}")
 
-    def _held(self, lease: dict[str, Any]) -> str:
+    def _held(self, lease: LeaseItem) -> str:
         """Why a start is refused. A lease whose execution has ended (its release was lost, or the
         execution was stopped) is still the lease until it expires: say so, and when."""
         from lightmetrics.protocol.clock import utc_text
 
         text = describe_lease(lease, self.ctx.clock.now_ns())
-        execution = lease.get("execution")
+        execution = lease.execution
         if not execution:
             return text
         try:
-            status = self.sfn.describe_execution(executionArn=execution)["status"]
+            status = self.executions.describe(execution).status
         except Exception:  # noqa: BLE001 - the refusal stands; only its explanation is missing
             return text
         if status == "RUNNING":
             return text
         return (f"{text}: that execution has ended ({status}) without releasing the lease, which "
-                f"expires at {utc_text(int(lease.get('expires_at_ns', 0)))}; `lmctl walk start` succeeds then "
+                f"expires at {utc_text(lease.expires_at_ns)}; `lmctl walk start` succeeds then "
                 f"(add --resume to continue an unfinished walk)")
 
     def history(self, arn: str) -> list[dict[str, Any]]:
         return self.job.history(arn)
 
-    def _until_ended(self, execution: str, deadline: float | None) -> None:
-        """Wait (at most 60 s, or until ``deadline``) for ``execution`` to leave RUNNING."""
-        limit = time.monotonic() + 60 if deadline is None else min(deadline, time.monotonic() + 60)
-        while self.sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < limit:
-            self.sleep(0.05)
-
     def follow(self, started: Started, *, on_progress: Callable[[WalkSummary], None] | None = None,
                poll_s: float = 0.5, timeout_s: float | None = None) -> Followed:
-        """Watch the walk of ``started`` across its executions until it finishes or fails."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        executions = [started.execution_arn]
-        ended_at: float | None = None
-        while True:
-            cp, parts = read_walk(self.table, started.checkpoint_pk)
-            summary = summarize(cp, parts, self.ctx.clock.now_ns()) if cp else None
-            if on_progress and summary:
-                on_progress(summary)
-            if cp and (-1 if cp.epoch is None else cp.epoch) != started.epoch:
-                return Followed("failed", summary, executions, "a newer walk replaced this epoch's checkpoint")
-            status = None if cp is None else cp.status
-            current = (cp.execution if cp else None) or started.execution_arn
-            if current not in executions:
-                executions.append(current)
-            if status is JobStatus.FINISHED:
-                # End records "finished", then moves the watermarks (after its owned write, rule
-                # L2): the walk has ended once its execution has.
-                self._until_ended(current, deadline)
-                return Followed("finished", summary, executions)
-            if status is JobStatus.FAILED:
-                return Followed("failed", summary, executions, (cp.error if cp else None) or "")
-            d = self.sfn.describe_execution(executionArn=current)
-            if d["status"] in ("FAILED", "TIMED_OUT", "ABORTED"):
-                # The end task may have recorded the error after the read above: read it again.
-                found, parts = read_walk(self.table, started.checkpoint_pk)
-                summary = summarize(found, parts, self.ctx.clock.now_ns()) if found else summary
-                return Followed("failed", summary, executions,
-                                f"execution {current} {d['status']} {d.get('error', '')}".strip())
-            if d["status"] == "SUCCEEDED" and status is JobStatus.RUNNING:
-                # Handed over to the next execution: Begin records it within moments.
-                ended_at = ended_at or time.monotonic()
-                if time.monotonic() - ended_at > 60:
-                    return Followed("failed", summary, executions, f"{current} ended without a successor")
-            else:
-                ended_at = None
-            if deadline is not None and time.monotonic() > deadline:
-                return Followed("failed", summary, executions, "timed out following the walk")
-            self.sleep(poll_s)
+        """Watch the walk of ``started`` across its executions until it finishes or fails
+        (:meth:`~lightmetrics.jobs.control.JobControl.follow`), its summary read at every poll."""
+        run = self.job.follow(started.execution_arn, progress=lambda: self._progress(started), on_progress=on_progress,
+                              poll_s=poll_s, timeout_s=timeout_s)
+        return Followed(run.status, run.report, run.executions, run.detail)
+
+    def _progress(self, started: Started) -> Observed[WalkSummary]:
+        """The walk's summary, totals including the partitions in progress (one Query); a newer
+        epoch's checkpoint is no longer this walk's."""
+        found, parts = read_walk(self.table, started.checkpoint_pk)
+        if found is None:
+            return Observed[WalkSummary]()
+        summary = summarize(found, parts, self.ctx.clock.now_ns())
+        replaced = "" if (-1 if found.epoch is None else found.epoch) == started.epoch \
+            else "a newer walk replaced this epoch's checkpoint"
+        return Observed(summary, found.status, found.execution, found.error or "", replaced)
 
 
 __all__ = ["Followed", "Started", "WalkControl"]

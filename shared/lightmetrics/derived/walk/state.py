@@ -17,7 +17,7 @@ Example (what ``lmctl walk status`` reads)::
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from lightmetrics.derived.walk.checkpoint import (
     CHECKPOINT_SK,
@@ -75,12 +75,12 @@ def watermark_pk(index: str) -> str:
 
 
 # --- the walk's lease (lightmetrics.work.leases; docs/protocol.md §13, L1-L3) ----------------------------------
-def read_lease(table: ControlStore) -> dict[str, Any] | None:
-    """The walk lease's item (plain values), or None if no walk ever took it."""
+def read_lease(table: ControlStore) -> leases.LeaseItem | None:
+    """The walk lease's item, or None if no walk ever took it."""
     return leases.read(table, LEASE_PK)
 
 
-def describe_lease(lease: dict[str, Any], now_ns: int) -> str:
+def describe_lease(lease: leases.LeaseItem, now_ns: int) -> str:
     return leases.describe(lease, now_ns, "walk")
 
 

@@ -57,10 +57,11 @@ from lightmetrics.derived.walk.state import (
 from lightmetrics.derived.walk.walker_base import WalkJob, add_counts, log
 from lightmetrics.jobs.kernel import JobKernel, JobStatus
 from lightmetrics.protocol.control_store import ConditionFailed, Op, TransactionCancelled
+from lightmetrics.protocol.executions import Executions
 from lightmetrics.protocol.identity import id_to_hex
 from lightmetrics.protocol.own_writes import put_own
 from lightmetrics.work.blockers import BlockerStatus
-from lightmetrics.work.leases import OWNED, LeaseLost
+from lightmetrics.work.leases import OWNED, LeaseItem, LeaseLost
 from lightmetrics.work.units import WorkContext
 
 #: What a continuation carries into the next execution.
@@ -82,17 +83,17 @@ class Walker:
     item; Plan folds a finished partition into the summary and deletes its item, atomically.
     """
 
-    def __init__(self, ctx: WorkContext, settings: Any, *, sfn_client: Any = None) -> None:
+    def __init__(self, ctx: WorkContext, settings: Any, *, executions: Executions | None = None) -> None:
         self.job = WalkJob(ctx, settings)
         self.kernel, self.ctx, self.settings, self.table = self.job.kernel, ctx, settings, ctx.table
-        self._sfn = sfn_client
+        self.executions = executions  # the continue task's: it starts the next execution
         self.page_task = PageTask(self.job)
 
     def now(self) -> int:
         return self.job.now()
 
-    def lease(self) -> dict[str, Any] | None:
-        """The walk lease's item (plain values), or None if no walk ever took it."""
+    def lease(self) -> LeaseItem | None:
+        """The walk lease's item, or None if no walk ever took it."""
         return self.kernel.lease()
 
     def page(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class Walker:
             if kept:
                 params = WalkParams.parse({**inp, **kept})
         else:
-            epoch = int((lease or {}).get("last_epoch", (lease or {}).get("epoch", 0))) + 1
+            epoch = (0 if lease is None else lease.epoch if lease.last_epoch is None else lease.last_epoch) + 1
         owner = uuid.uuid4().hex
         scope = "all" if params.agent is None else f"agent={params.agent_hex}"
         self.kernel.take(lease, owner=owner, lease_seconds=params.lease_s, now_ns=now, epoch=epoch, execution=execution,
@@ -300,7 +301,7 @@ class Walker:
     def cont(self, event: dict[str, Any]) -> dict[str, Any]:
         walk: WalkRun = event["walk"]
         carried = {k: walk[k] for k in CARRIED if k in walk}  # type: ignore[literal-required]
-        arn = self.kernel.continue_in(self._sfn, walk, carried)
+        arn = self.kernel.continue_in(self.executions, walk, carried)
         names, values = JobKernel.owned(walk)
         try:
             self.table.update(walk["checkpoint_pk"], CHECKPOINT_SK, "SET #nx = :nx, #u = :now",

@@ -60,8 +60,8 @@ class LeaseWatch:
         else:
             self.holders[actor.name] = (str(reap["owner"]), int(reap["epoch"]))
 
-    def _lease(self) -> dict[str, Any]:
-        return leases.read(self.table, LEASE_PK) or {}
+    def _lease(self) -> leases.LeaseItem | None:
+        return leases.read(self.table, LEASE_PK)
 
     def landed(self, actor: Any, operation: str, key: str, sent_jumps: int, *, destructive: bool) -> None:
         """A call of ``actor`` landed (it did not raise before its effect)."""
@@ -73,17 +73,15 @@ class LeaseWatch:
             self._check(actor, operation, key, sent_jumps, previous)
         if LEASE_KEY in key and operation in ("UpdateItem", "TransactWriteItems"):
             lease = self._lease()
-            owner, epoch = str(lease.get("owner")), int(lease.get("epoch", -1))
-            if int(lease.get("expires_at_ns", 0)) > 0 and self.holders.get(actor.name) == (owner, epoch):
-                self.renewed[actor.name] = _Renewal(owner, epoch, self.scheduler.clock.now_ns(), sent_jumps)
+            if lease is not None and lease.expires_at_ns > 0 and self.holders.get(actor.name) == (lease.owner, lease.epoch):
+                self.renewed[actor.name] = _Renewal(lease.owner, lease.epoch, self.scheduler.clock.now_ns(), sent_jumps)
                 self.previous_renewed[actor.name] = True
 
     def _check(self, actor: Any, operation: str, key: str, sent_jumps: int, after_renewal: bool) -> None:
         owner, epoch = self.holders[actor.name]
         now, lease = self.scheduler.clock.now_ns(), self._lease()
         margin = LEASE_MARGIN_S * _NS
-        if (lease.get("owner"), int(lease.get("epoch", -1))) == (owner, epoch) \
-                and int(lease.get("expires_at_ns", 0)) + margin >= now:
+        if lease is not None and (lease.owner, lease.epoch) == (owner, epoch) and lease.expires_at_ns + margin >= now:
             return
         last = self.renewed.get(actor.name)
         if last is not None and (last.owner, last.epoch) == (owner, epoch) \
@@ -93,7 +91,7 @@ class LeaseWatch:
         if self.scheduler.jumps > paused_since:
             self.scheduler.note(f"lease check: {operation} {key} outran by a clock jump in flight (beyond L1)")
             return
-        holder = f"epoch {lease.get('epoch')} owner {str(lease.get('owner'))[:8]} expires {lease.get('expires_at_ns')}"
+        holder = "absent" if lease is None else f"epoch {lease.epoch} owner {lease.owner[:8]} expires {lease.expires_at_ns}"
         since = "never" if last is None else f"{(now - last.landed_ns) / _NS:.0f} s ago"
         self.scheduler.flag(f"{actor.name} (epoch {epoch}, owner {owner[:8]}) sent {operation} {key} without "
                             f"its lease: the lease is {holder} at true time {now}; its last renewal {since}")

@@ -18,13 +18,13 @@ one but a running execution (a lost answer must not be read as someone else's ta
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
 from lightmetrics.harness.sim.reap_world import marks_left
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
+from lightmetrics.harness.testing.memory.executions import InlineExecutions
 from lightmetrics.reaps import Reaper
 from lightmetrics.reaps.params import LEASE_PK
 from lightmetrics.work import leases
@@ -36,18 +36,6 @@ _NEVER_RETRIED = ("LeaseLost", "InvalidReapInput")
 _CONTROL_RETRIED = ("ReapTransient",)
 #: errors no fault can explain: a task raising one is a bug the simulation reports
 BUG_ERRORS = ("DryRunWrite", "AssertionError", "TypeError", "AttributeError", "NameError", "KeyError")
-
-
-class InlineSfn:
-    """Step Functions' StartExecution for a reap's Continue: a repeated start of one name is one execution."""
-
-    def __init__(self) -> None:
-        self.inputs: dict[str, dict[str, Any]] = {}
-
-    def start_execution(self, *, stateMachineArn: str, name: str, input: str) -> dict[str, str]:  # noqa: A002,N803
-        arn = f"sim:execution:{name}"
-        self.inputs.setdefault(arn, json.loads(input))
-        return {"executionArn": arn}
 
 
 class Execution:
@@ -107,7 +95,7 @@ class Execution:
                 if started is None:
                     return self.abort(out["reap"])
                 arn = started["next_execution"]
-                begun = self.task("begin", {"input": self.reaper._sfn.inputs[arn], "execution_arn": arn}, control=True)
+                begun = self.task("begin", {"input": self.reaper.executions.inputs[arn], "execution_arn": arn}, control=True)
                 if begun is None:
                     return None
                 out = begun
@@ -133,7 +121,7 @@ def spawn_twin(world: World, actor: Actor, step: str, event: dict[str, Any]) -> 
     beside the execution; it is under the same lease as the execution that started it."""
     scheduler, holder = world.scheduler, world.store.watch.holders.get(actor.name)
     name = f"{actor.name.split('#')[0]}#twin{sum(a.name.startswith(actor.name + '#') for a in scheduler.actors)}"
-    reaper = Reaper(world.work_context(world.clock_for()), world.system.settings, sfn_client=InlineSfn())
+    reaper = Reaper(world.work_context(world.clock_for()), world.system.settings, executions=InlineExecutions("sim"))
     dry_run = actor.dry_run
 
     def body(twin: Actor) -> None:
@@ -165,7 +153,7 @@ def reap(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, begins: 
         for inp in inputs:
             clock = world.clock_for()
             execution = Execution(world, actor, Reaper(world.work_context(clock), world.system.settings,
-                                                       sfn_client=InlineSfn()), clock)
+                                                       executions=InlineExecutions("sim")), clock)
             actor.dry_run = bool(inp.get("dry_run"))
             for n in range(begins):
                 arn = f"sim-{actor.name}-{len(world.scheduler.trace)}-{n}"
@@ -189,8 +177,8 @@ def _lease_left(world: World, execution: Execution, arn: str) -> None:
     if execution.crashed or not (execution.ended or execution.errors[-1:] == ["LeaseHeld"]):
         return
     lease = leases.read(world.system.table, LEASE_PK)
-    if leases.is_live(lease, world.clock.now_ns()) and (lease or {}).get("execution") == arn:
+    if lease is not None and lease.is_live(world.clock.now_ns()) and lease.execution == arn:
         world.scheduler.flag(f"the reap lease is held by execution {arn}, which ended without a crash: {lease}")
 
 
-__all__ = ["BUG_ERRORS", "Execution", "InlineSfn", "reap"]
+__all__ = ["BUG_ERRORS", "Execution", "reap"]

@@ -18,9 +18,10 @@ from collections import Counter
 from typing import Any
 
 from lightmetrics.derived.walk import LEASE_PK, Walker, WalkError
-from lightmetrics.harness.sim.reap_driver import BUG_ERRORS, InlineSfn
+from lightmetrics.harness.sim.reap_driver import BUG_ERRORS
 from lightmetrics.harness.sim.scheduler import Actor, SimCrash
 from lightmetrics.harness.sim.world import World
+from lightmetrics.harness.testing.memory.executions import InlineExecutions
 from lightmetrics.work import leases
 from lightmetrics.work.leases import LeaseError
 from lightmetrics.work.units import TRANSIENT
@@ -37,8 +38,8 @@ ABORT = {"*": 3}
 class WalkExecution:
     """The tasks of one walk (across its executions) on one Walker (a warm container's)."""
 
-    def __init__(self, world: World, actor: Actor, walker: Walker, clock: Any, sfn: InlineSfn) -> None:
-        self.world, self.actor, self.walker, self.clock, self.sfn = world, actor, walker, clock, sfn
+    def __init__(self, world: World, actor: Actor, walker: Walker, clock: Any, executions: InlineExecutions) -> None:
+        self.world, self.actor, self.walker, self.clock, self.executions = world, actor, walker, clock, executions
         self.ended = False
         self.crashed = False
         self.owner = ""
@@ -90,7 +91,7 @@ class WalkExecution:
             if not nxt.startswith("continue "):
                 return nxt
             arn = nxt.split(" ", 1)[1]
-            inp = self.sfn.inputs[arn]
+            inp = self.executions.inputs[arn]
         return "too many executions"
 
     def _rounds(self, walk: dict[str, Any]) -> str:
@@ -129,10 +130,10 @@ def walk(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, outcomes
         for _ in range(delay):
             world.scheduler.pause("Schedule")
         clock = world.clock_for()
-        sfn = InlineSfn()
-        walker = Walker(world.work_context(clock), world.system.settings, sfn_client=sfn)
+        executions = InlineExecutions("sim")
+        walker = Walker(world.work_context(clock), world.system.settings, executions=executions)
         for n, inp in enumerate(inputs):
-            execution = WalkExecution(world, actor, walker, clock, sfn)
+            execution = WalkExecution(world, actor, walker, clock, executions)
             arn = f"sim:execution:walk-{actor.name}-{n}"
             ended = execution.run(inp, arn)
             world.scheduler.note(f"walk {ended}")
@@ -140,7 +141,7 @@ def walk(world: World, inputs: list[dict[str, Any]], *, delay: int = 0, outcomes
                 outcomes.append(ended)
             if execution.ended and not execution.crashed:  # a dead task's lease only expires
                 lease = leases.read(world.system.table, LEASE_PK)
-                if leases.is_live(lease, world.clock.now_ns()) and (lease or {}).get("owner") == execution.owner:
+                if lease is not None and lease.is_live(world.clock.now_ns()) and lease.owner == execution.owner:
                     world.scheduler.flag(f"the walk lease is held after its End answered: {lease}")
     return body
 

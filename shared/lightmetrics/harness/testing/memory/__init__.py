@@ -1,5 +1,6 @@
 """In-memory adapters of the object-store and control-table ports, for fast unit tests of the
-decisions beside the moto-backed ones (never instead of them).
+decisions beside the moto-backed ones (never instead of them); and of the executions port
+(:mod:`~lightmetrics.harness.testing.memory.executions`) for the drivers that run a job's tasks inline.
 
 :func:`memory_system` builds one bucket and one table on a shared clock, and the work context
 (:class:`~lightmetrics.work.units.WorkContext`) and accept context the services run on — the same
