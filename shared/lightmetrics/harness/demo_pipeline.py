@@ -33,13 +33,18 @@ def start_spark_early() -> "Future[Any]":
     >>> session = start_spark_early()   # doctest: +SKIP
     >>> run_pipeline_phase(system, runtime, report, spark=session)   # doctest: +SKIP
     """
-    from lightmetrics_pipeline.session import get_spark
-
     starter = ThreadPoolExecutor(1, thread_name_prefix="lm-demo-spark")
     try:
-        return starter.submit(get_spark, APP_NAME)
+        return starter.submit(_demo_spark)
     finally:
         starter.shutdown(wait=False)
+
+
+def _demo_spark() -> Any:
+    """The demo's session: a JVM tuned for a short run (lightmetrics_pipeline.session.SHORT_RUN_JAVA_OPTIONS)."""
+    from lightmetrics_pipeline.session import SHORT_RUN_JAVA_OPTIONS, get_spark
+
+    return get_spark(APP_NAME, java_options=SHORT_RUN_JAVA_OPTIONS)
 
 
 def run_pipeline_phase(system: Any, runtime: Any, report: Any, *, spark: "Future[Any] | None" = None) -> dict[str, Any]:
@@ -67,15 +72,15 @@ def _run(system: Any, runtime: Any, early_spark: "Future[Any] | None") -> dict[s
     from lightmetrics_pipeline.rollup.job import RollupJob
     from lightmetrics_pipeline.rollup.query import plot, run_query
     from lightmetrics_pipeline.s3io import S3Access
-    from lightmetrics_pipeline.session import get_spark
 
     settings = system.settings
     access = S3Access.from_settings(settings, endpoint_url=runtime.endpoint_url, component="pipeline-demo")
     out: dict[str, Any] = {}
     mark = time.monotonic()
-    spark = early_spark.result() if early_spark is not None else get_spark(APP_NAME)
+    spark = early_spark.result() if early_spark is not None else _demo_spark()
     out["spark_start_s"] = round(time.monotonic() - mark, 1)  # started early: what was left to wait
     out["spark_started_early"] = early_spark is not None
+    out["spark_java_options"] = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
 
     # 1. inventory: a report in AWS's format, in the bucket under inventory/
     written = inv.snapshot(access, inv.Destination.parse(f"s3://{settings.bucket}/inventory"))
