@@ -76,11 +76,7 @@ def _run(system: Any, runtime: Any, early_spark: "Future[Any] | None") -> dict[s
     settings = system.settings
     access = S3Access.from_settings(settings, endpoint_url=runtime.endpoint_url, component="pipeline-demo")
     out: dict[str, Any] = {}
-    mark = time.monotonic()
-    spark = early_spark.result() if early_spark is not None else _demo_spark()
-    out["spark_start_s"] = round(time.monotonic() - mark, 1)  # started early: what was left to wait
-    out["spark_started_early"] = early_spark is not None
-    out["spark_java_options"] = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    spark = _session(early_spark, out)
 
     # 1. inventory: a report in AWS's format, in the bucket under inventory/
     written = inv.snapshot(access, inv.Destination.parse(f"s3://{settings.bucket}/inventory"))
@@ -125,6 +121,16 @@ def _run(system: Any, runtime: Any, early_spark: "Future[Any] | None") -> dict[s
     out["ok"] = (audit.confirmed.get("integrity", 0) == 0 and audit.confirmed.get("derived-without-source", 0) == 0
                  and bool(committed) and rollup.skipped == 0 and out["query"]["samples"] > 0)
     return out
+
+
+def _session(early_spark: "Future[Any] | None", out: dict[str, Any]) -> Any:
+    """The session (the early one, or started now), and in ``out`` how long the phase waited for it."""
+    mark = time.monotonic()
+    spark = early_spark.result() if early_spark is not None else _demo_spark()
+    out["spark_start_s"] = round(time.monotonic() - mark, 1)  # started early: what was left to wait
+    out["spark_started_early"] = early_spark is not None
+    out["spark_java_options"] = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", "")
+    return spark
 
 
 def _as_role(access: Any, credentials: dict[str, str]) -> Any:
