@@ -91,6 +91,42 @@ def test_a_principal_is_refused_what_its_role_does_not_grant(runtime: Any, clock
         system.stop()
 
 
+def test_memoized_policy_decisions_are_motos_own(runtime: Any, clock: Any) -> None:
+    """The access checks' memo (policy document, action, resource) -> decision gives exactly what moto's
+    evaluation gives, on the stack's real policies and an explicit Deny, for requests allowed, refused for
+    want of a grant and refused by a Deny; and the checks do go through it (a repeated request is a hit)."""
+    from moto.iam.access_control import PermissionResult
+
+    from lightmetrics.local.iam_enforcement import _MOTO_POLICY, policy_decision
+
+    system = make_system(runtime, clock)
+    try:
+        wanted = principals(_arns(system), system.spec, ops_bucket=system.made["bucket_arn"], with_triggers=True)
+        documents = [json.dumps({"Version": "2012-10-17", "Statement": st}) for st in wanted.values() if st]
+        deny = {"Effect": "Deny", "Action": "s3:DeleteObject", "Resource": f"{system.made['bucket_arn']}/accepted/*"}
+        documents.append(json.dumps({"Version": "2012-10-17", "Statement": [*wanted["gc"], deny]}))
+        actions = {a for st in wanted.values() for s in st for a in ([s["Action"]] if isinstance(s["Action"], str)
+                                                                     else s["Action"])} | {"iam:CreateUser"}
+        resources = [f"{system.made['bucket_arn']}/{k}" for k in ("accepted/v1/x.json", "raw-blobs/v1/ab", "other")]
+        resources += [system.made["bucket_arn"], system.made["table_arn"], "*"]
+        seen = set()
+        for document in documents:
+            for action in sorted(actions):
+                for resource in resources:
+                    expected = _MOTO_POLICY["class"](document).is_action_permitted(action, resource)
+                    assert policy_decision(document, action, resource) == expected, (action, resource)
+                    assert policy_decision(document, action, resource) == expected  # from the memo
+                    seen.add(expected)
+        assert seen == {PermissionResult.PERMITTED, PermissionResult.NEUTRAL, PermissionResult.DENIED}
+        s3 = system.principal_session("index-accepted").client("s3")
+        hits = policy_decision.cache_info().hits
+        for _ in range(2):
+            assert s3.list_objects_v2(Bucket=system.bucket, Prefix="accepted/")["KeyCount"] == 0
+        assert policy_decision.cache_info().hits > hits
+    finally:
+        system.stop()
+
+
 def test_one_statement_taken_away_fails_the_path_that_needs_it(runtime: Any, clock: Any) -> None:
     """The reconciler reads queue depths (sqs:GetQueueAttributes); the indexer writes its entries
     (s3:PutObject); the walk's first task reads and takes its lease (its role's one statement, on the

@@ -308,6 +308,35 @@ def test_stop_frees_port_and_threads(runtime: LocalRuntime) -> None:
     assert runtime.boto3_client("lambda").invoke(FunctionName="echo", Payload=b"{}")["StatusCode"] == 200
 
 
+def test_a_served_runtime_process_exits_on_sigterm_without_finalizing(tmp_path: Any) -> None:
+    """The demo's moto process (``python -m lightmetrics.local.server``) stops serving on SIGTERM and
+    exits 0 at once: the interpreter's finalization (atexit handlers, tearing down moto's modules) is
+    skipped; it outlasted the demo's grace under load and the process was then killed."""
+    import signal
+    import subprocess
+    import sys
+
+    from lightmetrics.local.server import RemoteRuntime
+
+    port_file, marker = tmp_path / "port", tmp_path / "finalized"
+    code = ("import atexit, sys; atexit.register(lambda: open(sys.argv[2], 'w').write('finalized')); "
+            "from lightmetrics.local.server import _serve_main; _serve_main(['0', sys.argv[1]])")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(port_file), str(marker)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        remote = RemoteRuntime(f"http://127.0.0.1:{port_file.read_text().strip()}", proc)
+        remote.boto3_client("s3").create_bucket(Bucket="served")  # it served
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not marker.exists()
+
+
 # --------------------------------------------------------------------------- ingest endpoint
 
 LIMIT = 1024

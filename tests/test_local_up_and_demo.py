@@ -184,3 +184,6 @@ def test_demo_quick_scale_end_to_end(tmp_path):  # type: ignore[no-untyped-def]
     reaps = report["reaps"]
     assert reaps["ok"] is True and reaps["orphans"] >= 1 and reaps["orphans_purged"] is True
     assert reaps["retention"]["hours_reaped"] == [reaps["expired_hour"]] and reaps["verify_ok"] is True
+    # the pipeline phase took the Spark session the demo started beside the earlier phases
+    assert report["pipeline"]["ok"] is True and report["pipeline"]["spark_started_early"] is True
+    assert "-XX:TieredStopAtLevel=1" in report["pipeline"]["spark_java_options"]  # a JVM tuned for a short run

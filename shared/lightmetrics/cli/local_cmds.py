@@ -195,6 +195,9 @@ def local_collector(port: int, ready_file: str | None) -> None:
         _wait_for_signal()
     finally:
         server.stop()
+    from lightmetrics.local.server import exit_served_process
+
+    exit_served_process(EXIT_OK)  # the demo waits for its collectors to exit: no finalization to wait for
 
 
 @click.command("demo")

@@ -22,6 +22,11 @@ moto's checks that would otherwise make enforcement all-or-nothing here:
   speak JSON answer it in JSON (``AccessDeniedException``; moto sent them XML, which botocore reads as
   an error without a code).
 
+Two memos make the checks cheap without changing one decision: a pattern's regular expression is
+compiled once, and an identity policy's decision is kept per (policy document, action, resource)
+(:func:`policy_decision`): moto's evaluation is a pure function of those three, and it parsed the
+role's whole document and matched every statement again on every request.
+
 What moto still does not model (docs/deploy.md, "IAM enforced locally"): condition keys other than a
 plain ``StringEquals`` (so ``s3:prefix`` and ``dynamodb:LeadingKeys`` limits are not enforced here),
 bucket policies and other resource-based policies, and HEAD of a version needing ``s3:GetObjectVersion``.
@@ -33,6 +38,7 @@ AWS services run as it; the system's code runs as the principals of :mod:`lightm
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -41,7 +47,8 @@ from typing import Any
 
 from lightmetrics.local.function_host import ACCOUNT_ID, REGION
 
-__all__ = ["DEPLOYER_ARN", "DEPLOYER_KEY", "DEPLOYER_USER", "USAGE_LOG_ENV", "enforce", "enforced", "ensure_deployer"]
+__all__ = ["DEPLOYER_ARN", "DEPLOYER_KEY", "DEPLOYER_USER", "USAGE_LOG_ENV", "enforce", "enforced", "ensure_deployer",
+           "policy_decision"]
 
 DEPLOYER_USER = "lm-deployer"
 DEPLOYER_ARN = f"arn:aws:iam::{ACCOUNT_ID}:user/{DEPLOYER_USER}"
@@ -97,8 +104,56 @@ def ensure_deployer() -> None:
 
 def _iam_glob(pattern: str, value: str) -> re.Match[str] | None:
     """IAM's wildcards: ``*`` any run of characters, ``?`` exactly one; everything else literal."""
+    return _iam_regex(pattern).match(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _iam_regex(pattern: str) -> re.Pattern[str]:
     regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.match(f"^{regex}$", value, re.DOTALL)
+    return re.compile(f"^{regex}$", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def policy_decision(document: str, action: str, resource: str) -> Any:
+    """moto's decision (a ``PermissionResult``) of an identity policy ``document`` on ``action`` over
+    ``resource``, memoized: a pure function of the three (no principal, no request condition values).
+
+    >>> doc = '{"Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*"}]}'
+    >>> policy_decision(doc, "s3:GetObject", "arn:aws:s3:::b/k").name, policy_decision(doc, "s3:PutObject", "*").name
+    ('PERMITTED', 'NEUTRAL')
+    """
+    _patch_moto()  # decided with IAM's wildcards (:func:`_iam_glob`), as every enforced check is
+    return _MOTO_POLICY["class"](document).is_action_permitted(action, resource)
+
+
+#: moto's own IAMPolicy class, kept when :func:`_patch_moto` puts :class:`_MemoizedPolicy` in its place
+_MOTO_POLICY: dict[str, Any] = {}
+
+
+class _MemoizedPolicy:
+    """moto's ``IAMPolicy`` as its access control uses it, an identity policy's decisions memoized
+    (:func:`policy_decision`); a trust policy's (a principal, condition values) are evaluated as moto does."""
+
+    def __init__(self, policy: Any) -> None:
+        self._policy = policy
+
+    def is_action_permitted(self, action: str, resource: str = "*", principal: str | None = None,
+                            incoming_condition_values: dict[str, str] | None = None) -> Any:
+        if principal is None and incoming_condition_values is None:
+            document = _policy_document(self._policy)
+            if document is not None:
+                return policy_decision(document, action, resource)
+        return _MOTO_POLICY["class"](self._policy).is_action_permitted(action, resource, principal,
+                                                                         incoming_condition_values)
+
+
+def _policy_document(policy: Any) -> str | None:
+    """The text moto evaluates for ``policy`` (an inline document, or a managed policy's default version)."""
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, dict):
+        return str(policy["policy_document"])
+    return next((str(v.document) for v in getattr(policy, "versions", []) if v.is_default), None)
 
 
 #: S3 API operation -> the IAM action AWS authorizes it by (operations not listed are their own action)
@@ -207,6 +262,8 @@ def _patch_moto() -> None:
     if getattr(access_control, "_lm_patched", False):
         return
     access_control.IAMPolicyStatement._match = staticmethod(_iam_glob)  # type: ignore[method-assign,assignment]
+    _MOTO_POLICY["class"] = access_control.IAMPolicy
+    access_control.IAMPolicy = _MemoizedPolicy  # type: ignore[misc,assignment]  # the access checks' name only
     _patch_resources_and_actions(access_control)
     _patch_requests(access_control)
     access_control._lm_patched = True  # type: ignore[attr-defined]
