@@ -234,6 +234,19 @@ def test_functions_keep_their_state_one_way() -> None:
     assert found == []
 
 
+def test_the_job_packages_name_their_modules() -> None:
+    """The reap's and the walk's package docstrings are their table of contents: every module of the
+    package has its line (a name in double backquotes), and every name there is a module."""
+    import re
+
+    for package in (PACKAGE / "reaps", PACKAGE / "derived" / "walk"):
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        named = set(re.findall(r"^``(\w+)`` +", doc, re.M))
+        modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+        assert modules - named == set(), f"{package.name}: modules its docstring does not name"
+        assert named - modules == set(), f"{package.name}: names in its docstring that are not modules"
+
+
 def test_the_rules_see_what_they_forbid(tmp_path: Path) -> None:
     """The walk is not vacuous: a planted violation of each kind is found."""
     bad = tmp_path / "bad.py"

@@ -12,12 +12,14 @@ concept a module:
 ``state``       the typed state: phases (enums), the summary checkpoint and its changes, a key range's item,
                 its pages, converted at the table
 ``gc``          the one raw-blob deleter: proof, mark, settle (:class:`BlobCollector`)
+``gc_proof``    what a proof says of one blob: the reasons it is deleted or kept (:class:`Proof`)
 ``gc_marks``    a mark and a ``marks#`` item, typed (:class:`Mark`, :class:`MarksItem`) and converted at
                 the table; a page's items, split under DynamoDB's item size limit (G-I6)
 ``mark_settle`` the mark-and-settle pipeline (intent, markers, record, settle) over where a page lives
 ``gc_sources``  GC's candidate sources: scan, by-time, audit
 ``gc_tasks``    the GC role's task over the summary's pages (:class:`SummaryPages`)
-``retention``   one expired hour's steps; ``retention_tasks`` the retention role's task
+``retention``   one expired hour's steps
+``retention_tasks`` the retention role's task over the summary's phases
 ``retention_ranges`` an expired hour reaped in key ranges, in parallel (the ``Ranges`` Map's tasks)
 ``reap_job``    the job the tasks share (on :mod:`lightmetrics.jobs`): summary, owned writes, routing, budget, fence
 ``steps``       the Lambda tasks (:class:`Reaper`: begin, gc, retention, continue, end)
