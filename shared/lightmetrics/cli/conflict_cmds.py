@@ -167,8 +167,9 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
             console.print(f"more: --next-token {page.next_token}")
         if unresolved:
             console.print("inspect: lmctl conflicts show ID  (ID = the id column, or the start of a whole id)")
-            console.print("decide (--reason with either): lmctl conflicts resolve ID (--accept-existing | "
-                          "--deny-identity) --reason TEXT")
+            # one line per decision: each takes --reason, and each line fits 100 columns (issue 27 items 4, 7)
+            console.print("decide: lmctl conflicts resolve ID --accept-existing --reason TEXT")
+            console.print("    or: lmctl conflicts resolve ID --deny-identity --reason TEXT")
     sys.exit(EXIT_VIOLATIONS if unresolved else EXIT_OK)
 
 
