@@ -479,6 +479,26 @@ def test_lmctl_conflicts_table_fits_100_columns_and_its_short_ids_work(system, r
     assert r.exit_code == 2 and "no conflict id starts with" in reason and f"did you mean {whole}" in reason, reason
     r = runner.invoke(cli, ["conflicts", "resolve", short, "--accept-existing", "--reason", "stale", "--json"], env=env)
     assert r.exit_code == 0 and json.loads(r.stdout)["record"]["conflict_id"] == whole, r.output
+    # The denylist's tables too (they were ~300 wide with a long agent id and a whole conflict id):
+    # every line fits, the conflict a short id `conflicts show` takes; --output wide has them whole.
+    other = next(cid for cid in ids.values() if cid != whole)
+    r = runner.invoke(cli, ["conflicts", "resolve", other, "--deny-identity", "--reason", "cloned " * 12, "--yes"],
+                      env=env)
+    assert r.exit_code == 0, r.output
+    for args in (["denylist"], ["denylist", "list"]):
+        listed = runner.invoke(cli, args, env=env)
+        assert listed.exit_code == 0 and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
+    denied = [line.split("│")[5].strip() for line in listed.stdout.splitlines() if line.startswith("│ ")]
+    assert len(denied) == 1 and other.rsplit(".", 1)[1].startswith(denied[0]), listed.stdout
+    shown = runner.invoke(cli, ["conflicts", "show", denied[0], "--json"], env=env)
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["conflict_id"] == other, shown.output
+    assert other in runner.invoke(cli, ["denylist", "--output", "wide"], env=env).stdout
+    boot = json.loads(runner.invoke(cli, ["conflicts", "show", other, "--json"], env=env).stdout)["boot_id"]
+    r = runner.invoke(cli, ["denylist", "remove", "--agent", agent, "--boot", boot, "--reason", "mistake " * 10,
+                            "--yes"], env=env)
+    assert r.exit_code == 0, r.output
+    listed = runner.invoke(cli, ["denylist"], env=env)
+    assert "lifted denials" in listed.stdout and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
 
 
 def test_a_short_conflict_id_of_several_is_refused_naming_them():  # type: ignore[no-untyped-def]
