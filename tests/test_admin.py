@@ -162,3 +162,40 @@ def test_sample_events_as_aws_delivers_them(system, runtime, admin):  # type: ig
     resolved = admin_app.handler(json.loads(text), LambdaContext("admin"))
     assert resolved["statusCode"] == 200
     assert json.loads(resolved["body"])["record"]["resolved_by"] == "arn:aws:iam::123456789012:user/operator"
+
+
+def test_blocker_route_takes_what_lmctl_blockers_takes(system, admin):  # type: ignore[no-untyped-def]
+    """The admin API's blocker route resolves an id as `lmctl blockers` does (one resolver): the short
+    id (a start, ≥ 8 hex, of the work key's sha256), a whole work key or its start, or the object
+    alone; a start several share is a 400 naming them, a miss a 404 with the closest work keys."""
+    from urllib.parse import quote
+
+    from conftest import ident
+    from test_event_path import s3_record
+
+    from lightmetrics.cli.short_ids import hex_token
+    from lightmetrics.derived.event_path import process_sqs_record
+    from lightmetrics.derived.indexing import KIND_ACCEPTED
+
+    ctx = system.work_context(policy=FAST)
+    keys = [ctx.codec.accepted(ident(60 + n, agent="agent-" + "z" * 40)) for n in range(3)]
+    for key in keys:  # an accepted key with no object behind it: the indexer blocks on it
+        process_sqs_record(ctx, s3_record(system.bucket, key), kind=KIND_ACCEPTED, bucket=system.bucket,
+                           queue="index-accepted")
+    work_keys = sorted(f"{KIND_ACCEPTED}:{k}" for k in keys)
+    one = work_keys[0]
+
+    def show(text: str) -> tuple[int, dict[str, Any]]:
+        return call(admin, "GET", f"/blockers/{quote(text, safe='')}")
+
+    for given in (hex_token(one)[:16], hex_token(one), one, one[:-2], one.split(":", 1)[1]):
+        status, out = show(given)
+        assert status == 200 and out["work_key"] == one and out["status"] == "open", (given, status, out)
+    status, out = show(f"{KIND_ACCEPTED}:")  # the start of every work key: which one is not guessed
+    assert status == 400 and out["status"] == "ambiguous" and out["candidates"] == work_keys, out
+    assert all(w in out["reason"] for w in work_keys)
+    status, out = show(one[:-3] + one[-2:])  # one character dropped
+    assert status == 404 and out["status"] == "not_found" and out["suggestions"][0] == one, out
+    assert f"did you mean {one}" in out["reason"]
+    status, out = show("0123abcd0123abcd")  # a short id no blocker has
+    assert status == 404 and out["status"] == "not_found", out

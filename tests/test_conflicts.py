@@ -366,8 +366,8 @@ def test_lmctl_conflicts_list_show_resolve(system, runtime, clock):  # type: ign
     first_column = "".join(line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│"))
     assert first_column == cid  # the id is folded over lines, never cut short
     # Issue 27 item 7: the hint said "--accept-existing | --deny-identity --reason TEXT", as if only a deny took a reason.
-    assert ("decide (--reason with either): lmctl conflicts resolve ID (--accept-existing | --deny-identity) "
-            "--reason TEXT") in table.stdout
+    assert "decide: lmctl conflicts resolve ID --accept-existing --reason TEXT\n" in table.stdout
+    assert "    or: lmctl conflicts resolve ID --deny-identity --reason TEXT\n" in table.stdout
 
     r = runner.invoke(cli, ["conflicts", "resolve", cid, "--reason", "x"], env=env)
     assert r.exit_code == 2 and "--accept-existing or --deny-identity" in r.output
@@ -462,7 +462,9 @@ def test_lmctl_conflicts_table_fits_100_columns_and_its_short_ids_work(system, r
     assert sorted(e["conflict_id"] for e in listed["conflicts"]) == sorted(ids.values())  # whole, as before
     table = runner.invoke(cli, ["conflicts", "list", "--agent", agent], env=env)
     rows = [line for line in table.stdout.splitlines() if line[:1] in "┏┃┡│└" or line.startswith("identity")]
-    assert table.exit_code == 1 and len(rows) == 7 and max(len(line) for line in rows) <= 100, table.stdout
+    assert table.exit_code == 1 and len(rows) == 7, table.stdout
+    # every line fits, the hints under the table too (the decide hint was 109 characters)
+    assert "lmctl conflicts resolve" in table.stdout and max(map(len, table.stdout.splitlines())) <= 100, table.stdout
     shorts = [line.split("│")[1].strip() for line in table.stdout.splitlines() if line.startswith("│ ")]
     assert len(shorts) == 2 and all(sum(sha.startswith(s) for sha in ids) == 1 for s in shorts), table.stdout
     wide = runner.invoke(cli, ["conflicts", "list", "--agent", agent, "--output", "wide"], env=env)
@@ -477,6 +479,26 @@ def test_lmctl_conflicts_table_fits_100_columns_and_its_short_ids_work(system, r
     assert r.exit_code == 2 and "no conflict id starts with" in reason and f"did you mean {whole}" in reason, reason
     r = runner.invoke(cli, ["conflicts", "resolve", short, "--accept-existing", "--reason", "stale", "--json"], env=env)
     assert r.exit_code == 0 and json.loads(r.stdout)["record"]["conflict_id"] == whole, r.output
+    # The denylist's tables too (they were ~300 wide with a long agent id and a whole conflict id):
+    # every line fits, the conflict a short id `conflicts show` takes; --output wide has them whole.
+    other = next(cid for cid in ids.values() if cid != whole)
+    r = runner.invoke(cli, ["conflicts", "resolve", other, "--deny-identity", "--reason", "cloned " * 12, "--yes"],
+                      env=env)
+    assert r.exit_code == 0, r.output
+    for args in (["denylist"], ["denylist", "list"]):
+        listed = runner.invoke(cli, args, env=env)
+        assert listed.exit_code == 0 and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
+    denied = [line.split("│")[5].strip() for line in listed.stdout.splitlines() if line.startswith("│ ")]
+    assert len(denied) == 1 and other.rsplit(".", 1)[1].startswith(denied[0]), listed.stdout
+    shown = runner.invoke(cli, ["conflicts", "show", denied[0], "--json"], env=env)
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["conflict_id"] == other, shown.output
+    assert other in runner.invoke(cli, ["denylist", "--output", "wide"], env=env).stdout
+    boot = json.loads(runner.invoke(cli, ["conflicts", "show", other, "--json"], env=env).stdout)["boot_id"]
+    r = runner.invoke(cli, ["denylist", "remove", "--agent", agent, "--boot", boot, "--reason", "mistake " * 10,
+                            "--yes"], env=env)
+    assert r.exit_code == 0, r.output
+    listed = runner.invoke(cli, ["denylist"], env=env)
+    assert "lifted denials" in listed.stdout and max(map(len, listed.stdout.splitlines())) <= 100, listed.stdout
 
 
 def test_a_short_conflict_id_of_several_is_refused_naming_them():  # type: ignore[no-untyped-def]

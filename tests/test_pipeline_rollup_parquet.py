@@ -219,6 +219,43 @@ def test_a_generation_written_as_one_row_group_per_object_is_recomputed_so_and_r
     assert [s.labels for s in q2.series] == [s.labels for s in q.series]
 
 
+def test_objects_entries_carry_their_row_groups_sha256_and_a_generation_without_them_is_recomputed_so(
+        system, runtime, clock, spark, monkeypatch):  # type: ignore[no-untyped-def]
+    # A ranged read checks what it reads against the manifest (docs/protocol.md §4.6): each object's
+    # entry names the sha256 of its footer and of each row group, as the objects' bytes give them. A
+    # generation committed before they were recorded is recomputed without them, byte for byte.
+    accept_indexed(system, runtime, clock, _ident(1), _many_series(40))
+    access = access_for(system, runtime, "pipeline-range-checks")
+    job = RollupJob(spark, access, table=None, clock=clock)
+    from lightmetrics_pipeline.rollup import job as J
+
+    monkeypatch.setattr(P, "ROWS_PER_ROW_GROUP", 7)
+    written = J.write_parquet
+
+    def before_checks(*args, **kwargs):  # type: ignore[no-untyped-def]
+        # as a job before the checks were recorded (decided in the driver; executors import P afresh)
+        return written(*args, **{**kwargs, "range_checks": {hs: False for hs in args[2]}})
+
+    monkeypatch.setattr(J, "write_parquet", before_checks)
+    assert job.run([H0], first_open=NEXT).hours[0].status == "committed"
+    monkeypatch.setattr(J, "write_parquet", written)
+    doc = read_committed(access, H0)
+    assert doc["parquet"]["objects"] and not P.records_range_checks(doc)
+    again = job.run([H0], first_open=NEXT, recompute=True)
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+    late = accept_indexed(system, runtime, clock, _ident(2), _many_series(40)[:3])
+    assert late.status.value == "accepted"
+    assert job.run([H0], first_open=NEXT).hours[0].generation == 2
+    doc2 = read_committed(access, H0)
+    assert P.records_range_checks(doc2)
+    for o in doc2["parquet"]["objects"]:
+        data = store(access).get(o["key"])
+        assert pq.read_metadata(io.BytesIO(data)).num_row_groups == len(o["row_group_sha256"]) == -(-o["rows"] // 7)
+        assert {k: o[k] for k in ("footer_sha256", "row_group_sha256")} == P.range_checks(data)
+    again = job.run([H0], first_open=NEXT, recompute=True)  # with them: the same bytes again
+    assert again.hours[0].status == "recomputed" and again.requests.statuses("PutObject") == {"412": 1}
+
+
 def _query_table(q) -> dict[tuple[tuple[tuple[str, str], ...], int], tuple[object, ...]]:  # type: ignore[no-untyped-def]
     return {(tuple(sorted(s.labels.items())), p.window_start_ns): _agg_bits(p) for s in q.series for p in s.points}
 

@@ -151,3 +151,58 @@ def test_part_bytes_are_deterministic_and_record_their_row_groups() -> None:
     assert doc["parquet"]["rows_per_row_group"] == P.ROWS_PER_ROW_GROUP == P.rows_per_row_group(doc)
     legacy = json.loads(P.manifest_v3_bytes(**common, rows_per_row_group=None))
     assert "rows_per_row_group" not in legacy["parquet"] and P.rows_per_row_group(legacy) is None
+
+
+def test_a_flipped_byte_in_one_row_group_or_the_footer_fails_loudly_and_other_metrics_still_read(buckets) -> None:  # type: ignore[no-untyped-def]
+    """A ranged read cannot hash the whole object, so the manifest records the sha256 of the object's
+    footer and of each row group (docs/protocol.md §4.6): a read checks the footer before trusting its
+    statistics and every row group it decodes, and a damaged one is an error naming the object and
+    the row group, never rows. Row groups it does not read do not matter to it."""
+    from lightmetrics_pipeline.rollup.ranged_read import RollupObjectCorrupt
+
+    access, ref = buckets["after"]
+    intact = access.object_store.get(ref["key"])
+    assert intact is not None
+    md = pq.read_metadata(io.BytesIO(intact))
+    assert len(ref["row_group_sha256"]) == md.num_row_groups and len(ref["footer_sha256"]) == 64
+    (group, *_) = metric_row_groups(md, "svc.m100")
+    start, end = P.row_group_byte_range(md.row_group(group))
+
+    def damaged(at: int) -> InMemoryObjectStore:
+        data = bytearray(intact)
+        data[at] ^= 0x01
+        st = InMemoryObjectStore("lm-damaged")
+        st.put_if_absent(ref["key"], bytes(data))
+        return st
+
+    st = damaged((start + end) // 2)
+    with pytest.raises(RollupObjectCorrupt, match=rf"{ref['key']}: row group {group} \(bytes \[{start}, {end}\)\) "
+                                                  r"does not match the sha256 its manifest records"):
+        read_metric(st, ref, "svc.m100", P.ROWS_PER_ROW_GROUP)
+    assert group not in metric_row_groups(md, "svc.m000")  # another metric's row groups are intact: read
+    got = read_metric(st, ref, "svc.m000", P.ROWS_PER_ROW_GROUP)
+    assert got is not None and got.table.equals(P.read_part(intact, "svc.m000"))
+    footer_at = len(intact) - 8 - md.serialized_size // 2
+    with pytest.raises(RollupObjectCorrupt, match=rf"{ref['key']}: its footer does not match the sha256"):
+        read_metric(damaged(footer_at), ref, "svc.m000", P.ROWS_PER_ROW_GROUP)
+    # Through `lmctl query`'s reader: the error, not a series with wrong numbers.
+    bad = S3Access(bucket="lm-damaged", object_store=st)
+    bad.object_store.put_if_absent(access.codec.rollup_manifest(HOUR, 1),  # type: ignore[union-attr]
+                                   access.object_store.get(access.codec.rollup_manifest(HOUR, 1)))  # type: ignore[union-attr]
+    with pytest.raises(RollupObjectCorrupt, match="does not match"):
+        _query(bad, "svc.m100")
+
+
+def test_an_object_whose_manifest_records_no_row_group_sha256_is_read_whole_and_checked(buckets) -> None:  # type: ignore[no-untyped-def]
+    """A generation written before the checks were recorded (the fields absent): a ranged reader
+    cannot check what it reads, so it reads the object whole and checks its sha256 (§4.6, §17 E2)."""
+    access, ref = buckets["after"]
+    legacy = {k: v for k, v in ref.items() if k not in ("footer_sha256", "row_group_sha256")}
+    got = read_metric(access.object_store, legacy, "svc.m100", P.ROWS_PER_ROW_GROUP)
+    assert got is not None and (got.requests, got.bytes_read) == (1, ref["bytes"])
+    assert got.table.equals(read_metric(access.object_store, ref, "svc.m100", P.ROWS_PER_ROW_GROUP).table)  # type: ignore[union-attr]
+    data = bytearray(access.object_store.get(ref["key"]))  # type: ignore[arg-type]
+    data[len(data) // 2] ^= 0x01
+    st = InMemoryObjectStore("lm-damaged-legacy")
+    st.put_if_absent(ref["key"], bytes(data))
+    assert read_metric(st, legacy, "svc.m100", P.ROWS_PER_ROW_GROUP) is None  # the whole object's sha256 refuses it

@@ -299,8 +299,10 @@ class RollupJob:
                                   if p.hour.start_unix_s in gens and p.status == "recompute" and p.committed is not None}
                     committed = {hs: committed_refs(doc) for hs, doc in recomputed.items()}
                     row_groups = {hs: P.rows_per_row_group(doc) for hs, doc in recomputed.items()}
+                    checks = {hs: P.records_range_checks(doc) for hs, doc in recomputed.items()}
                     built.update(write_parquet(these.where(~failed).drop("error"), self.access, gens, digests, acc,
-                                               self.tasks, write_tasks, _count_tasks, committed, row_groups))
+                                               self.tasks, write_tasks, _count_tasks, committed, row_groups,
+                                               range_checks=checks))
                 else:
                     built.update(write_chunks(these, self.access, gens, acc, self.tasks, write_tasks, _count_tasks))
         finally:

@@ -172,13 +172,50 @@ def window_aggs(table: Any) -> list[tuple[str, dict[str, str], W.WindowAgg]]:
     return out
 
 
+def row_group_byte_range(row_group: Any) -> tuple[int, int]:
+    """``[start, end)`` of a row group's column chunks (dictionary page first when there is one):
+    the bytes a reader of that row group decodes, page headers included."""
+    starts, ends = [], []
+    for j in range(row_group.num_columns):
+        c = row_group.column(j)
+        start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+        starts.append(start)
+        ends.append(start + c.total_compressed_size)
+    return min(starts), max(ends)
+
+
+def footer_start(size: int, tail: bytes) -> int:
+    """Where the footer of a Parquet object of ``size`` bytes starts, from its last 8 bytes (``tail``
+    ends with them): the footer's length (little-endian) and the magic ``PAR1``."""
+    return size - 8 - int.from_bytes(tail[-8:-4], "little")
+
+
+def range_checks(data: bytes) -> dict[str, Any]:
+    """What a reader of only some of an object's bytes checks them against (docs/protocol.md §4.6):
+    ``footer_sha256``, of the bytes from the footer's start to the end (footer, its length, the
+    magic), and ``row_group_sha256``, of each row group's :func:`row_group_byte_range`, in order."""
+    import pyarrow.parquet as pq
+
+    md = pq.read_metadata(io.BytesIO(data))
+    ranges = [row_group_byte_range(md.row_group(i)) for i in range(md.num_row_groups)]
+    return {"footer_sha256": hashlib.sha256(data[footer_start(len(data), data):]).hexdigest(),
+            "row_group_sha256": [hashlib.sha256(data[s:e]).hexdigest() for s, e in ranges]}
+
+
+def records_range_checks(doc: dict[str, Any]) -> bool:
+    """Whether a v3 manifest's objects carry :func:`range_checks` (a generation committed before
+    they were recorded does not, and its recompute leaves them out again: the same bytes)."""
+    return all("row_group_sha256" in o for o in doc["parquet"]["objects"])
+
+
 def part_ref(codec: Any, hour: UtcHour, generation: int, window: str, part: int, data: bytes, rows: int,
-             series: int) -> dict[str, Any]:
+             series: int, *, checks: bool = True) -> dict[str, Any]:
     """The v3 manifest's entry for one object: window, part, key (named by its sha256), sha256,
-    bytes, rows, series."""
+    bytes, rows, series, and (``checks``) its :func:`range_checks`."""
     sha = hashlib.sha256(data).hexdigest()
     return {"window": window, "part": part, "key": codec.rollup_part(window, hour, generation, part, sha),
-            "sha256": sha, "bytes": len(data), "rows": rows, "series": series}
+            "sha256": sha, "bytes": len(data), "rows": rows, "series": series,
+            **(range_checks(data) if checks else {})}
 
 
 def manifest_v3_bytes(*, hour: UtcHour, generation: int, supersedes: int | None, input_count: int,
@@ -232,5 +269,6 @@ def objects_of(doc: dict[str, Any], window: str | None = None, metric: str | Non
 
 
 __all__ = ["COLUMNS", "MANIFEST_SCHEMA_V3", "MANIFEST_SCHEMA_V4", "MAX_GENERATION", "ROWS_PER_PART", "ROWS_PER_ROW_GROUP",
-           "arrow_schema", "manifest_v3_bytes", "objects_of", "part_bytes", "part_count", "part_ref", "part_rows",
-           "quantiles", "read_part", "rows_per_row_group", "window_aggs"]
+           "arrow_schema", "footer_start", "manifest_v3_bytes", "objects_of", "part_bytes", "part_count", "part_ref",
+           "part_rows", "quantiles", "range_checks", "read_part", "records_range_checks", "row_group_byte_range",
+           "rows_per_row_group", "window_aggs"]

@@ -7,11 +7,14 @@ is longer, then one ranged GET per run of adjacent row groups whose statistics s
 not bytes it already holds. pyarrow decodes those row groups from a sparse view of the object that
 refuses a read of a byte it was not given, so a read never silently widens.
 
+A ranged read cannot hash the whole object, so it checks what it reads against the manifest's
+``footer_sha256`` and ``row_group_sha256`` (:func:`lightmetrics_pipeline.rollup.parquet.range_checks`):
+the footer before its statistics choose row groups, each row group before it is decoded; a
+mismatch raises :class:`RollupObjectCorrupt` naming the object and the row group — never rows.
+
 An object whose manifest records no ``rows_per_row_group`` (one row group: every generation written
-before it was recorded) or of at most :data:`WHOLE_READ_MAX_BYTES` is read whole by one GET and
-checked against its sha256, as before. A ranged read cannot hash the whole object: it checks that
-the object has the manifest's size and ends in Parquet's magic (the key is named by the sha256 of
-the bytes the job created once, by conditional create, and S3 checks each response's integrity).
+before it was recorded), none of those checks (written before they were), or of at most
+:data:`WHOLE_READ_MAX_BYTES` is read whole by one GET and checked against its sha256, as before.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ class MetricRows:
     requests: int
 
 
+class RollupObjectCorrupt(RuntimeError):
+    """Bytes of a committed rollup object that do not match the sha256 its manifest records for them.
+
+    >>> raise RollupObjectCorrupt("rollup/v1/…: row group 3 (bytes [0, 10)) does not match …")  # doctest: +SKIP
+    """
+
+
 class _Sparse(io.RawIOBase):
     """A read-only file of ``size`` bytes of which only some ranges are held."""
 
@@ -51,6 +61,13 @@ class _Sparse(io.RawIOBase):
 
     def hold(self, start: int, data: bytes) -> None:
         self.held.append((start, data))
+
+    def sha256(self, start: int, end: int) -> str:
+        """The sha256 of held bytes ``[start, end)`` (OSError if any of them was not read)."""
+        self.seek(start)
+        data = bytearray(end - start)
+        self.readinto(data)
+        return hashlib.sha256(data).hexdigest()
 
     def readable(self) -> bool:
         return True
@@ -83,17 +100,6 @@ class _Sparse(io.RawIOBase):
         return n
 
 
-def _byte_range(row_group: Any) -> tuple[int, int]:
-    """``[start, end)`` of a row group's column chunks (dictionary page first when there is one)."""
-    starts, ends = [], []
-    for j in range(row_group.num_columns):
-        c = row_group.column(j)
-        start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
-        starts.append(start)
-        ends.append(start + c.total_compressed_size)
-    return min(starts), max(ends)
-
-
 def _may_hold(row_group: Any, column: int, metric: str) -> bool:
     stats = row_group.column(column).statistics
     if stats is None or not stats.has_min_max:
@@ -109,12 +115,13 @@ def metric_row_groups(metadata: Any, metric: str) -> list[int]:
 
 def read_metric(store: ObjectStore, ref: dict[str, Any], metric: str, rows_per_row_group: int | None) -> MetricRows | None:
     """``metric``'s rows of the object ``ref`` (a v3 manifest entry: key, sha256, bytes) written
-    with ``rows_per_row_group``; None when it is missing or not the object the manifest names."""
+    with ``rows_per_row_group``; None when it is missing or not the object the manifest names (its size,
+    magic or whole sha256); :class:`RollupObjectCorrupt` when bytes a ranged read decodes do not match."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     key, size = str(ref["key"]), int(ref["bytes"])
-    if rows_per_row_group is None or size <= WHOLE_READ_MAX_BYTES:
+    if rows_per_row_group is None or size <= WHOLE_READ_MAX_BYTES or "row_group_sha256" not in ref:
         data = store.get(key)
         if data is None or hashlib.sha256(data).hexdigest() != ref["sha256"]:
             return None
@@ -136,13 +143,20 @@ def read_metric(store: ObjectStore, ref: dict[str, Any], metric: str, rows_per_r
     tail = sparse.held[0][1]
     if len(tail) < 8 or tail[-4:] != _MAGIC:
         return None
-    footer_start = size - 8 - int.from_bytes(tail[-8:-4], "little")
+    footer_start = P.footer_start(size, tail)
     if footer_start < tail_start and (footer_start < 0 or not fetch(footer_start, tail_start)):
         return None
+    if sparse.sha256(footer_start, size) != ref["footer_sha256"]:  # before its statistics choose row groups
+        raise RollupObjectCorrupt(f"{key}: its footer does not match the sha256 its manifest records; the object "
+                                  "or its transfer is damaged, and no rows are read from it")
     metadata = pq.read_metadata(sparse)
+    if metadata.num_row_groups != len(ref["row_group_sha256"]):
+        raise RollupObjectCorrupt(f"{key}: {metadata.num_row_groups} row groups, its manifest records "
+                                  f"{len(ref['row_group_sha256'])}")
     groups = metric_row_groups(metadata, metric)
+    ranges = {i: P.row_group_byte_range(metadata.row_group(i)) for i in groups}
     runs: list[tuple[int, int]] = []
-    for start, end in (_byte_range(metadata.row_group(i)) for i in groups):
+    for start, end in ranges.values():
         if runs and start <= runs[-1][1]:  # adjacent row groups: one GET
             runs[-1] = (runs[-1][0], max(end, runs[-1][1]))
         else:
@@ -151,9 +165,14 @@ def read_metric(store: ObjectStore, ref: dict[str, Any], metric: str, rows_per_r
         end = min(end, tail_start)  # the tail already holds the rest
         if start < end and not fetch(start, end):
             return None
+    for i, (start, end) in ranges.items():  # each row group it decodes, as the job wrote it
+        if sparse.sha256(start, end) != ref["row_group_sha256"][i]:
+            raise RollupObjectCorrupt(f"{key}: row group {i} (bytes [{start}, {end})) does not match the sha256 its "
+                                      "manifest records; the object or its transfer is damaged, and no rows are "
+                                      "read from it")
     pf = pq.ParquetFile(sparse, metadata=metadata, pre_buffer=False)
     table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
     return MetricRows(table.filter(pc.equal(table["metric"], metric)), sum(len(d) for _, d in sparse.held), requests)
 
 
-__all__ = ["TAIL_BYTES", "WHOLE_READ_MAX_BYTES", "MetricRows", "metric_row_groups", "read_metric"]
+__all__ = ["TAIL_BYTES", "WHOLE_READ_MAX_BYTES", "MetricRows", "RollupObjectCorrupt", "metric_row_groups", "read_metric"]

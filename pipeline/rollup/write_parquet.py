@@ -27,7 +27,7 @@ from lightmetrics_pipeline.rollup import parquet as P
 from lightmetrics_pipeline.s3io import S3Access
 
 WRITTEN_SCHEMA = ("hour_s long, window string, part int, key string, sha256 string, bytes long, rows long, "
-                  "series long, outcome string")
+                  "series long, outcome string, footer_sha256 string, row_group_sha256 string")
 
 
 @dataclass
@@ -55,7 +55,7 @@ def committed_refs(manifest: dict[str, Any]) -> dict[tuple[str, int], str]:
 
 
 def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[int, str], accumulator: Any,
-                 committed: CommittedRefs, row_groups: dict[int, int | None]) -> Any:
+                 committed: CommittedRefs, row_groups: dict[int, int | None], checks: dict[int, bool]) -> Any:
     """``mapInArrow`` over rows sorted by (hour, window, part): each run of one key is an object.
     An hour in ``committed`` (a recompute) writes nothing: each object is compared by key."""
 
@@ -66,7 +66,8 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
 
         schema = pa.schema([("hour_s", pa.int64()), ("window", pa.string()), ("part", pa.int32()),
                             ("key", pa.string()), ("sha256", pa.string()), ("bytes", pa.int64()),
-                            ("rows", pa.int64()), ("series", pa.int64()), ("outcome", pa.string())])
+                            ("rows", pa.int64()), ("series", pa.int64()), ("outcome", pa.string()),
+                            ("footer_sha256", pa.string()), ("row_group_sha256", pa.string())])
         current: tuple[int, str, int] | None = None
         rows: list[dict[str, Any]] = []
         series = 0
@@ -75,7 +76,8 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
             assert current is not None
             hour_s, window, part = current
             data = P.part_bytes(rows, row_groups[hour_s])
-            ref = P.part_ref(access.codec, UtcHour(hour_s), generations[hour_s], window, part, data, len(rows), series)
+            ref = P.part_ref(access.codec, UtcHour(hour_s), generations[hour_s], window, part, data, len(rows), series,
+                             checks=checks[hour_s])
             if hour_s in committed:  # a recompute: compare, never write
                 outcome = "committed" if committed[hour_s].get((window, part)) == ref["key"] else "differs"
             else:
@@ -83,7 +85,9 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
                     outcome = s3io.put_if_absent(access, ref["key"], data,
                                                  content_type="application/vnd.apache.parquet")
                 accumulator.add(tally.counts)
-            values = [hour_s, window, part, ref["key"], ref["sha256"], ref["bytes"], ref["rows"], ref["series"], outcome]
+            group_shas = ",".join(ref["row_group_sha256"]) if "row_group_sha256" in ref else None
+            values = [hour_s, window, part, ref["key"], ref["sha256"], ref["bytes"], ref["rows"], ref["series"], outcome,
+                      ref.get("footer_sha256"), group_shas]
             return pa.RecordBatch.from_arrays([pa.array([v], type=f.type) for v, f in zip(values, schema)],
                                               schema=schema)
 
@@ -106,12 +110,15 @@ def _write_parts(access: S3Access, generations: dict[int, int], digests: dict[in
 def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], digests: dict[int, str],
                   accumulator: Any, tasks: Any, aggregate_tasks: int, count_tasks: Any,
                   committed: CommittedRefs | None = None,
-                  row_groups: dict[int, int | None] | None = None) -> dict[int, HourObjects]:
+                  row_groups: dict[int, int | None] | None = None,
+                  range_checks: dict[int, bool] | None = None) -> dict[int, HourObjects]:
     """Aggregate the decoded ``samples`` (no error rows) and write the v3 objects of every hour in
     ``generations``; per hour, what its manifest names. The hours in ``committed`` are recomputes:
     their objects are compared with the committed ones by key, and none is written. ``row_groups``
     gives an hour's row-group size where it is not the current one (a recompute keeps its
-    generation's: :func:`lightmetrics_pipeline.rollup.parquet.rows_per_row_group`)."""
+    generation's: :func:`lightmetrics_pipeline.rollup.parquet.rows_per_row_group`), and ``range_checks``
+    whether its objects' entries carry their row groups' sha256 where they do not (a recompute of a
+    generation committed without them: :func:`lightmetrics_pipeline.rollup.parquet.records_range_checks`)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -126,6 +133,7 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
         ).collect()  # three rows per hour
         hours: dict[int, HourObjects] = {}
         layout = {hs: (row_groups or {}).get(hs, P.ROWS_PER_ROW_GROUP) for hs in generations}
+        checks = {hs: (range_checks or {}).get(hs, True) for hs in generations}
         for c in counts:
             h = hours.setdefault(int(c["hour_s"]), HourObjects({}))
             h.parts[str(c["window"])] = P.part_count(int(c["rows"]))
@@ -143,14 +151,17 @@ def write_parquet(samples: Any, access: S3Access, generations: dict[int, int], d
             .repartition(max(1, min(2_000, objects)), "hour_s", "window", "part") \
             .sortWithinPartitions("hour_s", "window", "part", "series") \
             .mapInArrow(count_tasks(tasks, "write", _write_parts(access, generations, digests, accumulator,
-                                                                       committed or {}, layout)),
+                                                                       committed or {}, layout, checks)),
                         WRITTEN_SCHEMA).collect()  # one row per object
     finally:
         rows.unpersist()
     for w in written:
         h = hours[int(w["hour_s"])]
         h.objects.append({"window": w["window"], "part": int(w["part"]), "key": w["key"], "sha256": w["sha256"],
-                          "bytes": int(w["bytes"]), "rows": int(w["rows"]), "series": int(w["series"])})
+                          "bytes": int(w["bytes"]), "rows": int(w["rows"]), "series": int(w["series"]),
+                          **({} if w["footer_sha256"] is None else {
+                              "footer_sha256": w["footer_sha256"],
+                              "row_group_sha256": w["row_group_sha256"].split(",")})})
         h.outcomes[w["outcome"]] = h.outcomes.get(w["outcome"], 0) + 1
     return hours
 

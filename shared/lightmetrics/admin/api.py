@@ -11,6 +11,8 @@ Routes (JSON in and out; the same core as ``lmctl conflicts`` / ``blockers list`
 ``POST /denylist/remove``                lift one denial: ``{"agent_id": "...", "boot_id": "..." |
                                          "whole_agent": true, "reason": "..."}``
 ``GET  /blockers``                       ``?all=true`` for resumed/resolved/skipped too
+``GET  /blockers/{blocker}``             one blocker whole; ``blocker`` as ``lmctl blockers`` takes it
+                                         (:mod:`lightmetrics.admin.blocker_ids`), URL-encoded
 ``GET  /status``                         :func:`lightmetrics.admin.status.system_status`
 =======================================  ==========================================================
 
@@ -18,7 +20,9 @@ Bodies are strict (docs/protocol.md §14, A1): every field has exactly its JSON 
 is ``true`` or ``false``, never ``"false"`` or ``1`` — and an unknown field is refused; a boolean
 query parameter is ``true`` or ``false``.
 
-Errors: 400 bad id/resolution/body, 404 unknown conflict or not denied, 409 already resolved (the
+Errors: 400 bad id/resolution/body or a blocker id start several blockers share (``candidates``
+names them), 404 unknown conflict, not denied, or no such blocker (``suggestions``: the closest
+work keys), 409 already resolved (the
 body carries the existing record), 503 S3 did not confirm a write (retry). The caller recorded as
 ``resolved_by``/``lifted_by`` is the IAM principal that signed the request
 (``requestContext.authorizer.iam.userArn``).
@@ -34,6 +38,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
 
@@ -47,6 +52,7 @@ from lightmetrics.acceptance.conflict_records import (
 )
 from lightmetrics.acceptance.conflicts import ConflictRegistry
 from lightmetrics.acceptance.denylist import DenylistStore, InvalidLift, NotDenied
+from lightmetrics.admin.blocker_ids import AmbiguousBlocker, UnknownBlocker, resolve_work_key
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
@@ -180,6 +186,12 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
         items = core().ctx.blockers.list(status=None if show_all else "open")
         return _json(200, {"blockers": [b.to_json() for b in items], "open": sum(b.status == "open" for b in items)})
 
+    @app.get("/blockers/<blocker>")
+    def show_blocker(blocker: str) -> Response[str]:
+        known = core().ctx.blockers.list(status=None)  # one Query: the resolver picks among all, as the CLI's
+        work_key = resolve_work_key(known, unquote(blocker))
+        return _json(200, next(b for b in known if b.work_key == work_key).to_json())
+
     @app.get("/status")
     def status() -> Response[str]:
         from lightmetrics.admin.status import system_status
@@ -195,6 +207,14 @@ def build_resolver(core: Callable[[], AdminCore]) -> LambdaFunctionUrlResolver:
     @app.exception_handler(ConflictNotFound)
     def not_found(exc: ConflictNotFound) -> Response[str]:
         return _json(404, {"status": "not_found", "reason": str(exc.args[0] if exc.args else exc)})
+
+    @app.exception_handler(UnknownBlocker)
+    def no_blocker(exc: UnknownBlocker) -> Response[str]:
+        return _json(404, {"status": "not_found", "reason": str(exc), "suggestions": exc.suggestions})
+
+    @app.exception_handler(AmbiguousBlocker)
+    def several_blockers(exc: AmbiguousBlocker) -> Response[str]:
+        return _json(400, {"status": "ambiguous", "reason": str(exc), "candidates": exc.candidates})
 
     @app.exception_handler(NotDenied)
     def not_denied(exc: NotDenied) -> Response[str]:

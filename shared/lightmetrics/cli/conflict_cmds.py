@@ -167,8 +167,9 @@ def conflicts_list(agent: str | None, status: str, limit: int, next_token: str |
             console.print(f"more: --next-token {page.next_token}")
         if unresolved:
             console.print("inspect: lmctl conflicts show ID  (ID = the id column, or the start of a whole id)")
-            console.print("decide (--reason with either): lmctl conflicts resolve ID (--accept-existing | "
-                          "--deny-identity) --reason TEXT")
+            # one line per decision: each takes --reason, and each line fits 100 columns (issue 27 items 4, 7)
+            console.print("decide: lmctl conflicts resolve ID --accept-existing --reason TEXT")
+            console.print("    or: lmctl conflicts resolve ID --deny-identity --reason TEXT")
     sys.exit(EXIT_VIOLATIONS if unresolved else EXIT_OK)
 
 
@@ -256,37 +257,60 @@ def _denylist_store(settings: Settings, as_json: bool):  # type: ignore[no-untyp
         exit_for_error(exc, "cannot reach AWS", as_json=as_json)
 
 
-def _list_denylist(settings: Settings, as_json: bool) -> None:
+def _list_denylist(settings: Settings, as_json: bool, output: str = "table") -> None:
     store = _denylist_store(settings, as_json)
     entries, lifts = _run(lambda: (store.list(), store.lifts()), as_json)
     if as_json:
         emit_json({"denylist": [e.to_json() for e in entries], "lifted": [lift.to_json() for lift in lifts]})
         return
-    console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
-                       [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, utc_text(e.at_unix_ns), e.reason,
-                         e.conflict_id or "") for e in entries]))
+    if output == "wide":
+        console.print(grid("denylist", ["entry", "agent", "boot", "who", "when", "reason", "conflict"],
+                           [(e.sk, e.agent_id, e.boot_id or "(every boot)", e.who, utc_text(e.at_unix_ns), e.reason,
+                             e.conflict_id or "") for e in entries]))
+        if lifts:
+            console.print(grid("lifted denials", ["entry", "agent", "boot", "denied by", "lifted by", "lifted",
+                                                  "reason"],
+                               [(x.entry, x.agent_id, x.boot_id or "(every boot)", x.denied_by, x.lifted_by,
+                                 utc_text(x.lifted_at_unix_ns), x.reason) for x in lifts]))
+        return
+    # 100 columns: agent/boot keeps its start and end, the conflict its short id (`conflicts show` takes it)
+    console.print(compact_grid("denylist", [("agent/boot", None), ("who", 16), ("when", None), ("reason", 20),
+                                            ("conflict", None)],
+                               [(f"{e.agent_id}/{e.boot_id or '(every boot)'}", e.who, utc_text(e.at_unix_ns),
+                                 e.reason, _conflict_short(e.conflict_id)) for e in entries],
+                               fill="agent/boot", elide_fill=True))
     if lifts:
-        console.print(grid("lifted denials", ["entry", "agent", "boot", "denied by", "lifted by", "lifted", "reason"],
-                           [(x.entry, x.agent_id, x.boot_id or "(every boot)", x.denied_by, x.lifted_by,
-                             utc_text(x.lifted_at_unix_ns), x.reason) for x in lifts]))
+        console.print(compact_grid("lifted denials", [("agent/boot", None), ("denied by", 14), ("lifted by", 14),
+                                                      ("lifted", None), ("reason", 20)],
+                                   [(f"{x.agent_id}/{x.boot_id or '(every boot)'}", x.denied_by, x.lifted_by,
+                                     utc_text(x.lifted_at_unix_ns), x.reason) for x in lifts],
+                                   fill="agent/boot", elide_fill=True))
+    console.print("whole ids and every column: lmctl denylist --output wide")
+
+
+def _conflict_short(conflict_id: str | None) -> str:
+    """The start of a conflict id's submitted sha256 (its last dotted part): a short id `show` takes."""
+    return conflict_id.rsplit(".", 1)[-1][:12] if conflict_id else ""
 
 
 @click.group("denylist", invoke_without_command=True)
+@output_option
 @config_options
 @json_option
 @click.pass_context
-def denylist_cmd(ctx: click.Context, settings: Settings, as_json: bool) -> None:
+def denylist_cmd(ctx: click.Context, output: str, settings: Settings, as_json: bool) -> None:
     """Identities an operator denied (ingest answers them 403), and lifted denials; `remove` lifts one."""
     if ctx.invoked_subcommand is None:
-        _list_denylist(settings, as_json)
+        _list_denylist(settings, as_json, output)
 
 
 @denylist_cmd.command("list")
+@output_option
 @config_options
 @json_option
-def denylist_list(settings: Settings, as_json: bool) -> None:
+def denylist_list(output: str, settings: Settings, as_json: bool) -> None:
     """The denylist entries and the audit records of lifted denials (same as plain `lmctl denylist`)."""
-    _list_denylist(settings, as_json)
+    _list_denylist(settings, as_json, output)
 
 
 @denylist_cmd.command("remove")

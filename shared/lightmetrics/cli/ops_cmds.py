@@ -26,7 +26,7 @@ from lightmetrics.cli.output import (
     grid,
     kv_table,
 )
-from lightmetrics.cli.short_ids import closest, compact_grid, hex_token, is_short_id, shortest_unique_prefixes
+from lightmetrics.cli.short_ids import compact_grid, hex_token, shortest_unique_prefixes
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 
@@ -104,33 +104,16 @@ def _given_key(given: tuple[str, ...], as_json: bool) -> str:
 
 
 def _work_key_of(known: list[Any], text: str, as_json: bool) -> str:
-    """The work key (``kind:object``) that ``text`` names, among the blockers ``list --all`` reads
-    (one Query of the blocker partition): a blocker's object key alone (the list's ``object``
-    column) when exactly one blocker — the open one, if any is open — is about that object; else
-    the one blocker whose short id (the ``id`` column) or work key starts with ``text``. Several:
-    exit 2 naming them; none: exit 2 with the closest work keys (difflib)."""
-    about = [b for b in known if b.object_key == text]
-    chosen = [b for b in about if b.status == "open"] or about
-    if len(chosen) == 1:
-        return str(chosen[0].work_key)
-    if chosen:
-        fail(f"several blockers are about {text!r}: {', '.join(sorted(b.work_key for b in chosen))}; give one "
-             f"WORK_KEY (kind:object)", EXIT_USAGE, as_json=as_json)
-    short = text.lower() if is_short_id(text) else None
-    starts = sorted({str(b.work_key) for b in known if b.work_key.startswith(text)
-                     or (short and hex_token(b.work_key).startswith(short))})
-    if len(starts) == 1:
-        return starts[0]
-    if starts:
-        fail(f"several blockers start with {text!r}: {', '.join(starts)}; give more of it", EXIT_USAGE,
-             as_json=as_json)
-    keys = {b.work_key for b in known}
-    close = closest(text, keys)
-    if not close:  # an object key with a typo: compare it with the objects, answer their work keys
-        by_object = {b.object_key: b.work_key for b in known}
-        close = [by_object[o] for o in closest(text, by_object)]
-    hint = f"did you mean {' or '.join(close)}?" if close else "see `lmctl blockers list`"
-    fail(f"no blocker {text!r} (WORK_KEY is kind:object, or the object alone); {hint}", EXIT_USAGE, as_json=as_json)
+    """The work key (``kind:object``) that ``text`` names among the blockers ``list --all`` reads
+    (one Query of the blocker partition), by the resolver the admin API uses
+    (:func:`lightmetrics.admin.blocker_ids.resolve_work_key`); several or none: exit 2 naming them
+    or the closest work keys."""
+    from lightmetrics.admin.blocker_ids import AmbiguousBlocker, UnknownBlocker, resolve_work_key
+
+    try:
+        return resolve_work_key(known, text)
+    except (AmbiguousBlocker, UnknownBlocker) as exc:
+        fail(str(exc), EXIT_USAGE, as_json=as_json)
 
 
 _BLOCKER_HELP = ("BLOCKER: the id column of `lmctl blockers list` (or a longer prefix of it), a work key "

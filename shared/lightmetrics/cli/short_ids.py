@@ -11,18 +11,14 @@ characters, a blocker's work key is a kind and an S3 key); ``--output wide`` pri
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
 
+# the id forms and their resolver are the admin API's too (one implementation): re-exported here
+from lightmetrics.admin.blocker_ids import MIN_SHORT, closest, hex_token, is_short_id
 from lightmetrics.cli.output import cell_text
-
-#: The fewest hex characters a short id has (32 bits: a clash among a page's rows is a remote chance,
-#: and a prefix of several is refused, never guessed).
-MIN_SHORT = 8
 
 #: What a human table may be, in columns, by default (``--output wide`` has no bound).
 TABLE_COLUMNS = 100
@@ -39,21 +35,6 @@ def shortest_unique_prefixes(tokens: Mapping[str, str], min_len: int = MIN_SHORT
             n += 1
         out[name] = token[:n]
     return out
-
-
-def hex_token(text: str) -> str:
-    """A stable hex token for an id that is not hex itself (a blocker's work key)."""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def is_short_id(text: str) -> bool:
-    """Whether ``text`` can be a short id: 4 to 64 hex characters."""
-    return 4 <= len(text) <= 64 and all(c in "0123456789abcdef" for c in text.lower())
-
-
-def closest(text: str, names: Iterable[str], n: int = 3) -> list[str]:
-    """The names most like ``text`` (difflib), best first."""
-    return difflib.get_close_matches(text, sorted(set(names)), n=n, cutoff=0.6)
 
 
 def elide(text: str, width: int) -> str:
