@@ -173,3 +173,49 @@ def test_lmctl_runs_the_pipeline_jobs_as_the_job_role_locally(runtime: Any, cloc
         assert "inventory/" in refusal, refusal
     finally:
         system.stop()
+
+
+def test_a_function_session_never_falls_back_to_the_deployer(runtime: Any, clock: Any) -> None:
+    """A system provisioned with roles gives a function's session its role's credentials or refuses: a
+    name that is no function of the spec, or a function whose role is gone, must not run as the deployer
+    (allowed everything), which would turn enforcement silently off for that path."""
+    system = make_system(runtime, clock)
+    try:
+        with pytest.raises(LookupError, match="reconciler"):
+            system.principal_session("reconciler")  # a typo of "reconcile": no such function
+        iam = runtime.boto3_client("iam")
+        name = role_name("fn-sweep-dlq", system.queue_name_prefix)
+        iam.delete_role_policy(RoleName=name, PolicyName=POLICY_NAME)
+        iam.delete_role(RoleName=name)
+        with pytest.raises(LookupError, match="sweep-dlq"):
+            system.principal_session("sweep-dlq")
+        assert system.principal_session("reconcile").credentials["aws_session_token"]  # the others still have theirs
+    finally:
+        system.stop()
+
+
+def test_what_docs_say_moto_does_and_does_not_check(runtime: Any, clock: Any) -> None:
+    """docs/deploy.md, "IAM enforced locally": a HEAD of a given version needs s3:GetObjectVersion here
+    as on AWS; a condition moto does not evaluate (any but sts:ExternalId: it gives no other request
+    context) is ignored, so the statement grants without it — locally wider than on AWS."""
+    system = make_system(runtime, clock)
+    try:
+        (result,) = accept_all(system, runtime, clock, [ident(1)])
+        deployer = runtime.boto3_client("s3")
+        version = deployer.head_object(Bucket=system.bucket, Key=result.manifest_key)["VersionId"]
+        ingest = system.principal_session("ingest").client("s3")  # reads records, not their versions
+        assert ingest.head_object(Bucket=system.bucket, Key=result.manifest_key)["VersionId"] == version
+        with pytest.raises(ClientError) as refused:
+            ingest.head_object(Bucket=system.bucket, Key=result.manifest_key, VersionId=version)
+        assert refused.value.response["Error"]["Code"] in ("403", "AccessDenied")
+        with pytest.raises(ClientError, match="not authorized to perform: s3:GetObjectVersion"):
+            ingest.get_object(Bucket=system.bucket, Key=result.manifest_key, VersionId=version)
+        # the operators' table writes are limited to their partitions by dynamodb:LeadingKeys on AWS;
+        # here the condition is not evaluated: a write elsewhere is allowed (the synth tests check the limit)
+        ddb = system.role_session("operator").client("dynamodb")
+        ddb.put_item(TableName=system.table, Item={"pk": {"S": "not-an-operator-partition"}, "sk": {"S": "x"}})
+        # ... while an action the role has no statement for is refused
+        with pytest.raises(ClientError, match="not authorized to perform: dynamodb:Scan"):
+            ddb.scan(TableName=system.table)
+    finally:
+        system.stop()

@@ -22,9 +22,10 @@ moto's checks that would otherwise make enforcement all-or-nothing here:
   speak JSON answer it in JSON (``AccessDeniedException``; moto sent them XML, which botocore reads as
   an error without a code).
 
-What moto still does not model (docs/deploy.md, "IAM enforced locally"): condition keys other than a
-plain ``StringEquals`` (so ``s3:prefix`` and ``dynamodb:LeadingKeys`` limits are not enforced here),
-bucket policies and other resource-based policies, and HEAD of a version needing ``s3:GetObjectVersion``.
+What moto still does not model (docs/deploy.md, "IAM enforced locally"): condition keys (moto has no
+request context but ``sts:ExternalId``, and ignores a condition it cannot evaluate: the statement then
+grants unconditionally, so ``s3:prefix`` and ``dynamodb:LeadingKeys`` limits are not enforced here),
+bucket policies and other resource-based policies.
 
 The deployer: an IAM user whose access key is ``testing``/``testing`` — the key every local client
 has always used — allowed everything. Provisioning, the tests' own setup and the demo's stand-ins for

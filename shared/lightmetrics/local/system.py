@@ -160,10 +160,15 @@ class LocalSystem:
 
     def principal_session(self, fn: str) -> "RuntimeSession":
         """A session whose clients sign as function ``fn``'s role (lightmetrics.local.principals); the
-        deployer's when the function has none (IAM not enforced, or not provisioned with roles)."""
+        deployer's only when the system has no roles (IAM not enforced). With roles, a name that is no
+        function of the spec, or a function whose role is gone, is refused (LookupError): run as the
+        deployer, allowed everything, its path would be unchecked."""
         if not self.made.get("roles"):
             return RuntimeSession(self.runtime)
-        return RuntimeSession(self.runtime, _function_credentials(self.runtime, self.function_name(fn)))
+        credentials = _function_credentials(self.runtime, self.function_name(fn))
+        if not credentials:
+            raise LookupError(f"function {fn!r} has no role on this system: it would run as the deployer")
+        return RuntimeSession(self.runtime, credentials)
 
     def state_machine_arn(self, name: str = "bootstrap-walk") -> str:
         assert self.settings is not None
