@@ -219,3 +219,55 @@ def test_what_docs_say_moto_does_and_does_not_check(runtime: Any, clock: Any) ->
             ddb.scan(TableName=system.table)
     finally:
         system.stop()
+
+
+def test_the_dlq_sweeper_runs_as_its_role(runtime: Any, clock: Any) -> None:
+    """The DLQ sweeper (no other test runs it as its role: the demo does not sweep) turns a dead letter into
+    a blocker under its role, and is refused naming sqs:ReceiveMessage once it loses its DLQ statement."""
+    from test_event_path import s3_record
+
+    from lightmetrics.admin.blocker_actions import sweep_dlqs
+
+    system = make_system(runtime, clock)
+    try:
+        (result,) = accept_all(system, runtime, clock, [ident(3)])
+        body = s3_record(system.bucket, result.manifest_key)["body"]
+        runtime.boto3_client("sqs").send_message(QueueUrl=system.settings.queue_urls["index-accepted-dlq"],
+                                                 MessageBody=body)
+        sweeper = system.work_context(session=system.principal_session("sweep-dlq"))
+        _reprovision(system, _without(system, "fn-sweep-dlq", "sqs:ReceiveMessage"))
+        with pytest.raises(Exception, match="not authorized to perform: sqs:ReceiveMessage"):
+            sweep_dlqs(sweeper)
+        _reprovision(system)
+        assert sweep_dlqs(sweeper)["index-accepted-dlq"] == 1
+        assert [b.object_key for b in system.work_context().blockers.list()] == [result.manifest_key]
+    finally:
+        system.stop()
+
+
+def test_lmctl_invoke_runs_a_function_as_its_role_locally(runtime: Any, clock: Any, monkeypatch: Any) -> None:
+    """``lmctl invoke FUNCTION`` pointed at the local runtime runs the handler as the function's role, not as
+    the caller: with the deployer's key in the environment it is refused the queue depths once the
+    reconciler's role loses its one grant to read them."""
+    from click.testing import CliRunner
+
+    from functions.reconcile import app as reconcile_app
+    from lightmetrics.cli.main import cli
+
+    system = make_system(runtime, clock)
+    reconcile_app.reset()  # the handler's container is built for this system, as its role
+    try:
+        for name, value in system.environment().items():
+            monkeypatch.setenv(name, value)
+        args = ["invoke", "reconcile", "--event", "events/reconcile/scheduled.json", "--json"]
+        _reprovision(system, _without(system, "fn-reconcile", "sqs:GetQueueAttributes"))
+        out = CliRunner().invoke(cli, args)
+        refusal = out.output + repr(out.exception)
+        assert out.exit_code != 0 and "fn-reconcile" in refusal, refusal
+        assert "not authorized to perform: sqs:GetQueueAttributes" in refusal, refusal
+        _reprovision(system)
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 0, out.output + repr(out.exception)
+    finally:
+        reconcile_app.reset()
+        system.stop()
