@@ -190,6 +190,8 @@ def test_a_function_session_never_falls_back_to_the_deployer(runtime: Any, clock
         with pytest.raises(LookupError, match="sweep-dlq"):
             system.principal_session("sweep-dlq")
         assert system.principal_session("reconcile").credentials["aws_session_token"]  # the others still have theirs
+        with pytest.raises(LookupError, match="pipeline-jobs"):
+            system.role_session("pipeline-jobs")  # a typo of "pipeline-job": no such role
     finally:
         system.stop()
 

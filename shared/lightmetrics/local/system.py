@@ -131,10 +131,14 @@ class LocalSystem:
 
     def role_session(self, principal: str) -> "RuntimeSession":
         """A session signing as one of the stack's roles that is no function's (the pipeline job role,
-        ``pipeline-job``), assumed as the service would; the deployer's without roles."""
-        role = self.made.get("roles", {}).get(principal)
-        if role is None:
+        ``pipeline-job``), assumed as the service would; the deployer's only when the system has no roles
+        (a principal it has no role for is refused, LookupError, rather than run as the deployer)."""
+        roles = self.made.get("roles")
+        if not roles:
             return RuntimeSession(self.runtime)
+        role = roles.get(principal)
+        if role is None:
+            raise LookupError(f"no role {principal!r} on this system: it would run as the deployer")
         from lightmetrics.local.principals import assume
 
         return RuntimeSession(self.runtime, assume(self.runtime.boto3_client, role, self.queue_name_prefix + principal))
