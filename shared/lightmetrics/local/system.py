@@ -178,18 +178,22 @@ class LocalSystem:
         assert self.settings is not None
         return self.settings.state_machine_arns[name]
 
-    def reap_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine."""
+    def reap_control(self, ctx: WorkContext | None = None, *, session: "RuntimeSession | None" = None,
+                     **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine (its Step Functions
+        calls signing as ``session``: the operators', say; the deployer's by default)."""
         from lightmetrics.reaps import ReapControl
 
-        return ReapControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+        return ReapControl(ctx or self.work_context(), (session or RuntimeSession(self.runtime)).client("stepfunctions"),
                            self.state_machine_arn("reap"), **kwargs)
 
-    def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk."""
+    def walk_control(self, ctx: WorkContext | None = None, *, session: "RuntimeSession | None" = None,
+                     **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk (signing as
+        ``session``, as :meth:`reap_control`)."""
         from lightmetrics.derived.walk import WalkControl
 
-        return WalkControl(ctx or self.work_context(), self.runtime.boto3_client("stepfunctions"),
+        return WalkControl(ctx or self.work_context(), (session or RuntimeSession(self.runtime)).client("stepfunctions"),
                            self.state_machine_arn(), **kwargs)
 
     # -- configuration for other processes --------------------------------------------------------
@@ -204,6 +208,11 @@ class LocalSystem:
 
     def environment(self) -> dict[str, str]:
         return local_environment(self.runtime.endpoint_url, self.setting_values())
+
+    def operator_session(self) -> "RuntimeSession":
+        """A session signing as the operators' role (the deployer's when the system has no roles): what
+        the demo's operator steps run as, as ``lmctl`` does."""
+        return self.role_session("operator")
 
     def operator_credentials(self) -> dict[str, str]:
         """The operators' role's credentials (``lmctl`` runs as it: docs/deploy.md, "Operators");
