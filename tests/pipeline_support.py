@@ -34,7 +34,24 @@ def make_system(runtime: Any, clock: Any, **overrides: Any) -> LocalSystem:
 
 
 def access_for(system: LocalSystem, runtime: Any, component: str = "pipeline-test") -> S3Access:
+    """The tests' own access (the deployer's: setup, S3 Inventory's stand-in, reading results back)."""
     return S3Access.from_settings(system.settings, endpoint_url=runtime.endpoint_url, component=component)
+
+
+def job_access_for(system: LocalSystem, runtime: Any, component: str = "pipeline-test") -> S3Access:
+    """:func:`access_for` signing as the pipeline job role, as EMR Serverless runs the jobs (issue 28):
+    a Spark job run with it (driver and executors) is refused what the role does not grant."""
+    from dataclasses import replace
+
+    credentials = system.role_session("pipeline-job").credentials
+    assert credentials, "the system has no pipeline job role: the job would run as the deployer"
+    return replace(access_for(system, runtime, component), access_key=credentials["aws_access_key_id"],
+                   secret_key=credentials["aws_secret_access_key"], session_token=credentials["aws_session_token"])
+
+
+def job_table(system: LocalSystem) -> Any:
+    """The control table as the pipeline job role reads it (the audit's GC marks, the rollup's lease)."""
+    return system.work_context(session=system.role_session("pipeline-job")).table
 
 
 def varied_samples(seed: int, n: int = 40) -> list[Sample]:

@@ -83,7 +83,7 @@ def test_status_redrive_and_reconcile(system, runtime):  # type: ignore[no-untyp
     sqs.send_message(QueueUrl=urls["index-accepted-dlq"], MessageBody=body)
     code, status = lmctl(system, "status")
     assert code == 1 and status["queues"]["index-accepted-dlq"] == 1 and status["ok"] is False
-    sweep_dlqs(system.work_context())  # what the scheduled sweeper does
+    sweep_dlqs(system.work_context(session=system.principal_session("sweep-dlq")))  # the scheduled sweeper, as its role
     code, out = lmctl(system, "blockers", "redrive")
     assert code == 0 and [r["action"] for r in out["redriven"]] == ["redrive"]
     code, status = lmctl(system, "status")

@@ -209,3 +209,103 @@ def test_lmctl_runs_the_pipeline_jobs_as_the_job_role_locally(runtime: Any, cloc
         assert "inventory/" in refusal, refusal
     finally:
         system.stop()
+
+
+def test_a_function_session_never_falls_back_to_the_deployer(runtime: Any, clock: Any) -> None:
+    """A system provisioned with roles gives a function's session its role's credentials or refuses: a
+    name that is no function of the spec, or a function whose role is gone, must not run as the deployer
+    (allowed everything), which would turn enforcement silently off for that path."""
+    system = make_system(runtime, clock)
+    try:
+        with pytest.raises(LookupError, match="reconciler"):
+            system.principal_session("reconciler")  # a typo of "reconcile": no such function
+        iam = runtime.boto3_client("iam")
+        name = role_name("fn-sweep-dlq", system.queue_name_prefix)
+        iam.delete_role_policy(RoleName=name, PolicyName=POLICY_NAME)
+        iam.delete_role(RoleName=name)
+        with pytest.raises(LookupError, match="sweep-dlq"):
+            system.principal_session("sweep-dlq")
+        assert system.principal_session("reconcile").credentials["aws_session_token"]  # the others still have theirs
+        with pytest.raises(LookupError, match="pipeline-jobs"):
+            system.role_session("pipeline-jobs")  # a typo of "pipeline-job": no such role
+    finally:
+        system.stop()
+
+
+def test_what_docs_say_moto_does_and_does_not_check(runtime: Any, clock: Any) -> None:
+    """docs/deploy.md, "IAM enforced locally": a HEAD of a given version needs s3:GetObjectVersion here
+    as on AWS; a condition moto does not evaluate (any but sts:ExternalId: it gives no other request
+    context) is ignored, so the statement grants without it — locally wider than on AWS."""
+    system = make_system(runtime, clock)
+    try:
+        (result,) = accept_all(system, runtime, clock, [ident(1)])
+        deployer = runtime.boto3_client("s3")
+        version = deployer.head_object(Bucket=system.bucket, Key=result.manifest_key)["VersionId"]
+        ingest = system.principal_session("ingest").client("s3")  # reads records, not their versions
+        assert ingest.head_object(Bucket=system.bucket, Key=result.manifest_key)["VersionId"] == version
+        with pytest.raises(ClientError) as refused:
+            ingest.head_object(Bucket=system.bucket, Key=result.manifest_key, VersionId=version)
+        assert refused.value.response["Error"]["Code"] in ("403", "AccessDenied")
+        with pytest.raises(ClientError, match="not authorized to perform: s3:GetObjectVersion"):
+            ingest.get_object(Bucket=system.bucket, Key=result.manifest_key, VersionId=version)
+        # the operators' table writes are limited to their partitions by dynamodb:LeadingKeys on AWS;
+        # here the condition is not evaluated: a write elsewhere is allowed (the synth tests check the limit)
+        ddb = system.role_session("operator").client("dynamodb")
+        ddb.put_item(TableName=system.table, Item={"pk": {"S": "not-an-operator-partition"}, "sk": {"S": "x"}})
+        # ... while an action the role has no statement for is refused
+        with pytest.raises(ClientError, match="not authorized to perform: dynamodb:Scan"):
+            ddb.scan(TableName=system.table)
+    finally:
+        system.stop()
+
+
+def test_the_dlq_sweeper_runs_as_its_role(runtime: Any, clock: Any) -> None:
+    """The DLQ sweeper (no other test runs it as its role: the demo does not sweep) turns a dead letter into
+    a blocker under its role, and is refused naming sqs:ReceiveMessage once it loses its DLQ statement."""
+    from test_event_path import s3_record
+
+    from lightmetrics.admin.blocker_actions import sweep_dlqs
+
+    system = make_system(runtime, clock)
+    try:
+        (result,) = accept_all(system, runtime, clock, [ident(3)])
+        body = s3_record(system.bucket, result.manifest_key)["body"]
+        runtime.boto3_client("sqs").send_message(QueueUrl=system.settings.queue_urls["index-accepted-dlq"],
+                                                 MessageBody=body)
+        sweeper = system.work_context(session=system.principal_session("sweep-dlq"))
+        _reprovision(system, _without(system, "fn-sweep-dlq", "sqs:ReceiveMessage"))
+        with pytest.raises(Exception, match="not authorized to perform: sqs:ReceiveMessage"):
+            sweep_dlqs(sweeper)
+        _reprovision(system)
+        assert sweep_dlqs(sweeper)["index-accepted-dlq"] == 1
+        assert [b.object_key for b in system.work_context().blockers.list()] == [result.manifest_key]
+    finally:
+        system.stop()
+
+
+def test_lmctl_invoke_runs_a_function_as_its_role_locally(runtime: Any, clock: Any, monkeypatch: Any) -> None:
+    """``lmctl invoke FUNCTION`` pointed at the local runtime runs the handler as the function's role, not as
+    the caller: with the deployer's key in the environment it is refused the queue depths once the
+    reconciler's role loses its one grant to read them."""
+    from click.testing import CliRunner
+
+    from functions.reconcile import app as reconcile_app
+    from lightmetrics.cli.main import cli
+
+    system = make_system(runtime, clock)
+    reconcile_app.reset()  # the handler's container is built for this system, as its role
+    try:
+        for name, value in system.environment().items():
+            monkeypatch.setenv(name, value)
+        args = ["invoke", "reconcile", "--event", "events/reconcile/scheduled.json", "--json"]
+        _reprovision(system, _without(system, "fn-reconcile", "sqs:GetQueueAttributes"))
+        out = CliRunner().invoke(cli, args)
+        refusal = out.output + repr(out.exception)
+        assert out.exit_code != 0 and "fn-reconcile" in refusal, refusal
+        assert "not authorized to perform: sqs:GetQueueAttributes" in refusal, refusal
+        _reprovision(system)
+        out = CliRunner().invoke(cli, args)
+        assert out.exit_code == 0, out.output + repr(out.exception)
+    finally:
+        reconcile_app.reset()
+        system.stop()

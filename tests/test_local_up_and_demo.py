@@ -153,6 +153,8 @@ def test_demo_quick_scale_end_to_end(tmp_path):  # type: ignore[no-untyped-def]
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "LM_"))}
     env["LM_DEMO_SCALE"] = "quick"
+    usage = tmp_path / "iam-usage.tsv"  # every request moto allowed: principal, action, resource (issue 28)
+    env["LM_IAM_USAGE_LOG"] = str(usage)
     report_file = tmp_path / "report.json"
     r = subprocess.run(LMCTL + ["demo", "--report-json", str(report_file)], capture_output=True, text=True, env=env,
                        timeout=600)
@@ -169,6 +171,17 @@ def test_demo_quick_scale_end_to_end(tmp_path):  # type: ignore[no-untyped-def]
         "progress belongs on stderr"
     assert "Setting default log level" not in r.stderr, r.stderr[-2000:]
     assert report["ok"] is True and report["violations"] == []
+    # issue 28: each function, task and job ran as its own role, and the operator's steps as the operators'
+    # (the walk's and the reaps' starts among them), never as the deployer
+    rows = [line.split("\t") for line in usage.read_text().splitlines()]
+    roles = {arn.split("assumed-role/")[1].split("/")[0] for arn, _, _ in rows if "assumed-role/" in arn}
+    assert {f"lm-{p}" for p in ("fn-ingest", "fn-index-accepted", "fn-index-raw-blobs", "fn-index-quarantine",
+                                "fn-reconcile", "fn-walk-begin", "fn-walk-plan", "fn-walk-page", "fn-walk-end",
+                                "fn-reap-begin", "gc", "fn-reap-retention", "fn-reap-end", "pipeline-job",
+                                "operator")} <= roles, roles
+    starts = {arn.split("/")[-2] if "assumed-role/" in arn else arn for arn, action, _ in rows
+              if action == "states:StartExecution" and "assumed-role/lm-fn-" not in arn}
+    assert starts == {"lm-operator"}, starts  # a continue task starts the next execution as its own role
     n = 250  # the quick scale, make demo's default
     assert report["batches"] == n and report["collectors"] == 3 and report["agents"] == 10
     assert report["verified"] == report["acknowledged_identities"] == n

@@ -10,7 +10,7 @@ import time
 
 from click.testing import CliRunner
 from conftest import FAST, T0_NS, ident, make_frame
-from pipeline_support import access_for, make_system
+from pipeline_support import access_for, job_access_for, job_table, make_system
 
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
@@ -149,7 +149,9 @@ def test_audit_finds_exactly_the_planted_defects(runtime, clock, spark, tmp_path
     index_accepted(ctx, ok[6].manifest_key)  # ... the repair of 6 lands after the inventory was taken
 
     now_s = int(time.time()) + HORIZON_S + 3600  # every blob is past the retry horizon
-    report = _audit(spark, access, f"s3://{B}/inventory/", run_id="planted", now_s=now_s)
+    # the job as the pipeline job role (the inventory above is S3 Inventory's, written as the deployer)
+    report = _audit(spark, job_access_for(system, runtime, "pipeline-audit"), f"s3://{B}/inventory/",
+                    run_id="planted", now_s=now_s)
     print("PHASES", report.phases)
     assert report.candidates["repair"] == 4  # 1, 2, 3 and 6 (6 is not confirmed: inventory lag)
 
@@ -228,8 +230,8 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     inv.snapshot(access, inv.Destination.parse(f"s3://{B}/inventory"))
 
     def audit(run_id: str) -> dict[str, int]:
-        report = audit_job(system.settings, f"s3://{B}/inventory/", run_id=run_id, access=access, spark=spark,
-                           table=table, now_ns=T0_NS)
+        report = audit_job(system.settings, f"s3://{B}/inventory/", run_id=run_id, spark=spark, now_ns=T0_NS,
+                           access=job_access_for(system, runtime, "pipeline-audit"), table=job_table(system))
         return {k: report.confirmed[k] for k in ("integrity", "derived-without-source")}
 
     assert audit("during-grace") == {"integrity": 0, "derived-without-source": 0}

@@ -8,7 +8,16 @@ import math
 
 import pytest
 from conftest import T0_NS
-from pipeline_support import H0, accept_indexed, access_for, make_system, reference_rollup, varied_samples
+from pipeline_support import (
+    H0,
+    accept_indexed,
+    access_for,
+    job_access_for,
+    job_table,
+    make_system,
+    reference_rollup,
+    varied_samples,
+)
 
 from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics_pipeline.rollup import chunks as C
@@ -63,8 +72,8 @@ def test_rollup_equals_a_plain_python_computation_and_rerun_is_a_noop(system, ru
     results = [accept_indexed(system, runtime, clock, _ident(n), varied_samples(n), compress=n % 2 == 0)
                for n in range(4)]
     access = access_for(system, runtime, "pipeline-rollup")
-    table = system.work_context().table
-    job = RollupJob(spark, access, table=table, clock=clock, rollup_format=2)
+    table = job_table(system)  # the job runs as the pipeline job role; the test reads back as the deployer
+    job = RollupJob(spark, job_access_for(system, runtime, "pipeline-rollup"), table=table, clock=clock, rollup_format=2)
     report = job.run([H0, NEXT], first_open=NEXT)
     (h0, h1) = report.hours
     assert (h0.status, h0.generation, h0.inputs, h0.skipped) == ("committed", 1, 4, [])

@@ -171,7 +171,8 @@ def agent_token_cmd(agent_id: str, key_id: str | None, settings: Settings, as_js
 @json_option
 def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     """Run one Lambda handler in-process with a sample event (see events/). FUNCTION is a
-    function's name (index-accepted) or its folder under functions/ (index_accepted)."""
+    function's name (index-accepted) or its folder under functions/ (index_accepted). Against the
+    local runtime it runs as the function's role, IAM enforced, as deployed."""
     from lightmetrics.deployment.resources import SPEC
     from lightmetrics.local.function_host import LambdaContext
 
@@ -197,7 +198,7 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
     blockers_before = _open_blockers(system)
     failure: LightmetricsError | None = None
     # Import and call under the redirect: the module's Powertools Logger binds stdout when built.
-    with stdout_to_stderr():
+    with stdout_to_stderr(), _as_function_role(spec):
         handler = getattr(import_handler_module(spec.module), spec.attr)
         try:
             result = handler(event, LambdaContext(function))
@@ -216,6 +217,25 @@ def invoke_cmd(function: str, event_path: str, as_json: bool) -> None:
                           "events/ingest/secret.json; to replay them, put that JSON (without _comment) in the "
                           "configured LM_AUTH_SECRET_ID secret, or mint a token with lmctl agent-token", markup=False)
     emit_json(result) if as_json else console.print_json(json.dumps(result, default=str))
+
+
+def _as_function_role(spec: Any) -> Any:
+    """Pointed at the local runtime, the function's code signs as its role (assumed with the deployer's
+    key, as Lambda would), whatever the shell's credentials: IAM enforced, as deployed. Elsewhere, or on
+    a system without roles, the caller's credentials."""
+    from contextlib import nullcontext
+    from dataclasses import replace
+
+    from lightmetrics.local.principals import local_role_credentials
+    from lightmetrics.operator_tools.policies import function_principal
+    from lightmetrics.protocol.hosting import current, hosted
+
+    try:
+        queue_urls = Settings.from_env().queue_urls
+    except Exception:  # no configured system: nothing to assume
+        return nullcontext()
+    credentials = local_role_credentials(function_principal(spec), queue_urls)
+    return hosted(replace(current(), aws_credentials=credentials)) if credentials else nullcontext()
 
 
 def _configured_context() -> Any:

@@ -31,7 +31,7 @@ def run_conflict_phase(report: Any, system: Any, client: Any) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns (and stores) the phase's summary."""
     started = time.monotonic()
     qkey = report.conflict.get("quarantine_key")
-    ctx = system.work_context()
+    ctx = system.work_context(session=system.operator_session())  # the operator's steps, as the operators' role
     registry = ConflictRegistry(ctx.store, ctx.codec, ctx.blockers.table, clock=ctx.clock, policy=ctx.policy)
     out: dict[str, Any] = {"quarantine_key": qkey}
 

@@ -91,7 +91,8 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
         for index in INDEXES:
             set_watermark(table, index, w, epoch=0, now_ns=time.time_ns())
         w_source = "strict verify (the walk withheld W: an operator-skipped item)"
-    control = system.reap_control(ctx)
+    operator = system.operator_session()  # the reaps are started and followed as the operators' role
+    control = system.reap_control(system.work_context(session=operator), session=operator)
     runs: dict[str, Any] = {}
     from lightmetrics.cli.output import err_console
 
@@ -110,7 +111,7 @@ def run_reap_phase(report: Any, system: Any, runtime: Any, show_progress: bool =
     orphans_gone = all(store.head(k) is None for k in planted["orphans"])
     expired_ok = all(store.head(e["blob_key"]) is None and store.get(e["manifest_key"]) is not None
                      for e in planted["expired"])
-    checked = verify(system.work_context(), strict=True)
+    checked = verify(system.work_context(session=system.operator_session()), strict=True)
     report.reaps = {
         "orphans": len(planted["orphans"]), "orphans_purged": orphans_gone, "expired_hour": planted["hour"],
         "expired_batches": len(planted["expired"]), "expired_blobs_purged_manifests_kept": expired_ok,

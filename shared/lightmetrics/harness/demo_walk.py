@@ -24,9 +24,10 @@ def run_walk_phase(report: DemoReport, system: Any, runtime: Any, store: S3Objec
                    poison_key: str, show_progress: bool) -> None:
     """Delete a sample of derived entries, walk through Step Functions, then ``lmctl verify``."""
     deleted = _delete_sample(store, codec)
-    ctx = system.work_context()
+    operator = system.operator_session()  # the operator's steps run as the operators' role, as lmctl does
+    ctx = system.work_context(session=operator)
     _skip_poisoned(ctx, poison_key)
-    control = system.walk_control(ctx)
+    control = system.walk_control(ctx, session=operator)
     requests_before = runtime.request_count("s3", "walk")
     t0 = time.monotonic()
     # Full: entries deleted behind the system's back hide behind a present accepted-by-time entry
@@ -112,7 +113,7 @@ def _walk_summary(control: Any, started: Any, result: Any, deleted_restored: tup
 def _verify_strict(report: DemoReport, system: Any) -> None:
     from lightmetrics.operator_tools.verify import verify
 
-    checked = verify(system.work_context(), strict=True)
+    checked = verify(system.work_context(session=system.operator_session()), strict=True)
     report.verify = {
         "ok": checked.ok,
         "counts": checked.counts,

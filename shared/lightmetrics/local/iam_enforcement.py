@@ -27,9 +27,10 @@ compiled once, and an identity policy's decision is kept per (policy document, a
 (:func:`policy_decision`): moto's evaluation is a pure function of those three, and it parsed the
 role's whole document and matched every statement again on every request.
 
-What moto still does not model (docs/deploy.md, "IAM enforced locally"): condition keys other than a
-plain ``StringEquals`` (so ``s3:prefix`` and ``dynamodb:LeadingKeys`` limits are not enforced here),
-bucket policies and other resource-based policies, and HEAD of a version needing ``s3:GetObjectVersion``.
+What moto still does not model (docs/deploy.md, "IAM enforced locally"): condition keys (moto has no
+request context but ``sts:ExternalId``, and ignores a condition it cannot evaluate: the statement then
+grants unconditionally, so ``s3:prefix`` and ``dynamodb:LeadingKeys`` limits are not enforced here),
+bucket policies and other resource-based policies.
 
 The deployer: an IAM user whose access key is ``testing``/``testing`` — the key every local client
 has always used — allowed everything. Provisioning, the tests' own setup and the demo's stand-ins for

@@ -131,10 +131,14 @@ class LocalSystem:
 
     def role_session(self, principal: str) -> "RuntimeSession":
         """A session signing as one of the stack's roles that is no function's (the pipeline job role,
-        ``pipeline-job``), assumed as the service would; the deployer's without roles."""
-        role = self.made.get("roles", {}).get(principal)
-        if role is None:
+        ``pipeline-job``), assumed as the service would; the deployer's only when the system has no roles
+        (a principal it has no role for is refused, LookupError, rather than run as the deployer)."""
+        roles = self.made.get("roles")
+        if not roles:
             return RuntimeSession(self.runtime)
+        role = roles.get(principal)
+        if role is None:
+            raise LookupError(f"no role {principal!r} on this system: it would run as the deployer")
         from lightmetrics.local.principals import assume
 
         return RuntimeSession(self.runtime, assume(self.runtime.boto3_client, role, self.queue_name_prefix + principal))
@@ -160,29 +164,40 @@ class LocalSystem:
 
     def principal_session(self, fn: str) -> "RuntimeSession":
         """A session whose clients sign as function ``fn``'s role (lightmetrics.local.principals); the
-        deployer's when the function has none (IAM not enforced, or not provisioned with roles)."""
+        deployer's only when the system has no roles (IAM not enforced). With roles, a name that is no
+        function of the spec, or a function whose role is gone, is refused (LookupError): run as the
+        deployer, allowed everything, its path would be unchecked."""
         if not self.made.get("roles"):
             return RuntimeSession(self.runtime)
-        return RuntimeSession(self.runtime, _function_credentials(self.runtime, self.function_name(fn)))
+        credentials = _function_credentials(self.runtime, self.function_name(fn))
+        if not credentials:
+            raise LookupError(f"function {fn!r} has no role on this system: it would run as the deployer")
+        return RuntimeSession(self.runtime, credentials)
 
     def state_machine_arn(self, name: str = "bootstrap-walk") -> str:
         assert self.settings is not None
         return self.settings.state_machine_arns[name]
 
-    def reap_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine."""
+    def reap_control(self, ctx: WorkContext | None = None, *, session: "RuntimeSession | None" = None,
+                     **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.reaps.ReapControl` for this system's reap state machine (its Step Functions
+        calls signing as ``session``: the operators', say; the deployer's by default)."""
         from lightmetrics.composition.services import executions
         from lightmetrics.reaps import ReapControl
 
-        return ReapControl(ctx or self.work_context(), executions(self.runtime.boto3_client("stepfunctions")),
+        sfn = executions((session or RuntimeSession(self.runtime)).client("stepfunctions"))
+        return ReapControl(ctx or self.work_context(), sfn,
                            self.state_machine_arn("reap"), **kwargs)
 
-    def walk_control(self, ctx: WorkContext | None = None, **kwargs: Any) -> Any:
-        """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk."""
+    def walk_control(self, ctx: WorkContext | None = None, *, session: "RuntimeSession | None" = None,
+                     **kwargs: Any) -> Any:
+        """A :class:`~lightmetrics.derived.walk.WalkControl` for this system's bootstrap walk (signing as
+        ``session``, as :meth:`reap_control`)."""
         from lightmetrics.composition.services import executions
         from lightmetrics.derived.walk import WalkControl
 
-        return WalkControl(ctx or self.work_context(), executions(self.runtime.boto3_client("stepfunctions")),
+        sfn = executions((session or RuntimeSession(self.runtime)).client("stepfunctions"))
+        return WalkControl(ctx or self.work_context(), sfn,
                            self.state_machine_arn(), **kwargs)
 
     # -- configuration for other processes --------------------------------------------------------
@@ -197,6 +212,11 @@ class LocalSystem:
 
     def environment(self) -> dict[str, str]:
         return local_environment(self.runtime.endpoint_url, self.setting_values())
+
+    def operator_session(self) -> "RuntimeSession":
+        """A session signing as the operators' role (the deployer's when the system has no roles): what
+        the demo's operator steps run as, as ``lmctl`` does."""
+        return self.role_session("operator")
 
     def operator_credentials(self) -> dict[str, str]:
         """The operators' role's credentials (``lmctl`` runs as it: docs/deploy.md, "Operators");
