@@ -114,7 +114,8 @@ class SoakChaos:
             report.counters["reaps refused (lease held)"] += 1
             return
         result = control.follow(arn, poll_s=0.5, timeout_s=self.plan.settle_timeout_s)
-        counts = {k: result.report.get(k) for k in ("examined", "marked", "purged", "restored")}
+        shown = result.report.to_json() if result.report is not None else {}
+        counts = {k: shown.get(k) for k in ("examined", "marked", "purged", "restored")}
         report.reaps.append({"mode": "gc", "status": result.status, **counts, "detail": result.detail})
         report.counters[f"gc reaps {result.status}"] += 1
         for k, v in counts.items():
