@@ -8,9 +8,12 @@ keyed by ``pk``/``sk``; expressions are DynamoDB's expression language (see docs
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class ConditionFailed(Exception):
@@ -80,6 +83,26 @@ class Op:
         assert self.kind == "Update"
         table.update(self.pk, self.sk, self.expression, names=self.names or None, values=self.values or None,
                      condition=self.condition)
+
+
+def optional(item: Mapping[str, Any], name: str, kind: Callable[[Any], T]) -> T | None:
+    """``item[name]`` converted by ``kind``, or None where the item lacks it (or stores null): how a
+    typed record reads an attribute an older writer did not store.
+
+    >>> optional({"n": Decimal("3")}, "n", int), optional({}, "n", int)
+    (3, None)
+    """
+    value = item.get(name)
+    return None if value is None else kind(value)
+
+
+def counts_of(raw: Any) -> dict[str, int]:
+    """A stored map of counters (absent: empty) as ``{name: int}``.
+
+    >>> counts_of({"DONE": Decimal("2")}), counts_of(None)
+    ({'DONE': 2}, {})
+    """
+    return {str(k): int(v) for k, v in dict(raw or {}).items()}
 
 
 def plain(value: Any) -> Any:

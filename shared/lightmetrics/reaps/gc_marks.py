@@ -28,11 +28,11 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from lightmetrics.protocol.control_store import ControlStore, Op, plain
+from lightmetrics.protocol.control_store import ControlStore, Op, counts_of, optional, plain
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.reaps.gc_proof import DELETE_CONFLICT_RESOLVED, DELETE_HOUR_TOMBSTONED, DELETE_UNREFERENCED
 from lightmetrics.reaps.params import CHECKPOINT_PK
-from lightmetrics.reaps.state import MarkState, PageOutcome, counts_of
+from lightmetrics.reaps.state import MarkState, PageOutcome
 
 # -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
 _REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
@@ -116,14 +116,11 @@ class Mark:
 
     @classmethod
     def _of_long(cls, m: Mapping[str, Any], marked_at_ns: int) -> Mark:
-        def opt_int(name: str) -> int | None:
-            return None if m.get(name) is None else int(m[name])
-
         return cls(key=str(m["key"]), sha=str(m["sha"]), version_id=m.get("version_id"),
                    marker_version_id=m.get("marker_version_id"),
                    marked_at_ns=int(m.get("marked_at_ns", marked_at_ns)), lm_unix_s=int(m["lm_unix_s"]),
                    reason=str(m["reason"]), record_hour=m.get("record_hour") or None, agent_hex=m.get("agent_hex"),
-                   boot_hex=m.get("boot_hex"), seq_start=opt_int("seq_start"), seq_end=opt_int("seq_end"))
+                   boot_hex=m.get("boot_hex"), seq_start=optional(m, "seq_start", int), seq_end=optional(m, "seq_end", int))
 
 
 def encode_mark(m: Mark) -> dict[str, str]:
@@ -240,12 +237,10 @@ class MarksItem:
             through = counts.pop("through", None)
             outcome = PageOutcome(str(item["cursor"]), bool(item["more"]), counts_of(counts), through)
 
-        def opt(name: str, kind: Any) -> Any:
-            return None if item.get(name) is None else kind(item[name])
-
-        return cls(state=opt("state", MarkState), marks=tuple(Mark.of(m, codec, at) for m in item.get("marks") or []),
-                   sk=str(item.get("sk") or ""), epoch=opt("epoch", int), owner=opt("owner", str),
-                   created_at_ns=opt("created_at_ns", int), marked_at_ns=opt("marked_at_ns", int), outcome=outcome,
+        return cls(state=optional(item, "state", MarkState), marks=tuple(Mark.of(m, codec, at) for m in item.get("marks") or []),
+                   sk=str(item.get("sk") or ""), epoch=optional(item, "epoch", int), owner=optional(item, "owner", str),
+                   created_at_ns=optional(item, "created_at_ns", int), marked_at_ns=optional(item, "marked_at_ns", int),
+                   outcome=outcome,
                    extra={k: v for k, v in item.items() if k not in _ITEM_FIELDS})
 
     def attributes(self) -> dict[str, Any]:

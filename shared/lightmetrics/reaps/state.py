@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any, TypedDict
 
 from lightmetrics.jobs.kernel import JobStatus
+from lightmetrics.protocol.control_store import counts_of, optional
 
 
 class ReapRun(TypedDict):
@@ -79,10 +80,6 @@ class MarkState(StrEnum):
 
     INTENT = "intent"
     MARKED = "marked"
-
-
-def counts_of(raw: Any) -> dict[str, int]:
-    return {str(k): int(v) for k, v in dict(raw or {}).items()}
 
 
 @dataclass(frozen=True)
@@ -310,14 +307,12 @@ class ReapCheckpoint:
         """The checkpoint from its stored item (plain values)."""
         g = item.get
 
-        def opt(name: str, kind: type) -> Any:
-            return None if g(name) is None else kind(g(name))
-
         return cls(
             epoch=int(g("epoch", -1)), owner=str(g("owner") or ""), mode=str(g("mode") or ""),
             dry_run=bool(g("dry_run")), status=str(g("status") or ""), phase=ReapPhase(g("phase") or "done"),
-            started_at_ns=opt("started_at_ns", int), updated_at_ns=opt("updated_at_ns", int),
-            owned_since_ns=int(g("owned_since_ns") or 0), execution=opt("execution", str), params=dict(g("params") or {}),
+            started_at_ns=optional(item, "started_at_ns", int), updated_at_ns=optional(item, "updated_at_ns", int),
+            owned_since_ns=int(g("owned_since_ns") or 0), execution=optional(item, "execution", str),
+            params=dict(g("params") or {}),
             scope=str(g("scope") or "raw"), source=str(g("source") or "scan"), audit_run=g("audit_run") or None,
             hour=g("hour") or None, page_size=int(g("page_size") or 500), concurrency=int(g("concurrency") or 8),
             max_pending_pages=int(g("max_pending_pages") or 20), tombstone_wait_s=int(g("tombstone_wait_s") or 0),
@@ -326,12 +321,12 @@ class ReapCheckpoint:
             hour_status={str(k): str(v) for k, v in (g("hour_status") or {}).items()},
             wait_until_ns=int(g("wait_until_ns") or 0), listing_done=bool(g("listing_done")),
             max_pages=int(g("max_pages") or 0), executions=int(g("executions") or 1),
-            range_parallelism=int(g("range_parallelism") or 0), note=opt("note", str), closing=bool(g("closing")),
+            range_parallelism=int(g("range_parallelism") or 0), note=optional(item, "note", str), closing=bool(g("closing")),
             counters={k: int(v) for k, v in item.items() if k.startswith(("c_", "kept#"))},
-            source_cursor=g("source_cursor") or None, through=opt("through", str), ranges=int(g("ranges") or 1),
+            source_cursor=g("source_cursor") or None, through=optional(item, "through", str), ranges=int(g("ranges") or 1),
             blocked=[str(b) for b in g("blocked") or []], budget_exhausted=bool(g("budget_exhausted")),
-            next_execution=opt("next_execution", str), finished_at_ns=opt("finished_at_ns", int),
-            error=opt("error", str),
+            next_execution=optional(item, "next_execution", str), finished_at_ns=optional(item, "finished_at_ns", int),
+            error=optional(item, "error", str),
             extra={k: v for k, v in item.items() if k not in _CHECKPOINT_FIELDS and not k.startswith(("c_", "kept#"))})
 
     def to_item(self) -> dict[str, Any]:
@@ -390,4 +385,4 @@ _CHECKPOINT_FIELDS = frozenset(f.name for f in fields(ReapCheckpoint)) - {"count
 
 
 __all__ = ["CheckpointChange", "MarkState", "PageOutcome", "PendingPage", "RangeIntent", "RangeItem", "RangePhase",
-           "ReapCheckpoint", "ReapPhase", "ReapRun", "counts_of"]
+           "ReapCheckpoint", "ReapPhase", "ReapRun"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from lightmetrics.deployment.timeouts import longest_task_timeout_s
-from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, plain
+from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, Op, optional, plain
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 from lightmetrics.protocol.timing import LEASE_MARGIN_S
 
@@ -109,18 +109,14 @@ class LeaseItem:
         """The typed lease of a stored item (DynamoDB values or plain ones)."""
         values = plain(dict(item))
 
-        def number(name: str) -> int | None:
-            return None if values.get(name) is None else int(values[name])
-
-        def text(name: str) -> str | None:
-            return None if values.get(name) is None else str(values[name])
-
         known = {f.name for f in fields(cls)} | {"sk"}
         return cls(str(values["pk"]), str(values.get("owner", "")), int(values.get("epoch", 0)),
-                   int(values.get("expires_at_ns", 0)), last_epoch=number("last_epoch"),
-                   lease_seconds=number("lease_seconds"), taken_at_ns=number("taken_at_ns"), version=number("version"),
-                   released_at_ns=number("released_at_ns"), execution=text("execution"), scope=text("scope"),
-                   checkpoint_pk=text("checkpoint_pk"),
+                   int(values.get("expires_at_ns", 0)), last_epoch=optional(values, "last_epoch", int),
+                   lease_seconds=optional(values, "lease_seconds", int), taken_at_ns=optional(values, "taken_at_ns", int),
+                   version=optional(values, "version", int),
+                   released_at_ns=optional(values, "released_at_ns", int), execution=optional(values, "execution", str),
+                   scope=optional(values, "scope", str),
+                   checkpoint_pk=optional(values, "checkpoint_pk", str),
                    attributes={k: v for k, v in values.items() if k not in known})
 
     def to_item(self) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from lightmetrics.jobs.kernel import JobStatus
+from lightmetrics.protocol.control_store import counts_of, optional
 
 CHECKPOINT_SK = "current"
 PART_PREFIX = "part#"
@@ -32,10 +33,6 @@ OUTCOMES = ("DONE", "NOOP_RESOLVED", "RETRY_LATER", "BLOCKED", "SKIPPED")
 #: — its ``accepted-by-time`` entry exists; ``reaped`` — its hour is tombstoned, nothing probed.
 #: Partition items and the summary keep them as ``keys_present`` and ``keys_reaped``.
 KEY_CHECKS = ("present", "reaped")
-
-
-def _counts(raw: Any) -> dict[str, int]:
-    return {str(k): int(v) for k, v in dict(raw or {}).items()}
 
 
 @dataclass(frozen=True)
@@ -51,7 +48,7 @@ class WalkCounters:
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> WalkCounters:
         return cls(keys=int(item.get("keys") or 0), pages=int(item.get("pages") or 0),
-                   outcomes=_counts(item.get("outcomes")),
+                   outcomes=counts_of(item.get("outcomes")),
                    settled={c: int(item.get(f"keys_{c}") or 0) for c in KEY_CHECKS})
 
     def stored(self) -> dict[str, Any]:
@@ -156,29 +153,24 @@ class WalkCheckpoint:
     def of(cls, item: Mapping[str, Any]) -> WalkCheckpoint:
         g = item.get
 
-        def opt_int(name: str) -> int | None:
-            value = g(name)
-            return None if value is None else int(value)
-
-        def opt_str(name: str) -> str | None:
-            value = g(name)
-            return None if value is None else str(value)
-
         status, enum = g("status"), g("enum")
 
-        return cls(pk=str(g("pk") or ""), epoch=opt_int("epoch"), owner=str(g("owner") or ""), scope=opt_str("scope"),
-                   agent=opt_str("agent"), status=None if status is None else JobStatus(status),
-                   started_at_ns=opt_int("started_at_ns"), updated_at_ns=opt_int("updated_at_ns"),
-                   rate_since_ns=opt_int("rate_since_ns"), rate_keys_base=int(g("rate_keys_base") or 0),
-                   page_size=opt_int("page_size"), full=bool(g("full")), parallelism=opt_int("parallelism"),
-                   execution=opt_str("execution"), executions=opt_int("executions"), resumes=int(g("resumes") or 0),
+        return cls(pk=str(g("pk") or ""), epoch=optional(item, "epoch", int), owner=str(g("owner") or ""),
+                   scope=optional(item, "scope", str),
+                   agent=optional(item, "agent", str), status=None if status is None else JobStatus(status),
+                   started_at_ns=optional(item, "started_at_ns", int), updated_at_ns=optional(item, "updated_at_ns", int),
+                   rate_since_ns=optional(item, "rate_since_ns", int), rate_keys_base=int(g("rate_keys_base") or 0),
+                   page_size=optional(item, "page_size", int), full=bool(g("full")),
+                   parallelism=optional(item, "parallelism", int),
+                   execution=optional(item, "execution", str), executions=optional(item, "executions", int),
+                   resumes=int(g("resumes") or 0),
                    enum=WalkEnumeration.of(enum) if enum else None,
                    partitions_found=int(g("partitions_found") or 0), partitions_done=int(g("partitions_done") or 0),
                    keys_accepted=int(g("keys_accepted") or 0), keys_quarantine=int(g("keys_quarantine") or 0),
-                   counters=WalkCounters.of(item), finished_at_ns=opt_int("finished_at_ns"),
-                   failed_at_ns=opt_int("failed_at_ns"), watermark_ns=opt_int("watermark_ns"),
-                   watermark_withheld=opt_str("watermark_withheld"), error=opt_str("error"),
-                   next_execution=opt_str("next_execution"),
+                   counters=WalkCounters.of(item), finished_at_ns=optional(item, "finished_at_ns", int),
+                   failed_at_ns=optional(item, "failed_at_ns", int), watermark_ns=optional(item, "watermark_ns", int),
+                   watermark_withheld=optional(item, "watermark_withheld", str), error=optional(item, "error", str),
+                   next_execution=optional(item, "next_execution", str),
                    extra={k: v for k, v in item.items() if k not in _CHECKPOINT_FIELDS})
 
     def stored(self) -> dict[str, Any]:
