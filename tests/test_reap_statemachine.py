@@ -36,13 +36,27 @@ def _cli():  # type: ignore[no-untyped-def]
     return cli
 
 
-@pytest.fixture
-def system(runtime):  # type: ignore[no-untyped-def]
+def _system(runtime: Any, gc_grace_s: int) -> LocalSystem:
     tag = uuid.uuid4().hex[:10]
     s = LocalSystem(runtime, bucket=f"lm-rp-{tag}", table=f"lm-rp-{tag}", secret_name=f"lm-rp/{tag}",
                     queue_name_prefix=f"rp{tag}-", clock=OffsetClock(120 * _NS),
-                    overrides={"retry_horizon_s": 60, "gc_grace_s": 1, "retention_s": 86400}).provision()
+                    overrides={"retry_horizon_s": 60, "gc_grace_s": gc_grace_s, "retention_s": 86400}).provision()
     s.notifications(False)
+    return s
+
+
+@pytest.fixture
+def system(runtime):  # type: ignore[no-untyped-def]
+    s = _system(runtime, gc_grace_s=1)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def slow_grace_system(runtime):  # type: ignore[no-untyped-def]
+    # A grace long enough that the reap is still waiting when the next command starts, even on a
+    # busy CI machine (with 1 s, CI once saw the reap finish before `status --follow` began).
+    s = _system(runtime, gc_grace_s=8)
     yield s
     s.stop()
 
@@ -156,16 +170,17 @@ def test_a_refused_start_says_why_in_the_tasks_own_words(system: LocalSystem) ->
     assert f"{hour} is not older than LM_RETENTION_S" in reason and "InvalidReapInput" in reason, reason
 
 
-def test_the_hint_after_a_start_names_a_command_that_follows(system: LocalSystem, runtime: Any) -> None:
+def test_the_hint_after_a_start_names_a_command_that_follows(slow_grace_system: LocalSystem, runtime: Any) -> None:
     # Issue 27 item 7: `reap gc` said "follow with: lmctl reap status", which printed a snapshot;
     # `reap status --follow` now follows the running reap to its end, as `walk status --follow` does.
+    system = slow_grace_system
     plant(system, runtime)
     env = {**system.operator_environment(), "COLUMNS": "200"}
     runner = CliRunner()
     r = runner.invoke(_cli(), ["reap", "gc", "--execute"], env=env)
     assert r.exit_code == 0, r.output
     assert r.stdout.rstrip().endswith("follow with: lmctl reap status --follow")
-    followed = runner.invoke(_cli(), ["reap", "status", "--follow"], env=env)  # the grace (1 s) is still running
+    followed = runner.invoke(_cli(), ["reap", "status", "--follow"], env=env)  # the grace (8 s) is still running
     assert followed.exit_code == 0, followed.output
     assert "reap finished" in followed.stdout and "reap: " in followed.stderr, followed.output
     assert json.loads(runner.invoke(_cli(), ["reap", "status", "--json"], env=env).stdout)["reap"]["purged"] == 1
