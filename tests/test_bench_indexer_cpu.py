@@ -5,12 +5,14 @@ figures the cost model's ``index_cpu_*`` defaults come from (docs/cost.md "The i
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
 
 from lightmetrics.cli.main import cli
 from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_RAW_BLOB
+from lightmetrics.harness.bench import indexer_cpu
 from lightmetrics.harness.bench.indexer_cpu import fit, run_indexer_cpu
 from lightmetrics.operator_tools.cost_workload import Assumptions
 
@@ -71,3 +73,24 @@ def test_the_command_prints_a_table_and_strict_json() -> None:
     assert parsed["target"] == "indexer-cpu" and parsed["params"]["sizes"] == [1, 5]
     bad = runner.invoke(cli, ["bench", "indexer-cpu", "--sizes", "7"])
     assert bad.exit_code == 2
+
+
+def test_metrics_are_on_while_measuring_and_the_environment_is_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the local runtime turns Powertools metrics off process-wide; a Lambda has them on, and their
+    # EMF flush is part of an invocation's CPU
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "true")
+    seen = []
+    real = indexer_cpu.sqs_index_handler
+
+    def spy(**kw):  # type: ignore[no-untyped-def]
+        handler = real(**kw)
+
+        def call(event, context):  # type: ignore[no-untyped-def]
+            seen.append(os.environ["POWERTOOLS_METRICS_DISABLED"])
+            return handler(event, context)
+        return call
+
+    monkeypatch.setattr(indexer_cpu, "sqs_index_handler", spy)
+    run_indexer_cpu(sizes=(1, 2), invocations=1, kinds=(KIND_ACCEPTED,))
+    assert seen and set(seen) == {"false"}
+    assert os.environ["POWERTOOLS_METRICS_DISABLED"] == "true"

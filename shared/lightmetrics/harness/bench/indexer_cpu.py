@@ -46,6 +46,7 @@ from lightmetrics.local.pump import lambda_sqs_event
 SIZES = (1, 10, 100)
 _QUEUES = {KIND_ACCEPTED: "index-accepted", KIND_RAW_BLOB: "index-raw-blobs"}
 _ARN = "arn:aws:sqs:us-east-1:123456789012:{}"
+_METRICS_OFF = "POWERTOOLS_METRICS_DISABLED"
 
 
 def _notification(bucket: str, key: str) -> str:
@@ -73,11 +74,20 @@ def _accepted(system: MemorySystem, n: int, tag: str) -> list[tuple[str, str]]:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Powertools prints its EMF line at each flush (its serialisation is counted, the line dropped)
-    and warns when an invocation added no metric."""
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    """Metrics on, as in Lambda (the local runtime turns them off for the whole process), so the EMF
+    line's serialisation is counted; the line itself is dropped, and the warning Powertools gives
+    when an invocation added no metric."""
+    before = os.environ.get(_METRICS_OFF)
+    os.environ[_METRICS_OFF] = "false"
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(_METRICS_OFF, None)
+        else:
+            os.environ[_METRICS_OFF] = before
 
 
 def _invocation_cpu(kind: str, size: int, invocations: int, warmup: int) -> list[float]:
