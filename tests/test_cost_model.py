@@ -144,8 +144,10 @@ def test_hot_path_lines_match_hand_computed_figures(simple: dict) -> None:
     assert per_million(ours, "indexing: S3 GET/HEAD") == pytest.approx(0.8)
     # 2 messages x (1 send + 2/10 receive/delete) x 0.40/1e6
     assert per_million(ours, "indexing: SQS requests") == pytest.approx(0.96)
-    # 0.2 invocations a batch, each 80 ms of round trips and 10 records of 100 ms CPU, at 512 MB
-    assert per_million(ours, "indexing: Lambda duration") == pytest.approx(0.2 * (0.08 + 10 * 0.1) * 0.5 * 0.0000133334
+    # 0.2 invocations a batch, each 80 ms of round trips and CPU measured at one vCPU: 0.76 ms, and
+    # 10 records of 0.34 ms plus 2.5 S3 requests of 0.73 ms each, x 1,769 / 512 at 512 MB
+    cpu_s = (0.76 + 10 * (0.34 + 2.5 * 0.73)) / 1000 * 1769 / 512
+    assert per_million(ours, "indexing: Lambda duration") == pytest.approx(0.2 * (0.08 + cpu_s) * 0.5 * 0.0000133334
                                                                           * 1e6)
 
 

@@ -1,5 +1,6 @@
 """``lmctl bench accept|indexing|walk|reconcile|reap|cost-table``: benchmarks under injected S3 latency;
-``lmctl bench keepup``: each background job's headroom from a model (:mod:`lightmetrics.operator_tools.keepup`).
+``lmctl bench keepup``: each background job's headroom from a model (:mod:`lightmetrics.operator_tools.keepup`);
+``lmctl bench indexer-cpu``: the indexers' own CPU per record and invocation (no latency, no AWS).
 
 They add to the ``bench`` group of :mod:`lightmetrics.cli.pipeline_cmds` (``bench pipeline``).
 Each starts an embedded runtime in this process, puts ``--latency-ms`` / ``--max-inflight`` in
@@ -238,6 +239,37 @@ def bench_reap(hours: int, batches_per_hour: int, agents: int, repeat: int, quic
                       _fmt(f["retention_requests_per_batch"], 2))])
 
 
+@bench.command("indexer-cpu")
+@click.option("--sizes", default="1,10,100", show_default=True, help="SQS batch sizes (records per invocation).")
+@click.option("--invocations", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="Measured invocations per size and indexer (after one warm-up).")
+@json_option
+def bench_indexer_cpu(sizes: str, invocations: int, as_json: bool) -> None:
+    """Our own CPU per record and per invocation of the indexers (the SQS batch handler over the
+    in-memory adapters, time.process_time), and botocore's per S3 request: the cost model's
+    index_cpu_* assumptions (docs/cost.md). Exit 0; 2 on a bad option."""
+    from lightmetrics.harness.bench.indexer_cpu import run_indexer_cpu
+
+    try:
+        wanted = tuple(sorted({int(x) for x in sizes.split(",") if x.strip()}))
+    except ValueError:
+        fail("--sizes must be comma-separated integers", EXIT_USAGE, as_json=as_json)
+    if len(wanted) < 2 or min(wanted) < 1 or max(wanted) > 1000:
+        fail("--sizes needs two or more sizes from 1 to 1000", EXIT_USAGE, as_json=as_json)
+    report = run_indexer_cpu(sizes=wanted, invocations=invocations)
+    if as_json:
+        emit_json(report)
+        return
+    console.print(grid(f"indexer CPU, {report['machine']}, {report['date']} (median of {invocations})",
+                       ["indexer", "#records", "CPU ms / invocation", "CPU ms / record"],
+                       [(kind, r["batch_size"], f"{r['cpu_ms_per_invocation']:.3f}", f"{r['cpu_ms_per_record']:.3f}")
+                        for kind, k in report["kinds"].items() for r in k["rows"]]))
+    fit = report["fit"]
+    console.print(f"fit (mean of the indexers): {fit['fixed_ms']:.3f} ms per invocation + "
+                  f"{fit['per_record_ms']:.3f} ms per record; SDK {report['sdk_cpu_ms_per_request']:.3f} ms "
+                  "per S3 request (one vCPU of this machine)")
+
+
 @bench.command("keepup")
 @click.option("--rate", type=click.FloatRange(min=0, min_open=True), required=True,
               help="Accepted batches per second the background jobs must follow.")
@@ -302,4 +334,4 @@ def _point(v: float) -> dict[str, float]:
 
 #: registered by importing this module (lightmetrics.cli.main)
 BENCH_COMMANDS = (bench_accept, bench_indexing, bench_walk, bench_reconcile, bench_reap, bench_cost_table,
-                  bench_keepup)
+                  bench_indexer_cpu, bench_keepup)

@@ -45,6 +45,7 @@ from lightmetrics.operator_tools.cost_workload import (
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
+    index_cpu_ms,
     index_messages_per_invocation,
     inventory_objects,
     job_requests,
@@ -180,12 +181,13 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
     per_invocation = hot["indexing"].pop("sqs.messages_per_invocation")
     lines = traffic_lines("ingest", hot["ingest"], a, prices, gb_s=_gb_s(a.ingest_ms, a.ingest_memory_mb),
                           log_bytes_per_invocation=a.ingest_log_bytes)
-    # an indexer invocation: its round trips, then each record's CPU (given at 512 MB; less
-    # memory, less CPU: Lambda's CPU follows memory below one vCPU)
-    cpu_ms = a.index_cpu_ms_per_record * 512 / min(a.index_memory_mb, 1769)
+    # an indexer invocation: its round trips, then its CPU (measured: fixed, and per record with
+    # the SDK's per S3 request; Lambda's CPU follows memory below one vCPU)
+    invocations = hot["indexing"]["lambda.Invoke"]
+    s3_per_record = _s3_requests(hot["indexing"]) / (invocations * per_invocation)
+    cpu_ms = index_cpu_ms(a, per_invocation, s3_per_record)
     lines += traffic_lines("indexing", hot["indexing"], a, prices,
-                           gb_s=hot["indexing"]["lambda.Invoke"] * _gb_s(a.index_io_ms + per_invocation * cpu_ms,
-                                                                         a.index_memory_mb),
+                           gb_s=invocations * _gb_s(a.index_io_ms + cpu_ms, a.index_memory_mb),
                            log_bytes_per_invocation=a.task_log_bytes)
 
     units = job_units(batches_per_second, a)

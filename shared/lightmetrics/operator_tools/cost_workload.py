@@ -175,9 +175,11 @@ class Assumptions:
     # one invocation of an indexer: the records of its batch run concurrently (a read round trip,
     # a write round trip, the batch's delete), then CPU per record one after another
     index_io_ms: float = 80.0
-    # CPU per record (the SDK's signing, checksums, JSON) at 512 MB, a third of a vCPU: an upper
-    # bound, not measured on AWS (docs/cost.md says how: a REPORT's billed duration less round trips)
-    index_cpu_ms_per_record: float = 100.0
+    # At one vCPU (index_cpu_ms scales it), ours per record and per invocation, botocore's per S3 request:
+    # measured on x86_64 (2 cores, Python 3.11), 2026-12-07, median of 3 `lmctl bench indexer-cpu --invocations 50`
+    index_cpu_ms_per_record: float = 0.34
+    index_cpu_ms_per_invocation: float = 0.76
+    index_sdk_cpu_ms_per_request: float = 0.73
     index_memory_mb: int = 512
     # messages per invocation: 0 derives them from the rate, the window and the batch size
     # (sqs_batching.messages_per_invocation); N > 0 assumes N
@@ -285,6 +287,24 @@ def index_messages_per_invocation(arrivals_per_s: float, a: Assumptions) -> floa
         return float(a.sqs_batch_size)
     return messages_per_invocation(arrivals_per_s, window_s=a.sqs_batching_window_s, batch_size=a.sqs_max_batch_size,
                                    pollers=a.sqs_pollers_per_queue, poll_gap_s=a.sqs_poll_gap_s)
+
+
+FULL_VCPU_MB = 1769  # Lambda gives one full vCPU at 1,769 MB, CPU in proportion below it
+
+
+def index_cpu_ms(a: Assumptions, records: float, s3_requests_per_record: float) -> float:
+    """CPU ms of one indexer invocation of ``records`` records: fixed, and per record ours plus the
+    SDK's per S3 request, at one vCPU scaled by 1,769 MB / memory (512 MB: 1/3.5 of a vCPU).
+
+    Example:
+        >>> one_vcpu = Assumptions(index_cpu_ms_per_invocation=1, index_cpu_ms_per_record=0.5,
+        ...                        index_sdk_cpu_ms_per_request=1, index_memory_mb=1769)
+        >>> index_cpu_ms(one_vcpu, 10, 2), round(index_cpu_ms(one_vcpu, 10, 2) * 1769 / 512, 1)
+        (26.0, 89.8)
+    """
+    at_one_vcpu = a.index_cpu_ms_per_invocation + records * (
+        a.index_cpu_ms_per_record + s3_requests_per_record * a.index_sdk_cpu_ms_per_request)
+    return at_one_vcpu * FULL_VCPU_MB / min(a.index_memory_mb, FULL_VCPU_MB)
 
 
 def retention_marks_capacity(a: Assumptions) -> tuple[float, float]:

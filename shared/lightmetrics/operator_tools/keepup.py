@@ -44,10 +44,12 @@ from lightmetrics.derived.walk.params import max_rounds_for
 from lightmetrics.operator_tools.cost_model import control_table_units
 from lightmetrics.operator_tools.cost_workload import (
     DAY_S,
+    FULL_VCPU_MB,
     JOB_REQUESTS,
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
+    index_cpu_ms,
     index_messages_per_invocation,
     inventory_objects,
     job_requests,
@@ -125,7 +127,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     "docs": {"reconcile_shards": 96, "range_parallelism": 40, "retention_max_pending_pages": 300,
              "retention_memory_mb": 1769},
 }
-FULL_VCPU_MB = 1769  # Lambda gives one full vCPU at 1,769 MB, CPU in proportion below it
 
 
 @dataclass(frozen=True)
@@ -178,14 +179,14 @@ def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[d
     out = []
     # Ingest takes its concurrency first; the three index queues share what is left.
     spare = max(0.0, q.lambda_concurrency - rate * a.ingest_ms / 1000) / 3
-    cpu_s = a.index_cpu_ms_per_record / 1000 * 512 / a.index_memory_mb
     for name, op, share in (("accepted", "index.accepted_manifest", 1.0), ("raw blobs", "index.raw_blob", 1.0),
                             ("quarantine", None, k.conflict_fraction)):
         b = index_messages_per_invocation(rate * share, a)
         req = dict(MEASURED_REQUESTS[op]) if op else QUARANTINE_INDEX_REQUESTS
         # records of a batch run concurrently: a read round trip, then a write round trip; CPU is serial
         trips = (_s3(req, reads=True) > 0) + (_s3(req, reads=False) > 0)
-        per_invocation = b / (trips * k.s3_rtt_s + b * cpu_s)
+        cpu_s = index_cpu_ms(a, b, _s3(req, reads=True) + _s3(req, reads=False)) / 1000
+        per_invocation = b / (trips * k.s3_rtt_s + cpu_s)
         limits = [Limit(f"Lambda {q.lambda_concurrency:,} less ingest", spare * per_invocation),
                   Limit(f"SQS event source max {q.sqs_event_source_concurrency:,}",
                         q.sqs_event_source_concurrency * per_invocation)]
