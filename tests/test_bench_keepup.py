@@ -63,6 +63,18 @@ def test_reconciler_scales_with_shards_until_a_quota_binds() -> None:
     assert bound and jobs[0]["first_limit"].startswith("2 shard(s)")
 
 
+def test_the_reconcilers_shards_take_no_eventbridge_rule_of_their_own() -> None:
+    """One schedule fans out to every shard: no job is bound by EventBridge's rules at any shard count,
+    and the stack's rules are the same few at 1 shard and at 256 (the cdk synth test counts them too)."""
+    from lightmetrics.operator_tools.keepup import eventbridge_rules
+
+    for n in (1, 96, 256):
+        report = keepup(10_000.0, overrides={"reconcile_shards": n})
+        assert not [lim for j in report["jobs"] for lim in j["limits"] if "EventBridge" in lim["name"]], n
+        assert report["eventbridge_rules"] == {"used": eventbridge_rules(), "quota": 300}
+    assert eventbridge_rules() == 7  # reconcile, sweep-dlq; the walk's, GC's and retention's; rollup, audit
+
+
 def test_walk_scales_with_parallelism_until_inline_maps_40() -> None:
     h = {p: _job(keepup(1000.0, overrides={"walk_parallelism": p}), "walk (weekly)") for p in (10, 20, 40, 80)}
     # (a round's share of the continuations moves with the rounds an execution holds: rel 1 %)

@@ -92,7 +92,11 @@ def test_each_rate_is_priced_at_its_settings() -> None:
     plain = estimate(1000.0, 4096, assumptions=base)
     fixed = {x["item"]: x["usd_per_month"] for x in r["designs"]["lightmetrics"]["fixed"]}
     plain_fixed = {x["item"]: x["usd_per_month"] for x in plain["designs"]["lightmetrics"]["fixed"]}
-    assert fixed["reconciler: scheduled runs"] == pytest.approx(96 * plain_fixed["reconciler: scheduled runs"])
+    assert fixed["reconciler: shard runs"] == pytest.approx(96 * plain_fixed["reconciler: shard runs"])
+    # one schedule whatever the shards: its run is one; its SQS requests 10 sends + 96 receives + 96 deletes
+    fanout = "reconciler: fan-out (send, receive, delete per shard)"
+    runs = 2_629_800 / 300
+    assert fixed[fanout] - plain_fixed[fanout] == pytest.approx(runs * (10 + 96 + 96 - 3) * 0.4e-6)
     # 300 pending pages read by every settle task: retention's control table costs more
     parts, plain_parts = (e["designs"]["lightmetrics"]["by_part_per_month_usd"] for e in (r, plain))
     assert parts["retention"] > plain_parts["retention"]

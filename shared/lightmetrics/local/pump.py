@@ -49,6 +49,8 @@ class Route:
     #: the client this route polls and acknowledges with (Lambda's event source mapping uses the
     #: function's role); None: the pump's own
     sqs: Any = None
+    #: the event source mapping's batch size (None: the pump's)
+    batch_size: int | None = None
 
 
 def lambda_sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
@@ -128,7 +130,8 @@ class EventPump:
         """Receive one batch and deliver it; returns how many messages were received."""
         sqs = route.sqs or self.sqs
         messages = sqs.receive_message(
-            QueueUrl=route.url, MaxNumberOfMessages=self.batch_size, WaitTimeSeconds=wait_s, AttributeNames=["All"]
+            QueueUrl=route.url, MaxNumberOfMessages=route.batch_size or self.batch_size, WaitTimeSeconds=wait_s,
+            AttributeNames=["All"]
         ).get("Messages", [])
         if not messages:
             return 0

@@ -161,6 +161,20 @@ JOB_REQUESTS["gc-audit"] = {
 #: Closing one hour in AWS (CloudWatchAgeProbe), read from aws/queue_probes.py rather than measured (moto
 #: has no queue-age metric): ApproximateAgeOfOldestMessage of the 3 index queues, the depth of
 #: the 3 DLQs, and one Query for open indexing blockers.
+def fanout_requests(shards: int) -> dict[str, int]:
+    """SQS requests of one scheduled run of the reconciler fanned out to ``shards`` shards (docs/protocol.md
+    §12 R8): SendMessageBatch ten messages at a time (counted: tests/test_reconcile_fanout.py), then
+    for each shard's message Lambda's event source receives it and deletes it (batch size 1).
+
+    >>> fanout_requests(96)
+    {'sqs.SendMessageBatch': 10, 'sqs.ReceiveMessage': 96, 'sqs.DeleteMessage': 96}
+    """
+    from lightmetrics.derived.reconcile_fanout import SEND_BATCH
+
+    return {"sqs.SendMessageBatch": math.ceil(shards / SEND_BATCH), "sqs.ReceiveMessage": shards,
+            "sqs.DeleteMessage": shards}
+
+
 HOUR_CLOSE_REQUESTS: dict[str, int] = {"cloudwatch.GetMetricStatistics": 3, "sqs.GetQueueAttributes": 3,
                                        "dynamodb.Query": 1}
 
@@ -192,7 +206,8 @@ class Assumptions:
     reconcile_margin_s: int = 120  # LM_RECONCILE_MARGIN_S default
     reconcile_save_every: int = 5000  # reconcile.SAVE_EVERY_ENTRIES: progress saved inside an hour (R7)
     reconcile_entry_ms: float = 10.0  # billed ms per repaired entry (repairs run in a pool)
-    reconcile_run_ms: float = 300.0  # fixed part of each scheduled run (checkpoint, probes, listing)
+    reconcile_run_ms: float = 300.0  # fixed part of each shard's run (checkpoint, probes, listing)
+    reconcile_fanout_ms: float = 100.0  # the scheduled run: ceil(shards / 10) SendMessageBatch, no more
     reconcile_memory_mb: int = 1024
     # -- data and history
     retention_days: float = 90.0  # LM_RETENTION_S default
