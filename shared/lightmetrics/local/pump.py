@@ -51,6 +51,9 @@ class Route:
     sqs: Any = None
     #: the event source mapping's batch size (None: the pump's)
     batch_size: int | None = None
+    #: whether ``drop`` and ``duplicate`` apply: they stand for lost and repeated S3 events, so only
+    #: on the index queues, not on the reconciler's shards queue
+    chaos: bool = True
 
 
 def lambda_sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
@@ -135,7 +138,7 @@ class EventPump:
         ).get("Messages", [])
         if not messages:
             return 0
-        if self.drop is not None:
+        if self.drop is not None and route.chaos:
             keep = []
             for m in messages:
                 if self.drop(m["Body"]):
@@ -147,7 +150,7 @@ class EventPump:
             messages = keep
             if not messages:
                 return 1
-        if self.duplicate is not None:
+        if self.duplicate is not None and route.chaos:
             again = [m for m in messages if self.duplicate(m["Body"])]
             if again:
                 try:  # the first delivery; its outcome is not acknowledged, as if the ack was lost

@@ -306,7 +306,7 @@ class LocalSystem:
             if fn.shard_queue and q and fn.name == "reconcile":
                 handler = self.reconcile_function()
                 routes.append(Route(fn.shard_queue, q["url"], q["arn"], fn.name, handler,
-                                    sqs=self.principal_session(fn.name).client("sqs"), batch_size=1))
+                                    sqs=self.principal_session(fn.name).client("sqs"), batch_size=1, chaos=False))
         return routes
 
     def start(self, *, reconcile_every_s: float | None = None, sweep_every_s: float | None = None,
