@@ -45,7 +45,8 @@ LAMBDA_SYNC_PAYLOAD_BYTES = 6 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 64 * 1024
 
 # Settings that only make sense at run time or are wired from resources, never from context.
-_WIRED_SETTINGS = {"bucket", "table", "auth_secret_id", "ingest_url", "queue_urls", "state_machine_arns"}
+_WIRED_SETTINGS = {"bucket", "table", "auth_secret_id", "ingest_url", "queue_urls", "state_machine_arns",
+                   "reconcile_shards_queue_url"}
 
 _STACK_DEFAULTS: dict[str, Any] = {
     "stack_name": "Lightmetrics",

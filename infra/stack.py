@@ -21,7 +21,7 @@ from infra.components.layer import LAYER_DIR, SharedLayer
 from infra.components.observability import Observability
 from infra.components.operators import operator_policy
 from infra.components.pipeline import Pipeline
-from infra.components.queues import IndexQueues
+from infra.components.queues import IndexQueues, ShardQueues
 from infra.components.statemachines import StateMachines, state_machine_arn
 from infra.components.storage import Storage
 from infra.config import InfraConfig
@@ -74,6 +74,7 @@ class LightmetricsStack(Stack):
             self, "Queues", specs=spec.queues, bucket=self.storage.bucket, namespace=config.prefix,
             log_retention=log_retention(config.log_retention_days),
         )
+        self.shard_queues = ShardQueues(self, "ShardQueues", specs=spec.shard_queues)
         self.functions = Functions(
             self,
             "Functions",
@@ -83,7 +84,7 @@ class LightmetricsStack(Stack):
             table_arn=self.control.table.table_arn,
             table_name=self.control.table.table_name,
             layer=self.layer.layer,
-            queues=self.queues.by_name,
+            queues={**self.queues.by_name, **self.shard_queues.by_name},
             state_machine_arns={sm.name: state_machine_arn(self, config, sm) for sm in spec.state_machines},
         )
         self.state_machines = StateMachines(

@@ -213,8 +213,12 @@ def test_fixed_lines_and_the_summary(simple: dict) -> None:
     ours = simple["designs"]["lightmetrics"]
     fixed = {x["item"]: x["usd_per_month"] for x in ours["fixed"]}
     runs = 2_629_800 / 300
-    assert fixed["reconciler: scheduled runs"] == pytest.approx(
+    assert fixed["reconciler: shard runs"] == pytest.approx(
         runs * (0.2e-6 + 0.3 * 1.0 * 0.0000133334 + 1860e-9 * 0.53))
+    # one schedule: each run sends its one shard's message (1 SendMessageBatch), which is received and deleted
+    assert fixed["reconciler: fan-out (send, receive, delete per shard)"] == pytest.approx(
+        runs * (3 * 0.4e-6 + 0.2e-6 + 0.1 * 1.0 * 0.0000133334 + 1860e-9 * 0.53))
+    assert fixed["reconciler: SQS idle long polls (shards queue)"] == pytest.approx(5 * 2_629_800 / 20 * 0.40e-6)
     assert fixed["reconciler: closing hours (queue age, DLQs, blockers)"] == pytest.approx(
         730.5 * (3 * 0.01 / 1000 + 3 * 0.4e-6 + 0.125e-6))
     assert fixed["indexing: SQS idle long polls (3 index queues)"] == pytest.approx(3 * 5 * 2_629_800 / 20 * 0.40e-6)

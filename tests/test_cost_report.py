@@ -16,7 +16,8 @@ from lightmetrics.cli.main import cli
 from lightmetrics.deployment.pricing import PRICE_TABLE
 from lightmetrics.operator_tools.cost_model import UPKEEP_PARTS, estimate
 from lightmetrics.operator_tools.cost_report import SCALE_SETTINGS, cost_report, settings_for_rate
-from lightmetrics.operator_tools.cost_workload import Assumptions, index_messages_per_invocation
+from lightmetrics.operator_tools.cost_workload import Assumptions
+from lightmetrics.operator_tools.indexer_invocations import index_messages_per_invocation
 from lightmetrics.operator_tools.sqs_batching import messages_per_invocation
 
 RATES = st.floats(min_value=0.01, max_value=20_000)
@@ -97,7 +98,11 @@ def test_each_rate_is_priced_at_its_settings() -> None:
     plain = estimate(1000.0, 4096, assumptions=base)
     fixed = {x["item"]: x["usd_per_month"] for x in r["designs"]["lightmetrics"]["fixed"]}
     plain_fixed = {x["item"]: x["usd_per_month"] for x in plain["designs"]["lightmetrics"]["fixed"]}
-    assert fixed["reconciler: scheduled runs"] == pytest.approx(96 * plain_fixed["reconciler: scheduled runs"])
+    assert fixed["reconciler: shard runs"] == pytest.approx(96 * plain_fixed["reconciler: shard runs"])
+    # one schedule whatever the shards: its run is one; its SQS requests 10 sends + 96 receives + 96 deletes
+    fanout = "reconciler: fan-out (send, receive, delete per shard)"
+    runs = 2_629_800 / 300
+    assert fixed[fanout] - plain_fixed[fanout] == pytest.approx(runs * (10 + 96 + 96 - 3) * 0.4e-6)
     # 300 pending pages read by every settle task: retention's control table costs more
     parts, plain_parts = (e["designs"]["lightmetrics"]["by_part_per_month_usd"] for e in (r, plain))
     assert parts["retention"] > plain_parts["retention"]

@@ -42,9 +42,10 @@ def _reprovision(system: LocalSystem, overrides: dict[str, list[Statement]] | No
 
 
 def _without(system: LocalSystem, principal: str, action: str, sid: str | None = None) -> dict[str, list[Statement]]:
-    """``principal``'s statements with the one granting ``action`` (the one called ``sid``) taken away."""
+    """``principal``'s statements with the one granting ``action`` called ``sid`` (None: the one without
+    a Sid, not the event source mapping's) taken away."""
     statements = principals(_arns(system), system.spec, ops_bucket=system.made["bucket_arn"], with_triggers=True)
-    kept = [s for s in statements[principal] if action not in s["Action"] or sid not in (None, s.get("Sid"))]
+    kept = [s for s in statements[principal] if action not in s["Action"] or s.get("Sid") != sid]
     assert len(kept) == len(statements[principal]) - 1, f"{principal} has no one statement granting {action}"
     return {principal: kept}
 
@@ -285,8 +286,9 @@ def test_the_dlq_sweeper_runs_as_its_role(runtime: Any, clock: Any) -> None:
 
 def test_lmctl_invoke_runs_a_function_as_its_role_locally(runtime: Any, clock: Any, monkeypatch: Any) -> None:
     """``lmctl invoke FUNCTION`` pointed at the local runtime runs the handler as the function's role, not as
-    the caller: with the deployer's key in the environment it is refused the queue depths once the
-    reconciler's role loses its one grant to read them."""
+    the caller: with the deployer's key in the environment a shard's run is refused the queue depths once
+    the reconciler's role loses its one grant to read them, and the scheduled fan-out its sends once it
+    loses sqs:SendMessage."""
     from click.testing import CliRunner
 
     from functions.reconcile import app as reconcile_app
@@ -297,15 +299,17 @@ def test_lmctl_invoke_runs_a_function_as_its_role_locally(runtime: Any, clock: A
     try:
         for name, value in system.environment().items():
             monkeypatch.setenv(name, value)
-        args = ["invoke", "reconcile", "--event", "events/reconcile/scheduled.json", "--json"]
-        _reprovision(system, _without(system, "fn-reconcile", "sqs:GetQueueAttributes"))
-        out = CliRunner().invoke(cli, args)
-        refusal = out.output + repr(out.exception)
-        assert out.exit_code != 0 and "fn-reconcile" in refusal, refusal
-        assert "not authorized to perform: sqs:GetQueueAttributes" in refusal, refusal
-        _reprovision(system)
-        out = CliRunner().invoke(cli, args)
-        assert out.exit_code == 0, out.output + repr(out.exception)
+        for event, action in (("shard", "sqs:GetQueueAttributes"), ("scheduled", "sqs:SendMessage")):
+            args = ["invoke", "reconcile", "--event", f"events/reconcile/{event}.json", "--json"]
+            _reprovision(system, _without(system, "fn-reconcile", action))
+            reconcile_app.reset()
+            out = CliRunner().invoke(cli, args)
+            refusal = out.output + repr(out.exception)
+            assert out.exit_code != 0 and "fn-reconcile" in refusal, refusal
+            assert f"not authorized to perform: {action}" in refusal, refusal
+            _reprovision(system)
+            out = CliRunner().invoke(cli, args)
+            assert out.exit_code == 0, out.output + repr(out.exception)
     finally:
         reconcile_app.reset()
         system.stop()

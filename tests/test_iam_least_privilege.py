@@ -27,7 +27,7 @@ from lightmetrics.deployment.resources import SPEC
 from lightmetrics.operator_tools.policies import PolicyArns, function_statements, pipeline_job_statements
 
 ARNS = PolicyArns(bucket="arn:aws:s3:::b", namespace="", table="arn:t", secret="arn:s",
-                  queues={n: f"arn:q:{n}" for q in SPEC.queues for n in (q.name, q.dlq_name)},
+                  queues={n: f"arn:q:{n}" for q in (*SPEC.queues, *SPEC.shard_queues) for n in (q.name, q.dlq_name)},
                   state_machines={sm.name: f"arn:sm:{sm.name}" for sm in SPEC.state_machines})
 READ = {"GetItem", "Query"}
 PUT, UPDATE, DELETE = "PutItem", "UpdateItem", "DeleteItem"

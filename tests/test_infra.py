@@ -126,9 +126,12 @@ def expected_grants(fn: FunctionSpec, log_group: str, queue_ids: dict[str, str])
     consume = ("ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility", "GetQueueAttributes")
     want |= {g(f"sqs:{a}", f"<{queue_ids[q]}.Arn>") for q in fn.sqs_consume for a in consume}
     want |= {g("sqs:GetQueueAttributes", f"<{queue_ids[q]}.Arn>") for q in fn.sqs_read_attributes}
-    if fn.trigger_kind == "queue":  # granted by the SQS event source
-        q = f"<{queue_ids[fn.trigger_arg]}.Arn>"
+    triggers = ([fn.trigger_arg] if fn.trigger_kind == "queue" else []) + ([fn.shard_queue] if fn.shard_queue else [])
+    for trigger in triggers:  # granted by the SQS event source
+        q = f"<{queue_ids[trigger]}.Arn>"
         want |= {g(f"sqs:{a}", q) for a in (*consume, "GetQueueUrl")}
+    if fn.shard_queue:  # the fan-out sends a message per shard
+        want.add(g("sqs:SendMessage", f"<{queue_ids[fn.shard_queue]}.Arn>"))
     if fn.cloudwatch_read:
         want |= {g("cloudwatch:GetMetricData", "*"), g("cloudwatch:GetMetricStatistics", "*")}
     want |= {g("states:StartExecution", sm_arn(SPEC.state_machine(n).logical_name)) for n in fn.sfn_start}
@@ -145,6 +148,8 @@ def queue_ids(synth: Any) -> dict[str, str]:
     for built in synth.stack.queues.built:
         ids[built.spec.name] = logical_id(synth, built.queue)
         ids[built.spec.dlq_name] = logical_id(synth, built.dlq)
+    for name, queue in synth.stack.shard_queues.by_name.items():
+        ids[name] = logical_id(synth, queue)
     return ids
 
 
@@ -241,7 +246,7 @@ def test_template_inventory(cdk_synth: Any) -> None:
     t.resource_count_is("AWS::S3::Bucket", 2)  # authority + ops (inventory, access logs)
     t.resource_count_is("AWS::DynamoDB::Table", 1)
     t.resource_count_is("AWS::Lambda::LayerVersion", 1)
-    t.resource_count_is("AWS::SQS::Queue", 2 * len(SPEC.queues))
+    t.resource_count_is("AWS::SQS::Queue", 2 * (len(SPEC.queues) + len(SPEC.shard_queues)))
     t.resource_count_is("AWS::Lambda::Url", sum(f.trigger_kind == "http" for f in SPEC.functions))
     t.resource_count_is("AWS::CloudWatch::Dashboard", 1)
     t.resource_count_is("AWS::SNS::Topic", 1)
@@ -426,6 +431,7 @@ def test_layer_and_functions(cdk_synth: Any) -> None:
         env = render(p["Environment"]["Variables"])
         wanted = settings_vars - ({"LM_INGEST_URL"} if fn.trigger_kind == "http" or not any(
             f.trigger_kind == "http" for f in SPEC.functions) else set())
+        wanted -= set() if fn.shard_queue else {"LM_RECONCILE_SHARDS_QUEUE_URL"}  # the fan-out's function only
         assert {k for k in env if k.startswith("LM_")} == wanted
         assert env["LM_BUCKET"] == "<AuthorityBucket>" and env["LM_TABLE"] == "<ControlTable>"
         assert env["LM_PREFIX"] == NS and env["LM_AUTH_SECRET_ID"] == SPEC.secret.default_name
@@ -712,9 +718,9 @@ def test_local_provisioning_matches_the_template(runtime: Any, cdk_synth: Any) -
     name_of_id = {v: k for k, v in ids.items()}
     local_queues, cdk_queues = {}, {}
     arn_to_name = {}
-    for name, q in made["queues"].items():
+    for name, q in [*made["queues"].items(), *made["shard_queues"].items()]:
         arn_to_name[q["arn"]] = name
-        arn_to_name[q["dlq_arn"]] = next(s.dlq_name for s in SPEC.queues if s.name == name)
+        arn_to_name[q["dlq_arn"]] = next(s.dlq_name for s in (*SPEC.queues, *SPEC.shard_queues) if s.name == name)
         attrs = sqs.get_queue_attributes(QueueUrl=q["url"], AttributeNames=["All"])["Attributes"]
         redrive = json.loads(attrs["RedrivePolicy"])
         local_queues[name] = (arn_to_name[redrive["deadLetterTargetArn"]], int(redrive["maxReceiveCount"]),

@@ -28,11 +28,36 @@ def test_queue_functions_have_partial_batch_event_source_mappings(cdk_synth: Any
     by_function = {render(m["Properties"]["FunctionName"]): m["Properties"] for m in mappings}
     queue_fns = [f for f in SPEC.functions if f.trigger_kind == "queue"]
     assert {f.name for f in queue_fns} == {"index-accepted", "index-raw-blobs", "index-quarantine"}
-    assert len(by_function) == len(queue_fns)
+    assert len(by_function) == len(queue_fns) + 1  # and the reconciler's shards queue
     for fn in queue_fns:
         props = next(p for name, p in by_function.items() if ids[fn.name] in str(name))
         assert props["FunctionResponseTypes"] == ["ReportBatchItemFailures"], fn.name
         assert props["BatchSize"] == fn.batch_size
+
+
+def test_the_reconciler_runs_each_shard_from_its_shards_queue_with_a_dlq(cdk_synth: Any) -> None:
+    """One message a run, partial-batch responses, a DLQ; the queue outlasts a run; the function is
+    told the queue's URL and may send to it (the fan-out), and only it."""
+    ids = _function_ids(cdk_synth)
+    (props,) = [m["Properties"] for m in resources(cdk_synth, "AWS::Lambda::EventSourceMapping").values()
+                if ids["reconcile"] in str(render(m["Properties"]["FunctionName"]))]
+    assert (props["BatchSize"], props["FunctionResponseTypes"]) == (1, ["ReportBatchItemFailures"])
+    spec = SPEC.shard_queue("reconcile-shards")
+    queues = resources(cdk_synth, "AWS::SQS::Queue")
+    (queue_id,) = [lid for lid in queues if lid in str(props["EventSourceArn"])]
+    attrs = queues[queue_id]["Properties"]
+    assert attrs["VisibilityTimeout"] == spec.visibility_timeout_s >= SPEC.function("reconcile").timeout_s
+    policy = attrs["RedrivePolicy"]
+    assert policy["maxReceiveCount"] == spec.max_receive_count
+    dlq = queues[policy["deadLetterTargetArn"]["Fn::GetAtt"][0]]["Properties"]
+    assert dlq["MessageRetentionPeriod"] == spec.dlq_retention_s
+    functions = resources(cdk_synth, "AWS::Lambda::Function")
+    told = {name for name, lid in ids.items()
+            if "LM_RECONCILE_SHARDS_QUEUE_URL" in functions[lid]["Properties"]["Environment"]["Variables"]}
+    assert told == {"reconcile"}
+    senders = {lid for lid, p in resources(cdk_synth, "AWS::IAM::Policy").items()
+               if "sqs:SendMessage" in json.dumps(p) and queue_id in json.dumps(p)}
+    assert len(senders) == 1 and "ReconcileRole" in next(iter(senders)), senders
 
 
 def test_scheduled_functions_have_rules(cdk_synth: Any) -> None:
@@ -40,16 +65,29 @@ def test_scheduled_functions_have_rules(cdk_synth: Any) -> None:
     rules = list(resources(cdk_synth, "AWS::Events::Rule").values())
     scheduled = {f.name: f.trigger_arg for f in SPEC.functions if f.trigger_kind == "schedule"}
     assert set(scheduled) >= {"reconcile", "sweep-dlq"}
-    shards = cdk_synth.stack.config.settings.reconcile_shards
     for name, expression in scheduled.items():
         targets = [r for r in rules if ids[name] in str(r["Properties"].get("Targets"))]
-        # one rule per reconciler shard, each with its input {"shard": i} (protocol §12 R8)
-        inputs = [json.loads(t["Properties"]["Targets"][0]["Input"]) if "Input" in t["Properties"]["Targets"][0]
-                  else None for t in targets]
-        assert sorted(inputs, key=str) == SPEC.function(name).schedule_inputs(shards), name
-        for target in targets:
-            assert target["Properties"]["ScheduleExpression"] == expression
-            assert target["Properties"].get("State", "ENABLED") == "ENABLED"
+        # exactly one rule each, EventBridge's own event: the reconciler's fans out (protocol §12 R8)
+        assert len(targets) == 1, name
+        assert "Input" not in targets[0]["Properties"]["Targets"][0], name
+        assert targets[0]["Properties"]["ScheduleExpression"] == expression
+        assert targets[0]["Properties"].get("State", "ENABLED") == "ENABLED"
+
+
+def test_the_rules_do_not_grow_with_the_reconciler_shards(cdk_synth: Any, tmp_path: Any) -> None:
+    """At the most shards the rules are the default stack's (one bus holds 300 by default)."""
+    from conftest import INFRA_TEST_CONTEXT
+
+    from infra.app import build_app
+    from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS
+
+    assert cdk_synth.stack.config.settings.reconcile_shards == 1
+    _, stack = build_app({**INFRA_TEST_CONTEXT, "reconcile_shards": MAX_RECONCILE_SHARDS}, outdir=str(tmp_path))
+    assert stack.config.settings.reconcile_shards == MAX_RECONCILE_SHARDS
+    from aws_cdk.assertions import Template
+
+    many = Template.from_stack(stack).find_resources("AWS::Events::Rule")
+    assert len(many) == len(resources(cdk_synth, "AWS::Events::Rule")) < 300
 
 
 def test_the_batching_window_is_the_specs_and_the_cost_models(cdk_synth: Any) -> None:

@@ -465,6 +465,10 @@ def test_the_handler_runs_the_shard_its_event_names(runtime, clock, monkeypatch)
             monkeypatch.setenv(name, value)
         reconcile_app.reset()
         assert reconcile_app.handler({"shard": 2}, LambdaContext("reconcile"))["shard"] == 2
+        scheduled = reconcile_app.handler({"detail-type": "Scheduled Event"}, LambdaContext("reconcile"))
+        assert (scheduled["fanout"], scheduled["sent"]) == (True, 3)  # one schedule: a message per shard
+        monkeypatch.delenv("LM_RECONCILE_SHARDS_QUEUE_URL")
+        reconcile_app.reset()  # without a shards queue, a scheduled run is shard 0's
         assert reconcile_app.handler({"detail-type": "Scheduled Event"}, LambdaContext("reconcile"))["shard"] == 0
         for bad in (3, -1, "1", 1.0, True, None):
             with pytest.raises(ShardError, match="from 0 to 2"):
@@ -480,8 +484,9 @@ def test_the_local_schedule_runs_every_shard(runtime, clock):  # type: ignore[no
     system = sharded_system(runtime, clock, 3)
     try:
         system.start(reconcile_every_s=3600)
-        reports = system.scheduler.run_now("reconcile")
-        assert [r["shard"] for r in reports] == [0, 1, 2]
+        report = system.scheduler.run_now("reconcile")  # the fan-out; the pump runs each shard's message
+        assert (report["fanout"], report["sent"]) == (True, 3)
+        assert system.drain(timeout_s=60)
         assert all(system.reconciler(shard=i).checkpoint() is not None for i in range(3))
     finally:
         system.stop()

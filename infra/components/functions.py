@@ -140,7 +140,10 @@ class Functions(Construct):
         code = lambda_.Code.from_asset(str(stage_function_code()))
         secret_arn = secret_policy_arn(stack, config.secret_name)
 
-        queue_urls = {name: q.queue_url for name, q in queues.items()}
+        # LM_QUEUE_URLS: the index queues and DLQs only (the probe, the sweeper and status read it), not
+        # the reconciler's shards queue, whose URL only the reconcile function is told
+        index_queues = {n for q in spec.queues for n in (q.name, q.dlq_name)}
+        queue_urls = {name: q.queue_url for name, q in queues.items() if name in index_queues}
         base_wired: dict[str, Any] = {
             "bucket": storage.bucket.bucket_name,
             "table": table_name,
@@ -154,11 +157,13 @@ class Functions(Construct):
         ingest_url: str | None = None
         for fn_spec in ordered:
             cid = camel(fn_spec.name)
-            for q in (fn_spec.trigger_arg,) if fn_spec.trigger_kind == "queue" else ():
-                vis = spec.queue(q).visibility_timeout_s
+            triggers = [spec.queue(fn_spec.trigger_arg)] if fn_spec.trigger_kind == "queue" else []
+            triggers += [spec.shard_queue(fn_spec.shard_queue)] if fn_spec.shard_queue else []
+            for q in triggers:
+                vis = q.visibility_timeout_s
                 if vis < fn_spec.timeout_s:
                     raise ValueError(
-                        f"queue {q!r}: visibility timeout {vis} s is shorter than function "
+                        f"queue {q.name!r}: visibility timeout {vis} s is shorter than function "
                         f"{fn_spec.name!r}'s timeout {fn_spec.timeout_s} s"
                     )
             role: iam.IRole
@@ -178,6 +183,8 @@ class Functions(Construct):
             )
             wired = dict(base_wired)
             wired["ingest_url"] = ingest_url if fn_spec.trigger_kind != "http" else None
+            # only the fan-out's own function sends to (and is triggered by) its shards queue
+            wired["reconcile_shards_queue_url"] = queues[fn_spec.shard_queue].queue_url if fn_spec.shard_queue else None
             env = lm_environment(stack, config.settings, wired)
             env.update(
                 {
@@ -233,15 +240,12 @@ class Functions(Construct):
             elif kind == "queue":
                 function.add_event_source(sqs_event_source(queues[fn_spec.trigger_arg], fn_spec))
             elif kind == "schedule":
-                # One rule per reconciler shard (input {"shard": i}); shard 0 keeps the rule's id.
-                for i, payload in enumerate(fn_spec.schedule_inputs(config.settings.reconcile_shards)):
-                    events.Rule(
-                        self,
-                        f"{cid}Schedule{i or ''}",
-                        schedule=events.Schedule.expression(fn_spec.trigger_arg),
-                        targets=[targets.LambdaFunction(
-                            function, event=events.RuleTargetInput.from_object(payload) if payload else None)],
-                    )
+                # One rule whatever LM_RECONCILE_SHARDS: the reconciler's run fans out on its shards queue.
+                events.Rule(self, f"{cid}Schedule", schedule=events.Schedule.expression(fn_spec.trigger_arg),
+                            targets=[targets.LambdaFunction(function)])
+                if fn_spec.shard_queue:  # which runs each shard's message, one at a time
+                    function.add_event_source(sources.SqsEventSource(
+                        queues[fn_spec.shard_queue], batch_size=1, report_batch_item_failures=True))
             self.built[fn_spec.name] = built
 
     @staticmethod

@@ -16,7 +16,7 @@ from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from lightmetrics.deployment.resource_types import QueueSpec
+from lightmetrics.deployment.resource_types import QueueSpec, ShardQueueSpec
 
 _EVENTS = {
     "s3:ObjectCreated:*": s3.EventType.OBJECT_CREATED,
@@ -90,3 +90,22 @@ class IndexQueues(Construct):
         log_group = logs.LogGroup(self, "NotificationsHandlerLogs", retention=retention)
         handler.add_property_override("LoggingConfig", {"LogGroup": log_group.log_group_name})
         return log_group
+
+
+class ShardQueues(Construct):
+    """The queues the functions' schedules fan out on (one message per reconciler shard), each with its
+    DLQ; ``self.by_name`` maps queue and DLQ names to queues. No S3 notification feeds them and no
+    alarm watches their DLQs: a shard whose runs keep failing is ``ReconcilerStuck``'s, read from its
+    checkpoint (docs/protocol.md §12 R8, R9)."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, specs: tuple[ShardQueueSpec, ...]) -> None:
+        super().__init__(scope, construct_id)
+        self.by_name: dict[str, sqs.Queue] = {}
+        for spec in specs:
+            dlq = sqs.Queue(self, spec.dlq_name, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+                            retention_period=Duration.seconds(spec.dlq_retention_s))
+            self.by_name[spec.name] = sqs.Queue(
+                self, spec.name, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+                visibility_timeout=Duration.seconds(spec.visibility_timeout_s),
+                dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=spec.max_receive_count))
+            self.by_name[spec.dlq_name] = dlq

@@ -33,17 +33,21 @@ def queue_error(exc: ClientError, url: str) -> ResourceAccessError | None:
 
 
 def queue_depth(sqs: Any, url: str) -> int:
-    """Visible plus in-flight messages of the queue at ``url``."""
+    """Visible, in-flight and delayed messages of the queue at ``url`` (only the reconciler's shards
+    queue delays its messages: a fan-out's jitter)."""
     try:
         attrs = sqs.get_queue_attributes(
-            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+                                          "ApproximateNumberOfMessagesDelayed"]
         )["Attributes"]
     except ClientError as exc:
         refused = queue_error(exc, url)
         if refused is None:
             raise
         raise refused from exc
-    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+    return sum(int(attrs.get(name, 0)) for name in ("ApproximateNumberOfMessages",
+                                                      "ApproximateNumberOfMessagesNotVisible",
+                                                      "ApproximateNumberOfMessagesDelayed"))
 
 
 class SqsQueueDepths:

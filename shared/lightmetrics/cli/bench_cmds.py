@@ -315,6 +315,9 @@ def bench_keepup(rate: float, profile: str, settings: tuple[str, ...], require: 
                        ["job", "partition", "per unit", "load/s", "quota"],
                        [(j["job"], p["name"], f"{p['per_unit']:.3g}", _num(p["load_per_s"]),
                          f"{p['share_of_quota']:.0%}") for j in report["jobs"] for p in j["partitions"]]))
+    rules = report["eventbridge_rules"]
+    console.print(f"EventBridge rules: {rules['used']} of {rules['quota']} a bus, whatever the reconciler's shards "
+                  "(one schedule fans out to them)")
     if below:
         console.print(f"below --require {require:g}: {', '.join(below)}")
     sys.exit(code)

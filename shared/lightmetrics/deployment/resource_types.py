@@ -12,14 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from lightmetrics.deployment.queue_types import OBJECT_CREATED_EVENT, QueueSpec, ShardQueueSpec
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, layout_roots
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 
 __all__ = ["LAYOUT_PREFIXES", "OBJECT_CREATED_EVENT", "TABLE_WRITES", "TRIGGER_KINDS", "BucketSpec", "FunctionSpec",
-           "QueueSpec", "ResourceSpec", "SecretSpec", "StateMachineSpec", "TableSpec"]
-
-#: The only S3 event the system subscribes to: every write is a create (docs/protocol.md §10).
-OBJECT_CREATED_EVENT = "s3:ObjectCreated:*"
+           "QueueSpec", "ResourceSpec", "SecretSpec", "ShardQueueSpec", "StateMachineSpec", "TableSpec"]
 
 AttributeType = Literal["S", "N", "B"]
 
@@ -108,35 +106,6 @@ class SecretSpec:
     max_active_keys: int = 2
 
 
-@dataclass(frozen=True)
-class QueueSpec:
-    """An SQS queue fed by S3 ``ObjectCreated`` notifications under one key prefix, with a DLQ.
-
-    ``prefix`` is relative to the prefix namespace (``LM_PREFIX``); the notification filter is
-    ``namespace + prefix``.
-    """
-
-    name: str
-    prefix: str
-    dlq_name: str
-    max_receive_count: int = 5
-    visibility_timeout_s: int = 60
-    events: tuple[str, ...] = (OBJECT_CREATED_EVENT,)
-
-    def s3_notification(self, queue_arn: str, *, namespace: str = "") -> dict[str, Any]:
-        """One ``QueueConfigurations`` entry of ``PutBucketNotificationConfiguration``."""
-        return {
-            "Id": self.name,
-            "QueueArn": queue_arn,
-            "Events": list(self.events),
-            "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": namespace + self.prefix}]}},
-        }
-
-    def redrive_policy(self, dlq_arn: str) -> str:
-        """The queue's ``RedrivePolicy`` attribute (a JSON string, as SQS wants it)."""
-        return json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(self.max_receive_count)})
-
-
 TRIGGER_KINDS = ("http", "queue", "schedule", "task")
 TableAccess = Literal["none", "read", "write"]
 #: a ``table="write"`` function's possible writes (IAM actions; a transaction is authorized item by item)
@@ -178,9 +147,10 @@ class FunctionSpec:
     * ``url_auth``: the Function URL's auth type for ``http`` functions: ``"none"`` (ingest: agents
       are not AWS principals and carry HMAC tokens) or ``"iam"`` (admin: SigV4-signed operators;
       the local runtime checks the signature too, :mod:`lightmetrics.local.sigv4`).
-    * ``schedule_per_shard``: a ``schedule`` function runs once per reconciler shard
-      (``LM_RECONCILE_SHARDS``): one schedule each, with the input ``{"shard": i}``
-      (:meth:`schedule_inputs`; docs/protocol.md §12 R8).
+    * ``shard_queue``: a ``schedule`` function whose one schedule fans out: each scheduled run sends
+      one message ``{"shard": i}`` per reconciler shard (``LM_RECONCILE_SHARDS``) to this
+      :class:`ShardQueueSpec`, which triggers the same function one message at a time (partial-batch
+      responses), so N shards take one rule, not N (docs/protocol.md §12 R8).
     """
 
     name: str
@@ -208,13 +178,13 @@ class FunctionSpec:
     batching_window_s: int = 0
     metrics_service: str | None = None
     url_auth: Literal["none", "iam"] = "none"
-    schedule_per_shard: bool = False
+    shard_queue: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
         kind = self.trigger.partition(":")[0]
-        if self.schedule_per_shard and kind != "schedule":
-            raise ValueError(f"function {self.name!r}: schedule_per_shard needs a 'schedule' trigger")
+        if self.shard_queue and kind != "schedule":
+            raise ValueError(f"function {self.name!r}: shard_queue needs a 'schedule' trigger")
         if self.url_auth not in ("none", "iam") or (self.url_auth == "iam" and kind != "http"):
             raise ValueError(f"function {self.name!r}: url_auth is 'none' or 'iam', and 'iam' needs trigger 'http'")
         if kind not in TRIGGER_KINDS:
@@ -265,15 +235,19 @@ class FunctionSpec:
         """The Powertools service name (the ``service`` metric dimension)."""
         return self.metrics_service or self.name
 
-    def schedule_inputs(self, shards: int) -> list[dict[str, int] | None]:
-        """The input of each of this function's schedules: ``{"shard": i}`` for each of ``shards``
-        shards if :attr:`schedule_per_shard`, else one schedule sending EventBridge's own event (None).
+    def schedule_period_s(self) -> int | None:
+        """The period of a ``schedule:rate(...)`` trigger in seconds (None for a cron or no schedule).
 
         >>> from lightmetrics.deployment.resources import SPEC
-        >>> SPEC.function("reconcile").schedule_inputs(2), SPEC.function("sweep-dlq").schedule_inputs(2)
-        ([{'shard': 0}, {'shard': 1}], [None])
+        >>> SPEC.function("reconcile").schedule_period_s(), SPEC.function("ingest").schedule_period_s()
+        (300, None)
         """
-        return [{"shard": i} for i in range(shards)] if self.schedule_per_shard else [None]
+        expression = self.trigger_arg if self.trigger_kind == "schedule" else ""
+        if not (expression.startswith("rate(") and expression.endswith(")")):
+            return None
+        count, unit = expression[5:-1].split()
+        return int(count) * {"minute": 60, "minutes": 60, "hour": 3600, "hours": 3600, "day": 86400,
+                             "days": 86400}[unit]
 
 
 @dataclass(frozen=True)
@@ -334,6 +308,8 @@ class ResourceSpec:
     secret: SecretSpec = field(default_factory=SecretSpec)
     queues: tuple[QueueSpec, ...] = ()
     functions: tuple[FunctionSpec, ...] = ()
+    #: queues the functions' fan-outs send on (``FunctionSpec.shard_queue``), not fed by S3
+    shard_queues: tuple[ShardQueueSpec, ...] = ()
     state_machines: tuple[StateMachineSpec, ...] = ()
 
     def __post_init__(self) -> None:
@@ -342,11 +318,15 @@ class ResourceSpec:
             raise ValueError(f"duplicate function names in {names}")
         queue_names = {q.name for q in self.queues}
         all_queues = queue_names | {q.dlq_name for q in self.queues}
-        if len(all_queues) != 2 * len(self.queues):
+        shard_queues = {q.name for q in self.shard_queues}
+        every = all_queues | shard_queues | {q.dlq_name for q in self.shard_queues}
+        if len(every) != 2 * (len(self.queues) + len(self.shard_queues)):
             raise ValueError("queue and DLQ names must all be distinct")
         for fn in self.functions:
             if fn.trigger_kind == "queue" and fn.trigger_arg not in queue_names:
                 raise ValueError(f"function {fn.name!r} is triggered by unknown queue {fn.trigger_arg!r}")
+            if fn.shard_queue and fn.shard_queue not in shard_queues:
+                raise ValueError(f"function {fn.name!r} fans out on unknown shard queue {fn.shard_queue!r}")
             unknown = (set(fn.sqs_consume) | set(fn.sqs_read_attributes)) - all_queues
             if unknown:
                 raise ValueError(f"function {fn.name!r} names unknown queues {sorted(unknown)}")
@@ -378,6 +358,13 @@ class ResourceSpec:
             if sm.name == name:
                 return sm
         raise KeyError(f"no state machine {name!r} in the resource spec")
+
+    def shard_queue(self, name: str) -> ShardQueueSpec:
+        """The shard queue spec called ``name`` (KeyError if none)."""
+        for q in self.shard_queues:
+            if q.name == name:
+                return q
+        raise KeyError(f"no shard queue {name!r} in the resource spec")
 
     def queue(self, name: str) -> QueueSpec:
         """The queue spec called ``name`` (KeyError if none)."""

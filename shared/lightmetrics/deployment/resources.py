@@ -24,13 +24,15 @@ from lightmetrics.deployment.resource_types import (
     QueueSpec,
     ResourceSpec,
     SecretSpec,
+    ShardQueueSpec,
     StateMachineSpec,
     TableSpec,
 )
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 from lightmetrics.protocol.keys import layout_root, layout_roots
 
-__all__ = ["BUCKET", "FUNCTIONS", "PIPELINE_SCHEDULES", "QUEUES", "SECRET", "SPEC", "STATE_MACHINES", "TABLE"]
+__all__ = ["BUCKET", "FUNCTIONS", "PIPELINE_SCHEDULES", "QUEUES", "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES",
+           "TABLE"]
 
 
 BUCKET = BucketSpec()
@@ -45,6 +47,10 @@ QUEUES: tuple[QueueSpec, ...] = (
     QueueSpec("index-quarantine", layout_root(K.QUARANTINE), "index-quarantine-dlq", max_receive_count=5,
               visibility_timeout_s=120),
 )
+
+#: The reconciler's one schedule fans out here, a message per shard (docs/protocol.md §12 R8); its
+#: visibility timeout outlasts the reconcile function's 900 s timeout.
+SHARD_QUEUES: tuple[ShardQueueSpec, ...] = (ShardQueueSpec("reconcile-shards", "reconcile-shards-dlq"),)
 
 FUNCTIONS: tuple[FunctionSpec, ...] = (
     FunctionSpec(
@@ -133,7 +139,7 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         cloudwatch_read=True,  # ApproximateAgeOfOldestMessage decides when an hour may close
         timeout_s=900,
         memory_mb=1024,
-        schedule_per_shard=True,  # one schedule per shard, input {"shard": i} (protocol §12 R8)
+        shard_queue="reconcile-shards",  # one schedule fans out to every shard (protocol §12 R8)
         description="Steady-state reconciler: repairs derived state from a DynamoDB checkpoint",
     ),
     FunctionSpec(
@@ -339,7 +345,8 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
 )
 
 SPEC = ResourceSpec(
-    bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS, state_machines=STATE_MACHINES
+    bucket=BUCKET, table=TABLE, secret=SECRET, queues=QUEUES, functions=FUNCTIONS, state_machines=STATE_MACHINES,
+    shard_queues=SHARD_QUEUES,
 )
 
 #: The pipeline state machine's EventBridge schedules (infra/components/pipeline.py; the jobs run on

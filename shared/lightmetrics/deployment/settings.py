@@ -80,6 +80,12 @@ class Settings(BaseModel):
     reconcile_shards: int = Field(1, description=(
         f"LM_RECONCILE_SHARDS: reconciler shards run in parallel (1-{MAX_RECONCILE_SHARDS}), each over its key "
         "range of every hour (docs/protocol.md §12 R8)"))
+    reconcile_shards_queue_url: str | None = Field(None, description=(
+        "LM_RECONCILE_SHARDS_QUEUE_URL: the queue the reconciler's one schedule fans out on, a message per shard "
+        "(unset: a scheduled run is shard 0's)"))
+    reconcile_jitter_s: int = Field(60, description=(
+        "LM_RECONCILE_JITTER_S: each shard's message of a fan-out is delayed a random 0 to this many seconds, "
+        "so N shards do not start in the same second (0-900, SQS's longest delay; under the schedule's period)"))
     queue_urls: dict[str, str] = Field(
         default_factory=dict, description="LM_QUEUE_URLS: JSON {queue name: URL} of the index queues and DLQs"
     )
@@ -150,6 +156,18 @@ class Settings(BaseModel):
         if not 1 <= v <= MAX_RECONCILE_SHARDS:
             raise ValueError(f"must be a whole number of shards from 1 to {MAX_RECONCILE_SHARDS} "
                              f"(one per key range of an hour, docs/protocol.md §12 R8), got {v}")
+        return v
+
+    @field_validator("reconcile_jitter_s")
+    @classmethod
+    def _reconcile_jitter(cls, v: int) -> int:
+        from lightmetrics.deployment.resources import SPEC
+
+        # SQS delays a message at most 900 s; a jitter as long as the period would overlap the next fan-out.
+        period = SPEC.function("reconcile").schedule_period_s() or 900
+        if not 0 <= v < min(901, period):
+            raise ValueError(f"must be 0 to {min(900, period - 1)} seconds (at most SQS's 900 s delay, shorter "
+                             f"than the reconcile schedule's {period} s period), got {v}")
         return v
 
     @field_validator("collector_id")

@@ -58,7 +58,7 @@ def local_policy_arns(made: Mapping[str, Any], *, namespace: str, name_prefix: s
     from lightmetrics.operator_tools.statemachines import lambda_arn
 
     queues: dict[str, str] = {}
-    for name, q in made.get("queues", {}).items():
+    for name, q in [*made.get("queues", {}).items(), *made.get("shard_queues", {}).items()]:
         queues[name], queues[f"{name}-dlq"] = q["arn"], q["dlq_arn"]
     machines = {n: sm["arn"] for n, sm in made.get("state_machines", {}).items()}
     secret = f"arn:aws:secretsmanager:{REGION}:{ACCOUNT_ID}:secret:{made['secret_name']}-??????"

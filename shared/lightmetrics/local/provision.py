@@ -22,10 +22,10 @@ from typing import Any, cast
 from botocore.exceptions import ClientError
 
 from lightmetrics.acceptance.auth import TokenKeys
-from lightmetrics.deployment.resource_types import ResourceSpec
+from lightmetrics.deployment.resource_types import QueueSpec, ResourceSpec
 from lightmetrics.local.function_host import ACCOUNT_ID
 
-__all__ = ["ProvisionError", "provision", "queue_urls_setting", "state_machine_arns_setting"]
+__all__ = ["ProvisionError", "provision", "queue_urls_setting", "shard_queue_url_setting", "state_machine_arns_setting"]
 
 
 class ProvisionError(RuntimeError):
@@ -79,6 +79,7 @@ def provision(
     desc = _converge_table(ddb, spec, table, created)
     secret_arn, current = _converge_secret(sm, secret_name, secret_value, created)
     queues = _converge_queues(client, s3, spec, bucket, namespace=namespace, queue_name_prefix=queue_name_prefix)
+    shard_queues = _converge_shard_queues(client, spec, queue_name_prefix=queue_name_prefix)
     state_machines = _converge_state_machines(client, spec, created, queue_name_prefix=queue_name_prefix,
                                               function_arn=function_arn)
 
@@ -91,6 +92,7 @@ def provision(
         "secret_arn": secret_arn,
         "secret_value": current,
         "queues": queues,
+        "shard_queues": shard_queues,
         "state_machines": state_machines,
         "created": created,
         "roles": {},
@@ -176,6 +178,24 @@ def _converge_secret(sm: Any, secret_name: str, secret_value: str | None, create
     return secret_arn, current
 
 
+def _converge_dead_lettered(sqs: Any, name: str, dlq_name: str, attributes: Callable[[str, str], dict[str, str]],
+                            dlq_attributes: dict[str, str] | None = None) -> dict[str, str]:
+    """A queue and its DLQ; ``attributes(dlq_arn, arn)`` are the queue's. create_queue with no
+    attributes is idempotent; the attributes are then set, so a re-run converges a queue whose
+    settings drifted instead of failing. Their URLs and ARNs."""
+    def arn_of(url: str) -> str:
+        return str(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+
+    dlq_url = sqs.create_queue(QueueName=dlq_name)["QueueUrl"]
+    if dlq_attributes:
+        sqs.set_queue_attributes(QueueUrl=dlq_url, Attributes=dlq_attributes)
+    dlq_arn = arn_of(dlq_url)
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = arn_of(url)
+    sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes(dlq_arn, arn))
+    return {"url": url, "arn": arn, "dlq_url": dlq_url, "dlq_arn": dlq_arn}
+
+
 def _converge_queues(client: Callable[[str], Any], s3: Any, spec: ResourceSpec, bucket: str, *, namespace: str,
                      queue_name_prefix: str) -> dict[str, dict[str, str]]:
     """The queues, DLQs, redrive, and the notifications that feed them; each queue's URL and ARN and its DLQ's."""
@@ -184,38 +204,25 @@ def _converge_queues(client: Callable[[str], Any], s3: Any, spec: ResourceSpec, 
         sqs = client("sqs")
         bucket_arn = f"arn:aws:s3:::{bucket}"
         for q in spec.queues:
-            # create_queue with no attributes is idempotent; attributes are then set, so a
-            # re-run converges a queue whose settings drifted instead of failing.
-            dlq_url = sqs.create_queue(QueueName=queue_name_prefix + q.dlq_name)["QueueUrl"]
-            dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
-                "QueueArn"
-            ]
-            url = sqs.create_queue(QueueName=queue_name_prefix + q.name)["QueueUrl"]
-            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-                "QueueArn"
-            ]
-            # The queue policy is what real S3 needs to deliver (moto does not check it).
-            policy = {
-                "Version": "2012-10-17",
-                "Statement": [
-                    {
-                        "Effect": "Allow",
-                        "Principal": {"Service": "s3.amazonaws.com"},
-                        "Action": "sqs:SendMessage",
-                        "Resource": arn,
-                        "Condition": {"ArnEquals": {"aws:SourceArn": bucket_arn}},
-                    }
-                ],
-            }
-            sqs.set_queue_attributes(
-                QueueUrl=url,
-                Attributes={
-                    "RedrivePolicy": q.redrive_policy(dlq_arn),
-                    "VisibilityTimeout": str(q.visibility_timeout_s),
-                    "Policy": json.dumps(policy),
-                },
-            )
-            queues[q.name] = {"url": url, "arn": arn, "dlq_url": dlq_url, "dlq_arn": dlq_arn}
+            def attributes(dlq_arn: str, arn: str, q: QueueSpec = q) -> dict[str, str]:
+                # The queue policy is what real S3 needs to deliver (moto does not check it).
+                policy = {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "s3.amazonaws.com"},
+                            "Action": "sqs:SendMessage",
+                            "Resource": arn,
+                            "Condition": {"ArnEquals": {"aws:SourceArn": bucket_arn}},
+                        }
+                    ],
+                }
+                return {"RedrivePolicy": q.redrive_policy(dlq_arn), "VisibilityTimeout": str(q.visibility_timeout_s),
+                        "Policy": json.dumps(policy)}
+
+            queues[q.name] = _converge_dead_lettered(sqs, queue_name_prefix + q.name, queue_name_prefix + q.dlq_name,
+                                                     attributes)
         s3.put_bucket_notification_configuration(
             Bucket=bucket,
             NotificationConfiguration=spec.notification_configuration(
@@ -223,6 +230,19 @@ def _converge_queues(client: Callable[[str], Any], s3: Any, spec: ResourceSpec, 
             ),
         )
     return queues
+
+
+def _converge_shard_queues(client: Callable[[str], Any], spec: ResourceSpec, *,
+                           queue_name_prefix: str) -> dict[str, dict[str, str]]:
+    """The shard queues the functions fan out on, with their DLQs (no S3 notification feeds them)."""
+    if not spec.shard_queues:
+        return {}
+    sqs = client("sqs")
+    return {q.name: _converge_dead_lettered(
+        sqs, queue_name_prefix + q.name, queue_name_prefix + q.dlq_name,
+        lambda dlq_arn, _arn, q=q: {"RedrivePolicy": q.redrive_policy(dlq_arn),
+                                    "VisibilityTimeout": str(q.visibility_timeout_s)},
+        {"MessageRetentionPeriod": str(q.dlq_retention_s)}) for q in spec.shard_queues}
 
 
 def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, created: list[str], *,
@@ -257,6 +277,11 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
                 created.append(f"state-machine:{sm.name}")
             state_machines[sm.name] = {"arn": arn, "name": name, "definition": definition}
     return state_machines
+
+
+def shard_queue_url_setting(made: dict[str, Any], name: str = "reconcile-shards") -> str | None:
+    """``LM_RECONCILE_SHARDS_QUEUE_URL`` for what :func:`provision` made (None without that queue)."""
+    return made.get("shard_queues", {}).get(name, {}).get("url")
 
 
 def state_machine_arns_setting(made: dict[str, Any]) -> dict[str, str]:

@@ -49,6 +49,11 @@ class Route:
     #: the client this route polls and acknowledges with (Lambda's event source mapping uses the
     #: function's role); None: the pump's own
     sqs: Any = None
+    #: the event source mapping's batch size (None: the pump's)
+    batch_size: int | None = None
+    #: whether ``drop`` and ``duplicate`` apply: they stand for lost and repeated S3 events, so only
+    #: on the index queues, not on the reconciler's shards queue
+    chaos: bool = True
 
 
 def lambda_sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
@@ -128,11 +133,12 @@ class EventPump:
         """Receive one batch and deliver it; returns how many messages were received."""
         sqs = route.sqs or self.sqs
         messages = sqs.receive_message(
-            QueueUrl=route.url, MaxNumberOfMessages=self.batch_size, WaitTimeSeconds=wait_s, AttributeNames=["All"]
+            QueueUrl=route.url, MaxNumberOfMessages=route.batch_size or self.batch_size, WaitTimeSeconds=wait_s,
+            AttributeNames=["All"]
         ).get("Messages", [])
         if not messages:
             return 0
-        if self.drop is not None:
+        if self.drop is not None and route.chaos:
             keep = []
             for m in messages:
                 if self.drop(m["Body"]):
@@ -144,7 +150,7 @@ class EventPump:
             messages = keep
             if not messages:
                 return 1
-        if self.duplicate is not None:
+        if self.duplicate is not None and route.chaos:
             again = [m for m in messages if self.duplicate(m["Body"])]
             if again:
                 try:  # the first delivery; its outcome is not acknowledged, as if the ack was lost

@@ -33,7 +33,12 @@ from lightmetrics.derived.indexing import KIND_ACCEPTED, KIND_QUARANTINE, KIND_R
 from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.lambda_shell.sqs_batch import sqs_index_handler
 from lightmetrics.local.environment import QUIET_POWERTOOLS, local_environment
-from lightmetrics.local.provision import provision, queue_urls_setting, state_machine_arns_setting
+from lightmetrics.local.provision import (
+    provision,
+    queue_urls_setting,
+    shard_queue_url_setting,
+    state_machine_arns_setting,
+)
 from lightmetrics.local.pump import EventPump, Route, Scheduler, drain
 from lightmetrics.local.server import LocalRuntime, RemoteRuntime
 from lightmetrics.protocol.clock import DEFAULT_CLOCK, Clock
@@ -72,10 +77,13 @@ class LocalSystem:
                               queue_name_prefix=self.queue_name_prefix, roles=_enforces_iam(self.runtime))
         # A local system is a local host's: the demo's and tests' short waits are allowed here
         # (docs/protocol.md §18 S4), never in configuration a deployed function reads.
+        # The fan-out's jitter defaults to none here: the local schedules' periods are seconds, not minutes.
+        local = {"queue_probe": "count", "reconcile_jitter_s": 0,
+                 "reconcile_shards_queue_url": shard_queue_url_setting(self.made), **self.overrides}
         self.settings = Settings.from_env(
             {}, timing_rules=False, bucket=self.bucket, table=self.table, prefix=self.prefix,
             auth_secret_id=self.secret_name, queue_urls=queue_urls_setting(self.made),
-            state_machine_arns=state_machine_arns_setting(self.made), queue_probe="count", **self.overrides,
+            state_machine_arns=state_machine_arns_setting(self.made), **local,
         )
         self.register_task_functions()
         return self
@@ -208,7 +216,8 @@ class LocalSystem:
         return {"bucket": self.bucket, "table": self.table, "prefix": self.prefix,
                 "auth_secret_id": self.secret_name, "queue_urls": json.dumps(self.settings.queue_urls),
                 "state_machine_arns": json.dumps(self.settings.state_machine_arns),
-                "queue_probe": "count", **{k: v for k, v in self.overrides.items()}}
+                "queue_probe": "count", "reconcile_shards_queue_url": self.settings.reconcile_shards_queue_url,
+                "reconcile_jitter_s": self.settings.reconcile_jitter_s, **{k: v for k, v in self.overrides.items()}}
 
     def environment(self) -> dict[str, str]:
         return local_environment(self.runtime.endpoint_url, self.setting_values())
@@ -239,12 +248,31 @@ class LocalSystem:
     def reconciler(self, ctx: WorkContext | None = None, *, shard: int = 0) -> Reconciler:
         """Shard ``shard`` of the reconciler (``LM_RECONCILE_SHARDS``; the only one by default)."""
         assert self.settings is not None
+        ctx = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"))
+        return Reconciler(ctx, self.settings, self._reconcile_probe(), shard=shard)
+
+    def _reconcile_probe(self) -> SqsCountProbe:
+        assert self.settings is not None
         urls = self.settings.queue_urls
         sqs = self.principal_session("reconcile").client("sqs")
-        probe = SqsCountProbe(sqs, [u for n, u in urls.items() if not n.endswith("-dlq")],
-                              [u for n, u in urls.items() if n.endswith("-dlq")])
-        ctx = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"))
-        return Reconciler(ctx, self.settings, probe, shard=shard)
+        return SqsCountProbe(sqs, [u for n, u in urls.items() if not n.endswith("-dlq")],
+                             [u for n, u in urls.items() if n.endswith("-dlq")])
+
+    def reconcile_function(self, ctx: WorkContext | None = None, *, rng: Any = None) -> Any:
+        """The reconcile function's handler bound to this system, as the reconcile role: a scheduled
+        event fans out to the shards queue (``rng`` draws the jitter), a shards-queue event runs its
+        shard (:mod:`lightmetrics.lambda_shell.reconcile_handler`)."""
+        from lightmetrics.lambda_shell.reconcile_handler import Shards, reconcile_handler
+
+        assert self.settings is not None
+        settings = self.settings
+
+        def build(metrics: Any) -> Shards:
+            context = ctx or self.work_context(component="reconcile", session=self.principal_session("reconcile"),
+                                               metrics=metrics)
+            return Shards(settings, context, self._reconcile_probe())
+
+        return reconcile_handler(build=build, rng=rng)
 
     def reconcile_every_shard(self, ctx: WorkContext | None = None) -> list[dict[str, Any]]:
         """One run of every shard, one after another (what the schedules run in AWS side by side);
@@ -273,6 +301,12 @@ class LocalSystem:
                                                                                          session=session, **kw),
             )
             routes.append(Route(name, q["url"], q["arn"], name, handler, sqs=session.client("sqs")))
+        for fn in self.spec.functions:  # the reconciler's shards queue triggers it again, a message at a time
+            q = self.made.get("shard_queues", {}).get(fn.shard_queue or "")
+            if fn.shard_queue and q and fn.name == "reconcile":
+                handler = self.reconcile_function()
+                routes.append(Route(fn.shard_queue, q["url"], q["arn"], fn.name, handler,
+                                    sqs=self.principal_session(fn.name).client("sqs"), batch_size=1, chaos=False))
         return routes
 
     def start(self, *, reconcile_every_s: float | None = None, sweep_every_s: float | None = None,
@@ -282,9 +316,12 @@ class LocalSystem:
             os.environ.setdefault(name, value)
         self.pump = EventPump(self.runtime.boto3_client("sqs"), self.routes(), drop=drop, duplicate=duplicate).start()
         jobs: dict[str, tuple[float, Any]] = {}
-        if reconcile_every_s:
-            reconcile_ctx = self.work_context(component="reconcile", session=self.principal_session("reconcile"))
-            jobs["reconcile"] = (reconcile_every_s, lambda _e, _c: self.reconcile_every_shard(reconcile_ctx))
+        assert self.settings is not None
+        if reconcile_every_s:  # one schedule: its run fans out to the shards queue, which the pump serves
+            if self.settings.reconcile_jitter_s >= reconcile_every_s:
+                raise ValueError(f"LM_RECONCILE_JITTER_S {self.settings.reconcile_jitter_s} s is not shorter than "
+                                 f"the local schedule's {reconcile_every_s} s")
+            jobs["reconcile"] = (reconcile_every_s, self.reconcile_function())
         if sweep_every_s:
             ctx = self.work_context(session=self.principal_session("sweep-dlq"))
             jobs["sweep-dlq"] = (sweep_every_s, lambda _e, _c: sweep_dlqs(ctx))
@@ -302,11 +339,16 @@ class LocalSystem:
         )
 
     def queue_urls(self) -> list[str]:
+        """The index queues and DLQs (``LM_QUEUE_URLS``)."""
         assert self.settings is not None
         return list(self.settings.queue_urls.values())
 
+    def shard_queue_urls(self) -> list[str]:
+        """The shards queues (the fan-outs' messages, delayed ones included, until a shard ran)."""
+        return [q["url"] for q in self.made.get("shard_queues", {}).values()]
+
     def drain(self, timeout_s: float = 60.0) -> bool:
-        return drain(self.runtime.boto3_client("sqs"), self.queue_urls(), timeout_s=timeout_s)
+        return drain(self.runtime.boto3_client("sqs"), self.queue_urls() + self.shard_queue_urls(), timeout_s=timeout_s)
 
     def stop(self) -> None:
         if self.scheduler:

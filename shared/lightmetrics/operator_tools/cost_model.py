@@ -38,6 +38,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lightmetrics.deployment.pricing import PRICE_TABLE, PriceTable
+from lightmetrics.derived.reconcile_fanout import fanout_requests
 from lightmetrics.operator_tools.cost_workload import (
     DAY_S,
     HOUR_CLOSE_REQUESTS,
@@ -45,13 +46,12 @@ from lightmetrics.operator_tools.cost_workload import (
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
-    index_cpu_ms,
-    index_messages_per_invocation,
     inventory_objects,
     job_requests,
     job_units,
     retention_marks_capacity,
 )
+from lightmetrics.operator_tools.indexer_invocations import index_cpu_ms, index_messages_per_invocation
 
 #: S3 APIs billed at the PUT/LIST rate; DELETE is free (DeleteObjects priced as its deletes: at the
 #: PUT rate it would be 6 requests a 1,000 batches, $0.03 a million); everything else at the GET rate.
@@ -255,9 +255,12 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
 
 
 def _fixed_lines(a: Assumptions, prices: PriceTable, reconcile_shards: int = 1) -> list[dict[str, Any]]:
-    """Monthly costs that do not follow the batch rate (the reconciler's runs: one a shard)."""
+    """Monthly costs that do not follow the batch rate (the reconciler's runs: one schedule whose run
+    fans out a message to each shard, and a run a shard)."""
     p = prices.price
-    runs = MONTH_S / a.reconcile_every_s * reconcile_shards
+    fanouts = MONTH_S / a.reconcile_every_s
+    runs = fanouts * reconcile_shards
+    fanout_sqs = fanouts * sum(fanout_requests(reconcile_shards).values())
     invoke = p("lambda.per_million_requests") / 1e6
     log_gb = (a.lambda_platform_log_bytes + a.reconcile_log_bytes) / 1e9
     log_price = (p("cloudwatch.logs_ingest_per_gb")
@@ -268,10 +271,17 @@ def _fixed_lines(a: Assumptions, prices: PriceTable, reconcile_shards: int = 1) 
                  + HOUR_CLOSE_REQUESTS["dynamodb.Query"] / 1e6 * p("dynamodb.per_million_rru"))
     sweeps = MONTH_S / 300  # sweep-dlq: rate(5 minutes), one ReceiveMessage per DLQ
     polls = 3 * a.sqs_pollers_per_queue * MONTH_S / 20
+    shard_polls = a.sqs_pollers_per_queue * MONTH_S / 20
     return [
-        _line("reconciler: scheduled runs", runs, "invocations",
+        _line("reconciler: shard runs", runs, "invocations",
               runs * (invoke + _gb_s(a.reconcile_run_ms, a.reconcile_memory_mb) * p("lambda.gb_second")
                       + log_gb * log_price)),
+        _line("reconciler: fan-out (send, receive, delete per shard)", fanout_sqs,
+              "SQS requests", fanout_sqs / 1e6 * p("sqs.per_million")
+              + fanouts * (invoke + _gb_s(a.reconcile_fanout_ms, a.reconcile_memory_mb) * p("lambda.gb_second")
+                           + log_gb * log_price)),
+        _line("reconciler: SQS idle long polls (shards queue)", shard_polls, "requests",
+              shard_polls / 1e6 * p("sqs.per_million")),
         _line("reconciler: closing hours (queue age, DLQs, blockers)", closes, "hours closed", closes * close_usd),
         _line("indexing: SQS idle long polls (3 index queues)", polls, "requests", polls / 1e6 * p("sqs.per_million")),
         _line("indexing: sweep-dlq runs", sweeps, "invocations",

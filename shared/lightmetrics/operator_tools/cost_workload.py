@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from lightmetrics.deployment.pricing import PRICE_TABLE
 from lightmetrics.deployment.resources import FUNCTIONS
-from lightmetrics.operator_tools.sqs_batching import messages_per_invocation
 
 DAY_S = 86400
 MONTH_S = 30.4375 * DAY_S  # an average month
@@ -194,7 +193,8 @@ class Assumptions:
     reconcile_margin_s: int = 120  # LM_RECONCILE_MARGIN_S default
     reconcile_save_every: int = 5000  # reconcile.SAVE_EVERY_ENTRIES: progress saved inside an hour (R7)
     reconcile_entry_ms: float = 10.0  # billed ms per repaired entry (repairs run in a pool)
-    reconcile_run_ms: float = 300.0  # fixed part of each scheduled run (checkpoint, probes, listing)
+    reconcile_run_ms: float = 300.0  # fixed part of each shard's run (checkpoint, probes, listing)
+    reconcile_fanout_ms: float = 100.0  # the scheduled run: ceil(shards / 10) SendMessageBatch, no more
     reconcile_memory_mb: int = 1024
     # -- data and history
     retention_days: float = 90.0  # LM_RETENTION_S default
@@ -278,33 +278,6 @@ class Assumptions:
     @property
     def reaped_days(self) -> float:
         return max(0.0, self.system_age_days - self.retention_days)
-
-
-def index_messages_per_invocation(arrivals_per_s: float, a: Assumptions) -> float:
-    """SQS messages in one indexer invocation at ``arrivals_per_s`` on its queue: ``--assume
-    sqs_batch_size=N`` when N > 0, else from the configured window and batch size."""
-    if a.sqs_batch_size > 0:
-        return float(a.sqs_batch_size)
-    return messages_per_invocation(arrivals_per_s, window_s=a.sqs_batching_window_s, batch_size=a.sqs_max_batch_size,
-                                   pollers=a.sqs_pollers_per_queue, poll_gap_s=a.sqs_poll_gap_s)
-
-
-FULL_VCPU_MB = 1769  # Lambda gives one full vCPU at 1,769 MB, CPU in proportion below it
-
-
-def index_cpu_ms(a: Assumptions, records: float, s3_requests_per_record: float) -> float:
-    """CPU ms of one indexer invocation of ``records`` records: fixed, and per record ours plus the
-    SDK's per S3 request, at one vCPU scaled by 1,769 MB / memory (512 MB: 1/3.5 of a vCPU).
-
-    Example:
-        >>> one_vcpu = Assumptions(index_cpu_ms_per_invocation=1, index_cpu_ms_per_record=0.5,
-        ...                        index_sdk_cpu_ms_per_request=1, index_memory_mb=1769)
-        >>> index_cpu_ms(one_vcpu, 10, 2), round(index_cpu_ms(one_vcpu, 10, 2) * 1769 / 512, 1)
-        (26.0, 89.8)
-    """
-    at_one_vcpu = a.index_cpu_ms_per_invocation + records * (
-        a.index_cpu_ms_per_record + s3_requests_per_record * a.index_sdk_cpu_ms_per_request)
-    return at_one_vcpu * FULL_VCPU_MB / min(a.index_memory_mb, FULL_VCPU_MB)
 
 
 def retention_marks_capacity(a: Assumptions) -> tuple[float, float]:

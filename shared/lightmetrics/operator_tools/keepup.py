@@ -11,8 +11,9 @@ the same units:
   a per-request latency (:class:`KeepupParams`, an assumption);
 * AWS's documented quotas (:class:`Quotas`): a partition's rate divided by the requests per unit
   that land on it (every index write of an hour under one ``date=/hour=`` prefix; every reap
-  mark under the partition key ``checkpoint#reap``); inline Map's 40; EventBridge's 300 rules;
-  Lambda's account concurrency, which ingest takes first;
+  mark under the partition key ``checkpoint#reap``); inline Map's 40; Lambda's account
+  concurrency, which ingest takes first (EventBridge's 300 rules a bus bind nothing: the reconciler
+  has one schedule whatever its shards, which fans out on the shards queue);
 * the code's own bounds (R7's 50,000 entries a reconciler run, 24 retention hours a daily run,
   ``max_pending_pages`` per grace, GC's ``max_pages``).
 
@@ -44,18 +45,16 @@ from lightmetrics.derived.walk.params import max_rounds_for
 from lightmetrics.operator_tools.cost_model import control_table_units
 from lightmetrics.operator_tools.cost_workload import (
     DAY_S,
-    FULL_VCPU_MB,
     JOB_REQUESTS,
     MEASURED_REQUESTS,
     MONTH_S,
     Assumptions,
-    index_cpu_ms,
-    index_messages_per_invocation,
     inventory_objects,
     job_requests,
     job_units,
     retention_marks_capacity,
 )
+from lightmetrics.operator_tools.indexer_invocations import FULL_VCPU_MB, index_cpu_ms, index_messages_per_invocation
 from lightmetrics.reaps.params import DEFAULT_RANGE_PARALLELISM, ReapParams
 
 
@@ -196,13 +195,6 @@ def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[d
     return out
 
 
-def _other_rules() -> int:
-    """EventBridge rules on the default bus besides the reconciler's one per shard."""
-    functions = sum(1 for f in FUNCTIONS if f.trigger.startswith("schedule:") and not f.schedule_per_shard)
-    machines = sum((s.schedule is not None) + (s.disabled_schedule is not None) for s in STATE_MACHINES)
-    return functions + machines + len(PIPELINE_SCHEDULES)
-
-
 def _reconciler(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
     checks = a.reconcile_repairs_per_entry  # checks per entry (R4)
     heads = k.reconcile_sharded_heads_per_check if k.reconcile_shards > 1 else 0.0
@@ -212,9 +204,7 @@ def _reconciler(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict
     shard = min(by_time, by_r7) / checks  # entries/s one shard follows
     why = f"R7 {MAX_ENTRIES_PER_RUN:,} a run" if by_r7 <= by_time else f"{k.reconcile_workers} in flight"
     limits = [Limit(f"{k.reconcile_shards} shard(s) x {why}", k.reconcile_shards * shard),
-              Limit(f"shards max {MAX_RECONCILE_SHARDS}", MAX_RECONCILE_SHARDS * shard),
-              Limit(f"EventBridge rules {q.eventbridge_rules_per_bus}",
-                    (q.eventbridge_rules_per_bus - _other_rules()) * shard)]
+              Limit(f"shards max {MAX_RECONCILE_SHARDS}", MAX_RECONCILE_SHARDS * shard)]
     # reads under one hour's prefixes: its listing pages, and in a sharded hour the blob HEADs
     hour_reads = checks * heads + a.reconcile_passes_per_entry / 1000
     return _job("reconciler", "entries", rate, limits,
@@ -353,6 +343,19 @@ def configure(profile: str = "deployed", overrides: dict[str, float] | None = No
     return a, k, q
 
 
+def eventbridge_rules() -> int:
+    """The stack's EventBridge rules (the default bus): one per scheduled function (the reconciler's
+    one whatever ``LM_RECONCILE_SHARDS``: it fans out on its shards queue), per state machine schedule
+    and per pipeline schedule.
+
+    >>> eventbridge_rules() < Quotas().eventbridge_rules_per_bus
+    True
+    """
+    functions = sum(1 for f in FUNCTIONS if f.trigger_kind == "schedule")
+    machines = sum((s.schedule is not None) + (s.disabled_schedule is not None) for s in STATE_MACHINES)
+    return functions + machines + len(PIPELINE_SCHEDULES)
+
+
 def keepup(rate: float, *, profile: str = "deployed", overrides: dict[str, float] | None = None) -> dict[str, Any]:
     """Every background job at ``rate`` accepted batches/s: what it must follow, what it can do,
     its headroom, the first limit it meets and the rate at which it meets it."""
@@ -364,4 +367,5 @@ def keepup(rate: float, *, profile: str = "deployed", overrides: dict[str, float
         job["at_rate"] = _crossing(i, a, k, q)
     return {"rate": rate, "profile": profile, "overrides": dict(overrides or {}), "params": asdict(k),
             "quotas": asdict(q), "assumptions": {f.name: getattr(a, f.name) for f in fields(a)},
-            "jobs": jobs, "min_headroom": min(j["headroom"] for j in jobs)}
+            "jobs": jobs, "min_headroom": min(j["headroom"] for j in jobs),
+            "eventbridge_rules": {"used": eventbridge_rules(), "quota": q.eventbridge_rules_per_bus}}

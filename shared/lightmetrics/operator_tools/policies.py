@@ -172,15 +172,18 @@ def function_statements(spec: FunctionSpec, arns: PolicyArns, bucket: BucketSpec
         out.append(_allow(CLOUDWATCH_READ_ACTIONS, ["*"]))
     if spec.sfn_start:
         out.append(_allow(["states:StartExecution"], [arns.state_machines[n] for n in spec.sfn_start]))
+    if spec.shard_queue:  # the fan-out (SendMessageBatch is authorized as sqs:SendMessage)
+        out.append(_allow(["sqs:SendMessage"], [arns.queues[spec.shard_queue]]))
     return out
 
 
 def trigger_statements(spec: FunctionSpec, arns: PolicyArns) -> list[Statement]:
-    """What the stack's event source mapping grants the function's role on its trigger queue (CDK adds
-    it with ``SqsEventSource``); locally the event pump polls as the function's principal with it."""
-    if spec.trigger_kind != "queue":
-        return []
-    return [_allow(TRIGGER_QUEUE_ACTIONS, [arns.queues[spec.trigger_arg]])]
+    """What the stack's event source mapping grants the function's role on its trigger queue or its
+    shard queue (CDK adds it with ``SqsEventSource``); locally the event pump polls as the function's
+    principal with it."""
+    queues = [spec.trigger_arg] if spec.trigger_kind == "queue" else []
+    queues += [spec.shard_queue] if spec.shard_queue else []
+    return [_allow(TRIGGER_QUEUE_ACTIONS, [arns.queues[q]], sid="EventSourceMapping") for q in queues]
 
 
 def state_machine_statements(spec: StateMachineSpec, arns: PolicyArns) -> list[Statement]:
