@@ -118,6 +118,17 @@ def test_the_jitter_is_validated_against_sqs_and_the_schedule() -> None:
             Settings.from_env({"LM_BUCKET": "b-1", "LM_RECONCILE_JITTER_S": bad})
 
 
+def test_a_scheduled_run_of_several_shards_without_the_shards_queue_is_a_configuration_error() -> None:
+    # Shard 0 alone would run and the others never, with nothing failing: refused, naming the setting.
+    from lightmetrics.lambda_shell.reconcile_handler import Shards, reconcile_handler
+
+    settings = Settings.from_env({"LM_BUCKET": "b-1", "LM_RECONCILE_SHARDS": "2"})
+    assert settings.reconcile_shards_queue_url is None
+    handler = reconcile_handler(build=lambda _metrics: Shards(settings, None, None))
+    with pytest.raises(ConfigError, match="LM_RECONCILE_SHARDS is 2.*LM_RECONCILE_SHARDS_QUEUE_URL is not set"):
+        handler({"source": "aws.events", "detail-type": "Scheduled Event"}, LambdaContext("reconcile"))
+
+
 # ------------------------------------------------------------------------------------ shard messages
 
 

@@ -8,7 +8,8 @@ Its events:
   and SQS retries it, then dead-letters it); a message naming no shard is dropped with a log line;
 * ``{"shard": i}`` (an operator's ``lmctl invoke``): run shard i now, here;
 * anything else (EventBridge's scheduled event): the fan-out, one delayed message per shard to
-  ``LM_RECONCILE_SHARDS_QUEUE_URL``; without that queue, shard 0's run.
+  ``LM_RECONCILE_SHARDS_QUEUE_URL``; without that queue, shard 0's run when it is the only shard,
+  else a :class:`~lightmetrics.protocol.errors.ConfigError` (the other shards would never run).
 
 Example (functions/reconcile/app.py):
     >>> handler = reconcile_handler()                                      # doctest: +SKIP
@@ -29,6 +30,7 @@ from lightmetrics.derived.reconcile import Reconciler
 from lightmetrics.derived.reconcile_fanout import fan_out, shard_of_message
 from lightmetrics.derived.reconcile_state import UnownedRangesError, check_shard
 from lightmetrics.lambda_shell.per_container import LambdaHandler, PerContainer
+from lightmetrics.protocol.errors import ConfigError
 
 __all__ = ["Shards", "reconcile_handler"]
 
@@ -89,6 +91,9 @@ def reconcile_handler(*, build: Callable[[Any], Shards] | None = None,
             return run(event["shard"])
         url = state.settings.reconcile_shards_queue_url
         if not url:
+            if state.settings.reconcile_shards > 1:  # shard 0 alone would leave the others unrun, silently
+                raise ConfigError(f"LM_RECONCILE_SHARDS is {state.settings.reconcile_shards}: a scheduled run fans "
+                                  "out to the shards queue, and LM_RECONCILE_SHARDS_QUEUE_URL is not set")
             return run(0)
         report = fan_out(state.ctx.sqs(), url, shards=state.settings.reconcile_shards,
                          jitter_s=state.settings.reconcile_jitter_s, rng=rng).to_json()
