@@ -17,6 +17,7 @@ from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.cli.reap_cmds import report_rows
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.reaps.gc_marks import stored_marks_items
 from lightmetrics.work import crashpoints
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -49,7 +50,7 @@ def _s3_requests(w: World) -> list[tuple[str, str]]:
 
 
 def _marks_items(w: World) -> list[dict[str, Any]]:
-    return [dict(i) for i in w.ctx.table.query("checkpoint#reap") if str(i["sk"]).startswith("marks#")]
+    return [dict(i) for i in stored_marks_items(w.ctx.table)]
 
 
 def _failed_gc(w: World, orphan: str) -> None:

@@ -28,8 +28,8 @@ MUTANTS = {
     # a dry run entered the settle phase for marks a failed reap left (rule DR1)
     "a-dry-run-settles": (
         "lightmetrics/reaps/reap_job.py",
-        'if dry_run or not self.table.query(CHECKPOINT_PK',
-        "if not self.table.query(CHECKPOINT_PK"),
+        "if dry_run or not any_marks_item(self.table)",
+        "if not any_marks_item(self.table)"),
     # a conditional write whose answer was lost, retried against its own write, read as another's (§11.1)
     "a-lost-answer-read-as-someone-elses-write": (
         "lightmetrics/protocol/own_writes.py",
