@@ -74,7 +74,7 @@ def accept_all(system: LocalSystem, runtime: Any, clock: Any, idents: list[Batch
 def run_walk(system: LocalSystem, **kwargs: Any) -> Any:
     control = system.walk_control()
     started = control.start(**kwargs)
-    result = control.follow(started, poll_s=0.05, timeout_s=180)
+    result = control.follow(started, poll_s=0.05, timeout_s=600)  # 500 pages take 42 s idle, >180 s on a loaded CI
     result.started = started  # type: ignore[attr-defined]
     return result
 
@@ -403,6 +403,24 @@ def _cli() -> Any:
 
 
 # --------------------------------------------------------------------------- out-of-order acceptance
+
+
+def test_following_a_start_whose_begin_has_not_written_its_checkpoint_waits_for_it(system, runtime, clock):  # type: ignore[no-untyped-def]
+    # Begin takes the lease (the start returns) before it writes its epoch's checkpoint: until then the
+    # previous walk's is read. It was taken for "a newer walk replaced this epoch's checkpoint", and
+    # the follow returned at once, failed, with the previous walk's summary (CI, on a loaded machine).
+    from lightmetrics.derived.walk.control import Started
+
+    accept_all(system, runtime, clock, [BatchIdentity.create("agent-f", "boot-f", 1, 9)])
+    first = run_walk(system, page_size=10)
+    assert first.status == "finished"
+    epoch = first.summary_json()["epoch"]
+    control = system.walk_control()
+    at = {e: control._progress(Started(first.executions[-1], e, "checkpoint#walk", "all")) for e in (epoch - 1, epoch,
+                                                                                                     epoch + 1)}
+    assert at[epoch + 1].report is None and at[epoch + 1].status is None and not at[epoch + 1].replaced
+    assert at[epoch].report is not None and at[epoch].report.epoch == epoch and not at[epoch].replaced
+    assert at[epoch - 1].replaced == "a newer walk replaced this epoch's checkpoint"
 
 
 def test_out_of_order_acceptance_is_never_skipped(system, runtime, clock):  # type: ignore[no-untyped-def]

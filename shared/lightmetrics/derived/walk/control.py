@@ -148,13 +148,14 @@ class WalkControl:
 
     def _progress(self, started: Started) -> Observed[WalkSummary]:
         """The walk's summary, totals including the partitions in progress (one Query); a newer
-        epoch's checkpoint is no longer this walk's."""
+        epoch's checkpoint is no longer this walk's, and an older one is not yet: Begin takes the
+        lease before it writes its epoch's checkpoint, so the previous walk's is read until then."""
         found, parts = read_walk(self.table, started.checkpoint_pk)
-        if found is None:
+        epoch = -1 if found is None or found.epoch is None else found.epoch
+        if found is None or epoch < started.epoch:
             return Observed[WalkSummary]()
         summary = summarize(found, parts, self.ctx.clock.now_ns())
-        replaced = "" if (-1 if found.epoch is None else found.epoch) == started.epoch \
-            else "a newer walk replaced this epoch's checkpoint"
+        replaced = "" if epoch == started.epoch else "a newer walk replaced this epoch's checkpoint"
         return Observed(summary, found.status, found.execution, found.error or "", replaced)
 
 
