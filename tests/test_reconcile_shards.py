@@ -467,9 +467,11 @@ def test_the_handler_runs_the_shard_its_event_names(runtime, clock, monkeypatch)
         assert reconcile_app.handler({"shard": 2}, LambdaContext("reconcile"))["shard"] == 2
         scheduled = reconcile_app.handler({"detail-type": "Scheduled Event"}, LambdaContext("reconcile"))
         assert (scheduled["fanout"], scheduled["sent"]) == (True, 3)  # one schedule: a message per shard
+        assert reconcile_app.handler({"shard": 0}, LambdaContext("reconcile"))["shard"] == 0
         monkeypatch.delenv("LM_RECONCILE_SHARDS_QUEUE_URL")
-        reconcile_app.reset()  # without a shards queue, a scheduled run is shard 0's
-        assert reconcile_app.handler({"detail-type": "Scheduled Event"}, LambdaContext("reconcile"))["shard"] == 0
+        reconcile_app.reset()  # without a shards queue, 3 shards cannot all run: refused, naming the setting
+        with pytest.raises(ConfigError, match="LM_RECONCILE_SHARDS_QUEUE_URL is not set"):
+            reconcile_app.handler({"detail-type": "Scheduled Event"}, LambdaContext("reconcile"))
         for bad in (3, -1, "1", 1.0, True, None):
             with pytest.raises(ShardError, match="from 0 to 2"):
                 reconcile_app.handler({"shard": bad}, LambdaContext("reconcile"))
