@@ -66,7 +66,9 @@ def test_indexer_samples(sample_system, runtime):  # type: ignore[no-untyped-def
 
 
 def test_scheduled_samples(sample_system, runtime):  # type: ignore[no-untyped-def]
-    report = invoke(sample_system, "reconcile", "reconcile/scheduled.json")
+    fanout = invoke(sample_system, "reconcile", "reconcile/scheduled.json")  # the one schedule fans out
+    assert fanout["fanout"] is True and fanout["sent"] == fanout["shards"] == sample_system.settings.reconcile_shards
+    report = invoke(sample_system, "reconcile", "reconcile/shard.json")  # a shard's run, as its message or lmctl invoke
     assert {"checkpoint_after", "entries", "lag_s", "outcomes"} <= set(report)
     swept = invoke(sample_system, "sweep-dlq", "sweep_dlq/scheduled.json")
     assert set(swept["blockers_made"]) == {"index-accepted-dlq", "index-raw-blobs-dlq", "index-quarantine-dlq"}
