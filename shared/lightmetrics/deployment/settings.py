@@ -82,7 +82,7 @@ class Settings(BaseModel):
         "range of every hour (docs/protocol.md §12 R8)"))
     reconcile_shards_queue_url: str | None = Field(None, description=(
         "LM_RECONCILE_SHARDS_QUEUE_URL: the queue the reconciler's one schedule fans out on, a message per shard "
-        "(unset: a scheduled run is shard 0's)"))
+        "(unset: a scheduled run is shard 0's; with more than one shard, a configuration error)"))
     reconcile_jitter_s: int = Field(60, description=(
         "LM_RECONCILE_JITTER_S: each shard's message of a fan-out is delayed a random 0 to this many seconds, "
         "so N shards do not start in the same second (0-900, SQS's longest delay; under the schedule's period)"))

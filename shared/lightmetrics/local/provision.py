@@ -279,9 +279,11 @@ def _converge_state_machines(client: Callable[[str], Any], spec: ResourceSpec, c
     return state_machines
 
 
-def shard_queue_url_setting(made: dict[str, Any], name: str = "reconcile-shards") -> str | None:
-    """``LM_RECONCILE_SHARDS_QUEUE_URL`` for what :func:`provision` made (None without that queue)."""
-    return made.get("shard_queues", {}).get(name, {}).get("url")
+def shard_queue_url_setting(made: dict[str, Any], spec: ResourceSpec) -> str | None:
+    """``LM_RECONCILE_SHARDS_QUEUE_URL`` for what :func:`provision` made: the URL of the queue the
+    spec's reconcile function fans out on (None without it)."""
+    name = spec.function("reconcile").shard_queue
+    return made.get("shard_queues", {}).get(name, {}).get("url") if name else None
 
 
 def state_machine_arns_setting(made: dict[str, Any]) -> dict[str, str]:

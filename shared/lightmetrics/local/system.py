@@ -79,7 +79,7 @@ class LocalSystem:
         # (docs/protocol.md §18 S4), never in configuration a deployed function reads.
         # The fan-out's jitter defaults to none here: the local schedules' periods are seconds, not minutes.
         local = {"queue_probe": "count", "reconcile_jitter_s": 0,
-                 "reconcile_shards_queue_url": shard_queue_url_setting(self.made), **self.overrides}
+                 "reconcile_shards_queue_url": shard_queue_url_setting(self.made, self.spec), **self.overrides}
         self.settings = Settings.from_env(
             {}, timing_rules=False, bucket=self.bucket, table=self.table, prefix=self.prefix,
             auth_secret_id=self.secret_name, queue_urls=queue_urls_setting(self.made),
