@@ -15,6 +15,7 @@ every function as ``LM_<FIELD>``. The other keys configure the stack:
 | ``noncurrent_version_days`` | 30 | lifecycle: noncurrent versions under derived prefixes |
 | ``abort_multipart_days`` | 1 | lifecycle: incomplete multipart uploads |
 | ``ops_retention_days`` | 90 | access logs in the ops bucket |
+| ``inventory`` | ``true`` | weekly S3 Inventory of the bucket and the audit over it; ``false``: the weekly walk instead |
 | ``inventory_retention_days`` | 14 | S3 Inventory reports in the ops bucket (the weekly audit reads the latest) |
 | ``ingest_5xx_rate_percent`` | 1 | alarm threshold: ingest 5xx answers per 100 invocations |
 | ``log_level`` | ``INFO`` | ``POWERTOOLS_LOG_LEVEL`` |
@@ -59,6 +60,7 @@ _STACK_DEFAULTS: dict[str, Any] = {
     "noncurrent_version_days": 30,
     "abort_multipart_days": 1,
     "ops_retention_days": 90,
+    "inventory": True,
     "inventory_retention_days": 14,
     "ingest_5xx_rate_percent": 1,
     "log_level": "INFO",
@@ -68,6 +70,15 @@ _STACK_DEFAULTS: dict[str, Any] = {
 
 class InfraConfigError(ConfigError):
     """The CDK context is invalid; the message names the context key."""
+
+
+def _boolean(key: str, v: Any) -> bool:
+    """A context flag: cdk.json gives a JSON bool, ``-c key=value`` a string."""
+    if isinstance(v, bool):
+        return v
+    if str(v).lower() in ("true", "false"):
+        return str(v).lower() == "true"
+    raise InfraConfigError(f"CDK context {key!r} must be true or false")
 
 
 def cdk_json_context(path: Path = CDK_JSON) -> dict[str, Any]:
@@ -89,6 +100,9 @@ class InfraConfig:
     noncurrent_version_days: int
     abort_multipart_days: int
     ops_retention_days: int
+    #: S3 Inventory configured: the weekly audit moves every watermark and the walk is not scheduled;
+    #: without it the audit's schedule goes too and the walk runs weekly (resources.scheduled)
+    inventory: bool
     inventory_retention_days: int
     ingest_5xx_rate_percent: float
     log_level: str
@@ -146,6 +160,7 @@ class InfraConfig:
             noncurrent_version_days=integer("noncurrent_version_days", 1, 3650),
             abort_multipart_days=integer("abort_multipart_days", 1, 365),
             ops_retention_days=integer("ops_retention_days", 1, 3650),
+            inventory=_boolean("inventory", value("inventory")),
             inventory_retention_days=integer("inventory_retention_days", 8, 3650),
             ingest_5xx_rate_percent=rate,
             log_level=str(value("log_level")).upper(),

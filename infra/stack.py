@@ -67,6 +67,7 @@ class LightmetricsStack(Stack):
             abort_multipart_days=config.abort_multipart_days,
             ops_retention_days=config.ops_retention_days,
             inventory_retention_days=config.inventory_retention_days,
+            inventory=config.inventory,
         )
         self.control = ControlTable(self, "Control", spec=spec.table, table_name=config.table_name)
         self.layer = SharedLayer(self, "Layer", layer_dir=layer_dir)

@@ -17,10 +17,17 @@ from click.testing import CliRunner
 from lightmetrics.cli.main import cli
 from lightmetrics.operator_tools import keepup as model
 from lightmetrics.operator_tools.cost_model import estimate
-from lightmetrics.operator_tools.cost_workload import JOB_REQUESTS, MEASURED_REQUESTS, Assumptions
+from lightmetrics.operator_tools.cost_workload import (
+    JOB_REQUESTS,
+    MEASURED_REQUESTS,
+    WEEKLY_WALKS_PER_MONTH,
+    Assumptions,
+)
 from lightmetrics.operator_tools.keepup import keepup, retention_capacity_per_batch
 
 RATES = (1, 10, 100, 300, 1000, 3000, 10_000, 30_000)
+#: a bucket without S3 Inventory: the walk runs weekly (the default deployment schedules none)
+WEEKLY = {"walks_per_month": WEEKLY_WALKS_PER_MONTH}
 
 
 def _job(report: dict, name: str) -> dict:
@@ -28,12 +35,16 @@ def _job(report: dict, name: str) -> dict:
 
 
 @pytest.mark.parametrize("profile", ["deployed", "docs"])
-def test_headroom_never_rises_with_the_rate(profile: str) -> None:
-    reports = [keepup(r, profile=profile) for r in RATES]
+@pytest.mark.parametrize("walks", [{}, WEEKLY], ids=["inventory", "no-inventory"])
+def test_headroom_never_rises_with_the_rate(profile: str, walks: dict) -> None:
+    reports = [keepup(r, profile=profile, overrides=walks) for r in RATES]
     names = [j["job"] for j in reports[0]["jobs"]]
     assert len(names) == 9  # 3 indexers, reconciler, walk, GC, retention, audit, rollup
     for name in names:
         headroom = [_job(rep, name)["headroom"] for rep in reports]
+        if name == "walk (not scheduled)":  # not scheduled: nothing to follow, at any rate
+            assert not walks and headroom == [None] * len(RATES) and _job(reports[0], name)["at_rate"] is None
+            continue
         assert all(b <= a * (1 + 1e-9) for a, b in zip(headroom, headroom[1:])), (name, headroom)
         # the rate at which it meets its first limit: below it headroom >= 1, above it < 1
         at = _job(reports[0], name)["at_rate"]
@@ -43,10 +54,32 @@ def test_headroom_never_rises_with_the_rate(profile: str) -> None:
 
 
 def test_can_do_is_the_least_limit_and_headroom_its_ratio() -> None:
-    for job in keepup(1000.0)["jobs"]:
+    for job in keepup(1000.0)["jobs"] + keepup(1000.0, overrides=WEEKLY)["jobs"]:
         least = min(job["limits"], key=lambda lim: lim["units_per_s"])
         assert job["can_do_per_s"] == least["units_per_s"] and job["first_limit"] == least["name"]
+        if job["headroom"] is None:  # the walk where none is scheduled
+            assert job["job"] == "walk (not scheduled)" and job["must_follow_per_s"] == 0
+            continue
         assert job["headroom"] == pytest.approx(job["can_do_per_s"] / job["must_follow_per_s"])
+
+
+def test_an_unscheduled_walk_says_so_instead_of_a_headroom() -> None:
+    """Where an S3 Inventory runs (the default) the audit moves every W and no walk is scheduled:
+    the walk row has nothing to follow, no headroom and no crossing rate, and takes no part in the
+    least headroom; its pace is a weekly walk's, and a bootstrap over the history takes keys / pace."""
+    on, weekly = keepup(1000.0), keepup(1000.0, overrides=WEEKLY)
+    walk, fallback = _job(on, "walk (not scheduled)"), _job(weekly, "walk (weekly)")
+    assert (walk["scheduled"], walk["headroom"], walk["at_rate"], walk["must_follow_per_s"]) == (False, None, None, 0)
+    assert walk["can_do_per_s"] == pytest.approx(fallback["can_do_per_s"]) and fallback["headroom"] > 0
+    assert walk["one_walk_keys"] == pytest.approx(1000.0 * 365 * 86400)  # every record ever accepted
+    assert walk["one_walk_hours"] == pytest.approx(walk["one_walk_keys"] / walk["can_do_per_s"] / 3600)
+    assert on["min_headroom"] == min(j["headroom"] for j in on["jobs"] if j is not walk)
+    assert (on["walk_scheduled"], weekly["walk_scheduled"]) == (False, True)
+    human = CliRunner().invoke(cli, ["bench", "keepup", "--rate", "1000"])
+    row = next(line for line in human.output.splitlines() if "walk (not scheduled)" in line)
+    assert "not scheduled" in row and "walks_per_month=4.35" in human.output
+    strict = CliRunner().invoke(cli, ["bench", "keepup", "--rate", "1000", "--require", "1000000", "--json"])
+    assert "walk (not scheduled)" not in json.loads(strict.output)["below_require"]
 
 
 def test_reconciler_scales_with_shards_until_a_quota_binds() -> None:
@@ -69,14 +102,16 @@ def test_the_reconcilers_shards_take_no_eventbridge_rule_of_their_own() -> None:
     from lightmetrics.operator_tools.keepup import eventbridge_rules
 
     for n in (1, 96, 256):
-        report = keepup(10_000.0, overrides={"reconcile_shards": n})
-        assert not [lim for j in report["jobs"] for lim in j["limits"] if "EventBridge" in lim["name"]], n
-        assert report["eventbridge_rules"] == {"used": eventbridge_rules(), "quota": 300}
-    assert eventbridge_rules() == 7  # reconcile, sweep-dlq; the walk's, GC's and retention's; rollup, audit
+        for walks, inventory in (({}, True), (WEEKLY, False)):
+            report = keepup(10_000.0, overrides={"reconcile_shards": n, **walks})
+            assert not [lim for j in report["jobs"] for lim in j["limits"] if "EventBridge" in lim["name"]], n
+            assert report["eventbridge_rules"] == {"used": eventbridge_rules(inventory=inventory), "quota": 300}
+    assert eventbridge_rules() == 6  # reconcile, sweep-dlq; GC's and retention's; rollup, audit
+    assert eventbridge_rules(inventory=False) == 6  # the walk's instead of the audit's
 
 
 def test_walk_scales_with_parallelism_until_inline_maps_40() -> None:
-    h = {p: _job(keepup(1000.0, overrides={"walk_parallelism": p}), "walk (weekly)") for p in (10, 20, 40, 80)}
+    h = {p: _job(keepup(1000.0, overrides={**WEEKLY, "walk_parallelism": p}), "walk (weekly)") for p in (10, 20, 40, 80)}
     # (a round's share of the continuations moves with the rounds an execution holds: rel 1 %)
     assert h[20]["headroom"] == pytest.approx(2 * h[10]["headroom"], rel=0.01)
     assert h[40]["headroom"] == pytest.approx(4 * h[10]["headroom"], rel=0.01)
@@ -113,7 +148,7 @@ def test_the_model_reads_the_measured_tables(monkeypatch: pytest.MonkeyPatch) ->
     shard = "96 shard(s)"
     assert next(lim for lim in _job(after, "reconciler")["limits"] if lim["name"].startswith(shard))["units_per_s"] \
         < next(lim for lim in _job(before, "reconciler")["limits"] if lim["name"].startswith(shard))["units_per_s"]
-    walk_b, walk_a = (_job(r, "walk (weekly)")["partitions"][0]["per_unit"] for r in (before, after))
+    walk_b, walk_a = (_job(r, "walk (not scheduled)")["partitions"][0]["per_unit"] for r in (before, after))
     assert walk_a > walk_b
     gc_b, gc_a = (_job(r, "GC (orphans)")["limits"][1]["units_per_s"] for r in (before, after))
     assert gc_a == pytest.approx(gc_b / 2)
@@ -141,8 +176,8 @@ def test_one_partition_key_meets_its_rate() -> None:
 
 def test_the_walk_follows_history() -> None:
     """A weekly walk lists every record ever made: twice the history, half the headroom (about)."""
-    one = _job(keepup(1000.0), "walk (weekly)")
-    two = _job(keepup(1000.0, overrides={"system_age_days": 730}), "walk (weekly)")
+    one = _job(keepup(1000.0, overrides=WEEKLY), "walk (weekly)")
+    two = _job(keepup(1000.0, overrides={**WEEKLY, "system_age_days": 730}), "walk (weekly)")
     assert two["must_follow_per_s"] == pytest.approx(2 * one["must_follow_per_s"])
     assert 0.45 < two["headroom"] / one["headroom"] < 0.55
 
@@ -166,7 +201,7 @@ def test_cli_transcript() -> None:
     assert human.exit_code == 0, human.output
     lines = human.output.splitlines()
     assert max(len(line) for line in lines) <= 100
-    for name in ("reconciler", "walk (weekly)", "retention", "checkpoint#reap", "first limit"):
+    for name in ("reconciler", "walk (not scheduled)", "retention", "checkpoint#reap", "first limit"):
         assert name in human.output
     out = runner.invoke(cli, ["bench", "keepup", "--rate", "100", "--json", "--set", "reconcile_shards=4"])
     doc = json.loads(out.output)

@@ -18,6 +18,7 @@ from lightmetrics.operator_tools.cost_workload import (
     JOB_REQUESTS,
     MONTH_DAYS,
     MONTH_S,
+    WEEKLY_WALKS_PER_MONTH,
     Assumptions,
     job_requests,
     job_units,
@@ -25,8 +26,10 @@ from lightmetrics.operator_tools.cost_workload import (
 
 # A world that is easy to do by hand: 10 batches/s (26,298,000 a month), one month of retention,
 # two months of history, every retention-like period one month; 864 agents whose boots last a day,
-# so a walk partition holds exactly 1,000 keys (one page).
+# so a walk partition holds exactly 1,000 keys (one page); a bucket without S3 Inventory, so the walk
+# runs weekly (4.35 a month) beside the daily audit.
 SIMPLE = Assumptions(retention_days=MONTH_DAYS, system_age_days=2 * MONTH_DAYS, fleet_agents=864, boot_days=1.0,
+                     walks_per_month=WEEKLY_WALKS_PER_MONTH,
                      retry_horizon_days=MONTH_DAYS / 2, log_retention_days=MONTH_DAYS, ops_retention_days=MONTH_DAYS,
                      audits_per_month=MONTH_DAYS, inventory_retention_days=MONTH_DAYS,
                      noncurrent_version_days=MONTH_DAYS, alt_pitr=False, sqs_batch_size=10)
@@ -79,7 +82,7 @@ def test_job_units_match_hand_computed_counts() -> None:
                                              "progress_saved": 0, "run": 8766})
     # ten times the rate: 42,000 entries checked a run, in 9 slices of at most 5,000, saved after 8
     assert job_units(10 * RATE, SIMPLE)["reconciler"]["progress_saved"] == pytest.approx(8766 * 8)
-    young = job_units(RATE, Assumptions(retention_days=90, system_age_days=30))
+    young = job_units(RATE, Assumptions(retention_days=90, system_age_days=30, walks_per_month=4.35))
     assert young["retention"] == {}  # nothing has expired yet
     assert young["walk"]["key.reaped"] == 0
 
@@ -241,11 +244,13 @@ def test_fixed_lines_and_the_summary(simple: dict) -> None:
 
 
 def test_older_systems_pay_for_walking_reaped_batches() -> None:
-    young = estimate(1, 4096, assumptions=Assumptions(system_age_days=90))["designs"]["lightmetrics"]
-    old = estimate(1, 4096, assumptions=Assumptions(system_age_days=3 * 365))["designs"]["lightmetrics"]
+    """Without S3 Inventory (the weekly walk's fallback schedule)."""
+    young = estimate(1, 4096, assumptions=Assumptions(system_age_days=90, walks_per_month=4.35))["designs"]["lightmetrics"]
+    old = estimate(1, 4096, assumptions=Assumptions(system_age_days=3 * 365, walks_per_month=4.35))["designs"][
+        "lightmetrics"]
     # the weekly walk re-reads every record ever made: 1,005 reaped days of 86,400 batches, 4.35 times a month
-    assert job_units(1, Assumptions(system_age_days=3 * 365))["walk"]["key.reaped"] == pytest.approx(
-        4.35 * 1005 * 86_400)
+    assert job_units(1, Assumptions(system_age_days=3 * 365, walks_per_month=4.35))["walk"]["key.reaped"] == \
+        pytest.approx(4.35 * 1005 * 86_400)
     assert old["by_part_per_million_batches_usd"]["walk"] > 1.5 * young["by_part_per_million_batches_usd"]["walk"]
     assert old["per_million_batches_usd"] > young["per_million_batches_usd"]
 
@@ -287,8 +292,33 @@ def test_lmctl_cost_json_human_and_errors(tmp_path) -> None:  # type: ignore[no-
                                 "--system-age-days", "365"], env={"COLUMNS": "240"})
     assert human.exit_code == 0, human.output
     for text in ("TOTAL", "dynamodb-dedupe", "ratio to dynamodb-dedupe", "everything but ingest, indexing and storage",
-                 "100 batches/s, 4096 B frames, 30 days retention, 365 days of history", "GC: S3 GET/HEAD", "walk: S3 PUT/LIST"):
+                 "100 batches/s, 4096 B frames, 30 days retention, 365 days of history", "GC: S3 GET/HEAD",
+                 "none: S3 Inventory (without: walks_per_month=4.35)"):
         assert text in human.output, text
+    assert "walk: S3 PUT/LIST" not in human.output  # the default deployment schedules no walk
+    fallback = runner.invoke(cli, ["cost", "--batches-per-second", "100", "--frame-bytes", "4096", "--assume",
+                                   "walks_per_month=4.35"], env={"COLUMNS": "240"})
+    assert fallback.exit_code == 0, fallback.output
+    assert "walk: S3 PUT/LIST" in fallback.output and "4.35 a month over all history (no S3 Inventory)" in fallback.output
+
+
+def test_the_walk_follows_the_deployment() -> None:
+    """Issue 26: where an S3 Inventory runs (the default) the audit moves every W and no walk is
+    scheduled, so the model prices none and its cost no longer grows with history; a bucket without
+    one walks weekly (the fallback schedule), and that is exactly the walk's lines."""
+    from lightmetrics.deployment.resources import SPEC, scheduled
+
+    assert not scheduled("bootstrap-walk", inventory=True) and Assumptions().walks_per_month == 0
+    assert SPEC.state_machine("bootstrap-walk").schedule == "cron(0 3 ? * SUN *)"  # weekly, when it runs
+    assert WEEKLY_WALKS_PER_MONTH == pytest.approx(MONTH_DAYS / 7, abs=0.01)
+    assert all(n == 0 for n in job_units(100, Assumptions())["walk"].values())
+    for days in (365.0, 3 * 365.0):
+        on = estimate(100, 4096, assumptions=Assumptions(system_age_days=days))["designs"]["lightmetrics"]
+        off = estimate(100, 4096, assumptions=Assumptions(system_age_days=days, walks_per_month=4.35))["designs"][
+            "lightmetrics"]
+        assert not [x for x in on["lines"] + on["fixed"] if x["item"].startswith("walk:")]
+        assert "walk" not in on["by_part_per_month_usd"] and off["by_part_per_month_usd"]["walk"] > 0
+        assert off["per_month_usd"] - on["per_month_usd"] == pytest.approx(off["by_part_per_month_usd"]["walk"])
 
 
 def test_a_weekly_audit_lists_and_keeps_a_seventh_of_a_daily_one(simple: dict) -> None:

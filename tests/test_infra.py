@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
-from lightmetrics.deployment.resources import SPEC  # noqa: E402
+from lightmetrics.deployment.resources import SPEC, scheduled  # noqa: E402
 from lightmetrics.deployment.settings import Settings  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
 from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
@@ -236,6 +236,12 @@ def test_context_validation() -> None:
         InfraConfig.from_context({**ctx, "gc_grace_s": 60})
     with pytest.raises(InfraConfigError, match="prefix"):
         InfraConfig.from_context({**ctx, "prefix": "no-slash"})
+    # inventory: a JSON bool from cdk.json, a string from `-c inventory=false`; default on
+    assert InfraConfig.from_context(ctx).inventory is True
+    assert [InfraConfig.from_context({**ctx, "inventory": v}).inventory for v in (False, "false", "TRUE")] == [
+        False, False, True]
+    with pytest.raises(InfraConfigError, match="'inventory' must be true or false"):
+        InfraConfig.from_context({**ctx, "inventory": "no"})
 
 
 # --------------------------------------------------------------------------- template: what exists
@@ -831,9 +837,14 @@ def test_state_machines_roles_and_schedule_from_the_spec(cdk_synth: Any) -> None
         others = {(a, r) for a, r, _ in grants if not a.startswith("lambda:")}
         assert {r for _, r in others} == {"*"} and {a.split(":")[0] for a, _ in others} == {"xray", "logs"}
 
-        # The weekly schedule, with the spec's explicit input (nulls included).
-        (rule,) = [r["Properties"] for r in rules.values() if r["Properties"]["State"] == "ENABLED"
+        # The schedule, with the spec's explicit input (nulls included); the walk's only without an
+        # S3 Inventory (this synth has one; tests/test_infra_inventory.py synthesizes without).
+        enabled = [r["Properties"] for r in rules.values() if r["Properties"]["State"] == "ENABLED"
                    and any(render(t["Arn"]) == f"<{sm_id}>" for t in r["Properties"]["Targets"])]
+        if not scheduled(spec.name, inventory=True):
+            assert enabled == [] and built.rule is None
+            continue
+        (rule,) = enabled
         assert rule["ScheduleExpression"] == spec.schedule and rule["State"] == "ENABLED"
         (target,) = rule["Targets"]
         assert json.loads(target["Input"]) == json.loads(spec.schedule_input or "{}")

@@ -59,7 +59,7 @@ from infra import pipeline_bundle as bundle
 from infra.components.functions import cdk_statement
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
-from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
+from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, scheduled
 from lightmetrics.operator_tools.policies import (  # LOGS_PREFIX: in the ops bucket, the job runs' logs
     INVENTORY_PREFIX,
     LEASE_KEYS,
@@ -214,6 +214,8 @@ class Pipeline(NestedStack):
         )
         self.schedules = {}
         for job, (expression, input_json) in PIPELINE_SCHEDULES.items():
+            if not scheduled(job, inventory=config.inventory):
+                continue  # the audit reads the inventory: none configured, nothing to read
             rule = events.Rule(self, f"{job.capitalize()}Schedule", description=f"pipeline {job}: {expression}",
                                schedule=events.Schedule.expression(expression),
                                targets=[targets.SfnStateMachine(self.machine, input=events.RuleTargetInput.from_object(

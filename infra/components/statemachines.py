@@ -6,7 +6,8 @@ Each state machine is created from its ASL file in ``infra/statemachines/`` with
 runtime uses, so the definition deployed here and the one moto executes locally are the same
 file under the same map. Every state machine gets its own role (``lambda:InvokeFunction`` on
 exactly the functions its tasks name), X-Ray tracing, ALL-level logging to its own log group,
-and, when the spec has one, an EventBridge schedule with the spec's explicit input.
+and, when the spec has one and the deployment runs it (``resources.scheduled``: the walk's only
+without an S3 Inventory), an EventBridge schedule with the spec's explicit input.
 
 Physical names are ``<stack>-<logical_name>`` and known before synthesis, so a function that
 starts executions (``FunctionSpec.sfn_start``) gets ``states:StartExecution`` on that ARN without
@@ -29,6 +30,7 @@ from constructs import Construct
 from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
 from lightmetrics.deployment.resource_types import StateMachineSpec
+from lightmetrics.deployment.resources import scheduled
 from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
@@ -104,8 +106,10 @@ class StateMachines(Construct):
             )
             # The spec's input verbatim: every field explicit, nulls included (from_object would
             # drop a null, and the console inputs documented in docs/walks.md and docs/reaps.md have them).
+            # The walk's weekly schedule only where no S3 Inventory is configured (resources.scheduled).
             rule = self._schedule(f"{cid}Schedule", f"{spec.name}: {spec.schedule}", spec.schedule,
-                                  spec.schedule_input, machine) if spec.schedule else None
+                                  spec.schedule_input, machine) \
+                if spec.schedule and scheduled(spec.name, inventory=config.inventory) else None
             # Deployed disabled (retention deletes data by policy): an operator enables it.
             disabled_rule = self._schedule(
                 f"{cid}DisabledSchedule", f"{spec.name}: {spec.disabled_schedule} (disabled until a policy is set)",

@@ -93,6 +93,7 @@ class Storage(Construct):
         abort_multipart_days: int,
         ops_retention_days: int,
         inventory_retention_days: int = 14,
+        inventory: bool = True,
     ) -> None:
         super().__init__(scope, construct_id)
         self.spec = spec
@@ -156,6 +157,8 @@ class Storage(Construct):
             lifecycle_rules=lifecycle,
             server_access_logs_bucket=self.ops_bucket,
             server_access_logs_prefix=ACCESS_LOGS_PREFIX,
+            # Weekly, all versions: the audit's input (docs/pipeline.md). Without it (config
+            # ``inventory: false``) the weekly walk proves completeness instead (docs/walks.md).
             inventories=[
                 s3.Inventory(
                     inventory_id=INVENTORY_ID,
@@ -166,7 +169,7 @@ class Storage(Construct):
                     objects_prefix=namespace or None,
                     optional_fields=list(INVENTORY_FIELDS),
                 )
-            ],
+            ] if inventory else None,
         )
         _stable_id(self.bucket, spec.logical_name)
 

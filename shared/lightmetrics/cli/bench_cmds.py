@@ -301,26 +301,41 @@ def bench_keepup(rate: float, profile: str, settings: tuple[str, ...], require: 
         report = keepup(rate, profile=profile, overrides=overrides)
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE, as_json=as_json)
-    below = [j["job"] for j in report["jobs"] if require is not None and j["headroom"] < require]
+    below = [j["job"] for j in report["jobs"]
+             if require is not None and j["headroom"] is not None and j["headroom"] < require]
     code = EXIT_VIOLATIONS if below else EXIT_OK
     if as_json:
         emit_json({**report, "require": require, "below_require": below, "exit_code": code})
         sys.exit(code)
     console.print(grid(f"keep-up at {rate:,g} batches/s ({profile})",
                        ["job", "must/s", "can/s", "x", "first limit", "at rate"],
-                       [(j["job"], _num(j["must_follow_per_s"]), _num(j["can_do_per_s"]), _times(j["headroom"]),
-                         j["first_limit"], "none" if j["at_rate"] is None else _num(j["at_rate"]))
-                        for j in report["jobs"]]))
+                       [_keepup_row(j) for j in report["jobs"]]))
     console.print(grid("partitions: load at this rate, share of quota",
                        ["job", "partition", "per unit", "load/s", "quota"],
                        [(j["job"], p["name"], f"{p['per_unit']:.3g}", _num(p["load_per_s"]),
-                         f"{p['share_of_quota']:.0%}") for j in report["jobs"] for p in j["partitions"]]))
+                         f"{p['share_of_quota']:.0%}") for j in report["jobs"] for p in j["partitions"]
+                        if j.get("scheduled", True)]))
     rules = report["eventbridge_rules"]
     console.print(f"EventBridge rules: {rules['used']} of {rules['quota']} a bus, whatever the reconciler's shards "
                   "(one schedule fans out to them)")
+    walk = next(j for j in report["jobs"] if j["job"].startswith("walk"))
+    if report["walk_scheduled"]:
+        console.print(f"walk: weekly (no S3 Inventory), {walk['one_walk_hours']:,.1f} h a walk over "
+                      f"{walk['one_walk_keys']:,.0f} keys")
+    else:
+        console.print("walk: not scheduled (the audit over S3 Inventory moves W); no inventory: "
+                      f"--set walks_per_month=4.35\n      a bootstrap of {walk['one_walk_keys']:,.0f} keys "
+                      f"(all history) takes {walk['one_walk_hours']:,.1f} h")
     if below:
         console.print(f"below --require {require:g}: {', '.join(below)}")
     sys.exit(code)
+
+
+def _keepup_row(j: dict[str, Any]) -> tuple[str, ...]:
+    if not j.get("scheduled", True):  # no rate to follow: say so instead of a headroom
+        return (j["job"], "-", _num(j["can_do_per_s"]), "-", j["first_limit"], "-")
+    return (j["job"], _num(j["must_follow_per_s"]), _num(j["can_do_per_s"]), _times(j["headroom"]),
+            j["first_limit"], "none" if j["at_rate"] is None else _num(j["at_rate"]))
 
 
 def _times(v: float) -> str:

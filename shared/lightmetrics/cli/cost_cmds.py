@@ -3,7 +3,8 @@
 Example::
 
     lmctl cost --batches-per-second 100 --frame-bytes 4096 --retention-days 30 --system-age-days 365
-    lmctl cost --batches-per-second 100 --frame-bytes 4096 --assume walks_per_month=1 --prices my-prices.json --json
+    lmctl cost --batches-per-second 100 --frame-bytes 4096 --prices my-prices.json --json
+    lmctl cost --batches-per-second 100 --frame-bytes 4096 --assume walks_per_month=4.35  # no S3 Inventory
     lmctl cost --batches-per-second 1000 --frame-bytes 4096 --retention-days 30   # priced at 1,000/s's settings
 """
 
@@ -27,7 +28,7 @@ from lightmetrics.cli.output import EXIT_USAGE, console, emit_json, fail, grid, 
 @click.option("--retention-days", type=click.FloatRange(min=1), default=None,
               help="Raw data retention (default: the model's assumption, LM_RETENTION_S's default).")
 @click.option("--system-age-days", type=click.FloatRange(min=0), default=None,
-              help="How long the system has accepted batches (the weekly walk lists all of them).")
+              help="How long the system has accepted batches (the audit's inventory, a walk list all of them).")
 @click.option("--prices", "prices_path", default=None, type=click.Path(dir_okay=False),
               help="JSON object overriding the dated price table (keys of lightmetrics.deployment.pricing.PRICES, 'as_of').")
 @click.option("--assume", "assume", multiple=True, help="Override an assumption: NAME=VALUE (repeatable).")
@@ -102,6 +103,7 @@ def _print_report(est: dict[str, Any]) -> None:
         ("lightmetrics", f"{ours['per_million_batches_usd']:.2f} USD per 1M batches"),
         ("dynamodb-dedupe", f"{est['designs']['dynamodb-dedupe']['per_million_batches_usd']:.2f} USD per 1M batches"),
         ("ratio to dynamodb-dedupe", f"{est['ratio_lightmetrics_to_alternative']:.2f}"),
+        ("walk", _walk_assumed(a["walks_per_month"])),
         ("derived-state upkeep", f"{ours['derived_state_upkeep_share']:.1%} of the total"),
         ("everything but ingest, indexing and storage", f"{ours['outside_ingest_indexing_storage_share']:.1%} of the total"),
         ("SQS messages per invocation", f"{est['sqs_messages_per_invocation']:.2f} (window "
@@ -111,3 +113,10 @@ def _print_report(est: dict[str, Any]) -> None:
         ("keep-up first limit", scale["keepup_first_limit"]),
         ("prices", f"{est['prices']['region']} list prices as of {est['prices']['as_of']}"),
     ]))
+
+
+def _walk_assumed(walks_per_month: float) -> str:
+    """Which deployment the walk's lines assume (docs/cost.md, "The walk follows the deployment")."""
+    if not walks_per_month:  # the audit over the inventory moves every W
+        return "none: S3 Inventory (without: walks_per_month=4.35)"
+    return f"{walks_per_month:g} a month over all history (no S3 Inventory)"

@@ -4,8 +4,9 @@ Every recurring component is priced as (requests per unit of work, by API) x (un
 
 * the hot path (accept, the S3 -> SQS event path, both indexers) from :data:`MEASURED_REQUESTS`,
   checked against live counts by tests/test_bench.py;
-* the background jobs (steady-state reconciler, weekly bootstrap walk, daily incremental GC, daily
-  retention) from :data:`JOB_REQUESTS`: requests by API, Step Functions state transitions
+* the background jobs (steady-state reconciler, the walk — weekly only on a bucket without S3
+  Inventory: ``walks_per_month``, 0 by default —, daily incremental GC, daily retention) from
+  :data:`JOB_REQUESTS`: requests by API, Step Functions state transitions
   (``sfn.transitions``, the states an execution enters, as the ASL really runs) and Lambda task
   invocations (``lambda.Invoke``) per unit of work. tests/test_cost_measured.py runs each job on
   moto (the walk and the reap through their state machines) and fails unless every live count
@@ -197,14 +198,14 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
     req = _per_batch(job_requests("reconciler", u), per_month)
     lines += traffic_lines("reconciler", req, a, prices,
                            gb_s=u["entry.verified"] / per_month * _gb_s(a.reconcile_entry_ms, a.reconcile_memory_mb))
-    # the weekly walk
+    # the walk: weekly only on a bucket without S3 Inventory (walks_per_month; none by default)
     u = units["walk"]
     req = _per_batch(job_requests("walk", u), per_month)
     probed = u["key.retained"] / per_month
     lines += traffic_lines("walk", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
                            gb_s=probed * _gb_s(a.walk_key_ms, a.walk_memory_mb)
                            + u["page"] / per_month * _gb_s(a.walk_page_ms, a.walk_memory_mb)
-                           + req["lambda.Invoke"] * overhead)
+                           + req.get("lambda.Invoke", 0.0) * overhead)
     # the daily GC of the audit's orphan candidates (the audit's own confirmation of each, a HEAD of
     # the blob, a GET of the record and a HEAD of the evidence, is counted with it)
     u = units["gc"]
@@ -213,7 +214,7 @@ def lightmetrics_lines(frame_bytes: int, a: Assumptions, prices: PriceTable, *, 
     req["s3.GetObject"] = req.get("s3.GetObject", 0.0) + u["candidate.orphan"] / per_month
     lines += traffic_lines("GC", req, a, prices, log_bytes_per_invocation=a.task_log_bytes,
                            gb_s=u["candidate.orphan"] / per_month * _gb_s(a.gc_blob_ms, a.reap_memory_mb)
-                           + req["lambda.Invoke"] * overhead)
+                           + req.get("lambda.Invoke", 0.0) * overhead)
     # daily retention; its marks items are priced by size: a mark is written with its page's
     # intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and
     # every task of a settle round reads all pending marks (consistent reads, 1 RRU per 4 KB)

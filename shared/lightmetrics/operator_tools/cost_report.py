@@ -8,9 +8,9 @@ the keep-up model's verdict on those settings (:mod:`lightmetrics.operator_tools
   no setting makes every job keep up at 1,000/s (retention's marks share one partition key, every
   index write of an hour one prefix), so the keep-up model cannot solve for them; it checks them,
   and the report prints its least headroom and the limit behind it.
-* **History** (:data:`HISTORY_DAYS`): the weekly walk lists every record ever made, the audit's
-  inventory and the stored records grow with age; the report prices the same deployment at one
-  and three years.
+* **History** (:data:`HISTORY_DAYS`): the audit's inventory and the stored records grow with age,
+  and so does a weekly walk (it lists every record ever made; only on a bucket without S3
+  Inventory: ``walks_per_month``); the report prices the same deployment at one and three years.
 * **Upkeep** (``UPKEEP_PARTS``): indexing, reconciler, walk, retention and audit, one share of the
   bill (the sum of those parts' lines).
 
@@ -88,7 +88,7 @@ def cost_report(rate: float, frame_bytes: int, *, overrides: dict[str, Any] | No
     moving = _moving(at[histories[0]], at[histories[-1]])
     est["histories"] = [_history(at[days], moving) for days in histories]
     check = keepup(rate, overrides={**settings, **(overrides or {})})
-    worst = min(check["jobs"], key=lambda j: j["headroom"])
+    worst = min((j for j in check["jobs"] if j["headroom"] is not None), key=lambda j: j["headroom"])
     est["scale"] = {"settings": settings, "keepup_min_headroom": check["min_headroom"],
                     "keepup_least_job": worst["job"], "keepup_first_limit": worst["first_limit"]}
     return est

@@ -18,6 +18,9 @@ from lightmetrics.deployment.resources import FUNCTIONS
 DAY_S = 86400
 MONTH_S = 30.4375 * DAY_S  # an average month
 MONTH_DAYS = MONTH_S / DAY_S
+#: ``walks_per_month`` of a deployment without S3 Inventory (infra/config.py ``inventory: false``):
+#: the walk's weekly fallback schedule (resources.scheduled).
+WEEKLY_WALKS_PER_MONTH = 4.35
 #: The index-accepted function's spec: its event source's batch size and batching window are what
 #: the CDK app synthesizes (one source for the model and the template).
 _INDEXER = next(f for f in FUNCTIONS if f.name == "index-accepted")
@@ -205,8 +208,10 @@ class Assumptions:
     manifest_bytes: int = 700
     derived_bytes: int = 1200  # accepted-by-time + accepted-by-blob + raw-blobs-by-time
     noncurrent_version_days: float = 30.0  # infra/config.py: derived entries deleted by retention/GC
-    # -- the bootstrap walk (resources.py: weekly, page_size 10,000, parallelism 40)
-    walks_per_month: float = 4.35
+    # -- the bootstrap walk (resources.py: page_size 10,000, parallelism 40). Not scheduled where an S3
+    # Inventory runs (the default deployment: the weekly audit moves every W, docs/walks.md); a bucket
+    # without one walks weekly: --assume walks_per_month=4.35 (WEEKLY_WALKS_PER_MONTH)
+    walks_per_month: float = 0.0
     walk_page_size: int = 10_000
     walk_parallelism: int = 40
     walk_rounds_per_execution: int = 14  # walk.max_rounds_for(40): rounds before the history budget
@@ -313,8 +318,8 @@ def job_units(batches_per_second: float, a: Assumptions) -> dict[str, dict[str, 
     """Units of work per month of each background job at this rate, history and schedule."""
     rate = batches_per_second
     live, reaped = a.live_days, a.reaped_days
-    # The weekly walk lists every acceptance record ever made (they are permanent), partition by
-    # partition, parallelism pages a round, walk_rounds_per_execution rounds an execution.
+    # A walk lists every acceptance record ever made (they are permanent), partition by partition,
+    # parallelism pages a round, walk_rounds_per_execution rounds an execution; walks_per_month of them.
     retained_keys, reaped_keys = rate * live * DAY_S, rate * reaped * DAY_S
     boot_rate = rate / a.fleet_agents  # keys per second of one agent boot
     per_partition = boot_rate * a.boot_days * DAY_S

@@ -22,6 +22,12 @@ the rate at which headroom falls to 1 (bisection over R: headroom never rises wi
 job's partitions are reported with their load at R (the rate it must follow × requests per unit
 on the partition) as a share of the quota. docs/performance.md quotes the output.
 
+The walk follows the deployment (the cost model's ``walks_per_month``): where an S3 Inventory runs
+(the default) it is not scheduled — the weekly audit moves every watermark — so it has no rate to
+follow and no headroom (``headroom`` None, ``scheduled`` False); its ``can_do_per_s`` and
+``one_walk_hours`` are then a bootstrap's pace. ``--set walks_per_month=4.35`` models a bucket
+without inventory, where it runs weekly over all history.
+
 Example:
     >>> report = keepup(1000.0)
     >>> [j["job"] for j in report["jobs"]][:3]
@@ -38,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, TypeVar, cast
 
-from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES
+from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES, scheduled
 from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived.reconcile import MAX_ENTRIES_PER_RUN
 from lightmetrics.derived.walk.params import max_rounds_for
@@ -212,8 +218,10 @@ def _reconciler(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict
 
 
 def _walk(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
-    u = job_units(rate, a)["walk"]
-    keys = u["key.retained"] + u["key.listed"] + u["key.reaped"]  # per month
+    # The shape of one walk a month (keys a page, pages a round); how many run is walks_per_month:
+    # none where an S3 Inventory runs (the audit moves W), weekly without one (docs/walks.md).
+    u = job_units(rate, replace(a, walks_per_month=1.0))["walk"]
+    keys = u["key.retained"] + u["key.listed"] + u["key.reaped"]  # one walk's
     per_page = keys / u["page"]
     # a page task: its LIST pages one after another, then its probes (group LISTs, HEADs,
     # tombstone HEADs) walk_pool at a time, then the fence and the cursor
@@ -233,7 +241,13 @@ def _walk(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, 
               Limit(f"inline Map {q.inline_map_concurrency}", q.inline_map_concurrency * per_page / round_s)]
     wcu, _ = control_table_units(JOB_REQUESTS["walk"]["page"])
     parts = [Partition("DynamoDB WCU, walk checkpoint", wcu / per_page, q.ddb_wcu_per_partition)]
-    return _job("walk (weekly)", "keys", keys / MONTH_S, limits, parts)
+    if not a.walks_per_month:
+        # Not scheduled: no rate to follow, so no headroom; can_do is a bootstrap's (or a repair's) pace.
+        job = _job("walk (not scheduled)", "keys", 0.0, limits, parts)
+        return {**job, "scheduled": False, "headroom": None, "one_walk_keys": keys,
+                "one_walk_hours": keys / job["can_do_per_s"] / 3600}
+    job = _job("walk (weekly)", "keys", keys * a.walks_per_month / MONTH_S, limits, parts)
+    return {**job, "one_walk_keys": keys, "one_walk_hours": keys / job["can_do_per_s"] / 3600}
 
 
 def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
@@ -297,9 +311,10 @@ def _jobs(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[dict[
 
 
 def _crossing(index: int, a: Assumptions, k: KeepupParams, q: Quotas) -> float | None:
-    """The rate at which job ``index``'s headroom falls to 1 (headroom never rises with the rate)."""
+    """The rate at which job ``index``'s headroom falls to 1 (headroom never rises with the rate);
+    None when it never does or the job is not scheduled."""
     lo, hi = 1e-3, 1e7
-    if _jobs(hi, a, k, q)[index]["headroom"] >= 1:
+    if _jobs(hi, a, k, q)[index]["headroom"] is None or _jobs(hi, a, k, q)[index]["headroom"] >= 1:
         return None
     if _jobs(lo, a, k, q)[index]["headroom"] < 1:
         return 0.0
@@ -343,17 +358,19 @@ def configure(profile: str = "deployed", overrides: dict[str, float] | None = No
     return a, k, q
 
 
-def eventbridge_rules() -> int:
+def eventbridge_rules(*, inventory: bool = True) -> int:
     """The stack's EventBridge rules (the default bus): one per scheduled function (the reconciler's
     one whatever ``LM_RECONCILE_SHARDS``: it fans out on its shards queue), per state machine schedule
-    and per pipeline schedule.
+    and per pipeline schedule the deployment runs (``resources.scheduled``: the audit's with an S3
+    Inventory, the walk's without).
 
     >>> eventbridge_rules() < Quotas().eventbridge_rules_per_bus
     True
     """
     functions = sum(1 for f in FUNCTIONS if f.trigger_kind == "schedule")
-    machines = sum((s.schedule is not None) + (s.disabled_schedule is not None) for s in STATE_MACHINES)
-    return functions + machines + len(PIPELINE_SCHEDULES)
+    machines = sum((s.schedule is not None and scheduled(s.name, inventory=inventory))
+                   + (s.disabled_schedule is not None) for s in STATE_MACHINES)
+    return functions + machines + sum(scheduled(job, inventory=inventory) for job in PIPELINE_SCHEDULES)
 
 
 def keepup(rate: float, *, profile: str = "deployed", overrides: dict[str, float] | None = None) -> dict[str, Any]:
@@ -367,5 +384,7 @@ def keepup(rate: float, *, profile: str = "deployed", overrides: dict[str, float
         job["at_rate"] = _crossing(i, a, k, q)
     return {"rate": rate, "profile": profile, "overrides": dict(overrides or {}), "params": asdict(k),
             "quotas": asdict(q), "assumptions": {f.name: getattr(a, f.name) for f in fields(a)},
-            "jobs": jobs, "min_headroom": min(j["headroom"] for j in jobs),
-            "eventbridge_rules": {"used": eventbridge_rules(), "quota": q.eventbridge_rules_per_bus}}
+            "jobs": jobs, "min_headroom": min(j["headroom"] for j in jobs if j["headroom"] is not None),
+            "walk_scheduled": bool(a.walks_per_month),
+            "eventbridge_rules": {"used": eventbridge_rules(inventory=not a.walks_per_month),
+                                  "quota": q.eventbridge_rules_per_bus}}
