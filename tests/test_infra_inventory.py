@@ -12,8 +12,9 @@ from typing import Any
 
 from conftest import INFRA_TEST_CONTEXT
 
-from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, SPEC
+from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, SPEC, schedule_input
 from lightmetrics.operator_tools.keepup import eventbridge_rules
+from lightmetrics.reaps.params import ReapParams
 
 
 def _templates(stack: Any) -> list[dict[str, Any]]:
@@ -71,3 +72,23 @@ def test_without_an_inventory_the_walk_runs_weekly_and_the_audit_is_not_schedule
     assert "audit" not in found and found["rollup"] == PIPELINE_SCHEDULES["rollup"][0]
     rules = [r for r in _of(templates, "AWS::Events::Rule") if "ScheduleExpression" in r]
     assert len(rules) == eventbridge_rules(inventory=False)
+    # No audit runs, so the daily GC takes its candidates from raw-blobs-by-time (rule G-B1), not
+    # from "the latest audit" (which would never exist there: orphans never collected).
+    gc_inputs = [json.loads(r["Targets"][0]["Input"]) for r in rules if r.get("State") == "ENABLED"
+                 and json.loads(r["Targets"][0].get("Input", "{}")).get("mode") == "gc"]
+    assert [(i["source"], "audit_run" in i) for i in gc_inputs] == [("by-time", False)]
+    assert ReapParams.parse(gc_inputs[0]).source == "by-time"
+
+
+def test_the_scheduled_gc_reads_the_audit_only_where_one_runs() -> None:
+    reap = SPEC.state_machine("reap")
+    with_inventory = json.loads(schedule_input(reap, inventory=True) or "")
+    without = json.loads(schedule_input(reap, inventory=False) or "")
+    assert (with_inventory["source"], with_inventory["audit_run"]) == ("audit", "latest")
+    assert without["source"] == "by-time" and "audit_run" not in without
+    # Everything else the same: a deletion is a deletion in both (dry_run stated, page budget)
+    assert {k: v for k, v in without.items() if k != "source"} == \
+        {k: v for k, v in with_inventory.items() if k not in ("source", "audit_run")}
+    for walk_inventory in (True, False):
+        walk = SPEC.state_machine("bootstrap-walk")
+        assert schedule_input(walk, inventory=walk_inventory) == walk.schedule_input

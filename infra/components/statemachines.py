@@ -30,7 +30,7 @@ from constructs import Construct
 from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
 from lightmetrics.deployment.resource_types import StateMachineSpec
-from lightmetrics.deployment.resources import scheduled
+from lightmetrics.deployment.resources import schedule_input, scheduled
 from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
@@ -108,7 +108,7 @@ class StateMachines(Construct):
             # drop a null, and the console inputs documented in docs/walks.md and docs/reaps.md have them).
             # The walk's weekly schedule only where no S3 Inventory is configured (resources.scheduled).
             rule = self._schedule(f"{cid}Schedule", f"{spec.name}: {spec.schedule}", spec.schedule,
-                                  spec.schedule_input, machine) \
+                                  schedule_input(spec, inventory=config.inventory), machine) \
                 if spec.schedule and scheduled(spec.name, inventory=config.inventory) else None
             # Deployed disabled (retention deletes data by policy): an operator enables it.
             disabled_rule = self._schedule(

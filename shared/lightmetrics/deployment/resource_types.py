@@ -263,7 +263,9 @@ class StateMachineSpec:
       (:mod:`lightmetrics.operator_tools.statemachines`);
     * ``schedule`` / ``schedule_input``: an EventBridge schedule expression and the execution
       input it sends (JSON text, every field explicit), or None for manual starts only;
-      ``disabled_schedule`` / ``disabled_schedule_input``: one more, deployed disabled.
+      ``disabled_schedule`` / ``disabled_schedule_input``: one more, deployed disabled;
+      ``no_inventory_schedule_input``: the schedule's input on a bucket without S3 Inventory, where
+      it differs (``resources.schedule_input``).
     """
 
     name: str
@@ -275,6 +277,8 @@ class StateMachineSpec:
     #: a second schedule deployed disabled (an operator enables it deliberately), e.g. retention
     disabled_schedule: str | None = None
     disabled_schedule_input: str | None = None
+    #: the input where no S3 Inventory (so no audit) runs, if not ``schedule_input``: GC's candidates
+    no_inventory_schedule_input: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -286,7 +290,7 @@ class StateMachineSpec:
         for p in placeholders:
             if not p.isidentifier():
                 raise ValueError(f"state machine {self.name!r}: placeholder {p!r} is not an identifier")
-        for text in (self.schedule_input, self.disabled_schedule_input):
+        for text in (self.schedule_input, self.disabled_schedule_input, self.no_inventory_schedule_input):
             if text is not None:
                 json.loads(text)  # must be valid JSON
 

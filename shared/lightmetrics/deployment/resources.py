@@ -32,7 +32,7 @@ from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names man
 from lightmetrics.protocol.keys import layout_root, layout_roots
 
 __all__ = ["BUCKET", "FUNCTIONS", "INVENTORY_SCHEDULES", "NO_INVENTORY_SCHEDULES", "PIPELINE_SCHEDULES", "QUEUES",
-           "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES", "TABLE", "scheduled"]
+           "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES", "TABLE", "schedule_input", "scheduled"]
 
 
 BUCKET = BucketSpec()
@@ -337,6 +337,10 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
         schedule="cron(0 4 * * ? *)",
         schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "audit", "audit_run": "latest",
                                    "max_pages": 2000}, sort_keys=True),
+        # Without an S3 Inventory no audit runs: the daily GC takes its candidates from the
+        # raw-blobs-by-time hours past the retry horizon (rule G-B1), from its durable cursor.
+        no_inventory_schedule_input=json.dumps({"mode": "gc", "dry_run": False, "source": "by-time",
+                                                "max_pages": 2000}, sort_keys=True),
         # Retention deletes data by policy: its schedule is deployed DISABLED until an operator
         # sets LM_RETENTION_S deliberately and enables the rule (docs/reaps.md).
         disabled_schedule="cron(0 5 * * ? *)",
@@ -380,3 +384,16 @@ def scheduled(name: str, *, inventory: bool) -> bool:
     if name in INVENTORY_SCHEDULES:
         return inventory
     return not inventory if name in NO_INVENTORY_SCHEDULES else True
+
+
+def schedule_input(spec: StateMachineSpec, *, inventory: bool) -> str | None:
+    """The input the schedule of ``spec`` sends on a bucket with or without an S3 Inventory: GC's
+    candidates come from the newest audit where one runs, from ``raw-blobs-by-time`` where none does.
+
+    >>> import json
+    >>> json.loads(schedule_input(SPEC.state_machine("reap"), inventory=False))["source"]
+    'by-time'
+    """
+    if not inventory and spec.no_inventory_schedule_input is not None:
+        return spec.no_inventory_schedule_input
+    return spec.schedule_input
