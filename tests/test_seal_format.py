@@ -29,6 +29,7 @@ from lightmetrics.protocol.seal import (
     SealTailShort,
     check_seal_key,
     read_block,
+    read_covers,
     read_footer,
     read_seal,
     write_seal,
@@ -55,10 +56,10 @@ class RangedObject:
         return self.data[offset:offset + length]
 
 
-def lookup(obj: RangedObject, entry_key: str) -> AcceptedSegmentEntry | None:
+def lookup(obj: RangedObject, entry_key: str, tail: int = TAIL_READ_BYTES) -> AcceptedSegmentEntry | None:
     """What a reader of one entry does: the tail (the footer), then the one block it names."""
     try:
-        footer = read_footer(KEY, obj.suffix(TAIL_READ_BYTES))
+        footer = read_footer(KEY, obj.suffix(tail))
     except SealTailShort as short:
         footer = read_footer(KEY, obj.suffix(short.needed))
     ref = footer.lookup(entry_key)
@@ -81,10 +82,11 @@ def test_a_seal_of_several_blocks_round_trips(big) -> None:  # type: ignore[no-u
     assert list(seal.entries) == sorted(entries, key=lambda e: e.entry_key)
     footer = seal.footer
     assert [b.entries for b in footer.blocks] == [BLOCK_ENTRIES, BLOCK_ENTRIES, 123]
-    assert footer.entries == len(entries) and len(footer.covers) == 40 and footer.generation == 3
+    assert footer.entries == len(entries) and footer.covers.count == 40 and footer.generation == 3
+    assert len(seal.covers) == 40 and list(seal.covers) == sorted(seal.covers)
     check_seal_key(CODEC, KEY, footer)
     assert data[:6] == b"LMSEAL" and data[-8:-2] == b"LMSEAL"
-    assert write_seal(ACC, H, 0, 1, 3, entries, reversed(footer.covers)) == data  # deterministic
+    assert write_seal(ACC, H, 0, 1, 3, entries, reversed(seal.covers)) == data  # deterministic
 
 
 def test_one_entry_is_two_ranged_reads_and_an_absent_one_at_most_two(big) -> None:  # type: ignore[no-untyped-def]
@@ -97,13 +99,21 @@ def test_one_entry_is_two_ranged_reads_and_an_absent_one_at_most_two(big) -> Non
         assert lookup(obj, absent) is None and obj.reads <= 2
 
 
-def test_a_footer_longer_than_the_first_tail_read_costs_one_more_read_of_the_exact_length() -> None:
-    covers = [SegmentKeyCodec("prod/").segment(ACC, 0, H, f"{i:064x}") for i in range(3000)]
+def test_the_covered_keys_stay_out_of_a_lookups_reads_and_a_short_tail_costs_one_exact_read() -> None:
     entry = accepted(CODEC, "agent", 1)
-    data = write_seal(ACC, H, 0, 1, 3, [entry], covers)
-    assert len(data) > TAIL_READ_BYTES
-    obj = RangedObject(data)
-    assert lookup(obj, entry.entry_key) == entry and obj.reads == 3
+    sizes = {}
+    for n in (10, 14_400):  # 14,400: a part-hour's segments at 10,000 batches/s
+        covers = [SegmentKeyCodec("prod/").segment(ACC, 0, H, f"{i:064x}") for i in range(n)]
+        data = write_seal(ACC, H, 0, 1, 3, [entry], covers)
+        sizes[n] = TRAILER.unpack(data[-TRAILER.size:])[1]
+        obj = RangedObject(data)
+        assert lookup(obj, entry.entry_key) == entry and obj.reads == 2
+        obj = RangedObject(data)
+        assert lookup(obj, entry.entry_key, tail=100) == entry and obj.reads == 3  # told the exact length
+        footer = read_footer(KEY, data)
+        ref = footer.covers
+        assert len(read_covers(KEY, footer, data[ref.offset:ref.offset + ref.length])) == n
+    assert sizes[14_400] - sizes[10] < 20  # only the digits of the covers' offset, length and count
 
 
 @given(st.sets(st.integers(0, 10_000), max_size=200), st.booleans())
@@ -154,7 +164,7 @@ def test_corrupted_seals_are_refused_with_typed_errors(big) -> None:  # type: ig
         "add up": _refooter(data, entries=footer.entries + 1),
         "power of two": _refooter(data, parts=3),
         "hour must look like": _refooter(data, hour="2026-12-07 13"),
-        "covers": _refooter(data, covers=["b", "a"]),
+        "covers: not the footer's count": _refooter(data, covers={**footer.covers.model_dump(), "count": 41}),
         "too short": data[:20],
     }
     for reason, bad in cases.items():
@@ -164,6 +174,9 @@ def test_corrupted_seals_are_refused_with_typed_errors(big) -> None:  # type: ig
     ref = footer.blocks[1]
     with pytest.raises(SealError, match="block at .* checksum"):  # the two-read path checks the block
         read_block(CODEC, KEY, footer, ref, _flip(data, ref.offset + 10)[ref.offset:ref.offset + ref.length])
+    covers = footer.covers
+    with pytest.raises(SealError, match="covers: checksum"):
+        read_covers(KEY, footer, _flip(data, covers.offset + 3)[covers.offset:covers.offset + covers.length])
     for version_at in (6, len(data) - 2):  # the header's and the trailer's version
         newer = data[:version_at] + struct.pack(">H", 2) + data[version_at + 2:]
         with pytest.raises(UnsupportedVersionError, match="version 2"):
@@ -173,12 +186,14 @@ def test_corrupted_seals_are_refused_with_typed_errors(big) -> None:  # type: ig
 def _assemble(entries: list[AcceptedSegmentEntry], ref_over: dict | None = None, **over: object) -> bytes:
     """A seal of one block holding ``entries`` as given, every checksum right (a faulty writer's)."""
     block = zstandard.ZstdCompressor().compress(canonical_json([e.model_dump(mode="json") for e in entries]))
-    body = HEADER.pack(b"LMSEAL", 1) + block
+    covers = zstandard.ZstdCompressor().compress(b"[]")
+    body = HEADER.pack(b"LMSEAL", 1) + block + covers
     ref = {"first_key": min(e.entry_key for e in entries), "last_key": max(e.entry_key for e in entries),
            "offset": HEADER.size, "length": len(block), "entries": len(entries),
            "sha256": hashlib.sha256(block).hexdigest(), **(ref_over or {})}
     footer = canonical_json({"index": "accepted-by-time", "hour": str(H), "part": 0, "parts": 1, "generation": 3,
-                             "entries": len(entries), "covers": [], "blocks": [ref],
+                             "entries": len(entries), "covers": {"offset": HEADER.size + len(block), "length": len(covers), "count": 0,
+                                        "sha256": hashlib.sha256(covers).hexdigest()}, "blocks": [ref],
                              "body_sha256": hashlib.sha256(body).hexdigest(), **over})
     return body + footer + TRAILER.pack(len(body), len(footer), hashlib.sha256(footer).digest(), b"LMSEAL", 1)
 
