@@ -73,7 +73,7 @@ def lookup(obj: RangedObject, entry_key: str, tail: int = TAIL_READ_BYTES) -> Ac
 def big() -> tuple[list[AcceptedSegmentEntry], bytes]:
     entries = [accepted(CODEC, "agent", seq) for seq in range(2 * BLOCK_ENTRIES + 123)]
     covers = [SegmentKeyCodec("prod/").segment(ACC, 0, H, f"{i:064x}") for i in range(40)]
-    return entries, write_seal(ACC, H, 0, 1, 3, reversed(entries), covers)
+    return entries, write_seal(CODEC, ACC, H, 0, 1, 3, reversed(entries), covers)
 
 
 def test_a_seal_of_several_blocks_round_trips(big) -> None:  # type: ignore[no-untyped-def]
@@ -86,7 +86,7 @@ def test_a_seal_of_several_blocks_round_trips(big) -> None:  # type: ignore[no-u
     assert len(seal.covers) == 40 and list(seal.covers) == sorted(seal.covers)
     check_seal_key(CODEC, KEY, footer)
     assert data[:6] == b"LMSEAL" and data[-8:-2] == b"LMSEAL"
-    assert write_seal(ACC, H, 0, 1, 3, entries, reversed(seal.covers)) == data  # deterministic
+    assert write_seal(CODEC, ACC, H, 0, 1, 3, entries, reversed(seal.covers)) == data  # deterministic
 
 
 def test_one_entry_is_two_ranged_reads_and_an_absent_one_at_most_two(big) -> None:  # type: ignore[no-untyped-def]
@@ -104,7 +104,7 @@ def test_the_covered_keys_stay_out_of_a_lookups_reads_and_a_short_tail_costs_one
     sizes = {}
     for n in (10, 14_400):  # 14,400: a part-hour's segments at 10,000 batches/s
         covers = [SegmentKeyCodec("prod/").segment(ACC, 0, H, f"{i:064x}") for i in range(n)]
-        data = write_seal(ACC, H, 0, 1, 3, [entry], covers)
+        data = write_seal(CODEC, ACC, H, 0, 1, 3, [entry], covers)
         sizes[n] = TRAILER.unpack(data[-TRAILER.size:])[1]
         obj = RangedObject(data)
         assert lookup(obj, entry.entry_key) == entry and obj.reads == 2
@@ -121,7 +121,7 @@ def test_the_covered_keys_stay_out_of_a_lookups_reads_and_a_short_tail_costs_one
 def test_seals_round_trip_both_indexes(seqs: set[int], blobs: bool) -> None:
     make, index = (blob, BLOBS) if blobs else (accepted, ACC)
     entries = [make(CODEC, "a", s) for s in seqs]
-    data = write_seal(index, H, 0, 1, 0, entries, ["c"])
+    data = write_seal(CODEC, index, H, 0, 1, 0, entries, ["c"])
     key = SegmentKeyCodec("prod/").seal(index, 0, H, 0)
     seal = read_seal(CODEC, key, data)
     assert list(seal.entries) == sorted(entries, key=lambda e: e.entry_key)
@@ -131,10 +131,16 @@ def test_seals_round_trip_both_indexes(seqs: set[int], blobs: bool) -> None:
 def test_a_seal_folds_v1_entries_which_keep_no_etag() -> None:
     v2 = accepted(CODEC, "a", 1)
     v1 = AcceptedSegmentEntry.from_v1(AcceptedByTimeEntry(**accepted(CODEC, "a", 2).model_dump(exclude={"record_etag"})))
-    data = write_seal(ACC, H, 0, 1, 0, fold_entries([("v1", [v1], True), ("seg", [v2], False)]), ["v1", "seg"])
+    data = write_seal(CODEC, ACC, H, 0, 1, 0, fold_entries([("v1", [v1], True), ("seg", [v2], False)]), ["v1", "seg"])
     assert set(read_seal(CODEC, KEY, data).entries) == {v1, v2}
     with pytest.raises(SegmentConflictError):
-        write_seal(ACC, H, 0, 1, 0, [v2, v2.model_copy(update={"frame_bytes": 1})], [])
+        write_seal(CODEC, ACC, H, 0, 1, 0, [v2, v2.model_copy(update={"frame_bytes": 1})], [])
+    with pytest.raises(ValueError, match="hour"):  # a sealer folds one part-hour, nothing else
+        write_seal(CODEC, ACC, H, 0, 1, 0, [accepted(CODEC, "a", 3, hour=H + 1)], [])
+    with pytest.raises(ValueError, match="part"):
+        write_seal(CODEC, ACC, H, 0, 2, 0, in_part(CODEC, accepted, 1, 2, 1), [])
+    with pytest.raises(ValueError, match="RawBlobSegmentEntry"):
+        write_seal(CODEC, ACC, H, 0, 1, 0, [blob(CODEC, "a", 3)], [])
 
 
 def _refooter(data: bytes, **over: object) -> bytes:
@@ -210,7 +216,7 @@ def test_an_unsorted_block_or_an_entry_of_another_hour_is_refused_even_with_good
 
 
 def test_a_seal_read_under_another_key_is_refused() -> None:
-    data = write_seal(ACC, H, 0, 1, 3, [accepted(CODEC, "a", 1)], [])
+    data = write_seal(CODEC, ACC, H, 0, 1, 3, [accepted(CODEC, "a", 1)], [])
     footer = read_seal(CODEC, KEY, data).footer
     keys = SegmentKeyCodec("prod/")
     for other in (keys.seal(ACC, 0, H, 4), keys.seal(ACC, 0, H + 1, 3), keys.seal(BLOBS, 0, H, 3),

@@ -228,6 +228,7 @@ def test_every_v_d4_refusal_names_the_key_and_the_reason() -> None:
         "body index": _forge(codec, ACC, 0, H, _doc(codec, good, index="raw-blobs-by-time", parts=2)),
         "body hour": _forge(codec, ACC, 0, H, _doc(codec, good, hour=str(H + 1), parts=2)),
         "body part": _forge(codec, ACC, 0, H, _doc(codec, good, part=1, parts=2)),
+        "body part True": _forge(codec, ACC, 1, H, _doc(codec, other_part, part=True, parts=2)),
         "power of two": _forge(codec, ACC, 0, H, _doc(codec, good, parts=3)),
         "entries is not a list": _forge(codec, ACC, 0, H, {**_doc(codec, [], parts=2), "entries": {}}),
         "frame_bytes": _forge(codec, ACC, 0, H, {**_doc(codec, [], parts=2), "entries": [{**e0, "frame_bytes": "1"}]}),

@@ -18,7 +18,7 @@ The covered keys are a section of their own (:func:`read_covers`), just before t
 Wrong magic, an unknown version, a bad checksum, unsorted entries are refused with typed errors.
 
 Example:
-    >>> data = write_seal(SegmentIndex.RAW_BLOBS_BY_TIME, UtcHour(0), 0, 1, 0, [], covers=[])
+    >>> data = write_seal(KeyCodec(), SegmentIndex.RAW_BLOBS_BY_TIME, UtcHour(0), 0, 1, 0, [], covers=[])
     >>> read_seal(KeyCodec(), "k", data).footer.entries
     0
 """
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from lightmetrics.protocol.errors import KeyLayoutError, SealError, SegmentError, UnsupportedVersionError
 from lightmetrics.protocol.keys import KeyCodec, UtcHour
 from lightmetrics.protocol.manifests import canonical_json
-from lightmetrics.protocol.segment_entries import SegmentEntry, check_entry, check_sorted_unique
+from lightmetrics.protocol.segment_entries import SegmentEntry, check_entry, check_sorted_unique, check_writable
 from lightmetrics.protocol.segment_keys import SegmentIndex, SegmentKeyCodec, validate_parts
 from lightmetrics.protocol.segments import parse_entries
 
@@ -119,11 +119,15 @@ class Seal:
     covers: tuple[str, ...]
 
 
-def write_seal(index: SegmentIndex, hour: UtcHour, part: int, parts: int, generation: int,
+def write_seal(codec: KeyCodec, index: SegmentIndex, hour: UtcHour, part: int, parts: int, generation: int,
                entries: Iterable[SegmentEntry], covers: Iterable[str]) -> bytes:
-    """The bytes of a sealed part of (index, part, hour): ``entries`` folded already (one per key)."""
+    """The bytes of generation ``generation`` of the sealed part of (index, part, hour): ``entries``
+    folded already (one per key, :func:`fold_entries`), ``covers`` the keys folded in."""
+    index, parts = SegmentIndex(index), validate_parts(parts)
+    where = SegmentKeyCodec(codec.prefix).seal(index, part, hour, generation)
     items = sorted(entries, key=lambda e: e.entry_key)
-    check_sorted_unique(f"seal of {index.value} part {part} {hour}", items)
+    check_sorted_unique(where, items)
+    check_writable(codec, index, hour, part, parts, items, where, allow_v1=True)
     out = bytearray(HEADER.pack(MAGIC, VERSION))
     refs = []
     compressor = zstandard.ZstdCompressor(level=3, write_content_size=True)

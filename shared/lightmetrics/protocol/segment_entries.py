@@ -127,6 +127,21 @@ def check_entry(codec: KeyCodec, entry: SegmentEntry, hour: UtcHour, part: int, 
     return None
 
 
+def check_writable(codec: KeyCodec, index: SegmentIndex, hour: UtcHour, part: int, parts: int,
+                   entries: Iterable[SegmentEntry], where: str, *, allow_v1: bool = False) -> None:
+    """A writer's check before it writes a segment or a seal: every entry of the index's type, of
+    the part and hour, with its ``record_etag`` (unless folded from v1: seals only). ``ValueError``
+    otherwise — a writer groups its entries first, so this is a bug, never a reader's refusal."""
+    typ = ENTRY_TYPES[index]
+    for entry in entries:
+        if type(entry) is not typ:
+            raise ValueError(f"{where}: a {type(entry).__name__} in a {index.value} object")
+        if not allow_v1 and getattr(entry, "record_etag", "") is None:
+            raise ValueError(f"{where}: entry {entry.entry_key} has no record_etag (a v2 writer reads it)")
+        if (why := check_entry(codec, entry, hour, part, parts)) is not None:
+            raise ValueError(f"{where}: {why}")
+
+
 def _agree(a: SegmentEntry, b: SegmentEntry, either_v1: bool) -> bool:
     if not either_v1:
         return a == b

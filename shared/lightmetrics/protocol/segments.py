@@ -33,6 +33,7 @@ from lightmetrics.protocol.segment_entries import (
     SegmentEntry,
     check_entry,
     check_sorted_unique,
+    check_writable,
     sorted_unique,
 )
 from lightmetrics.protocol.segment_keys import SegmentIndex, SegmentKeyCodec, validate_parts
@@ -97,15 +98,8 @@ def encode_segments(codec: KeyCodec, index: SegmentIndex, hour: UtcHour, part: i
     writer = dict(writer or {})
     keys = SegmentKeyCodec(codec.prefix)
     where = keys.part_hour(index, part, hour)
-    typ = ENTRY_TYPES[index]
     items = sorted_unique(where, entries)
-    for entry in items:
-        if type(entry) is not typ:
-            raise ValueError(f"{where}: a {type(entry).__name__} in a {index.value} segment")
-        if getattr(entry, "record_etag", "") is None:
-            raise ValueError(f"{where}: entry {entry.entry_key} has no record_etag (a v2 writer reads it)")
-        if (why := check_entry(codec, entry, hour, part, parts)) is not None:
-            raise ValueError(f"{where}: {why}")
+    check_writable(codec, index, hour, part, parts, items, where)
     overhead = len(_body(index, hour, part, parts, [], writer))
     out = []
     for piece in _cuts(items, max_entries, max_bytes, overhead):
@@ -141,7 +135,7 @@ def decode_segment(codec: KeyCodec, key: str, body: bytes) -> Segment:
     header = {k: doc.get(k) for k in _HEADER_FIELDS}
     want = {"index": parsed.index.value, "hour": str(parsed.hour), "part": parsed.part}
     for field, value in want.items():
-        if header[field] != value:
+        if type(header[field]) is not type(value) or header[field] != value:  # true is not part 1
             raise SegmentLayoutError(key, f"body {field} {header[field]!r} is not the key's {value!r}")
     try:
         parts = validate_parts(header["parts"])
