@@ -1,7 +1,8 @@
 """The key layout lives in one module: ``lightmetrics.protocol.keys`` (the :class:`KeyCodec` and its
-prefix table). Everywhere else a layout root (``accepted/v1/``, ``rollup/v1/``, ...) is asked of the
-codec (``codec.root(kind)``, ``layout_root(kind)``, the hour/window prefix builders), never spelled,
-so a change of the layout is a change of one file. Checked on the source: every string constant of
+prefix table), and the v2 derived layout in ``lightmetrics.protocol.segment_keys`` (its ``V2_ROOTS``).
+Everywhere else a layout root (``accepted/v1/``, ``rollup/v1/``, ...) is asked of the codec
+(``codec.root(kind)``, ``layout_root(kind)``, the hour/window prefix builders), never spelled, so a
+change of the layout is a change of one file. Checked on the source: every string constant of
 every module (docstrings and comments may keep naming prefixes: they explain, they do not build keys).
 """
 
@@ -12,15 +13,18 @@ import re
 from pathlib import Path
 
 from lightmetrics.protocol.keys import LAYOUT_ROOTS
+from lightmetrics.protocol.segment_keys import V2_ROOTS
 
 ROOT = Path(__file__).resolve().parents[1]
 #: where the system's code lives (the tests may spell keys: they check the codec from outside)
 SOURCE_DIRS = ("shared/lightmetrics", "pipeline", "functions", "infra")
 HOME = "shared/lightmetrics/protocol/keys.py"
+V2_HOME = "shared/lightmetrics/protocol/segment_keys.py"
 #: modules that may still spell layout roots, each with its reason (none now: keep it that way)
 ALLOWED: dict[str, str] = {}
 #: a layout root not preceded by another key character ("x-accepted/v1/" is not "accepted/v1/")
-LITERAL = re.compile(r"(?<![A-Za-z0-9_.=-])(?:" + "|".join(re.escape(r) for r in LAYOUT_ROOTS) + ")")
+ROOTS = (*LAYOUT_ROOTS, *V2_ROOTS.values())
+LITERAL = re.compile(r"(?<![A-Za-z0-9_.=-])(?:" + "|".join(re.escape(r) for r in ROOTS) + ")")
 
 
 def docstring_nodes(tree: ast.AST) -> set[int]:
@@ -49,7 +53,7 @@ def offenders(root: Path) -> dict[str, list[tuple[int, str]]]:
     for folder in SOURCE_DIRS:
         for path in sorted((root / folder).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            if rel == HOME or rel in ALLOWED or "/node_modules/" in rel or "cdk.out" in rel:
+            if rel in (HOME, V2_HOME) or rel in ALLOWED or "/node_modules/" in rel or "cdk.out" in rel:
                 continue
             hits = layout_literals(path.read_text(encoding="utf-8"))
             if hits:
@@ -69,6 +73,8 @@ def test_the_detector_finds_what_it_must_and_nothing_else() -> None:
 def test_no_module_but_the_key_codec_spells_a_layout_root() -> None:
     assert len(LAYOUT_ROOTS) == 13
     assert (ROOT / HOME).is_file() and layout_literals((ROOT / HOME).read_text())  # the codec does spell them
+    assert layout_literals((ROOT / V2_HOME).read_text())
+    assert layout_literals('x = "accepted-by-time/v2/"\n') == [(1, "accepted-by-time/v2/")]
     assert offenders(ROOT) == {}
 
 

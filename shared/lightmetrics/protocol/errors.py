@@ -55,3 +55,35 @@ class ResourceAccessError(LightmetricsError):
     def __init__(self, kind: str, name: str, setting: str, problem: str) -> None:
         self.resource, self.setting = f"{kind} {name}", setting
         super().__init__(f"{kind} {name} ({setting}) {problem}")
+
+
+class SegmentError(LightmetricsError, ValueError):
+    """A v2 index segment or sealed part that a reader must not use (docs/protocol.md §9.1).
+
+    Never skipped: a blocker of kind ``kind`` (work key ``<kind>:<key>``) that keeps its hour open.
+    ``key`` names the object, ``reason`` says what is wrong with it.
+    """
+
+    kind = "segment"
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key, self.reason = key, reason
+        super().__init__(f"{key}: {reason}")
+
+
+class SegmentLayoutError(SegmentError):
+    """V-D4: the key, the body or an entry is outside the v2 layout (digest, schema, hour, part)."""
+
+
+class SegmentConflictError(SegmentError):
+    """V-D7: two unequal entries for one entry key; ``key`` and ``other`` name both sources."""
+
+    kind = "segment-conflict"
+
+    def __init__(self, key: str, reason: str, other: str) -> None:
+        self.other = other
+        super().__init__(key, f"{reason} (and in {other})")
+
+
+class SealError(SegmentError):
+    """A sealed part (``.lmseal``) whose bytes are not a valid seal v1: magic, checksum, order."""

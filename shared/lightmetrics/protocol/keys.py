@@ -3,7 +3,8 @@
 Keys live inside the authority's prefix namespace (``LM_PREFIX``, empty or ending in ``/``).
 Builders take validated values (:class:`BatchIdentity`, :class:`UtcHour`, a sha256 hex) so a
 key can only be made from input that already passed validation; :meth:`KeyCodec.parse` is the
-inverse and raises :class:`KeyLayoutError` for anything outside the layout.
+inverse and raises :class:`KeyLayoutError` for anything outside the layout. The v2 derived layout
+(index segments, sealed parts: docs/protocol.md §3) is :mod:`lightmetrics.protocol.segment_keys`.
 
 Example:
     >>> codec = KeyCodec("prod/")
