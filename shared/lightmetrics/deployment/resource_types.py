@@ -148,7 +148,7 @@ class FunctionSpec:
       are not AWS principals and carry HMAC tokens) or ``"iam"`` (admin: SigV4-signed operators;
       the local runtime checks the signature too, :mod:`lightmetrics.local.sigv4`).
     * ``shard_queue``: a ``schedule`` function whose one schedule fans out: each scheduled run sends
-      one message ``{"shard": i}`` per reconciler shard (``LM_RECONCILE_SHARDS``) to this
+      one message ``{"shard": i, "fanout_ns": t}`` per reconciler shard (``LM_RECONCILE_SHARDS``) to this
       :class:`ShardQueueSpec`, which triggers the same function one message at a time (partial-batch
       responses), so N shards take one rule, not N (docs/protocol.md §12 R8).
     """
