@@ -97,6 +97,7 @@ class LightmetricsStack(Stack):
             functions=list(self.functions.built.values()),
             queues=self.queues.built,
             state_machines=list(self.state_machines.built.values()),
+            shard_queues=self.shard_queues.built,
         )
         self.operator_policy = operator_policy(
             self, "OperatorPolicy", config=config, spec=spec, storage=self.storage, table_arn=self.control.table.table_arn,
