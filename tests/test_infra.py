@@ -431,7 +431,9 @@ def test_layer_and_functions(cdk_synth: Any) -> None:
         env = render(p["Environment"]["Variables"])
         wanted = settings_vars - ({"LM_INGEST_URL"} if fn.trigger_kind == "http" or not any(
             f.trigger_kind == "http" for f in SPEC.functions) else set())
-        wanted -= set() if fn.shard_queue else {"LM_RECONCILE_SHARDS_QUEUE_URL"}  # the fan-out's function only
+        # the fan-out's function, and those that read the shards queue's depth (the admin API's status)
+        told = fn.shard_queue or any(q.name in fn.sqs_read_attributes for q in SPEC.shard_queues)
+        wanted -= set() if told else {"LM_RECONCILE_SHARDS_QUEUE_URL"}
         assert {k for k in env if k.startswith("LM_")} == wanted
         assert env["LM_BUCKET"] == "<AuthorityBucket>" and env["LM_TABLE"] == "<ControlTable>"
         assert env["LM_PREFIX"] == NS and env["LM_AUTH_SECRET_ID"] == SPEC.secret.default_name

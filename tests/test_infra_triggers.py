@@ -37,7 +37,8 @@ def test_queue_functions_have_partial_batch_event_source_mappings(cdk_synth: Any
 
 def test_the_reconciler_runs_each_shard_from_its_shards_queue_with_a_dlq(cdk_synth: Any) -> None:
     """One message a run, partial-batch responses, a DLQ with its DlqNotEmpty alarm; the queue
-    outlasts a run; the function is told the queue's URL and may send to it (the fan-out), and only it."""
+    outlasts a run; the function is told the queue's URL and may send to it (the fan-out), and only
+    it may send (the admin function is told it too: status reads its depth)."""
     ids = _function_ids(cdk_synth)
     (props,) = [m["Properties"] for m in resources(cdk_synth, "AWS::Lambda::EventSourceMapping").values()
                 if ids["reconcile"] in str(render(m["Properties"]["FunctionName"]))]
@@ -62,7 +63,7 @@ def test_the_reconciler_runs_each_shard_from_its_shards_queue_with_a_dlq(cdk_syn
     functions = resources(cdk_synth, "AWS::Lambda::Function")
     told = {name for name, lid in ids.items()
             if "LM_RECONCILE_SHARDS_QUEUE_URL" in functions[lid]["Properties"]["Environment"]["Variables"]}
-    assert told == {"reconcile"}
+    assert told == {"reconcile", "admin"}  # the fan-out, and the admin API's status (its depth)
     senders = {lid for lid, p in resources(cdk_synth, "AWS::IAM::Policy").items()
                if "sqs:SendMessage" in json.dumps(p) and queue_id in json.dumps(p)}
     assert len(senders) == 1 and "ReconcileRole" in next(iter(senders)), senders
