@@ -98,10 +98,12 @@ class LightmetricsStack(Stack):
             functions=list(self.functions.built.values()),
             queues=self.queues.built,
             state_machines=list(self.state_machines.built.values()),
+            shard_queues=self.shard_queues.built,
         )
         self.operator_policy = operator_policy(
             self, "OperatorPolicy", config=config, spec=spec, storage=self.storage, table_arn=self.control.table.table_arn,
-            secret_arn=secret_policy_arn(self, config.secret_name), queues=self.queues.by_name,
+            secret_arn=secret_policy_arn(self, config.secret_name),
+            queues={**self.queues.by_name, **self.shard_queues.by_name},
             admin_function_arn=self.functions.built["admin"].function.function_arn)
         self.pipeline = Pipeline(self, "Pipeline", config=config, bucket=self.storage.bucket, ops_bucket=self.storage.ops_bucket,
                                  table_arn=self.control.table.table_arn, table_name=self.control.table.table_name,
@@ -116,6 +118,9 @@ class LightmetricsStack(Stack):
             for name, q in ((queue.spec.name, queue.queue), (queue.spec.dlq_name, queue.dlq)):
                 CfnOutput(self, queue_output_key(name), value=q.queue_url,
                           description=f'LM_QUEUE_URLS: {{"{name}": "<this URL>"}}')
+        for shard_queue in self.shard_queues.built:  # lmctl status reads its depth and its DLQ's
+            CfnOutput(self, queue_output_key(shard_queue.spec.name), value=shard_queue.queue.queue_url,
+                      description="LM_RECONCILE_SHARDS_QUEUE_URL")
         CfnOutput(self, "GcRoleArn", value=self.storage.gc_role.role_arn, description="the only raw-blob deleter")
         CfnOutput(self, "OperatorPolicyArn", value=self.operator_policy.managed_policy_arn,
                   description="what lmctl needs (docs/runbook.md): attach it to the operators' role")

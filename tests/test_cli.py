@@ -247,6 +247,7 @@ def stack(runtime):  # type: ignore[no-untyped-def]
         values = {"BucketName": st.bucket, "Prefix": st.prefix or EMPTY_PREFIX, "TableName": st.table,
                   "SecretName": st.auth_secret_id, "IngestUrl": f"https://{tag}.lambda-url.us-east-1.on.aws/"}
         values.update({queue_output_key(n): st.queue_urls[n] for q in SPEC.queues for n in (q.name, q.dlq_name)})
+        values[queue_output_key("reconcile-shards")] = st.reconcile_shards_queue_url
         values.update({state_machine_output_key(sm.logical_name): st.state_machine_arns[sm.name]
                        for sm in SPEC.state_machines})
         template = {"Resources": {"Anchor": {"Type": "AWS::SQS::Queue"}},
@@ -270,6 +271,7 @@ def test_env_configures_lmctl_from_the_stack_outputs(runtime, stack):  # type: i
     assert json.loads(got["LM_STATE_MACHINE_ARNS"]) == {sm.name: st.state_machine_arns[sm.name]
                                                        for sm in SPEC.state_machines}
     assert json.loads(got["LM_QUEUE_URLS"]) == st.queue_urls
+    assert got["LM_RECONCILE_SHARDS_QUEUE_URL"] == st.reconcile_shards_queue_url  # status reads its depth
     assert got["LM_INGEST_URL"] == values["IngestUrl"]  # what `lmctl agent run` sends to
     exports = run("env", "--stack", name, env=aws_only)
     assert exports.returncode == 0 and "export LM_PREFIX=''" in exports.stdout.splitlines()
@@ -279,6 +281,7 @@ def test_env_configures_lmctl_from_the_stack_outputs(runtime, stack):  # type: i
                            capture_output=True, text=True, env=aws_only, timeout=120)
     out = json.loads(shell.stdout)
     assert out["queues"].keys() == st.queue_urls.keys(), shell.stderr  # every queue reached
+    assert out["shard_queues"] == {"reconcile-shards": {"messages": 0, "dead_letters": 0}}, out
     # a fresh stack: its reconciler has not run yet, which status calls stuck (protocol §12 R9)
     assert shell.returncode == 1 and [c.split(":")[0] for c in out["causes"]] == ["reconciler shard 0 has never run"]
     r = run("env", "--stack", "no-such-stack", env=aws_only)

@@ -437,7 +437,9 @@ def test_layer_and_functions(cdk_synth: Any) -> None:
         env = render(p["Environment"]["Variables"])
         wanted = settings_vars - ({"LM_INGEST_URL"} if fn.trigger_kind == "http" or not any(
             f.trigger_kind == "http" for f in SPEC.functions) else set())
-        wanted -= set() if fn.shard_queue else {"LM_RECONCILE_SHARDS_QUEUE_URL"}  # the fan-out's function only
+        # the fan-out's function, and those that read the shards queue's depth (the admin API's status)
+        told = fn.shard_queue or any(q.name in fn.sqs_read_attributes for q in SPEC.shard_queues)
+        wanted -= set() if told else {"LM_RECONCILE_SHARDS_QUEUE_URL"}
         assert {k for k in env if k.startswith("LM_")} == wanted
         assert env["LM_BUCKET"] == "<AuthorityBucket>" and env["LM_TABLE"] == "<ControlTable>"
         assert env["LM_PREFIX"] == NS and env["LM_AUTH_SECRET_ID"] == SPEC.secret.default_name
@@ -601,6 +603,8 @@ def test_alarms_route_to_the_topic_and_read_the_handlers_metrics(cdk_synth: Any)
         want.add(f"Lightmetrics-{sm.logical_name}ExecutionsFailed")
     for q in SPEC.queues:
         want |= {f"Lightmetrics-{camel(q.name)}DlqNotEmpty", f"Lightmetrics-{camel(q.name)}OldestMessage"}
+    for sq in SPEC.shard_queues:  # dead letters alarmed; the age is not (its messages wait their jitter)
+        want.add(f"Lightmetrics-{camel(sq.name)}DlqNotEmpty")
     assert set(alarms) == want
     for name, alarm in alarms.items():
         p = alarm["Properties"]

@@ -36,8 +36,9 @@ def test_queue_functions_have_partial_batch_event_source_mappings(cdk_synth: Any
 
 
 def test_the_reconciler_runs_each_shard_from_its_shards_queue_with_a_dlq(cdk_synth: Any) -> None:
-    """One message a run, partial-batch responses, a DLQ; the queue outlasts a run; the function is
-    told the queue's URL and may send to it (the fan-out), and only it."""
+    """One message a run, partial-batch responses, a DLQ with its DlqNotEmpty alarm; the queue
+    outlasts a run; the function is told the queue's URL and may send to it (the fan-out), and only
+    it may send (the admin function is told it too: status reads its depth)."""
     ids = _function_ids(cdk_synth)
     (props,) = [m["Properties"] for m in resources(cdk_synth, "AWS::Lambda::EventSourceMapping").values()
                 if ids["reconcile"] in str(render(m["Properties"]["FunctionName"]))]
@@ -49,12 +50,20 @@ def test_the_reconciler_runs_each_shard_from_its_shards_queue_with_a_dlq(cdk_syn
     assert attrs["VisibilityTimeout"] == spec.visibility_timeout_s >= SPEC.function("reconcile").timeout_s
     policy = attrs["RedrivePolicy"]
     assert policy["maxReceiveCount"] == spec.max_receive_count
-    dlq = queues[policy["deadLetterTargetArn"]["Fn::GetAtt"][0]]["Properties"]
-    assert dlq["MessageRetentionPeriod"] == spec.dlq_retention_s
+    dlq_id = policy["deadLetterTargetArn"]["Fn::GetAtt"][0]
+    assert queues[dlq_id]["Properties"]["MessageRetentionPeriod"] == spec.dlq_retention_s
+    # its dead letters page like an index queue's: the alarm reads this DLQ's visible messages
+    (alarm,) = [a["Properties"] for a in resources(cdk_synth, "AWS::CloudWatch::Alarm").values()
+                if dlq_id in json.dumps(a["Properties"].get("Dimensions"))]
+    assert render(alarm["AlarmName"]) == "Lightmetrics-ReconcileShardsDlqNotEmpty"
+    assert (alarm["MetricName"], alarm["Statistic"], alarm["Threshold"]) == (
+        "ApproximateNumberOfMessagesVisible", "Maximum", 1)
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert "docs/runbook.md#dlqnotempty" in alarm["AlarmDescription"] and spec.dlq_name in alarm["AlarmDescription"]
     functions = resources(cdk_synth, "AWS::Lambda::Function")
     told = {name for name, lid in ids.items()
             if "LM_RECONCILE_SHARDS_QUEUE_URL" in functions[lid]["Properties"]["Environment"]["Variables"]}
-    assert told == {"reconcile"}
+    assert told == {"reconcile", "admin"}  # the fan-out, and the admin API's status (its depth)
     senders = {lid for lid, p in resources(cdk_synth, "AWS::IAM::Policy").items()
                if "sqs:SendMessage" in json.dumps(p) and queue_id in json.dumps(p)}
     assert len(senders) == 1 and "ReconcileRole" in next(iter(senders)), senders

@@ -59,13 +59,13 @@ def test_a_fanout_sends_every_shard_once_delayed_within_the_jitter_ten_to_a_requ
         url = _shards_queue(system)["url"]
         sent_at = time.monotonic()
         with counter.operation("fanout") as op:
-            report = fan_out(sqs, url, shards=shards, jitter_s=20, rng=random.Random(shards))
+            report = fan_out(sqs, url, shards=shards, jitter_s=20, fanout_ns=clock.now_ns(), rng=random.Random(shards))
         assert dict(op.by_api) == {"sqs.SendMessageBatch": math.ceil(shards / SEND_BATCH)}
         assert report.sent == shards and report.requests == math.ceil(shards / SEND_BATCH)
         assert len(report.delays) == shards and all(0 <= d < 20 for d in report.delays)
         if shards == 256:  # spread, not all in one second
             assert len(set(report.delays)) == 20
-        assert report.delays == fan_out(_Recording(), "u", shards=shards, jitter_s=20,
+        assert report.delays == fan_out(_Recording(), "u", shards=shards, jitter_s=20, fanout_ns=0,
                                         rng=random.Random(shards)).delays  # the injected source decides
         assert _messages(sqs, url) == shards
         received: Counter[int] = Counter()
@@ -74,6 +74,8 @@ def test_a_fanout_sends_every_shard_once_delayed_within_the_jitter_ten_to_a_requ
             if not got:
                 break
             received.update(json.loads(m["Body"])["shard"] for m in got)
+            # stamped with the fan-out's time: a late redelivery is known stale (R8)
+            assert {json.loads(m["Body"])["fanout_ns"] for m in got} == {clock.now_ns()}
         waited = time.monotonic() - sent_at
         assert set(received.values()) <= {1} and {i for i, d in enumerate(report.delays) if d == 0} <= set(received)
         assert all(report.delays[i] <= waited + 1 for i in received), (waited, received)
@@ -97,7 +99,7 @@ class _Recording:
 
 def test_jitter_zero_sends_no_delay_and_failed_entries_are_sent_again() -> None:
     sqs = _Recording(({"3", "7"}, False))  # the first batch: two entries throttled, then sent
-    report = fan_out(sqs, "u", shards=12, jitter_s=0)
+    report = fan_out(sqs, "u", shards=12, jitter_s=0, fanout_ns=0)
     assert report.delays == [0] * 12 and report.sent == 12
     assert sqs.calls == [[str(i) for i in range(10)], ["3", "7"], ["10", "11"]]
 
@@ -105,7 +107,7 @@ def test_jitter_zero_sends_no_delay_and_failed_entries_are_sent_again() -> None:
 def test_shards_never_sent_are_named_after_every_batch_was_tried() -> None:
     sqs = _Recording(({"1"}, False), ({"1"}, False), ({"1"}, False), ({"12"}, True))
     with pytest.raises(FanoutError, match=r"2 of 13 shard messages not sent.*'1': 'Throttled'.*'12': 'Bad'"):
-        fan_out(sqs, "u", shards=13, jitter_s=5)
+        fan_out(sqs, "u", shards=13, jitter_s=5, fanout_ns=0)
     assert sqs.calls == [[str(i) for i in range(10)], ["1"], ["1"], ["10", "11", "12"]]  # a sender fault: once
 
 
@@ -143,14 +145,70 @@ def test_a_message_naming_no_shard_is_dropped_with_a_log_not_retried(runtime, cl
     try:
         handler = system.reconcile_function()
         with caplog.at_level(logging.ERROR, logger="lightmetrics.derived.reconcile_fanout"):
-            for body in (shard_message(2), json.dumps({"shard": "1"}), "not json", json.dumps([1])):
+            for body in (shard_message(2, fanout_ns=1), json.dumps({"shard": "1"}), "not json", json.dumps([1]),
+                         json.dumps({"shard": 1, "fanout_ns": "1"})):
                 assert _deliver(handler, system, body) == {"batchItemFailures": []}, body  # acknowledged
         assert "shard must be a whole number from 0 to 1 (LM_RECONCILE_SHARDS = 2), got 2" in caplog.text
-        assert caplog.text.count("dropped, not retried") == 4
+        assert caplog.text.count("dropped, not retried") == 5
         table = system.work_context().table
         assert read_shard_checkpoints(table, 2).checkpoints == (None, None)  # nothing ran
-        assert _deliver(handler, system, shard_message(1)) == {"batchItemFailures": []}
+        assert _deliver(handler, system, shard_message(1, fanout_ns=None)) == {"batchItemFailures": []}
         assert read_shard_checkpoints(table, 2).checkpoints[1] is not None
+    finally:
+        system.stop()
+
+
+def test_a_shard_message_is_stale_once_a_run_begun_after_its_fanout_finished_and_only_then(  # type: ignore[no-untyped-def]
+        runtime, clock, capsys, caplog, monkeypatch):
+    """A late redelivery (a visibility timeout, a throttled function) is dropped once its shard
+    finished a run begun after the message's fan-out: acknowledged, logged, counted, nothing run (one
+    GetItem). Not by age: a message older than the schedule's period whose shard has not run since
+    still runs (a backlog longer than the period must not starve the shard), and so does a message
+    of the old format, and the retry of a run that failed before finishing."""
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")  # the stale count is an EMF metric
+    system = sharded_system(runtime, clock, 2)
+    try:
+        handler = system.reconcile_function()
+        table = system.work_context().table
+        period_s = 300
+        late = shard_message(1, fanout_ns=clock.now_ns())
+        clock.advance(seconds=4 * period_s)  # older than a period, no run of shard 1 since: it runs
+        assert _deliver(handler, system, late) == {"batchItemFailures": []}
+        ran = read_shard_checkpoints(table, 2).checkpoints[1]
+        assert ran is not None and ran.finished_ns == clock.now_ns()
+        capsys.readouterr()
+
+        counter = RequestCounter()
+        counter.attach(handler._state().built[1].table.client)  # the run's control-table client
+        clock.advance(seconds=60)
+        with counter.operation("stale") as op:
+            assert _deliver(handler, system, late) == {"batchItemFailures": []}  # delivered again: served
+        assert dict(op.by_api) == {"dynamodb.GetItem": 1}
+        assert read_shard_checkpoints(table, 2).checkpoints[1] == ran  # not run again
+        out = capsys.readouterr().out
+        assert "reconcile shard message stale, dropped" in caplog.text
+        assert '"ReconcilerStaleShardMessages":[1' in out.replace(" ", ""), out
+
+        for body in (shard_message(1, fanout_ns=clock.now_ns()), shard_message(1, fanout_ns=None)):
+            clock.advance(seconds=60)  # the next fan-out's message, and one sent before fanout_ns was
+            assert _deliver(handler, system, body) == {"batchItemFailures": []}
+            assert read_shard_checkpoints(table, 2).checkpoints[1].finished_ns == clock.now_ns(), body
+
+        # a run that fails before its final save finishes nothing: the message's retry runs
+        retried = shard_message(1, fanout_ns=clock.now_ns())
+        real_run = handler._state().built[1].run
+
+        def fail(*_a: Any, **_k: Any) -> Any:
+            raise RuntimeError("injected")
+
+        handler._state().built[1].run = fail  # type: ignore[method-assign]
+        clock.advance(seconds=60)
+        with pytest.raises(Exception, match="All records failed processing"):
+            _deliver(handler, system, retried)
+        handler._state().built[1].run = real_run  # type: ignore[method-assign]
+        clock.advance(seconds=60)
+        assert _deliver(handler, system, retried) == {"batchItemFailures": []}
+        assert read_shard_checkpoints(table, 2).checkpoints[1].finished_ns == clock.now_ns()
     finally:
         system.stop()
 
@@ -170,10 +228,10 @@ def test_a_failed_shard_run_is_retried_by_sqs_and_its_dead_letter_is_no_blocker(
         handler._state().built[1] = broken  # the container's shard 1, whose run fails
         broken.run = fail  # type: ignore[method-assign]
         with pytest.raises(Exception, match="All records failed processing"):
-            _deliver(handler, system, shard_message(1))
+            _deliver(handler, system, shard_message(1, fanout_ns=clock.now_ns()))
         q = _shards_queue(system)
         sqs = runtime.boto3_client("sqs")
-        sqs.send_message(QueueUrl=q["dlq_url"], MessageBody=shard_message(1))  # a dead shard message
+        sqs.send_message(QueueUrl=q["dlq_url"], MessageBody=shard_message(1, fanout_ns=0))  # a dead shard message
         ctx = system.work_context(session=system.principal_session("sweep-dlq"))
         made = sweep_dlqs(ctx)
         assert q["dlq_url"] not in system.settings.queue_urls.values() and sum(made.values()) == 0
@@ -223,7 +281,8 @@ def test_two_runs_of_one_shard_at_once_and_a_duplicate_delivery_are_safe(runtime
         assert ctx.store.head(lost) is not None and ctx.blockers.list() == []
         assert system.reconciler(shard=1).checkpoint().hour == H0 + 1
         handler = system.reconcile_function()
-        assert _deliver(handler, system, shard_message(1), shard_message(1)) == {"batchItemFailures": []}
+        twice = shard_message(1, fanout_ns=clock.now_ns())
+        assert _deliver(handler, system, twice, twice) == {"batchItemFailures": []}
         assert system.reconciler(shard=1).checkpoint().hour == H0 + 1 and ctx.blockers.list() == []
     finally:
         system.stop()

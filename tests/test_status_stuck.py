@@ -273,3 +273,37 @@ def test_status_names_a_retention_run_that_failed_or_stopped_after_a_gc_replaced
     assert report["status"] == "finished", report
     assert_stuck(system, "retention (rollup) epoch 2", "last run failed", "States.Timeout")
     assert_stuck(system, "retention (raw) epoch 3", "last run stopped")
+
+
+def test_status_shows_the_shards_queue_and_its_dead_letters_and_calls_neither_stuck(system):  # type: ignore[no-untyped-def]
+    """Issue 26: status shows the reconciler's shards queue under ``shard_queues`` — its messages (a
+    fan-out's, still delayed by their jitter, count) and its DLQ's, found from its redrive policy in
+    one more GetQueueAttributes — in ``--json`` and as a table of the text. Its dead letters hold no
+    work (the next fan-out sends every shard again): no cause, the shards' checkpoints say (R9)."""
+    import re
+
+    from lightmetrics.admin.status import system_status
+    from lightmetrics.aws.request_counter import RequestCounter
+    from lightmetrics.composition.services import queue_depths
+    from lightmetrics.derived.reconcile_fanout import shard_message
+
+    reconciled(system)
+    shards_queue = system.made["shard_queues"]["reconcile-shards"]
+    sqs = system.runtime.boto3_client("sqs")
+    sqs.send_message(QueueUrl=shards_queue["url"], MessageBody=shard_message(1, fanout_ns=now_ns()), DelaySeconds=900)
+    for _ in range(2):
+        sqs.send_message(QueueUrl=shards_queue["dlq_url"], MessageBody=shard_message(0, fanout_ns=0))
+    code, out, text = status(system)
+    assert out["shard_queues"] == {"reconcile-shards": {"messages": 1, "dead_letters": 2}}, out
+    assert code == 0 and out["ok"] is True and out["causes"] == [], out
+    assert "reconcile-shards-dlq" not in out["queues"], out["queues"]  # no index DLQ
+    assert re.search(r"reconcile-shards\W+1\W+2\W", text), text
+
+    counter = RequestCounter()
+    counted = counter.attach(system.runtime.boto3_client("sqs"))
+    with counter.operation("status") as op:
+        system_status(system.work_context(), system.settings, queue_depths(lambda: counted))
+    assert op.by_api["sqs.GetQueueAttributes"] == len(system.settings.queue_urls) + 2
+
+    unset = system.settings.model_copy(update={"reconcile_shards_queue_url": None})  # no shards queue: nothing
+    assert system_status(system.work_context(), unset, queue_depths(lambda: sqs))["shard_queues"] == {}

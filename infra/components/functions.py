@@ -141,7 +141,8 @@ class Functions(Construct):
         secret_arn = secret_policy_arn(stack, config.secret_name)
 
         # LM_QUEUE_URLS: the index queues and DLQs only (the probe, the sweeper and status read it), not
-        # the reconciler's shards queue, whose URL only the reconcile function is told
+        # the reconciler's shards queue, whose URL only the reconcile function (the fan-out) and the
+        # functions reading its depth (the admin API's status) are told
         index_queues = {n for q in spec.queues for n in (q.name, q.dlq_name)}
         queue_urls = {name: q.queue_url for name, q in queues.items() if name in index_queues}
         base_wired: dict[str, Any] = {
@@ -184,7 +185,9 @@ class Functions(Construct):
             wired = dict(base_wired)
             wired["ingest_url"] = ingest_url if fn_spec.trigger_kind != "http" else None
             # only the fan-out's own function sends to (and is triggered by) its shards queue
-            wired["reconcile_shards_queue_url"] = queues[fn_spec.shard_queue].queue_url if fn_spec.shard_queue else None
+            shard_queue = fn_spec.shard_queue or next(
+                (q.name for q in spec.shard_queues if q.name in fn_spec.sqs_read_attributes), None)
+            wired["reconcile_shards_queue_url"] = queues[shard_queue].queue_url if shard_queue else None
             env = lm_environment(stack, config.settings, wired)
             env.update(
                 {

@@ -8,7 +8,8 @@ Alarm kinds (the suffix of every alarm name, and the runbook heading):
 * ``InvariantViolation`` (every function): the Powertools metric the core emits when an
   acceptance record vanished or is unreadable — should never happen;
 * ``Errors`` (non-HTTP functions): crashed invocations;
-* ``DlqNotEmpty`` / ``OldestMessage`` (every queue): dead letters; indexing falling behind;
+* ``DlqNotEmpty`` / ``OldestMessage`` (every index queue): dead letters; indexing falling behind;
+  ``DlqNotEmpty`` (the reconciler's shards queue): a shard message whose runs failed on every receive;
 * ``ExecutionsFailed`` (every state machine): executions that failed, timed out or were aborted;
 * ``NewConflicts`` (``index-quarantine``, ``walk-page``): an identity conflict was registered;
 * ``GcRestored`` (GC-role functions, ``reap-gc``): GC restored a blob it had marked (a race caught);
@@ -34,6 +35,7 @@ from infra.components.queues import BuiltQueue
 from infra.components.statemachines import BuiltStateMachine
 from infra.config import METRICS_NAMESPACE, InfraConfig
 from lightmetrics.acceptance.accept import AcceptStatus
+from lightmetrics.deployment.resource_types import ShardQueueSpec
 from lightmetrics.derived.reconcile_state import lag_limit_s
 
 RUNBOOK = "docs/runbook.md"
@@ -86,9 +88,10 @@ class Observability(Construct):
         functions: list[BuiltFunction],
         queues: list[BuiltQueue],
         state_machines: list[BuiltStateMachine] | None = None,
+        shard_queues: list[BuiltQueue] | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
-        state_machines = state_machines or []
+        state_machines, shard_queues = state_machines or [], shard_queues or []
         self._prefix = config.stack_name
         if config.alarm_topic_arn:
             self.topic: sns.ITopic = sns.Topic.from_topic_arn(self, "AlarmTopic", config.alarm_topic_arn)
@@ -232,7 +235,7 @@ class Observability(Construct):
                 anchor="executionsfailed",
             )
 
-        for q in queues:
+        for q in queues + shard_queues:
             cid = camel(q.spec.name)
             self._alarm(
                 f"{cid}DlqNotEmpty",
@@ -241,6 +244,8 @@ class Observability(Construct):
                 what=f"{q.spec.dlq_name}: messages were dead-lettered",
                 anchor="dlqnotempty",
             )
+            if isinstance(q.spec, ShardQueueSpec):  # messages wait their jitter by design; lag is ReconcilerLag's
+                continue
             self._alarm(
                 f"{cid}OldestMessage",
                 q.queue.metric_approximate_age_of_oldest_message(statistic="Maximum", period=Duration.minutes(5)),
@@ -254,7 +259,7 @@ class Observability(Construct):
 
         # Dashboard names are account-wide: the region keeps two regional stacks apart.
         self.dashboard = cw.Dashboard(self, "Dashboard", dashboard_name=f"{config.stack_name}-{Aws.REGION}")
-        self._dashboard(functions, queues)
+        self._dashboard(functions, queues + shard_queues)
         for sm in state_machines:
             five = Duration.minutes(5)
             m = sm.machine

@@ -33,7 +33,7 @@ DLQ_RETENTION = Duration.days(14)
 
 @dataclass(frozen=True)
 class BuiltQueue:
-    spec: QueueSpec
+    spec: QueueSpec | ShardQueueSpec
     queue: sqs.Queue
     dlq: sqs.Queue
 
@@ -94,13 +94,16 @@ class IndexQueues(Construct):
 
 class ShardQueues(Construct):
     """The queues the functions' schedules fan out on (one message per reconciler shard), each with its
-    DLQ; ``self.by_name`` maps queue and DLQ names to queues. No S3 notification feeds them and no
-    alarm watches their DLQs: a shard whose runs keep failing is ``ReconcilerStuck``'s, read from its
-    checkpoint (docs/protocol.md §12 R8, R9)."""
+    DLQ; ``self.by_name`` maps queue and DLQ names to queues, ``self.built`` lists them. No S3
+    notification feeds them. Their DLQs are alarmed like the index queues' (``DlqNotEmpty``): a dead
+    letter is a shard message whose runs failed on every receive — no work is lost (the next fan-out
+    sends the shard again), but a shard that keeps failing is worth a page beside ``ReconcilerStuck``,
+    which reads the shard's checkpoint (docs/protocol.md §12 R8, R9)."""
 
     def __init__(self, scope: Construct, construct_id: str, *, specs: tuple[ShardQueueSpec, ...]) -> None:
         super().__init__(scope, construct_id)
         self.by_name: dict[str, sqs.Queue] = {}
+        self.built: list[BuiltQueue] = []
         for spec in specs:
             dlq = sqs.Queue(self, spec.dlq_name, encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
                             retention_period=Duration.seconds(spec.dlq_retention_s))
@@ -109,3 +112,4 @@ class ShardQueues(Construct):
                 visibility_timeout=Duration.seconds(spec.visibility_timeout_s),
                 dead_letter_queue=sqs.DeadLetterQueue(queue=dlq, max_receive_count=spec.max_receive_count))
             self.by_name[spec.dlq_name] = dlq
+            self.built.append(BuiltQueue(spec, self.by_name[spec.name], dlq))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response, content_types
@@ -56,8 +56,10 @@ from lightmetrics.admin.blocker_ids import AmbiguousBlocker, UnknownBlocker, res
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.errors import LightmetricsError
 from lightmetrics.protocol.object_store import StoreAccessError, TransientStoreError
-from lightmetrics.protocol.queue_probe import QueueDepths
 from lightmetrics.work.units import WorkContext
+
+if TYPE_CHECKING:
+    from lightmetrics.admin.status import StatusQueues
 
 
 class InvalidRequest(LightmetricsError, ValueError):
@@ -111,7 +113,7 @@ class AdminCore:
     ctx: WorkContext
     settings: Settings
     #: the queues' depths status reads (the composition root's, on the context's SQS client)
-    queues: QueueDepths
+    queues: StatusQueues
 
     @property
     def registry(self) -> ConflictRegistry:

@@ -1,6 +1,7 @@
 """System status for operators: the one core behind ``lmctl status`` and the admin API's ``GET /status``.
 
-Queue and DLQ depths, the reconciler's checkpoint and lag (the slowest of its
+Queue and DLQ depths (the index queues', and the reconciler's shards queue's under
+``shard_queues``), the reconciler's checkpoint and lag (the slowest of its
 ``LM_RECONCILE_SHARDS`` shards, and which one: protocol §12 R8), open blockers, the completeness
 watermarks and the number of unresolved identity conflicts. ``ok`` is False exactly when
 ``causes`` is not empty: one line for each thing that is stuck (protocol §12 R9) — an open
@@ -18,8 +19,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from lightmetrics.deployment.resources import SPEC
 from lightmetrics.deployment.settings import Settings
 from lightmetrics.protocol.clock import utc_text
 from lightmetrics.protocol.control_store import ControlStore, plain
@@ -28,9 +30,27 @@ from lightmetrics.protocol.queue_probe import QueueDepths
 from lightmetrics.work.units import WorkContext
 
 
-def system_status(ctx: WorkContext, settings: Settings, queues: QueueDepths) -> dict[str, Any]:
-    """Read everything (one LIST, GetQueueAttributes per queue, a few GetItems — one per reconciler
-    shard, the walk's and the reap's summaries, each retention scope's last outcome, and a job's
+class StatusQueues(QueueDepths, Protocol):
+    """The queue reads of status: an index queue's depth, and the shards queue's with its DLQ's
+    (``{"messages": n, "dead_letters": m}``: only its own URL is configured, by ``setting``)."""
+
+    def depth_with_dead_letters(self, url: str, setting: str) -> dict[str, int]: ...
+
+
+def shard_queue_depths(settings: Settings, queues: StatusQueues) -> dict[str, dict[str, int]]:
+    """The reconciler's shards queue (protocol §12 R8) by name, with its depth and its DLQ's; none
+    without ``LM_RECONCILE_SHARDS_QUEUE_URL``. Never stuck: its dead letters hold no work (the next
+    fan-out sends every shard again) and the shards' checkpoints say whether a shard is stuck (R9)."""
+    url = settings.reconcile_shards_queue_url
+    if not url:
+        return {}
+    name = SPEC.function("reconcile").shard_queue or "reconcile-shards"
+    return {name: queues.depth_with_dead_letters(url, Settings.env_name("reconcile_shards_queue_url"))}
+
+
+def system_status(ctx: WorkContext, settings: Settings, queues: StatusQueues) -> dict[str, Any]:
+    """Read everything (one LIST, GetQueueAttributes per queue and two for the shards queue, a few
+    GetItems — one per reconciler shard, the walk's and the reap's summaries, each retention scope's last outcome, and a job's
     lease only while its summary says running —, four Queries: conflicts, blockers, and the
     retention records of both scopes); raise on failure — a missing bucket, table or queue is
     :class:`~lightmetrics.protocol.errors.ResourceAccessError`."""
@@ -59,6 +79,7 @@ def system_status(ctx: WorkContext, settings: Settings, queues: QueueDepths) -> 
     causes += reap_causes(table, now)
     return {
         "queues": depths,
+        "shard_queues": shard_queue_depths(settings, queues),
         "reconciler": {"checkpoint": str(cp.hour) if cp else None, "lag_s": None if lag is None else round(lag, 1),
                        "last_run": utc_text(cp.last_run_ns) if cp else None,
                        "shards": settings.reconcile_shards, "slowest_shard": shards.slowest},

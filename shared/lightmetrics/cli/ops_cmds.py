@@ -186,11 +186,11 @@ def blockers_redrive(settings: Settings, as_json: bool) -> None:
 @config_options
 @json_option
 def status_cmd(settings: Settings, as_json: bool) -> None:
-    """Queue and DLQ depths, reconciler checkpoint and lag, open blockers, completeness watermarks,
-    and what is stuck, one line each. Exit 1 if anything is stuck (a blocker, a dead letter, a
-    reconciler shard that never ran, failed or stopped, a lag above the alarm's, a failed walk or
-    reap, a retention hour that cannot finish: docs/protocol.md §12 R9), 0 if nothing is; 4 if
-    AWS is unreachable, 2 for invalid configuration."""
+    """Queue and DLQ depths (the reconciler's shards queue's too), reconciler checkpoint and lag,
+    open blockers, completeness watermarks, and what is stuck, one line each. Exit 1 if anything is
+    stuck (a blocker, a dead letter of an index queue, a reconciler shard that never ran, failed or
+    stopped, a lag above the alarm's, a failed walk or reap, a retention hour that cannot finish:
+    docs/protocol.md §12 R9), 0 if nothing is; 4 if AWS is unreachable, 2 for invalid configuration."""
     from rich.markup import escape
 
     from lightmetrics.admin.status import system_status
@@ -207,6 +207,9 @@ def status_cmd(settings: Settings, as_json: bool) -> None:
         emit_json({**info, "ok": not stuck})
     else:
         console.print(grid("queues", ["queue", "#messages"], depths.items()))
+        if info["shard_queues"]:  # no index queue: its dead letters are no cause (a shard's checkpoint says)
+            console.print(grid("reconciler shards queue", ["queue", "#messages", "#dead letters"],
+                               [(n, q["messages"], q["dead_letters"]) for n, q in info["shard_queues"].items()]))
         console.print(kv_table("reconciler", info["reconciler"].items()))
         console.print(kv_table("completeness watermarks (W)", ((k, v or "(no clean full walk yet)")
                                                                 for k, v in info["watermarks"].items())))

@@ -41,8 +41,9 @@ from lightmetrics.work.units import WorkContext
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from lightmetrics.admin.status import StatusQueues
     from lightmetrics.protocol.executions import Executions
-    from lightmetrics.protocol.queue_probe import QueueDepths, QueueProbe
+    from lightmetrics.protocol.queue_probe import QueueProbe
 
 
 def aws_session(*, profile_name: str | None = None, region_name: str | None = None) -> Any:
@@ -206,7 +207,7 @@ def executions(client: Any = None, *, session: Any = None) -> "Executions":
     return StepFunctionsExecutions(client if client is not None else step_functions_client(session=session))
 
 
-def queue_depths(sqs: "Callable[[], Any]") -> "QueueDepths":
+def queue_depths(sqs: "Callable[[], Any]") -> "StatusQueues":
     """The queue depths ``lmctl status`` and the admin API's status read, on the SQS client ``sqs()``
     makes (:meth:`~lightmetrics.work.units.WorkContext.sqs`: once, on the first read)."""
     from lightmetrics.aws.sqs_queues import SqsQueueDepths

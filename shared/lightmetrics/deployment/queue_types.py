@@ -55,10 +55,11 @@ class QueueSpec:
 @dataclass(frozen=True)
 class ShardQueueSpec:
     """The queue a scheduled function fans out on (``FunctionSpec.shard_queue``): one message
-    ``{"shard": i}`` per reconciler shard, each delayed by its own jitter, consumed by the same
-    function one message at a time. No S3 notification feeds it, and it is no index queue: the
-    reconciler's queue probe, the DLQ sweeper and ``lmctl status`` do not read it (its settings key
-    is ``LM_RECONCILE_SHARDS_QUEUE_URL``, not ``LM_QUEUE_URLS``).
+    ``{"shard": i, "fanout_ns": t}`` per reconciler shard, each delayed by its own jitter, consumed
+    by the same function one message at a time. No S3 notification feeds it, and it is no index
+    queue: the reconciler's queue probe and the DLQ sweeper do not read it, and ``lmctl status``
+    shows its depth and its DLQ's apart (``shard_queues``), never as a cause (its settings key is
+    ``LM_RECONCILE_SHARDS_QUEUE_URL``, not ``LM_QUEUE_URLS``). Its DLQ has the ``DlqNotEmpty`` alarm.
 
     A message holds no work of its own: the next scheduled fan-out sends every shard again. So a
     shard whose run keeps failing is retried ``max_receive_count`` times and then dead-lettered,

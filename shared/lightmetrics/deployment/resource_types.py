@@ -133,7 +133,8 @@ class FunctionSpec:
       ``table_writes``, those of :data:`TABLE_WRITES` its code makes: tests/test_iam_least_privilege.py).
     * ``reads_secret``: ``secretsmanager:GetSecretValue`` on the token secret.
     * ``sqs_consume`` / ``sqs_read_attributes``: queue or DLQ names of :data:`QUEUES` it receives
-      from and deletes on (beyond its own trigger) / whose attributes it reads.
+      from and deletes on (beyond its own trigger) / whose attributes it reads (of
+      :data:`SHARD_QUEUES` too: a function reading a shards queue's depth is told its URL).
     * ``cloudwatch_read``: ``cloudwatch:GetMetricStatistics`` and ``GetMetricData`` (queue age, reconciler).
     * ``sfn_start``: names of :data:`STATE_MACHINES` it may start executions of
       (``states:StartExecution`` on exactly those state machines; the walk continues a long walk
@@ -148,7 +149,7 @@ class FunctionSpec:
       are not AWS principals and carry HMAC tokens) or ``"iam"`` (admin: SigV4-signed operators;
       the local runtime checks the signature too, :mod:`lightmetrics.local.sigv4`).
     * ``shard_queue``: a ``schedule`` function whose one schedule fans out: each scheduled run sends
-      one message ``{"shard": i}`` per reconciler shard (``LM_RECONCILE_SHARDS``) to this
+      one message ``{"shard": i, "fanout_ns": t}`` per reconciler shard (``LM_RECONCILE_SHARDS``) to this
       :class:`ShardQueueSpec`, which triggers the same function one message at a time (partial-batch
       responses), so N shards take one rule, not N (docs/protocol.md §12 R8).
     """
@@ -331,7 +332,8 @@ class ResourceSpec:
                 raise ValueError(f"function {fn.name!r} is triggered by unknown queue {fn.trigger_arg!r}")
             if fn.shard_queue and fn.shard_queue not in shard_queues:
                 raise ValueError(f"function {fn.name!r} fans out on unknown shard queue {fn.shard_queue!r}")
-            unknown = (set(fn.sqs_consume) | set(fn.sqs_read_attributes)) - all_queues
+            # a shards queue's depth (and its DLQ's) may be read (status), never consumed but by its trigger
+            unknown = (set(fn.sqs_consume) - all_queues) | (set(fn.sqs_read_attributes) - every)
             if unknown:
                 raise ValueError(f"function {fn.name!r} names unknown queues {sorted(unknown)}")
         sm_names = [sm.name for sm in self.state_machines]

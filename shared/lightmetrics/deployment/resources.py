@@ -83,7 +83,9 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         s3_list=layout_roots(K.QUARANTINE, K.CONFLICT_RESOLUTION),
         table="write",  # conflict registry, denylist, blockers, status reads
         table_writes=("PutItem", "UpdateItem", "DeleteItem"),
-        sqs_read_attributes=tuple(n for q in QUEUES for n in (q.name, q.dlq_name)),  # status: queue depths
+        # status: queue depths, the shards queue's and its DLQ's too (whose URL it is told)
+        sqs_read_attributes=(*(n for q in QUEUES for n in (q.name, q.dlq_name)),
+                             *(n for sq in SHARD_QUEUES for n in (sq.name, sq.dlq_name))),
         timeout_s=30,
         description="Admin API (IAM auth): identity conflicts, resolutions, denylist, blockers, status",
     ),

@@ -94,6 +94,7 @@ from lightmetrics.deployment.settings import Settings
 from lightmetrics.derived.blob_lookups import HeadedBlobs, IndexedBlobs
 from lightmetrics.derived.hour_ranges import RangePlan, RangePlans
 from lightmetrics.derived.indexing import KIND_REPAIR, KIND_TIME_ENTRY
+from lightmetrics.derived.reconcile_fanout import ShardMessage, served
 from lightmetrics.derived.reconcile_scan import (
     LIST_PAGE_KEYS,
     ONE_RANGE,
@@ -213,12 +214,14 @@ class Reconciler:
 
     # -- one run -----------------------------------------------------------------------------
     def run(self, *, max_hours: int = 72, max_entries: int = MAX_ENTRIES_PER_RUN,
-            max_list_pages: int | None = None, save_every: int | None = None) -> ReconcileReport:
+            max_list_pages: int | None = None, save_every: int | None = None,
+            message: ShardMessage | None = None) -> ReconcileReport:
         """Scan at most ``max_hours`` hours, check at most ``max_entries`` entries (re-checks
         included) and send at most ``max_list_pages`` listing pages (default
         :data:`MAX_LIST_PAGES_PER_RUN`), saving progress after each hour and every ``save_every``
         entries inside one (default :data:`SAVE_EVERY_ENTRIES`), then close what this run scanned
-        (protocol §12 R1, R5, R7)."""
+        (protocol §12 R1, R5, R7). A run for a shard ``message`` that a later run already served
+        does nothing but read the checkpoint: its report says ``stale`` (R8)."""
         if max_list_pages is None:
             max_list_pages = MAX_LIST_PAGES_PER_RUN
         if save_every is None:
@@ -231,6 +234,9 @@ class Reconciler:
         self._rechecked = False  # R1, §11 O4: the open indexing blockers, once this run
         cp = state.cp
         report = ReconcileReport(checkpoint_before=str(cp.hour) if cp else "-", checkpoint_after="", shard=self.shard)
+        if message is not None and served(message, cp):
+            report.stale, report.checkpoint_after = True, report.checkpoint_before
+            return report
         indexed = IndexedBlobs(self.ctx)  # one range: list the blob hours, as before shards
         headed = HeadedBlobs(self.ctx)  # several: HEAD each entry's blob key (R8)
         if not self._scan_hours(state, report, max_entries, max_list_pages, save_every, indexed, headed):

@@ -1,6 +1,7 @@
 """One schedule for every reconciler shard (docs/protocol.md §12 R8): a scheduled run fans out one
-message ``{"shard": i}`` per shard to the shards queue, each delayed by its own random jitter in
-``[0, LM_RECONCILE_JITTER_S)``, and the same function runs each shard as its message arrives.
+message ``{"shard": i, "fanout_ns": t}`` per shard to the shards queue (t: the fan-out's time), each
+delayed by its own random jitter in ``[0, LM_RECONCILE_JITTER_S)``, and the same function runs each
+shard as its message arrives.
 
 One EventBridge rule whatever the shard count (not one per shard: 300 rules per bus by default), and
 the shards start spread over the jitter instead of in the same second. Sends go ten to a
@@ -13,15 +14,21 @@ at-least-once delivery and a redelivery after a failed run all cost a run and no
 for a shard that no longer exists (``LM_RECONCILE_SHARDS`` lowered between the send and the
 receive) is dropped with a log line, not retried.
 
+A message carries its fan-out's time (``fanout_ns``), and one whose shard finished a run that began
+after it (:func:`served`) is stale: a late redelivery (a visibility timeout, a throttled function)
+is dropped, not run again as if scheduled. Not an age limit: under a backlog longer than the period
+every message would be older than it and no shard would ever run; a message is dropped only when a
+later run of its shard did its work. A message without the field (sent before it) still runs.
+
 Example:
     >>> class Sqs:
     ...     def send_message_batch(self, QueueUrl, Entries):
     ...         return {"Successful": [{"Id": e["Id"]} for e in Entries]}
-    >>> report = fan_out(Sqs(), "https://q", shards=12, jitter_s=20, rng=random.Random(7))
+    >>> report = fan_out(Sqs(), "https://q", shards=12, jitter_s=20, fanout_ns=0, rng=random.Random(7))
     >>> report.sent, report.requests, all(0 <= d < 20 for d in report.delays)
     (12, 2, True)
-    >>> shard_of_message('{"shard": 3}', 4), shard_of_message('{"shard": 5}', 4)
-    (3, None)
+    >>> read_shard_message(shard_message(3, fanout_ns=5), 4), read_shard_message('{"shard": 5}', 4)
+    (ShardMessage(shard=3, fanout_ns=5), None)
 """
 
 from __future__ import annotations
@@ -31,13 +38,13 @@ import logging
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from lightmetrics.derived.reconcile_state import ShardError, check_shard
+from lightmetrics.derived.reconcile_state import Checkpoint, ShardError, check_shard
 from lightmetrics.protocol.errors import LightmetricsError
 
-__all__ = ["SEND_BATCH", "FanoutError", "FanoutReport", "fan_out", "fanout_requests", "shard_message",
-           "shard_of_message"]
+__all__ = ["SEND_BATCH", "FanoutError", "FanoutReport", "ShardMessage", "fan_out", "fanout_requests",
+           "read_shard_message", "served", "shard_message"]
 
 LOG = logging.getLogger(__name__)
 
@@ -79,24 +86,47 @@ def fanout_requests(shards: int) -> dict[str, int]:
             "sqs.DeleteMessage": shards}
 
 
-def shard_message(shard: int) -> str:
-    """The body of shard ``shard``'s message."""
-    return json.dumps({"shard": shard})
+class ShardMessage(NamedTuple):
+    """A shard message read: its shard, and when its fan-out ran (None: a message sent before the field)."""
+
+    shard: int
+    fanout_ns: int | None
 
 
-def fan_out(sqs: Any, queue_url: str, *, shards: int, jitter_s: int,
+def shard_message(shard: int, *, fanout_ns: int | None) -> str:
+    """The body of shard ``shard``'s message from the fan-out that ran at ``fanout_ns`` (None: the
+    old format, without it)."""
+    return json.dumps({"shard": shard} if fanout_ns is None else {"shard": shard, "fanout_ns": fanout_ns})
+
+
+def served(message: ShardMessage, checkpoint: Checkpoint | None) -> bool:
+    """Whether ``message`` is stale: its shard's last finished run (``finished_ns``, when that run
+    began) began after the message's fan-out, so that run did what the message asks. Never for a
+    message without ``fanout_ns``, nor for a shard whose runs since have not finished (a failed run's
+    retry still runs).
+
+    >>> from lightmetrics.protocol.keys import UtcHour
+    >>> cp = Checkpoint(UtcHour(0), version=3, last_run_ns=20, finished_ns=20)
+    >>> served(ShardMessage(1, 10), cp), served(ShardMessage(1, 20), cp), served(ShardMessage(1, None), cp)
+    (True, False, False)
+    """
+    return message.fanout_ns is not None and checkpoint is not None and checkpoint.finished_ns > message.fanout_ns
+
+
+def fan_out(sqs: Any, queue_url: str, *, shards: int, jitter_s: int, fanout_ns: int,
             rng: random.Random | None = None) -> FanoutReport:
-    """Send one message per shard of ``shards`` to ``queue_url``, each delayed a whole number of
-    seconds drawn from ``rng`` in ``[0, jitter_s)`` (0 when ``jitter_s`` is 0). Every batch is tried
-    (a failed entry is sent again, at most three sends in all) before :class:`FanoutError` names the
-    shards left unsent."""
+    """Send one message per shard of ``shards`` to ``queue_url``, stamped ``fanout_ns`` (now), each
+    delayed a whole number of seconds drawn from ``rng`` in ``[0, jitter_s)`` (0 when ``jitter_s``
+    is 0). Every batch is tried (a failed entry is sent again, at most three sends in all) before
+    :class:`FanoutError` names the shards left unsent."""
     rng = rng or random.Random()  # noqa: S311 (spreading load, not a secret)
     report = FanoutReport(shards=shards)
     entries: list[dict[str, Any]] = []
     for shard in range(shards):
         delay = rng.randrange(jitter_s) if jitter_s > 0 else 0
         report.delays.append(delay)
-        entries.append({"Id": str(shard), "MessageBody": shard_message(shard), "DelaySeconds": delay})
+        entries.append({"Id": str(shard), "MessageBody": shard_message(shard, fanout_ns=fanout_ns),
+                        "DelaySeconds": delay})
     unsent: dict[str, str] = {}
     for start in range(0, len(entries), SEND_BATCH):
         pending = entries[start:start + SEND_BATCH]
@@ -116,13 +146,16 @@ def fan_out(sqs: Any, queue_url: str, *, shards: int, jitter_s: int,
     return report
 
 
-def shard_of_message(body: str, shards: int) -> int | None:
-    """The shard a message body names, or None (logged) for one naming no shard of ``0 .. shards - 1``:
-    ``LM_RECONCILE_SHARDS`` changed since it was sent, or it is no shard message. Such a message is
-    dropped, not retried: no delivery would ever make it valid."""
+def read_shard_message(body: str, shards: int) -> ShardMessage | None:
+    """The shard a message body names and its fan-out's time, or None (logged) for one naming no
+    shard of ``0 .. shards - 1``: ``LM_RECONCILE_SHARDS`` changed since it was sent, or it is no shard
+    message. Such a message is dropped, not retried: no delivery would ever make it valid."""
     try:
-        shard = json.loads(body).get("shard")
-        return check_shard(shard, shards)
+        message = json.loads(body)
+        fanout_ns = message.get("fanout_ns")
+        if fanout_ns is not None and (type(fanout_ns) is not int or fanout_ns < 0):
+            raise ValueError(f"fanout_ns must be a whole number of nanoseconds, got {fanout_ns!r}")
+        return ShardMessage(check_shard(message.get("shard"), shards), fanout_ns)
     except (ValueError, AttributeError) as exc:  # ShardError is a ValueError, as is bad JSON
         reason = str(exc) if isinstance(exc, ShardError) else f"not a shard message ({exc})"
         LOG.error("reconciler shard message dropped, not retried: %s; body %.200s", reason, body)

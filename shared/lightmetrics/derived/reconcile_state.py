@@ -294,6 +294,8 @@ class ReconcileReport:
     #: shard 0 of several: the slowest shard and the overall checkpoint (R8); "" otherwise
     slowest_shard: str = ""
     overall_checkpoint: str = ""
+    #: the shard message it ran for was served by a later run of the shard: nothing done (R8)
+    stale: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -316,6 +318,7 @@ class ReconcileReport:
             "unowned_ranges": self.unowned_ranges,
             "slowest_shard": self.slowest_shard,
             "overall_checkpoint": self.overall_checkpoint,
+            "stale": self.stale,
         }
 
 

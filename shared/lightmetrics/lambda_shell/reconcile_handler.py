@@ -5,7 +5,9 @@ Its events:
 
 * an SQS event from the shards queue (``Records``, batch size 1): run each message's shard;
   a failed run is a partial-batch failure (with one record, the failed invocation is the alarm,
-  and SQS retries it, then dead-letters it); a message naming no shard is dropped with a log line;
+  and SQS retries it, then dead-letters it); a message naming no shard is dropped with a log line,
+  and a stale one (its shard finished a run begun after its fan-out) is dropped with a warning and
+  the ``ReconcilerStaleShardMessages`` metric;
 * ``{"shard": i}`` (an operator's ``lmctl invoke``): run shard i now, here;
 * anything else (EventBridge's scheduled event): the fan-out, one delayed message per shard to
   ``LM_RECONCILE_SHARDS_QUEUE_URL``; without that queue, shard 0's run when it is the only shard,
@@ -22,12 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from lightmetrics.aws.metrics import SwitchableMetrics
 from lightmetrics.derived.reconcile import Reconciler
-from lightmetrics.derived.reconcile_fanout import fan_out, shard_of_message
+from lightmetrics.derived.reconcile_fanout import ShardMessage, fan_out, read_shard_message
 from lightmetrics.derived.reconcile_state import UnownedRangesError, check_shard
 from lightmetrics.lambda_shell.per_container import LambdaHandler, PerContainer
 from lightmetrics.protocol.errors import ConfigError
@@ -66,19 +69,24 @@ def reconcile_handler(*, build: Callable[[Any], Shards] | None = None,
     metrics = SwitchableMetrics(namespace="Lightmetrics", service="reconcile")
     shards = PerContainer(lambda: (build or _from_environment)(metrics))
 
-    def run(shard: object) -> dict[str, Any]:
+    def run(shard: object, message: ShardMessage | None = None) -> dict[str, Any]:
         try:
-            report = shards().reconciler(shard).run().to_json()
+            report = shards().reconciler(shard).run(message=message).to_json()
         except UnownedRangesError as exc:  # the run saved its work; the failed invocation is the alarm
             logger.error(str(exc), extra=exc.report.to_json())
             raise
-        logger.info("reconcile run", extra=report)
+        if report["stale"]:  # acknowledged: a later run did its work (R8); many say the queue lags
+            logger.warning("reconcile shard message stale, dropped: its shard finished a run begun after "
+                           "the fan-out that sent it", extra={"fanout_ns": message.fanout_ns if message else None, **report})
+            metrics.add_metric(name="ReconcilerStaleShardMessages", unit=MetricUnit.Count, value=1)
+        else:
+            logger.info("reconcile run", extra=report)
         return report
 
     def run_message(record: SQSRecord) -> None:
-        shard = shard_of_message(record.body, shards().settings.reconcile_shards)
-        if shard is not None:
-            run(shard)
+        message = read_shard_message(record.body, shards().settings.reconcile_shards)
+        if message is not None:
+            run(message.shard, message)
 
     @metrics.log_metrics
     @logger.inject_lambda_context
@@ -96,7 +104,8 @@ def reconcile_handler(*, build: Callable[[Any], Shards] | None = None,
                                   "out to the shards queue, and LM_RECONCILE_SHARDS_QUEUE_URL is not set")
             return run(0)
         report = fan_out(state.ctx.sqs(), url, shards=state.settings.reconcile_shards,
-                         jitter_s=state.settings.reconcile_jitter_s, rng=rng).to_json()
+                         jitter_s=state.settings.reconcile_jitter_s, fanout_ns=state.ctx.clock.now_ns(),
+                         rng=rng).to_json()
         logger.info("reconcile fan-out", extra=report)
         return report
 

@@ -260,8 +260,8 @@ def operator_statements(arns: PolicyArns, spec: ResourceSpec = SPEC, *, admin_fu
         _allow(["s3:GetObject"], arns.objects(layout), sid="ReadLayout"),
         _allow(["s3:ListBucket"], [arns.bucket], arns.list_condition(layout), sid="ListLayout"),
         _allow(["s3:PutObject"], arns.objects(OPERATOR_WRITE_PREFIXES), sid="CreateDerivedEntriesAndResolutions"),
-        _allow(["sqs:GetQueueAttributes"], [arns.queues[n] for q in spec.queues for n in (q.name, q.dlq_name)],
-               sid="QueueDepths"),
+        _allow(["sqs:GetQueueAttributes"], [arns.queues[n] for q in spec.queues for n in (q.name, q.dlq_name)]
+               + [arns.queues[n] for sq in spec.shard_queues for n in (sq.name, sq.dlq_name)], sid="QueueDepths"),
         _allow(["sqs:SendMessage"], [arns.queues[q.name] for q in spec.queues], sid="ResendBlockedMessages"),
         _allow(["secretsmanager:GetSecretValue"], [arns.secret], sid="MintAgentTokens"),
         _allow(CLOUDWATCH_READ_ACTIONS, ["*"], sid="ReadQueueMetrics"),  # no resource-level permissions

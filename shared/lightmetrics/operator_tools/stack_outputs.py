@@ -2,7 +2,8 @@
 
 The CDK stack (``infra/stack.py``) names its outputs with the functions here, and ``lmctl env
 --stack`` reads them back with :func:`settings_from_outputs`: one list of what an operator's shell
-needs (bucket, prefix, table, secret, every index queue and DLQ URL, every state machine ARN),
+needs (bucket, prefix, table, secret, every index queue and DLQ URL, the reconciler's shards
+queue's URL, every state machine ARN),
 written once, and the ingest URL agents send to (``LM_INGEST_URL``).
 
 CloudFormation refuses an empty output value, so an empty ``LM_PREFIX`` is output as
@@ -53,6 +54,7 @@ def settings_from_outputs(outputs: Mapping[str, str], spec: ResourceSpec = SPEC)
     """The ``LM_*`` settings of a deployed stack from its outputs (``{OutputKey: OutputValue}``);
     :class:`MissingStackOutput` names any output that is not there."""
     wanted = [*SCALAR_OUTPUTS, *URL_OUTPUTS, *(queue_output_key(n) for q in spec.queues for n in (q.name, q.dlq_name)),
+              *(queue_output_key(q.name) for q in spec.shard_queues),
               *(state_machine_output_key(sm.logical_name) for sm in spec.state_machines)]
     missing = [k for k in wanted if k not in outputs]
     if missing:
@@ -63,6 +65,9 @@ def settings_from_outputs(outputs: Mapping[str, str], spec: ResourceSpec = SPEC)
         out["LM_PREFIX"] = ""
     out["LM_QUEUE_URLS"] = json.dumps({n: outputs[queue_output_key(n)] for q in spec.queues
                                        for n in (q.name, q.dlq_name)}, sort_keys=True)
+    fanned_out_on = next((f.shard_queue for f in spec.functions if f.shard_queue), None)
+    if fanned_out_on:  # the reconciler's shards queue: status reads its depth and its DLQ's
+        out["LM_RECONCILE_SHARDS_QUEUE_URL"] = outputs[queue_output_key(fanned_out_on)]
     out["LM_STATE_MACHINE_ARNS"] = json.dumps({sm.name: outputs[state_machine_output_key(sm.logical_name)]
                                                for sm in spec.state_machines}, sort_keys=True)
     return out
