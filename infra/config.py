@@ -101,7 +101,7 @@ class InfraConfig:
     abort_multipart_days: int
     ops_retention_days: int
     #: S3 Inventory configured: the weekly audit moves every watermark and the walk is not scheduled;
-    #: without it the audit's schedule goes too and the walk runs weekly (resources.scheduled)
+    #: without it the audit's schedule goes too and the walk runs weekly (schedules.scheduled)
     inventory: bool
     inventory_retention_days: int
     ingest_5xx_rate_percent: float

@@ -306,7 +306,8 @@ def test_the_walk_follows_the_deployment() -> None:
     """Issue 26: where an S3 Inventory runs (the default) the audit moves every W and no walk is
     scheduled, so the model prices none and its cost no longer grows with history; a bucket without
     one walks weekly (the fallback schedule), and that is exactly the walk's lines."""
-    from lightmetrics.deployment.resources import SPEC, scheduled
+    from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.deployment.schedules import scheduled
 
     assert not scheduled("bootstrap-walk", inventory=True) and Assumptions().walks_per_month == 0
     assert SPEC.state_machine("bootstrap-walk").schedule == "cron(0 3 ? * SUN *)"  # weekly, when it runs

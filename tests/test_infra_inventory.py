@@ -1,7 +1,7 @@
 """Issue 26: the walk is the bootstrap and the fallback. One setting (infra/config.py ``inventory``)
 decides the S3 Inventory configuration, the audit's schedule and the walk's: with an inventory the
 weekly audit moves every watermark and no walk is scheduled; without one the audit has nothing to
-read and the walk runs weekly. Both synths are checked against ``resources.scheduled`` and the
+read and the walk runs weekly. Both synths are checked against ``schedules.scheduled`` and the
 keep-up model's rule count (one source for the schedules)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from conftest import INFRA_TEST_CONTEXT
 
-from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, SPEC, schedule_input
+from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, SPEC
+from lightmetrics.deployment.schedules import schedule_input
 from lightmetrics.operator_tools.keepup import eventbridge_rules
 from lightmetrics.reaps.params import ReapParams
 

@@ -59,7 +59,8 @@ from infra import pipeline_bundle as bundle
 from infra.components.functions import cdk_statement
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
-from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, scheduled
+from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
+from lightmetrics.deployment.schedules import scheduled
 from lightmetrics.operator_tools.policies import (  # LOGS_PREFIX: in the ops bucket, the job runs' logs
     INVENTORY_PREFIX,
     LEASE_KEYS,

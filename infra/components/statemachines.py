@@ -6,7 +6,7 @@ Each state machine is created from its ASL file in ``infra/statemachines/`` with
 runtime uses, so the definition deployed here and the one moto executes locally are the same
 file under the same map. Every state machine gets its own role (``lambda:InvokeFunction`` on
 exactly the functions its tasks name), X-Ray tracing, ALL-level logging to its own log group,
-and, when the spec has one and the deployment runs it (``resources.scheduled``: the walk's only
+and, when the spec has one and the deployment runs it (``schedules.scheduled``: the walk's only
 without an S3 Inventory), an EventBridge schedule with the spec's explicit input.
 
 Physical names are ``<stack>-<logical_name>`` and known before synthesis, so a function that
@@ -30,7 +30,7 @@ from constructs import Construct
 from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
 from lightmetrics.deployment.resource_types import StateMachineSpec
-from lightmetrics.deployment.resources import schedule_input, scheduled
+from lightmetrics.deployment.schedules import schedule_input, scheduled
 from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
@@ -106,7 +106,7 @@ class StateMachines(Construct):
             )
             # The spec's input verbatim: every field explicit, nulls included (from_object would
             # drop a null, and the console inputs documented in docs/walks.md and docs/reaps.md have them).
-            # The walk's weekly schedule only where no S3 Inventory is configured (resources.scheduled).
+            # The walk's weekly schedule only where no S3 Inventory is configured (schedules.scheduled).
             rule = self._schedule(f"{cid}Schedule", f"{spec.name}: {spec.schedule}", spec.schedule,
                                   schedule_input(spec, inventory=config.inventory), machine) \
                 if spec.schedule and scheduled(spec.name, inventory=config.inventory) else None

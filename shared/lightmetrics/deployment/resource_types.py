@@ -266,7 +266,7 @@ class StateMachineSpec:
       input it sends (JSON text, every field explicit), or None for manual starts only;
       ``disabled_schedule`` / ``disabled_schedule_input``: one more, deployed disabled;
       ``no_inventory_schedule_input``: the schedule's input on a bucket without S3 Inventory, where
-      it differs (``resources.schedule_input``).
+      it differs (``schedules.schedule_input``).
     """
 
     name: str

@@ -31,8 +31,8 @@ from lightmetrics.deployment.resource_types import (
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 from lightmetrics.protocol.keys import layout_root, layout_roots
 
-__all__ = ["BUCKET", "FUNCTIONS", "INVENTORY_SCHEDULES", "NO_INVENTORY_SCHEDULES", "PIPELINE_SCHEDULES", "QUEUES",
-           "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES", "TABLE", "schedule_input", "scheduled"]
+__all__ = ["BUCKET", "FUNCTIONS", "PIPELINE_SCHEDULES", "QUEUES",
+           "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES", "TABLE"]
 
 
 BUCKET = BucketSpec()
@@ -305,7 +305,7 @@ STATE_MACHINES: tuple[StateMachineSpec, ...] = (
             ("WalkContinueFunctionArn", "walk-continue"),
             ("WalkEndFunctionArn", "walk-end"),
         ),
-        # Weekly, Sunday 03:00 UTC, only on a bucket without S3 Inventory (scheduled() below): a walk
+        # Weekly, Sunday 03:00 UTC, only on a bucket without S3 Inventory (schedules.scheduled): a walk
         # of every partition, not `full` — one read per record (protocol §13 W5) — that moves the
         # accepted-by-time and quarantine-by-blob watermarks (W3). With an inventory the weekly audit
         # (PIPELINE_SCHEDULES) moves all four (W6) and the walk runs only at bootstrap or on an audit's
@@ -365,37 +365,3 @@ PIPELINE_SCHEDULES: dict[str, tuple[str, str]] = {
     "rollup": ("cron(20 * * * ? *)", json.dumps({"job": "rollup"})),
     "audit": ("cron(30 6 ? * TUE *)", json.dumps({"job": "audit"})),
 }
-
-#: Schedules that exist in one kind of deployment only (issue 26; infra/config.py ``inventory``).
-#: With an S3 Inventory the weekly audit reads it, proves the derived indexes complete and moves
-#: every watermark (§13 W6): the walk is then the bootstrap and the repair, started by an operator.
-#: Without one the audit has nothing to read and the weekly walk is the fallback (W3).
-INVENTORY_SCHEDULES = frozenset({"audit"})
-NO_INVENTORY_SCHEDULES = frozenset({"bootstrap-walk"})
-
-
-def scheduled(name: str, *, inventory: bool) -> bool:
-    """Whether the schedule of ``name`` (a state machine or a pipeline job) is deployed on a bucket
-    with (``inventory=True``) or without an S3 Inventory. Every other schedule always is.
-
-    >>> scheduled("bootstrap-walk", inventory=True), scheduled("bootstrap-walk", inventory=False)
-    (False, True)
-    >>> scheduled("audit", inventory=False), scheduled("rollup", inventory=False)
-    (False, True)
-    """
-    if name in INVENTORY_SCHEDULES:
-        return inventory
-    return not inventory if name in NO_INVENTORY_SCHEDULES else True
-
-
-def schedule_input(spec: StateMachineSpec, *, inventory: bool) -> str | None:
-    """The input the schedule of ``spec`` sends on a bucket with or without an S3 Inventory: GC's
-    candidates come from the newest audit where one runs, from ``raw-blobs-by-time`` where none does.
-
-    >>> import json
-    >>> json.loads(schedule_input(SPEC.state_machine("reap"), inventory=False))["source"]
-    'by-time'
-    """
-    if not inventory and spec.no_inventory_schedule_input is not None:
-        return spec.no_inventory_schedule_input
-    return spec.schedule_input

@@ -19,7 +19,7 @@ DAY_S = 86400
 MONTH_S = 30.4375 * DAY_S  # an average month
 MONTH_DAYS = MONTH_S / DAY_S
 #: ``walks_per_month`` of a deployment without S3 Inventory (infra/config.py ``inventory: false``):
-#: the walk's weekly fallback schedule (resources.scheduled).
+#: the walk's weekly fallback schedule (schedules.scheduled).
 WEEKLY_WALKS_PER_MONTH = 4.35
 #: The index-accepted function's spec: its event source's batch size and batching window are what
 #: the CDK app synthesizes (one source for the model and the template).

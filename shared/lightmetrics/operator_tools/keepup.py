@@ -44,7 +44,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, TypeVar, cast
 
-from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES, scheduled
+from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES
+from lightmetrics.deployment.schedules import scheduled
 from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived.reconcile import MAX_ENTRIES_PER_RUN
 from lightmetrics.derived.walk.params import max_rounds_for
@@ -361,7 +362,7 @@ def configure(profile: str = "deployed", overrides: dict[str, float] | None = No
 def eventbridge_rules(*, inventory: bool = True) -> int:
     """The stack's EventBridge rules (the default bus): one per scheduled function (the reconciler's
     one whatever ``LM_RECONCILE_SHARDS``: it fans out on its shards queue), per state machine schedule
-    and per pipeline schedule the deployment runs (``resources.scheduled``: the audit's with an S3
+    and per pipeline schedule the deployment runs (``schedules.scheduled``: the audit's with an S3
     Inventory, the walk's without).
 
     >>> eventbridge_rules() < Quotas().eventbridge_rules_per_bus
