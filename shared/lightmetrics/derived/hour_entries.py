@@ -157,6 +157,11 @@ class HourReader:
             token = page.next_token if page.truncated else None
             if token is None:
                 break
+        return self.sources(listed), [k for k, _ in listed]
+
+    def sources(self, listed: Sequence[tuple[str, int]]) -> list[tuple[str, list[SegmentEntry], bool]]:
+        """The fold sources (:func:`fold_entries`) of one part-hour's listing ``(key, size)``: its
+        newest seal and every segment the seal does not cover, read and checked (V-D4)."""
         seals: list[tuple[int, str, int]] = []
         segments: list[str] = []
         for key, size in listed:
@@ -182,7 +187,7 @@ class HourReader:
             if body is None:
                 raise TransientStoreError(f"{key}: listed but gone when read (retention of its hour?): read again")
             sources.append((key, list(decode_segment(self.codec, key, body).entries), False))
-        return sources, [k for k, _ in listed]
+        return sources
 
     def _read_seal(self, key: str, size: int) -> Seal:
         """A seal by ranged GETs: the tail (footer), then the body before it, checked whole."""
