@@ -253,3 +253,26 @@ def test_a_seal_larger_than_the_tail_read_costs_two_ranged_gets() -> None:
     store.put_if_absent(KEYS.seal(ACC, 0, H, 0), data)
     got = read(store)
     assert len(got.entries) == 6_000 and store.requests["GetObject"] == 2
+
+
+def test_a_footer_longer_than_the_tail_read_costs_a_third_ranged_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightmetrics.derived import hour_entries
+
+    monkeypatch.setattr(hour_entries, "TAIL_READ_BYTES", 80)  # the trailer, not the whole footer
+    store = InMemoryObjectStore()
+    store.put_if_absent(KEYS.seal(ACC, 0, H, 0), write_seal(CODEC, ACC, H, 0, 1, 0, [accepted(s) for s in range(3)], []))
+    got = read(store)
+    assert got.ids() == {mid(s) for s in range(3)} and store.requests["GetObject"] == 3
+
+
+def test_a_seal_whose_trailer_names_more_than_its_size_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightmetrics.derived import hour_entries
+
+    monkeypatch.setattr(hour_entries, "TAIL_READ_BYTES", 80)
+    store = InMemoryObjectStore()
+    data = write_seal(CODEC, ACC, H, 0, 1, 0, [accepted(1)], [])
+    key = KEYS.seal(ACC, 0, H, 0)
+    store.put_if_absent(key, data[-200:])  # a cut seal: its trailer names a footer before its start
+    with pytest.raises(SealError) as err:
+        read(store)
+    assert err.value.key == key
