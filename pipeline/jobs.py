@@ -70,6 +70,7 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
     no batch and no rollup) Spark is not started and the report says why (``notes``)."""
     from lightmetrics.composition.services import control_table
     from lightmetrics_pipeline import s3io
+    from lightmetrics_pipeline.rollup.inputs import v2_parts
     from lightmetrics_pipeline.rollup.job import RollupJob
     from lightmetrics_pipeline.rollup.plan import HourResult, RollupReport
     from lightmetrics_pipeline.rollup.preflight import preflight
@@ -83,9 +84,12 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
     if hours is None:
         end = now_hour if allow_open else (first_open + (-1) if first_open else None)
         hours = [] if end is None else hours_between(end + (-(lookback_hours - 1)), end)
-    with s3io.task_tally() as tally:
+    tally = s3io.Tally()
+    parts = v2_parts(access, tally)  # once a run: the preflight and the plan take the v2 parts listed
+    with s3io.task_tally() as listed:
         pre = preflight(s3io.store(access), access.codec, hours, first_open=first_open, now_hour=now_hour,
-                        settle_s=settings.settle_s, explicit=explicit, allow_open=allow_open)
+                        settle_s=settings.settle_s, explicit=explicit, allow_open=allow_open, parts=parts)
+    tally.add(listed)
     # hours asked by name are planned whatever they hold (the plan reports each: empty, tombstoned,
     # open ...) once one of them is closed; the default window only where there is something
     work = sorted(hours) if explicit and pre.closed else pre.with_data
@@ -97,7 +101,7 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
         return report
     spark = spark or _spark(master)
     job = RollupJob(spark, access, table=table, clock=clock, owner=owner, progress=progress)
-    report = job.run(work, first_open=first_open, allow_open=allow_open, recompute=recompute)
+    report = job.run(work, first_open=first_open, allow_open=allow_open, recompute=recompute, parts=parts)
     report.notes = pre.notes
     report.requests.add(tally)
     report.seconds = time.monotonic() - started
@@ -107,7 +111,7 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point (EMR Serverless): configuration from LM_* in the job's environment.
     Exit 0 also when another run holds the rollup's lease (one line says who, until when); 1 when
-    the audit found violations or the rollup skipped inputs; an exception fails the job run."""
+    the audit found violations, the rollup skipped inputs or refused an hour; an exception fails the job run."""
     parser = argparse.ArgumentParser(prog="lightmetrics-pipeline")
     sub = parser.add_subparsers(dest="job", required=True)
     a = sub.add_parser("audit")
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(lease_held_line(table, exc), flush=True)
         return 0
     print(json.dumps(report.to_json(), sort_keys=True))
-    return 1 if report.skipped else 0
+    return 1 if report.skipped or report.refused else 0
 
 
 def lease_held_line(table: Any, exc: Exception) -> str:

@@ -413,9 +413,10 @@ def test_rollup_says_which_hours_hold_data_and_when_an_open_one_closes_before_sp
 
     doc = json.loads(runner.invoke(cli, ["pipeline", "rollup", "--json"]).stdout)
     assert doc["spark_started"] is False and doc["hours"] == [] and doc["exit_code"] == 0
-    # the preflight's cost: two one-key listings per hour of the window (its batches, its rollups),
-    # one per open hour looked at (six at most), whatever the history holds
-    assert doc["s3_requests"] == {"ListObjectsV2 200": 2 * 24 + 6}, doc["s3_requests"]
+    # the preflight's cost: the v2 parts (one delimited page a run), two one-key listings per hour
+    # of the window (its batches, its rollups), one per open hour looked at (six at most), whatever
+    # the history holds
+    assert doc["s3_requests"] == {"ListObjectsV2 200": 1 + 2 * 24 + 6}, doc["s3_requests"]
     assert doc["notes"][0].startswith(f"{H0} holds batches but is open")
 
     asked = runner.invoke(cli, ["pipeline", "rollup", "--hour", str(H0), "--json"])

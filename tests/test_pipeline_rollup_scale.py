@@ -35,8 +35,10 @@ def test_task_counts_follow_the_input(system, runtime, clock, spark, monkeypatch
     # Writes: one partition per possible object (hash-partitioned by hour, window and part): here
     # one object per window, at most as many tasks.
     assert 1 <= report.tasks["write"] <= h.objects == 3
-    # the hour's agents (one delimited page), one page per range, the hour's committed manifests
-    assert report.requests.statuses("ListObjectsV2") == {"200": 1 + 3 + 1}
+    # the v2 parts (one delimited page a run: none here), the hour's agents (one delimited page),
+    # one page per range, the hour's committed manifests
+    assert report.requests.statuses("ListObjectsV2") == {"200": 1 + 1 + 3 + 1}
+    assert "listing-v2" not in report.tasks  # no v2 object: no v2 stage
     doc = read_committed(access, H0)
     assert doc["totals"]["objects"] == h.objects and doc["totals"]["series"] == h.series
 

@@ -45,7 +45,7 @@ from lightmetrics_pipeline.rollup import manifest as RM
 from lightmetrics_pipeline.rollup import parquet as P
 from lightmetrics_pipeline.rollup.committed import differing_objects, read_committed, same_chunks
 from lightmetrics_pipeline.rollup.decode import SAMPLE_SCHEMA, fetch_and_decode
-from lightmetrics_pipeline.rollup.inputs import list_agents, list_ranges
+from lightmetrics_pipeline.rollup.inputs import list_agents, list_ranges, v2_parts, with_v2
 from lightmetrics_pipeline.rollup.lease import Lease
 from lightmetrics_pipeline.rollup.plan import (
     ROLLUP_FORMAT,
@@ -157,7 +157,8 @@ class RollupJob:
         return doc
 
     def plan(self, hours: list[UtcHour], *, first_open: UtcHour | None, allow_open: bool = False,
-             recompute: bool = False) -> RollupPlan:
+             recompute: bool = False, parts: tuple[int, ...] | None = None) -> RollupPlan:
+        """Each hour's status; ``parts``: the v2 parts (:func:`v2_parts`, listed here when None)."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F
 
@@ -186,15 +187,23 @@ class RollupJob:
             eligible.append(h)
         entries = None
         digests: dict[int, tuple[int, str]] = {}
+        refused: dict[int, str] = {}
         if eligible:
-            entries = self._list_inputs(eligible, acc).persist(StorageLevel.MEMORY_AND_DISK)
+            parts = v2_parts(self.access, requests) if parts is None else parts
+            entries, refused = self._list_inputs(eligible, acc, parts)
+            entries = entries.persist(StorageLevel.MEMORY_AND_DISK)
             rows = entries.groupBy("hour_s").agg(
                 F.count("*").alias("n"),
                 F.sha2(F.concat_ws("\n", F.array_sort(F.collect_list("manifest_id"))), 256).alias("digest"),
             ).collect()  # one row per hour
             digests = {int(r["hour_s"]): (int(r["n"]), str(r["digest"])) for r in rows}
             self._ranges.unpersist()
+            if self._v2 is not None:
+                self._v2.unpersist()
         for h in eligible:
+            if h.start_unix_s in refused:  # a refused v2 object fails its hour, with its reason
+                plans.append(HourPlan(h, "refused", reason=refused[h.start_unix_s]))
+                continue
             n, digest = digests.get(h.start_unix_s, (0, C.inputs_digest([])))
             committed = self.committed(h, requests)
             status, gen, sup = decide(committed, n, digest, recompute, P.MAX_GENERATION)
@@ -205,8 +214,9 @@ class RollupJob:
         requests.add(dict(acc.value))
         return RollupPlan(self.owner, sorted(plans, key=lambda p: p.hour), entries, requests)
 
-    def _list_inputs(self, hours: list[UtcHour], acc: Any) -> Any:
-        """``(hour_s, manifest_id)`` of every input of ``hours``, listed in executors: the agents of
+    def _list_inputs(self, hours: list[UtcHour], acc: Any, parts: tuple[int, ...]) -> tuple[Any, dict[int, str]]:
+        """``(hour_s, manifest_id)`` of every input of ``hours`` and the hours refused (v1 and the
+        v2 ``parts``: :func:`~lightmetrics_pipeline.rollup.inputs.with_v2`), listed in executors: the agents of
         each hour (one delimited listing), then ranges of ``AGENTS_PER_LIST_TASK`` consecutive
         agents, one listing task each. Agent ids are text, so their hex is not uniform (most start
         with ``6``/``7``): ranges of the agents actually present spread them whatever they are."""
@@ -223,9 +233,15 @@ class RollupJob:
             .persist(StorageLevel.MEMORY_AND_DISK)  # listed once; released once the inputs are
         self._ranges = ranges
         counts = int(ranges.count())  # one number: how many listing tasks
-        return ranges.repartitionByRange(max(1, min(MAX_TASKS, counts)), "hour_s", "range") \
+        v1 = ranges.repartitionByRange(max(1, min(MAX_TASKS, counts)), "hour_s", "range") \
             .mapInPandas(_count_tasks(self.tasks, "listing", list_ranges(self.access, acc)),
                          "hour_s long, manifest_id string")
+        self._v2 = None
+        if not parts:
+            return v1, {}  # no v2 object anywhere: the inputs are v1's, as listed before v2
+        union, refused, self._v2 = with_v2(self.spark, v1, hours, self.access, acc, parts,
+                                           lambda fn: _count_tasks(self.tasks, "listing-v2", fn))
+        return union, refused
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, plan: RollupPlan) -> RollupReport:
@@ -233,7 +249,7 @@ class RollupJob:
         report = RollupReport(self.owner)
         generations = plan.work()
         results = {p.hour.start_unix_s: HourResult(str(p.hour), p.status, p.generation, p.supersedes, p.input_count,
-                                                   format=p.format) for p in plan.hours}
+                                                   format=p.format, reason=p.reason) for p in plan.hours}
         acc = counter_accumulator(self.spark)
         try:
             if generations:
@@ -367,12 +383,12 @@ class RollupJob:
 
     # -- the whole run -------------------------------------------------------------------------
     def run(self, hours: list[UtcHour], *, first_open: UtcHour | None, allow_open: bool = False,
-            recompute: bool = False) -> RollupReport:
+            recompute: bool = False, parts: tuple[int, ...] | None = None) -> RollupReport:
         if self.lease is not None:
             self.lease.acquire()  # LeaseHeld: another run is at it
         try:
             self.say(f"planning {len(hours)} hours")
-            plan = self.plan(hours, first_open=first_open, allow_open=allow_open, recompute=recompute)
+            plan = self.plan(hours, first_open=first_open, allow_open=allow_open, recompute=recompute, parts=parts)
             self.say(f"rolling up {len(plan.work())} of them")
             return self.execute(plan)
         finally:

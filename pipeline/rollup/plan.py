@@ -50,17 +50,21 @@ def decide(committed: dict[str, Any] | None, inputs: int, digest: str, recompute
 @dataclass
 class HourPlan:
     hour: UtcHour
-    status: str  # build | recompute | up-to-date | empty | open | tombstoned | raw-reaped | generation-limit
+    #: build | recompute | up-to-date | empty | open | tombstoned | raw-reaped | generation-limit | refused
+    status: str
     generation: int | None = None
     supersedes: int | None = None
     input_count: int = 0
     input_sha256: str = ""
     committed: dict[str, Any] | None = None
     format: int = ROLLUP_FORMAT  # a recompute keeps the committed generation's format
+    #: ``refused``: the v2 object its inputs could not be read from, and why (V-D4, V-D7)
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"hour": str(self.hour), "status": self.status, "generation": self.generation,
-                "supersedes": self.supersedes, "inputs": self.input_count, "format": self.format}
+        doc = {"hour": str(self.hour), "status": self.status, "generation": self.generation,
+               "supersedes": self.supersedes, "inputs": self.input_count, "format": self.format}
+        return {**doc, "reason": self.reason} if self.reason else doc
 
 
 @dataclass
@@ -94,14 +98,16 @@ class HourResult:
     writes: Counter[str] = field(default_factory=Counter)
     manifest_key: str = ""
     manifest_outcome: str = ""
+    reason: str = ""  # ``refused``: the v2 object and why
 
     def to_json(self) -> dict[str, Any]:
-        return {"hour": self.hour, "status": self.status, "generation": self.generation, "supersedes": self.supersedes,
-                "inputs": self.inputs, "skipped": self.skipped, "skipped_count": self.skipped_count,
-                "format": self.format, "objects": self.objects, "rows": self.rows,
-                "chunks": self.chunks, "series": self.series,
-                "samples": self.samples, "writes": dict(self.writes), "manifest_key": self.manifest_key,
-                "manifest_outcome": self.manifest_outcome}
+        doc = {"hour": self.hour, "status": self.status, "generation": self.generation, "supersedes": self.supersedes,
+               "inputs": self.inputs, "skipped": self.skipped, "skipped_count": self.skipped_count,
+               "format": self.format, "objects": self.objects, "rows": self.rows,
+               "chunks": self.chunks, "series": self.series,
+               "samples": self.samples, "writes": dict(self.writes), "manifest_key": self.manifest_key,
+               "manifest_outcome": self.manifest_outcome}
+        return {**doc, "reason": self.reason} if self.reason else doc
 
 
 @dataclass
@@ -122,6 +128,11 @@ class RollupReport:
     @property
     def skipped(self) -> int:
         return sum(h.skipped_count for h in self.hours)
+
+    @property
+    def refused(self) -> list[HourResult]:
+        """Hours whose v2 inputs a reader refused: not rolled up, the run fails (never a silent skip)."""
+        return [h for h in self.hours if h.status == "refused"]
 
     @property
     def created(self) -> int:

@@ -15,11 +15,13 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from lightmetrics.protocol.keys import UtcHour, hours_between
+from lightmetrics.protocol.segment_keys import SegmentIndex, SegmentKeyCodec
 
 #: at most this many open hours (the oldest: they close first) are looked at for data
 OPEN_HOURS_SHOWN = 6
@@ -49,6 +51,14 @@ def _holds(store: Any, prefix: str) -> bool:
     return bool(store.list_page(prefix, max_keys=1).keys)
 
 
+def _holds_batches(store: Any, codec: Any, hour: UtcHour, parts: Sequence[int]) -> bool:
+    """Does ``hour`` index a batch, in v1 or in one of the v2 ``parts``? (A v2-only hour taken for
+    empty would be left out of the rollup silently: docs/design/derived-state-v2.md §10.)"""
+    keys = SegmentKeyCodec(codec.prefix)
+    return _holds(store, codec.accepted_by_time_hour(hour)) \
+        or any(_holds(store, keys.part_hour(SegmentIndex.ACCEPTED_BY_TIME, p, hour)) for p in parts)
+
+
 def closes_at(hour: UtcHour, settle_s: int) -> str:
     """The earliest time the reconciler can close ``hour``: its end plus the settle window."""
     at = datetime.fromtimestamp(hour.start_unix_s + 3600 + settle_s, tz=timezone.utc)
@@ -56,22 +66,23 @@ def closes_at(hour: UtcHour, settle_s: int) -> str:
 
 
 def preflight(store: Any, codec: Any, asked: list[UtcHour], *, first_open: UtcHour | None, now_hour: UtcHour,
-              settle_s: int, explicit: bool, allow_open: bool = False) -> Preflight:
+              settle_s: int, explicit: bool, allow_open: bool = False, parts: Sequence[int] = ()) -> Preflight:
     """Two listings of one key at most per asked hour (its accepted-by-time hour, then its rollup
-    manifests) and one per open hour up to ``now_hour``: no Spark, no full listing."""
+    manifests) and one per open hour up to ``now_hour``: no Spark, no full listing. ``parts``: the
+    v2 parts (``inputs.v2_parts``); an hour empty in v1 is then listed in each (one key)."""
     pre = Preflight(first_open)
     for h in sorted(set(asked)):
         if not allow_open and (first_open is None or h >= first_open):
             pre.asked_open.append(h)
             continue
         pre.closed.append(h)
-        if _holds(store, codec.accepted_by_time_hour(h)) or _holds(store, codec.rollup_manifest_hour(h)):
+        if _holds_batches(store, codec, h, parts) or _holds(store, codec.rollup_manifest_hour(h)):
             pre.with_data.append(h)
     if not allow_open:
         # the oldest open hours close first; a reconciler far behind leaves many, the note names a few
         start = first_open if first_open is not None else now_hour
         open_hours = hours_between(start, min(now_hour, start + (OPEN_HOURS_SHOWN - 1)))
-        pre.open_with_data = [h for h in open_hours if _holds(store, codec.accepted_by_time_hour(h))]
+        pre.open_with_data = [h for h in open_hours if _holds_batches(store, codec, h, parts)]
     pre.notes = _notes(pre, settle_s, explicit)
     return pre
 

@@ -195,7 +195,7 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
     # every hour asked by name is open: refused before Spark started, with when each closes; an hour
     # at the generation limit (docs/pipeline.md §1) has late inputs no generation holds
     refused = bool(wanted) and not report.spark_started
-    limited = any(h.status == "generation-limit" for h in report.hours)
+    limited = any(h.status in ("generation-limit", "refused") for h in report.hours)
     code = EXIT_USAGE if refused else EXIT_VIOLATIONS if report.skipped or limited else EXIT_OK
     if as_json:
         emit_json({**report.to_json(), "exit_code": code})
@@ -210,6 +210,8 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         for h in report.hours:
             for s in h.skipped[:10]:
                 console.print(f"[red]skipped[/] {h.hour} {s['manifest_id']}: {s['reason']}")
+            if h.reason:
+                console.print(f"[red]refused[/] {h.hour}: {h.reason}")
     else:
         console.print(f"rollup: nothing rolled up ({report.seconds:.1f} s; Spark not started)")
     for note in report.notes:  # a refusal's reasons go to stderr, as every error's do

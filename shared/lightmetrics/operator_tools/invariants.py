@@ -71,6 +71,8 @@ DERIVED_WITHOUT_SOURCE = _rule("derived-without-source", V, "a derived entry who
                                "quarantine manifest) does not exist", "verify", "audit")
 DERIVED_MISMATCH = _rule("derived-mismatch", V, "a derived entry names another blob than its record", "verify")
 BAD_KEY = _rule("bad-key", V, "a key under a layout prefix that is not of the layout", "verify")
+SEGMENT = _rule("segment", V, "a v2 segment or sealed part outside the layout or unreadable (§9.1 V-D4)", "verify")
+SEGMENT_CONFLICT = _rule("segment-conflict", V, "two unequal v2 entries for one entry key (§9.1 V-D7)", "verify")
 QUARANTINE_INCOMPLETE = _rule("quarantine-incomplete", V, "a quarantine manifest that does not parse, lacks its "
                               "acceptance record, or whose evidence blob is gone before its resolution", "verify")
 EVIDENCE_COLLECTED = _rule("evidence-collected", E, "conflict evidence collected by GC after its resolution, or with "
@@ -91,7 +93,7 @@ ACKNOWLEDGED_OTHER_HASH = _rule("acknowledged-other-hash", V, "the acceptance re
 #: Every rule, by name (docs/protocol.md §13.1 lists the same, in this order).
 RULES: dict[str, Rule] = {r.name: r for r in (
     INVALID_MANIFEST, UNSUPPORTED_VERSION, BLOB_MISSING, BLOB_SIZE, REAPED, GC_HELD, MISSING_DERIVED, PENDING,
-    DERIVED_WITHOUT_SOURCE, DERIVED_MISMATCH, BAD_KEY, QUARANTINE_INCOMPLETE, EVIDENCE_COLLECTED,
+    DERIVED_WITHOUT_SOURCE, DERIVED_MISMATCH, BAD_KEY, SEGMENT, SEGMENT_CONFLICT, QUARANTINE_INCOMPLETE, EVIDENCE_COLLECTED,
     REAPED_WITHOUT_TOMBSTONE, REAPED_NOT_EMPTY, OVERLAPPING_RANGES, ORPHAN_BLOB, ACKNOWLEDGED_TWICE,
     ACKNOWLEDGED_NOT_ACCEPTED, ACKNOWLEDGED_OTHER_HASH)}
 

@@ -21,6 +21,9 @@ the same names):
   ``pending`` (the event path or the next walk writes them), each listed with its age
   (:class:`PendingFinding`: W moves weekly, docs/protocol.md §13 W6); ``strict`` requires every
   entry regardless of W (for a quiet system right after a walk, as in the demo and tests);
+* ``segment`` / ``segment-conflict``: a v2 segment or sealed part a reader refuses (V-D4), or two
+  unequal v2 entries for one key (V-D7), by key and reason (:mod:`~lightmetrics.operator_tools.verify_v2`);
+  the v2 entries read count as present for ``missing-derived`` and are checked against their sources;
 * ``reaped-without-tombstone`` / ``reaped-not-empty``: a retention ``reaped`` marker without its
   tombstone, or a reaped hour that still has ``accepted-by-time`` entries (a writer re-created
   derived state under a tombstone);
@@ -48,9 +51,11 @@ from typing import Any
 from lightmetrics.derived.indexing import load_manifest
 from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.verify_report import Finding, PendingFinding, VerifyReport
+from lightmetrics.operator_tools.verify_v2 import V2_LISTED, read_v2
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyKind, UtcHour, layout_root
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
+from lightmetrics.protocol.segment_entries import AcceptedSegmentEntry
 from lightmetrics.work.outcome import PermanentWorkError
 from lightmetrics.work.pool import map_in_context
 from lightmetrics.work.units import WorkContext
@@ -96,9 +101,10 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         return pool.submit(contextvars.copy_context().run, fn, *args)
 
     try:
-        say(f"listing {len(LAYOUT_ROOTS)} prefixes")
+        roots = (*LAYOUT_ROOTS, *V2_LISTED)
+        say(f"listing {len(roots)} prefixes")
         prefix = ctx.codec.prefix
-        listed = {p: f.result() for p, f in {p: call(_list_all, ctx, prefix + p) for p in LAYOUT_ROOTS}.items()}
+        listed = {p: f.result() for p, f in {p: call(_list_all, ctx, prefix + p) for p in roots}.items()}
         report.counts = {p: len(v) for p, v in listed.items()}
         say(f"listed {sum(report.counts.values()):,} objects")
         table = ctx.table
@@ -116,6 +122,7 @@ def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int 
         run.quarantine_manifests()
         say("checking derived entries against their sources")
         run.derived_sources()
+        run.v2_entries()
         run.derived_entries(lambda index, at_ns: strict or (
             (w := (watermarks or {}).get(index)) is not None and at_ns < w))
         run.overlapping_ranges()
@@ -138,6 +145,7 @@ class _Run:
         self.manifests: dict[str, AcceptedBatchManifest] = {}
         self.conflicts: dict[str, IdentityConflictManifest] = {}
         self.raw_by_time_shas: set[str] = set()
+        self.v2_accepted: set[str] = set()  # the records a v2 accepted-by-time entry names
 
     def note(self, rule: inv.Rule, keys: list[str], detail: str) -> None:
         finding = Finding(rule.name, tuple(keys), detail)
@@ -275,6 +283,29 @@ class _Run:
                 else:
                     self.note(inv.BAD_KEY, [key], f"a {parsed.kind.value} key under {prefix}")
 
+    def v2_entries(self) -> None:
+        """v2 segments and seals: refusals are findings; each entry's source exists (as for v1)."""
+        got = read_v2(self.ctx, self.listed, self.pool)
+        self.report.checked["v2 objects"] += got.objects
+        for refusal, keys, detail in got.refusals:
+            self.note(refusal, keys, detail)
+        reaped_shas = {m.frame_sha256 for m in self.manifests.values() if self.hour_tombstoned(m)}
+        for _, hour, source, entry in got.entries:
+            if isinstance(entry, AcceptedSegmentEntry):
+                self.v2_accepted.add(entry.manifest_key)
+                rule = inv.derived_source_state(source_present=entry.manifest_key in self.accepted)
+                m = self.manifests.get(entry.manifest_key)
+                if rule is not None:
+                    self.note(rule, [source, entry.manifest_key], "its acceptance record does not exist")
+                elif m is not None and m.frame_sha256 != entry.frame_sha256:
+                    self.note(inv.DERIVED_MISMATCH, [source, entry.manifest_key], "names another blob than the record")
+            else:
+                self.raw_by_time_shas.add(entry.sha256)
+                rule = inv.derived_source_state(source_present=entry.raw_blob_key in self.blobs, source_is_blob=True,
+                                                hour_tombstoned=hour in self.tombstoned or entry.sha256 in reaped_shas)
+                if rule is not None and rule is not inv.REAPED:
+                    self.note(rule, [source, entry.raw_blob_key], "its raw blob does not exist")
+
     def derived_entries(self, required: Callable[[str, int], bool]) -> None:
         """Nothing accepted before W (per index; everything when strict) lacks a derived entry."""
         codec = self.codec
@@ -282,7 +313,7 @@ class _Run:
         for key, m in self.manifests.items():
             hour, ident = UtcHour.of_unix_ns(m.accepted_at_unix_ns), m.identity
             has = {
-                "accepted-by-time": codec.accepted_by_time(hour, ident) in present[_BY_TIME],
+                "accepted-by-time": codec.accepted_by_time(hour, ident) in present[_BY_TIME] or key in self.v2_accepted,
                 "accepted-by-blob": codec.accepted_by_blob(m.frame_sha256, ident) in present[_BY_BLOB],
                 # an absent blob is blob_state's finding, not a missing index entry
                 "raw-blobs-by-time": m.frame_sha256 in self.raw_by_time_shas or m.raw_blob_key not in self.blobs,
