@@ -55,7 +55,8 @@ class MarkedBlobs(frozenset):  # type: ignore[type-arg]
 
 def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
     """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
-    §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
+    §15): one Query of each marks partition (its shards and the previous version's, §17), whatever
+    the history; :meth:`MarkedBlobs.read_again` queries again."""
     from lightmetrics.reaps.gc_marks import read_marks_items
 
     marked = MarkedBlobs(m.key for item in read_marks_items(table, codec) for m in item.marks)

@@ -10,10 +10,11 @@ the same units:
   ``MEASURED_REQUESTS`` in :mod:`lightmetrics.operator_tools.cost_workload`: the one source) and
   a per-request latency (:class:`KeepupParams`, an assumption);
 * AWS's documented quotas (:class:`Quotas`): a partition's rate divided by the requests per unit
-  that land on it (every index write of an hour under one ``date=/hour=`` prefix; every reap
-  mark under the partition key ``checkpoint#reap``); inline Map's 40; Lambda's account
-  concurrency, which ingest takes first (EventBridge's 300 rules a bus bind nothing: the reconciler
-  has one schedule whatever its shards, which fans out on the shards queue);
+  that land on it (every index write of an hour under one ``date=/hour=`` prefix; a reap's marks
+  spread over ``MARKS_SHARDS`` partition keys, its checkpoints under ``checkpoint#reap`` and
+  ``checkpoint#reap#range``); inline Map's 40; Lambda's account concurrency, which ingest takes
+  first (EventBridge's 300 rules a bus bind nothing: the reconciler has one schedule whatever its
+  shards, which fans out on the shards queue);
 * the code's own bounds (R7's 50,000 entries a reconciler run, 24 retention hours a daily run,
   ``max_pending_pages`` per grace, GC's ``max_pages``).
 
@@ -55,6 +56,7 @@ from lightmetrics.operator_tools.cost_workload import (
     retention_marks_capacity,
 )
 from lightmetrics.operator_tools.indexer_invocations import FULL_VCPU_MB, index_cpu_ms, index_messages_per_invocation
+from lightmetrics.reaps.gc_marks import MARKS_SHARDS
 from lightmetrics.reaps.params import DEFAULT_RANGE_PARALLELISM, ReapParams
 
 
@@ -236,17 +238,31 @@ def _walk(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, 
     return _job("walk (weekly)", "keys", keys / MONTH_S, limits, parts)
 
 
-def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
-    """(WCU, RCU) of the control table per retained batch, every one under ``checkpoint#reap``:
-    the cost model's units of a month (pages, settle rounds, hours, runs) and its marks items,
-    per batch. A system younger than its retention reaps nothing yet; its first expired hour
-    costs the same per batch."""
+def retention_checkpoint_capacity(rate: float, a: Assumptions) -> tuple[float, float]:
+    """(WCU, RCU) per retained batch of the reap's checkpoints (the summary ``checkpoint#reap``,
+    the range items ``checkpoint#reap#range``): the cost model's units of a month (pages, settle
+    rounds, hours, runs), per batch. A system younger than its retention reaps nothing yet; its
+    first expired hour costs the same per batch."""
     units = job_units(rate, a)["retention"] or job_units(rate, replace(a, system_age_days=a.retention_days + 1))[
         "retention"]
     per_batch = {api: n / units["batch"] for api, n in job_requests("retention", units).items()}
-    wcu, rcu = control_table_units(per_batch)
+    return control_table_units(per_batch)
+
+
+def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
+    """(WCU, RCU) of the control table per retained batch, as the cost model prices it: the
+    checkpoints' (:func:`retention_checkpoint_capacity`) and the marks items' (an hour in one range)."""
+    wcu, rcu = retention_checkpoint_capacity(rate, a)
     marks_w, marks_r = retention_marks_capacity(a)
     return wcu + marks_w, rcu + marks_r
+
+
+def marks_shard_partitions(wcu: float, rcu: float, q: Quotas) -> list[Partition]:
+    """One marks shard's share of the marks items' capacity per unit: pages spread evenly over the
+    ``MARKS_SHARDS`` partition keys (docs/protocol.md §15 G-I10)."""
+    name = f"a marks shard (1/{MARKS_SHARDS})"
+    return [Partition(f"DynamoDB WCU, {name}", wcu / MARKS_SHARDS, q.ddb_wcu_per_partition),
+            Partition(f"DynamoDB RCU, {name}", rcu / MARKS_SHARDS, q.ddb_rcu_per_partition)]
 
 
 def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
@@ -259,9 +275,13 @@ def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[
               Limit(f"max_pending_pages {a.retention_max_pending_pages}", min(ranges, q.inline_map_concurrency)
                     * grace),
               Limit(f"{a.retention_hours_per_run} hours a run, daily", rate * hours_a_day / 24)]
-    wcu, rcu = retention_capacity_per_batch(rate, a)
-    parts = [Partition("DynamoDB WCU, checkpoint#reap", wcu, q.ddb_wcu_per_partition),
-             Partition("DynamoDB RCU, checkpoint#reap", rcu, q.ddb_rcu_per_partition),
+    wcu, rcu = retention_checkpoint_capacity(rate, a)
+    # an hour in key ranges reads each page's marks once, by key; in one range, all pending ones
+    marks_w, marks_r = retention_marks_capacity(a, by_key=ranges > 1)
+    # both checkpoint keys' requests counted on each: an upper bound of either's load
+    parts = [*marks_shard_partitions(marks_w, marks_r, q),
+             Partition("DynamoDB WCU, reap checkpoints", wcu, q.ddb_wcu_per_partition),
+             Partition("DynamoDB RCU, reap checkpoints", rcu, q.ddb_rcu_per_partition),
              # a batch's accepted-by-time entry and its raw-blobs-by-time hint: one key each under an hour
              Partition("S3 DELETE/s, hour prefix", 1.0, q.s3_writes_per_prefix)]
     return _job("retention", "batches", rate, limits, parts)
@@ -274,7 +294,8 @@ def _gc(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, An
               Limit(f"concurrency {k.gc_concurrency} all day", k.gc_concurrency / prove_s)]
     page_w, _ = control_table_units(JOB_REQUESTS["gc-audit"]["page"])
     marks_w, _ = retention_marks_capacity(a)  # a GC mark is written, marked and settled the same way
-    parts = [Partition("DynamoDB WCU, checkpoint#reap", marks_w + page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
+    parts = [marks_shard_partitions(marks_w, 0.0, q)[0],
+             Partition("DynamoDB WCU, checkpoint#reap", page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
     return _job("GC (orphans)", "orphans", rate * a.orphan_fraction, limits, parts)
 
 
