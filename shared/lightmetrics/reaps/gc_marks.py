@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -47,6 +48,7 @@ from lightmetrics.reaps.marks_keys import (
     shard_pk,
 )
 from lightmetrics.reaps.state import MarkState, PageOutcome
+from lightmetrics.work.pool import map_in_context
 
 # -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
 _REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
@@ -295,18 +297,30 @@ def decode_marks_item(item: Mapping[str, Any], codec: Any) -> MarksItem:
     return MarksItem.of(item, codec)
 
 
-def stored_marks_items(table: ControlStore) -> list[dict[str, Any]]:
+def stored_marks_items(table: ControlStore, *, pool: Executor | None = None) -> list[dict[str, Any]]:
     """Every ``marks#`` item as stored (every epoch's, every range's, an old writer's too): one Query
     of the ``marks#`` prefix per partition (:func:`marks_pks`), however long the history and however
-    many marks are pending."""
+    many marks are pending.
+
+    ``pool``: a reader that holds no reap lease (the audit's driver) reads the previous version's
+    partition first, then the shards all at once on ``pool`` (two round trips, not 33). A new writer
+    moves an old writer's item to its shard in one transaction (:func:`page_ops`) and never back
+    (§17 E8), so an item moved during this read is in the first Query's answer or in its shard's."""
     # The marks prefix only: the previous version's partition also holds a cursor per audit run and
     # each scope's last retention outcome, which would make every read grow with history.
-    return [item for pk in marks_pks() for item in table.query(pk, sk_prefix=MARKS_PREFIX)]
+    def read(pk: str) -> list[dict[str, Any]]:
+        return table.query(pk, sk_prefix=MARKS_PREFIX)
+
+    if pool is None:  # a reaper: its lease keeps every writer of marks away while it reads
+        return [item for pk in marks_pks() for item in read(pk)]
+    first = read(LEGACY_MARKS_PK)
+    shards = [pk for pk in marks_pks() if pk != LEGACY_MARKS_PK]
+    return first + [item for items in map_in_context(pool, read, shards) for item in items]
 
 
-def read_marks_items(table: ControlStore, codec: Any) -> list[MarksItem]:
+def read_marks_items(table: ControlStore, codec: Any, *, pool: Executor | None = None) -> list[MarksItem]:
     """The recorded pages' items (:func:`stored_marks_items`), their marks decoded."""
-    return [MarksItem.of(item, codec) for item in stored_marks_items(table)]
+    return [MarksItem.of(item, codec) for item in stored_marks_items(table, pool=pool)]
 
 
 def any_marks_item(table: ControlStore) -> bool:
