@@ -119,13 +119,15 @@ def test_walk_scales_with_parallelism_until_inline_maps_40() -> None:
     assert h[80]["headroom"] <= h[40]["headroom"] and h[80]["first_limit"] == "inline Map 40"
 
 
-def test_retention_scales_with_its_ranges_until_a_partition_binds() -> None:
-    # hours a run raised, so that what binds first is per range (its pending pages over the grace)
+def test_retention_scales_with_its_ranges_and_no_partition_binds_first() -> None:
+    # hours a run raised, so that what binds first is per range (its pending pages over the grace);
+    # with the marks over 32 partition keys (G-I10) no DynamoDB partition binds before 40 ranges
     base = {"retention_hours_per_run": 2400, "retention_max_pending_pages": 40}
     jobs = {p: _job(keepup(100.0, overrides={**base, "range_parallelism": p}), "retention") for p in (1, 2, 4, 40)}
     assert jobs[2]["headroom"] == pytest.approx(2 * jobs[1]["headroom"])
-    assert jobs[1]["first_limit"] == "max_pending_pages 40"
-    assert jobs[40]["first_limit"].startswith("DynamoDB") and jobs[40]["headroom"] < 40 * jobs[1]["headroom"]
+    assert jobs[1]["first_limit"] == jobs[40]["first_limit"] == "max_pending_pages 40"
+    assert jobs[40]["headroom"] == pytest.approx(40 * jobs[1]["headroom"])
+    assert all(p["share_of_quota"] < 0.5 for p in jobs[40]["partitions"] if p["name"].startswith("DynamoDB"))
 
 
 def test_the_per_unit_counts_are_the_cost_models() -> None:
@@ -159,19 +161,34 @@ def test_the_model_reads_the_measured_tables(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_one_partition_key_meets_its_rate() -> None:
-    """Retention's marks all live under ``checkpoint#reap``: at 1,000/s they meet DynamoDB's
-    per-partition rate; at 10,000/s every index write of an hour under one prefix passes S3's."""
-    for profile in ("deployed", "docs"):
-        ret = _job(keepup(1000.0, profile=profile), "retention")
-        shares = {p["name"]: p["share_of_quota"] for p in ret["partitions"]}
-        assert max(shares["DynamoDB WCU, checkpoint#reap"], shares["DynamoDB RCU, checkpoint#reap"]) > 1
-    docs = _job(keepup(1000.0, profile="docs"), "retention")
-    assert docs["first_limit"] == "DynamoDB RCU, checkpoint#reap" and docs["headroom"] < 1
+    """At 10,000/s every index write of an hour under one prefix passes S3's rate."""
     big = keepup(10_000.0, overrides={"lambda_concurrency": 100_000})
     for name in ("indexer: accepted", "indexer: raw blobs"):
         job = _job(big, name)
         assert job["first_limit"] == "S3 PUT/s, hour prefix"
         assert job["partitions"][0]["share_of_quota"] == pytest.approx(10_000 / 3500)
+
+
+def test_no_reap_partition_key_takes_half_its_rate_at_10000_per_second() -> None:
+    """Retention's and GC's marks spread over MARKS_SHARDS partition keys (docs/protocol.md §15
+    G-I10): at 10,000/s with the settings the cost report gives for that rate, no marks shard and no
+    reap checkpoint key takes more than half of DynamoDB's per-partition rate; every mark still
+    costs what it did (the shards' shares sum to the marks' capacity)."""
+    from lightmetrics.operator_tools.cost_report import settings_for_rate
+    from lightmetrics.operator_tools.cost_workload import retention_marks_capacity
+    from lightmetrics.reaps.gc_marks import MARKS_SHARDS
+
+    for rate in (1000.0, 10_000.0):
+        report = keepup(rate, overrides=settings_for_rate(rate))
+        for name in ("retention", "GC (orphans)"):
+            shares = {p["name"]: p["share_of_quota"] for p in _job(report, name)["partitions"]
+                      if p["name"].startswith("DynamoDB")}
+            assert any("marks shard" in n for n in shares), shares
+            assert max(shares.values()) <= 0.5, (rate, name, shares)
+    ret = _job(keepup(10_000.0, overrides=settings_for_rate(10_000.0)), "retention")
+    shard_w = next(p for p in ret["partitions"] if p["name"].startswith("DynamoDB WCU, a marks shard"))
+    assert shard_w["per_unit"] * MARKS_SHARDS == pytest.approx(retention_marks_capacity(Assumptions())[0])
+    assert 0.25 < shard_w["share_of_quota"] < 0.5  # 32 shards: 315 WCU/s each
 
 
 def test_the_walk_follows_history() -> None:
@@ -201,7 +218,7 @@ def test_cli_transcript() -> None:
     assert human.exit_code == 0, human.output
     lines = human.output.splitlines()
     assert max(len(line) for line in lines) <= 100
-    for name in ("reconciler", "walk (not scheduled)", "retention", "checkpoint#reap", "first limit"):
+    for name in ("reconciler", "walk (not scheduled)", "retention", "marks shard", "first limit"):
         assert name in human.output
     out = runner.invoke(cli, ["bench", "keepup", "--rate", "100", "--json", "--set", "reconcile_shards=4"])
     doc = json.loads(out.output)

@@ -181,10 +181,11 @@ def test_background_job_lines_match_hand_computed_figures(simple: dict) -> None:
         (4 * 60.875 + 6 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)
     # retention: 3 reads per batch, 2 tombstone HEADs per page, the reaped marker's HEAD per hour
     assert per_million(ours, "retention: S3 GET/HEAD") == pytest.approx((3 + (2 * 26_298 + 730.5) / BATCHES) * 0.4)
-    # control table: pages 19 WRU + 8 RRU, settle rounds 4 WRU, hours 12 WRU + 8 RRU, runs 6 WRU + 4 RRU;
+    # control table: pages 19 WRU + 8 RRU, settle rounds 4 WRU, hours 12 WRU + 8 RRU, runs 6 WRU + 36 RRU
+    # (the finishing step's Query of every marks partition, G-I10);
     # the marks: 6 writes x 172/1024 WRU and (20 + 10.5) x 172/4096 RRU per batch
     wru = (19 * 26_298 + 4 * 1461 + 12 * 730.5 + 6 * 30.4375) / BATCHES + 6 * 172 / 1024
-    rru = (8 * 26_298 + 8 * 730.5 + 4 * 30.4375) / BATCHES + 30.5 * 172 / 4096
+    rru = (8 * 26_298 + 8 * 730.5 + 36 * 30.4375) / BATCHES + 30.5 * 172 / 4096
     assert per_million(ours, "retention: control table") == pytest.approx(wru * 0.625 + rru * 0.125)
     assert per_million(ours, "retention: Step Functions transitions") == pytest.approx(
         (6 * 26_298 + 2 * 1461 + 6 * 730.5 + 4 * 30.4375) / BATCHES * 0.025 / 1000 * 1e6)

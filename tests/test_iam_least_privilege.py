@@ -80,9 +80,17 @@ def test_only_gc_deletes_object_versions_and_only_raw_blobs() -> None:
 
 def test_the_pipeline_job_keeps_its_query_of_gc_marks() -> None:
     """``dynamodb:Query``: every audit reads GC's recorded marks (pipeline/jobs.py ``audit_job`` ->
-    ``gc_marked_blobs`` -> ``read_marks_items``, one Query of ``checkpoint#reap``), so it stays."""
+    ``gc_marked_blobs`` -> ``read_marks_items``, one Query of each marks partition), so it stays, and
+    its ``LeadingKeys`` name every partition a marks item may be under: each shard and the previous
+    version's ``checkpoint#reap`` (docs/protocol.md §17)."""
+    from lightmetrics.reaps.gc_marks import MARKS_SHARDS, marks_pk, page_prefix, range_page_prefix
+
     (read,) = [s for s in pipeline_job_statements(ARNS) if s.get("Sid") == "ReadCheckpointsAndGcMarks"]
     assert read["Action"] == ["dynamodb:GetItem", "dynamodb:Query"]
+    keys = set(read["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"])
+    written = {marks_pk(page_prefix(1, p)) for p in range(2 * MARKS_SHARDS)} | {
+        marks_pk(range_page_prefix(1, r, 1, p)) for r in range(40) for p in range(3)}
+    assert len(written) == MARKS_SHARDS and written | {"checkpoint#reap", "checkpoint#reconcile"} == keys
 
 
 def test_the_spec_names_a_write_functions_writes_and_version_deletes_only_among_its_deletes() -> None:

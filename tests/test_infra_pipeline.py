@@ -72,7 +72,10 @@ def test_job_role_has_exactly_the_jobs_permissions(cdk_synth: Any) -> None:
     assert leading_keys("AuditWatermarks") == sorted(f"watermark#{i}" for i in (  # ... the watermarks the audit proves
         "accepted-by-time", "accepted-by-blob", "raw-blobs-by-time", "quarantine-by-blob"))
     assert listed(by_sid["AuditWatermarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:UpdateItem"]  # + read-back (CW1)
-    assert leading_keys("ReadCheckpointsAndGcMarks") == ["checkpoint#reap", "checkpoint#reconcile"]
+    # the reconciler's checkpoints, and every partition a reap's marks item may be under: the 32 marks
+    # shards and the previous version's checkpoint#reap (docs/protocol.md §15 G-I10, §17 E8)
+    assert leading_keys("ReadCheckpointsAndGcMarks") == sorted(
+        ["checkpoint#reap", "checkpoint#reconcile", *(f"checkpoint#reap#marks#{s:02d}" for s in range(32))])
     assert listed(by_sid["ReadCheckpointsAndGcMarks"]["Action"]) == ["dynamodb:GetItem", "dynamodb:Query"]
 
 

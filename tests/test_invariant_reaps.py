@@ -27,7 +27,7 @@ from lightmetrics.protocol.identity import BatchIdentity
 from lightmetrics.protocol.keys import KeyKind, UtcHour
 from lightmetrics.reaps import CHECKPOINT_PK, RANGE_PK, InvalidReapInput, LeaseLost, Reaper, ReapParams
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import Mark, decode_mark
+from lightmetrics.reaps.gc_marks import Mark, decode_mark, stored_marks_items
 from lightmetrics.reaps.gc_proof import Proof
 from lightmetrics.reaps.mark_settle import CandidatePage
 from lightmetrics.work import crashpoints
@@ -254,7 +254,7 @@ def test_property_3_the_largest_gc_page_with_128_byte_ids_fits_dynamodbs_item_li
     out = reaper.begin({"input": {**GC, "page_size": page_size}, "execution_arn": "big"})
     out = reaper.gc({"reap": out["reap"]})  # one page: intent recorded, markers, marks recorded
     assert marked_seen == [page_size]
-    items = w.ctx.table.query(CHECKPOINT_PK)  # the items as stored (every page of the Query)
+    items = [*w.ctx.table.query(CHECKPOINT_PK), *stored_marks_items(w.ctx.table)]  # as stored (every page)
     marks_items = [i for i in items if str(i["sk"]).startswith("marks#")]
     assert sum(len(i["marks"]) for i in marks_items) == page_size
     # every mark recorded with its marker (stored compactly: gc.encode_mark, rule G-I7)
@@ -309,7 +309,7 @@ def test_property_3_a_page_split_over_several_marks_items_settles_every_mark(
     parts: list[int] = []
 
     def before_task(_next: str, _event: dict[str, Any]) -> None:
-        items = [i for i in w.ctx.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
+        items = stored_marks_items(w.ctx.table)
         parts.append(len(items))
 
     report = drive(w.reaper(), {**GC, "page_size": 10}, w.clock, before_task=before_task)

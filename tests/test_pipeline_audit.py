@@ -208,6 +208,7 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
     (the settle restores a referenced blob) nor for its raw-blobs-by-time entry (the purge removes it).
     The same deletions without GC's recorded marks are violations."""
     from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
+    from lightmetrics.reaps.marks_keys import MARKS_PREFIX, marks_pks
     from lightmetrics.reaps.state import MarkState
     from lightmetrics_pipeline.jobs import audit_job
 
@@ -235,8 +236,9 @@ def test_a_blob_gc_has_marked_is_not_a_violation(runtime, clock, spark):  # type
         return {k: report.confirmed[k] for k in ("integrity", "derived-without-source")}
 
     assert audit("during-grace") == {"integrity": 0, "derived-without-source": 0}
-    for item in table.query("checkpoint#reap"):  # the marks gone, the marker stays: nobody's mark
-        table.delete(item["pk"], item["sk"])
+    for pk in marks_pks():  # the marks gone (every marks partition), the marker stays: nobody's mark
+        for item in table.query(pk, sk_prefix=MARKS_PREFIX):
+            table.delete(item["pk"], item["sk"])
     assert audit("no-mark") == {"integrity": 1, "derived-without-source": 1}
 
 

@@ -14,7 +14,7 @@ from pipeline_support import access_for, make_system
 from lightmetrics.acceptance.accept import accept_batch
 from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted, index_raw_blob
-from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops, stored_marks_items
 from lightmetrics.reaps.state import MarkState
 from lightmetrics_pipeline.audit.job import MarkedBlobs, gc_marked_blobs, run_audit
 from lightmetrics_pipeline.inventory import report as inv
@@ -63,7 +63,7 @@ def test_a_blob_gc_marks_while_the_audit_runs_is_not_a_violation(runtime, clock,
         s3.delete_object(Bucket=B, Key=orphan_key, VersionId=versions[orphan_key])
         s3.delete_object(Bucket=B, Key=orphan_key, VersionId=markers[orphan_key])
         s3.delete_object(Bucket=B, Key=orphan_hint)
-        for item in table.query("checkpoint#reap"):  # the marks item goes last
+        for item in stored_marks_items(table):  # the marks item goes last
             table.delete(item["pk"], item["sk"])
 
     def settled_then_read() -> MarkedBlobs:

@@ -12,17 +12,16 @@ from reap_support import OLD_NS, drive, make_world
 
 from lightmetrics.aws.request_counter import RequestCounter
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, dynamodb_item_bytes
+from lightmetrics.reaps import dynamodb_item_bytes
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import Mark, decode_mark, encode_mark
+from lightmetrics.reaps.gc_marks import Mark, decode_mark, encode_mark, stored_marks_items
 
 GC = {"mode": "gc", "dry_run": False}
 HOUR = UtcHour.of_unix_ns(OLD_NS)
 
 
 def stored_marks(w: Any) -> list[dict[str, Any]]:
-    return [m for i in w.ctx.table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)
-            for m in i["marks"]]
+    return [m for i in stored_marks_items(w.ctx.table) for m in i["marks"]]
 
 
 def test_retention_reads_each_record_once_before_the_derived_phase_and_marks_carry_the_hour(bucket: str) -> None:
@@ -58,7 +57,7 @@ def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> 
     reaper = w.reaper()
     out = reaper.begin({"input": {**GC, "page_size": 10}, "execution_arn": "old"})
     reaper.gc({"reap": out["reap"]})  # marked and recorded; then the reap "crashes"
-    [item] = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+    [item] = stored_marks_items(table)
     at = int(item["marked_at_ns"])
     # the previous version's long form: the mark's fields by name, none left out but those it lacks
     old = [{k: v for k, v in asdict(decode_mark(m, w.ctx.codec, at)).items() if v is not None} for m in item["marks"]]
@@ -69,7 +68,7 @@ def test_marks_an_older_version_left_are_settled_by_the_new_one(bucket: str) -> 
     report = drive(w.reaper(), GC, w.clock)
     assert report["purged"] == 3, report
     assert all(w.versions(o) == ([], []) for o in orphans)
-    assert not [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith(MARKS_PREFIX)]
+    assert not stored_marks_items(table)
 
 
 def test_compact_marks_round_trip_and_keep_the_identity_when_the_record_does_not_name_the_blob() -> None:
@@ -135,5 +134,5 @@ def test_marks_items_keep_their_stored_form_and_an_attribute_this_version_does_n
         raw = {"pk": put.pk, "sk": put.sk, **(put.item or {}), "written_by": "a newer version"}
         item = MarksItem.of(raw, codec)
         assert item.stored() == raw and item.marks == (mark,) and item.intent is (state is MarkState.INTENT)
-        assert item.extra == {"pk": put.pk, "written_by": "a newer version"}
+        assert item.extra == {"written_by": "a newer version"} and item.key == (put.pk, put.sk)
         assert item.outcome == (outcome if home is gc and state is MarkState.INTENT else None)

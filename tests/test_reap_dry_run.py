@@ -17,6 +17,7 @@ from reap_support import OLD_NS, World, drive, make_world
 
 from lightmetrics.cli.reap_cmds import report_rows
 from lightmetrics.protocol.keys import KeyKind, UtcHour
+from lightmetrics.reaps.gc_marks import stored_marks_items
 from lightmetrics.work import crashpoints
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -49,7 +50,7 @@ def _s3_requests(w: World) -> list[tuple[str, str]]:
 
 
 def _marks_items(w: World) -> list[dict[str, Any]]:
-    return [dict(i) for i in w.ctx.table.query("checkpoint#reap") if str(i["sk"]).startswith("marks#")]
+    return [dict(i) for i in stored_marks_items(w.ctx.table)]
 
 
 def _failed_gc(w: World, orphan: str) -> None:
@@ -145,7 +146,8 @@ def test_a_gc_dry_run_counts_past_the_pages_a_failed_reap_left(bucket: str) -> N
 
 def test_a_dry_run_that_reached_a_settle_would_refuse_before_any_delete(bucket: str) -> None:
     """DR1 in general: every S3 write of a reap follows its fence, and a dry run's fence refuses.
-    A dry run put into the settle phase (as a path that forgot the rule would) sends no delete."""
+    A dry run put into the settle phase that ends a GC (as a path that forgot the rule would: the
+    one that reads the marks a failed reap left, G-I10) sends no delete."""
     from lightmetrics.reaps.dry_run import DryRunWrite
 
     w = make_world(bucket)
@@ -153,7 +155,8 @@ def test_a_dry_run_that_reached_a_settle_would_refuse_before_any_delete(bucket: 
     _failed_gc(w, orphan)
     marks, versions = _marks_items(w), w.versions(orphan)
     out = w.reaper().begin({"input": {**GC, "source": "scan"}, "execution_arn": "dry"})
-    w.ctx.table.update("checkpoint#reap", "current", "SET #p = :p", names={"#p": "phase"}, values={":p": "settle"})
+    w.ctx.table.update("checkpoint#reap", "current", "SET #p = :p, #l = :l", names={"#p": "phase", "#l": "listing_done"},
+                       values={":p": "settle", ":l": True})
     sent = _s3_requests(w)
     with pytest.raises(DryRunWrite, match="is a dry run: a dry run sends no write"):
         w.reaper().gc({"reap": out["reap"]})

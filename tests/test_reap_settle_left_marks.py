@@ -26,7 +26,8 @@ from lightmetrics.composition.services import accept_context
 from lightmetrics.derived.indexing import index_accepted
 from lightmetrics.protocol.clock import FrozenClock
 from lightmetrics.protocol.keys import UtcHour
-from lightmetrics.reaps import CHECKPOINT_PK, MARKS_PREFIX, LeaseLost
+from lightmetrics.reaps import LeaseLost
+from lightmetrics.reaps.gc_marks import LEGACY_MARKS_PK, stored_marks_items
 from lightmetrics.work import crashpoints
 
 HOUR = UtcHour.of_unix_ns(OLD_NS)
@@ -74,7 +75,7 @@ def hidden_blob_a_failed_gc_left(w: World) -> tuple[str, str]:
 
 
 def marks_left(w: World) -> list[dict[str, Any]]:
-    return w.ctx.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)
+    return stored_marks_items(w.ctx.table)
 
 
 def prepare(w: World, ranges: int, rollups: bool) -> None:
@@ -151,3 +152,60 @@ def test_a_settle_before_finishing_that_lost_its_lease_changes_nothing_afterward
     assert counts["deletes"] == 0, f"{counts['deletes']} deletes after the lease was lost"
     assert reap_state(w) == at_takeover[0], "the settle changed the bucket or the control table after losing its lease"
     assert w.ctx.store.head(blob) is None and marks_left(w), "the mark stays for the lease's holder"
+
+
+def as_the_previous_version_wrote_them(w: World) -> list[str]:
+    """Every marks item moved to where the previous version kept them all, ``checkpoint#reap`` (a
+    reap of the old code failed mid-upgrade, docs/protocol.md §17); returns their sort keys."""
+    table, moved = w.ctx.table, []
+    for item in stored_marks_items(table):
+        table.delete(str(item["pk"]), str(item["sk"]))
+        table.put({**item, "pk": LEGACY_MARKS_PK})
+        moved.append(str(item["sk"]))
+    old = [str(i["sk"]) for i in table.query(LEGACY_MARKS_PK, sk_prefix="marks#")]
+    assert moved and sorted(old) == sorted(moved)
+    return moved
+
+
+@pytest.mark.parametrize("shape", ["retention-4-ranges", "gc-scan", "retention-1-range"])
+def test_marks_an_old_writer_left_under_checkpoint_reap_are_settled_by_the_new_reap(bucket: str, shape: str) -> None:
+    """A rolling deploy: the failed GC ran the previous version, which kept every marks item under
+    ``checkpoint#reap``; the next reap runs this version, which writes the marks shards. It still
+    finds the old items (rule G-I8 across the upgrade, §17), restores the blob they hid and deletes
+    them where they are."""
+    inp, ranges, rollups = NEXT_REAPS[shape]
+    w = make_world(bucket)
+    prepare(w, ranges, rollups)
+    blob, version = hidden_blob_a_failed_gc_left(w)
+    assert as_the_previous_version_wrote_them(w)
+
+    report = drive(w.reaper(), inp, w.clock)
+
+    assert report["status"] == "finished" and report["restored"] >= 1, report
+    head = w.ctx.store.head(blob)
+    assert head is not None and head.version_id == version and w.versions(blob) == ([version], [])
+    assert not w.ctx.table.query(LEGACY_MARKS_PK, sk_prefix="marks#") and marks_left(w) == []
+
+
+def test_a_gc_page_intent_an_old_writer_left_is_recovered_where_it_is(bucket: str) -> None:
+    """The previous version recorded a GC page's intent under ``checkpoint#reap`` and died before
+    its markers were recorded; this version's next reap recovers that intent (rule L3) and settles
+    it: nothing is left under either key, and the orphan is gone."""
+    w = make_world(bucket)
+    orphan = w.orphan(ident(60))
+
+    def die(name: str) -> None:
+        if name == "reap.intent-recorded":
+            raise GcFailed(name)
+
+    with crashpoints.hooked(die), pytest.raises(GcFailed):
+        drive(w.reaper(), {"mode": "gc", "dry_run": False}, w.clock, attempts=1)
+    as_the_previous_version_wrote_them(w)
+    assert [i["state"] for i in w.ctx.table.query(LEGACY_MARKS_PK, sk_prefix="marks#")] == ["intent"]
+    w.clock.advance(3600)  # the failed reap's lease expired; its writer cannot be running (L3)
+
+    report = drive(w.reaper(), {"mode": "gc", "dry_run": False}, w.clock)
+
+    assert report["status"] == "finished" and report["purged"] >= 1, report
+    assert not w.ctx.table.query(LEGACY_MARKS_PK, sk_prefix="marks#") and marks_left(w) == []
+    assert w.versions(orphan) == ([], [])

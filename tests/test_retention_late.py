@@ -25,6 +25,7 @@ from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.protocol.tombstones import TombstoneCache
 from lightmetrics.reaps import CHECKPOINT_PK
 from lightmetrics.reaps.gc import BlobCollector
+from lightmetrics.reaps.gc_marks import stored_marks_items
 from lightmetrics.reaps.gc_proof import DELETE_HOUR_TOMBSTONED, Proof
 from lightmetrics.reaps.retention import HourRetention, PageRecords
 from lightmetrics.work import crashpoints
@@ -232,7 +233,7 @@ def test_the_largest_retention_page_with_128_byte_ids_fits_dynamodbs_limits(
     out = reaper.retention({"reap": out["reap"]})  # commit: tombstone, record
     assert out["next"] == "gc", out
     out = reaper.gc({"reap": out["reap"]})  # the blobs page: intent, markers, marks
-    items = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
+    items = stored_marks_items(table)
     assert sum(len(i["marks"]) for i in items) == page_size
     sizes = [dynamodb_item_size(i) for i in items]
     assert max(sizes) < ITEM_LIMIT, f"a marks item of {max(sizes)} bytes (limit {ITEM_LIMIT})"

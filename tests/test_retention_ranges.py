@@ -47,14 +47,13 @@ from lightmetrics.protocol.control_store import plain
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps import (
-    CHECKPOINT_PK,
     EVENTS_PER_MAP_VISIT,
     EVENTS_PER_RANGE_ITERATION,
     InvalidReapInput,
     LeaseLost,
     ReapParams,
 )
-from lightmetrics.reaps.gc_marks import decode_marks_item
+from lightmetrics.reaps.gc_marks import decode_marks_item, marks_pk, stored_marks_items
 from lightmetrics.reaps.retention_ranges import RANGE_PK
 from lightmetrics.work import crashpoints
 
@@ -159,7 +158,7 @@ def test_every_entry_blob_and_derived_entry_of_four_ranges_is_deleted_exactly_on
     assert derived_left(w, results) == []
     # the ranges' items are gone with the pass; their marks were settled
     table = w.ctx.table
-    assert table.query(RANGE_PK) == [] and not [i for i in table.query(CHECKPOINT_PK) if i["sk"].startswith("marks#")]
+    assert table.query(RANGE_PK) == [] and not stored_marks_items(table)
     assert verify(w.ctx, strict=True).ok
 
 
@@ -403,7 +402,7 @@ class InRangeTask:
 def control_items(w: World) -> list[dict[str, Any]]:
     """The range items and every marks item, as stored (what a range task writes)."""
     table = w.ctx.table
-    marks = [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
+    marks = stored_marks_items(table)
     return sorted((plain(i) for i in [*table.query(RANGE_PK), *marks]), key=lambda i: (i["pk"], i["sk"]))
 
 
@@ -595,7 +594,7 @@ def test_a_crash_at_every_step_of_a_range_reap_then_the_retry_loses_and_repeats_
     assert derived_left(w, results) == []
     assert w.blob_exists(kept.blob_key) and w.ctx.store.head(w.ctx.codec.accepted_by_time(HOUR + 1, ident(99)))
     table = w.ctx.table
-    assert not [i for i in table.query(CHECKPOINT_PK) if str(i["sk"]).startswith("marks#")]
+    assert not stored_marks_items(table)
     report_ok = verify(w.ctx, strict=True)
     assert report_ok.ok, report_ok.violations
     CRASH_RESULTS[point] = "crashed once, retried, reaped"
@@ -659,7 +658,7 @@ def test_a_resumed_reap_takes_over_the_ranges_of_its_epoch(bucket: str) -> None:
     [first_owner] = {i["owner"] for i in table.query(RANGE_PK)}
     intents = [plain(i)["intent"] for i in table.query(RANGE_PK) if "intent" in i]
     intended = {m.key for intent in intents for k in range(int(intent["n"]))
-                for m in decode_marks_item(table.get(CHECKPOINT_PK, f"{intent['p']}{k:03d}"), w.ctx.codec).marks}
+                for m in decode_marks_item(table.get(marks_pk(intent['p']), f"{intent['p']}{k:03d}"), w.ctx.codec).marks}
     assert intents and intended
     w.clock.advance(901)  # the lease expired
     resumed_at = w.clock.now_ns()

@@ -20,7 +20,7 @@ their own template, wired to the main stack's bucket, ops bucket, control table 
   404, not a 403), the inventory reports in the ops bucket, the three bundle objects, job logs under
   ``emr/logs/``; on the control table GetItem/PutItem/UpdateItem limited by ``dynamodb:LeadingKeys``
   to ``lease#rollup`` (the only item the jobs write) and GetItem/Query on ``checkpoint#reconcile``
-  and ``checkpoint#reap`` (read only). No delete anywhere.
+  and the reap's marks partitions (read only). No delete anywhere.
 * ``Machine`` — from ``infra/statemachines/pipeline.asl.json`` with ``${Placeholders}`` filled by
   CloudFormation's DefinitionSubstitutions (the pattern of the other state machines); its task
   is the optimized ``emr-serverless:startJobRun.sync`` integration. Hourly rollup and weekly audit

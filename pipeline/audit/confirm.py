@@ -10,6 +10,7 @@ the audit's normative outputs, docs/pipeline.md §3).
 from __future__ import annotations
 
 import json
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from lightmetrics.operator_tools import invariants as inv
@@ -53,13 +54,20 @@ class MarkedBlobs(frozenset):  # type: ignore[type-arg]
         return self if self.reader is None else self.reader()
 
 
-def gc_marked_blobs(table: Any, codec: Any) -> MarkedBlobs:
+def gc_marked_blobs(table: Any, codec: Any, *, pool: Executor | None = None) -> MarkedBlobs:
     """The blob keys in GC's recorded marks (intents and marks not yet settled, docs/protocol.md
-    §15): one Query of the reap's checkpoint items; :meth:`MarkedBlobs.read_again` queries again."""
-    from lightmetrics.reaps.gc_marks import read_marks_items
+    §15): one Query of each marks partition, whatever the history — the previous version's (§17)
+    first, then the shards' all at once (G-I10), on ``pool`` or on a pool of this read's own: two
+    round trips of the driver. :meth:`MarkedBlobs.read_again` queries again the same way."""
+    from lightmetrics.reaps.gc_marks import MARKS_SHARDS, read_marks_items
 
-    marked = MarkedBlobs(m.key for item in read_marks_items(table, codec) for m in item.marks)
-    marked.reader = lambda: gc_marked_blobs(table, codec)
+    if pool is None:
+        with ThreadPoolExecutor(max_workers=MARKS_SHARDS, thread_name_prefix="lm-audit-marks") as own:
+            items = read_marks_items(table, codec, pool=own)
+    else:
+        items = read_marks_items(table, codec, pool=pool)
+    marked = MarkedBlobs(m.key for item in items for m in item.marks)
+    marked.reader = lambda: gc_marked_blobs(table, codec, pool=pool)
     return marked
 
 

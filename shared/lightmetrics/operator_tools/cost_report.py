@@ -5,8 +5,8 @@ the keep-up model's verdict on those settings (:mod:`lightmetrics.operator_tools
 * **Settings per rate** (:data:`SCALE_SETTINGS`): what a deployment sets to follow 1,000 and
   10,000 batches/s — reconciler shards, retention's range parallelism and pending pages, the
   reap function's memory. Named, not derived: on today's design (one object per batch per index)
-  no setting makes every job keep up at 1,000/s (retention's marks share one partition key, every
-  index write of an hour one prefix), so the keep-up model cannot solve for them; it checks them,
+  no setting makes every job keep up at 1,000/s (every index write of an hour under one prefix,
+  the rollup's EMR capacity), so the keep-up model cannot solve for them; it checks them,
   and the report prints its least headroom and the limit behind it.
 * **History** (:data:`HISTORY_DAYS`): the audit's inventory and the stored records grow with age,
   and so does a weekly walk (it lists every record ever made; only on a bucket without S3

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from lightmetrics.deployment.pricing import PRICE_TABLE
 from lightmetrics.deployment.resources import FUNCTIONS
+from lightmetrics.reaps.gc_marks import MARKS_SHARDS
 
 DAY_S = 86400
 MONTH_S = 30.4375 * DAY_S  # an average month
@@ -41,6 +42,9 @@ MEASURED_REQUESTS: dict[str, dict[str, int]] = {
 #: and ``lambda.Invoke`` (task invocations). Measured by tests/test_cost_measured.py, which fails
 #: unless the live totals of whole runs equal the sum of units x these counts. A unit the job did
 #: not do costs nothing; ``run`` is what one execution (one scheduled run) costs on top.
+#: Queries of a read of every pending mark: one per marks shard and one of the previous version's
+#: ``checkpoint#reap`` (docs/protocol.md §15 G-I10, §17 E8)
+MARKS_PARTITIONS = MARKS_SHARDS + 1
 JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
     "walk": {
         # a key inside retention whose accepted-by-time entry is present (§13 W5): one HEAD of the
@@ -81,13 +85,16 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # the tombstone HEAD of a referenced blob's acceptance hour: once per hour per page task
         # (rule G-R1; a page of one raw-blobs-by-time hour holds about one acceptance hour)
         "tombstone_check": {"s3.HeadObject": 1},
-        # one page task (mark phase): LIST, checkpoint read, marks Query x2, one transaction (the
-        # marks, the summary and the source cursor); Gc + Route
+        # one page task (mark phase): LIST, checkpoint read, the page's intent looked for (a Query of
+        # its marks shard and one of checkpoint#reap, §17 E8), one transaction (the marks, the
+        # summary with its pending pages and the source cursor); Gc + Route
         "page": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 1, "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 1,
                  "sfn.transitions": 2, "lambda.Invoke": 1},
-        # Begin (+ the source cursor's GetItem), Route, the settle task (nothing marked), Route,
-        # Finish, Done. A run over hours with nothing newly due costs this plus one page (one LIST).
-        "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": 1, "dynamodb.TransactWriteItems": 2,
+        # Begin (+ the source cursor's GetItem), Route, the settle task (nothing marked; the marks a
+        # failed reap left looked for: a Query of every marks partition, G-I10), Route, Finish,
+        # Done. A run over hours with nothing newly due costs this plus one page (one LIST).
+        "run": {"dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": MARKS_PARTITIONS,
+                "dynamodb.TransactWriteItems": 2,
                 "sfn.transitions": 6, "lambda.Invoke": 3},
     },
     "retention": {
@@ -98,9 +105,10 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
         # one page in each of the blobs and derived phases (the derived phase deletes a listed
         # entry's accepted-by-blob, then the entry: rule R-I8), and its settle task; a DeleteObjects
         # (up to 1,000 keys) each for the markers, the captured versions, the markers, the
-        # raw-blobs-by-time hints, the accepted-by-blob and the accepted-by-time entries
-        "page": {"s3.ListObjectsV2": 2, "s3.HeadObject": 2, "s3.DeleteObjects": 6, "dynamodb.GetItem": 3,
-                 "dynamodb.Query": 5, "dynamodb.TransactWriteItems": 4, "dynamodb.UpdateItem": 3,
+        # raw-blobs-by-time hints, the accepted-by-blob and the accepted-by-time entries; the page's
+        # marks read by key when it is settled, no other page's (G-I10)
+        "page": {"s3.ListObjectsV2": 2, "s3.HeadObject": 2, "s3.DeleteObjects": 6, "dynamodb.GetItem": 4,
+                 "dynamodb.Query": 4, "dynamodb.TransactWriteItems": 4, "dynamodb.UpdateItem": 3,
                  "sfn.transitions": 6, "lambda.Invoke": 3},
         # a settle round (every max_pending_pages marked pages): Wait (the GC grace), AfterWait
         "settle_round": {"dynamodb.TransactWriteItems": 1, "sfn.transitions": 2},
@@ -111,8 +119,9 @@ JOB_REQUESTS: dict[str, dict[str, dict[str, int]]] = {
                  "sfn.transitions": 6, "lambda.Invoke": 2},
         # expired_hours lists each date of accepted-by-time it walks through
         "date_listed": {"s3.ListObjectsV2": 1},
-        # Begin, the last task's Query of marks# items left to settle first (rule G-I8), Finish
-        "run": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 3, "dynamodb.PutItem": 2, "dynamodb.Query": 2,
+        # Begin, the last task's Query of marks# items left to settle first (rule G-I8: one of every
+        # marks partition, G-I10), Finish
+        "run": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 3, "dynamodb.PutItem": 2, "dynamodb.Query": 1 + MARKS_PARTITIONS,
                 "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
     },
     "reconciler": {
@@ -146,17 +155,20 @@ JOB_REQUESTS["gc-audit"] = {
     "candidate.orphan": {"s3.HeadObject": 3, "s3.GetObject": 2},
     # one page: the summary's HEAD, a ranged GET of the part file; a DeleteObjects each for the
     # markers placed, the captured versions, the markers, the raw-blobs-by-time hints; the mark
-    # task's and the settle task's control-table work; Gc + Route twice
-    "page": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.DeleteObjects": 4, "dynamodb.GetItem": 2,
-             "dynamodb.Query": 3, "dynamodb.TransactWriteItems": 3, "dynamodb.UpdateItem": 2, "sfn.transitions": 4,
+    # task's and the settle task's control-table work (the page's items read by key); Gc + Route twice
+    "page": {"s3.GetObject": 1, "s3.HeadObject": 1, "s3.DeleteObjects": 4, "dynamodb.GetItem": 3,
+             "dynamodb.Query": 2, "dynamodb.TransactWriteItems": 3, "dynamodb.UpdateItem": 2, "sfn.transitions": 4,
              "lambda.Invoke": 2},
     # each part file of orphan-blob-candidates: the LIST that finds the next one
     "part": {"s3.ListObjectsV2": 1},
-    # Begin (the commit markers' LIST, the run's cursor), the first part's LIST, Finish
-    "run": {"s3.ListObjectsV2": 2, "dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.TransactWriteItems": 2,
+    # Begin (the commit markers' LIST, the run's cursor), the first part's LIST, the last settle's
+    # Query of every marks partition (G-I8, G-I10), Finish
+    "run": {"s3.ListObjectsV2": 2, "dynamodb.GetItem": 5, "dynamodb.PutItem": 2, "dynamodb.Query": MARKS_PARTITIONS,
+            "dynamodb.TransactWriteItems": 2,
             "sfn.transitions": 6, "lambda.Invoke": 2},
     # a day without a new audit: Begin finds the newest run proven and no marks left to settle, Finish
-    "run.nothing_new": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 4, "dynamodb.PutItem": 2, "dynamodb.Query": 1,
+    "run.nothing_new": {"s3.ListObjectsV2": 1, "dynamodb.GetItem": 4, "dynamodb.PutItem": 2,
+                        "dynamodb.Query": MARKS_PARTITIONS,
                         "dynamodb.TransactWriteItems": 1, "sfn.transitions": 4, "lambda.Invoke": 2},
 }
 
@@ -285,13 +297,15 @@ class Assumptions:
         return max(0.0, self.system_age_days - self.retention_days)
 
 
-def retention_marks_capacity(a: Assumptions) -> tuple[float, float]:
+def retention_marks_capacity(a: Assumptions, *, by_key: bool = False) -> tuple[float, float]:
     """(WRU, RRU) per retained batch of its ``marks#`` items: a mark is written with its page's
-    intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB), and
-    every task of a settle round reads all pending marks (consistent reads, 1 RRU per 4 KB)."""
+    intent, again as marked, and deleted when settled (3 transactional writes, 2 WRU per KB). An
+    hour in one range (the summary's pages) reads all pending marks in every task of a settle
+    round; an hour in key ranges (``by_key``) reads a page's items once, by key, when it is due
+    (consistent reads, 1 RRU per 4 KB)."""
     marks_kb = a.reap_mark_bytes / 1024
     m = a.retention_max_pending_pages
-    return 6 * marks_kb, (m + (m + 1) / 2) * marks_kb / 4
+    return 6 * marks_kb, (1 if by_key else m + (m + 1) / 2) * marks_kb / 4
 
 
 def inventory_objects(batches_per_second: float, a: Assumptions) -> float:

@@ -10,10 +10,11 @@ the same units:
   ``MEASURED_REQUESTS`` in :mod:`lightmetrics.operator_tools.cost_workload`: the one source) and
   a per-request latency (:class:`KeepupParams`, an assumption);
 * AWS's documented quotas (:class:`Quotas`): a partition's rate divided by the requests per unit
-  that land on it (every index write of an hour under one ``date=/hour=`` prefix; every reap
-  mark under the partition key ``checkpoint#reap``); inline Map's 40; Lambda's account
-  concurrency, which ingest takes first (EventBridge's 300 rules a bus bind nothing: the reconciler
-  has one schedule whatever its shards, which fans out on the shards queue);
+  that land on it (every index write of an hour under one ``date=/hour=`` prefix; a reap's marks
+  spread over ``MARKS_SHARDS`` partition keys, its checkpoints under ``checkpoint#reap`` and
+  ``checkpoint#reap#range``); inline Map's 40; Lambda's account concurrency, which ingest takes
+  first (EventBridge's 300 rules a bus bind nothing: the reconciler has one schedule whatever its
+  shards, which fans out on the shards queue);
 * the code's own bounds (R7's 50,000 entries a reconciler run, 24 retention hours a daily run,
   ``max_pending_pages`` per grace, GC's ``max_pages``).
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, TypeVar, cast
 
@@ -62,23 +62,9 @@ from lightmetrics.operator_tools.cost_workload import (
     retention_marks_capacity,
 )
 from lightmetrics.operator_tools.indexer_invocations import FULL_VCPU_MB, index_cpu_ms, index_messages_per_invocation
+from lightmetrics.operator_tools.keepup_types import Limit, Partition, Quotas, job_row, s3_requests
+from lightmetrics.reaps.gc_marks import MARKS_SHARDS
 from lightmetrics.reaps.params import DEFAULT_RANGE_PARALLELISM, ReapParams
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """AWS's documented default quotas the jobs meet (per second unless named otherwise)."""
-
-    s3_writes_per_prefix: float = 3500.0  # PUT/COPY/POST/DELETE per partitioned prefix
-    s3_reads_per_prefix: float = 5500.0  # GET/HEAD per partitioned prefix
-    ddb_rcu_per_partition: float = 3000.0
-    ddb_wcu_per_partition: float = 1000.0
-    lambda_concurrency: int = 1000  # per account and region (a soft quota)
-    sqs_event_source_concurrency: int = 1250  # the most an SQS event source mapping scales to
-    inline_map_concurrency: int = 40
-    distributed_map_concurrency: int = 10_000
-    eventbridge_rules_per_bus: int = 300
-    sfn_history_events: int = 25_000  # walk.max_rounds_for's budget (continuations), not an input here
 
 
 def _schedule_field(machine: str, field: str) -> Any:
@@ -135,42 +121,6 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Limit:
-    """A rate (units of the job's work per second) the job cannot pass, and why."""
-
-    name: str
-    units_per_s: float
-
-
-@dataclass(frozen=True)
-class Partition:
-    """One partition the job's requests concentrate on: ``per_unit`` requests (or capacity
-    units) per unit of work against ``quota`` per second."""
-
-    name: str
-    per_unit: float
-    quota: float
-
-    def limit(self) -> Limit:
-        return Limit(self.name, self.quota / self.per_unit if self.per_unit else math.inf)
-
-
-def _s3(requests: Mapping[str, float], *, reads: bool) -> float:
-    write = {"s3.PutObject", "s3.CopyObject", "s3.DeleteObject"}
-    return sum(n for api, n in requests.items() if api.startswith("s3.") and (api not in write) == reads)
-
-
-def _job(name: str, unit: str, must: float, limits: list[Limit], parts: list[Partition]) -> dict[str, Any]:
-    every = limits + [p.limit() for p in parts]
-    first = min(every, key=lambda lim: lim.units_per_s)
-    return {"job": name, "unit": unit, "must_follow_per_s": must, "can_do_per_s": first.units_per_s,
-            "headroom": first.units_per_s / must if must else math.inf, "first_limit": first.name,
-            "limits": [asdict(lim) for lim in every],
-            "partitions": [{**asdict(p), "load_per_s": must * p.per_unit,
-                            "share_of_quota": must * p.per_unit / p.quota} for p in parts]}
-
-
 # --- the jobs ------------------------------------------------------------------------------------------
 #: Requests per unit that land under one hour's prefix (the key layout, docs/protocol.md §2): an
 #: accepted manifest's accepted-by-time entry, a blob's raw-blobs-by-time entry; accepted-by-blob
@@ -190,15 +140,15 @@ def _indexers(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> list[d
         b = index_messages_per_invocation(rate * share, a)
         req = dict(MEASURED_REQUESTS[op]) if op else QUARANTINE_INDEX_REQUESTS
         # records of a batch run concurrently: a read round trip, then a write round trip; CPU is serial
-        trips = (_s3(req, reads=True) > 0) + (_s3(req, reads=False) > 0)
-        cpu_s = index_cpu_ms(a, b, _s3(req, reads=True) + _s3(req, reads=False)) / 1000
+        trips = (s3_requests(req, reads=True) > 0) + (s3_requests(req, reads=False) > 0)
+        cpu_s = index_cpu_ms(a, b, s3_requests(req, reads=True) + s3_requests(req, reads=False)) / 1000
         per_invocation = b / (trips * k.s3_rtt_s + cpu_s)
         limits = [Limit(f"Lambda {q.lambda_concurrency:,} less ingest", spare * per_invocation),
                   Limit(f"SQS event source max {q.sqs_event_source_concurrency:,}",
                         q.sqs_event_source_concurrency * per_invocation)]
         parts = [Partition("S3 PUT/s, hour prefix", HOUR_PREFIX_WRITES[op], q.s3_writes_per_prefix)] \
             if op in HOUR_PREFIX_WRITES else []
-        out.append(_job(f"indexer: {name}", "records", rate * share, limits, parts))
+        out.append(job_row(f"indexer: {name}", "records", rate * share, limits, parts))
     return out
 
 
@@ -214,7 +164,7 @@ def _reconciler(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict
               Limit(f"shards max {MAX_RECONCILE_SHARDS}", MAX_RECONCILE_SHARDS * shard)]
     # reads under one hour's prefixes: its listing pages, and in a sharded hour the blob HEADs
     hour_reads = checks * heads + a.reconcile_passes_per_entry / 1000
-    return _job("reconciler", "entries", rate, limits,
+    return job_row("reconciler", "entries", rate, limits,
                 [Partition("S3 GET/s, hour prefix", hour_reads, q.s3_reads_per_prefix)])
 
 
@@ -244,24 +194,38 @@ def _walk(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, 
     parts = [Partition("DynamoDB WCU, walk checkpoint", wcu / per_page, q.ddb_wcu_per_partition)]
     if not a.walks_per_month:
         # Not scheduled: no rate to follow, so no headroom; can_do is a bootstrap's (or a repair's) pace.
-        job = _job("walk (not scheduled)", "keys", 0.0, limits, parts)
+        job = job_row("walk (not scheduled)", "keys", 0.0, limits, parts)
         return {**job, "scheduled": False, "headroom": None, "one_walk_keys": keys,
                 "one_walk_hours": keys / job["can_do_per_s"] / 3600}
-    job = _job("walk (weekly)", "keys", keys * a.walks_per_month / MONTH_S, limits, parts)
+    job = job_row("walk (weekly)", "keys", keys * a.walks_per_month / MONTH_S, limits, parts)
     return {**job, "one_walk_keys": keys, "one_walk_hours": keys / job["can_do_per_s"] / 3600}
 
 
-def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
-    """(WCU, RCU) of the control table per retained batch, every one under ``checkpoint#reap``:
-    the cost model's units of a month (pages, settle rounds, hours, runs) and its marks items,
-    per batch. A system younger than its retention reaps nothing yet; its first expired hour
-    costs the same per batch."""
+def retention_checkpoint_capacity(rate: float, a: Assumptions) -> tuple[float, float]:
+    """(WCU, RCU) per retained batch of the reap's checkpoints (the summary ``checkpoint#reap``,
+    the range items ``checkpoint#reap#range``): the cost model's units of a month (pages, settle
+    rounds, hours, runs), per batch. A system younger than its retention reaps nothing yet; its
+    first expired hour costs the same per batch."""
     units = job_units(rate, a)["retention"] or job_units(rate, replace(a, system_age_days=a.retention_days + 1))[
         "retention"]
     per_batch = {api: n / units["batch"] for api, n in job_requests("retention", units).items()}
-    wcu, rcu = control_table_units(per_batch)
+    return control_table_units(per_batch)
+
+
+def retention_capacity_per_batch(rate: float, a: Assumptions) -> tuple[float, float]:
+    """(WCU, RCU) of the control table per retained batch, as the cost model prices it: the
+    checkpoints' (:func:`retention_checkpoint_capacity`) and the marks items' (an hour in one range)."""
+    wcu, rcu = retention_checkpoint_capacity(rate, a)
     marks_w, marks_r = retention_marks_capacity(a)
     return wcu + marks_w, rcu + marks_r
+
+
+def marks_shard_partitions(wcu: float, rcu: float, q: Quotas) -> list[Partition]:
+    """One marks shard's share of the marks items' capacity per unit: pages spread evenly over the
+    ``MARKS_SHARDS`` partition keys (docs/protocol.md §15 G-I10)."""
+    name = f"a marks shard (1/{MARKS_SHARDS})"
+    return [Partition(f"DynamoDB WCU, {name}", wcu / MARKS_SHARDS, q.ddb_wcu_per_partition),
+            Partition(f"DynamoDB RCU, {name}", rcu / MARKS_SHARDS, q.ddb_rcu_per_partition)]
 
 
 def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
@@ -274,12 +238,16 @@ def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[
               Limit(f"max_pending_pages {a.retention_max_pending_pages}", min(ranges, q.inline_map_concurrency)
                     * grace),
               Limit(f"{a.retention_hours_per_run} hours a run, daily", rate * hours_a_day / 24)]
-    wcu, rcu = retention_capacity_per_batch(rate, a)
-    parts = [Partition("DynamoDB WCU, checkpoint#reap", wcu, q.ddb_wcu_per_partition),
-             Partition("DynamoDB RCU, checkpoint#reap", rcu, q.ddb_rcu_per_partition),
+    wcu, rcu = retention_checkpoint_capacity(rate, a)
+    # an hour in key ranges reads each page's marks once, by key; in one range, all pending ones
+    marks_w, marks_r = retention_marks_capacity(a, by_key=ranges > 1)
+    # both checkpoint keys' requests counted on each: an upper bound of either's load
+    parts = [*marks_shard_partitions(marks_w, marks_r, q),
+             Partition("DynamoDB WCU, reap checkpoints", wcu, q.ddb_wcu_per_partition),
+             Partition("DynamoDB RCU, reap checkpoints", rcu, q.ddb_rcu_per_partition),
              # a batch's accepted-by-time entry and its raw-blobs-by-time hint: one key each under an hour
              Partition("S3 DELETE/s, hour prefix", 1.0, q.s3_writes_per_prefix)]
-    return _job("retention", "batches", rate, limits, parts)
+    return job_row("retention", "batches", rate, limits, parts)
 
 
 def _gc(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
@@ -289,19 +257,20 @@ def _gc(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, An
               Limit(f"concurrency {k.gc_concurrency} all day", k.gc_concurrency / prove_s)]
     page_w, _ = control_table_units(JOB_REQUESTS["gc-audit"]["page"])
     marks_w, _ = retention_marks_capacity(a)  # a GC mark is written, marked and settled the same way
-    parts = [Partition("DynamoDB WCU, checkpoint#reap", marks_w + page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
-    return _job("GC (orphans)", "orphans", rate * a.orphan_fraction, limits, parts)
+    parts = [marks_shard_partitions(marks_w, 0.0, q)[0],
+             Partition("DynamoDB WCU, checkpoint#reap", page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
+    return job_row("GC (orphans)", "orphans", rate * a.orphan_fraction, limits, parts)
 
 
 def _audit(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
     rows = inventory_objects(rate, a) * a.audits_per_month / MONTH_S  # rows per second of the week
-    return _job("Spark audit", "inventory rows", rows,
+    return job_row("Spark audit", "inventory rows", rows,
                 [Limit(f"EMR max {k.emr_max_vcpu} vCPU", a.audit_rows_per_vcpu_s * k.emr_max_vcpu)], [])
 
 
 def _rollup(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
     per_batch = k.rollup_samples_per_vcpu_s * k.emr_max_vcpu / k.samples_per_batch
-    return _job("hourly rollup", "batches", rate, [Limit(f"EMR max {k.emr_max_vcpu} vCPU", per_batch)], [])
+    return job_row("hourly rollup", "batches", rate, [Limit(f"EMR max {k.emr_max_vcpu} vCPU", per_batch)], [])
 
 
 JOBS = (_reconciler, _walk, _gc, _retention, _audit, _rollup)

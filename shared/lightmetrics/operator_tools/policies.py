@@ -28,6 +28,7 @@ from lightmetrics.deployment.resource_types import BucketSpec, FunctionSpec, Res
 from lightmetrics.deployment.resources import SPEC
 from lightmetrics.protocol.keys import KeyKind as K  # short: the policy names many kinds
 from lightmetrics.protocol.keys import layout_roots
+from lightmetrics.reaps.gc_marks import marks_pks
 
 __all__ = [
     "CLOUDWATCH_READ_ACTIONS",
@@ -89,9 +90,10 @@ PIPELINE_READ_PREFIXES = layout_roots(
 PIPELINE_WRITE_PREFIXES = layout_roots(K.ROLLUP_PART, K.ROLLUP_INDEX, K.ROLLUP_MANIFEST, K.AUDIT)
 #: control-table partitions the jobs touch (docs/control-table.md): the rollup's lease (written),
 #: the completeness watermarks the audit proves (raised: docs/protocol.md §13 W6, :func:`watermark_keys`),
-#: and those only read
+#: and those only read: the reconciler's checkpoints, and the reap's marks partitions (each of the
+#: shards by name, then ``checkpoint#reap``: an old writer's marks, docs/protocol.md §17)
 LEASE_KEYS = ("lease#rollup",)
-READ_KEYS = ("checkpoint#reconcile", "checkpoint#reap")
+READ_KEYS = ("checkpoint#reconcile", *marks_pks())
 #: in the ops bucket: the inventory reports (the storage stack's destination) and the job runs' logs
 INVENTORY_PREFIX = "inventory"
 LOGS_PREFIX = "emr/logs/"

@@ -3,7 +3,8 @@
 ``infra/statemachines/reap.asl.json`` loops over Lambda tasks, each one method of :class:`Reaper`
 (begin, gc, retention, continue, end); every task returns ``{"reap": ..., "next": ...}`` and the
 state machine routes on ``next``. One lease ``lease#reap`` serves both modes; the checkpoint
-``checkpoint#reap``/``current`` and a GC page's ``marks#`` items make every task resumable, and
+``checkpoint#reap``/``current`` and a GC page's ``marks#`` items (spread over ``MARKS_SHARDS``
+partitions) make every task resumable, and
 every S3 delete is sent right after a fence (docs/protocol.md §13, L1-L3). The package, one
 concept a module:
 
@@ -15,6 +16,7 @@ concept a module:
 ``gc_proof``    what a proof says of one blob: the reasons it is deleted or kept (:class:`Proof`)
 ``gc_marks``    a mark and a ``marks#`` item, typed (:class:`Mark`, :class:`MarksItem`) and converted at
                 the table; a page's items, split under DynamoDB's item size limit (G-I6)
+``marks_keys``  where the marks items live: their sort keys, marks shards and partitions (G-I10, E8)
 ``mark_settle`` the mark-and-settle pipeline (intent, markers, record, settle) over where a page lives
 ``gc_sources``  GC's candidate sources: scan, by-time, audit
 ``gc_tasks``    the GC role's task over the summary's pages (:class:`SummaryPages`)
@@ -38,7 +40,16 @@ from __future__ import annotations
 
 from lightmetrics.reaps.control import Followed, ReapControl
 from lightmetrics.reaps.errors import InvalidReapInput, ReapError, ReapTransient
-from lightmetrics.reaps.gc_marks import MARKS_ITEM_MAX_BYTES, MARKS_PREFIX, dynamodb_item_bytes, split_marks
+from lightmetrics.reaps.gc_marks import (
+    LEGACY_MARKS_PK,
+    MARKS_ITEM_MAX_BYTES,
+    MARKS_PREFIX,
+    MARKS_SHARDS,
+    dynamodb_item_bytes,
+    marks_pk,
+    marks_pks,
+    split_marks,
+)
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
     CHECKPOINT_SK,
@@ -85,7 +96,8 @@ __all__ = [
     "CHECKPOINT_PK", "CHECKPOINT_SK", "COUNTERS", "CP_CONTINUATION_BEGUN", "CP_CONTINUED", "CP_INTENT",
     "CP_PAGE_DONE", "CP_SETTLE_RECORDED", "CP_STEP_DONE", "DEFAULT_MAX_PAGES", "DEFAULT_RANGE_PARALLELISM",
     "EVENTS_FIXED", "EVENTS_PER_MAP_VISIT", "EVENTS_PER_RANGE_ITERATION", "EVENTS_PER_TASK",
-    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX",
+    "INPUT_FIELDS", "LATEST_AUDIT", "LEASE_PK", "LEASE_SK", "LEGACY_MARKS_PK", "MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX",
+    "MARKS_SHARDS", "marks_pk", "marks_pks",
     "MAX_RANGE_PARALLELISM", "MODES", "RANGE_PK", "RANGE_TASK_SECONDS", "RANGE_TASK_UNITS", "RangeTask",
     "REPORT_BLOCKED_MAX", "SOURCES", "SOURCE_CURSOR_PREFIX", "STEPS", "TASK_STEPS", "map_visit_tasks",
     "Followed", "InvalidReapInput", "LeaseHeld", "LeaseLost", "ReapControl", "ReapError", "ReapParams", "ReapReport",

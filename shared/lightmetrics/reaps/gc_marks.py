@@ -4,26 +4,27 @@ A mark (:class:`Mark`) and an item (:class:`MarksItem`) are typed records, conve
 the stored form here, at the control-store boundary; the stored form is compact (rule G-I7) and
 unchanged by the conversion.
 
-Each marked page has its own items ``checkpoint#reap``/``marks#<epoch>#<page>#<part>`` (written
-*before* its delete markers, state ``intent``, then ``marked``; deleted once settled), as many
-parts as keep each item under :data:`MARKS_ITEM_MAX_BYTES` (rule G-I6). The epoch keeps a new
+Each marked page has its own items ``checkpoint#reap#marks#<shard>``/``marks#<epoch>#<page>#<part>``
+(written *before* its delete markers, state ``intent``, then ``marked``; deleted once settled), as
+many parts as keep each item under :data:`MARKS_ITEM_MAX_BYTES` (rule G-I6). The epoch keeps a new
 reap's pages apart from marks a crashed older epoch left to settle. A key range of an hour reaped in
 parallel (:mod:`lightmetrics.reaps.retention_ranges`) has its own pages: ``marks#<epoch>#r<range>.<pass>#<page>#<part>``,
-so two range tasks never write one item, and every reap still finds them under ``marks#``.
+so two range tasks never write one item. The shard (:func:`marks_shard`) is a function of the page
+alone, so the page's writers and its settle find its items by key; a reader of every pending mark
+reads the :data:`MARKS_SHARDS` partitions and the previous version's ``checkpoint#reap``
+(:data:`LEGACY_MARKS_PK`, docs/protocol.md §17 E8): :func:`read_marks_items`. The keys:
+:mod:`lightmetrics.reaps.marks_keys`.
 
 Example::
 
-    >>> page_prefix(3, 12)
-    'marks#000003#00000012#'
-    >>> range_page_prefix(3, 2, 1, 12)
-    'marks#000003#r0002.01#00000012#'
-    >>> [len(p) for p in split_marks([{"s": "x"}] * 3, {}, budget=80)]
+    >>> [len(p) for p in split_marks([{"s": "x"}] * 3, {}, budget=89)]
     [2, 1]
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -31,8 +32,23 @@ from typing import Any
 from lightmetrics.protocol.control_store import ControlStore, Op, counts_of, optional, plain
 from lightmetrics.protocol.identity import BatchIdentity, hex_to_id
 from lightmetrics.reaps.gc_proof import DELETE_CONFLICT_RESOLVED, DELETE_HOUR_TOMBSTONED, DELETE_UNREFERENCED
-from lightmetrics.reaps.params import CHECKPOINT_PK
+from lightmetrics.reaps.marks_keys import (
+    LEGACY_MARKS_PK,
+    MARKS_PK_PREFIX,
+    MARKS_PREFIX,
+    MARKS_SHARDS,
+    MarksKey,
+    marks_pk,
+    marks_pks,
+    marks_shard,
+    page_of,
+    page_prefix,
+    pending_keys,
+    range_page_prefix,
+    shard_pk,
+)
 from lightmetrics.reaps.state import MarkState, PageOutcome
+from lightmetrics.work.pool import map_in_context
 
 # -- the stored form of a mark (rule G-I7): short names, string values, nothing derivable -------------
 _REASON_CODES = {DELETE_UNREFERENCED: "u", DELETE_HOUR_TOMBSTONED: "t", DELETE_CONFLICT_RESOLVED: "c"}
@@ -137,7 +153,6 @@ def decode_mark(stored: Mapping[str, Any], codec: Any, marked_at_ns: int) -> Mar
     return Mark.of(stored, codec, marked_at_ns)
 
 
-MARKS_PREFIX = "marks#"
 #: Budget of one ``marks#`` item, under DynamoDB's 400 KB item limit (names + values, rule G-I6):
 #: a page's marks are split over as many items as this needs.
 MARKS_ITEM_MAX_BYTES = 300_000
@@ -169,7 +184,7 @@ def split_marks(marks: list[dict[str, str]], fields: Mapping[str, Any], *, budge
     """Stored ``marks`` in consecutive parts, each an item (``fields`` plus its part of the marks) of at
     most ``budget`` bytes (:func:`dynamodb_item_bytes`); at least one part."""
     # The sort key at its longest: a range's page (range_page_prefix) and its part number.
-    base = dynamodb_item_bytes({**fields, "pk": CHECKPOINT_PK, "sk": MARKS_PREFIX + "0" * 32, "marks": []})
+    base = dynamodb_item_bytes({**fields, "pk": shard_pk(MARKS_SHARDS - 1), "sk": MARKS_PREFIX + "0" * 32, "marks": []})
     parts: list[list[dict[str, str]]] = [[]]
     used = base
     for m in marks:
@@ -184,31 +199,35 @@ def split_marks(marks: list[dict[str, str]], fields: Mapping[str, Any], *, budge
     return parts
 
 
-_ITEM_FIELDS = ("sk", "state", "epoch", "owner", "cursor", "more", "counts", "created_at_ns", "marked_at_ns", "marks")
+_ITEM_FIELDS = ("pk", "sk", "state", "epoch", "owner", "cursor", "more", "counts", "created_at_ns", "marked_at_ns", "marks")
 
 
 @dataclass(frozen=True)
 class MarksItem:
-    """One ``marks#`` item (``checkpoint#reap``/``sk``): its state, its writer's epoch and owner, when it
-    was written (``created_at_ns`` an intent, ``marked_at_ns`` recorded marks), its part of the page's
-    marks and, for a GC page's intent, what the page moves the summary on to (``outcome``; stored as
-    ``cursor``, ``more`` and ``counts``, GC's ``through`` among the counts). A page's items share all
-    but ``sk`` and ``marks``: :func:`page_ops` writes a page from one item without them. Converted
-    to and from the stored item here (:meth:`of`, :meth:`stored`); ``None``: not stored; an attribute
-    this version does not know is kept in ``extra``.
+    """One ``marks#`` item (``pk``/``sk``: :func:`marks_pk`, or an old writer's :data:`LEGACY_MARKS_PK`):
+    its state, its writer's epoch and owner, when it was written (``created_at_ns`` an intent,
+    ``marked_at_ns`` recorded marks), its part of the page's marks and, for a GC page's intent, what
+    the page moves the summary on to (``outcome``; stored as ``cursor``, ``more`` and ``counts``,
+    GC's ``through`` among the counts). A page's items share all but ``pk``, ``sk`` and ``marks``:
+    :func:`page_ops` writes a page from one item without them. Converted to and from the stored
+    item here (:meth:`of`, :meth:`stored`); ``None``: not stored; an attribute this version does
+    not know is kept in ``extra``.
 
     >>> from lightmetrics.protocol.keys import KeyCodec
-    >>> raw = {"pk": "checkpoint#reap", "sk": "marks#000003#00000000#000", "epoch": 3, "owner": "o",
+    >>> raw = {"pk": "checkpoint#reap#marks#00", "sk": "marks#000003#00000000#000", "epoch": 3, "owner": "o",
     ...        "state": "marked", "marked_at_ns": 9, "marks": [{"s": "ab" * 32, "t": "2", "r": "u",
     ...        "a": "0a", "b": "0b", "q": "1-2"}]}
     >>> item = MarksItem.of(raw, KeyCodec("lm/"))
     >>> item.state.value, item.marks[0].sha == "ab" * 32, item.marks[0].marked_at_ns, item.stored() == raw
     ('marked', True, 9, True)
+    >>> item.key
+    ('checkpoint#reap#marks#00', 'marks#000003#00000000#000')
     """
 
     state: MarkState | None  # None: an item of a version before intents (its marks recorded)
     marks: tuple[Mark, ...] = ()
     sk: str = ""
+    pk: str = ""  # where it was read ("": not read; a new page's is marks_pk(sk))
     epoch: int | None = None
     owner: str | None = None
     created_at_ns: int | None = None
@@ -220,6 +239,12 @@ class MarksItem:
     def intent(self) -> bool:
         """Recorded before its markers: some may be placed (rule L3)."""
         return self.state is MarkState.INTENT
+
+    @property
+    def key(self) -> MarksKey:
+        """The item's table key: the partition it was read from (an old writer's:
+        :data:`LEGACY_MARKS_PK`), its sort key."""
+        return (self.pk or marks_pk(self.sk), self.sk)
 
     @property
     def at_ns(self) -> int:
@@ -238,7 +263,8 @@ class MarksItem:
             outcome = PageOutcome(str(item["cursor"]), bool(item["more"]), counts_of(counts), through)
 
         return cls(state=optional(item, "state", MarkState), marks=tuple(Mark.of(m, codec, at) for m in item.get("marks") or []),
-                   sk=str(item.get("sk") or ""), epoch=optional(item, "epoch", int), owner=optional(item, "owner", str),
+                   sk=str(item.get("sk") or ""), pk=str(item.get("pk") or ""), epoch=optional(item, "epoch", int),
+                   owner=optional(item, "owner", str),
                    created_at_ns=optional(item, "created_at_ns", int), marked_at_ns=optional(item, "marked_at_ns", int),
                    outcome=outcome,
                    extra={k: v for k, v in item.items() if k not in _ITEM_FIELDS})
@@ -262,7 +288,8 @@ class MarksItem:
 
     def stored(self) -> dict[str, Any]:
         """The item as the table holds it."""
-        return {**self.attributes(), "sk": self.sk, "marks": [m.stored() for m in self.marks]}
+        key = {"pk": self.pk} if self.pk else {}
+        return {**key, **self.attributes(), "sk": self.sk, "marks": [m.stored() for m in self.marks]}
 
 
 def decode_marks_item(item: Mapping[str, Any], codec: Any) -> MarksItem:
@@ -270,42 +297,62 @@ def decode_marks_item(item: Mapping[str, Any], codec: Any) -> MarksItem:
     return MarksItem.of(item, codec)
 
 
-def read_marks_items(table: ControlStore, codec: Any) -> list[MarksItem]:
-    """The recorded pages' items (every epoch's, every range's), their marks decoded."""
-    # The marks prefix only: the partition also holds a cursor per audit run and each scope's last
-    # retention outcome, which would make every read grow with history.
-    return [MarksItem.of(item, codec) for item in table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
+def stored_marks_items(table: ControlStore, *, pool: Executor | None = None) -> list[dict[str, Any]]:
+    """Every ``marks#`` item as stored (every epoch's, every range's, an old writer's too): one Query
+    of the ``marks#`` prefix per partition (:func:`marks_pks`), however long the history and however
+    many marks are pending.
+
+    ``pool``: a reader that holds no reap lease (the audit's driver) reads the previous version's
+    partition first, then the shards all at once on ``pool`` (two round trips, not 33). A new writer
+    moves an old writer's item to its shard in one transaction (:func:`page_ops`) and never back
+    (§17 E8), so an item moved during this read is in the first Query's answer or in its shard's."""
+    # The marks prefix only: the previous version's partition also holds a cursor per audit run and
+    # each scope's last retention outcome, which would make every read grow with history.
+    def read(pk: str) -> list[dict[str, Any]]:
+        return table.query(pk, sk_prefix=MARKS_PREFIX)
+
+    if pool is None:  # a reaper: its lease keeps every writer of marks away while it reads
+        return [item for pk in marks_pks() for item in read(pk)]
+    first = read(LEGACY_MARKS_PK)
+    shards = [pk for pk in marks_pks() if pk != LEGACY_MARKS_PK]
+    return first + [item for items in map_in_context(pool, read, shards) for item in items]
 
 
-def page_prefix(epoch: int, page: int) -> str:
-    """The sort-key prefix of page ``page``'s items in reap epoch ``epoch``."""
-    # The epoch keeps a new reap's pages apart from marks a crashed older epoch left to settle.
-    return f"{MARKS_PREFIX}{int(epoch):06d}#{page:08d}#"
+def read_marks_items(table: ControlStore, codec: Any, *, pool: Executor | None = None) -> list[MarksItem]:
+    """The recorded pages' items (:func:`stored_marks_items`), their marks decoded."""
+    return [MarksItem.of(item, codec) for item in stored_marks_items(table, pool=pool)]
 
 
-def range_page_prefix(epoch: int, r: int, passes: int, page: int) -> str:
-    """The sort-key prefix of page ``page`` of key range ``r`` in pass ``passes`` over an hour."""
-    return f"{MARKS_PREFIX}{int(epoch):06d}#r{int(r):04d}.{int(passes):02d}#{int(page):08d}#"
+def any_marks_item(table: ControlStore) -> bool:
+    """Whether a ``marks#`` item is left anywhere (rule G-I8): a Query of one item per partition,
+    stopping at the first found."""
+    return any(table.query(pk, sk_prefix=MARKS_PREFIX, limit=1) for pk in marks_pks())
 
 
-def page_of(sk: str) -> str:
-    """The page prefix of an item's sort key (its part number cut off)."""
-    return sk[:sk.rfind("#") + 1]
+def page_items(table: ControlStore, codec: Any, prefix: str) -> list[MarksItem]:
+    """The items of one page (``prefix``): its shard's, and an old writer's of the same page (a
+    rolling deploy's, §17): two Queries of the page's prefix."""
+    return [MarksItem.of(item, codec) for pk in (marks_pk(prefix), LEGACY_MARKS_PK)
+            for item in table.query(pk, sk_prefix=prefix)]
 
 
-def page_ops(epoch: int, page: int, marks: list[Mark], fields: MarksItem, replaces: list[str], *,
+def page_ops(epoch: int, page: int, marks: list[Mark], fields: MarksItem, replaces: list[MarksKey], *,
              prefix: str | None = None) -> list[Op]:
     """Puts of one page's items (``fields``' :meth:`~MarksItem.attributes` plus a part of ``marks``
-    each, rule G-I6), and deletes of the items in ``replaces`` that they do not overwrite; ``prefix``:
-    the page's own (a range's, :func:`range_page_prefix`) instead of :func:`page_prefix`."""
+    each, rule G-I6) under the page's shard (:func:`marks_pk`), and deletes of the items in
+    ``replaces`` (keys) that they do not overwrite — an old writer's under :data:`LEGACY_MARKS_PK`
+    among them; ``prefix``: the page's own (a range's, :func:`range_page_prefix`) instead of
+    :func:`page_prefix`."""
     prefix = prefix or page_prefix(epoch, page)
+    pk = marks_pk(prefix)
     attributes = fields.attributes()
     parts = split_marks([m.stored() for m in marks], attributes, budget=MARKS_ITEM_MAX_BYTES)
-    sks = [f"{prefix}{i:03d}" for i in range(len(parts))]
-    return ([Op("Put", CHECKPOINT_PK, sk, item={**attributes, "marks": part}) for sk, part in zip(sks, parts)]
-            + [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces if sk not in sks])
+    keys = [(pk, f"{prefix}{i:03d}") for i in range(len(parts))]
+    return ([Op("Put", pk, sk, item={**attributes, "marks": part}) for (pk, sk), part in zip(keys, parts)]
+            + [Op("Delete", *key) for key in replaces if tuple(key) not in keys])
 
 
-__all__ = ["MARKS_ITEM_MAX_BYTES", "MARKS_PREFIX", "Mark", "MarksItem", "decode_mark", "decode_marks_item",
-           "dynamodb_item_bytes", "encode_mark", "page_of", "page_ops", "page_prefix", "range_page_prefix",
-           "read_marks_items", "split_marks"]
+__all__ = ["LEGACY_MARKS_PK", "MARKS_ITEM_MAX_BYTES", "MARKS_PK_PREFIX", "MARKS_PREFIX", "MARKS_SHARDS", "Mark",
+           "MarksItem", "MarksKey", "any_marks_item", "decode_mark", "decode_marks_item", "dynamodb_item_bytes",
+           "encode_mark", "marks_pk", "marks_pks", "marks_shard", "page_items", "page_of", "page_ops", "page_prefix",
+           "pending_keys", "range_page_prefix", "read_marks_items", "shard_pk", "split_marks", "stored_marks_items"]

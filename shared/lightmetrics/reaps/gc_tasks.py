@@ -14,20 +14,38 @@ from typing import Any
 
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_of, page_prefix
+from lightmetrics.reaps.gc_marks import (
+    Mark,
+    MarksItem,
+    decode_marks_item,
+    page_items,
+    page_of,
+    page_prefix,
+    pending_keys,
+)
 from lightmetrics.reaps.gc_sources import GcSources
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
 from lightmetrics.reaps.params import CHECKPOINT_PK, DEFAULT_MAX_PAGES, source_cursor_sk
 from lightmetrics.reaps.reap_job import CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED, NS, ReapJob
-from lightmetrics.reaps.state import CheckpointChange, MarkState, PageOutcome, ReapCheckpoint, ReapPhase, ReapRun
+from lightmetrics.reaps.state import (
+    CheckpointChange,
+    MarkState,
+    PageOutcome,
+    PendingPage,
+    ReapCheckpoint,
+    ReapPhase,
+    ReapRun,
+)
 
 Job = dict[str, Any]  # a task's event and answer as Step Functions carries them, and an update's values
 
 
 class SummaryPages:
     """GC's pages in the summary checkpoint: the page number and cursor, the source's durable
-    cursor (G-B1), and when the marks pending reach ``max_pending_pages`` or the listing ends, the
-    settle phase after the grace. ``change`` is what the last write changed (the task routes on it)."""
+    cursor (G-B1), the pages this run recorded and has not settled (``pending``: their prefixes,
+    parts and times, so neither a page's record nor its settle reads another page's marks), and
+    when they reach ``max_pending_pages`` or the listing ends, the settle phase after the grace.
+    ``change`` is what the last write changed (the task routes on it)."""
 
     points = Points(CP_INTENT, CP_PAGE_DONE, CP_SETTLE_RECORDED)
 
@@ -61,25 +79,31 @@ class SummaryPages:
         # Rule G-B1: a GC run marks at most max_pages pages, then settles and ends.
         exhausted = cp.mode == "gc" and outcome.more and page + 1 >= (cp.max_pages or DEFAULT_MAX_PAGES)
         more = outcome.more and not exhausted
-        others = [i for i in self.tasks.job.marks_items() if not i.sk.startswith(prefix)]
-        pending = len({page_of(i.sk) for i in others} | ({prefix} if marks else set()))
+        # Rule G-I10: the pages this run recorded are listed in the summary (no read of any marks);
+        # marks a failed reap left are the settle's to find, and bound nothing here (DR2).
+        pending = [p for p in cp.pending if p.prefix != prefix]
+        if marks:
+            parts = sum(1 for op in ops if op.kind == "Put")
+            pending.append(PendingPage(prefix, parts, max(m.marked_at_ns for m in marks)))
         change = CheckpointChange(after=outcome.cursor, page=page + 1, through=outcome.through or None,
-                                  budget_exhausted=True if exhausted else None)
+                                  budget_exhausted=True if exhausted else None, pending=pending)
         ops = ops + self.tasks._source_cursor_ops(cp, outcome.cursor, outcome.through, not outcome.more)
         # A dry run marks nothing, so a failed reap's pending pages never cut its count short (DR2).
-        if not more or (not cp.dry_run and pending >= cp.max_pending_pages):
+        if not more or (not cp.dry_run and len(pending) >= cp.max_pending_pages):
             if cp.dry_run:
                 blobs = cp.phase is ReapPhase.BLOBS and cp.mode == "retention"
                 change = replace(change, listing_done=not more, phase=ReapPhase.DERIVED if blobs else ReapPhase.DONE)
             else:
-                latest = max([m.marked_at_ns for i in others for m in i.marks] + [m.marked_at_ns for m in marks] + [0])
+                latest = max([p.marked_at_ns for p in pending] + [0])
                 change = replace(change, listing_done=not more, phase=ReapPhase.SETTLE,
                                  wait_until_ns=latest + int(self.tasks.settings.gc_grace_s) * NS if latest else 0)
         self.tasks.job.commit(reap, change, add={**outcome.counts, "c_marked": len(marks)}, ops=ops)
         self.change = change
 
     def settled(self, prefix: str, counts: dict[str, int], ops: list[Op]) -> None:
-        self.tasks.job.commit(self.reap, add=counts, ops=ops)
+        pending = [p for p in self.cp.pending if p.prefix != prefix]
+        change = CheckpointChange(pending=pending) if len(pending) != len(self.cp.pending) else None
+        self.tasks.job.commit(self.reap, change, add=counts, ops=ops)
 
 
 class GcTasks:
@@ -115,7 +139,7 @@ class GcTasks:
 
     def _mark_page(self, reap: ReapRun, cp: ReapCheckpoint, home: SummaryPages, pipeline: MarkSettle) -> Job:
         prefix = home.page_prefix()
-        intent = [i for i in self.job.marks_items() if i.sk.startswith(prefix) and i.intent]
+        intent = [i for i in page_items(self.job.table, self.job.codec, prefix) if i.intent]
         if intent:
             # A crash after the intent: some markers may be placed; find them, place the others —
             # once the run that recorded the intent cannot be placing them any more (rule L3).
@@ -123,7 +147,7 @@ class GcTasks:
             if until > self.job.now():
                 return self.job.wait(reap, cp, until)
             pipeline.recover([m for i in intent for m in i.marks], home.outcome_of(intent[0]), prefix,
-                             [i.sk for i in intent])
+                             [i.key for i in intent])
         else:
             page = self.candidates(cp)
             pipeline.mark(page, self.job.now(), dry_run=cp.dry_run)
@@ -150,20 +174,38 @@ class GcTasks:
                    "attribute_not_exists(#a) OR #a <= :a" if by_time else None)]
 
     def _settle(self, reap: ReapRun, cp: ReapCheckpoint, pipeline: MarkSettle) -> Job:
-        items = self.job.marks_items()
         now = self.job.now()
-        if items:
-            item = items[0]
-            until = self.job.writer_may_run_until(item, reap, cp)
-            if until > now:  # its markers may still be on their way: settle once they cannot be
-                return self.job.wait(reap, cp, until)
-            marks = list(item.marks)
-            not_due = [m.marked_at_ns for m in marks if not pipeline.due(m.marked_at_ns, now)]
-            if not_due:
-                return self.job.wait(reap, cp, max(not_due) + int(self.settings.gc_grace_s) * NS)
-            pipeline.settle(page_of(item.sk), marks, [item.sk], now)
-            if len(items) > 1:
+        settled_own = False
+        if cp.pending:
+            # This run's own pages, oldest first, each read by key: no other page's marks (G-I10).
+            page = cp.pending[0]
+            if not pipeline.due(page.marked_at_ns, now):
+                return self.job.wait(reap, cp, page.marked_at_ns + int(self.settings.gc_grace_s) * NS)
+            keys = pending_keys(page)
+            found = [decode_marks_item(i, self.job.codec) for i in (self.job.table.get(*key) for key in keys) if i]
+            pipeline.settle(page.prefix, [m for i in found for m in i.marks], keys, now)
+            if len(cp.pending) > 1:
                 return {"reap": reap, "next": "gc"}
+            settled_own = True
+        if cp.closing or (cp.mode == "gc" and cp.listing_done):
+            # The settle that ends the reap (G-I8) also settles every marks item left — a failed
+            # reap's, of any epoch or range, or an old writer's (§17 E8): one read of every marks
+            # partition (G-I10), one item a task. A retention's ends through the finishing step.
+            items = self.job.marks_items()
+            if items and settled_own:
+                return {"reap": reap, "next": "gc"}
+            if items:
+                item = items[0]
+                until = self.job.writer_may_run_until(item, reap, cp)
+                if until > now:  # its markers may still be on their way: settle once they cannot be
+                    return self.job.wait(reap, cp, until)
+                marks = list(item.marks)
+                not_due = [m.marked_at_ns for m in marks if not pipeline.due(m.marked_at_ns, now)]
+                if not_due:
+                    return self.job.wait(reap, cp, max(not_due) + int(self.settings.gc_grace_s) * NS)
+                pipeline.settle(page_of(item.sk), marks, [item.key], now)
+                if len(items) > 1:
+                    return {"reap": reap, "next": "gc"}
         # Every recorded mark is settled: continue marking, or move on (a closing settle ends the reap).
         done = cp.listing_done
         if cp.closing:

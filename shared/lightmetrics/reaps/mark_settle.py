@@ -33,8 +33,7 @@ from typing import Any, Protocol
 from lightmetrics.protocol.control_store import Op
 from lightmetrics.protocol.manifests import AcceptedBatchManifest
 from lightmetrics.reaps.gc import BlobCollector
-from lightmetrics.reaps.gc_marks import Mark, MarksItem, page_ops
-from lightmetrics.reaps.params import CHECKPOINT_PK
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, MarksKey, page_ops
 from lightmetrics.reaps.report import proof_counts, settle_counts
 from lightmetrics.reaps.state import MarkState, PageOutcome
 from lightmetrics.work import crashpoints
@@ -136,30 +135,30 @@ class MarkSettle:
         # The intent is durable before the first marker: a crash in between is recoverable.
         self.home.write_intent(prefix, ops, outcome, now_ns)
         crashpoints.point(self.home.points.intent)
-        self._recorded(outcome, self.collector.mark(intents), prefix, [op.sk for op in ops])
+        self._recorded(outcome, self.collector.mark(intents), prefix, [(op.pk, op.sk) for op in ops])
 
-    def recover(self, intents: list[Mark], outcome: PageOutcome, prefix: str, replaces: list[str]) -> None:
+    def recover(self, intents: list[Mark], outcome: PageOutcome, prefix: str, replaces: list[MarksKey]) -> None:
         """A crash after the intent: find the markers that were placed, place the others, record the
         page (its writer cannot be running any more: :func:`writer_may_run_until`)."""
         self._recorded(outcome, self.collector.recover(intents), prefix, replaces)
 
-    def settle(self, prefix: str, marks: list[Mark], sks: list[str], now_ns: int) -> None:
+    def settle(self, prefix: str, marks: list[Mark], keys: list[MarksKey], now_ns: int) -> None:
         """Step 5 for the recorded page ``prefix`` whose marks are all due: purge or restore them; the
-        home counts them and deletes the page's items ``sks`` in one write."""
+        home counts them and deletes the page's items ``keys`` in one write."""
         counts = settle_counts(self.collector.settle(marks, now_ns=now_ns))
-        self.home.settled(prefix, counts, [Op("Delete", CHECKPOINT_PK, sk) for sk in sks])
+        self.home.settled(prefix, counts, [Op("Delete", *key) for key in keys])
         crashpoints.point(self.home.points.settled)
 
-    def _recorded(self, outcome: PageOutcome, marks: list[Mark], prefix: str, replaces: list[str]) -> None:
+    def _recorded(self, outcome: PageOutcome, marks: list[Mark], prefix: str, replaces: list[MarksKey]) -> None:
         if marks:
             at = max(m.marked_at_ns for m in marks)  # the marks' own time (Mark.of gives it back)
             ops = self._items(prefix, marks, self.home.item_fields(MarkState.MARKED, outcome, at), replaces)
         else:  # nothing marked (a dry run, or every captured version was gone): no items left
-            ops = [Op("Delete", CHECKPOINT_PK, sk) for sk in replaces]
+            ops = [Op("Delete", *key) for key in replaces]
         self.home.record(outcome, marks, prefix, ops)
         crashpoints.point(self.home.points.page)
 
-    def _items(self, prefix: str, marks: list[Mark], fields: MarksItem, replaces: list[str]) -> list[Op]:
+    def _items(self, prefix: str, marks: list[Mark], fields: MarksItem, replaces: list[MarksKey]) -> list[Op]:
         return page_ops(self.epoch, 0, marks, fields, replaces, prefix=prefix)
 
 

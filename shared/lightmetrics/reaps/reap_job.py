@@ -17,7 +17,7 @@ from lightmetrics.deployment.timeouts import longest_reap_task_s
 from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.protocol.control_store import ControlStore, Op, plain
 from lightmetrics.reaps.dry_run import DryRunFence
-from lightmetrics.reaps.gc_marks import MARKS_PREFIX, MarksItem, read_marks_items
+from lightmetrics.reaps.gc_marks import MarksItem, any_marks_item, read_marks_items
 from lightmetrics.reaps.mark_settle import writer_may_run_until
 from lightmetrics.reaps.params import (
     CHECKPOINT_PK,
@@ -126,8 +126,9 @@ class ReapJob:
         """Rule G-I8, the one way a reap ends: what its last step sets. A dry run ends (it only
         reports). Any other reap with a ``marks#`` item left — its own, or a failed reap's of any
         mode, epoch or key range — first runs the settle phase in the GC role, which then ends it
-        (``closing``); nothing left: it ends. One Query of the marks prefix."""
-        if dry_run or not self.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX, limit=1):
+        (``closing``); nothing left: it ends. A Query of the marks prefix per marks partition, up to
+        the first item found (:func:`~lightmetrics.reaps.gc_marks.any_marks_item`)."""
+        if dry_run or not any_marks_item(self.table):
             return CheckpointChange(phase=ReapPhase.DONE, wait_until_ns=0)
         return CheckpointChange(phase=ReapPhase.SETTLE, closing=True, listing_done=True, wait_until_ns=0)
 

@@ -16,7 +16,7 @@ runs one :class:`RangeTask`:
 
 State (docs/control-table.md): one item per range and pass, ``checkpoint#reap#range`` /
 ``<epoch>#<hour>#<pass>#<range>`` — its bounds, cursor, phase, the pages of marks it has recorded
-(``marks#<epoch>#r<range>.<pass>#<page>#<part>``) and its counters. Only the range's own task
+(``marks#<epoch>#r<range>.<pass>#<page>#<part>``, under its marks shard) and its counters. Only the range's own task
 writes them. Every write follows a fence (a conditional renewal of the reap lease, §13 L2) and is
 conditional on the item's owner and version, so a task that lost the lease changes nothing, and a
 twin of a task (a Step Functions retry beside the invocation it replaced) stops at its first write
@@ -37,9 +37,9 @@ from lightmetrics.protocol.control_store import ConditionFailed, ControlStore, O
 from lightmetrics.protocol.keys import UtcHour
 from lightmetrics.protocol.own_writes import WrittenByOther, put_own
 from lightmetrics.reaps.errors import InvalidReapInput
-from lightmetrics.reaps.gc_marks import Mark, MarksItem, decode_marks_item, range_page_prefix
+from lightmetrics.reaps.gc_marks import Mark, MarksItem, decode_marks_item, pending_keys, range_page_prefix
 from lightmetrics.reaps.mark_settle import CandidatePage, MarkSettle, Points
-from lightmetrics.reaps.params import CHECKPOINT_PK, RANGE_TASK_SECONDS, RANGE_TASK_UNITS
+from lightmetrics.reaps.params import RANGE_TASK_SECONDS, RANGE_TASK_UNITS
 from lightmetrics.reaps.reap_job import ReapJob
 from lightmetrics.reaps.retention import HourRetention
 from lightmetrics.reaps.state import MarkState, PageOutcome, PendingPage, RangeIntent, RangeItem, RangePhase
@@ -274,11 +274,11 @@ class RangeTask:
                 return self._wait_until(until)
             stored = self._read_marks(intent.page)
             pipeline.recover([m for i in stored for m in i.marks], intent.outcome, intent.page.prefix,
-                             intent.page.sks())
+                             pending_keys(intent.page))
             return True
         due = [p for p in item.pending if pipeline.due(p.marked_at_ns, now)]
         if due:
-            pipeline.settle(due[0].prefix, [m for i in self._read_marks(due[0]) for m in i.marks], due[0].sks(), now)
+            pipeline.settle(due[0].prefix, [m for i in self._read_marks(due[0]) for m in i.marks], pending_keys(due[0]), now)
             return True
         if not item.listing_done and len(item.pending) < int(self.job["max_pending_pages"]):
             page = blob_page(self.hr, item.after, int(self.job["page_size"]), end_at=item.end_at or None)
@@ -292,7 +292,8 @@ class RangeTask:
         return self._wait_until(min(p.marked_at_ns for p in item.pending) + int(self.settings.gc_grace_s) * _NS)
 
     def _read_marks(self, page: PendingPage) -> list[MarksItem]:
-        found = (self.table.get(CHECKPOINT_PK, sk) for sk in page.sks())
+        # By key, the due page's only (a page an old writer recorded: where it put it, §17)
+        found = (self.table.get(pk, sk) for pk, sk in pending_keys(page))
         return [decode_marks_item(i, self.codec) for i in found if i is not None]
 
     # -- the retention role: derived entries -------------------------------------------------------

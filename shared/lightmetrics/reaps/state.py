@@ -84,19 +84,21 @@ class MarkState(StrEnum):
 
 @dataclass(frozen=True)
 class PendingPage:
-    """A range's recorded page of marks waiting for its grace: its items' sort-key prefix, how many
-    parts (items) it has, and when it was marked. Stored as ``{"p", "n", "t"}``."""
+    """A recorded page of marks waiting for its grace (a range's, or the summary's): its items' prefix,
+    parts, time marked, and whether they are under their marks shard (``sharded``, stored ``"k": 1``;
+    an older writer's are under ``checkpoint#reap``, §17 E8: :func:`~lightmetrics.reaps.marks_keys.pending_keys`)."""
 
     prefix: str
     parts: int
     marked_at_ns: int
+    sharded: bool = True
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> PendingPage:
-        return cls(str(raw["p"]), int(raw["n"]), int(raw["t"]))
+        return cls(str(raw["p"]), int(raw["n"]), int(raw["t"]), bool(raw.get("k")))
 
     def stored(self) -> dict[str, Any]:
-        return {"p": self.prefix, "n": self.parts, "t": self.marked_at_ns}
+        return {"p": self.prefix, "n": self.parts, "t": self.marked_at_ns, **({"k": 1} if self.sharded else {})}
 
     def sks(self) -> list[str]:
         return [f"{self.prefix}{k:03d}" for k in range(self.parts)]
@@ -220,6 +222,7 @@ class CheckpointChange:
     blocked: Sequence[str] | None = None
     through: str | None = None
     budget_exhausted: bool | None = None
+    pending: Sequence[PendingPage] | None = None
     execution: str | None = None
     executions: int | None = None
     next_execution: str | None = None
@@ -297,6 +300,7 @@ class ReapCheckpoint:
     ranges: int = 1
     blocked: list[str] = field(default_factory=list)
     budget_exhausted: bool = False
+    pending: list[PendingPage] = field(default_factory=list)
     next_execution: str | None = None
     finished_at_ns: int | None = None
     error: str | None = None
@@ -325,6 +329,7 @@ class ReapCheckpoint:
             counters={k: int(v) for k, v in item.items() if k.startswith(("c_", "kept#"))},
             source_cursor=g("source_cursor") or None, through=optional(item, "through", str), ranges=int(g("ranges") or 1),
             blocked=[str(b) for b in g("blocked") or []], budget_exhausted=bool(g("budget_exhausted")),
+            pending=[PendingPage.of(p) for p in g("pending") or []],
             next_execution=optional(item, "next_execution", str), finished_at_ns=optional(item, "finished_at_ns", int),
             error=optional(item, "error", str),
             extra={k: v for k, v in item.items() if k not in _CHECKPOINT_FIELDS and not k.startswith(("c_", "kept#"))})
@@ -358,6 +363,8 @@ class ReapCheckpoint:
             values["blocked"] = list(change.blocked)
         if change.hour_status is not None:
             values["hour_status"] = dict(change.hour_status)
+        if change.pending is not None:
+            values["pending"] = list(change.pending)
         return replace(self, **values)
 
     @property
@@ -370,6 +377,8 @@ def _stored(value: Any) -> Any:
     """A field's value as stored: an enum as its string, a mapping a dict, a sequence a list."""
     if isinstance(value, StrEnum):
         return value.value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], PendingPage):
+        return [p.stored() for p in value]
     if isinstance(value, Mapping):
         return dict(value)
     return list(value) if isinstance(value, (list, tuple)) else value
@@ -380,7 +389,8 @@ _ALWAYS_STORED = ("epoch", "owner", "mode", "dry_run", "status", "started_at_ns"
                   "max_pending_pages", "tombstone_wait_s", "verify_passes", "phase", "after", "page", "hours",
                   "hour_index", "passes", "hour_status", "wait_until_ns", "listing_done", "max_pages", "executions",
                   "range_parallelism")
-_STORED_WHEN_SET = ("through", "ranges", "blocked", "budget_exhausted", "next_execution", "finished_at_ns", "error")
+_STORED_WHEN_SET = ("through", "ranges", "blocked", "budget_exhausted", "pending", "next_execution", "finished_at_ns",
+                    "error")
 _CHECKPOINT_FIELDS = frozenset(f.name for f in fields(ReapCheckpoint)) - {"counters", "extra"}
 
 

@@ -5,7 +5,8 @@ modelled: the inventory is S3's own listing of the in-memory bucket (no request)
 ``creationTimestamp`` now or up to an hour and a half back (an older report re-run: it proves less),
 and :mod:`~lightmetrics.harness.sim.audit_inventory` selects from it the rows the classification and
 candidate joins would. From there the code is the job's: GC's marks read through the world's table
-(``gc_marked_blobs``), every candidate confirmed by the pipeline's own checks
+(``gc_marked_blobs``: ``checkpoint#reap``, then the 32 shards sent at once — one step of the
+audit, each Query meeting its own fault, :class:`OneStepExecutor`), every candidate confirmed by the pipeline's own checks
 (``audit.confirm.confirm``) reading through the fault-injecting store (an ``S3Access`` carrying it),
 the missing blobs looked at again after the marks are read again (``recheck_held``), then the real
 :func:`plan_watermarks` and, once the summary is committed, :func:`apply_watermarks` (a crash there
@@ -31,7 +32,7 @@ from typing import Any
 from lightmetrics.derived.walk import INDEXES
 from lightmetrics.derived.walk.state import watermark_pk
 from lightmetrics.harness.sim.audit_inventory import InventoryView
-from lightmetrics.harness.sim.scheduler import Actor, SimCrash
+from lightmetrics.harness.sim.scheduler import Actor, OneStepExecutor, SimCrash
 from lightmetrics.harness.sim.world import World
 from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.audit_watermarks import apply_watermarks, plan_watermarks
@@ -104,7 +105,7 @@ def confirmed_findings(world: World, rows: list[Row], horizon_before_s: int, *, 
     codec = world.system.ctx.codec
     store = UpgradedReads(world.store, world.newer_records) if upgraded else world.store
     access = S3Access(bucket=world.system.settings.bucket, prefix=codec.prefix, object_store=store)
-    marked = gc_marked_blobs(world.table, codec)
+    marked = gc_marked_blobs(world.table, codec, pool=OneStepExecutor(world.scheduler))  # sent at once
     findings = _stage(confirm(access, frozenset(marked), horizon_before_s), rows, actor)
     held = [f for f in findings if f["held_blob"]]
     if not held:

@@ -33,8 +33,7 @@ from lightmetrics.derived.indexing import index_accepted, index_raw_blob
 from lightmetrics.harness.sim.reap_history import plant_failed_gc, plant_stopped_retention
 from lightmetrics.harness.testing.memory import MemorySystem
 from lightmetrics.protocol.keys import ROLLUP_WINDOWS, UtcHour
-from lightmetrics.reaps.gc_marks import MARKS_PREFIX
-from lightmetrics.reaps.params import CHECKPOINT_PK
+from lightmetrics.reaps.gc_marks import stored_marks_items
 from lightmetrics.reaps.retention import KIND_RETENTION
 
 _NS = 1_000_000_000
@@ -158,7 +157,7 @@ def awaiting_settle(world: Any, blob_key: str) -> bool:
 
 
 def marks_left(world: Any) -> list[str]:
-    return [str(i["sk"]) for i in world.system.table.query(CHECKPOINT_PK, sk_prefix=MARKS_PREFIX)]
+    return [str(i["sk"]) for i in stored_marks_items(world.system.table)]
 
 
 def reap_liveness(world: Any, reaps: ReapWorld) -> list[str]:

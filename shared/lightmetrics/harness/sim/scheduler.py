@@ -53,6 +53,24 @@ class InlineExecutor(Executor):
         return future
 
 
+class OneStepExecutor(InlineExecutor):
+    """A pool on which a service sends requests at once (the audit's driver reading every marks
+    partition): each task runs in the caller's thread, in the order submitted, and their calls are
+    one step of its actor — no other actor's call between them, as none lands between requests sent
+    together — each still meeting its own fault. Given where the service takes a pool."""
+
+    def __init__(self, scheduler: "Scheduler") -> None:
+        self.scheduler = scheduler
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        local = self.scheduler._local
+        local.at_once = True
+        try:
+            return super().submit(fn, *args, **kwargs)
+        finally:
+            local.at_once = False
+
+
 @contextmanager
 def serial_pools() -> Iterator[None]:
     """Each of :data:`SERVICE_POOLS` an :class:`InlineExecutor` for the duration (restored after)."""
@@ -185,6 +203,10 @@ class Scheduler:
             return self._holder
         if actor.crashed:
             raise SimCrash(f"{actor.name} is dead")
+        at_once = getattr(self._local, "at_once", False)
+        if at_once and getattr(self._local, "at_once_step", None) == self.steps:
+            self.note(f"{operation} {key}")  # sent with the previous call (OneStepExecutor)
+            return actor
         nxt = self._next()
         if nxt is not actor:
             self._give(nxt)
@@ -193,6 +215,7 @@ class Scheduler:
         if self.stopping:
             raise SimStop()
         self.note(f"{operation} {key}")
+        self._local.at_once_step = self.steps if at_once else None
         return actor
 
     def pause(self, label: str) -> None:
@@ -264,5 +287,5 @@ class Scheduler:
             raise self._error
 
 
-__all__ = ["SERVICE_POOLS", "Actor", "InlineExecutor", "Scheduler", "SimClock", "SimCrash", "SimStop", "SkewedClock",
-           "pin_to_one_core", "serial_pools"]
+__all__ = ["SERVICE_POOLS", "Actor", "InlineExecutor", "OneStepExecutor", "Scheduler", "SimClock", "SimCrash",
+           "SimStop", "SkewedClock", "pin_to_one_core", "serial_pools"]
