@@ -307,3 +307,30 @@ def test_one_schedule_runs_every_shard_as_the_reconcile_role_and_needs_send_mess
         assert system.pump.delivered == 3
     finally:
         system.stop()
+
+
+def test_a_run_that_saved_its_failure_does_not_make_its_own_retry_stale(runtime, clock) -> None:  # type: ignore[no-untyped-def]
+    """A run that ends in a failure it saves (``finished_ns`` written with ``failure``: ranges no
+    shard owns, R8) finished nothing: its message's redelivery runs again — and fails again, so it
+    reaches the shards DLQ and its alarm — instead of being acknowledged as served by the very run
+    that failed."""
+    from lightmetrics.derived.reconcile_fanout import ShardMessage
+    from lightmetrics.derived.reconcile_state import UnownedRangesError
+
+    system = sharded_system(runtime, clock, 2)
+    try:
+        accept_indexed(system, clock, "over", 9)
+        plan_of_entries(system, H0, 3)
+        clock.advance(seconds=3600 + 900)
+        checkpoints_at(system, H0, clock.now_ns())
+        message = ShardMessage(1, clock.now_ns())
+        clock.advance(seconds=5)
+        with pytest.raises(UnownedRangesError):
+            system.reconciler(shard=1).run(message=message)
+        failed = system.reconciler(shard=1).checkpoint()
+        assert failed is not None and failed.failure and failed.finished_ns > message.fanout_ns
+        clock.advance(seconds=60)
+        with pytest.raises(UnownedRangesError):  # run again, not dropped as stale
+            system.reconciler(shard=1).run(message=message)
+    finally:
+        system.stop()

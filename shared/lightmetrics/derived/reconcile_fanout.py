@@ -103,14 +103,18 @@ def served(message: ShardMessage, checkpoint: Checkpoint | None) -> bool:
     """Whether ``message`` is stale: its shard's last finished run (``finished_ns``, when that run
     began) began after the message's fan-out, so that run did what the message asks. Never for a
     message without ``fanout_ns``, nor for a shard whose runs since have not finished (a failed run's
-    retry still runs).
+    retry still runs), nor when the last run saved a ``failure`` (ranges no shard owns, R8): that run
+    did not do the work, and its retries must fail on to the DLQ and its alarm.
 
     >>> from lightmetrics.protocol.keys import UtcHour
     >>> cp = Checkpoint(UtcHour(0), version=3, last_run_ns=20, finished_ns=20)
     >>> served(ShardMessage(1, 10), cp), served(ShardMessage(1, 20), cp), served(ShardMessage(1, None), cp)
     (True, False, False)
+    >>> served(ShardMessage(1, 10), Checkpoint(UtcHour(0), 3, 20, finished_ns=20, failure="unowned"))
+    False
     """
-    return message.fanout_ns is not None and checkpoint is not None and checkpoint.finished_ns > message.fanout_ns
+    return (message.fanout_ns is not None and checkpoint is not None and not checkpoint.failure
+            and checkpoint.finished_ns > message.fanout_ns)
 
 
 def fan_out(sqs: Any, queue_url: str, *, shards: int, jitter_s: int, fanout_ns: int,
