@@ -231,3 +231,21 @@ def test_cli_transcript() -> None:
     for bad in (["--set", "nope=1"], ["--set", "reconcile_shards"], ["--rate", "0"]):
         args = ["bench", "keepup", "--rate", "10", *bad] if bad[0] == "--set" else ["bench", "keepup", *bad]
         assert runner.invoke(cli, args).exit_code == 2
+
+
+def test_without_an_inventory_gc_proves_every_blob_and_says_where_it_falls_behind() -> None:
+    """Without an S3 Inventory no audit runs and the daily GC proves every blob from
+    raw-blobs-by-time (deployment/schedules.schedule_input), one a batch: its row follows the
+    batch rate, and its daily page budget (max_pages x page_size) is the first limit it meets."""
+    from lightmetrics.deployment.resources import SPEC
+    from lightmetrics.deployment.schedules import schedule_input
+
+    assert json.loads(schedule_input(SPEC.state_machine("reap"), inventory=False) or "")["source"] == "by-time"
+    with_inventory = _job(keepup(100.0), "GC (orphans)")
+    without = _job(keepup(100.0, overrides=WEEKLY), "GC (every blob, by-time)")
+    assert without["unit"] == "blobs" and without["must_follow_per_s"] == pytest.approx(100.0)
+    assert with_inventory["must_follow_per_s"] == pytest.approx(0.1)
+    budget = 2000 * 500 / 86_400  # the schedule's max_pages, the default page size, a day
+    assert without["first_limit"].startswith("max_pages") and without["can_do_per_s"] == pytest.approx(budget)
+    assert without["headroom"] == pytest.approx(budget / 100.0) and without["headroom"] < 1
+    assert _job(keepup(10.0, overrides=WEEKLY), "GC (every blob, by-time)")["headroom"] > 1

@@ -251,14 +251,21 @@ def _retention(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[
 
 
 def _gc(rate: float, a: Assumptions, k: KeepupParams, q: Quotas) -> dict[str, Any]:
-    orphan = job_requests("gc-audit", {"candidate.orphan": 1})
+    # Where an S3 Inventory runs GC proves the audit's orphans; without one (the weekly walk is then
+    # scheduled: walks_per_month) no audit runs and the daily GC proves every blob from
+    # raw-blobs-by-time (source by-time, schedules.schedule_input): one blob a batch.
+    by_time = bool(a.walks_per_month)
+    orphan = job_requests("gc" if by_time else "gc-audit", {"blob.old" if by_time else "candidate.orphan": 1})
     prove_s = sum(n for api, n in orphan.items() if api.startswith("s3.")) * k.s3_rtt_s  # reads in sequence
     limits = [Limit(f"max_pages {k.gc_max_pages:,} a daily run", k.gc_max_pages * a.gc_page_size / DAY_S),
               Limit(f"concurrency {k.gc_concurrency} all day", k.gc_concurrency / prove_s)]
-    page_w, _ = control_table_units(JOB_REQUESTS["gc-audit"]["page"])
+    page_w, _ = control_table_units(JOB_REQUESTS["gc" if by_time else "gc-audit"]["page"])
     marks_w, _ = retention_marks_capacity(a)  # a GC mark is written, marked and settled the same way
-    parts = [marks_shard_partitions(marks_w, 0.0, q)[0],
+    marked = a.orphan_fraction if by_time else 1.0  # by-time: only the orphans among the blobs are marked
+    parts = [marks_shard_partitions(marks_w * marked, 0.0, q)[0],
              Partition("DynamoDB WCU, checkpoint#reap", page_w / a.gc_page_size, q.ddb_wcu_per_partition)]
+    if by_time:
+        return job_row("GC (every blob, by-time)", "blobs", rate, limits, parts)
     return job_row("GC (orphans)", "orphans", rate * a.orphan_fraction, limits, parts)
 
 
