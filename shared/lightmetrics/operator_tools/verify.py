@@ -51,7 +51,7 @@ from typing import Any
 from lightmetrics.derived.indexing import load_manifest
 from lightmetrics.operator_tools import invariants as inv
 from lightmetrics.operator_tools.verify_report import Finding, PendingFinding, VerifyReport
-from lightmetrics.operator_tools.verify_v2 import V2_LISTED, read_v2
+from lightmetrics.operator_tools.verify_v2 import V2_LISTED, list_sized, read_v2
 from lightmetrics.protocol.errors import KeyLayoutError, ManifestError
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, KeyKind, UtcHour, layout_root
 from lightmetrics.protocol.manifests import AcceptedBatchManifest, IdentityConflictManifest
@@ -77,14 +77,7 @@ _DERIVED_OF = {  # derived root -> the index name its watermark uses
 
 def _list_all(ctx: WorkContext, prefix: str) -> dict[str, int]:
     """Every key under ``prefix`` with its size."""
-    out: dict[str, int] = {}
-    token: str | None = None
-    while True:
-        page = ctx.store.list_page(prefix, continuation_token=token)
-        out.update(zip(page.keys, page.sizes))
-        if not (page.truncated and page.next_token):
-            return out
-        token = page.next_token
+    return list_sized(ctx.store, prefix)
 
 
 def verify(ctx: WorkContext, *, strict: bool = False, watermarks: dict[str, int | None] | None = None,

@@ -28,7 +28,8 @@ from lightmetrics.protocol.errors import (
     SegmentLayoutError,
     UnsupportedVersionError,
 )
-from lightmetrics.protocol.keys import UtcHour
+from lightmetrics.protocol.keys import KeyCodec, UtcHour
+from lightmetrics.protocol.object_store import ObjectStore
 from lightmetrics.protocol.segment_entries import SegmentEntry, fold_entries
 from lightmetrics.protocol.segment_keys import V2_ROOTS, SegmentIndex, SegmentKeyCodec
 from lightmetrics.work.pool import map_in_context
@@ -50,9 +51,27 @@ class V2Read:
     objects: int = 0
 
 
+def list_sized(store: ObjectStore, prefix: str) -> dict[str, int]:
+    """Every key under ``prefix`` with its size (a LIST per 1,000 keys)."""
+    out: dict[str, int] = {}
+    token: str | None = None
+    while True:
+        page = store.list_page(prefix, continuation_token=token)
+        out.update(zip(page.keys, page.sizes))
+        if not (page.truncated and page.next_token):
+            return out
+        token = page.next_token
+
+
 def read_v2(ctx: WorkContext, listed: dict[str, dict[str, int]], pool: ThreadPoolExecutor) -> V2Read:
     """Read every part-hour of the v2 listings ``{root: {key: size}}`` (roots as in :data:`V2_LISTED`)."""
-    keys, reader, out = SegmentKeyCodec(ctx.codec.prefix), HourReader(ctx.store, ctx.codec), V2Read()
+    return read_v2_objects(ctx.store, ctx.codec, listed, pool)
+
+
+def read_v2_objects(store: ObjectStore, codec: KeyCodec, listed: dict[str, dict[str, int]],
+                    pool: ThreadPoolExecutor) -> V2Read:
+    """:func:`read_v2` through a store and codec alone (the harness's ledger reads with no work context)."""
+    keys, reader, out = SegmentKeyCodec(codec.prefix), HourReader(store, codec), V2Read()
     groups: dict[tuple[SegmentIndex, UtcHour, int], list[tuple[str, int]]] = defaultdict(list)
     for root in V2_LISTED:
         for key, size in listed.get(root, {}).items():
@@ -99,4 +118,4 @@ def _refusal(exc: SegmentError) -> tuple[inv.Rule, list[str], str]:
     return inv.SEGMENT, [exc.key], exc.reason
 
 
-__all__ = ["V2Read", "V2_LISTED", "read_v2"]
+__all__ = ["V2Read", "V2_LISTED", "list_sized", "read_v2", "read_v2_objects"]

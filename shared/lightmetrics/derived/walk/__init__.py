@@ -44,7 +44,13 @@ from lightmetrics.derived.walk.checkpoint import (
     WalkEnumeration,
     WalkSummary,
 )
-from lightmetrics.derived.walk.checks import RecordChecks, boundary_margin_ns, candidate_hours, list_beats_heads
+from lightmetrics.derived.walk.checks import (
+    RecordChecks,
+    boundary_margin_ns,
+    candidate_hours,
+    candidate_parts,
+    list_beats_heads,
+)
 from lightmetrics.derived.walk.control import Followed, Started, WalkControl
 from lightmetrics.derived.walk.errors import (
     InvalidWalkInput,
@@ -108,7 +114,7 @@ __all__ = [
     "Followed", "InvalidWalkInput", "LeaseHeld", "LeaseLost", "ListCursor", "ListLevel", "NothingToResume", "NothingToWalk",
     "RecordChecks", "Started", "WalkCheckpoint", "WalkControl", "WalkCounters", "WalkEnumeration", "WalkError",
     "WalkParams", "WalkPartition", "WalkRetryLater", "WalkSummary", "WalkTransient", "Walker",
-    "boundary_margin_ns", "candidate_hours", "checkpoint_pk", "describe_lease", "history_bound",
+    "boundary_margin_ns", "candidate_hours", "candidate_parts", "checkpoint_pk", "describe_lease", "history_bound",
     "list_beats_heads", "max_rounds_for", "proven_before", "read_lease", "read_walk", "read_watermarks", "set_watermark",
     "summarize", "watermark_blocker", "watermark_pk",
 ]

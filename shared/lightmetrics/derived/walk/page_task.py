@@ -67,7 +67,7 @@ class PageTask:
         # that may have failed before (a retried page, or up to ``failed_through``) is repaired in
         # full, so its success clears its budget (O1a).
         checks = RecordChecks(self.job, [(k, lm) for k, lm in zip(keys, listing.last_modified_ns)
-                                     if k not in skipped and not failed_before(k)]) \
+                                     if k not in skipped and not failed_before(k)], epoch=int(walk["epoch"])) \
             if not retried and not walk.get("full") and self.job.kind(partition) == "accepted" \
             and len(listing.last_modified_ns) == len(keys) else None
 
@@ -77,6 +77,9 @@ class PageTask:
             settled = checks.settle(key) if checks is not None and not failed_before(key) else None
             if settled is not None:
                 return Outcome.NOOP_RESOLVED.value, settled
+            refused = checks.refusal(key) if checks is not None else None
+            if refused is not None:  # never a v1 repair over a refused v2 object: the object is the blocker
+                return self.job.refuse(refused).value, None
             return self.job.repair(key, previously_failed=failed_before(key)).value, None
 
         if len(keys) > 1:

@@ -8,15 +8,19 @@ it: :class:`lightmetrics.derived.walk.page_task.PageTask` (page) and
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from lightmetrics.derived.hour_entries import HourReader
 from lightmetrics.derived.indexing import KIND_QUARANTINE, KIND_REPAIR, index_quarantine, repair_accepted
 from lightmetrics.derived.walk.checkpoint import KEY_CHECKS, ListCursor, ListLevel
 from lightmetrics.jobs.kernel import JobKernel
 from lightmetrics.protocol.control_store import ControlStore
-from lightmetrics.work.outcome import Outcome
+from lightmetrics.protocol.errors import SegmentConflictError, SegmentError
+from lightmetrics.protocol.segment_keys import SegmentIndex
+from lightmetrics.work.outcome import Outcome, PermanentWorkError
 from lightmetrics.work.units import WorkContext, run_unit
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,8 @@ class WalkJob:
         self.table: ControlStore = ctx.table
         self.codec = ctx.codec
         self.kernel = JobKernel(self.table, "walk", ctx.clock)
+        self._v2_parts: tuple[int, tuple[int, ...]] | None = None
+        self._v2_lock = threading.Lock()
 
     # -- helpers -----------------------------------------------------------------------------------
     def now(self) -> int:
@@ -71,3 +77,26 @@ class WalkJob:
         fn: Callable[[WorkContext, str], Outcome] = index_quarantine if kind == KIND_QUARANTINE else repair_accepted
         return run_unit(self.ctx, kind=kind, object_key=key, source="walk", fn=lambda: fn(self.ctx, key),
                         previously_failed=previously_failed).outcome
+
+    def v2_parts(self, epoch: int) -> tuple[int, ...]:
+        """The ``accepted-by-time`` v2 parts that exist (rule W5 over v2): one delimited LIST per
+        walk epoch per warm container, asked only when a key is absent from v1, so a v1-only bucket
+        whose entries are present never pays it. A part first written during the epoch is not
+        seen by it: a key of it is repaired in v1, an equal duplicate (§9.1 V-D7)."""
+        with self._v2_lock:
+            if self._v2_parts is None or self._v2_parts[0] != epoch:
+                parts = HourReader(self.ctx.store, self.codec).v2_parts(SegmentIndex.ACCEPTED_BY_TIME)
+                self._v2_parts = (epoch, parts)
+            return self._v2_parts[1]
+
+    def refuse(self, refused: SegmentError) -> Outcome:
+        """The blocker of a refused v2 object (docs/protocol.md §9.1): kind ``segment`` (or
+        ``segment-conflict``, with the *invariant violation* signal), work key ``<kind>:<key>``.
+        Opening it is idempotent, so every record that met the object may report it."""
+
+        def refused_now() -> Outcome:
+            alarm = "InvariantViolation" if isinstance(refused, SegmentConflictError) else None
+            raise PermanentWorkError(refused.reason, kind=refused.kind, alarm=alarm)
+
+        return run_unit(self.ctx, kind=refused.kind, object_key=refused.key, source="walk", fn=refused_now).outcome
+
