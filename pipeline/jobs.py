@@ -111,7 +111,8 @@ def rollup_job(settings: Settings, hours: list[UtcHour] | None, *, lookback_hour
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point (EMR Serverless): configuration from LM_* in the job's environment.
     Exit 0 also when another run holds the rollup's lease (one line says who, until when); 1 when
-    the audit found violations, the rollup skipped inputs or refused an hour; an exception fails the job run."""
+    the audit found violations, the rollup skipped inputs or refused an hour, or a key under the v2
+    root is outside every ``part=<pp>/`` prefix (one line names it); an exception fails the job run."""
     parser = argparse.ArgumentParser(prog="lightmetrics-pipeline")
     sub = parser.add_subparsers(dest="job", required=True)
     a = sub.add_parser("audit")
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report.to_json(), sort_keys=True))
         return 1 if report.violations else 0
     from lightmetrics.composition.services import control_table
+    from lightmetrics.protocol.errors import SegmentLayoutError
     from lightmetrics_pipeline.rollup.lease import LeaseHeld
 
     table = control_table(settings)
@@ -137,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         # An overlapping run (a slow hour, a manual start) is doing the work: a success, not an alarm.
         print(lease_held_line(table, exc), flush=True)
         return 0
+    except SegmentLayoutError as exc:
+        # V-D4: it belongs to no hour, so no hour can be rolled up without knowing the v2 parts
+        print(f"rollup: not run: {exc}; exit 1", flush=True)
+        return 1
     print(json.dumps(report.to_json(), sort_keys=True))
     return 1 if report.skipped or report.refused else 0
 

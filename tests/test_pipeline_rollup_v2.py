@@ -80,3 +80,34 @@ def test_the_preflight_finds_a_v2_only_hour_in_the_parts_it_is_given() -> None:
     store.requests.clear()
     assert preflight(store, codec, [H0, NEXT], **kw).with_data == []  # v1 alone: the v2 hour is missed
     assert store.requests["ListObjectsV2"] == 2 * 2 + 1  # v1-only: the listings of before v2
+
+
+def test_a_stray_key_under_the_v2_root_stops_the_run_before_spark_naming_the_key(  # type: ignore[no-untyped-def]
+        system, runtime, clock, monkeypatch):
+    """A key under ``accepted-by-time/v2/`` outside every ``part=<pp>/`` prefix belongs to no hour,
+    and without the parts no hour's inputs are known: the run stops before Spark and before the
+    lease, names the key and exits 1 (``lmctl pipeline rollup`` and the spark-submit entry point),
+    nothing committed (V-D4: never skipped)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from lightmetrics.cli.main import cli
+    from lightmetrics_pipeline import jobs
+
+    def no_spark(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise AssertionError("Spark started although the v2 parts are unknown")
+
+    monkeypatch.setattr(jobs, "_spark", no_spark)
+    accept_indexed(system, runtime, clock, BatchIdentity.create("agent-a", "boot-1", 1, 1), varied_samples(1, n=4))
+    access = access_for(system, runtime)
+    stray = SegmentKeyCodec(access.codec.prefix).root(ACC) + "stray.json"
+    s3io.store(access).put_if_absent(stray, b"{}")
+    for name, value in system.environment().items():
+        monkeypatch.setenv(name, value)
+    got = CliRunner().invoke(cli, ["pipeline", "rollup", "--hour", str(H0), "--allow-open-hour", "--json"])
+    assert got.exit_code == 1, got.output
+    doc = json.loads(got.stdout)
+    assert doc["status"] == "error" and stray in doc["reason"] and "part=<pp>/" in doc["reason"]
+    assert jobs.main(["rollup", "--hour", str(H0)]) == 1
+    assert read_committed(access, H0) is None

@@ -174,6 +174,7 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
                     owner: str | None, settings: Settings, as_json: bool) -> None:
     """Roll closed acceptance hours up into rollup/v1/ Parquet objects and a committed manifests/v1/
     generation (exit 5 if another run holds the lease or committed first)."""
+    from lightmetrics.protocol.errors import SegmentLayoutError
     from lightmetrics.protocol.keys import UtcHour
     from lightmetrics_pipeline.jobs import rollup_job
     from lightmetrics_pipeline.rollup.lease import LeaseHeld, LeaseLost
@@ -192,6 +193,10 @@ def pipeline_rollup(hours: tuple[str, ...], lookback_hours: int, allow_open_hour
         fail(str(exc), EXIT_LEASE_HELD, as_json=as_json)
     except NondeterministicRollup as exc:
         fail(str(exc), EXIT_VIOLATIONS, as_json=as_json)
+    except SegmentLayoutError as exc:
+        # a key under the v2 root outside any part=<pp>/ prefix belongs to no hour: the run cannot
+        # know its parts, so it stops before Spark, naming the key (docs/pipeline.md §4 step 1)
+        fail(f"rollup not run: {exc}", EXIT_VIOLATIONS, as_json=as_json)
     # every hour asked by name is open: refused before Spark started, with when each closes; an hour
     # at the generation limit (docs/pipeline.md §1) has late inputs no generation holds
     refused = bool(wanted) and not report.spark_started
