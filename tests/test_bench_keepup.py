@@ -238,7 +238,7 @@ def test_without_an_inventory_gc_proves_every_blob_and_says_where_it_falls_behin
     raw-blobs-by-time (deployment/schedules.schedule_input), one a batch: its row follows the
     batch rate, and its daily page budget (max_pages x page_size) is the first limit it meets."""
     from lightmetrics.deployment.resources import SPEC
-    from lightmetrics.deployment.schedules import schedule_input
+    from lightmetrics.operator_tools.schedules import schedule_input
 
     assert json.loads(schedule_input(SPEC.state_machine("reap"), inventory=False) or "")["source"] == "by-time"
     with_inventory = _job(keepup(100.0), "GC (orphans)")

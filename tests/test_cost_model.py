@@ -308,7 +308,7 @@ def test_the_walk_follows_the_deployment() -> None:
     scheduled, so the model prices none and its cost no longer grows with history; a bucket without
     one walks weekly (the fallback schedule), and that is exactly the walk's lines."""
     from lightmetrics.deployment.resources import SPEC
-    from lightmetrics.deployment.schedules import scheduled
+    from lightmetrics.operator_tools.schedules import scheduled
 
     assert not scheduled("bootstrap-walk", inventory=True) and Assumptions().walks_per_month == 0
     assert SPEC.state_machine("bootstrap-walk").schedule == "cron(0 3 ? * SUN *)"  # weekly, when it runs

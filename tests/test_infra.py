@@ -25,9 +25,9 @@ if str(ROOT) not in sys.path:
 
 from lightmetrics.deployment.resource_types import LAYOUT_PREFIXES, FunctionSpec  # noqa: E402
 from lightmetrics.deployment.resources import SPEC  # noqa: E402
-from lightmetrics.deployment.schedules import scheduled  # noqa: E402
 from lightmetrics.deployment.settings import Settings  # noqa: E402
 from lightmetrics.local import provision  # noqa: E402
+from lightmetrics.operator_tools.schedules import scheduled  # noqa: E402
 from lightmetrics.protocol.keys import PREFIXES  # noqa: E402
 
 NS = "lm-test/"  # conftest.INFRA_TEST_CONTEXT["prefix"]

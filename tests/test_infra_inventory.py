@@ -13,8 +13,8 @@ from typing import Any
 from conftest import INFRA_TEST_CONTEXT
 
 from lightmetrics.deployment.resources import PIPELINE_SCHEDULES, SPEC
-from lightmetrics.deployment.schedules import schedule_input
 from lightmetrics.operator_tools.keepup import eventbridge_rules
+from lightmetrics.operator_tools.schedules import schedule_input
 from lightmetrics.reaps.params import ReapParams
 
 

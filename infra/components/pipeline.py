@@ -60,7 +60,6 @@ from infra.components.functions import cdk_statement
 from infra.components.rollup_catalog import RollupCatalog
 from infra.config import InfraConfig
 from lightmetrics.deployment.resources import PIPELINE_SCHEDULES
-from lightmetrics.deployment.schedules import scheduled
 from lightmetrics.operator_tools.policies import (  # LOGS_PREFIX: in the ops bucket, the job runs' logs
     INVENTORY_PREFIX,
     LEASE_KEYS,
@@ -72,6 +71,7 @@ from lightmetrics.operator_tools.policies import (  # LOGS_PREFIX: in the ops bu
     pipeline_job_statements,
     watermark_keys,
 )
+from lightmetrics.operator_tools.schedules import scheduled
 
 ASL_FILE = Path(__file__).resolve().parents[1] / "statemachines" / "pipeline.asl.json"
 RELEASE_LABEL = "emr-spark-8.0.0"

@@ -30,8 +30,8 @@ from constructs import Construct
 from infra.components.functions import BuiltFunction, cdk_statement, log_retention
 from infra.config import InfraConfig
 from lightmetrics.deployment.resource_types import StateMachineSpec
-from lightmetrics.deployment.schedules import schedule_input, scheduled
 from lightmetrics.operator_tools.policies import PolicyArns, state_machine_statements
+from lightmetrics.operator_tools.schedules import schedule_input, scheduled
 from lightmetrics.operator_tools.statemachines import definition_and_substitutions
 
 

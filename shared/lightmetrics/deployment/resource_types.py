@@ -15,9 +15,12 @@ from typing import Any, Literal
 from lightmetrics.deployment.queue_types import OBJECT_CREATED_EVENT, QueueSpec, ShardQueueSpec
 from lightmetrics.protocol.keys import LAYOUT_ROOTS, layout_roots
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
+from lightmetrics.protocol.segment_keys import V2_ROOTS
 
-__all__ = ["LAYOUT_PREFIXES", "OBJECT_CREATED_EVENT", "TABLE_WRITES", "TRIGGER_KINDS", "BucketSpec", "FunctionSpec",
-           "QueueSpec", "ResourceSpec", "SecretSpec", "ShardQueueSpec", "StateMachineSpec", "TableSpec"]
+__all__ = [
+    "LAYOUT_PREFIXES", "OBJECT_CREATED_EVENT", "READ_ONLY_PREFIXES", "TABLE_WRITES", "TRIGGER_KINDS", "BucketSpec",
+    "FunctionSpec", "QueueSpec", "ResourceSpec", "SecretSpec", "ShardQueueSpec", "StateMachineSpec", "TableSpec",
+]
 
 AttributeType = Literal["S", "N", "B"]
 
@@ -25,6 +28,9 @@ AttributeType = Literal["S", "N", "B"]
 #: Every top-level prefix of the key layout (docs/protocol.md §3), relative to the namespace: the
 #: codec's :data:`~lightmetrics.protocol.keys.LAYOUT_ROOTS`, under the name the spec has always used.
 LAYOUT_PREFIXES: tuple[str, ...] = LAYOUT_ROOTS
+#: The derived v2 roots (docs/protocol.md §4.10): read (and listed) by the readers that already read
+#: v2; no writer writes them yet, so they are not create-only layout prefixes of the bucket policy.
+READ_ONLY_PREFIXES: tuple[str, ...] = tuple(V2_ROOTS.values())
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,8 @@ class FunctionSpec:
         if kind in ("http", "task") and self.trigger_arg:
             raise ValueError(f"function {self.name!r}: trigger {kind!r} takes no argument")
         for field_name in ("s3_read", "s3_write", "s3_list", "s3_delete", "s3_delete_versions"):
-            unknown = set(getattr(self, field_name)) - set(LAYOUT_PREFIXES)
+            readable = READ_ONLY_PREFIXES if field_name in ("s3_read", "s3_list") else ()
+            unknown = set(getattr(self, field_name)) - set(LAYOUT_PREFIXES) - set(readable)
             if unknown:
                 raise ValueError(f"function {self.name!r}: {field_name} {sorted(unknown)} are not layout prefixes")
         if self.table not in ("none", "read", "write"):

@@ -30,6 +30,7 @@ from lightmetrics.deployment.resource_types import (
 )
 from lightmetrics.protocol.keys import KeyKind as K  # short: the spec names many kinds
 from lightmetrics.protocol.keys import layout_root, layout_roots
+from lightmetrics.protocol.segment_keys import V2_ROOTS, SegmentIndex
 
 __all__ = ["BUCKET", "FUNCTIONS", "PIPELINE_SCHEDULES", "QUEUES",
            "SECRET", "SHARD_QUEUES", "SPEC", "STATE_MACHINES", "TABLE"]
@@ -182,11 +183,14 @@ FUNCTIONS: tuple[FunctionSpec, ...] = (
         trigger="task",
         # repair_accepted / index_quarantine: the records, blobs (HEAD) and tombstones (HEAD); a
         # record's accepted-by-time entry (HEAD, or a LIST of its hour and boot: §13 W5) ...
-        s3_read=layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
+        # A key missing from v1 is looked up in the v2 segments and seals of its hours (§13 W5).
+        s3_read=(*layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
+                 V2_ROOTS[SegmentIndex.ACCEPTED_BY_TIME]),
         # ... and every derived entry they hang off (conditional creates only).
         s3_write=layout_roots(K.ACCEPTED_BY_TIME, K.ACCEPTED_BY_BLOB, K.RAW_BLOBS_BY_TIME, K.QUARANTINE_BY_BLOB),
         # One page of a partition; and a missing blob, tombstone or entry must be a 404, not a 403.
-        s3_list=layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
+        s3_list=(*layout_roots(K.ACCEPTED, K.QUARANTINE, K.RAW_BLOB, K.RETENTION_TOMBSTONE, K.ACCEPTED_BY_TIME),
+                 V2_ROOTS[SegmentIndex.ACCEPTED_BY_TIME]),
         table="write",  # lease, checkpoint, retry budgets, blockers
         table_writes=("PutItem", "UpdateItem", "DeleteItem"),
         timeout_s=300,

@@ -45,7 +45,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, TypeVar, cast
 
 from lightmetrics.deployment.resources import FUNCTIONS, PIPELINE_SCHEDULES, STATE_MACHINES
-from lightmetrics.deployment.schedules import scheduled
 from lightmetrics.deployment.settings import MAX_RECONCILE_SHARDS, Settings
 from lightmetrics.derived.reconcile import MAX_ENTRIES_PER_RUN
 from lightmetrics.derived.walk.params import max_rounds_for
@@ -63,6 +62,7 @@ from lightmetrics.operator_tools.cost_workload import (
 )
 from lightmetrics.operator_tools.indexer_invocations import FULL_VCPU_MB, index_cpu_ms, index_messages_per_invocation
 from lightmetrics.operator_tools.keepup_types import Limit, Partition, Quotas, job_row, s3_requests
+from lightmetrics.operator_tools.schedules import scheduled
 from lightmetrics.reaps.gc_marks import MARKS_SHARDS
 from lightmetrics.reaps.params import DEFAULT_RANGE_PARALLELISM, ReapParams
 
