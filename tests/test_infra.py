@@ -871,8 +871,11 @@ def test_walk_functions_are_least_privilege(cdk_synth: Any) -> None:
     page = SPEC.function("walk-page")
     assert set(page.s3_write) == {"accepted-by-time/v1/", "accepted-by-blob/v1/", "raw-blobs-by-time/v1/",
                                   "quarantine-by-blob/v1/"}
-    # accepted-by-time/v1/: rule W5, a key's entry checked by a HEAD or its group's LIST
-    assert set(page.s3_read) == {"accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/"}
+    # accepted-by-time/v1/: rule W5, a key's entry checked by a HEAD or its group's LIST; v2: a key
+    # missing from v1 looked up in the segments and seals of its hours (read and listed, never written)
+    assert set(page.s3_read) == {"accepted/v1/", "quarantine/v1/", "raw-blobs/v1/", "retention/v1/", "accepted-by-time/v1/",
+                                 "accepted-by-time/v2/"}
+    assert "accepted-by-time/v2/" in page.s3_list and "accepted-by-time/v2/" not in page.s3_write
     assert not page.s3_delete and not page.sfn_start
     plan = SPEC.function("walk-plan")
     assert (plan.s3_read, plan.s3_write, set(plan.s3_list)) == ((), (), {"accepted/v1/", "quarantine/v1/"})
